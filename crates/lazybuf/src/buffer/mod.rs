@@ -1,0 +1,317 @@
+//! [`UnifiedBuffer<T>`]: an N-d array whose copies in host and device memory are kept
+//! coherent. This is the typed edge over the untyped engine in [`raw`]; the rules it follows
+//! are in [`crate::coherence`].
+//!
+//! Borrows say what an access is: `host()` (a shared slice) is a read, `host_mut()` is a
+//! write, `host_overwrite()` is a write that skips the sync because every element will be
+//! overwritten. The same three exist for the device. Each may copy first, so each takes
+//! `&mut self` and returns a `Result`.
+
+mod raw;
+mod view;
+
+use std::fmt;
+use std::marker::PhantomData;
+
+pub use raw::{RawBuffer, Traffic, TransferStats};
+pub use view::{DeviceView, DeviceViewMut};
+
+use crate::coherence::{Access, BufferState, Location, Residency};
+use crate::device::Device;
+use crate::element::{DType, Element};
+use crate::error::{Error, Result};
+use crate::shape::Shape;
+
+/// Options for a new buffer.
+#[derive(Clone, Debug, Default)]
+pub struct BufferOptions {
+    /// The buffer's own device; `None` for [`crate::default_device`].
+    pub device: Option<Device>,
+    /// Page-locked host memory (see [`UnifiedBuffer::is_pinned`]).
+    pub pinned: bool,
+}
+
+/// An N-d, C-contiguous array of `T` with coherent copies on the host and on devices.
+///
+/// ```
+/// use lazybuf::{BufferState, Device, UnifiedBuffer};
+/// let mut buf = UnifiedBuffer::<f32>::on(&[4], &Device::host()).unwrap();
+/// assert_eq!(buf.state(), BufferState::Uninitialized);
+/// buf.host_mut().unwrap().copy_from_slice(&[1.0, 2.0, 3.0, 4.0]);
+/// assert_eq!(buf.state(), BufferState::HostOnly);
+/// buf.sync_to_device().unwrap();
+/// assert_eq!(buf.state(), BufferState::Synchronized);
+/// ```
+pub struct UnifiedBuffer<T: Element> {
+    shape: Shape,
+    raw: RawBuffer,
+    _element: PhantomData<T>,
+}
+
+impl<T: Element> UnifiedBuffer<T> {
+    /// A buffer of `shape` on the default device. Allocates nothing.
+    pub fn new(shape: &[usize]) -> Result<Self> {
+        Self::with_options(shape, BufferOptions::default())
+    }
+
+    /// A buffer of `shape` whose own device is `device`. Allocates nothing.
+    pub fn on(shape: &[usize], device: &Device) -> Result<Self> {
+        Self::with_options(
+            shape,
+            BufferOptions {
+                device: Some(device.clone()),
+                pinned: false,
+            },
+        )
+    }
+
+    /// A buffer with explicit options. Allocates nothing.
+    pub fn with_options(shape: &[usize], options: BufferOptions) -> Result<Self> {
+        let shape = Shape::new(shape, size_of::<T>())?;
+        let device = match options.device {
+            Some(device) => device,
+            None => crate::discovery::default_device()?,
+        };
+        let nbytes = shape.len() * size_of::<T>();
+        Ok(UnifiedBuffer {
+            shape,
+            raw: RawBuffer::new(nbytes, device, options.pinned),
+            _element: PhantomData,
+        })
+    }
+
+    /// A 1-d buffer on `device` holding a copy of `data` (state HOST_ONLY).
+    pub fn from_slice(data: &[T], device: &Device) -> Result<Self> {
+        let mut buf = Self::on(&[data.len()], device)?;
+        buf.copy_from(data)?;
+        Ok(buf)
+    }
+
+    /// A buffer of `shape` on `device` holding `data` (its length must be the shape's).
+    pub fn from_vec(data: Vec<T>, shape: &[usize], device: &Device) -> Result<Self> {
+        let mut buf = Self::on(shape, device)?;
+        buf.copy_from(&data)?;
+        Ok(buf)
+    }
+
+    /// The dimensions.
+    pub fn shape(&self) -> &[usize] {
+        self.shape.dims()
+    }
+
+    /// The number of elements.
+    pub fn len(&self) -> usize {
+        self.shape.len()
+    }
+
+    /// Whether the buffer has no element.
+    pub fn is_empty(&self) -> bool {
+        self.shape.is_empty()
+    }
+
+    /// The size in bytes.
+    pub fn nbytes(&self) -> usize {
+        self.raw.nbytes()
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        T::DTYPE
+    }
+
+    /// The buffer's own device.
+    pub fn device_handle(&self) -> &Device {
+        self.raw.home()
+    }
+
+    /// The state of the host against the buffer's own device.
+    pub fn state(&self) -> BufferState {
+        self.raw.state()
+    }
+
+    /// The state of the host against another device.
+    pub fn state_on(&self, device: &Device) -> BufferState {
+        self.raw.state_on(device)
+    }
+
+    /// The residency of one location.
+    pub fn residency(&self, at: Location) -> Residency {
+        self.raw.residency(at)
+    }
+
+    /// Whether the host copy is page-locked (false until the host copy exists).
+    pub fn is_pinned(&self) -> bool {
+        self.raw.is_pinned()
+    }
+
+    /// Bytes moved and allocations made so far.
+    pub fn transfer_stats(&self) -> TransferStats {
+        self.raw.transfer_stats()
+    }
+
+    /// Sets the transfer counters to zero.
+    pub fn reset_transfer_stats(&mut self) {
+        self.raw.reset_transfer_stats();
+    }
+
+    /// Reads on the host: syncs from a device if the host is stale.
+    pub fn host(&mut self) -> Result<&[T]> {
+        Ok(bytemuck::cast_slice(self.raw.host_access(Access::Read)?))
+    }
+
+    /// Writes on the host: syncs first, then every device copy is stale.
+    pub fn host_mut(&mut self) -> Result<&mut [T]> {
+        Ok(bytemuck::cast_slice_mut(
+            self.raw.host_access(Access::Write)?,
+        ))
+    }
+
+    /// Writes every element on the host without syncing first: contents are unspecified
+    /// until you overwrite them; then every device copy is stale.
+    pub fn host_overwrite(&mut self) -> Result<&mut [T]> {
+        Ok(bytemuck::cast_slice_mut(
+            self.raw.host_access(Access::Overwrite)?,
+        ))
+    }
+
+    /// The host data if it is current, with no sync (and without `&mut self`).
+    pub fn host_if_valid(&self) -> Option<&[T]> {
+        self.raw.host_if_valid().map(bytemuck::cast_slice)
+    }
+
+    /// Reads on the buffer's own device.
+    pub fn device(&mut self) -> Result<DeviceView<'_, T>> {
+        let device = self.raw.home().clone();
+        self.device_on(&device)
+    }
+
+    /// Writes on the buffer's own device (syncs first; the host becomes stale).
+    pub fn device_mut(&mut self) -> Result<DeviceViewMut<'_, T>> {
+        let device = self.raw.home().clone();
+        self.device_mut_on(&device)
+    }
+
+    /// Overwrites on the buffer's own device, without syncing first.
+    pub fn device_overwrite(&mut self) -> Result<DeviceViewMut<'_, T>> {
+        let device = self.raw.home().clone();
+        self.device_overwrite_on(&device)
+    }
+
+    /// Reads on any device.
+    pub fn device_on(&mut self, device: &Device) -> Result<DeviceView<'_, T>> {
+        let memory = self.raw.device_access(device, Access::Read)?;
+        Ok(DeviceView::new(memory, self.shape.len()))
+    }
+
+    /// Writes on any device.
+    pub fn device_mut_on(&mut self, device: &Device) -> Result<DeviceViewMut<'_, T>> {
+        let memory = self.raw.device_access(device, Access::Write)?;
+        Ok(DeviceViewMut::new(memory, self.shape.len()))
+    }
+
+    /// Overwrites on any device, without syncing first.
+    pub fn device_overwrite_on(&mut self, device: &Device) -> Result<DeviceViewMut<'_, T>> {
+        let memory = self.raw.device_access(device, Access::Overwrite)?;
+        Ok(DeviceViewMut::new(memory, self.shape.len()))
+    }
+
+    /// Makes the buffer's own device current (copies only if it is stale).
+    pub fn sync_to_device(&mut self) -> Result<()> {
+        self.device().map(drop)
+    }
+
+    /// Makes `device` current (copies only if it is stale).
+    pub fn sync_to(&mut self, device: &Device) -> Result<()> {
+        self.device_on(device).map(drop)
+    }
+
+    /// Makes the host current (copies only if it is stale).
+    pub fn sync_to_host(&mut self) -> Result<()> {
+        self.raw.host_access(Access::Read).map(drop)
+    }
+
+    /// Declares that the host copy was written: it is made current first, then every device
+    /// copy is stale.
+    pub fn mark_host_dirty(&mut self) -> Result<()> {
+        self.raw.host_access(Access::Write).map(drop)
+    }
+
+    /// Declares that the buffer's own device copy was written (by a kernel): it is made
+    /// current first, then the host and other devices are stale.
+    pub fn mark_device_dirty(&mut self) -> Result<()> {
+        self.device_mut().map(drop)
+    }
+
+    /// As [`Self::mark_device_dirty`], for any device.
+    pub fn mark_dirty_on(&mut self, device: &Device) -> Result<()> {
+        self.device_mut_on(device).map(drop)
+    }
+
+    /// Sets every element to `value` where the data is current, with no transfer (on the
+    /// device when only the device is current; on the host when nothing is).
+    pub fn fill(&mut self, value: T) -> Result<()> {
+        self.raw.fill(bytemuck::bytes_of(&value))
+    }
+
+    /// Copies `data` into the buffer on the host (exactly `len()` elements, else an error).
+    pub fn copy_from(&mut self, data: &[T]) -> Result<()> {
+        if data.len() != self.len() {
+            return Err(Error::LengthMismatch {
+                operation: "copy_from",
+                expected: self.len(),
+                actual: data.len(),
+            });
+        }
+        self.host_overwrite()?.copy_from_slice(data);
+        Ok(())
+    }
+
+    /// Copies the buffer into `out` (exactly `len()` elements, else an error).
+    pub fn copy_to(&mut self, out: &mut [T]) -> Result<()> {
+        if out.len() != self.len() {
+            return Err(Error::LengthMismatch {
+                operation: "copy_to",
+                expected: self.len(),
+                actual: out.len(),
+            });
+        }
+        out.copy_from_slice(self.host()?);
+        Ok(())
+    }
+
+    /// A copy of the data, read on the host.
+    pub fn to_vec(&mut self) -> Result<Vec<T>> {
+        Ok(self.host()?.to_vec())
+    }
+
+    /// Frees every copy; the buffer is UNINITIALIZED and holds no memory.
+    pub fn release_memory(&mut self) {
+        self.raw.release_memory();
+    }
+
+    /// Forgets the contents (UNINITIALIZED) but keeps every allocation for reuse.
+    pub fn invalidate(&mut self) {
+        self.raw.invalidate();
+    }
+
+    /// The untyped engine, for bindings that work with run-time element types.
+    pub fn raw(&self) -> &RawBuffer {
+        &self.raw
+    }
+
+    /// The untyped engine, mutably.
+    pub fn raw_mut(&mut self) -> &mut RawBuffer {
+        &mut self.raw
+    }
+}
+
+impl<T: Element> fmt::Debug for UnifiedBuffer<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UnifiedBuffer")
+            .field("shape", &self.shape())
+            .field("dtype", &T::DTYPE)
+            .field("device", self.raw.home())
+            .field("state", &self.state())
+            .finish()
+    }
+}

@@ -1,0 +1,398 @@
+//! The coherence contract as pure code: which copy of a buffer is valid, and what must move
+//! before a copy can be used. No runtime call, no memory, no I/O lives here: [`Coherence`]
+//! answers with a [`Plan`] of steps, the buffer executes them, and only when every step has
+//! succeeded does it [`Coherence::commit`] the new state. A failed step therefore leaves the
+//! state exactly as it was.
+//!
+//! The rules (SPEC section 1):
+//! - Read at L: nothing if L is valid; else allocate L if needed, fill it from a valid
+//!   location, and L becomes valid.
+//! - Write at L: as Read, then every other location becomes stale. Overwrite skips the fill.
+//! - When nothing is valid anywhere, no copy is made and L's contents are unspecified.
+
+use std::fmt;
+
+/// The identity of an opened device; never reused within a process.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DeviceId(pub(crate) u64);
+
+impl fmt::Debug for DeviceId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "dev#{}", self.0)
+    }
+}
+
+/// A place a copy of the buffer can live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Location {
+    /// Host memory.
+    Host,
+    /// The memory of one device.
+    Device(DeviceId),
+}
+
+/// The state of one location.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Residency {
+    /// No memory is allocated there.
+    Unallocated,
+    /// Memory is allocated but holds out-of-date bytes.
+    Stale,
+    /// Memory holds the current bytes.
+    Valid,
+}
+
+/// How a location is about to be used.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// Read: the location must hold the current bytes.
+    Read,
+    /// Read and write: as `Read`, then every other copy is stale.
+    Write,
+    /// Write every byte without reading: no fill, then every other copy is stale.
+    Overwrite,
+}
+
+/// One step of a plan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Allocate memory at the location.
+    Allocate(Location),
+    /// Copy the whole buffer between two locations.
+    Copy {
+        /// A location that holds the current bytes.
+        from: Location,
+        /// The location to fill.
+        to: Location,
+    },
+}
+
+/// What must happen before an access can proceed, in order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    steps: Vec<Step>,
+}
+
+impl Plan {
+    /// The steps, in execution order.
+    pub fn steps(&self) -> &[Step] {
+        &self.steps
+    }
+
+    /// Whether the access needs no allocation and no copy.
+    pub fn is_empty(&self) -> bool {
+        self.steps.is_empty()
+    }
+}
+
+/// The state of the buffer as users know it: the host against one device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BufferState {
+    /// Nothing is valid anywhere.
+    Uninitialized,
+    /// Host valid, device not allocated.
+    HostOnly,
+    /// Device valid, host not allocated.
+    DeviceOnly,
+    /// Host and device both valid.
+    Synchronized,
+    /// Host valid, device allocated but stale.
+    HostDirty,
+    /// Device valid, host allocated but stale.
+    DeviceDirty,
+    /// Neither the host nor this device is valid, but another device is (only possible when
+    /// a buffer is used on several devices).
+    Elsewhere,
+}
+
+impl BufferState {
+    /// The seeds' string value (`"host_dirty"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            BufferState::Uninitialized => "uninitialized",
+            BufferState::HostOnly => "host_only",
+            BufferState::DeviceOnly => "device_only",
+            BufferState::Synchronized => "synchronized",
+            BufferState::HostDirty => "host_dirty",
+            BufferState::DeviceDirty => "device_dirty",
+            BufferState::Elsewhere => "elsewhere",
+        }
+    }
+}
+
+impl fmt::Display for BufferState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name().to_uppercase())
+    }
+}
+
+/// Per-location residency of one buffer. Locations not listed are unallocated.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Coherence {
+    entries: Vec<(Location, Residency)>,
+}
+
+impl Coherence {
+    /// A new buffer: nothing allocated anywhere.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The residency of one location.
+    pub fn residency(&self, at: Location) -> Residency {
+        self.entries
+            .iter()
+            .find(|(loc, _)| *loc == at)
+            .map_or(Residency::Unallocated, |&(_, r)| r)
+    }
+
+    /// Every location that holds memory, with its residency.
+    pub fn locations(&self) -> impl Iterator<Item = (Location, Residency)> + '_ {
+        self.entries.iter().copied()
+    }
+
+    /// Whether any location holds the current bytes.
+    pub fn any_valid(&self) -> bool {
+        self.entries.iter().any(|&(_, r)| r == Residency::Valid)
+    }
+
+    /// The steps needed before `access` at `at`. `direct(from, to)` tells whether two devices
+    /// can copy between each other without the host; host-device copies are always direct.
+    pub fn plan(
+        &self,
+        at: Location,
+        access: Access,
+        direct: impl Fn(DeviceId, DeviceId) -> bool,
+    ) -> Plan {
+        let mut steps = Vec::new();
+        let here = self.residency(at);
+        if here == Residency::Valid {
+            return Plan { steps };
+        }
+        if here == Residency::Unallocated {
+            steps.push(Step::Allocate(at));
+        }
+        if access == Access::Overwrite || !self.any_valid() {
+            return Plan { steps };
+        }
+        if self.residency(Location::Host) == Residency::Valid {
+            steps.push(Step::Copy {
+                from: Location::Host,
+                to: at,
+            });
+            return Plan { steps };
+        }
+        let valid_devices = || {
+            self.entries.iter().filter_map(|&(loc, r)| match (loc, r) {
+                (Location::Device(id), Residency::Valid) => Some(id),
+                _ => None,
+            })
+        };
+        let first = valid_devices()
+            .next()
+            .expect("any_valid() and the host is not valid");
+        match at {
+            Location::Host => steps.push(Step::Copy {
+                from: Location::Device(first),
+                to: at,
+            }),
+            Location::Device(target) => match valid_devices().find(|&src| direct(src, target)) {
+                Some(src) => steps.push(Step::Copy {
+                    from: Location::Device(src),
+                    to: at,
+                }),
+                None => {
+                    // Stage through the host, which ends up valid too.
+                    if self.residency(Location::Host) == Residency::Unallocated {
+                        steps.push(Step::Allocate(Location::Host));
+                    }
+                    steps.push(Step::Copy {
+                        from: Location::Device(first),
+                        to: Location::Host,
+                    });
+                    steps.push(Step::Copy {
+                        from: Location::Host,
+                        to: at,
+                    });
+                }
+            },
+        }
+        Plan { steps }
+    }
+
+    /// Records that `plan` was executed in full for `access` at `at`.
+    pub fn commit(&mut self, at: Location, access: Access, plan: &Plan) {
+        for step in plan.steps() {
+            match *step {
+                Step::Allocate(loc) => self.set(loc, Residency::Stale),
+                Step::Copy { to, .. } => self.set(to, Residency::Valid),
+            }
+        }
+        self.set(at, Residency::Valid);
+        if access != Access::Read {
+            for (loc, r) in &mut self.entries {
+                if *loc != at && *r == Residency::Valid {
+                    *r = Residency::Stale;
+                }
+            }
+        }
+    }
+
+    /// Forgets every location: the buffer is uninitialized and holds no memory.
+    pub fn clear(&mut self) {
+        self.entries.clear();
+    }
+
+    /// Forgets the contents but keeps the memory: every allocated location becomes stale.
+    pub fn invalidate(&mut self) {
+        for (_, r) in &mut self.entries {
+            *r = Residency::Stale;
+        }
+    }
+
+    /// Drops one location (its memory was freed). The others keep their state.
+    pub fn forget(&mut self, at: Location) {
+        self.entries.retain(|(loc, _)| *loc != at);
+    }
+
+    /// The state of the host against `device`.
+    pub fn state(&self, device: Location) -> BufferState {
+        use Residency::*;
+        match (self.residency(Location::Host), self.residency(device)) {
+            (Valid, Valid) => BufferState::Synchronized,
+            (Valid, Stale) => BufferState::HostDirty,
+            (Valid, Unallocated) => BufferState::HostOnly,
+            (Stale, Valid) => BufferState::DeviceDirty,
+            (Unallocated, Valid) => BufferState::DeviceOnly,
+            _ if self.any_valid() => BufferState::Elsewhere,
+            _ => BufferState::Uninitialized,
+        }
+    }
+
+    fn set(&mut self, at: Location, residency: Residency) {
+        match self.entries.iter_mut().find(|(loc, _)| *loc == at) {
+            Some((_, r)) => *r = residency,
+            None => self.entries.push((at, residency)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use Access::*;
+    use Location::Host;
+
+    const D: Location = Location::Device(DeviceId(1));
+    const E: Location = Location::Device(DeviceId(2));
+
+    fn never(_: DeviceId, _: DeviceId) -> bool {
+        false
+    }
+
+    fn run(c: &mut Coherence, at: Location, access: Access) -> Vec<Step> {
+        let plan = c.plan(at, access, never);
+        c.commit(at, access, &plan);
+        plan.steps().to_vec()
+    }
+
+    #[test]
+    fn a_new_buffer_is_uninitialized_and_allocates_on_first_use() {
+        let mut c = Coherence::new();
+        assert_eq!(c.state(D), BufferState::Uninitialized);
+        assert_eq!(run(&mut c, Host, Read), vec![Step::Allocate(Host)]);
+        assert_eq!(c.state(D), BufferState::HostOnly);
+    }
+
+    #[test]
+    fn seed_transition_table() {
+        let mut c = Coherence::new();
+        run(&mut c, Host, Write);
+        assert_eq!(c.state(D), BufferState::HostOnly);
+        assert_eq!(
+            run(&mut c, D, Read),
+            vec![Step::Allocate(D), Step::Copy { from: Host, to: D }]
+        );
+        assert_eq!(c.state(D), BufferState::Synchronized);
+        assert_eq!(run(&mut c, Host, Write), vec![]);
+        assert_eq!(c.state(D), BufferState::HostDirty);
+        assert_eq!(run(&mut c, D, Read), vec![Step::Copy { from: Host, to: D }]);
+        assert_eq!(c.state(D), BufferState::Synchronized);
+        assert_eq!(run(&mut c, D, Write), vec![]);
+        assert_eq!(c.state(D), BufferState::DeviceDirty);
+        assert_eq!(
+            run(&mut c, Host, Read),
+            vec![Step::Copy { from: D, to: Host }]
+        );
+        assert_eq!(c.state(D), BufferState::Synchronized);
+    }
+
+    #[test]
+    fn device_only_and_overwrite() {
+        let mut c = Coherence::new();
+        assert_eq!(run(&mut c, D, Overwrite), vec![Step::Allocate(D)]);
+        assert_eq!(c.state(D), BufferState::DeviceOnly);
+        assert_eq!(run(&mut c, Host, Overwrite), vec![Step::Allocate(Host)]);
+        assert_eq!(c.state(D), BufferState::HostDirty);
+    }
+
+    #[test]
+    fn marking_a_missing_copy_dirty_fills_it_first() {
+        // The reference implementation lost host data here; we copy host -> device first.
+        let mut c = Coherence::new();
+        run(&mut c, Host, Write);
+        assert_eq!(
+            run(&mut c, D, Write),
+            vec![Step::Allocate(D), Step::Copy { from: Host, to: D }]
+        );
+        assert_eq!(c.state(D), BufferState::DeviceDirty);
+    }
+
+    #[test]
+    fn device_to_device_stages_through_the_host_unless_direct() {
+        let mut c = Coherence::new();
+        run(&mut c, D, Overwrite);
+        let steps = run(&mut c, E, Read);
+        assert_eq!(
+            steps,
+            vec![
+                Step::Allocate(E),
+                Step::Allocate(Host),
+                Step::Copy { from: D, to: Host },
+                Step::Copy { from: Host, to: E }
+            ]
+        );
+        assert_eq!(c.state(E), BufferState::Synchronized);
+
+        let mut c = Coherence::new();
+        run(&mut c, D, Overwrite);
+        let plan = c.plan(E, Read, |_, _| true);
+        assert_eq!(
+            plan.steps(),
+            &[Step::Allocate(E), Step::Copy { from: D, to: E }]
+        );
+        c.commit(E, Read, &plan);
+        assert_eq!(c.state(E), BufferState::DeviceOnly);
+        assert_eq!(c.state(D), BufferState::DeviceOnly);
+    }
+
+    #[test]
+    fn elsewhere_when_only_another_device_is_valid() {
+        let mut c = Coherence::new();
+        run(&mut c, Host, Write);
+        run(&mut c, D, Read);
+        run(&mut c, E, Write);
+        assert_eq!(c.state(D), BufferState::Elsewhere);
+        assert_eq!(c.state(E), BufferState::DeviceDirty);
+    }
+
+    #[test]
+    fn a_plan_changes_nothing_until_committed() {
+        let mut c = Coherence::new();
+        run(&mut c, Host, Write);
+        let before = c.clone();
+        let plan = c.plan(D, Write, never);
+        assert!(!plan.is_empty());
+        assert_eq!(c, before);
+    }
+}

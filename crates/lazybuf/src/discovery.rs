@@ -1,0 +1,177 @@
+//! Device discovery and the default device.
+//!
+//! Each runtime is probed once per process; every call returns the same opened [`Device`]s,
+//! so identities are stable. An absent runtime is reported in [`backend_status`], never
+//! panicked on. The default device is, in order: the device named by `LAZYBUF_DEVICE`, the
+//! first CUDA GPU, the first other GPU, the host.
+//!
+//! Selectors (`LAZYBUF_DEVICE`, [`select_device`]): `host`, `gpu`, a backend name (`opencl`,
+//! `cuda`: its first device), or a backend and an index (`opencl:1`).
+
+use std::sync::OnceLock;
+
+use crate::device::Device;
+use crate::error::{BackendKind, Error, Result};
+
+/// The environment variable that picks the default device.
+pub const DEVICE_ENV: &str = "LAZYBUF_DEVICE";
+
+/// What one backend's probe found.
+#[derive(Clone, Debug)]
+pub struct BackendStatus {
+    /// The backend probed.
+    pub backend: BackendKind,
+    /// The number of devices it opened, or why it is unavailable.
+    pub devices: Result<usize, String>,
+}
+
+struct Registry {
+    devices: Vec<Device>,
+    status: Vec<BackendStatus>,
+}
+
+fn registry() -> &'static Registry {
+    static REGISTRY: OnceLock<Registry> = OnceLock::new();
+    REGISTRY.get_or_init(|| {
+        let mut devices = Vec::new();
+        let mut status = Vec::new();
+        let mut probe = |backend: BackendKind, found: Result<Vec<Device>>| {
+            status.push(BackendStatus {
+                backend,
+                devices: found.as_ref().map(Vec::len).map_err(ToString::to_string),
+            });
+            devices.extend(found.unwrap_or_default());
+        };
+        #[cfg(feature = "opencl")]
+        probe(BackendKind::OpenCl, crate::backend::opencl::open_all());
+        probe(BackendKind::Host, Ok(vec![Device::host()]));
+        Registry { devices, status }
+    })
+}
+
+/// Every device of every available backend, the host device last.
+pub fn devices() -> Vec<Device> {
+    registry().devices.clone()
+}
+
+/// What each compiled-in backend found (device counts, or why it is unavailable).
+pub fn backend_status() -> Vec<BackendStatus> {
+    registry().status.clone()
+}
+
+/// The default device: `LAZYBUF_DEVICE` if set, else the first CUDA GPU, else the first
+/// other GPU, else the host.
+pub fn default_device() -> Result<Device> {
+    match std::env::var(DEVICE_ENV) {
+        Ok(selector) if !selector.trim().is_empty() => select_device(&selector),
+        _ => Ok(preferred(&registry().devices)),
+    }
+}
+
+fn preferred(devices: &[Device]) -> Device {
+    let gpu = |backend: Option<BackendKind>| {
+        devices
+            .iter()
+            .find(|d| d.info().is_gpu && backend.is_none_or(|b| d.backend_kind() == b))
+    };
+    gpu(Some(BackendKind::Cuda))
+        .or_else(|| gpu(None))
+        .cloned()
+        .unwrap_or_else(Device::host)
+}
+
+/// Finds a device by selector (see the module docs).
+pub fn select_device(selector: &str) -> Result<Device> {
+    let registry = registry();
+    let wanted = selector.trim().to_ascii_lowercase();
+    let not_found = |reason: String| Error::DeviceNotFound {
+        selector: selector.to_string(),
+        reason,
+    };
+    let known = || {
+        registry
+            .devices
+            .iter()
+            .map(|d| format!("{} ({})", d.backend_kind(), d.name()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if wanted == "gpu" {
+        return registry
+            .devices
+            .iter()
+            .find(|d| d.info().is_gpu)
+            .cloned()
+            .ok_or_else(|| not_found(format!("no GPU found; devices: {}", known())));
+    }
+    let (name, index) = match wanted.split_once(':') {
+        Some((name, index)) => {
+            let index = index.parse::<usize>().map_err(|_| {
+                not_found(format!(
+                    "expected BACKEND:INDEX with a non-negative integer index, got {index:?}"
+                ))
+            })?;
+            (name.to_string(), index)
+        }
+        None => (wanted.clone(), 0),
+    };
+    let backend = [BackendKind::Host, BackendKind::OpenCl, BackendKind::Cuda]
+        .into_iter()
+        .find(|b| b.name() == name)
+        .ok_or_else(|| {
+            not_found(format!(
+                "expected one of host, gpu, opencl[:N], cuda[:N]; got {name:?}"
+            ))
+        })?;
+    let of_backend: Vec<&Device> = registry
+        .devices
+        .iter()
+        .filter(|d| d.backend_kind() == backend)
+        .collect();
+    if of_backend.is_empty() {
+        let why = registry
+            .status
+            .iter()
+            .find(|s| s.backend == backend)
+            .and_then(|s| s.devices.clone().err())
+            .unwrap_or_else(|| format!("lazybuf was built without the {backend} feature"));
+        return Err(not_found(format!("{backend} has no device: {why}")));
+    }
+    of_backend.get(index).map(|d| (*d).clone()).ok_or_else(|| {
+        not_found(format!(
+            "{backend} has {} device(s), index {index} is out of range",
+            of_backend.len()
+        ))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_is_always_listed_and_selectable() {
+        assert!(
+            devices()
+                .iter()
+                .any(|d| d.backend_kind() == BackendKind::Host)
+        );
+        assert_eq!(select_device("host").unwrap(), Device::host());
+        assert_eq!(select_device(" HOST:0 ").unwrap(), Device::host());
+    }
+
+    #[test]
+    fn bad_selectors_say_what_was_expected() {
+        let err = select_device("tpu").unwrap_err().to_string();
+        assert!(err.contains("expected one of host, gpu"), "{err}");
+        let err = select_device("host:x").unwrap_err().to_string();
+        assert!(err.contains("non-negative integer"), "{err}");
+        let err = select_device("host:3").unwrap_err().to_string();
+        assert!(err.contains("out of range"), "{err}");
+    }
+
+    #[test]
+    fn devices_are_opened_once() {
+        assert_eq!(devices(), devices());
+    }
+}

@@ -1,0 +1,90 @@
+//! N-d C-contiguous shapes with checked element counts and byte sizes.
+//!
+//! A [`Shape`] is validated once, at construction: its element count and its size in bytes
+//! for a given element size both fit in `isize::MAX` (Rust's limit for one allocation).
+
+use crate::error::{Error, Result};
+
+/// The dimensions of a buffer, outermost first (C order). Zero dimensions is a scalar, and any
+/// dimension may be zero (an empty buffer).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Shape {
+    dims: Box<[usize]>,
+    len: usize,
+}
+
+impl Shape {
+    /// Checks that `dims` holds `elem_size`-byte elements within one allocation's limit.
+    pub fn new(dims: &[usize], elem_size: usize) -> Result<Shape> {
+        let invalid = |reason: String| Error::InvalidShape {
+            dims: dims.to_vec(),
+            reason,
+        };
+        let len = dims
+            .iter()
+            .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+            .ok_or_else(|| {
+                invalid(
+                    "the element count overflows usize; expected a product of dimensions that fits"
+                        .into(),
+                )
+            })?;
+        let bytes = len
+            .checked_mul(elem_size)
+            .filter(|&b| b <= isize::MAX as usize);
+        if bytes.is_none() {
+            return Err(invalid(format!(
+                "{len} elements of {elem_size} bytes exceed the largest possible allocation ({} bytes)",
+                isize::MAX
+            )));
+        }
+        Ok(Shape {
+            dims: dims.into(),
+            len,
+        })
+    }
+
+    /// The dimensions.
+    pub fn dims(&self) -> &[usize] {
+        &self.dims
+    }
+
+    /// The number of elements (the product of the dimensions; 1 for a scalar).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the shape holds no element.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_elements() {
+        assert_eq!(Shape::new(&[2, 3, 4], 4).unwrap().len(), 24);
+        assert_eq!(Shape::new(&[], 4).unwrap().len(), 1);
+        assert!(Shape::new(&[5, 0, 7], 8).unwrap().is_empty());
+    }
+
+    #[test]
+    fn rejects_count_overflow() {
+        let err = Shape::new(&[usize::MAX, 2], 1).unwrap_err();
+        assert!(err.to_string().contains("overflows"), "{err}");
+    }
+
+    #[test]
+    fn rejects_byte_overflow() {
+        let err = Shape::new(&[usize::MAX / 4], 8).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("exceed the largest possible allocation"),
+            "{err}"
+        );
+        assert!(Shape::new(&[isize::MAX as usize / 4 + 1], 4).is_err());
+    }
+}
