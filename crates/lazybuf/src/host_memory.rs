@@ -22,6 +22,10 @@ const MMAP_THRESHOLD: usize = 64 * 1024;
 /// Alignment of heap blocks: a cache line, enough for every element type and for SIMD.
 const HEAP_ALIGN: usize = 64;
 
+/// A type with the heap alignment, for well-aligned empty blocks.
+#[repr(align(64))]
+struct CacheLine;
+
 /// Something that owns foreign host memory and frees it when dropped.
 pub trait ForeignHostMemory: Send + Sync {}
 
@@ -56,7 +60,7 @@ impl HostMemory {
     pub fn allocate(len: usize) -> Result<HostMemory> {
         if len == 0 {
             return Ok(HostMemory {
-                ptr: NonNull::<[u8; HEAP_ALIGN]>::dangling().cast(),
+                ptr: NonNull::<CacheLine>::dangling().cast(),
                 len,
                 pinned: false,
                 owner: Owner::Empty,
