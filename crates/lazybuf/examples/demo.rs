@@ -45,10 +45,7 @@ fn main() -> Result<()> {
 
     let mut buf = UnifiedBuffer::<f32>::on(&[1024], &device)?;
     step(&mut buf, "new buffer (allocates nothing)");
-    buf.host_mut()?
-        .iter_mut()
-        .enumerate()
-        .for_each(|(i, x)| *x = i as f32);
+    buf.host_mut()?.iter_mut().enumerate().for_each(|(i, x)| *x = i as f32);
     step(&mut buf, "write on host");
     buf.sync_to_device()?;
     step(&mut buf, "sync_to_device");

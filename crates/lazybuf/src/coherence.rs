@@ -140,10 +140,7 @@ impl Coherence {
 
     /// The residency of one location.
     pub fn residency(&self, at: Location) -> Residency {
-        self.entries
-            .iter()
-            .find(|(loc, _)| *loc == at)
-            .map_or(Residency::Unallocated, |&(_, r)| r)
+        self.entries.iter().find(|(loc, _)| *loc == at).map_or(Residency::Unallocated, |&(_, r)| r)
     }
 
     /// Every location that holds memory, with its residency.
@@ -158,12 +155,7 @@ impl Coherence {
 
     /// The steps needed before `access` at `at`. `direct(from, to)` tells whether two devices
     /// can copy between each other without the host; host-device copies are always direct.
-    pub fn plan(
-        &self,
-        at: Location,
-        access: Access,
-        direct: impl Fn(DeviceId, DeviceId) -> bool,
-    ) -> Plan {
+    pub fn plan(&self, at: Location, access: Access, direct: impl Fn(DeviceId, DeviceId) -> bool) -> Plan {
         let mut steps = Vec::new();
         let here = self.residency(at);
         if here == Residency::Valid {
@@ -176,10 +168,7 @@ impl Coherence {
             return Plan { steps };
         }
         if self.residency(Location::Host) == Residency::Valid {
-            steps.push(Step::Copy {
-                from: Location::Host,
-                to: at,
-            });
+            steps.push(Step::Copy { from: Location::Host, to: at });
             return Plan { steps };
         }
         let valid_devices = || {
@@ -188,32 +177,18 @@ impl Coherence {
                 _ => None,
             })
         };
-        let first = valid_devices()
-            .next()
-            .expect("any_valid() and the host is not valid");
+        let first = valid_devices().next().expect("any_valid() and the host is not valid");
         match at {
-            Location::Host => steps.push(Step::Copy {
-                from: Location::Device(first),
-                to: at,
-            }),
+            Location::Host => steps.push(Step::Copy { from: Location::Device(first), to: at }),
             Location::Device(target) => match valid_devices().find(|&src| direct(src, target)) {
-                Some(src) => steps.push(Step::Copy {
-                    from: Location::Device(src),
-                    to: at,
-                }),
+                Some(src) => steps.push(Step::Copy { from: Location::Device(src), to: at }),
                 None => {
                     // Stage through the host, which ends up valid too.
                     if self.residency(Location::Host) == Residency::Unallocated {
                         steps.push(Step::Allocate(Location::Host));
                     }
-                    steps.push(Step::Copy {
-                        from: Location::Device(first),
-                        to: Location::Host,
-                    });
-                    steps.push(Step::Copy {
-                        from: Location::Host,
-                        to: at,
-                    });
+                    steps.push(Step::Copy { from: Location::Device(first), to: Location::Host });
+                    steps.push(Step::Copy { from: Location::Host, to: at });
                 }
             },
         }
@@ -309,10 +284,7 @@ mod tests {
         let mut c = Coherence::new();
         run(&mut c, Host, Write);
         assert_eq!(c.state(D), BufferState::HostOnly);
-        assert_eq!(
-            run(&mut c, D, Read),
-            vec![Step::Allocate(D), Step::Copy { from: Host, to: D }]
-        );
+        assert_eq!(run(&mut c, D, Read), vec![Step::Allocate(D), Step::Copy { from: Host, to: D }]);
         assert_eq!(c.state(D), BufferState::Synchronized);
         assert_eq!(run(&mut c, Host, Write), vec![]);
         assert_eq!(c.state(D), BufferState::HostDirty);
@@ -320,10 +292,7 @@ mod tests {
         assert_eq!(c.state(D), BufferState::Synchronized);
         assert_eq!(run(&mut c, D, Write), vec![]);
         assert_eq!(c.state(D), BufferState::DeviceDirty);
-        assert_eq!(
-            run(&mut c, Host, Read),
-            vec![Step::Copy { from: D, to: Host }]
-        );
+        assert_eq!(run(&mut c, Host, Read), vec![Step::Copy { from: D, to: Host }]);
         assert_eq!(c.state(D), BufferState::Synchronized);
     }
 
@@ -341,10 +310,7 @@ mod tests {
         // The reference implementation lost host data here; we copy host -> device first.
         let mut c = Coherence::new();
         run(&mut c, Host, Write);
-        assert_eq!(
-            run(&mut c, D, Write),
-            vec![Step::Allocate(D), Step::Copy { from: Host, to: D }]
-        );
+        assert_eq!(run(&mut c, D, Write), vec![Step::Allocate(D), Step::Copy { from: Host, to: D }]);
         assert_eq!(c.state(D), BufferState::DeviceDirty);
     }
 
@@ -367,10 +333,7 @@ mod tests {
         let mut c = Coherence::new();
         run(&mut c, D, Overwrite);
         let plan = c.plan(E, Read, |_, _| true);
-        assert_eq!(
-            plan.steps(),
-            &[Step::Allocate(E), Step::Copy { from: D, to: E }]
-        );
+        assert_eq!(plan.steps(), &[Step::Allocate(E), Step::Copy { from: D, to: E }]);
         c.commit(E, Read, &plan);
         assert_eq!(c.state(E), BufferState::DeviceOnly);
         assert_eq!(c.state(D), BufferState::DeviceOnly);

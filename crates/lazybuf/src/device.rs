@@ -64,20 +64,14 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 impl Device {
     /// Gives an opened backend an identity. Each call makes a new, distinct device.
     pub fn from_backend(backend: Arc<dyn Backend>) -> Device {
-        Device {
-            id: DeviceId(NEXT_ID.fetch_add(1, Ordering::Relaxed)),
-            backend,
-        }
+        Device { id: DeviceId(NEXT_ID.fetch_add(1, Ordering::Relaxed)), backend }
     }
 
     /// The host device: memory is host memory, views alias it and syncs copy nothing. Always
     /// the same device.
     pub fn host() -> Device {
         static HOST: OnceLock<Device> = OnceLock::new();
-        HOST.get_or_init(|| {
-            Device::from_backend(Arc::new(crate::backend::host::HostBackend::new()))
-        })
-        .clone()
+        HOST.get_or_init(|| Device::from_backend(Arc::new(crate::backend::host::HostBackend::new()))).clone()
     }
 
     /// This device's identity.
@@ -134,13 +128,7 @@ impl Eq for Device {}
 
 impl fmt::Debug for Device {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "Device({:?} {}: {})",
-            self.id,
-            self.info().backend,
-            self.info().name
-        )
+        write!(f, "Device({:?} {}: {})", self.id, self.info().backend, self.info().name)
     }
 }
 

@@ -70,24 +70,16 @@ pub fn default_device() -> Result<Device> {
 
 fn preferred(devices: &[Device]) -> Device {
     let gpu = |backend: Option<BackendKind>| {
-        devices
-            .iter()
-            .find(|d| d.info().is_gpu && backend.is_none_or(|b| d.backend_kind() == b))
+        devices.iter().find(|d| d.info().is_gpu && backend.is_none_or(|b| d.backend_kind() == b))
     };
-    gpu(Some(BackendKind::Cuda))
-        .or_else(|| gpu(None))
-        .cloned()
-        .unwrap_or_else(Device::host)
+    gpu(Some(BackendKind::Cuda)).or_else(|| gpu(None)).cloned().unwrap_or_else(Device::host)
 }
 
 /// Finds a device by selector (see the module docs).
 pub fn select_device(selector: &str) -> Result<Device> {
     let registry = registry();
     let wanted = selector.trim().to_ascii_lowercase();
-    let not_found = |reason: String| Error::DeviceNotFound {
-        selector: selector.to_string(),
-        reason,
-    };
+    let not_found = |reason: String| Error::DeviceNotFound { selector: selector.to_string(), reason };
     let known = || {
         registry
             .devices
@@ -107,9 +99,7 @@ pub fn select_device(selector: &str) -> Result<Device> {
     let (name, index) = match wanted.split_once(':') {
         Some((name, index)) => {
             let index = index.parse::<usize>().map_err(|_| {
-                not_found(format!(
-                    "expected BACKEND:INDEX with a non-negative integer index, got {index:?}"
-                ))
+                not_found(format!("expected BACKEND:INDEX with a non-negative integer index, got {index:?}"))
             })?;
             (name.to_string(), index)
         }
@@ -118,16 +108,8 @@ pub fn select_device(selector: &str) -> Result<Device> {
     let backend = [BackendKind::Host, BackendKind::OpenCl, BackendKind::Cuda]
         .into_iter()
         .find(|b| b.name() == name)
-        .ok_or_else(|| {
-            not_found(format!(
-                "expected one of host, gpu, opencl[:N], cuda[:N]; got {name:?}"
-            ))
-        })?;
-    let of_backend: Vec<&Device> = registry
-        .devices
-        .iter()
-        .filter(|d| d.backend_kind() == backend)
-        .collect();
+        .ok_or_else(|| not_found(format!("expected one of host, gpu, opencl[:N], cuda[:N]; got {name:?}")))?;
+    let of_backend: Vec<&Device> = registry.devices.iter().filter(|d| d.backend_kind() == backend).collect();
     if of_backend.is_empty() {
         let why = registry
             .status
@@ -138,10 +120,7 @@ pub fn select_device(selector: &str) -> Result<Device> {
         return Err(not_found(format!("{backend} has no device: {why}")));
     }
     of_backend.get(index).map(|d| (*d).clone()).ok_or_else(|| {
-        not_found(format!(
-            "{backend} has {} device(s), index {index} is out of range",
-            of_backend.len()
-        ))
+        not_found(format!("{backend} has {} device(s), index {index} is out of range", of_backend.len()))
     })
 }
 
@@ -151,11 +130,7 @@ mod tests {
 
     #[test]
     fn host_is_always_listed_and_selectable() {
-        assert!(
-            devices()
-                .iter()
-                .any(|d| d.backend_kind() == BackendKind::Host)
-        );
+        assert!(devices().iter().any(|d| d.backend_kind() == BackendKind::Host));
         assert_eq!(select_device("host").unwrap(), Device::host());
         assert_eq!(select_device(" HOST:0 ").unwrap(), Device::host());
     }

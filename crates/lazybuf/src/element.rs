@@ -125,10 +125,7 @@ mod tests {
 
     #[test]
     fn sizes_match_rust_types() {
-        assert_eq!(
-            <half::bf16 as Element>::DTYPE.size(),
-            size_of::<half::bf16>()
-        );
+        assert_eq!(<half::bf16 as Element>::DTYPE.size(), size_of::<half::bf16>());
         assert_eq!(<f64 as Element>::DTYPE.size(), size_of::<f64>());
         assert_eq!(<i16 as Element>::DTYPE.size(), size_of::<i16>());
     }

@@ -173,10 +173,9 @@ impl Error {
     pub fn is_retryable(&self) -> bool {
         match self {
             Error::OutOfMemory { .. } | Error::InjectedFault { .. } => true,
-            Error::Runtime { code, .. } => matches!(
-                code,
-                RuntimeCode::OpenCl(-5) | RuntimeCode::OpenCl(-6) | RuntimeCode::Cuda(2)
-            ),
+            Error::Runtime { code, .. } => {
+                matches!(code, RuntimeCode::OpenCl(-5) | RuntimeCode::OpenCl(-6) | RuntimeCode::Cuda(2))
+            }
             _ => false,
         }
     }
@@ -187,10 +186,7 @@ impl Error {
     }
 
     pub(crate) fn invalid(operation: &'static str, reason: impl Into<String>) -> Self {
-        Error::InvalidArgument {
-            operation,
-            reason: reason.into(),
-        }
+        Error::InvalidArgument { operation, reason: reason.into() }
     }
 }
 

@@ -73,12 +73,7 @@ impl HostMemory {
         // SAFETY: layout has a non-zero size (len > 0 checked above).
         let ptr = unsafe { alloc::alloc_zeroed(layout) };
         let ptr = NonNull::new(ptr).ok_or_else(|| oom(len, None))?;
-        Ok(HostMemory {
-            ptr,
-            len,
-            pinned: false,
-            owner: Owner::Heap(layout),
-        })
+        Ok(HostMemory { ptr, len, pinned: false, owner: Owner::Heap(layout) })
     }
 
     /// Allocates `len` zeroed bytes on whole pages and locks them in RAM (`mlock`). Fails with
@@ -125,12 +120,7 @@ impl HostMemory {
                 });
             }
         }
-        Ok(HostMemory {
-            ptr,
-            len,
-            pinned: lock,
-            owner: Owner::Mapped(len),
-        })
+        Ok(HostMemory { ptr, len, pinned: lock, owner: Owner::Mapped(len) })
     }
 
     /// Wraps host memory that a runtime allocated.
@@ -146,12 +136,7 @@ impl HostMemory {
         pinned: bool,
         owner: Box<dyn ForeignHostMemory>,
     ) -> HostMemory {
-        HostMemory {
-            ptr,
-            len,
-            pinned,
-            owner: Owner::Foreign(owner),
-        }
+        HostMemory { ptr, len, pinned, owner: Owner::Foreign(owner) }
     }
 
     /// The size in bytes.
@@ -210,10 +195,7 @@ impl Drop for HostMemory {
 
 impl fmt::Debug for HostMemory {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("HostMemory")
-            .field("len", &self.len)
-            .field("pinned", &self.pinned)
-            .finish()
+        f.debug_struct("HostMemory").field("len", &self.len).field("pinned", &self.pinned).finish()
     }
 }
 
@@ -222,11 +204,7 @@ fn errno() -> i32 {
 }
 
 fn oom(len: usize, code: Option<RuntimeCode>) -> Error {
-    Error::OutOfMemory {
-        device: "host".into(),
-        requested: len,
-        code,
-    }
+    Error::OutOfMemory { device: "host".into(), requested: len, code }
 }
 
 #[cfg(test)]

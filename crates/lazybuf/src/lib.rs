@@ -10,6 +10,7 @@
 //! - [`backend`]: the device interface and one folder per runtime (host, OpenCL);
 //! - [`device`] and [`discovery`]: device handles, what they report, the default device;
 //! - [`host_memory`]: host blocks (pageable, page-locked, runtime-owned);
+//! - [`resource`]: where buffers get memory (direct from backends; policies wrap it);
 //! - [`testing`]: a fault-injecting device wrapper;
 //! - [`error`]: the one error type.
 
@@ -24,18 +25,18 @@ pub mod discovery;
 pub mod element;
 pub mod error;
 pub mod host_memory;
+pub mod resource;
 pub mod shape;
 pub mod testing;
 
-pub use buffer::{
-    BufferOptions, DeviceView, DeviceViewMut, RawBuffer, TransferStats, UnifiedBuffer,
-};
+pub use buffer::{BufferOptions, DeviceView, DeviceViewMut, RawBuffer, TransferStats, UnifiedBuffer};
 pub use coherence::{BufferState, DeviceId, Location, Residency};
 pub use device::{Device, DeviceInfo, MemoryInfo, MemorySource};
 pub use discovery::{backend_status, default_device, devices, select_device};
 pub use element::{DType, Element};
 pub use error::{BackendKind, Error, Result, RuntimeCode};
 pub use half::{bf16, f16};
+pub use resource::{DirectResource, MemoryResource};
 
 #[cfg(test)]
 mod send_sync {

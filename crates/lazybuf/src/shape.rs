@@ -16,32 +16,18 @@ pub struct Shape {
 impl Shape {
     /// Checks that `dims` holds `elem_size`-byte elements within one allocation's limit.
     pub fn new(dims: &[usize], elem_size: usize) -> Result<Shape> {
-        let invalid = |reason: String| Error::InvalidShape {
-            dims: dims.to_vec(),
-            reason,
-        };
-        let len = dims
-            .iter()
-            .try_fold(1usize, |acc, &d| acc.checked_mul(d))
-            .ok_or_else(|| {
-                invalid(
-                    "the element count overflows usize; expected a product of dimensions that fits"
-                        .into(),
-                )
-            })?;
-        let bytes = len
-            .checked_mul(elem_size)
-            .filter(|&b| b <= isize::MAX as usize);
+        let invalid = |reason: String| Error::InvalidShape { dims: dims.to_vec(), reason };
+        let len = dims.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d)).ok_or_else(|| {
+            invalid("the element count overflows usize; expected a product of dimensions that fits".into())
+        })?;
+        let bytes = len.checked_mul(elem_size).filter(|&b| b <= isize::MAX as usize);
         if bytes.is_none() {
             return Err(invalid(format!(
                 "{len} elements of {elem_size} bytes exceed the largest possible allocation ({} bytes)",
                 isize::MAX
             )));
         }
-        Ok(Shape {
-            dims: dims.into(),
-            len,
-        })
+        Ok(Shape { dims: dims.into(), len })
     }
 
     /// The dimensions.
@@ -80,11 +66,7 @@ mod tests {
     #[test]
     fn rejects_byte_overflow() {
         let err = Shape::new(&[usize::MAX / 4], 8).unwrap_err();
-        assert!(
-            err.to_string()
-                .contains("exceed the largest possible allocation"),
-            "{err}"
-        );
+        assert!(err.to_string().contains("exceed the largest possible allocation"), "{err}");
         assert!(Shape::new(&[isize::MAX as usize / 4 + 1], 4).is_err());
     }
 }

@@ -27,15 +27,13 @@ impl FaultPlan {
     /// Makes the `n`-th allocation from now fail (host blocks and device memory both count).
     pub fn fail_allocation_in(&self, n: u64) {
         let done = self.allocations.load(Ordering::SeqCst);
-        self.fail_allocation
-            .store(if n == 0 { 0 } else { done + n }, Ordering::SeqCst);
+        self.fail_allocation.store(if n == 0 { 0 } else { done + n }, Ordering::SeqCst);
     }
 
     /// Makes the `n`-th copy from now fail (uploads, downloads, device copies and fills).
     pub fn fail_copy_in(&self, n: u64) {
         let done = self.copies.load(Ordering::SeqCst);
-        self.fail_copy
-            .store(if n == 0 { 0 } else { done + n }, Ordering::SeqCst);
+        self.fail_copy.store(if n == 0 { 0 } else { done + n }, Ordering::SeqCst);
     }
 
     /// Disarms both faults.
@@ -58,10 +56,7 @@ impl FaultPlan {
         let n = count.fetch_add(1, Ordering::SeqCst) + 1;
         if target.load(Ordering::SeqCst) == n {
             target.store(0, Ordering::SeqCst);
-            return Err(Error::InjectedFault {
-                operation,
-                count: n,
-            });
+            return Err(Error::InjectedFault { operation, count: n });
         }
         Ok(())
     }
@@ -78,19 +73,13 @@ impl FaultyDevice {
     /// Wraps `inner`; returns the new device and the plan that controls it.
     pub fn wrap(inner: &Device) -> (Device, Arc<FaultPlan>) {
         let plan = Arc::new(FaultPlan::default());
-        let device = Device::from_backend(Arc::new(FaultyDevice {
-            inner: inner.clone(),
-            plan: plan.clone(),
-        }));
+        let device =
+            Device::from_backend(Arc::new(FaultyDevice { inner: inner.clone(), plan: plan.clone() }));
         (device, plan)
     }
 
     fn allocation(&self) -> Result<()> {
-        FaultPlan::check(
-            &self.plan.allocations,
-            &self.plan.fail_allocation,
-            "allocation",
-        )
+        FaultPlan::check(&self.plan.allocations, &self.plan.fail_allocation, "allocation")
     }
 
     fn copy_op(&self) -> Result<()> {
@@ -125,7 +114,7 @@ impl Backend for FaultyDevice {
     fn upload(&self, src: &[u8], dst: &mut DeviceMemory) -> Result<()> {
         if let Err(err) = self.copy_op() {
             if !dst.is_host_alias() {
-                let garbage = vec![0xA5; dst.len()];
+                let garbage = vec![0xA5; src.len()];
                 self.inner.backend().upload(&garbage, dst)?;
             }
             return Err(err);
@@ -143,14 +132,14 @@ impl Backend for FaultyDevice {
         self.inner.backend().download(src, dst)
     }
 
-    fn fill(&self, dst: &mut DeviceMemory, pattern: &[u8]) -> Result<()> {
+    fn fill(&self, dst: &mut DeviceMemory, pattern: &[u8], bytes: usize) -> Result<()> {
         self.copy_op()?;
-        self.inner.backend().fill(dst, pattern)
+        self.inner.backend().fill(dst, pattern, bytes)
     }
 
-    fn copy(&self, src: &DeviceMemory, dst: &mut DeviceMemory) -> Result<()> {
+    fn copy(&self, src: &DeviceMemory, dst: &mut DeviceMemory, bytes: usize) -> Result<()> {
         self.copy_op()?;
-        self.inner.backend().copy(src, dst)
+        self.inner.backend().copy(src, dst, bytes)
     }
 
     fn synchronize(&self) -> Result<()> {

@@ -23,9 +23,10 @@ pub mod host;
 #[cfg(feature = "opencl")]
 pub mod opencl;
 
-/// One device's runtime operations. All copies are whole-buffer and complete before the call
-/// returns (the runtime's queue is in order, so work the user enqueued earlier on the same
-/// queue completes first).
+/// One device's runtime operations. Copies act on the first bytes of an allocation (a block
+/// may be larger than the buffer using it) and are complete before the call returns (the
+/// runtime's queue is in order, so work the user enqueued earlier on the same queue completes
+/// first). Lengths beyond an allocation are an [`crate::Error::LengthMismatch`].
 pub trait Backend: Send + Sync + fmt::Debug {
     /// What the device is.
     fn info(&self) -> &DeviceInfo;
@@ -36,11 +37,7 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// Host memory for a buffer that lives on this device: page-locked when `pinned` (an
     /// error if that is impossible, never a silent pageable fallback).
     fn allocate_host(&self, bytes: usize, pinned: bool) -> Result<HostMemory> {
-        if pinned {
-            HostMemory::allocate_locked(bytes)
-        } else {
-            HostMemory::allocate(bytes)
-        }
+        if pinned { HostMemory::allocate_locked(bytes) } else { HostMemory::allocate(bytes) }
     }
 
     /// Allocates `bytes` of device memory with unspecified contents.
@@ -54,18 +51,18 @@ pub trait Backend: Send + Sync + fmt::Debug {
         None
     }
 
-    /// Copies all of `src` into `dst` (`src.len() == dst.len()`).
+    /// Copies all of `src` into the first `src.len()` bytes of `dst`.
     fn upload(&self, src: &[u8], dst: &mut DeviceMemory) -> Result<()>;
 
-    /// Copies all of `src` into `dst` (`src.len() == dst.len()`).
+    /// Fills all of `dst` from the first `dst.len()` bytes of `src`.
     fn download(&self, src: &DeviceMemory, dst: &mut [u8]) -> Result<()>;
 
-    /// Fills `dst` with repetitions of `pattern` (1, 2, 4 or 8 bytes; `dst.len()` is a
-    /// multiple of it).
-    fn fill(&self, dst: &mut DeviceMemory, pattern: &[u8]) -> Result<()>;
+    /// Fills the first `bytes` of `dst` with repetitions of `pattern` (1, 2, 4 or 8 bytes;
+    /// `bytes` is a multiple of it).
+    fn fill(&self, dst: &mut DeviceMemory, pattern: &[u8], bytes: usize) -> Result<()>;
 
-    /// Copies all of `src` into `dst`, both on this device and of equal length.
-    fn copy(&self, src: &DeviceMemory, dst: &mut DeviceMemory) -> Result<()>;
+    /// Copies the first `bytes` of `src` into `dst`, both on this device.
+    fn copy(&self, src: &DeviceMemory, dst: &mut DeviceMemory, bytes: usize) -> Result<()>;
 
     /// Waits until all work queued on the device's queue is done.
     fn synchronize(&self) -> Result<()>;
@@ -82,6 +79,14 @@ pub trait MemoryHandle: Any + Send + Sync + fmt::Debug {
     fn as_any(&self) -> &dyn Any;
 }
 
+/// Checks that an operation on `len` bytes fits an allocation of `capacity` bytes.
+pub(crate) fn check_fits(operation: &'static str, capacity: usize, len: usize) -> Result<()> {
+    if len > capacity {
+        return Err(crate::Error::LengthMismatch { operation, expected: capacity, actual: len });
+    }
+    Ok(())
+}
+
 /// Device memory of a known size, owned: dropping it frees it.
 #[derive(Debug)]
 pub struct DeviceMemory {
@@ -94,11 +99,7 @@ impl DeviceMemory {
     /// Wraps a backend's handle to `len` bytes; `host_alias` when it is a zero-copy alias of
     /// a host block.
     pub fn new(len: usize, host_alias: bool, handle: Box<dyn MemoryHandle>) -> Self {
-        DeviceMemory {
-            len,
-            host_alias,
-            handle,
-        }
+        DeviceMemory { len, host_alias, handle }
     }
 
     /// The size in bytes.

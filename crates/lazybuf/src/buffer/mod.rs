@@ -12,6 +12,7 @@ mod view;
 
 use std::fmt;
 use std::marker::PhantomData;
+use std::sync::Arc;
 
 pub use raw::{RawBuffer, Traffic, TransferStats};
 pub use view::{DeviceView, DeviceViewMut};
@@ -20,6 +21,7 @@ use crate::coherence::{Access, BufferState, Location, Residency};
 use crate::device::Device;
 use crate::element::{DType, Element};
 use crate::error::{Error, Result};
+use crate::resource::{DirectResource, MemoryResource};
 use crate::shape::Shape;
 
 /// Options for a new buffer.
@@ -29,6 +31,8 @@ pub struct BufferOptions {
     pub device: Option<Device>,
     /// Page-locked host memory (see [`UnifiedBuffer::is_pinned`]).
     pub pinned: bool,
+    /// Where memory comes from; `None` for the backends directly (no pooling).
+    pub resource: Option<Arc<dyn MemoryResource>>,
 }
 
 /// An N-d, C-contiguous array of `T` with coherent copies on the host and on devices.
@@ -56,13 +60,7 @@ impl<T: Element> UnifiedBuffer<T> {
 
     /// A buffer of `shape` whose own device is `device`. Allocates nothing.
     pub fn on(shape: &[usize], device: &Device) -> Result<Self> {
-        Self::with_options(
-            shape,
-            BufferOptions {
-                device: Some(device.clone()),
-                pinned: false,
-            },
-        )
+        Self::with_options(shape, BufferOptions { device: Some(device.clone()), ..BufferOptions::default() })
     }
 
     /// A buffer with explicit options. Allocates nothing.
@@ -73,11 +71,9 @@ impl<T: Element> UnifiedBuffer<T> {
             None => crate::discovery::default_device()?,
         };
         let nbytes = shape.len() * size_of::<T>();
-        Ok(UnifiedBuffer {
-            shape,
-            raw: RawBuffer::new(nbytes, device, options.pinned),
-            _element: PhantomData,
-        })
+        let resource = options.resource.unwrap_or_else(DirectResource::shared);
+        let raw = RawBuffer::with_resource(nbytes, device, options.pinned, resource);
+        Ok(UnifiedBuffer { shape, raw, _element: PhantomData })
     }
 
     /// A 1-d buffer on `device` holding a copy of `data` (state HOST_ONLY).
@@ -161,17 +157,13 @@ impl<T: Element> UnifiedBuffer<T> {
 
     /// Writes on the host: syncs first, then every device copy is stale.
     pub fn host_mut(&mut self) -> Result<&mut [T]> {
-        Ok(bytemuck::cast_slice_mut(
-            self.raw.host_access(Access::Write)?,
-        ))
+        Ok(bytemuck::cast_slice_mut(self.raw.host_access(Access::Write)?))
     }
 
     /// Writes every element on the host without syncing first: contents are unspecified
     /// until you overwrite them; then every device copy is stale.
     pub fn host_overwrite(&mut self) -> Result<&mut [T]> {
-        Ok(bytemuck::cast_slice_mut(
-            self.raw.host_access(Access::Overwrite)?,
-        ))
+        Ok(bytemuck::cast_slice_mut(self.raw.host_access(Access::Overwrite)?))
     }
 
     /// The host data if it is current, with no sync (and without `&mut self`).
@@ -292,6 +284,24 @@ impl<T: Element> UnifiedBuffer<T> {
     /// Forgets the contents (UNINITIALIZED) but keeps every allocation for reuse.
     pub fn invalidate(&mut self) {
         self.raw.invalidate();
+    }
+
+    /// Wraps an untyped buffer whose size is `shape`'s for `T`.
+    pub fn from_raw(shape: &[usize], raw: RawBuffer) -> Result<Self> {
+        let shape = Shape::new(shape, size_of::<T>())?;
+        if shape.len() * size_of::<T>() != raw.nbytes() {
+            return Err(Error::LengthMismatch {
+                operation: "from_raw",
+                expected: raw.nbytes(),
+                actual: shape.len() * size_of::<T>(),
+            });
+        }
+        Ok(UnifiedBuffer { shape, raw, _element: PhantomData })
+    }
+
+    /// Unwraps the untyped engine.
+    pub fn into_raw(self) -> RawBuffer {
+        self.raw
     }
 
     /// The untyped engine, for bindings that work with run-time element types.

@@ -4,14 +4,18 @@
 //! used on. For each access it asks [`Coherence`] for a plan, runs the plan's allocations and
 //! copies, and commits the new state only when all of them succeeded; on any failure it frees
 //! what it allocated in this call and returns the error, so state and valid bytes are as they
-//! were. Element types are the typed wrapper's business ([`super::UnifiedBuffer`]) and the
+//! were. Memory comes from, and goes back to, the buffer's [`MemoryResource`]; blocks may be
+//! larger than the buffer, which uses their first `nbytes`. Element types are the typed wrapper's business ([`super::UnifiedBuffer`]) and the
 //! Python binding's; here everything is bytes.
+
+use std::sync::Arc;
 
 use crate::backend::DeviceMemory;
 use crate::coherence::{Access, BufferState, Coherence, DeviceId, Location, Plan, Residency, Step};
 use crate::device::Device;
 use crate::error::Result;
 use crate::host_memory::{HostMemory, fill_pattern};
+use crate::resource::{DirectResource, MemoryResource};
 
 /// Bytes moved by a buffer since it was made (or since the counters were reset).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -83,11 +87,23 @@ pub struct RawBuffer {
     copies: Vec<DeviceCopy>,
     coherence: Coherence,
     stats: TransferStats,
+    resource: Arc<dyn MemoryResource>,
 }
 
 impl RawBuffer {
-    /// A buffer of `nbytes` whose own device is `home`. Allocates nothing.
+    /// A buffer of `nbytes` whose own device is `home`, with memory straight from the
+    /// backends. Allocates nothing.
     pub fn new(nbytes: usize, home: Device, pinned: bool) -> RawBuffer {
+        Self::with_resource(nbytes, home, pinned, DirectResource::shared())
+    }
+
+    /// A buffer of `nbytes` whose memory comes from `resource`. Allocates nothing.
+    pub fn with_resource(
+        nbytes: usize,
+        home: Device,
+        pinned: bool,
+        resource: Arc<dyn MemoryResource>,
+    ) -> RawBuffer {
         RawBuffer {
             nbytes,
             home,
@@ -96,7 +112,13 @@ impl RawBuffer {
             copies: Vec::new(),
             coherence: Coherence::new(),
             stats: TransferStats::default(),
+            resource,
         }
+    }
+
+    /// Where the buffer's memory comes from.
+    pub fn resource(&self) -> &Arc<dyn MemoryResource> {
+        &self.resource
     }
 
     /// The size in bytes.
@@ -147,26 +169,20 @@ impl RawBuffer {
     /// Makes the host the current copy for `access`, and returns its bytes.
     pub fn host_access(&mut self, access: Access) -> Result<&mut [u8]> {
         self.access(Location::Host, None, access)?;
-        Ok(self
-            .host
-            .as_mut()
-            .expect("the host is allocated after a host access")
-            .as_mut_slice())
+        Ok(self.host.as_mut().expect("the host is allocated after a host access").as_mut_slice())
     }
 
     /// The host bytes if the host copy is valid, without any sync.
     pub fn host_if_valid(&self) -> Option<&[u8]> {
         (self.coherence.residency(Location::Host) == Residency::Valid)
-            .then(|| self.host.as_ref().map(HostMemory::as_slice))
+            .then(|| self.host.as_ref().map(|h| &h.as_slice()[..self.nbytes]))
             .flatten()
     }
 
     /// Makes `device`'s copy current for `access`, and returns its memory.
     pub fn device_access(&mut self, device: &Device, access: Access) -> Result<&DeviceMemory> {
         self.access(Location::Device(device.id()), Some(device), access)?;
-        let index = self
-            .copy_index(device.id())
-            .expect("the device is allocated after a device access");
+        let index = self.copy_index(device.id()).expect("the device is allocated after a device access");
         Ok(&self.copies[index].memory)
     }
 
@@ -182,20 +198,14 @@ impl RawBuffer {
         } else if valid(&Location::Host) {
             None
         } else {
-            self.coherence
-                .locations()
-                .map(|(loc, _)| loc)
-                .find(|loc| valid(loc) && *loc != Location::Host)
+            self.coherence.locations().map(|(loc, _)| loc).find(|loc| valid(loc) && *loc != Location::Host)
         };
         match device_target {
             Some(Location::Device(id)) => {
-                let i = self
-                    .copy_index(id)
-                    .expect("a valid device copy is allocated");
+                let i = self.copy_index(id).expect("a valid device copy is allocated");
                 let copy = &mut self.copies[i];
-                copy.device.backend().fill(&mut copy.memory, pattern)?;
-                self.coherence
-                    .commit(Location::Device(id), Access::Overwrite, &Plan::default());
+                copy.device.backend().fill(&mut copy.memory, pattern, self.nbytes)?;
+                self.coherence.commit(Location::Device(id), Access::Overwrite, &Plan::default());
             }
             _ => fill_pattern(self.host_access(Access::Overwrite)?, pattern),
         }
@@ -204,8 +214,12 @@ impl RawBuffer {
 
     /// Frees every copy: the buffer is uninitialized again and holds no memory.
     pub fn release_memory(&mut self) {
-        self.copies.clear();
-        self.host = None;
+        for copy in self.copies.drain(..) {
+            give_back(&*self.resource, copy);
+        }
+        if let Some(block) = self.host.take() {
+            self.resource.deallocate_host(&self.home, block);
+        }
         self.coherence.clear();
     }
 
@@ -250,19 +264,15 @@ impl RawBuffer {
             match *step {
                 Step::Allocate(Location::Host) => {
                     if self.host.is_none() {
-                        self.host = Some(
-                            self.home
-                                .backend()
-                                .allocate_host(self.nbytes, self.pinned)?,
-                        );
+                        let block = self.resource.allocate_host(&self.home, self.nbytes, self.pinned)?;
+                        self.host = Some(block);
                         undo.host_block = true;
                         stats.allocations += 1;
                     }
                 }
                 Step::Allocate(Location::Device(id)) => {
-                    let device = device
-                        .filter(|d| d.id() == id)
-                        .expect("plans allocate only the accessed device");
+                    let device =
+                        device.filter(|d| d.id() == id).expect("plans allocate only the accessed device");
                     self.allocate_on(device, undo, stats)?;
                 }
                 Step::Copy { from, to } => self.copy(from, to, stats)?,
@@ -271,30 +281,28 @@ impl RawBuffer {
         Ok(())
     }
 
-    fn allocate_on(
-        &mut self,
-        device: &Device,
-        undo: &mut Undo,
-        stats: &mut TransferStats,
-    ) -> Result<()> {
+    fn allocate_on(&mut self, device: &Device, undo: &mut Undo, stats: &mut TransferStats) -> Result<()> {
         let backend = device.backend();
         let memory = match self.host.as_mut().map(|h| backend.alias_host(h)) {
             Some(Some(alias)) => alias?,
-            Some(None) => backend.allocate(self.nbytes)?,
+            Some(None) => self.resource.allocate_device(device, self.nbytes)?,
             None => {
-                // Only allocate a host block for a device that would alias it.
-                let mut block = backend.allocate_host(self.nbytes, self.pinned)?;
+                // Only allocate a host block here for a device that would alias it.
+                let mut block = self.resource.allocate_host(&self.home, self.nbytes, self.pinned)?;
                 match backend.alias_host(&mut block) {
-                    Some(alias) => {
-                        let alias = alias?;
+                    Some(Ok(alias)) => {
                         self.host = Some(block);
                         undo.host_block = true;
                         stats.allocations += 1;
                         alias
                     }
+                    Some(Err(err)) => {
+                        self.resource.deallocate_host(&self.home, block);
+                        return Err(err);
+                    }
                     None => {
-                        drop(block);
-                        backend.allocate(self.nbytes)?
+                        self.resource.deallocate_host(&self.home, block);
+                        self.resource.allocate_device(device, self.nbytes)?
                     }
                 }
             }
@@ -302,10 +310,7 @@ impl RawBuffer {
         if !memory.is_host_alias() {
             stats.allocations += 1;
         }
-        self.copies.push(DeviceCopy {
-            device: device.clone(),
-            memory,
-        });
+        self.copies.push(DeviceCopy { device: device.clone(), memory });
         undo.device = Some(device.id());
         Ok(())
     }
@@ -317,27 +322,20 @@ impl RawBuffer {
                 let i = self.copy_index(id).expect("a copy target is allocated");
                 let host = self.host.as_ref().expect("a valid host is allocated");
                 let copy = &mut self.copies[i];
-                copy.device
-                    .backend()
-                    .upload(host.as_slice(), &mut copy.memory)?;
+                copy.device.backend().upload(host.as_slice(), &mut copy.memory)?;
                 stats.record(Direction::HostToDevice, copy.memory.is_host_alias(), n);
             }
             (Location::Device(id), Location::Host) => {
                 let i = self.copy_index(id).expect("a copy source is allocated");
                 let host = self.host.as_mut().expect("a copy target is allocated");
                 let copy = &self.copies[i];
-                copy.device
-                    .backend()
-                    .download(&copy.memory, host.as_mut_slice())?;
+                copy.device.backend().download(&copy.memory, host.as_mut_slice())?;
                 stats.record(Direction::DeviceToHost, copy.memory.is_host_alias(), n);
             }
             (Location::Device(a), Location::Device(b)) => {
-                let (i, j) = (
-                    self.copy_index(a).expect("source"),
-                    self.copy_index(b).expect("target"),
-                );
+                let (i, j) = (self.copy_index(a).expect("source"), self.copy_index(b).expect("target"));
                 let (src, dst) = pair_mut(&mut self.copies, i, j);
-                dst.device.backend().copy(&src.memory, &mut dst.memory)?;
+                dst.device.backend().copy(&src.memory, &mut dst.memory, n)?;
                 stats.device_to_device.add(n);
             }
             (Location::Host, Location::Host) => {}
@@ -346,12 +344,31 @@ impl RawBuffer {
     }
 
     fn rollback(&mut self, undo: Undo) {
-        if let Some(id) = undo.device {
-            self.copies.retain(|c| c.device.id() != id);
+        if let Some(id) = undo.device
+            && let Some(i) = self.copy_index(id)
+        {
+            give_back(&*self.resource, self.copies.remove(i));
         }
-        if undo.host_block {
-            self.host = None;
+        if undo.host_block
+            && let Some(block) = self.host.take()
+        {
+            self.resource.deallocate_host(&self.home, block);
         }
+    }
+}
+
+impl Drop for RawBuffer {
+    fn drop(&mut self) {
+        self.release_memory();
+    }
+}
+
+/// Returns a device copy's memory to the resource (aliases own no memory: just dropped).
+fn give_back(resource: &dyn MemoryResource, copy: DeviceCopy) {
+    if copy.memory.is_host_alias() {
+        drop(copy.memory);
+    } else {
+        resource.deallocate_device(&copy.device, copy.memory);
     }
 }
 

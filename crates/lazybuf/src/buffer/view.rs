@@ -26,11 +26,7 @@ pub struct DeviceViewMut<'a, T> {
 
 impl<'a, T: Element> DeviceView<'a, T> {
     pub(super) fn new(memory: &'a DeviceMemory, len: usize) -> Self {
-        DeviceView {
-            memory,
-            len,
-            _element: PhantomData,
-        }
+        DeviceView { memory, len, _element: PhantomData }
     }
 
     /// The number of elements.
@@ -68,11 +64,7 @@ impl<'a, T: Element> DeviceView<'a, T> {
 
 impl<'a, T: Element> DeviceViewMut<'a, T> {
     pub(super) fn new(memory: &'a DeviceMemory, len: usize) -> Self {
-        DeviceViewMut {
-            memory,
-            len,
-            _element: PhantomData,
-        }
+        DeviceViewMut { memory, len, _element: PhantomData }
     }
 
     /// The number of elements.

@@ -1,6 +1,6 @@
 //! The host device's [`Backend`] implementation.
 
-use crate::backend::{Backend, DeviceMemory, RawDevice};
+use crate::backend::{Backend, DeviceMemory, RawDevice, check_fits};
 use crate::device::{DeviceInfo, MemoryInfo, MemorySource};
 use crate::error::{BackendKind, Error, Result};
 use crate::host_memory::{HostMemory, fill_pattern};
@@ -38,10 +38,7 @@ impl Default for HostBackend {
 
 fn handle(mem: &DeviceMemory) -> Result<&HostDeviceMemory> {
     mem.handle::<HostDeviceMemory>().ok_or_else(|| {
-        Error::invalid(
-            "host device",
-            format!("expected memory of the host device, got {mem:?}"),
-        )
+        Error::invalid("host device", format!("expected memory of the host device, got {mem:?}"))
     })
 }
 
@@ -56,53 +53,50 @@ impl Backend for HostBackend {
 
     fn allocate(&self, bytes: usize) -> Result<DeviceMemory> {
         let block = HostMemory::allocate(bytes)?;
-        Ok(DeviceMemory::new(
-            bytes,
-            false,
-            Box::new(HostDeviceMemory::owned(block)),
-        ))
+        Ok(DeviceMemory::new(bytes, false, Box::new(HostDeviceMemory::owned(block))))
     }
 
     fn alias_host(&self, host: &mut HostMemory) -> Option<Result<DeviceMemory>> {
-        Some(Ok(DeviceMemory::new(
-            host.len(),
-            true,
-            Box::new(HostDeviceMemory::alias(host)),
-        )))
+        Some(Ok(DeviceMemory::new(host.len(), true, Box::new(HostDeviceMemory::alias(host)))))
     }
 
     fn upload(&self, src: &[u8], dst: &mut DeviceMemory) -> Result<()> {
+        check_fits("upload", dst.len(), src.len())?;
         let dst = handle(dst)?;
         if dst.ptr().cast_const() != src.as_ptr() {
             // SAFETY: dst is not the block src borrows (pointers differ, and blocks never
             // overlap partially), and &mut DeviceMemory makes this the only access to it.
-            unsafe { dst.bytes_mut() }.copy_from_slice(src);
+            (unsafe { dst.bytes_mut() })[..src.len()].copy_from_slice(src);
         }
         Ok(())
     }
 
     fn download(&self, src: &DeviceMemory, dst: &mut [u8]) -> Result<()> {
+        check_fits("download", src.len(), dst.len())?;
         let src = handle(src)?;
         if src.ptr().cast_const() != dst.as_ptr() {
             // SAFETY: src is a different block from dst, which is exclusively borrowed.
-            dst.copy_from_slice(unsafe { src.bytes() });
+            let n = dst.len();
+            dst.copy_from_slice(&unsafe { src.bytes() }[..n]);
         }
         Ok(())
     }
 
-    fn fill(&self, dst: &mut DeviceMemory, pattern: &[u8]) -> Result<()> {
+    fn fill(&self, dst: &mut DeviceMemory, pattern: &[u8], bytes: usize) -> Result<()> {
+        check_fits("fill", dst.len(), bytes)?;
         let dst = handle(dst)?;
         // SAFETY: &mut DeviceMemory is the only access to these bytes; an alias's host block
         // is not borrowed while its buffer fills (the buffer holds &mut self).
-        fill_pattern(unsafe { dst.bytes_mut() }, pattern);
+        fill_pattern(&mut unsafe { dst.bytes_mut() }[..bytes], pattern);
         Ok(())
     }
 
-    fn copy(&self, src: &DeviceMemory, dst: &mut DeviceMemory) -> Result<()> {
+    fn copy(&self, src: &DeviceMemory, dst: &mut DeviceMemory, bytes: usize) -> Result<()> {
+        check_fits("copy", src.len().min(dst.len()), bytes)?;
         let (src, dst) = (handle(src)?, handle(dst)?);
         if src.ptr() != dst.ptr() {
             // SAFETY: two distinct blocks; dst is exclusively borrowed.
-            unsafe { dst.bytes_mut().copy_from_slice(src.bytes()) };
+            unsafe { dst.bytes_mut()[..bytes].copy_from_slice(&src.bytes()[..bytes]) };
         }
         Ok(())
     }
@@ -121,31 +115,15 @@ pub(crate) fn system_memory() -> Result<MemoryInfo> {
     if let Ok(text) = std::fs::read_to_string("/proc/meminfo") {
         let field = |name: &str| {
             text.lines()
-                .find_map(|l| {
-                    l.strip_prefix(name)?
-                        .trim()
-                        .strip_suffix("kB")?
-                        .trim()
-                        .parse::<u64>()
-                        .ok()
-                })
+                .find_map(|l| l.strip_prefix(name)?.trim().strip_suffix("kB")?.trim().parse::<u64>().ok())
                 .map(|kib| kib * 1024)
         };
         if let (Some(free), Some(total)) = (field("MemAvailable:"), field("MemTotal:")) {
-            return Ok(MemoryInfo {
-                free,
-                total,
-                source: MemorySource::System,
-            });
+            return Ok(MemoryInfo { free, total, source: MemorySource::System });
         }
     }
     // SAFETY: sysconf has no preconditions.
-    let (page, phys) = unsafe {
-        (
-            libc::sysconf(libc::_SC_PAGESIZE),
-            libc::sysconf(libc::_SC_PHYS_PAGES),
-        )
-    };
+    let (page, phys) = unsafe { (libc::sysconf(libc::_SC_PAGESIZE), libc::sysconf(libc::_SC_PHYS_PAGES)) };
     if page <= 0 || phys <= 0 {
         return Err(Error::BackendUnavailable {
             backend: BackendKind::Host,
@@ -153,11 +131,7 @@ pub(crate) fn system_memory() -> Result<MemoryInfo> {
         });
     }
     let total = page as u64 * phys as u64;
-    Ok(MemoryInfo {
-        free: total,
-        total,
-        source: MemorySource::System,
-    })
+    Ok(MemoryInfo { free: total, total, source: MemorySource::System })
 }
 
 fn cpuinfo_field(name: &str) -> Option<String> {

@@ -24,19 +24,11 @@ unsafe impl Sync for HostDeviceMemory {}
 
 impl HostDeviceMemory {
     pub(super) fn owned(mut block: HostMemory) -> Self {
-        HostDeviceMemory {
-            ptr: block.as_mut_ptr(),
-            len: block.len(),
-            _owned: Some(block),
-        }
+        HostDeviceMemory { ptr: block.as_mut_ptr(), len: block.len(), _owned: Some(block) }
     }
 
     pub(super) fn alias(block: &mut HostMemory) -> Self {
-        HostDeviceMemory {
-            ptr: block.as_mut_ptr(),
-            len: block.len(),
-            _owned: None,
-        }
+        HostDeviceMemory { ptr: block.as_mut_ptr(), len: block.len(), _owned: None }
     }
 
     pub(super) fn ptr(&self) -> *mut u8 {
@@ -66,11 +58,7 @@ impl HostDeviceMemory {
 
 impl MemoryHandle for HostDeviceMemory {
     fn raw(&self) -> RawMemory {
-        RawMemory::Host(if self.len == 0 {
-            std::ptr::null_mut()
-        } else {
-            self.ptr
-        })
+        RawMemory::Host(if self.len == 0 { std::ptr::null_mut() } else { self.ptr })
     }
 
     fn as_any(&self) -> &dyn Any {

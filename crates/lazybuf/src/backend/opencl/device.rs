@@ -13,7 +13,7 @@ use cl3::types::{CL_BLOCKING, cl_command_queue, cl_context, cl_device_id, cl_eve
 
 use super::cl_error;
 use super::memory::OpenClMemory;
-use crate::backend::{Backend, DeviceMemory, RawDevice};
+use crate::backend::{Backend, DeviceMemory, RawDevice, check_fits};
 use crate::device::{DeviceInfo, MemoryInfo, MemorySource};
 use crate::error::{BackendKind, Error, Result, RuntimeCode};
 use crate::host_memory::HostMemory;
@@ -50,12 +50,9 @@ fn info_u64(device: cl_device_id, param: u32) -> Option<u64> {
 
 fn info_string(device: cl_device_id, param: u32) -> Option<String> {
     match dev::get_device_info(device, param).ok()? {
-        InfoType::VecUchar(bytes) => Some(
-            String::from_utf8_lossy(&bytes)
-                .trim_end_matches('\0')
-                .trim()
-                .to_string(),
-        ),
+        InfoType::VecUchar(bytes) => {
+            Some(String::from_utf8_lossy(&bytes).trim_end_matches('\0').trim().to_string())
+        }
         _ => None,
     }
 }
@@ -73,18 +70,15 @@ impl OpenClBackend {
     pub fn open(device: cl_device_id) -> Result<Self> {
         let kind = info_u64(device, dev::CL_DEVICE_TYPE).unwrap_or(0);
         let info = DeviceInfo {
-            name: info_string(device, dev::CL_DEVICE_NAME)
-                .unwrap_or_else(|| "OpenCL device".into()),
+            name: info_string(device, dev::CL_DEVICE_NAME).unwrap_or_else(|| "OpenCL device".into()),
             backend: BackendKind::OpenCl,
             vendor: info_string(device, dev::CL_DEVICE_VENDOR).unwrap_or_default(),
-            shares_host_memory: info_u64(device, dev::CL_DEVICE_HOST_UNIFIED_MEMORY).unwrap_or(0)
-                != 0
+            shares_host_memory: info_u64(device, dev::CL_DEVICE_HOST_UNIFIED_MEMORY).unwrap_or(0) != 0
                 || kind & dev::CL_DEVICE_TYPE_CPU != 0,
             is_gpu: kind & dev::CL_DEVICE_TYPE_GPU != 0,
             total_memory: info_u64(device, dev::CL_DEVICE_GLOBAL_MEM_SIZE).unwrap_or(0),
         };
-        let max_alloc =
-            info_u64(device, dev::CL_DEVICE_MAX_MEM_ALLOC_SIZE).unwrap_or(info.total_memory);
+        let max_alloc = info_u64(device, dev::CL_DEVICE_MAX_MEM_ALLOC_SIZE).unwrap_or(info.total_memory);
         let context = cl3::context::create_context(&[device], ptr::null(), None, ptr::null_mut())
             .map_err(|code| cl_error("clCreateContext", code))?;
         // SAFETY: context was just created for `device`; properties 0 asks for an in-order queue.
@@ -97,33 +91,19 @@ impl OpenClBackend {
                 return Err(cl_error("clCreateCommandQueue", code));
             }
         };
-        Ok(OpenClBackend {
-            info,
-            device,
-            context,
-            queue,
-            max_alloc,
-            held: Arc::new(AtomicU64::new(0)),
-        })
+        Ok(OpenClBackend { info, device, context, queue, max_alloc, held: Arc::new(AtomicU64::new(0)) })
     }
 
     fn memory<'m>(&self, memory: &'m DeviceMemory) -> Result<&'m OpenClMemory> {
         memory.handle::<OpenClMemory>().ok_or_else(|| {
-            Error::invalid(
-                "OpenCL device",
-                format!("expected memory of an OpenCL device, got {memory:?}"),
-            )
+            Error::invalid("OpenCL device", format!("expected memory of an OpenCL device, got {memory:?}"))
         })
     }
 
     fn create(&self, bytes: usize, flags: u64, host_ptr: *mut c_void) -> Result<OpenClMemory> {
         let held = self.held.clone();
         if bytes == 0 {
-            return Ok(OpenClMemory {
-                mem: ptr::null_mut(),
-                len: 0,
-                held,
-            });
+            return Ok(OpenClMemory { mem: ptr::null_mut(), len: 0, held });
         }
         if bytes as u64 > self.max_alloc {
             return Err(Error::invalid(
@@ -136,22 +116,19 @@ impl OpenClBackend {
         }
         // SAFETY: context is live; host_ptr is null or (USE_HOST_PTR) valid for `bytes` bytes
         // for the lifetime of the buffer, which alias_host's caller guarantees.
-        let mem = unsafe { clmem::create_buffer(self.context, flags, bytes, host_ptr) }.map_err(
-            |code| match code {
-                -4 | -5 | -6 | -61 => Error::OutOfMemory {
-                    device: self.info.name.clone(),
-                    requested: bytes,
-                    code: Some(RuntimeCode::OpenCl(code)),
+        let mem =
+            unsafe { clmem::create_buffer(self.context, flags, bytes, host_ptr) }.map_err(
+                |code| match code {
+                    -4 | -5 | -6 | -61 => Error::OutOfMemory {
+                        device: self.info.name.clone(),
+                        requested: bytes,
+                        code: Some(RuntimeCode::OpenCl(code)),
+                    },
+                    _ => cl_error("clCreateBuffer", code),
                 },
-                _ => cl_error("clCreateBuffer", code),
-            },
-        )?;
+            )?;
         held.fetch_add(bytes as u64, Ordering::Relaxed);
-        Ok(OpenClMemory {
-            mem,
-            len: bytes,
-            held,
-        })
+        Ok(OpenClMemory { mem, len: bytes, held })
     }
 
     /// Maps the whole of an aliased buffer and unmaps it again: the runtime makes the host
@@ -161,36 +138,14 @@ impl OpenClBackend {
         let mut mapped: cl_mem = ptr::null_mut();
         // SAFETY: mem is a live buffer of len bytes on this queue's context; blocking map.
         let event = unsafe {
-            cq::enqueue_map_buffer(
-                self.queue,
-                mem,
-                CL_BLOCKING,
-                flags,
-                0,
-                len,
-                &mut mapped,
-                0,
-                ptr::null(),
-            )
+            cq::enqueue_map_buffer(self.queue, mem, CL_BLOCKING, flags, 0, len, &mut mapped, 0, ptr::null())
         }
         .map_err(|code| cl_error("clEnqueueMapBuffer", code))?;
         complete("clEnqueueMapBuffer", event)?;
         // SAFETY: unmapping the pointer the map above returned, once.
-        let event =
-            unsafe { cq::enqueue_unmap_mem_object(self.queue, mem, mapped, 0, ptr::null()) }
-                .map_err(|code| cl_error("clEnqueueUnmapMemObject", code))?;
+        let event = unsafe { cq::enqueue_unmap_mem_object(self.queue, mem, mapped, 0, ptr::null()) }
+            .map_err(|code| cl_error("clEnqueueUnmapMemObject", code))?;
         complete("clEnqueueUnmapMemObject", event)
-    }
-
-    fn check_len(operation: &'static str, expected: usize, actual: usize) -> Result<()> {
-        if expected != actual {
-            return Err(Error::LengthMismatch {
-                operation,
-                expected,
-                actual,
-            });
-        }
-        Ok(())
     }
 }
 
@@ -238,14 +193,14 @@ impl Backend for OpenClBackend {
     }
 
     fn upload(&self, src: &[u8], dst: &mut DeviceMemory) -> Result<()> {
-        Self::check_len("upload", dst.len(), src.len())?;
+        check_fits("upload", dst.len(), src.len())?;
         let alias = dst.is_host_alias();
         let dst = self.memory(dst)?;
-        if dst.len == 0 {
+        if src.is_empty() {
             return Ok(());
         }
         if alias {
-            return self.map_unmap(dst.mem, dst.len, clmem::CL_MAP_WRITE_INVALIDATE_REGION);
+            return self.map_unmap(dst.mem, src.len(), clmem::CL_MAP_WRITE_INVALIDATE_REGION);
         }
         // SAFETY: dst.mem is a live buffer of src.len() bytes; src stays borrowed until the
         // blocking write completes.
@@ -266,14 +221,14 @@ impl Backend for OpenClBackend {
     }
 
     fn download(&self, src: &DeviceMemory, dst: &mut [u8]) -> Result<()> {
-        Self::check_len("download", src.len(), dst.len())?;
+        check_fits("download", src.len(), dst.len())?;
         let alias = src.is_host_alias();
         let src = self.memory(src)?;
-        if src.len == 0 {
+        if dst.is_empty() {
             return Ok(());
         }
         if alias {
-            return self.map_unmap(src.mem, src.len, clmem::CL_MAP_READ);
+            return self.map_unmap(src.mem, dst.len(), clmem::CL_MAP_READ);
         }
         // SAFETY: src.mem is a live buffer of dst.len() bytes; dst stays exclusively borrowed
         // until the blocking read completes.
@@ -293,20 +248,23 @@ impl Backend for OpenClBackend {
         complete("clEnqueueReadBuffer", event)
     }
 
-    fn fill(&self, dst: &mut DeviceMemory, pattern: &[u8]) -> Result<()> {
+    fn fill(&self, dst: &mut DeviceMemory, pattern: &[u8], bytes: usize) -> Result<()> {
+        check_fits("fill", dst.len(), bytes)?;
         let dst = self.memory(dst)?;
-        if !matches!(pattern.len(), 1 | 2 | 4 | 8 | 16 | 32 | 64 | 128)
-            || dst.len % pattern.len() != 0
-        {
+        if !matches!(pattern.len(), 1 | 2 | 4 | 8 | 16 | 32 | 64 | 128) || bytes % pattern.len() != 0 {
             return Err(Error::invalid(
                 "fill",
-                format!("pattern of {} bytes for {} bytes", pattern.len(), dst.len),
+                format!(
+                    "expected a pattern of 1, 2, 4, ... 128 bytes dividing {bytes}; got {} bytes",
+                    pattern.len()
+                ),
             ));
         }
-        if dst.len == 0 {
+        if bytes == 0 {
             return Ok(());
         }
-        // SAFETY: dst.mem is live; the pattern is copied by the runtime at enqueue time.
+        // SAFETY: dst.mem is live and holds at least `bytes`; the runtime copies the pattern
+        // at enqueue time.
         let event = unsafe {
             cq::enqueue_fill_buffer(
                 self.queue,
@@ -314,7 +272,7 @@ impl Backend for OpenClBackend {
                 pattern.as_ptr().cast(),
                 pattern.len(),
                 0,
-                dst.len,
+                bytes,
                 0,
                 ptr::null(),
             )
@@ -323,17 +281,16 @@ impl Backend for OpenClBackend {
         complete("clEnqueueFillBuffer", event)
     }
 
-    fn copy(&self, src: &DeviceMemory, dst: &mut DeviceMemory) -> Result<()> {
-        Self::check_len("copy", dst.len(), src.len())?;
+    fn copy(&self, src: &DeviceMemory, dst: &mut DeviceMemory, bytes: usize) -> Result<()> {
+        check_fits("copy", src.len().min(dst.len()), bytes)?;
         let (src, dst) = (self.memory(src)?, self.memory(dst)?);
-        if src.len == 0 {
+        if bytes == 0 {
             return Ok(());
         }
-        // SAFETY: both buffers are live, distinct and of equal length on this context.
-        let event = unsafe {
-            cq::enqueue_copy_buffer(self.queue, src.mem, dst.mem, 0, 0, src.len, 0, ptr::null())
-        }
-        .map_err(|code| cl_error("clEnqueueCopyBuffer", code))?;
+        // SAFETY: both buffers are live, distinct and hold at least `bytes` on this context.
+        let event =
+            unsafe { cq::enqueue_copy_buffer(self.queue, src.mem, dst.mem, 0, 0, bytes, 0, ptr::null()) }
+                .map_err(|code| cl_error("clEnqueueCopyBuffer", code))?;
         complete("clEnqueueCopyBuffer", event)
     }
 
@@ -342,10 +299,6 @@ impl Backend for OpenClBackend {
     }
 
     fn raw(&self) -> RawDevice {
-        RawDevice::OpenCl {
-            context: self.context,
-            queue: self.queue,
-            device: self.device,
-        }
+        RawDevice::OpenCl { context: self.context, queue: self.queue, device: self.device }
     }
 }

@@ -32,11 +32,10 @@ pub fn open_all() -> Result<Vec<Device>> {
                 .into(),
         });
     }
-    let platforms =
-        cl3::platform::get_platform_ids().map_err(|code| Error::BackendUnavailable {
-            backend: BackendKind::OpenCl,
-            reason: format!("no OpenCL platform ({})", RuntimeCode::OpenCl(code)),
-        })?;
+    let platforms = cl3::platform::get_platform_ids().map_err(|code| Error::BackendUnavailable {
+        backend: BackendKind::OpenCl,
+        reason: format!("no OpenCL platform ({})", RuntimeCode::OpenCl(code)),
+    })?;
     let mut devices = Vec::new();
     for platform in platforms {
         // A platform without devices answers CL_DEVICE_NOT_FOUND: skip it.
@@ -52,9 +51,5 @@ pub fn open_all() -> Result<Vec<Device>> {
 
 /// Maps an OpenCL status from `call` to lazybuf's error.
 pub(crate) fn cl_error(call: &'static str, code: i32) -> Error {
-    Error::Runtime {
-        backend: BackendKind::OpenCl,
-        call,
-        code: RuntimeCode::OpenCl(code),
-    }
+    Error::Runtime { backend: BackendKind::OpenCl, call, code: RuntimeCode::OpenCl(code) }
 }
