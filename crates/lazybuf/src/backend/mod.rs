@@ -45,7 +45,8 @@ pub trait Backend: Send + Sync + fmt::Debug {
 
     /// Device memory that aliases `host` (zero-copy), if this device shares host memory and
     /// aliasing pays off for a block of this size; `None` to use [`Backend::allocate`].
-    /// Uploads and downloads between an alias and its host block move no bytes.
+    /// Uploads and downloads between an alias and its own host block move no bytes; with any
+    /// other host memory they copy as usual.
     fn alias_host(&self, host: &mut HostMemory) -> Option<Result<DeviceMemory>> {
         let _ = host;
         None

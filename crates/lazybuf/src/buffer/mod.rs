@@ -192,19 +192,19 @@ impl<T: Element> UnifiedBuffer<T> {
     /// Reads on any device.
     pub fn device_on(&mut self, device: &Device) -> Result<DeviceView<'_, T>> {
         let memory = self.raw.device_access(device, Access::Read)?;
-        Ok(DeviceView::new(memory, self.shape.len()))
+        Ok(DeviceView::new(device.clone(), memory, self.shape.len()))
     }
 
     /// Writes on any device.
     pub fn device_mut_on(&mut self, device: &Device) -> Result<DeviceViewMut<'_, T>> {
-        let memory = self.raw.device_access(device, Access::Write)?;
-        Ok(DeviceViewMut::new(memory, self.shape.len()))
+        let memory = self.raw.device_access_mut(device, Access::Write)?;
+        Ok(DeviceViewMut::new(device.clone(), memory, self.shape.len()))
     }
 
     /// Overwrites on any device, without syncing first.
     pub fn device_overwrite_on(&mut self, device: &Device) -> Result<DeviceViewMut<'_, T>> {
-        let memory = self.raw.device_access(device, Access::Overwrite)?;
-        Ok(DeviceViewMut::new(memory, self.shape.len()))
+        let memory = self.raw.device_access_mut(device, Access::Overwrite)?;
+        Ok(DeviceViewMut::new(device.clone(), memory, self.shape.len()))
     }
 
     /// Makes the buffer's own device current (copies only if it is stale).

@@ -186,6 +186,13 @@ impl RawBuffer {
         Ok(&self.copies[index].memory)
     }
 
+    /// As [`Self::device_access`], lending the memory mutably (for write views).
+    pub fn device_access_mut(&mut self, device: &Device, access: Access) -> Result<&mut DeviceMemory> {
+        self.access(Location::Device(device.id()), Some(device), access)?;
+        let index = self.copy_index(device.id()).expect("the device is allocated after a device access");
+        Ok(&mut self.copies[index].memory)
+    }
+
     /// Fills every element with `pattern` (one element's bytes) at one current location,
     /// with no transfer: the buffer's own device if it is current, else the host if it is,
     /// else another current device; an uninitialized buffer is filled on the host. The fill

@@ -6,11 +6,14 @@ use std::marker::PhantomData;
 
 use crate::backend::host::HostDeviceMemory;
 use crate::backend::{DeviceMemory, RawMemory};
+use crate::device::Device;
 use crate::element::Element;
+use crate::error::{Error, Result};
 
 /// A read access to a buffer's copy on a device.
 #[derive(Debug)]
 pub struct DeviceView<'a, T> {
+    device: Device,
     memory: &'a DeviceMemory,
     len: usize,
     _element: PhantomData<&'a [T]>,
@@ -19,14 +22,27 @@ pub struct DeviceView<'a, T> {
 /// A write access to a buffer's copy on a device.
 #[derive(Debug)]
 pub struct DeviceViewMut<'a, T> {
-    memory: &'a DeviceMemory,
+    device: Device,
+    memory: &'a mut DeviceMemory,
     len: usize,
     _element: PhantomData<&'a mut [T]>,
 }
 
 impl<'a, T: Element> DeviceView<'a, T> {
-    pub(super) fn new(memory: &'a DeviceMemory, len: usize) -> Self {
-        DeviceView { memory, len, _element: PhantomData }
+    pub(super) fn new(device: Device, memory: &'a DeviceMemory, len: usize) -> Self {
+        DeviceView { device, memory, len, _element: PhantomData }
+    }
+
+    /// The device the view is on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Copies the device's elements into `out` (exactly `len()` of them), straight from
+    /// device memory. This is I/O, not a sync: the buffer's state does not change.
+    pub fn read_into(&self, out: &mut [T]) -> Result<()> {
+        check_len("DeviceView::read_into", self.len, out.len())?;
+        self.device.backend().download(self.memory, bytemuck::cast_slice_mut(out))
     }
 
     /// The number of elements.
@@ -63,8 +79,26 @@ impl<'a, T: Element> DeviceView<'a, T> {
 }
 
 impl<'a, T: Element> DeviceViewMut<'a, T> {
-    pub(super) fn new(memory: &'a DeviceMemory, len: usize) -> Self {
-        DeviceViewMut { memory, len, _element: PhantomData }
+    pub(super) fn new(device: Device, memory: &'a mut DeviceMemory, len: usize) -> Self {
+        DeviceViewMut { device, memory, len, _element: PhantomData }
+    }
+
+    /// The device the view is on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Writes `data` (exactly `len()` elements) into the device's copy, as a kernel would.
+    /// The write access that made this view already marked the other copies stale.
+    pub fn write_from(&mut self, data: &[T]) -> Result<()> {
+        check_len("DeviceViewMut::write_from", self.len, data.len())?;
+        self.device.backend().upload(bytemuck::cast_slice(data), self.memory)
+    }
+
+    /// Copies the device's elements into `out` (exactly `len()` of them).
+    pub fn read_into(&self, out: &mut [T]) -> Result<()> {
+        check_len("DeviceViewMut::read_into", self.len, out.len())?;
+        self.device.backend().download(self.memory, bytemuck::cast_slice_mut(out))
     }
 
     /// The number of elements.
@@ -79,7 +113,7 @@ impl<'a, T: Element> DeviceViewMut<'a, T> {
 
     /// The device memory.
     pub fn memory(&self) -> &DeviceMemory {
-        self.memory
+        &*self.memory
     }
 
     /// The runtime handle, for a kernel that writes the buffer.
@@ -99,4 +133,11 @@ impl<'a, T: Element> DeviceViewMut<'a, T> {
         // the only access to these bytes; `&mut self` makes the returned slice unique.
         Some(bytemuck::cast_slice_mut(unsafe { host.bytes_mut() }))
     }
+}
+
+fn check_len(operation: &'static str, expected: usize, actual: usize) -> Result<()> {
+    if expected != actual {
+        return Err(Error::LengthMismatch { operation, expected, actual });
+    }
+    Ok(())
 }

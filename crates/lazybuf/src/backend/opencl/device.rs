@@ -103,7 +103,7 @@ impl OpenClBackend {
     fn create(&self, bytes: usize, flags: u64, host_ptr: *mut c_void) -> Result<OpenClMemory> {
         let held = self.held.clone();
         if bytes == 0 {
-            return Ok(OpenClMemory { mem: ptr::null_mut(), len: 0, held });
+            return Ok(OpenClMemory { mem: ptr::null_mut(), len: 0, host_ptr: ptr::null(), held });
         }
         if bytes as u64 > self.max_alloc {
             return Err(Error::invalid(
@@ -128,7 +128,7 @@ impl OpenClBackend {
                 },
             )?;
         held.fetch_add(bytes as u64, Ordering::Relaxed);
-        Ok(OpenClMemory { mem, len: bytes, held })
+        Ok(OpenClMemory { mem, len: bytes, host_ptr: host_ptr.cast_const().cast(), held })
     }
 
     /// Maps the whole of an aliased buffer and unmaps it again: the runtime makes the host
@@ -194,12 +194,11 @@ impl Backend for OpenClBackend {
 
     fn upload(&self, src: &[u8], dst: &mut DeviceMemory) -> Result<()> {
         check_fits("upload", dst.len(), src.len())?;
-        let alias = dst.is_host_alias();
         let dst = self.memory(dst)?;
         if src.is_empty() {
             return Ok(());
         }
-        if alias {
+        if dst.host_ptr == src.as_ptr() {
             return self.map_unmap(dst.mem, src.len(), clmem::CL_MAP_WRITE_INVALIDATE_REGION);
         }
         // SAFETY: dst.mem is a live buffer of src.len() bytes; src stays borrowed until the
@@ -222,12 +221,11 @@ impl Backend for OpenClBackend {
 
     fn download(&self, src: &DeviceMemory, dst: &mut [u8]) -> Result<()> {
         check_fits("download", src.len(), dst.len())?;
-        let alias = src.is_host_alias();
         let src = self.memory(src)?;
         if dst.is_empty() {
             return Ok(());
         }
-        if alias {
+        if src.host_ptr == dst.as_ptr() {
             return self.map_unmap(src.mem, dst.len(), clmem::CL_MAP_READ);
         }
         // SAFETY: src.mem is a live buffer of dst.len() bytes; dst stays exclusively borrowed

@@ -13,6 +13,8 @@ use crate::backend::{MemoryHandle, RawMemory};
 pub struct OpenClMemory {
     pub(super) mem: cl_mem,
     pub(super) len: usize,
+    /// For a zero-copy alias (`CL_MEM_USE_HOST_PTR`), the host block it aliases; else null.
+    pub(super) host_ptr: *const u8,
     /// Bytes this process holds on the device, shared with the device (for memory_info).
     pub(super) held: Arc<AtomicU64>,
 }
