@@ -1,0 +1,270 @@
+//! Devices as Python sees them: `lazybuf.Device`, `get_accelerator()`, memory information and
+//! the process-wide choice of device for new buffers.
+//!
+//! The current device starts as the core's default (`LAZYBUF_DEVICE`, else the first CUDA GPU,
+//! else another GPU, else the host) and can be changed with `Accelerator.select_device`.
+//!
+//! What does not live here: discovery and memory queries themselves ([`lazybuf::discovery`],
+//! [`lazybuf::Device::memory_info`]).
+
+use std::sync::Mutex;
+
+use pyo3::exceptions::{PyIndexError, PyTypeError};
+use pyo3::prelude::*;
+use pyo3::types::{PyInt, PyString};
+
+use lazybuf::{BackendKind, Device, MemorySource};
+
+use crate::errors::OrPyErr;
+
+/// The device chosen with `select_device`; `None` until then (the core's default applies).
+static SELECTED: Mutex<Option<Device>> = Mutex::new(None);
+
+/// The device new buffers go to when no `device=` is given.
+pub fn current_device() -> PyResult<Device> {
+    let selected = SELECTED.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+    match selected {
+        Some(device) => Ok(device),
+        None => lazybuf::default_device().or_py(),
+    }
+}
+
+/// The selector string (`"opencl:1"`) that names `device` in [`lazybuf::select_device`].
+pub fn selector(device: &Device) -> String {
+    let kind = device.backend_kind();
+    let index = lazybuf::devices()
+        .iter()
+        .filter(|d| d.backend_kind() == kind)
+        .position(|d| d == device)
+        .unwrap_or(0);
+    format!("{kind}:{index}")
+}
+
+/// The index of `device` among the devices of its backend (the CUDA ordinal for CUDA).
+pub fn ordinal(device: &Device) -> i32 {
+    let kind = device.backend_kind();
+    lazybuf::devices()
+        .iter()
+        .filter(|d| d.backend_kind() == kind)
+        .position(|d| d == device)
+        .map_or(0, |i| i32::try_from(i).unwrap_or(i32::MAX))
+}
+
+fn source_name(source: MemorySource) -> &'static str {
+    match source {
+        MemorySource::Runtime => "runtime",
+        MemorySource::System => "system",
+        MemorySource::TotalMinusProcessHeld => "total_minus_process_held",
+    }
+}
+
+/// One device: what it is and how much memory it has.
+#[pyclass(name = "Device", module = "lazybuf", frozen, eq, hash)]
+pub struct PyDevice {
+    device: Device,
+}
+
+impl PartialEq for PyDevice {
+    fn eq(&self, other: &Self) -> bool {
+        self.device == other.device
+    }
+}
+
+impl std::hash::Hash for PyDevice {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.device.id().hash(state);
+    }
+}
+
+impl PyDevice {
+    /// Wraps a core device.
+    pub fn new(device: Device) -> Self {
+        PyDevice { device }
+    }
+
+    /// The core device.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+}
+
+#[pymethods]
+impl PyDevice {
+    /// The runtime's name for the device.
+    #[getter]
+    fn name(&self) -> &str {
+        self.device.name()
+    }
+
+    /// `"host"`, `"opencl"` or `"cuda"`.
+    #[getter]
+    fn backend(&self) -> &'static str {
+        self.device.backend_kind().name()
+    }
+
+    /// The vendor as the runtime reports it.
+    #[getter]
+    fn vendor(&self) -> &str {
+        &self.device.info().vendor
+    }
+
+    /// Whether the device reads and writes host memory directly (syncs can skip copies).
+    #[getter]
+    fn shares_host_memory(&self) -> bool {
+        self.device.info().shares_host_memory
+    }
+
+    /// Whether the device is a GPU.
+    #[getter]
+    fn is_gpu(&self) -> bool {
+        self.device.info().is_gpu
+    }
+
+    /// Total memory in bytes.
+    #[getter]
+    fn total_memory(&self) -> u64 {
+        self.device.info().total_memory
+    }
+
+    /// The selector that names this device (`"opencl:0"`), for `device=` and `LAZYBUF_DEVICE`.
+    #[getter]
+    fn selector(&self) -> String {
+        selector(&self.device)
+    }
+
+    /// `(free, total)` bytes now.
+    fn get_memory_info(&self) -> PyResult<(u64, u64)> {
+        let info = self.device.memory_info().or_py()?;
+        Ok((info.free, info.total))
+    }
+
+    /// Where the free figure comes from: `"runtime"` (the driver's own query), `"system"`
+    /// (the OS's available memory) or `"total_minus_process_held"` (no runtime query exists).
+    #[getter]
+    fn memory_source(&self) -> PyResult<&'static str> {
+        Ok(source_name(self.device.memory_info().or_py()?.source))
+    }
+
+    /// Waits for all work queued on the device.
+    fn synchronize(&self) -> PyResult<()> {
+        self.device.synchronize().or_py()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("<lazybuf.Device {} {:?}>", selector(&self.device), self.device.name())
+    }
+}
+
+/// The process's devices and the current device: `lazybuf.get_accelerator()`.
+#[pyclass(name = "Accelerator", module = "lazybuf", frozen)]
+pub struct Accelerator;
+
+#[pymethods]
+impl Accelerator {
+    /// Every device of every available backend, the host last.
+    #[getter]
+    fn devices(&self) -> Vec<PyDevice> {
+        lazybuf::devices().into_iter().map(PyDevice::new).collect()
+    }
+
+    /// The number of devices (the host included).
+    #[getter]
+    fn device_count(&self) -> usize {
+        lazybuf::devices().len()
+    }
+
+    /// The device that buffers created without `device=` use.
+    #[getter]
+    fn current_device(&self) -> PyResult<PyDevice> {
+        current_device().map(PyDevice::new)
+    }
+
+    /// Makes `device` (a `Device`, a selector string, or an index into `devices`) the current
+    /// device; `None` goes back to the default. Returns the new current device.
+    #[pyo3(signature = (device))]
+    fn select_device(&self, device: &Bound<'_, PyAny>) -> PyResult<PyDevice> {
+        let chosen = if device.is_none() {
+            None
+        } else if let Ok(d) = device.cast::<PyDevice>() {
+            Some(d.get().device.clone())
+        } else if let Ok(s) = device.cast::<PyString>() {
+            Some(lazybuf::select_device(s.to_str()?).or_py()?)
+        } else if let Ok(i) = device.cast::<PyInt>() {
+            let i: i64 = i.extract()?;
+            let all = lazybuf::devices();
+            let found = usize::try_from(i).ok().and_then(|i| all.get(i).cloned());
+            Some(found.ok_or_else(|| {
+                PyIndexError::new_err(format!(
+                    "device index {i} is out of range; expected 0 <= index < {}",
+                    all.len()
+                ))
+            })?)
+        } else {
+            return Err(PyTypeError::new_err(
+                "select_device expects a lazybuf.Device, a selector string such as \"opencl:0\", \
+                 an index into devices, or None",
+            ));
+        };
+        *SELECTED.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = chosen;
+        current_device().map(PyDevice::new)
+    }
+
+    /// `(free, total)` bytes of `device` (default: the current device). The free figure is
+    /// the runtime's where it has one (CUDA), the system's available memory on the host, and
+    /// total minus what this process holds elsewhere (see `Device.memory_source`).
+    #[pyo3(signature = (device=None))]
+    fn get_memory_info(&self, device: Option<&Bound<'_, PyAny>>) -> PyResult<(u64, u64)> {
+        let device = crate::args::device(device)?;
+        let info = device.memory_info().or_py()?;
+        Ok((info.free, info.total))
+    }
+
+    /// What each compiled-in backend found: `(backend, device count or the reason it is
+    /// unavailable)`.
+    #[getter]
+    fn backend_status(&self) -> Vec<(&'static str, Py<PyAny>)> {
+        Python::attach(|py| {
+            lazybuf::backend_status()
+                .into_iter()
+                .map(|status| {
+                    let found = match status.devices {
+                        Ok(n) => n.into_pyobject(py).map(|o| o.into_any().unbind()),
+                        Err(reason) => reason.into_pyobject(py).map(|o| o.into_any().unbind()),
+                    };
+                    (status.backend.name(), found.unwrap_or_else(|_| py.None()))
+                })
+                .collect()
+        })
+    }
+
+    /// Whether a backend has at least one device: `"cuda"`, `"opencl"`, `"host"`, `"metal"`.
+    fn is_available(&self, backend: &str) -> bool {
+        let kind = match backend.trim().to_ascii_lowercase().as_str() {
+            "host" => BackendKind::Host,
+            "opencl" => BackendKind::OpenCl,
+            "cuda" => BackendKind::Cuda,
+            _ => return false,
+        };
+        lazybuf::devices().iter().any(|d| d.backend_kind() == kind)
+    }
+
+    /// Waits for all work queued on the current device.
+    fn synchronize(&self) -> PyResult<()> {
+        current_device()?.synchronize().or_py()
+    }
+
+    fn __repr__(&self) -> PyResult<String> {
+        let current = current_device()?;
+        Ok(format!(
+            "<lazybuf.Accelerator current={} devices={}>",
+            selector(&current),
+            lazybuf::devices().len()
+        ))
+    }
+}
+
+/// The accelerator: `lazybuf.get_accelerator()`.
+#[pyfunction]
+pub fn get_accelerator() -> Accelerator {
+    Accelerator
+}

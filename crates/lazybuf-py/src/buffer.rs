@@ -1,0 +1,609 @@
+//! `lazybuf.UnifiedBuffer`: the seeds' buffer API over the core's untyped [`RawBuffer`].
+//!
+//! Each method is one access on the core buffer, which decides what to allocate and copy:
+//!
+//! | Python | core access |
+//! |---|---|
+//! | `.host`, `mark_host_dirty()`, `copy_from()`, writable buffer/DLPack exports | host write |
+//! | `.host_readonly`, `to_numpy()`, `sync_to_host()`, `__array__`, read-only exports | host read |
+//! | `.device`, `mark_device_dirty()`, `__cuda_array_interface__` | device write |
+//! | `.device_readonly`, `sync_to_device()` | device read |
+//!
+//! Python cannot see writes through an array it was given, so every writable view counts as
+//! a write when it is handed out: correct data beats a saved copy. The read-only accessors
+//! are for code that only reads.
+//!
+//! Releasing a buffer (`release()`, leaving its `with` block, or `MemoryPool.release`) drops
+//! the buffer's hold on its memory; views made earlier keep it alive until they are gone
+//! (see [`crate::views`]). Any later use of the buffer raises `ValueError`.
+//!
+//! What does not live here: coherence (the core), raw memory sharing ([`crate::views`]),
+//! per-backend device objects ([`crate::device_view`]), DLPack ([`crate::dlpack`]).
+
+use std::ffi::c_int;
+use std::sync::Arc;
+
+use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::exceptions::{PyAttributeError, PyTypeError, PyValueError};
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyModule, PyTuple};
+
+use lazybuf::backend::RawMemory;
+use lazybuf::coherence::Access;
+use lazybuf::shape::Shape;
+use lazybuf::{BackendKind, Device, MemoryResource, RawBuffer};
+
+use crate::accelerator::{PyDevice, selector};
+use crate::device_view::{cuda_array_interface, device_object};
+use crate::dlpack::{self, DlpackArgs, Source, dlpack_device};
+use crate::dtype::{self, ElementType, typestr};
+use crate::errors::{BackendUnavailableError, OrPyErr, released};
+use crate::views::{Storage, empty_address, export_buffer, release_buffer};
+use crate::{args, state};
+
+/// A host/device buffer with lazy synchronization (see the module docs for the access rules).
+#[pyclass(name = "UnifiedBuffer", module = "lazybuf")]
+pub struct UnifiedBuffer {
+    /// The memory; `None` once released.
+    storage: Option<Arc<Storage>>,
+    /// Kept after release when the buffer handed its address to a consumer that holds the
+    /// buffer object rather than a view (`__array_interface__`, `__cuda_array_interface__`).
+    retained: Option<Arc<Storage>>,
+    untracked_export: bool,
+    shape: Vec<usize>,
+    elem: ElementType,
+    home: Device,
+    pinned: bool,
+    /// The Python `MemoryPool` this buffer came from, if any.
+    pool: Option<Py<PyAny>>,
+    host_view: Option<Py<PyAny>>,
+    host_readonly_view: Option<Py<PyAny>>,
+    device_view: Option<(usize, Py<PyAny>)>,
+}
+
+/// What a release takes out of a buffer; dropped once the buffer is no longer borrowed.
+pub struct Released {
+    _storage: Arc<Storage>,
+    _views: Vec<Py<PyAny>>,
+}
+
+impl UnifiedBuffer {
+    /// A buffer of `shape` and `elem` on `home`, with memory from `resource` (the backends
+    /// when `None`). Allocates nothing.
+    pub fn create(
+        shape: Vec<usize>,
+        elem: ElementType,
+        home: Device,
+        pinned: bool,
+        resource: Option<Arc<dyn MemoryResource>>,
+        pool: Option<Py<PyAny>>,
+    ) -> PyResult<Self> {
+        let checked = Shape::new(&shape, elem.dtype.size()).or_py()?;
+        let nbytes = checked.len() * elem.dtype.size();
+        let raw = match resource {
+            Some(resource) => RawBuffer::with_resource(nbytes, home.clone(), pinned, resource),
+            None => RawBuffer::new(nbytes, home.clone(), pinned),
+        };
+        Ok(UnifiedBuffer {
+            storage: Some(Storage::new(raw)),
+            retained: None,
+            untracked_export: false,
+            shape,
+            elem,
+            home,
+            pinned,
+            pool,
+            host_view: None,
+            host_readonly_view: None,
+            device_view: None,
+        })
+    }
+
+    /// The memory, or the "released" error.
+    pub fn storage(&self) -> PyResult<&Arc<Storage>> {
+        self.storage.as_ref().ok_or_else(released)
+    }
+
+    /// The pool this buffer came from.
+    pub fn pool(&self) -> Option<&Py<PyAny>> {
+        self.pool.as_ref()
+    }
+
+    /// Gives up the buffer's hold on its memory. The caller drops the result after the
+    /// buffer's borrow ends (dropping views may run Python code).
+    pub fn take(&mut self) -> PyResult<Released> {
+        let storage = self.storage.take().ok_or_else(released)?;
+        if self.untracked_export {
+            self.retained = Some(Arc::clone(&storage));
+        }
+        let views = [self.host_view.take(), self.host_readonly_view.take(), self.device_view.take().map(|(_, v)| v)];
+        Ok(Released { _storage: storage, _views: views.into_iter().flatten().collect() })
+    }
+
+    fn access_host(&self, access: Access) -> PyResult<()> {
+        self.storage()?.host_address(access).map(drop)
+    }
+
+    fn access_device(&self, access: Access) -> PyResult<()> {
+        self.storage()?.device_handle(&self.home, access).map(drop)
+    }
+
+    fn descr<'py>(&self, py: Python<'py>) -> &Bound<'py, PyArrayDescr> {
+        self.elem.descr.bind(py)
+    }
+}
+
+fn metal_unavailable() -> PyErr {
+    BackendUnavailableError::new_err(
+        "Metal is not available: this lazybuf build has no Metal backend (Metal needs macOS and \
+         Apple silicon); use .device for the buffer's own device",
+    )
+}
+
+fn numpy_module(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
+    static NUMPY: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+    NUMPY.get_or_try_init(py, || py.import("numpy").map(Bound::unbind)).map(|m| m.bind(py))
+}
+
+/// Shared by `.device` and `.device_readonly`.
+fn device_access<'py>(slf: &Bound<'py, UnifiedBuffer>, access: Access) -> PyResult<Bound<'py, PyAny>> {
+    let py = slf.py();
+    let mut this = slf.borrow_mut();
+    let storage = Arc::clone(this.storage()?);
+    let handle = storage.device_handle(&this.home, access)?;
+    if this.home.backend_kind() == BackendKind::Host {
+        let address = match handle {
+            RawMemory::Host(address) if !address.is_null() => address,
+            _ => empty_address(),
+        };
+        let writeable = access != Access::Read;
+        let descr = this.elem.descr.bind(py).clone();
+        let this = &mut *this;
+        let cache = if writeable { &mut this.host_view } else { &mut this.host_readonly_view };
+        let array = storage.array_at(py, address, &this.shape, &descr, writeable, cache.as_ref().map(|c| c.bind(py)))?;
+        *cache = Some(array.clone().unbind());
+        return Ok(array);
+    }
+    let key = match handle {
+        RawMemory::OpenCl(mem) => mem as usize,
+        RawMemory::Cuda(ptr) => ptr as usize,
+        _ => 0,
+    };
+    if let Some((cached_key, view)) = &this.device_view
+        && *cached_key == key
+    {
+        return Ok(view.bind(py).clone());
+    }
+    let (home, shape, dtype, descr) = (this.home.clone(), this.shape.clone(), this.elem.dtype, this.descr(py).clone());
+    drop(this);
+    let object = device_object(py, &storage, &home, handle, &shape, dtype, &descr)?;
+    let previous = slf.borrow_mut().device_view.replace((key, object.clone().unbind()));
+    drop(previous);
+    Ok(object)
+}
+
+#[pymethods]
+impl UnifiedBuffer {
+    #[new]
+    #[pyo3(signature = (shape, dtype=None, *, pinned=false, device=None))]
+    fn py_new(
+        py: Python<'_>,
+        shape: &Bound<'_, PyAny>,
+        dtype: Option<&Bound<'_, PyAny>>,
+        pinned: bool,
+        device: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let dims = args::shape(shape)?;
+        let elem = dtype::resolve(py, dtype)?;
+        let home = args::device(device)?;
+        UnifiedBuffer::create(dims, elem, home, pinned, None, None)
+    }
+
+    /// A writable NumPy view of the host copy (zero-copy; its `.base` keeps the memory
+    /// alive). Syncs from the device first if the device is newer, and counts as a host
+    /// write: the next device access copies the host data again.
+    #[getter]
+    fn host<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        let mut this = slf.borrow_mut();
+        let storage = Arc::clone(this.storage()?);
+        let descr = this.descr(py).clone();
+        let cached = this.host_view.as_ref().map(|c| c.bind(py).clone());
+        let array = storage.host_array(py, Access::Write, &this.shape, &descr, cached.as_ref())?;
+        this.host_view = Some(array.clone().unbind());
+        Ok(array)
+    }
+
+    /// A read-only NumPy view of the host copy: syncs from the device if needed, and does not
+    /// count as a write.
+    #[getter]
+    fn host_readonly<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        let mut this = slf.borrow_mut();
+        let storage = Arc::clone(this.storage()?);
+        let descr = this.descr(py).clone();
+        let cached = this.host_readonly_view.as_ref().map(|c| c.bind(py).clone());
+        let array = storage.host_array(py, Access::Read, &this.shape, &descr, cached.as_ref())?;
+        this.host_readonly_view = Some(array.clone().unbind());
+        Ok(array)
+    }
+
+    /// The buffer on its device, synced from the host if the host is newer: the host ndarray
+    /// itself on the host device, a PyOpenCL array on OpenCL (with PyOpenCL installed), a
+    /// CuPy array on CUDA (with CuPy installed), else a `DeviceMemoryView`. Counts as a device
+    /// write (kernels may write it): the next host access copies the device data back.
+    #[getter]
+    fn device<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        device_access(slf, Access::Write)
+    }
+
+    /// As `.device`, for reading only: does not count as a write (a read-only ndarray on the
+    /// host device; on other devices, do not write through it).
+    #[getter]
+    fn device_readonly<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        device_access(slf, Access::Read)
+    }
+
+    /// Metal arrays: raises `BackendUnavailableError` (no Metal backend in this build).
+    #[getter]
+    fn metal(&self) -> PyResult<Py<PyAny>> {
+        self.storage()?;
+        Err(metal_unavailable())
+    }
+
+    /// The dimensions.
+    #[getter]
+    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, &self.shape)
+    }
+
+    /// The NumPy dtype.
+    #[getter]
+    fn dtype(&self, py: Python<'_>) -> Py<PyArrayDescr> {
+        self.elem.descr.clone_ref(py)
+    }
+
+    /// The size in bytes.
+    #[getter]
+    fn nbytes(&self) -> usize {
+        self.shape.iter().product::<usize>() * self.elem.dtype.size()
+    }
+
+    /// The number of elements.
+    #[getter]
+    fn size(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// The number of dimensions.
+    #[getter]
+    fn ndim(&self) -> usize {
+        self.shape.len()
+    }
+
+    /// The host copy against the device copy, as a `BufferState`.
+    #[getter]
+    fn state(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let state = self.storage()?.lock().state();
+        state::to_python(py, state)
+    }
+
+    /// Whether page-locked host memory was requested.
+    #[getter]
+    fn pinned(&self) -> bool {
+        self.pinned
+    }
+
+    /// Whether the host copy exists and is page-locked.
+    #[getter]
+    fn is_pinned(&self) -> PyResult<bool> {
+        Ok(self.storage()?.lock().is_pinned())
+    }
+
+    /// The buffer's own device.
+    #[getter]
+    fn device_handle(&self) -> PyDevice {
+        PyDevice::new(self.home.clone())
+    }
+
+    /// Whether the buffer was released.
+    #[getter]
+    fn released(&self) -> bool {
+        self.storage.is_none()
+    }
+
+    /// Copies the host data to the device if the device copy is stale.
+    fn sync_to_device(&self) -> PyResult<()> {
+        self.access_device(Access::Read)
+    }
+
+    /// Copies the device data to the host if the host copy is stale.
+    fn sync_to_host(&self) -> PyResult<()> {
+        self.access_host(Access::Read)
+    }
+
+    /// Declares a host write: the host is made current, then the device copy is stale.
+    fn mark_host_dirty(&self) -> PyResult<()> {
+        self.access_host(Access::Write)
+    }
+
+    /// Declares a device write (by a kernel): the device is made current, then the host copy
+    /// is stale.
+    fn mark_device_dirty(&self) -> PyResult<()> {
+        self.access_device(Access::Write)
+    }
+
+    /// Metal writes: raises `BackendUnavailableError` (no Metal backend in this build).
+    fn mark_metal_dirty(&self) -> PyResult<()> {
+        self.storage()?;
+        Err(metal_unavailable())
+    }
+
+    /// Sets every element to `value` where the data is current, with no transfer.
+    fn fill(slf: &Bound<'_, Self>, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        let py = slf.py();
+        let (storage, descr) = {
+            let this = slf.borrow();
+            (Arc::clone(this.storage()?), this.descr(py).clone())
+        };
+        let kwargs = PyDict::new(py);
+        kwargs.set_item("dtype", &descr)?;
+        let scalar = numpy_module(py)?.call_method("asarray", (value,), Some(&kwargs))?;
+        let scalar = scalar.cast_into::<PyUntypedArray>()?;
+        if scalar.ndim() != 0 {
+            return Err(PyValueError::new_err(format!(
+                "fill: expected a scalar, got an array of shape {:?}",
+                scalar.shape()
+            )));
+        }
+        storage.fill_from_scalar(&scalar)
+    }
+
+    /// Copies `data` (an array-like of the buffer's shape, cast from its dtype under NumPy's
+    /// `same_kind` rule) into the host copy; the device copy becomes stale.
+    fn copy_from(slf: &Bound<'_, Self>, data: &Bound<'_, PyAny>) -> PyResult<()> {
+        let py = slf.py();
+        let (storage, descr, shape) = {
+            let this = slf.borrow();
+            (Arc::clone(this.storage()?), this.descr(py).clone(), this.shape.clone())
+        };
+        let np = numpy_module(py)?;
+        let array = match data.cast::<PyUntypedArray>() {
+            Ok(array) => array.clone(),
+            Err(_) => np.call_method1("asarray", (data,))?.cast_into::<PyUntypedArray>()?,
+        };
+        if array.shape() != shape.as_slice() {
+            let hint = if array.ndim() == 0 { " (use fill() to set every element to a scalar)" } else { "" };
+            return Err(PyValueError::new_err(format!(
+                "copy_from: expected data of shape {:?}, got shape {:?}{hint}",
+                shape,
+                array.shape()
+            )));
+        }
+        let from = array.dtype();
+        if !from.is_equiv_to(&descr) {
+            let kwargs = PyDict::new(py);
+            kwargs.set_item("casting", "same_kind")?;
+            if !np.call_method("can_cast", (&from, &descr), Some(&kwargs))?.is_truthy()? {
+                return Err(PyTypeError::new_err(format!(
+                    "copy_from: cannot cast {} to {} under the same_kind rule; expected data of \
+                     dtype {} or one that casts to it safely",
+                    from.str()?,
+                    descr.str()?,
+                    descr.str()?
+                )));
+            }
+        }
+        let array = if from.is_equiv_to(&descr) && array.is_c_contiguous() {
+            array
+        } else {
+            let kwargs = PyDict::new(py);
+            kwargs.set_item("dtype", &descr)?;
+            np.call_method("ascontiguousarray", (array,), Some(&kwargs))?.cast_into::<PyUntypedArray>()?
+        };
+        storage.copy_from_array(&array)
+    }
+
+    /// A copy of the data as a new NumPy array (syncs the host first; not a write).
+    fn to_numpy<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.storage()?.to_array(py, &self.shape, self.descr(py))
+    }
+
+    /// Copies and bytes moved since the buffer was made, and allocations made.
+    fn transfer_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let stats = self.storage()?.lock().transfer_stats();
+        let dict = PyDict::new(py);
+        dict.set_item("host_to_device_copies", stats.host_to_device.copies)?;
+        dict.set_item("host_to_device_bytes", stats.host_to_device.bytes)?;
+        dict.set_item("device_to_host_copies", stats.device_to_host.copies)?;
+        dict.set_item("device_to_host_bytes", stats.device_to_host.bytes)?;
+        dict.set_item("zero_copy_syncs", stats.zero_copy_syncs)?;
+        dict.set_item("allocations", stats.allocations)?;
+        Ok(dict)
+    }
+
+    /// Releases the buffer: to its memory pool if it came from one, else its memory is freed.
+    /// Views made earlier keep the memory alive until they are gone; the buffer itself can no
+    /// longer be used.
+    fn release(slf: &Bound<'_, Self>) -> PyResult<()> {
+        let pool = slf.borrow().pool.as_ref().map(|p| p.clone_ref(slf.py()));
+        match pool {
+            Some(pool) => pool.bind(slf.py()).call_method1("release", (slf,)).map(drop),
+            None => {
+                let released = slf.borrow_mut().take()?;
+                drop(released);
+                Ok(())
+            }
+        }
+    }
+
+    fn __enter__(slf: Bound<'_, Self>) -> PyResult<Bound<'_, Self>> {
+        slf.borrow().storage()?;
+        Ok(slf)
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(slf: &Bound<'_, Self>, _exc: &Bound<'_, PyTuple>) -> PyResult<bool> {
+        UnifiedBuffer::release(slf)?;
+        Ok(false)
+    }
+
+    fn __len__(&self) -> PyResult<usize> {
+        self.shape.first().copied().ok_or_else(|| PyTypeError::new_err("len() of a 0-d buffer"))
+    }
+
+    fn __repr__(&self) -> PyResult<String> {
+        let state = match &self.storage {
+            Some(storage) => storage.lock().state().to_string(),
+            None => "RELEASED".into(),
+        };
+        Ok(format!(
+            "UnifiedBuffer(shape={:?}, dtype={}, device={}, state={state})",
+            self.shape,
+            self.elem.dtype,
+            selector(&self.home)
+        ))
+    }
+
+    // --- interop ---------------------------------------------------------------------
+
+    /// Buffer protocol: writable exports are host writes, read-only ones host reads.
+    unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut ffi::Py_buffer, flags: c_int) -> PyResult<()> {
+        let (storage, shape, dtype) = {
+            let this = slf.borrow();
+            (Arc::clone(this.storage()?), this.shape.clone(), this.elem.dtype)
+        };
+        // SAFETY: view is the Py_buffer CPython passed to this slot.
+        unsafe { export_buffer(view, flags, slf.into_any(), &storage, &shape, dtype) }
+    }
+
+    unsafe fn __releasebuffer__(&self, view: *mut ffi::Py_buffer) {
+        // SAFETY: view was filled by __getbuffer__ and CPython releases it once.
+        unsafe { release_buffer(view) }
+    }
+
+    /// NumPy's `__array__`: a read-only view (a host read), or a copy with `copy=True`.
+    #[pyo3(signature = (dtype=None, copy=None))]
+    fn __array__<'py>(
+        slf: &Bound<'py, Self>,
+        dtype: Option<&Bound<'py, PyAny>>,
+        copy: Option<bool>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        let base = if copy == Some(true) {
+            slf.borrow().to_numpy(py)?
+        } else {
+            UnifiedBuffer::host_readonly(slf)?
+        };
+        match dtype.filter(|d| !d.is_none()) {
+            None => Ok(base),
+            Some(dtype) => {
+                let wanted = PyArrayDescr::new(py, dtype)?;
+                if wanted.is_equiv_to(slf.borrow().descr(py)) {
+                    return Ok(base);
+                }
+                if copy == Some(false) {
+                    return Err(PyValueError::new_err(
+                        "__array__: a different dtype needs a copy, but copy=False was given",
+                    ));
+                }
+                base.call_method1("astype", (wanted,))
+            }
+        }
+    }
+
+    /// NumPy's array interface (version 3) over the host copy, read-only (a host read).
+    /// Consumers hold the buffer itself, so a released buffer keeps this memory until the
+    /// buffer object is gone.
+    #[getter]
+    fn __array_interface__<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let typestr = typestr(self.elem.dtype).ok_or_else(|| {
+            PyAttributeError::new_err("bfloat16 has no array-interface type string; use .host or __dlpack__")
+        })?;
+        let address = self.storage()?.host_address(Access::Read)?;
+        self.untracked_export = true;
+        let dict = PyDict::new(py);
+        dict.set_item("shape", PyTuple::new(py, &self.shape)?)?;
+        dict.set_item("typestr", &typestr)?;
+        dict.set_item("descr", vec![("", typestr)])?;
+        dict.set_item("data", (address as usize, true))?;
+        dict.set_item("strides", py.None())?;
+        dict.set_item("version", 3)?;
+        Ok(dict)
+    }
+
+    /// CUDA Array Interface (version 3) over the device copy, for buffers on a CUDA device
+    /// (a device write). Absent (`AttributeError`) on other devices.
+    #[getter]
+    fn __cuda_array_interface__<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        if self.home.backend_kind() != BackendKind::Cuda {
+            return Err(PyAttributeError::new_err(format!(
+                "__cuda_array_interface__ exists only for buffers on a CUDA device; this one is on {}",
+                selector(&self.home)
+            )));
+        }
+        let address = match self.storage()?.device_handle(&self.home, Access::Write)? {
+            RawMemory::Cuda(ptr) => ptr as usize,
+            other => return Err(PyValueError::new_err(format!("unexpected memory {other:?} on a CUDA device"))),
+        };
+        self.untracked_export = true;
+        cuda_array_interface(py, address, &self.shape, self.elem.dtype, false)
+    }
+
+    /// DLPack export (zero-copy; a write access at the exported location).
+    #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
+    fn __dlpack__<'py>(
+        &self,
+        py: Python<'py>,
+        stream: Option<Bound<'py, PyAny>>,
+        max_version: Option<(u32, u32)>,
+        dl_device: Option<(u32, i32)>,
+        copy: Option<bool>,
+    ) -> PyResult<Py<PyAny>> {
+        let source = Source {
+            storage: self.storage()?,
+            home: &self.home,
+            shape: &self.shape,
+            dtype: self.elem.dtype,
+            descr: self.descr(py),
+        };
+        let stream = stream.filter(|s| !s.is_none());
+        dlpack::export(py, source, DlpackArgs { stream, max_version, dl_device, copy })
+    }
+
+    /// `(device_type, device_id)`: `(2, ordinal)` for a CUDA buffer, else `(1, 0)` (the host).
+    fn __dlpack_device__(&self) -> (u32, i32) {
+        let device = dlpack_device(&self.home);
+        (device.device_type.0, device.device_id)
+    }
+
+    /// Pickling copies the data through the host; the copy is made on the unpickling
+    /// process's current device.
+    fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
+        let storage = self.storage()?;
+        let initialized = storage.lock().state() != lazybuf::BufferState::Uninitialized;
+        let data = if initialized { Some(storage.to_array(py, &self.shape, self.descr(py))?) } else { None };
+        let rebuild = py.import("lazybuf._lazybuf")?.getattr("_rebuild_buffer")?;
+        let args = (PyTuple::new(py, &self.shape)?, self.descr(py).clone(), self.pinned, data);
+        Ok((rebuild, args.into_pyobject(py)?))
+    }
+}
+
+/// Unpickles a buffer (see `__reduce__`).
+#[pyfunction]
+#[pyo3(signature = (shape, dtype, pinned, data))]
+pub fn _rebuild_buffer<'py>(
+    py: Python<'py>,
+    shape: &Bound<'py, PyAny>,
+    dtype: &Bound<'py, PyAny>,
+    pinned: bool,
+    data: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, UnifiedBuffer>> {
+    let buffer = Bound::new(py, UnifiedBuffer::py_new(py, shape, Some(dtype), pinned, None)?)?;
+    if let Some(data) = data {
+        UnifiedBuffer::copy_from(&buffer, data)?;
+    }
+    Ok(buffer)
+}

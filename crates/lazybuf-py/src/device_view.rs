@@ -1,0 +1,270 @@
+//! What `UnifiedBuffer.device` returns on each backend: the host ndarray on the host device,
+//! a PyOpenCL array sharing the buffer's `cl_mem` on OpenCL when PyOpenCL is installed, a
+//! CuPy array over the buffer's device pointer on CUDA when CuPy is installed, and otherwise a
+//! [`DeviceMemoryView`] exposing the runtime handle (with `__cuda_array_interface__` on CUDA).
+//!
+//! Every object returned keeps the buffer's memory alive (a [`MemoryOwner`] is attached).
+//! Optional packages are probed once per process, never per call.
+//!
+//! What does not live here: the device access itself ([`Storage::device_handle`]).
+
+use std::sync::Arc;
+
+use numpy::PyArrayDescr;
+use pyo3::exceptions::PyAttributeError;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyModule};
+
+use lazybuf::backend::{RawDevice, RawMemory};
+use lazybuf::{BackendKind, DType, Device};
+
+use crate::accelerator::{PyDevice, ordinal};
+use crate::dtype::typestr;
+use crate::views::{MemoryOwner, Storage, device_handles};
+
+/// The device object for a non-host device, given the handle of its (current) copy.
+pub fn device_object<'py>(
+    py: Python<'py>,
+    storage: &Arc<Storage>,
+    home: &Device,
+    handle: RawMemory,
+    shape: &[usize],
+    dtype: DType,
+    descr: &Bound<'py, PyArrayDescr>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let owner = Bound::new(py, MemoryOwner::new(storage))?;
+    let nbytes = shape.iter().product::<usize>() * dtype.size();
+    match (handle, device_handles(home)) {
+        (RawMemory::OpenCl(mem), RawDevice::OpenCl { queue, .. }) => {
+            if let Some(cl) = optional(py, &PYOPENCL, "pyopencl.array") {
+                return pyopencl_array(py, &cl, queue as usize, mem as usize, shape, descr, owner);
+            }
+        }
+        (RawMemory::Cuda(ptr), _) => {
+            if let Some(cupy) = optional(py, &CUPY, "cupy") {
+                return cupy_array(&cupy, ptr, nbytes, shape, descr, owner);
+            }
+        }
+        _ => {}
+    }
+    let view = DeviceMemoryView {
+        device: home.clone(),
+        handle: raw_address(handle),
+        nbytes,
+        shape: shape.to_vec(),
+        dtype,
+        descr: descr.clone().unbind(),
+        owner: owner.unbind(),
+    };
+    Ok(Bound::new(py, view)?.into_any())
+}
+
+/// The address or handle as an integer.
+fn raw_address(handle: RawMemory) -> usize {
+    match handle {
+        RawMemory::Host(ptr) => ptr as usize,
+        RawMemory::OpenCl(mem) => mem as usize,
+        RawMemory::Cuda(ptr) => ptr as usize,
+        _ => 0,
+    }
+}
+
+static PYOPENCL: PyOnceLock<Option<Py<PyModule>>> = PyOnceLock::new();
+static CUPY: PyOnceLock<Option<Py<PyModule>>> = PyOnceLock::new();
+
+/// An optional package, imported at most once per process (a failed import is remembered:
+/// retrying it on every call is what made the reference implementation slow).
+fn optional<'py>(
+    py: Python<'py>,
+    cell: &PyOnceLock<Option<Py<PyModule>>>,
+    name: &str,
+) -> Option<Bound<'py, PyModule>> {
+    cell.get_or_init(py, || py.import(name).ok().map(Bound::unbind)).as_ref().map(|m| m.bind(py).clone())
+}
+
+/// PyOpenCL command-queue wrappers, one per lazybuf queue, so user kernels enqueued on the
+/// array's queue are ordered with lazybuf's copies.
+fn pyopencl_queue<'py>(py: Python<'py>, cl: &Bound<'py, PyAny>, queue: usize) -> PyResult<Bound<'py, PyAny>> {
+    static QUEUES: PyOnceLock<Py<PyDict>> = PyOnceLock::new();
+    let queues = QUEUES.get_or_init(py, || PyDict::new(py).unbind()).bind(py);
+    if let Some(found) = queues.get_item(queue)? {
+        return Ok(found);
+    }
+    let wrapped = cl.getattr("CommandQueue")?.call_method1("from_int_ptr", (queue, true))?;
+    queues.set_item(queue, &wrapped)?;
+    Ok(wrapped)
+}
+
+fn pyopencl_array<'py>(
+    py: Python<'py>,
+    cla: &Bound<'py, PyModule>,
+    queue: usize,
+    mem: usize,
+    shape: &[usize],
+    descr: &Bound<'py, PyArrayDescr>,
+    owner: Bound<'py, MemoryOwner>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let cl = py.import("pyopencl")?;
+    let queue = pyopencl_queue(py, cl.as_any(), queue)?;
+    let shape = pyo3::types::PyTuple::new(py, shape)?;
+    if mem == 0 {
+        // An empty buffer has no cl_mem; an empty PyOpenCL array allocates nothing either.
+        return cla.getattr("empty")?.call1((queue, shape, descr));
+    }
+    let buffer = cl.getattr("Buffer")?.call_method1("from_int_ptr", (mem, true))?;
+    buffer.setattr("_lazybuf_owner", owner)?;
+    let kwargs = PyDict::new(py);
+    kwargs.set_item("data", buffer)?;
+    cla.getattr("Array")?.call((queue, shape, descr), Some(&kwargs))
+}
+
+fn cupy_array<'py>(
+    cupy: &Bound<'py, PyModule>,
+    ptr: u64,
+    nbytes: usize,
+    shape: &[usize],
+    descr: &Bound<'py, PyArrayDescr>,
+    owner: Bound<'py, MemoryOwner>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let py = cupy.py();
+    let shape = pyo3::types::PyTuple::new(py, shape)?;
+    if nbytes == 0 {
+        return cupy.getattr("ndarray")?.call1((shape, descr));
+    }
+    let cuda = cupy.getattr("cuda")?;
+    let memory = cuda.getattr("UnownedMemory")?.call1((ptr, nbytes, owner))?;
+    let pointer = cuda.getattr("MemoryPointer")?.call1((memory, 0))?;
+    cupy.getattr("ndarray")?.call1((shape, descr, pointer))
+}
+
+/// A buffer's copy on a device, for code that takes raw handles: `ptr` is the `CUdeviceptr`
+/// (CUDA) or `cl_mem` (OpenCL) as an int. Keeps the buffer's memory alive while it lives.
+#[pyclass(name = "DeviceMemoryView", module = "lazybuf", frozen)]
+pub struct DeviceMemoryView {
+    device: Device,
+    handle: usize,
+    nbytes: usize,
+    shape: Vec<usize>,
+    dtype: DType,
+    descr: Py<PyArrayDescr>,
+    owner: Py<MemoryOwner>,
+}
+
+#[pymethods]
+impl DeviceMemoryView {
+    /// `"opencl"` or `"cuda"` (or `"host"`).
+    #[getter]
+    fn backend(&self) -> &'static str {
+        self.device.backend_kind().name()
+    }
+
+    /// The runtime handle as an int: a `CUdeviceptr` (CUDA) or a `cl_mem` (OpenCL); 0 when
+    /// the buffer is empty.
+    #[getter]
+    fn ptr(&self) -> usize {
+        self.handle
+    }
+
+    /// The size in bytes.
+    #[getter]
+    fn nbytes(&self) -> usize {
+        self.nbytes
+    }
+
+    /// The dimensions.
+    #[getter]
+    fn shape(&self) -> Vec<usize> {
+        self.shape.clone()
+    }
+
+    /// The NumPy dtype of the elements.
+    #[getter]
+    fn dtype(&self, py: Python<'_>) -> Py<PyArrayDescr> {
+        self.descr.clone_ref(py)
+    }
+
+    /// The device.
+    #[getter]
+    fn device(&self) -> PyDevice {
+        PyDevice::new(self.device.clone())
+    }
+
+    /// The runtime's context handle as an int (`cl_context` or `CUcontext`; 0 on the host).
+    #[getter]
+    fn context(&self) -> usize {
+        match device_handles(&self.device) {
+            RawDevice::OpenCl { context, .. } => context as usize,
+            RawDevice::Cuda { context, .. } => context as usize,
+            _ => 0,
+        }
+    }
+
+    /// The queue lazybuf copies on, as an int (`cl_command_queue` or `CUstream`; 0 on the
+    /// host): enqueue kernels there to order them with lazybuf's copies.
+    #[getter]
+    fn queue(&self) -> usize {
+        match device_handles(&self.device) {
+            RawDevice::OpenCl { queue, .. } => queue as usize,
+            RawDevice::Cuda { stream, .. } => stream as usize,
+            _ => 0,
+        }
+    }
+
+    /// The object that keeps the memory alive.
+    #[getter]
+    fn owner(&self, py: Python<'_>) -> Py<MemoryOwner> {
+        self.owner.clone_ref(py)
+    }
+
+    /// CUDA Array Interface version 3 (CUDA devices only).
+    #[getter]
+    fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        if self.device.backend_kind() != BackendKind::Cuda {
+            return Err(PyAttributeError::new_err(
+                "__cuda_array_interface__ exists only for memory on a CUDA device",
+            ));
+        }
+        cuda_array_interface(py, self.handle, &self.shape, self.dtype, false)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<lazybuf.DeviceMemoryView {} ptr=0x{:x} shape={:?} dtype={} nbytes={}>",
+            self.device.backend_kind(),
+            self.handle,
+            self.shape,
+            self.dtype,
+            self.nbytes
+        )
+    }
+}
+
+/// A CUDA Array Interface (version 3) dictionary for C-contiguous memory at `address`.
+pub fn cuda_array_interface<'py>(
+    py: Python<'py>,
+    address: usize,
+    shape: &[usize],
+    dtype: DType,
+    readonly: bool,
+) -> PyResult<Bound<'py, PyDict>> {
+    let typestr = typestr(dtype).ok_or_else(|| {
+        PyAttributeError::new_err(format!(
+            "{dtype} has no __cuda_array_interface__ type string; use __dlpack__ instead"
+        ))
+    })?;
+    let dict = PyDict::new(py);
+    dict.set_item("shape", pyo3::types::PyTuple::new(py, shape)?)?;
+    dict.set_item("typestr", typestr)?;
+    dict.set_item("data", (address, readonly))?;
+    dict.set_item("strides", py.None())?;
+    dict.set_item("version", 3)?;
+    // lazybuf's copies are complete when they return: no stream to synchronize with.
+    dict.set_item("stream", py.None())?;
+    Ok(dict)
+}
+
+/// The CUDA ordinal of a device (its index among CUDA devices), for DLPack.
+pub fn cuda_ordinal(device: &Device) -> i32 {
+    ordinal(device)
+}

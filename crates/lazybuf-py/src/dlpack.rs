@@ -1,0 +1,194 @@
+//! `__dlpack__` and `__dlpack_device__`: zero-copy export of the host copy (kDLCPU) or, for a
+//! buffer on a CUDA device, of its device copy (kDLCUDA), in the versioned ABI when the
+//! consumer passes `max_version >= (1, 0)` (NumPy 2 does) and the legacy one otherwise.
+//!
+//! dlpark does the protocol work (argument parsing, ABI choice, capsule names and single
+//! use, zero-copy validation); this module describes the memory. Each capsule's manager
+//! context is a clone of the buffer's storage `Arc`, so an exported tensor keeps the memory
+//! alive until the consumer calls its deleter. An export is a write access at the exported
+//! location (the consumer may write, and lazybuf cannot see it). `copy=True` is served by
+//! exporting a fresh NumPy copy.
+//!
+//! What does not live here: the memory access ([`crate::views::Storage`]).
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use dlpark::allocation::dynamic::Allocation;
+use dlpark::ffi::{DLDataType, DLDataTypeCode, DLDevice, DLDeviceType, DLManagedTensor, DLManagedTensorVersioned};
+use dlpark::python::{DlpackExporter, ExportRequest, export_dlpack};
+use dlpark::{DlpackFlags, Managed, ManagedTensorBase};
+use numpy::PyArrayDescr;
+use pyo3::exceptions::{PyBufferError, PyMemoryError};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use lazybuf::backend::RawMemory;
+use lazybuf::coherence::Access;
+use lazybuf::{BackendKind, DType, Device};
+
+use crate::device_view::cuda_ordinal;
+use crate::views::Storage;
+
+/// The DLPack device a buffer exports to by default: its CUDA device, else the host.
+pub fn dlpack_device(home: &Device) -> DLDevice {
+    match home.backend_kind() {
+        BackendKind::Cuda => DLDevice::cuda(cuda_ordinal(home)),
+        _ => DLDevice::CPU,
+    }
+}
+
+fn data_type(dtype: DType) -> DLDataType {
+    let (code, bits) = match dtype {
+        DType::U8 => (DLDataTypeCode::UINT, 8),
+        DType::U16 => (DLDataTypeCode::UINT, 16),
+        DType::U32 => (DLDataTypeCode::UINT, 32),
+        DType::U64 => (DLDataTypeCode::UINT, 64),
+        DType::I8 => (DLDataTypeCode::INT, 8),
+        DType::I16 => (DLDataTypeCode::INT, 16),
+        DType::I32 => (DLDataTypeCode::INT, 32),
+        DType::I64 => (DLDataTypeCode::INT, 64),
+        DType::F16 => (DLDataTypeCode::FLOAT, 16),
+        DType::BF16 => (DLDataTypeCode::BFLOAT, 16),
+        DType::F32 => (DLDataTypeCode::FLOAT, 32),
+        DType::F64 => (DLDataTypeCode::FLOAT, 64),
+    };
+    DLDataType::scalar(code, bits)
+}
+
+/// The arguments of one `__dlpack__` call.
+pub struct DlpackArgs<'py> {
+    /// The consumer's stream (`None` on the CPU).
+    pub stream: Option<Bound<'py, PyAny>>,
+    /// The newest DLPack version the consumer understands.
+    pub max_version: Option<(u32, u32)>,
+    /// Where the consumer wants the tensor.
+    pub dl_device: Option<(u32, i32)>,
+    /// `True`: always copy; `False`: never copy; `None`: producer's choice.
+    pub copy: Option<bool>,
+}
+
+/// The buffer being exported.
+pub struct Source<'a, 'py> {
+    /// The buffer's memory.
+    pub storage: &'a Arc<Storage>,
+    /// The buffer's own device.
+    pub home: &'a Device,
+    /// The dimensions.
+    pub shape: &'a [usize],
+    /// The element type.
+    pub dtype: DType,
+    /// The NumPy dtype (for the `copy=True` path).
+    pub descr: &'a Bound<'py, PyArrayDescr>,
+}
+
+/// Serves `__dlpack__`.
+pub fn export<'py>(py: Python<'py>, source: Source<'_, 'py>, args: DlpackArgs<'py>) -> PyResult<Py<PyAny>> {
+    let request = ExportRequest::parse(args.stream.as_ref(), args.max_version, args.dl_device, args.copy)?;
+    let home_device = dlpack_device(source.home);
+    let wanted = request.device().unwrap_or(home_device);
+    if wanted.device_type == DLDeviceType::CPU {
+        if args.copy == Some(true) {
+            let copy = source.storage.to_array(py, source.shape, source.descr)?;
+            let kwargs = PyDict::new(py);
+            kwargs.set_item("max_version", args.max_version)?;
+            return Ok(copy.call_method("__dlpack__", (), Some(&kwargs))?.unbind());
+        }
+        let address = source.storage.host_address(Access::Write)?;
+        let exporter = Exporter::new(address.cast(), DLDevice::CPU, &source);
+        return export_dlpack(&exporter, py, request);
+    }
+    if wanted != home_device || source.home.backend_kind() != BackendKind::Cuda {
+        return Err(PyBufferError::new_err(format!(
+            "cannot export to DLPack device ({}, {}): this buffer can export to the CPU (1, 0){}",
+            wanted.device_type.0,
+            wanted.device_id,
+            if home_device == DLDevice::CPU {
+                String::new()
+            } else {
+                format!(" and to its device ({}, {})", home_device.device_type.0, home_device.device_id)
+            }
+        )));
+    }
+    if args.copy == Some(true) {
+        return Err(PyBufferError::new_err("copy=True is supported only for export to the CPU"));
+    }
+    match source.storage.device_handle(source.home, Access::Write)? {
+        RawMemory::Cuda(ptr) => {
+            let exporter = Exporter::new(ptr as usize as *mut c_void, home_device, &source);
+            export_dlpack(&exporter, py, request)
+        }
+        other => Err(PyBufferError::new_err(format!("unexpected device memory {other:?} for a CUDA buffer"))),
+    }
+}
+
+/// One export's description of the memory.
+struct Exporter {
+    address: *mut c_void,
+    device: DLDevice,
+    dtype: DLDataType,
+    shape: Vec<i64>,
+    storage: Arc<Storage>,
+}
+
+impl Exporter {
+    fn new(address: *mut c_void, device: DLDevice, source: &Source<'_, '_>) -> Self {
+        Exporter {
+            address,
+            device,
+            dtype: data_type(source.dtype),
+            shape: source.shape.iter().map(|&d| d as i64).collect(),
+            storage: Arc::clone(source.storage),
+        }
+    }
+
+    fn managed<M: ManagedTensorBase>(&self) -> PyResult<Managed<M>> {
+        let ndim = self.shape.len();
+        let mut allocation =
+            Allocation::<M>::allocate(2 * ndim).map_err(|e| PyMemoryError::new_err(e.to_string()))?;
+        let extra = allocation.extra_mut();
+        extra[..ndim].copy_from_slice(&self.shape);
+        let mut stride = 1i64;
+        for i in (0..ndim).rev() {
+            extra[ndim + i] = stride;
+            stride *= self.shape[i];
+        }
+        let mut tensor = allocation
+            .initialize(Arc::clone(&self.storage), ndim)
+            .map_err(|e| PyMemoryError::new_err(e.to_string()))?;
+        let extra = tensor.extra_mut();
+        let (shape, strides) = extra.split_at_mut(ndim);
+        let (shape, strides) = (shape.as_mut_ptr(), strides.as_mut_ptr());
+        tensor.tensor_mut().shape = shape;
+        tensor.tensor_mut().strides = strides;
+        tensor.set_data(self.address).set_device(self.device).set_dtype(self.dtype);
+        // SAFETY: data points to the buffer's memory for prod(shape) elements of dtype on
+        // `device`, kept alive by the storage Arc in the manager context until the deleter
+        // runs; shape and strides point into the tensor's own allocation; the strides
+        // describe C order; no flags are set (the memory is writable and not a copy).
+        Ok(unsafe { tensor.finish() })
+    }
+}
+
+impl DlpackExporter for Exporter {
+    fn device(&self) -> DLDevice {
+        self.device
+    }
+
+    fn flags(&self) -> DlpackFlags {
+        DlpackFlags::empty()
+    }
+
+    fn prepare_export(&self, _py: Python<'_>, _request: &ExportRequest<'_>) -> PyResult<()> {
+        // lazybuf's copies are complete when they return: nothing is pending on any stream.
+        Ok(())
+    }
+
+    fn export_legacy(&self, _py: Python<'_>) -> PyResult<Managed<DLManagedTensor>> {
+        self.managed()
+    }
+
+    fn export_versioned(&self, _py: Python<'_>) -> PyResult<Managed<DLManagedTensorVersioned>> {
+        self.managed()
+    }
+}

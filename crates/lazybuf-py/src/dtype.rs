@@ -1,0 +1,126 @@
+//! NumPy dtypes to lazybuf's run-time element types, and back to buffer-protocol formats.
+//!
+//! Anything `numpy.dtype(...)` accepts is accepted (`np.float32`, `"f4"`, `float`, a dtype
+//! object); bfloat16 comes from the optional `ml_dtypes` package. Unsupported types raise
+//! `TypeError` naming the supported ones.
+//!
+//! What does not live here: element sizes and names (the core's [`lazybuf::DType`]).
+
+use numpy::{PyArrayDescr, PyArrayDescrMethods};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::PyString;
+
+use lazybuf::DType;
+
+use crate::errors::bad_dtype;
+
+/// A buffer's element type: the core's tag and the NumPy descriptor its views carry.
+pub struct ElementType {
+    /// The core's element type.
+    pub dtype: DType,
+    /// The NumPy dtype of every view (for bfloat16, `ml_dtypes`'s).
+    pub descr: Py<PyArrayDescr>,
+}
+
+impl ElementType {
+    /// A second handle to the same element type.
+    pub fn clone_ref(&self, py: Python<'_>) -> ElementType {
+        ElementType { dtype: self.dtype, descr: self.descr.clone_ref(py) }
+    }
+}
+
+/// Resolves a `dtype=` argument; `None` means the default, float32.
+pub fn resolve(py: Python<'_>, obj: Option<&Bound<'_, PyAny>>) -> PyResult<ElementType> {
+    let Some(obj) = obj.filter(|o| !o.is_none()) else {
+        return Ok(float32(py));
+    };
+    if let Ok(name) = obj.cast::<PyString>()
+        && name.to_str()? == "bfloat16"
+    {
+        return bfloat16(py);
+    }
+    let descr = PyArrayDescr::new(py, obj)
+        .map_err(|err| bad_dtype(format!("{} is not a NumPy dtype ({err})", repr(obj))))?;
+    classify(descr)
+}
+
+/// Maps a NumPy descriptor to the core's element type.
+pub fn classify(descr: Bound<'_, PyArrayDescr>) -> PyResult<ElementType> {
+    if descr.has_fields() || descr.has_subarray() {
+        return Err(bad_dtype(format!("structured dtype {} has fields or subarrays", repr(&descr))));
+    }
+    if descr.is_native_byteorder() == Some(false) {
+        return Err(bad_dtype(format!("{} is not in native byte order", repr(&descr))));
+    }
+    let dtype = match (descr.kind(), descr.itemsize()) {
+        (b'f', 2) => DType::F16,
+        (b'f', 4) => DType::F32,
+        (b'f', 8) => DType::F64,
+        (b'i', 1) => DType::I8,
+        (b'i', 2) => DType::I16,
+        (b'i', 4) => DType::I32,
+        (b'i', 8) => DType::I64,
+        (b'u', 1) => DType::U8,
+        (b'u', 2) => DType::U16,
+        (b'u', 4) => DType::U32,
+        (b'u', 8) => DType::U64,
+        (_, 2) if descr.getattr("name")?.extract::<String>()? == "bfloat16" => DType::BF16,
+        _ => return Err(bad_dtype(repr(&descr))),
+    };
+    Ok(ElementType { dtype, descr: descr.unbind() })
+}
+
+fn float32(py: Python<'_>) -> ElementType {
+    static F32: PyOnceLock<Py<PyArrayDescr>> = PyOnceLock::new();
+    let descr = F32.get_or_init(py, || numpy::dtype::<f32>(py).unbind()).clone_ref(py);
+    ElementType { dtype: DType::F32, descr }
+}
+
+fn bfloat16(py: Python<'_>) -> PyResult<ElementType> {
+    let module = py.import("ml_dtypes").map_err(|_| {
+        bad_dtype("bfloat16 needs the ml_dtypes package (`pip install ml_dtypes`), which is not installed")
+    })?;
+    let descr = PyArrayDescr::new(py, module.getattr("bfloat16")?)?;
+    classify(descr)
+}
+
+/// The PEP 3118 format character of an element type (`None` for bfloat16, which has none).
+pub fn buffer_format(dtype: DType) -> Option<&'static std::ffi::CStr> {
+    Some(match dtype {
+        DType::U8 => c"B",
+        DType::U16 => c"H",
+        DType::U32 => c"I",
+        DType::U64 => c"Q",
+        DType::I8 => c"b",
+        DType::I16 => c"h",
+        DType::I32 => c"i",
+        DType::I64 => c"q",
+        DType::F16 => c"e",
+        DType::F32 => c"f",
+        DType::F64 => c"d",
+        DType::BF16 => return None,
+    })
+}
+
+/// The array-interface type string (`"<f4"`) of an element type (`None` for bfloat16).
+pub fn typestr(dtype: DType) -> Option<String> {
+    let kind = match dtype {
+        DType::F16 | DType::F32 | DType::F64 => 'f',
+        DType::I8 | DType::I16 | DType::I32 | DType::I64 => 'i',
+        DType::U8 | DType::U16 | DType::U32 | DType::U64 => 'u',
+        _ => return None,
+    };
+    let order = if dtype.size() == 1 {
+        '|'
+    } else if cfg!(target_endian = "little") {
+        '<'
+    } else {
+        '>'
+    };
+    Some(format!("{order}{kind}{}", dtype.size()))
+}
+
+fn repr(obj: &Bound<'_, PyAny>) -> String {
+    obj.repr().map(|r| r.to_string()).unwrap_or_else(|_| "<unprintable>".into())
+}

@@ -1,0 +1,65 @@
+//! The one place where lazybuf's errors become Python exceptions.
+//!
+//! The mapping follows what NumPy users expect: bad shapes, lengths and arguments raise
+//! `ValueError`, bad element types `TypeError`, memory exhaustion `MemoryError`, and runtime
+//! failures `RuntimeError` (with `BackendUnavailableError`, a `RuntimeError` subclass, for a
+//! runtime that is not installed or has no device). The message is always lazybuf's own, which
+//! names what was expected.
+//!
+//! What does not live here: validation itself (the core validates; [`crate::args`] and
+//! [`crate::dtype`] validate Python arguments before they reach it).
+
+use pyo3::exceptions::{PyMemoryError, PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::{PyErr, PyResult, create_exception};
+
+create_exception!(
+    lazybuf,
+    BackendUnavailableError,
+    PyRuntimeError,
+    "A backend (Metal, CUDA, OpenCL) is not installed, not compiled in, or has no device."
+);
+
+/// Converts a lazybuf error into the Python exception users expect.
+pub fn to_py(err: lazybuf::Error) -> PyErr {
+    use lazybuf::Error as E;
+    let message = err.to_string();
+    match err {
+        E::InvalidShape { .. } | E::LengthMismatch { .. } | E::InvalidArgument { .. } => {
+            PyValueError::new_err(message)
+        }
+        E::DeviceNotFound { .. } => PyValueError::new_err(message),
+        E::OutOfMemory { .. } | E::PinningFailed { .. } => PyMemoryError::new_err(message),
+        E::BackendUnavailable { .. } => BackendUnavailableError::new_err(message),
+        E::Runtime { .. } | E::InjectedFault { .. } => PyRuntimeError::new_err(message),
+        _ => PyRuntimeError::new_err(message),
+    }
+}
+
+/// `?`-friendly conversion of core results.
+pub trait OrPyErr<T> {
+    /// Maps the error with [`to_py`].
+    fn or_py(self) -> PyResult<T>;
+}
+
+impl<T> OrPyErr<T> for lazybuf::Result<T> {
+    fn or_py(self) -> PyResult<T> {
+        self.map_err(to_py)
+    }
+}
+
+/// The error for any use of a buffer after it was released.
+pub fn released() -> PyErr {
+    PyValueError::new_err(
+        "this UnifiedBuffer was released (to its memory pool, or by leaving its `with` block); \
+         expected a live buffer: acquire or create a new one",
+    )
+}
+
+/// The error for an element type lazybuf cannot hold.
+pub fn bad_dtype(detail: impl std::fmt::Display) -> PyErr {
+    PyTypeError::new_err(format!(
+        "unsupported dtype: {detail}; expected one of float16, float32, float64, int8, int16, \
+         int32, int64, uint8, uint16, uint32, uint64 (native byte order), or bfloat16 with the \
+         ml_dtypes package installed"
+    ))
+}

@@ -1,0 +1,46 @@
+//! The `lazybuf` Python package's extension module, `lazybuf._lazybuf`.
+//!
+//! It binds the core's untyped buffer engine ([`lazybuf::RawBuffer`]) with a run-time
+//! element type, so Python gets the seeds' `UnifiedBuffer` API with zero-copy NumPy views,
+//! plus devices, memory pools and the interop protocols NumPy, CuPy and PyOpenCL expect. No
+//! coherence logic lives here: each Python call is one access on the core buffer.
+//!
+//! Layout:
+//! - [`buffer`]: `UnifiedBuffer` and its access rules;
+//! - [`views`]: sharing Rust-owned memory with Python (every raw pointer, and the rule that
+//!   views keep memory alive);
+//! - [`device_view`]: what `.device` returns on each backend;
+//! - [`dlpack`]: `__dlpack__` through dlpark;
+//! - [`accelerator`]: devices, `get_accelerator()`, the current device;
+//! - [`dtype`], [`args`]: argument validation; [`errors`]: exception mapping; [`state`]:
+//!   `BufferState` members.
+//!
+//! The pure-Python side (`python/lazybuf/`) holds the `BufferState` enum, stubs and
+//! `py.typed`.
+
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod accelerator;
+pub mod args;
+pub mod buffer;
+pub mod device_view;
+pub mod dlpack;
+pub mod dtype;
+pub mod errors;
+pub mod state;
+pub mod views;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+fn _lazybuf(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<buffer::UnifiedBuffer>()?;
+    m.add_class::<accelerator::PyDevice>()?;
+    m.add_class::<accelerator::Accelerator>()?;
+    m.add_class::<device_view::DeviceMemoryView>()?;
+    m.add_class::<views::MemoryOwner>()?;
+    m.add_function(wrap_pyfunction!(accelerator::get_accelerator, m)?)?;
+    m.add_function(wrap_pyfunction!(buffer::_rebuild_buffer, m)?)?;
+    m.add("BackendUnavailableError", m.py().get_type::<errors::BackendUnavailableError>())?;
+    Ok(())
+}

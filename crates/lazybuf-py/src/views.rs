@@ -1,0 +1,374 @@
+//! The binding's raw-memory edge: where a buffer's Rust-owned memory is shared with Python.
+//!
+//! A buffer's [`RawBuffer`] lives in a [`Storage`] behind an `Arc`. Everything Python can hold
+//! that points into the memory (NumPy views, buffer-protocol exports, DLPack capsules,
+//! PyOpenCL and CuPy arrays) holds a clone of that `Arc`, through a [`MemoryOwner`] object
+//! (a NumPy view's `.base`) or directly. So the memory is freed, or returned to its pool, only
+//! when the buffer *and* every such view are gone: a view that outlives its buffer, or a
+//! buffer released to a pool while views of it exist, never reads freed memory.
+//!
+//! Every pointer this module hands to Python comes from the storage it is tied to, and every
+//! `unsafe` block in the binding except DLPack's finishing step is here. The host block of a
+//! `RawBuffer` never moves once allocated: it is freed only when the `RawBuffer` is dropped
+//! (the binding never calls `release_memory`), and an access that fails frees only blocks it
+//! allocated itself, which no view can have seen.
+//!
+//! What does not live here: coherence (each function makes one access on the core buffer and
+//! lets it decide what moves) and the choice of access (the `UnifiedBuffer` methods).
+
+use std::ffi::{c_int, c_void};
+use std::ptr::{self, NonNull};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use numpy::npyffi::{self, NPY_ARRAY_C_CONTIGUOUS, NPY_ARRAY_WRITEABLE, PY_ARRAY_API, npy_intp};
+use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::exceptions::{PyBufferError, PyValueError};
+use pyo3::ffi;
+use pyo3::prelude::*;
+
+use lazybuf::backend::RawMemory;
+use lazybuf::coherence::Access;
+use lazybuf::{DType, Device, RawBuffer};
+
+use crate::dtype::buffer_format;
+use crate::errors::OrPyErr;
+
+/// A buffer's memory, shared by the buffer and every view of it.
+pub struct Storage {
+    raw: Mutex<RawBuffer>,
+}
+
+/// Keeps a buffer's memory alive: the `.base` of every NumPy view lazybuf makes, and the
+/// owner attached to PyOpenCL and CuPy arrays.
+#[pyclass(name = "MemoryOwner", module = "lazybuf", frozen)]
+pub struct MemoryOwner {
+    storage: Arc<Storage>,
+}
+
+#[pymethods]
+impl MemoryOwner {
+    fn __repr__(&self) -> String {
+        format!("<lazybuf.MemoryOwner of {} bytes>", self.storage.lock().nbytes())
+    }
+}
+
+impl MemoryOwner {
+    /// An owner that keeps `storage` alive.
+    pub fn new(storage: &Arc<Storage>) -> Self {
+        MemoryOwner { storage: Arc::clone(storage) }
+    }
+}
+
+/// An address for empty views: NumPy wants a non-null, aligned pointer even for no bytes.
+pub fn empty_address() -> *mut u8 {
+    #[repr(align(64))]
+    struct Line;
+    NonNull::<Line>::dangling().as_ptr().cast()
+}
+
+impl Storage {
+    /// Wraps a core buffer.
+    pub fn new(raw: RawBuffer) -> Arc<Storage> {
+        Arc::new(Storage { raw: Mutex::new(raw) })
+    }
+
+    /// The core buffer. Never held while Python code runs.
+    pub fn lock(&self) -> MutexGuard<'_, RawBuffer> {
+        // A poisoned lock means a panic happened while it was held; the buffer's own state is
+        // committed only after successful steps, so it is still consistent.
+        self.raw.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Makes the host current for `access` and returns the address of its bytes.
+    pub fn host_address(&self, access: Access) -> PyResult<*mut u8> {
+        let mut raw = self.lock();
+        let bytes = raw.host_access(access).or_py()?;
+        Ok(if bytes.is_empty() { empty_address() } else { bytes.as_mut_ptr() })
+    }
+
+    /// Makes `device`'s copy current for `access` and returns the runtime's handle to it.
+    pub fn device_handle(&self, device: &Device, access: Access) -> PyResult<RawMemory> {
+        let mut raw = self.lock();
+        let memory = raw.device_access(device, access).or_py()?;
+        // SAFETY: the handle is only passed to Python together with an owner of this storage
+        // (a MemoryOwner or a clone of the Arc), so it stays valid as long as it is reachable;
+        // writes through it bypass tracking, which is why the binding counts device views as
+        // device writes.
+        Ok(unsafe { memory.raw() })
+    }
+
+    /// A NumPy view of the host copy, made current for `access`. `cached` is returned when it
+    /// is still exactly that view (same memory, shape, dtype and writeability).
+    pub fn host_array<'py>(
+        self: &Arc<Self>,
+        py: Python<'py>,
+        access: Access,
+        shape: &[usize],
+        descr: &Bound<'py, PyArrayDescr>,
+        cached: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let address = self.host_address(access)?;
+        self.array_at(py, address, shape, descr, access != Access::Read, cached)
+    }
+
+    /// The NumPy view of host memory at `address` (from this storage) or `cached` if it is it.
+    pub fn array_at<'py>(
+        self: &Arc<Self>,
+        py: Python<'py>,
+        address: *mut u8,
+        shape: &[usize],
+        descr: &Bound<'py, PyArrayDescr>,
+        writeable: bool,
+        cached: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        if let Some(cached) = cached
+            && is_view(cached, address, shape, descr, writeable)
+        {
+            return Ok(cached.clone());
+        }
+        let owner = Bound::new(py, MemoryOwner::new(self))?.into_any();
+        // SAFETY: `address` is this storage's host block (or an alias of it, or the empty
+        // address for zero bytes), valid for the buffer's nbytes = prod(shape) * itemsize
+        // bytes for as long as the storage lives; `owner` keeps the storage alive and becomes
+        // the array's base.
+        unsafe { ndarray(py, address, shape, descr, writeable, owner) }
+    }
+
+    /// Overwrites the host copy with the bytes of `src`, a C-contiguous array of the buffer's
+    /// dtype and size (checked here; nothing changes when the check fails).
+    pub fn copy_from_array(&self, src: &Bound<'_, PyUntypedArray>) -> PyResult<()> {
+        let itemsize = src.dtype().itemsize();
+        let nbytes = src.len() * itemsize;
+        let mut raw = self.lock();
+        if !src.is_c_contiguous() || nbytes != raw.nbytes() {
+            return Err(PyValueError::new_err(format!(
+                "copy_from: expected a C-contiguous array of {} bytes, got {nbytes} bytes",
+                raw.nbytes()
+            )));
+        }
+        let n = raw.nbytes();
+        // SAFETY: src is a live NumPy array (borrowed for this call); its fields are valid.
+        let source = unsafe { (*npyffi::_PyArray_GET_ITEM_DATA(src.as_array_ptr())).data }.cast::<u8>();
+        let destination = raw.host_access(Access::Overwrite).or_py()?[..n].as_mut_ptr();
+        if n > 0 && !ptr::eq(source, destination) {
+            // SAFETY: source is valid for n bytes (a C-contiguous array of n bytes); the
+            // destination slice has n bytes. The two never overlap: an array that shares bytes
+            // with this buffer and has its exact size and contiguity starts at the same
+            // address, which is excluded above.
+            unsafe { ptr::copy_nonoverlapping(source, destination, n) };
+        }
+        Ok(())
+    }
+
+    /// A new NumPy array holding a copy of the host data (the host is made current first).
+    pub fn to_array<'py>(
+        &self,
+        py: Python<'py>,
+        shape: &[usize],
+        descr: &Bound<'py, PyArrayDescr>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        // SAFETY: a null data pointer makes NumPy allocate the array's own memory.
+        let array = unsafe { ndarray_raw(py, ptr::null_mut(), shape, descr, true) }?;
+        let mut raw = self.lock();
+        let n = raw.nbytes();
+        let source = raw.host_access(Access::Read).or_py()?[..n].as_ptr();
+        if n > 0 {
+            // SAFETY: the new array owns prod(shape) * itemsize = n bytes of fresh memory that
+            // nothing else references; the source slice has n bytes.
+            unsafe {
+                let data = (*npyffi::_PyArray_GET_ITEM_DATA(array.as_ptr().cast())).data;
+                ptr::copy_nonoverlapping(source, data.cast::<u8>(), n);
+            }
+        }
+        Ok(array)
+    }
+
+    /// Fills every element with the bytes of the 0-d array `value` (where the data is current).
+    pub fn fill_from_scalar(&self, value: &Bound<'_, PyUntypedArray>) -> PyResult<()> {
+        let n = value.dtype().itemsize();
+        if value.len() != 1 || !value.is_c_contiguous() {
+            return Err(PyValueError::new_err("fill: expected a single scalar value"));
+        }
+        // SAFETY: value is a live array holding exactly one element of n bytes.
+        let pattern = unsafe {
+            let data = (*npyffi::_PyArray_GET_ITEM_DATA(value.as_array_ptr())).data;
+            std::slice::from_raw_parts(data.cast::<u8>(), n).to_vec()
+        };
+        self.lock().fill(&pattern).or_py()
+    }
+}
+
+/// Whether `array` is the NumPy view [`ndarray`] makes for these arguments (its metadata can
+/// be changed in place from Python, e.g. `a.shape = ...`, so a cached view is checked).
+fn is_view(
+    array: &Bound<'_, PyAny>,
+    address: *mut u8,
+    shape: &[usize],
+    descr: &Bound<'_, PyArrayDescr>,
+    writeable: bool,
+) -> bool {
+    let Ok(array) = array.cast::<PyUntypedArray>() else {
+        return false;
+    };
+    // SAFETY: array is a live NumPy array; its fields are valid while it is borrowed.
+    let fields = unsafe { &*npyffi::_PyArray_GET_ITEM_DATA(array.as_array_ptr()) };
+    let flags_ok = fields.flags & NPY_ARRAY_C_CONTIGUOUS != 0
+        && (fields.flags & NPY_ARRAY_WRITEABLE != 0) == writeable;
+    fields.data.cast::<u8>() == address
+        && fields.descr == descr.as_dtype_ptr()
+        && flags_ok
+        && array.shape() == shape
+}
+
+/// A NumPy array over `address` whose base is `owner`.
+///
+/// # Safety
+/// `address` must be valid for `prod(shape) * descr.itemsize` bytes (reads, and writes when
+/// `writeable`) for as long as `owner` lives.
+unsafe fn ndarray<'py>(
+    py: Python<'py>,
+    address: *mut u8,
+    shape: &[usize],
+    descr: &Bound<'py, PyArrayDescr>,
+    writeable: bool,
+    owner: Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    // SAFETY: forwarded contract; address is non-null, so NumPy allocates nothing.
+    let array = unsafe { ndarray_raw(py, address, shape, descr, writeable) }?;
+    // SAFETY: array is a new NumPy array; SetBaseObject steals the owner reference, also
+    // on failure.
+    let status = unsafe { PY_ARRAY_API.PyArray_SetBaseObject(py, array.as_ptr().cast(), owner.into_ptr()) };
+    if status < 0 {
+        return Err(PyErr::fetch(py));
+    }
+    Ok(array)
+}
+
+/// `PyArray_NewFromDescr` for a C-contiguous array at `address` (null: NumPy allocates).
+///
+/// # Safety
+/// A non-null `address` must be valid for the array's bytes while the array is used.
+unsafe fn ndarray_raw<'py>(
+    py: Python<'py>,
+    address: *mut u8,
+    shape: &[usize],
+    descr: &Bound<'py, PyArrayDescr>,
+    writeable: bool,
+) -> PyResult<Bound<'py, PyAny>> {
+    let mut dims: Vec<npy_intp> = shape.iter().map(|&d| d as npy_intp).collect();
+    let flags = if writeable { NPY_ARRAY_WRITEABLE } else { 0 };
+    // SAFETY: the descriptor reference is stolen (into_dtype_ptr adds one); dims has ndim
+    // entries; null strides ask for C order; the data contract is the caller's.
+    let array = unsafe {
+        PY_ARRAY_API.PyArray_NewFromDescr(
+            py,
+            npyffi::get_type_object(py, npyffi::NpyTypes::PyArray_Type),
+            descr.clone().into_dtype_ptr(),
+            dims.len() as c_int,
+            dims.as_mut_ptr(),
+            ptr::null_mut(),
+            address.cast::<c_void>(),
+            flags,
+            ptr::null_mut(),
+        )
+    };
+    // SAFETY: a new reference or null with an exception set.
+    unsafe { Bound::from_owned_ptr_or_err(py, array) }
+}
+
+/// What a buffer-protocol export holds until it is released: the memory and the metadata
+/// arrays the `Py_buffer` points into.
+struct BufferExport {
+    _storage: Arc<Storage>,
+    shape: Vec<isize>,
+    strides: Vec<isize>,
+}
+
+/// Fills a `Py_buffer` for `exporter` over the host copy: writable (a host write) when the
+/// consumer asks for `PyBUF_WRITABLE`, else read-only (a host read).
+///
+/// # Safety
+/// `view` must be the `Py_buffer` CPython passed to `bf_getbuffer`.
+pub unsafe fn export_buffer(
+    view: *mut ffi::Py_buffer,
+    flags: c_int,
+    exporter: Bound<'_, PyAny>,
+    storage: &Arc<Storage>,
+    shape: &[usize],
+    dtype: DType,
+) -> PyResult<()> {
+    if view.is_null() {
+        return Err(PyBufferError::new_err("the buffer protocol passed a null Py_buffer"));
+    }
+    // SAFETY: view is valid (checked non-null; CPython's contract); obj must be NULL on error.
+    unsafe { (*view).obj = ptr::null_mut() };
+    let format = buffer_format(dtype).ok_or_else(|| {
+        PyBufferError::new_err(format!(
+            "{dtype} has no buffer-protocol format; use .host or __dlpack__ instead"
+        ))
+    })?;
+    let fortran = flags & ffi::PyBUF_F_CONTIGUOUS == ffi::PyBUF_F_CONTIGUOUS;
+    if fortran && shape.iter().filter(|&&d| d > 1).count() > 1 {
+        return Err(PyBufferError::new_err("the buffer is C-contiguous, not Fortran-contiguous"));
+    }
+    let writable = flags & ffi::PyBUF_WRITABLE == ffi::PyBUF_WRITABLE;
+    let access = if writable { Access::Write } else { Access::Read };
+    let address = storage.host_address(access)?;
+    let itemsize = dtype.size() as isize;
+    let mut strides = vec![itemsize; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        strides[i] = strides[i + 1] * shape[i + 1] as isize;
+    }
+    let mut export = Box::new(BufferExport {
+        _storage: Arc::clone(storage),
+        shape: shape.iter().map(|&d| d as isize).collect(),
+        strides,
+    });
+    let nbytes = shape.iter().product::<usize>() as isize * itemsize;
+    // SAFETY: view is valid; the shape and strides arrays live in the boxed export, which is
+    // freed only in release_buffer; the format is a static string; address is valid for
+    // nbytes while the export's storage clone lives; obj takes a new reference to exporter.
+    unsafe {
+        (*view).buf = address.cast();
+        (*view).len = nbytes;
+        (*view).readonly = c_int::from(!writable);
+        (*view).itemsize = itemsize;
+        (*view).format =
+            if flags & ffi::PyBUF_FORMAT == ffi::PyBUF_FORMAT { format.as_ptr().cast_mut() } else { ptr::null_mut() };
+        (*view).ndim = shape.len() as c_int;
+        let nd = flags & ffi::PyBUF_ND == ffi::PyBUF_ND;
+        let strided = flags & ffi::PyBUF_STRIDES == ffi::PyBUF_STRIDES;
+        (*view).shape = if nd { export.shape.as_mut_ptr() } else { ptr::null_mut() };
+        (*view).strides = if strided { export.strides.as_mut_ptr() } else { ptr::null_mut() };
+        (*view).suboffsets = ptr::null_mut();
+        (*view).internal = Box::into_raw(export).cast();
+        (*view).obj = exporter.into_ptr();
+    }
+    Ok(())
+}
+
+/// Frees what [`export_buffer`] attached to `view` (the memory may go back to its pool now).
+///
+/// # Safety
+/// `view` must be a `Py_buffer` filled by [`export_buffer`], released once.
+pub unsafe fn release_buffer(view: *mut ffi::Py_buffer) {
+    if view.is_null() {
+        return;
+    }
+    // SAFETY: internal is the boxed export set by export_buffer (or null); taken once.
+    unsafe {
+        let internal = (*view).internal;
+        if !internal.is_null() {
+            (*view).internal = ptr::null_mut();
+            drop(Box::from_raw(internal.cast::<BufferExport>()));
+        }
+    }
+}
+
+/// The runtime handles of `device` (context, queue or stream), as integers for Python
+/// libraries that wrap them (PyOpenCL retains what it wraps).
+pub fn device_handles(device: &Device) -> lazybuf::backend::RawDevice {
+    // SAFETY: the handles are borrowed from a device opened by discovery, which lives for the
+    // whole process; Python wrappers that keep them retain them (PyOpenCL's retain=True).
+    unsafe { device.raw() }
+}
