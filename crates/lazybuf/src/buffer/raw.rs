@@ -13,7 +13,7 @@ use std::sync::Arc;
 use crate::backend::DeviceMemory;
 use crate::coherence::{Access, BufferState, Coherence, DeviceId, Location, Plan, Residency, Step};
 use crate::device::Device;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::host_memory::{HostMemory, fill_pattern};
 use crate::resource::{DirectResource, MemoryResource};
 
@@ -290,33 +290,28 @@ impl RawBuffer {
 
     fn allocate_on(&mut self, device: &Device, undo: &mut Undo, stats: &mut TransferStats) -> Result<()> {
         let backend = device.backend();
-        let memory = match self.host.as_mut().map(|h| backend.alias_host(h)) {
-            Some(Some(alias)) => alias?,
-            Some(None) => self.resource.allocate_device(device, self.nbytes)?,
-            None => {
-                // Only allocate a host block here for a device that would alias it.
-                let mut block = self.resource.allocate_host(&self.home, self.nbytes, self.pinned)?;
-                match backend.alias_host(&mut block) {
-                    Some(Ok(alias)) => {
-                        self.host = Some(block);
-                        undo.host_block = true;
-                        stats.allocations += 1;
-                        alias
-                    }
-                    Some(Err(err)) => {
-                        self.resource.deallocate_host(&self.home, block);
-                        return Err(err);
-                    }
-                    None => {
-                        self.resource.deallocate_host(&self.home, block);
-                        self.resource.allocate_device(device, self.nbytes)?
-                    }
-                }
+        let memory = if backend.zero_copy(self.nbytes) {
+            // The device's copy is the host block itself: make sure the block exists (its
+            // residency stays as it is), then alias it.
+            if self.host.is_none() {
+                self.host = Some(self.resource.allocate_host(&self.home, self.nbytes, self.pinned)?);
+                undo.host_block = true;
+                stats.allocations += 1;
             }
-        };
-        if !memory.is_host_alias() {
+            let host = self.host.as_mut().expect("the host block was just ensured");
+            backend.alias_host(host).unwrap_or_else(|| {
+                Err(Error::invalid(
+                    "alias_host",
+                    format!(
+                        "{device} reports zero-copy for {} bytes but did not alias the host block",
+                        self.nbytes
+                    ),
+                ))
+            })?
+        } else {
             stats.allocations += 1;
-        }
+            self.resource.allocate_device(device, self.nbytes)?
+        };
         self.copies.push(DeviceCopy { device: device.clone(), memory });
         undo.device = Some(device.id());
         Ok(())

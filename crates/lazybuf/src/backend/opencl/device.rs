@@ -181,8 +181,12 @@ impl Backend for OpenClBackend {
         Ok(DeviceMemory::new(bytes, false, Box::new(memory)))
     }
 
+    fn zero_copy(&self, bytes: usize) -> bool {
+        self.info.shares_host_memory && bytes >= ALIAS_MIN_BYTES
+    }
+
     fn alias_host(&self, host: &mut HostMemory) -> Option<Result<DeviceMemory>> {
-        if !self.info.shares_host_memory || host.len() < ALIAS_MIN_BYTES {
+        if !self.zero_copy(host.len()) {
             return None;
         }
         let flags = clmem::CL_MEM_READ_WRITE | clmem::CL_MEM_USE_HOST_PTR;
