@@ -14,7 +14,7 @@
 mod device;
 mod memory;
 
-pub use device::OpenClBackend;
+pub use device::{ALIAS_MIN_BYTES, OpenClBackend, OpenClOptions};
 pub use memory::OpenClMemory;
 
 use std::sync::Arc;
