@@ -176,7 +176,9 @@ fn main() {
         // SAFETY (bench): reading the device id of a live device.
         let RawDevice::OpenCl { device: id, .. } = (unsafe { device.raw() }) else { unreachable!() };
         let no_zero_copy = OpenClOptions { zero_copy_min_bytes: usize::MAX };
-        let copying = Device::from_backend(Arc::new(OpenClBackend::open_with(id, no_zero_copy).unwrap()));
+        // SAFETY (bench): `id` is the device id of a live OpenCL device.
+        let backend = unsafe { OpenClBackend::open_with(id, no_zero_copy) }.unwrap();
+        let copying = Device::from_backend(Arc::new(backend));
         let name = format!("dev{i}");
         report.push((device.name().to_string(), bench_device(&mut c, &name, device, &copying)));
     }

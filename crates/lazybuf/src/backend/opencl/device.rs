@@ -82,12 +82,20 @@ fn complete(call: &'static str, event: cl_event) -> Result<()> {
 
 impl OpenClBackend {
     /// Opens `device` with a new context and an in-order queue.
-    pub fn open(device: cl_device_id) -> Result<Self> {
-        Self::open_with(device, OpenClOptions::default())
+    ///
+    /// # Safety
+    /// `device` is a valid `cl_device_id` of a loaded OpenCL platform (from
+    /// `clGetDeviceIDs`, or [`crate::Device::raw`] of a live OpenCL device).
+    pub unsafe fn open(device: cl_device_id) -> Result<Self> {
+        // SAFETY: forwarded contract.
+        unsafe { Self::open_with(device, OpenClOptions::default()) }
     }
 
     /// Opens `device` with explicit options.
-    pub fn open_with(device: cl_device_id, options: OpenClOptions) -> Result<Self> {
+    ///
+    /// # Safety
+    /// As for [`OpenClBackend::open`].
+    pub unsafe fn open_with(device: cl_device_id, options: OpenClOptions) -> Result<Self> {
         let kind = info_u64(device, dev::CL_DEVICE_TYPE).unwrap_or(0);
         let info = DeviceInfo {
             name: info_string(device, dev::CL_DEVICE_NAME).unwrap_or_else(|| "OpenCL device".into()),
@@ -281,7 +289,9 @@ impl Backend for OpenClBackend {
     fn fill(&self, dst: &mut DeviceMemory, pattern: &[u8], bytes: usize) -> Result<()> {
         check_fits("fill", dst.len(), bytes)?;
         let dst = self.memory(dst)?;
-        if !matches!(pattern.len(), 1 | 2 | 4 | 8 | 16 | 32 | 64 | 128) || bytes % pattern.len() != 0 {
+        if !matches!(pattern.len(), 1 | 2 | 4 | 8 | 16 | 32 | 64 | 128)
+            || !bytes.is_multiple_of(pattern.len())
+        {
             return Err(Error::invalid(
                 "fill",
                 format!(

@@ -43,7 +43,9 @@ pub fn open_all() -> Result<Vec<Device>> {
             continue;
         };
         for id in ids {
-            devices.push(Device::from_backend(Arc::new(OpenClBackend::open(id)?)));
+            // SAFETY: `id` was just returned by clGetDeviceIDs for a loaded platform.
+            let backend = unsafe { OpenClBackend::open(id) }?;
+            devices.push(Device::from_backend(Arc::new(backend)));
         }
     }
     Ok(devices)
