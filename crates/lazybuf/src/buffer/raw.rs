@@ -5,8 +5,9 @@
 //! copies, and commits the new state only when all of them succeeded; on any failure it frees
 //! what it allocated in this call and returns the error, so state and valid bytes are as they
 //! were. Memory comes from, and goes back to, the buffer's [`MemoryResource`]; blocks may be
-//! larger than the buffer, which uses their first `nbytes`. Element types are the typed wrapper's business ([`super::UnifiedBuffer`]) and the
-//! Python binding's; here everything is bytes.
+//! larger than the buffer, which uses their first `nbytes`. Element types are the typed
+//! wrapper's business ([`super::UnifiedBuffer`]) and the Python binding's: here everything is
+//! bytes.
 
 use std::sync::Arc;
 
@@ -28,7 +29,8 @@ pub struct TransferStats {
     pub device_to_device: Traffic,
     /// Syncs between the host and a device that aliases host memory: no bytes moved.
     pub zero_copy_syncs: u64,
-    /// Memory allocations made (host blocks and device allocations).
+    /// Blocks taken from the memory resource (host blocks and device allocations; a pool may
+    /// serve them from its cache).
     pub allocations: u64,
 }
 
