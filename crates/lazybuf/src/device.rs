@@ -99,6 +99,13 @@ impl Device {
         self.backend.memory_info()
     }
 
+    /// Whether syncs of a buffer of `bytes` between the host and this device move no bytes
+    /// (the device's copy aliases host memory: the host device always; a host-sharing OpenCL
+    /// device from 1 MiB up).
+    pub fn is_zero_copy(&self, bytes: usize) -> bool {
+        self.backend.zero_copy(bytes)
+    }
+
     /// Waits for all work queued on the device.
     pub fn synchronize(&self) -> Result<()> {
         self.backend.synchronize()

@@ -38,6 +38,11 @@ pub use error::{BackendKind, Error, Result, RuntimeCode};
 pub use half::{bf16, f16};
 pub use resource::{DirectResource, MemoryResource};
 
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeDoctests;
+
 #[cfg(test)]
 mod send_sync {
     fn assert_send_sync<T: Send + Sync>() {}

@@ -106,6 +106,10 @@ impl Backend for FaultyDevice {
         self.inner.backend().allocate(bytes)
     }
 
+    fn zero_copy(&self, bytes: usize) -> bool {
+        self.inner.backend().zero_copy(bytes)
+    }
+
     fn alias_host(&self, host: &mut HostMemory) -> Option<Result<DeviceMemory>> {
         let alias = self.inner.backend().alias_host(host)?;
         Some(self.allocation().and(alias))

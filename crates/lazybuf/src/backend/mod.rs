@@ -43,8 +43,15 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// Allocates `bytes` of device memory with unspecified contents.
     fn allocate(&self, bytes: usize) -> Result<DeviceMemory>;
 
-    /// Device memory that aliases `host` (zero-copy), if this device shares host memory and
-    /// aliasing pays off for a block of this size; `None` to use [`Backend::allocate`].
+    /// Whether a buffer of `bytes` on this device aliases its host block, so that its syncs
+    /// move no bytes. [`Backend::alias_host`] must alias exactly when this is true.
+    fn zero_copy(&self, bytes: usize) -> bool {
+        let _ = bytes;
+        false
+    }
+
+    /// Device memory that aliases `host` (zero-copy) when [`Backend::zero_copy`] says so for
+    /// its size; `None` to use [`Backend::allocate`].
     /// Uploads and downloads between an alias and its own host block move no bytes; with any
     /// other host memory they copy as usual.
     fn alias_host(&self, host: &mut HostMemory) -> Option<Result<DeviceMemory>> {

@@ -5,15 +5,16 @@
 //! copies, and commits the new state only when all of them succeeded; on any failure it frees
 //! what it allocated in this call and returns the error, so state and valid bytes are as they
 //! were. Memory comes from, and goes back to, the buffer's [`MemoryResource`]; blocks may be
-//! larger than the buffer, which uses their first `nbytes`. Element types are the typed wrapper's business ([`super::UnifiedBuffer`]) and the
-//! Python binding's; here everything is bytes.
+//! larger than the buffer, which uses their first `nbytes`. Element types are the typed
+//! wrapper's business ([`super::UnifiedBuffer`]) and the Python binding's: here everything is
+//! bytes.
 
 use std::sync::Arc;
 
 use crate::backend::DeviceMemory;
 use crate::coherence::{Access, BufferState, Coherence, DeviceId, Location, Plan, Residency, Step};
 use crate::device::Device;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::host_memory::{HostMemory, fill_pattern};
 use crate::resource::{DirectResource, MemoryResource};
 
@@ -28,7 +29,8 @@ pub struct TransferStats {
     pub device_to_device: Traffic,
     /// Syncs between the host and a device that aliases host memory: no bytes moved.
     pub zero_copy_syncs: u64,
-    /// Memory allocations made (host blocks and device allocations).
+    /// Blocks taken from the memory resource (host blocks and device allocations; a pool may
+    /// serve them from its cache).
     pub allocations: u64,
 }
 
@@ -290,33 +292,28 @@ impl RawBuffer {
 
     fn allocate_on(&mut self, device: &Device, undo: &mut Undo, stats: &mut TransferStats) -> Result<()> {
         let backend = device.backend();
-        let memory = match self.host.as_mut().map(|h| backend.alias_host(h)) {
-            Some(Some(alias)) => alias?,
-            Some(None) => self.resource.allocate_device(device, self.nbytes)?,
-            None => {
-                // Only allocate a host block here for a device that would alias it.
-                let mut block = self.resource.allocate_host(&self.home, self.nbytes, self.pinned)?;
-                match backend.alias_host(&mut block) {
-                    Some(Ok(alias)) => {
-                        self.host = Some(block);
-                        undo.host_block = true;
-                        stats.allocations += 1;
-                        alias
-                    }
-                    Some(Err(err)) => {
-                        self.resource.deallocate_host(&self.home, block);
-                        return Err(err);
-                    }
-                    None => {
-                        self.resource.deallocate_host(&self.home, block);
-                        self.resource.allocate_device(device, self.nbytes)?
-                    }
-                }
+        let memory = if backend.zero_copy(self.nbytes) {
+            // The device's copy is the host block itself: make sure the block exists (its
+            // residency stays as it is), then alias it.
+            if self.host.is_none() {
+                self.host = Some(self.resource.allocate_host(&self.home, self.nbytes, self.pinned)?);
+                undo.host_block = true;
+                stats.allocations += 1;
             }
-        };
-        if !memory.is_host_alias() {
+            let host = self.host.as_mut().expect("the host block was just ensured");
+            backend.alias_host(host).unwrap_or_else(|| {
+                Err(Error::invalid(
+                    "alias_host",
+                    format!(
+                        "{device} reports zero-copy for {} bytes but did not alias the host block",
+                        self.nbytes
+                    ),
+                ))
+            })?
+        } else {
             stats.allocations += 1;
-        }
+            self.resource.allocate_device(device, self.nbytes)?
+        };
         self.copies.push(DeviceCopy { device: device.clone(), memory });
         undo.device = Some(device.id());
         Ok(())

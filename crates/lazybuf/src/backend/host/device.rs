@@ -56,6 +56,10 @@ impl Backend for HostBackend {
         Ok(DeviceMemory::new(bytes, false, Box::new(HostDeviceMemory::owned(block))))
     }
 
+    fn zero_copy(&self, _bytes: usize) -> bool {
+        true
+    }
+
     fn alias_host(&self, host: &mut HostMemory) -> Option<Result<DeviceMemory>> {
         Some(Ok(DeviceMemory::new(host.len(), true, Box::new(HostDeviceMemory::alias(host)))))
     }

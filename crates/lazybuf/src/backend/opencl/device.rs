@@ -22,10 +22,25 @@ use crate::host_memory::HostMemory;
 /// because a map/unmap pair costs more than copying them (docs/BENCHMARKS.md).
 pub const ALIAS_MIN_BYTES: usize = 1 << 20;
 
+/// How an OpenCL device is opened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OpenClOptions {
+    /// On a host-sharing device, buffers of at least this many bytes alias host memory and
+    /// sync by map/unmap; smaller ones copy. `usize::MAX` always copies.
+    pub zero_copy_min_bytes: usize,
+}
+
+impl Default for OpenClOptions {
+    fn default() -> Self {
+        OpenClOptions { zero_copy_min_bytes: ALIAS_MIN_BYTES }
+    }
+}
+
 /// One OpenCL device with its own context and in-order command queue.
 #[derive(Debug)]
 pub struct OpenClBackend {
     info: DeviceInfo,
+    options: OpenClOptions,
     device: cl_device_id,
     context: cl_context,
     queue: cl_command_queue,
@@ -67,7 +82,20 @@ fn complete(call: &'static str, event: cl_event) -> Result<()> {
 
 impl OpenClBackend {
     /// Opens `device` with a new context and an in-order queue.
-    pub fn open(device: cl_device_id) -> Result<Self> {
+    ///
+    /// # Safety
+    /// `device` is a valid `cl_device_id` of a loaded OpenCL platform (from
+    /// `clGetDeviceIDs`, or [`crate::Device::raw`] of a live OpenCL device).
+    pub unsafe fn open(device: cl_device_id) -> Result<Self> {
+        // SAFETY: forwarded contract.
+        unsafe { Self::open_with(device, OpenClOptions::default()) }
+    }
+
+    /// Opens `device` with explicit options.
+    ///
+    /// # Safety
+    /// As for [`OpenClBackend::open`].
+    pub unsafe fn open_with(device: cl_device_id, options: OpenClOptions) -> Result<Self> {
         let kind = info_u64(device, dev::CL_DEVICE_TYPE).unwrap_or(0);
         let info = DeviceInfo {
             name: info_string(device, dev::CL_DEVICE_NAME).unwrap_or_else(|| "OpenCL device".into()),
@@ -91,7 +119,15 @@ impl OpenClBackend {
                 return Err(cl_error("clCreateCommandQueue", code));
             }
         };
-        Ok(OpenClBackend { info, device, context, queue, max_alloc, held: Arc::new(AtomicU64::new(0)) })
+        Ok(OpenClBackend {
+            info,
+            options,
+            device,
+            context,
+            queue,
+            max_alloc,
+            held: Arc::new(AtomicU64::new(0)),
+        })
     }
 
     fn memory<'m>(&self, memory: &'m DeviceMemory) -> Result<&'m OpenClMemory> {
@@ -181,8 +217,12 @@ impl Backend for OpenClBackend {
         Ok(DeviceMemory::new(bytes, false, Box::new(memory)))
     }
 
+    fn zero_copy(&self, bytes: usize) -> bool {
+        self.info.shares_host_memory && bytes >= self.options.zero_copy_min_bytes
+    }
+
     fn alias_host(&self, host: &mut HostMemory) -> Option<Result<DeviceMemory>> {
-        if !self.info.shares_host_memory || host.len() < ALIAS_MIN_BYTES {
+        if !self.zero_copy(host.len()) {
             return None;
         }
         let flags = clmem::CL_MEM_READ_WRITE | clmem::CL_MEM_USE_HOST_PTR;
@@ -249,7 +289,9 @@ impl Backend for OpenClBackend {
     fn fill(&self, dst: &mut DeviceMemory, pattern: &[u8], bytes: usize) -> Result<()> {
         check_fits("fill", dst.len(), bytes)?;
         let dst = self.memory(dst)?;
-        if !matches!(pattern.len(), 1 | 2 | 4 | 8 | 16 | 32 | 64 | 128) || bytes % pattern.len() != 0 {
+        if !matches!(pattern.len(), 1 | 2 | 4 | 8 | 16 | 32 | 64 | 128)
+            || !bytes.is_multiple_of(pattern.len())
+        {
             return Err(Error::invalid(
                 "fill",
                 format!(

@@ -14,7 +14,7 @@
 mod device;
 mod memory;
 
-pub use device::OpenClBackend;
+pub use device::{ALIAS_MIN_BYTES, OpenClBackend, OpenClOptions};
 pub use memory::OpenClMemory;
 
 use std::sync::Arc;
@@ -43,7 +43,9 @@ pub fn open_all() -> Result<Vec<Device>> {
             continue;
         };
         for id in ids {
-            devices.push(Device::from_backend(Arc::new(OpenClBackend::open(id)?)));
+            // SAFETY: `id` was just returned by clGetDeviceIDs for a loaded platform.
+            let backend = unsafe { OpenClBackend::open(id) }?;
+            devices.push(Device::from_backend(Arc::new(backend)));
         }
     }
     Ok(devices)

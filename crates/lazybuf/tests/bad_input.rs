@@ -1,0 +1,74 @@
+//! Bad input (SPEC section 6, the parts that apply to the Rust core): each gets a clear error
+//! naming what was expected, and nothing already stored is lost.
+
+mod common;
+
+use common::pattern;
+use lazybuf::{BackendKind, BufferState, Device, Error, UnifiedBuffer};
+
+#[test]
+fn shapes_whose_count_or_size_overflows() {
+    let host = Device::host();
+    let err = UnifiedBuffer::<u8>::on(&[usize::MAX, 2], &host).unwrap_err();
+    assert!(matches!(err, Error::InvalidShape { .. }), "{err}");
+    assert!(err.to_string().contains("element count overflows"), "{err}");
+    let err = UnifiedBuffer::<f64>::on(&[1 << 61], &host).unwrap_err();
+    assert!(err.to_string().contains("exceed the largest possible allocation"), "{err}");
+    assert!(!err.is_retryable());
+}
+
+#[test]
+fn copies_of_the_wrong_length() {
+    for device in common::devices() {
+        let mut buf = UnifiedBuffer::from_slice(&pattern(1, 10), &device).unwrap();
+        let err = buf.copy_from(&[1, 2, 3]).unwrap_err();
+        assert_eq!(err.to_string(), "length mismatch in copy_from: expected 10 elements, got 3");
+        let err = buf.copy_to(&mut [0; 11]).unwrap_err();
+        assert_eq!(err.to_string(), "length mismatch in copy_to: expected 10 elements, got 11");
+        let err = buf.device().unwrap().read_into(&mut [0; 9]).unwrap_err();
+        assert!(matches!(err, Error::LengthMismatch { expected: 10, actual: 9, .. }), "{err}");
+        let err = buf.device_mut().unwrap().write_from(&[0; 12]).unwrap_err();
+        assert!(matches!(err, Error::LengthMismatch { expected: 10, actual: 12, .. }), "{err}");
+        assert_eq!(buf.to_vec().unwrap(), pattern(1, 10), "nothing stored was lost on {device}");
+    }
+    let err = UnifiedBuffer::from_vec(vec![1u32, 2, 3], &[2, 2], &Device::host()).unwrap_err();
+    assert!(matches!(err, Error::LengthMismatch { expected: 4, actual: 3, .. }), "{err}");
+}
+
+#[test]
+fn wrapping_an_untyped_buffer_of_another_size() {
+    let raw = lazybuf::RawBuffer::new(12, Device::host(), false);
+    let err = UnifiedBuffer::<f64>::from_raw(&[2], raw).unwrap_err();
+    assert!(matches!(err, Error::LengthMismatch { expected: 12, actual: 16, .. }), "{err}");
+}
+
+#[test]
+fn host_allocations_larger_than_memory_fail_cleanly() {
+    // 64 TiB: no machine here has it, so the allocation must fail, not abort.
+    let mut buf = UnifiedBuffer::<u8>::on(&[1 << 46], &Device::host()).unwrap();
+    let err = buf.host_mut().unwrap_err();
+    assert!(err.is_out_of_memory(), "{err}");
+    assert!(err.to_string().contains("could not allocate 70368744177664 bytes"), "{err}");
+    assert_eq!(buf.state(), BufferState::Uninitialized);
+}
+
+#[test]
+fn device_allocations_larger_than_the_device_fail_cleanly() {
+    for device in common::devices_of(BackendKind::OpenCl) {
+        let too_big = device.info().total_memory as usize * 2;
+        let mut buf = UnifiedBuffer::<u8>::on(&[too_big], &device).unwrap();
+        let err = buf.device_overwrite().unwrap_err();
+        assert!(err.to_string().contains("exceed the largest allocation"), "{device}: {err}");
+        assert_eq!(buf.state(), BufferState::Uninitialized);
+    }
+}
+
+#[test]
+fn device_selectors_that_name_nothing() {
+    let err = lazybuf::select_device("cuda:7").unwrap_err();
+    assert!(matches!(err, Error::DeviceNotFound { .. }), "{err}");
+    let err = lazybuf::select_device("metal").unwrap_err();
+    assert!(err.to_string().contains("expected one of host, gpu, opencl[:N], cuda[:N]"), "{err}");
+    let err = lazybuf::select_device("opencl:-1").unwrap_err();
+    assert!(err.to_string().contains("non-negative integer index"), "{err}");
+}

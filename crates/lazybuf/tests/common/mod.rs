@@ -1,0 +1,38 @@
+//! Shared helpers for the integration tests: the devices under test and data patterns.
+//!
+//! Every suite runs on every device lazybuf finds (the host, PoCL's OpenCL device, CUDA when a
+//! driver or the CUDA test double is loaded). `LAZYBUF_REQUIRE=opencl,cuda` makes a missing
+//! backend a failure instead of a smaller run, so CI cannot pass by finding nothing.
+
+#![allow(dead_code)]
+
+use lazybuf::{BackendKind, Device};
+
+/// Every device to test, after checking `LAZYBUF_REQUIRE`.
+pub fn devices() -> Vec<Device> {
+    let devices = lazybuf::devices();
+    if let Ok(required) = std::env::var("LAZYBUF_REQUIRE") {
+        for name in required.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            assert!(
+                devices.iter().any(|d| d.backend_kind().name() == name),
+                "LAZYBUF_REQUIRE names {name}, but lazybuf found no {name} device: {:?}",
+                lazybuf::backend_status()
+            );
+        }
+    }
+    devices
+}
+
+/// The devices of one backend.
+pub fn devices_of(kind: BackendKind) -> Vec<Device> {
+    devices().into_iter().filter(|d| d.backend_kind() == kind).collect()
+}
+
+/// A deterministic, seed-dependent pattern of `n` values.
+pub fn pattern(seed: u32, n: usize) -> Vec<u32> {
+    (0..n as u32).map(|i| i.wrapping_mul(2_654_435_761).wrapping_add(seed.wrapping_mul(40_503))).collect()
+}
+
+/// Buffer lengths (in u32 elements) that cover empty, tiny, odd, and the zero-copy sizes
+/// (1 MiB and more alias host memory on host-sharing OpenCL devices).
+pub const LENGTHS: [usize; 5] = [0, 1, 7, 1000, 300_000];

@@ -1,0 +1,118 @@
+//! End to end on real OpenCL: a kernel compiled and run by the user on lazybuf's queue writes
+//! the device copy, and the host reads the kernel's result through lazybuf.
+//!
+//! Runs on every OpenCL device found (PoCL's CPU device in CI, where `LAZYBUF_REQUIRE=opencl`
+//! makes its absence a failure), for a buffer that copies and one that aliases host memory.
+
+#![cfg(feature = "opencl")]
+
+mod common;
+
+use std::ffi::{CStr, c_void};
+use std::ptr;
+
+use lazybuf::backend::{RawDevice, RawMemory};
+use lazybuf::{BackendKind, BufferState, Device, UnifiedBuffer};
+
+const SOURCE: &str = r#"
+__kernel void scale_add(__global float* x, const float a, const float b) {
+    size_t i = get_global_id(0);
+    x[i] = x[i] * a + b;
+}
+"#;
+
+/// Compiles SOURCE for `device` and runs `scale_add(mem, a, b)` over `n` elements on the
+/// device's queue, waiting for it to finish.
+fn run_scale_add(device: &Device, mem: RawMemory, n: usize, a: f32, b: f32) {
+    // SAFETY (test): the handles are lazybuf's own context/queue/device, alive while `device`
+    // lives; nothing here releases them.
+    let RawDevice::OpenCl { context, queue, device: device_id } = (unsafe { device.raw() }) else {
+        panic!("{device} is not an OpenCL device");
+    };
+    let RawMemory::OpenCl(cl_mem) = mem else { panic!("not an OpenCL allocation: {mem:?}") };
+    let program = cl3::program::create_program_with_source(context, &[SOURCE]).unwrap();
+    cl3::program::build_program(program, &[device_id], c"", None, ptr::null_mut()).unwrap();
+    let name: &CStr = c"scale_add";
+    let kernel = cl3::kernel::create_kernel(program, name).unwrap();
+    // SAFETY (test): argument sizes and pointers match the kernel's parameters; the cl_mem is
+    // alive (the view is borrowed for the whole call); the event is released after waiting.
+    unsafe {
+        cl3::kernel::set_kernel_arg(kernel, 0, size_of::<*mut c_void>(), (&raw const cl_mem).cast()).unwrap();
+        cl3::kernel::set_kernel_arg(kernel, 1, 4, (&raw const a).cast()).unwrap();
+        cl3::kernel::set_kernel_arg(kernel, 2, 4, (&raw const b).cast()).unwrap();
+        let global = [n];
+        let event = cl3::command_queue::enqueue_nd_range_kernel(
+            queue,
+            kernel,
+            1,
+            ptr::null(),
+            global.as_ptr(),
+            ptr::null(),
+            0,
+            ptr::null(),
+        )
+        .unwrap();
+        cl3::event::wait_for_events(&[event]).unwrap();
+        cl3::event::release_event(event).unwrap();
+        cl3::kernel::release_kernel(kernel).unwrap();
+        cl3::program::release_program(program).unwrap();
+    }
+}
+
+fn opencl_devices() -> Vec<Device> {
+    common::devices_of(BackendKind::OpenCl)
+}
+
+#[test]
+fn a_kernel_writes_the_device_copy_and_the_host_reads_it() {
+    for device in opencl_devices() {
+        // 1000 floats copy; 1 Mi floats alias host memory on a host-sharing device.
+        for n in [1000usize, 1 << 20] {
+            let input: Vec<f32> = (0..n).map(|i| i as f32).collect();
+            let mut buf = UnifiedBuffer::from_slice(&input, &device).unwrap();
+            {
+                let view = buf.device_mut().unwrap();
+                // SAFETY (test): the kernel finishes before the view is dropped.
+                run_scale_add(&device, unsafe { view.raw() }, n, 2.0, 1.0);
+            }
+            assert_eq!(buf.state(), BufferState::DeviceDirty);
+            let host = buf.host().unwrap();
+            for (i, x) in host.iter().enumerate() {
+                assert_eq!(*x, i as f32 * 2.0 + 1.0, "element {i} of {n} on {device}");
+            }
+            assert_eq!(buf.state(), BufferState::Synchronized);
+        }
+    }
+}
+
+/// The seeds' pattern: sync, run the kernel on `.device`, then `mark_device_dirty()`.
+#[test]
+fn the_seed_pattern_sync_kernel_mark_dirty_read_back() {
+    for device in opencl_devices() {
+        let n = 4096;
+        let mut buf = UnifiedBuffer::<f32>::on(&[n], &device).unwrap();
+        buf.host_mut().unwrap().fill(3.0);
+        buf.sync_to_device().unwrap();
+        let raw = {
+            let view = buf.device().unwrap();
+            // SAFETY (test): the handle is used while the buffer is not touched, and the
+            // write is declared right after with mark_device_dirty.
+            unsafe { view.raw() }
+        };
+        run_scale_add(&device, raw, n, 10.0, 0.0);
+        buf.mark_device_dirty().unwrap();
+        assert_eq!(buf.state(), BufferState::DeviceDirty);
+        buf.sync_to_host().unwrap();
+        assert!(buf.host().unwrap().iter().all(|&x| x == 30.0));
+        // Host writes after the kernel reach the device on the next device access.
+        buf.host_mut().unwrap()[0] = -1.0;
+        {
+            let view = buf.device_mut().unwrap();
+            // SAFETY (test): as above.
+            run_scale_add(&device, unsafe { view.raw() }, n, 1.0, 1.0);
+        }
+        let host = buf.host().unwrap();
+        assert_eq!(host[0], 0.0);
+        assert_eq!(host[1], 31.0);
+    }
+}
