@@ -354,15 +354,17 @@ impl UnifiedBuffer {
         let scalar = scalar.cast_into::<PyUntypedArray>()?;
         if scalar.ndim() != 0 {
             return Err(PyValueError::new_err(format!(
-                "fill: expected a scalar, got an array of shape {:?}",
-                scalar.shape()
+                "fill: expected a scalar, got an array of shape {}",
+                shape_repr(scalar.shape())
             )));
         }
         storage.fill_from_scalar(&scalar)
     }
 
-    /// Copies `data` (an array-like of the buffer's shape, cast from its dtype under NumPy's
-    /// `same_kind` rule) into the host copy; the device copy becomes stale.
+    /// Copies `data` into the host copy; the device copy becomes stale. `data` has the
+    /// buffer's shape: a NumPy array whose dtype casts to the buffer's under NumPy's
+    /// `same_kind` rule, or values (a list, a buffer-protocol object) converted as
+    /// `array[...] = data` converts them.
     fn copy_from(slf: &Bound<'_, Self>, data: &Bound<'_, PyAny>) -> PyResult<()> {
         let py = slf.py();
         let (storage, descr, shape) = {
@@ -370,16 +372,22 @@ impl UnifiedBuffer {
             (Arc::clone(this.storage()?), this.descr(py).clone(), this.shape.clone())
         };
         let np = numpy_module(py)?;
+        // Arrays keep their dtype (and must cast under same_kind); other data (lists, scalars)
+        // are values, converted to the buffer's dtype as `array[...] = data` would.
         let array = match data.cast::<PyUntypedArray>() {
             Ok(array) => array.clone(),
-            Err(_) => np.call_method1("asarray", (data,))?.cast_into::<PyUntypedArray>()?,
+            Err(_) => {
+                let kwargs = PyDict::new(py);
+                kwargs.set_item("dtype", &descr)?;
+                np.call_method("asarray", (data,), Some(&kwargs))?.cast_into::<PyUntypedArray>()?
+            }
         };
         if array.shape() != shape.as_slice() {
             let hint = if array.ndim() == 0 { " (use fill() to set every element to a scalar)" } else { "" };
             return Err(PyValueError::new_err(format!(
-                "copy_from: expected data of shape {:?}, got shape {:?}{hint}",
-                shape,
-                array.shape()
+                "copy_from: expected data of shape {}, got shape {}{hint}",
+                shape_repr(&shape),
+                shape_repr(array.shape())
             )));
         }
         let from = array.dtype();
@@ -460,8 +468,8 @@ impl UnifiedBuffer {
             None => "RELEASED".into(),
         };
         Ok(format!(
-            "UnifiedBuffer(shape={:?}, dtype={}, device={}, state={state})",
-            self.shape,
+            "UnifiedBuffer(shape={}, dtype={}, device={}, state={state})",
+            shape_repr(&self.shape),
             self.elem.dtype,
             selector(&self.home)
         ))
@@ -588,6 +596,14 @@ impl UnifiedBuffer {
         let rebuild = py.import("lazybuf._lazybuf")?.getattr("_rebuild_buffer")?;
         let args = (PyTuple::new(py, &self.shape)?, self.descr(py).clone(), self.pinned, data);
         Ok((rebuild, args.into_pyobject(py)?))
+    }
+}
+
+/// A shape as Python prints a tuple: `(3,)`, `(2, 3)`, `()`.
+pub fn shape_repr(shape: &[usize]) -> String {
+    match shape {
+        [one] => format!("({one},)"),
+        _ => format!("({})", shape.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")),
     }
 }
 

@@ -174,8 +174,8 @@ impl DeviceMemoryView {
 
     /// The dimensions.
     #[getter]
-    fn shape(&self) -> Vec<usize> {
-        self.shape.clone()
+    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyTuple>> {
+        pyo3::types::PyTuple::new(py, &self.shape)
     }
 
     /// The NumPy dtype of the elements.
@@ -230,10 +230,10 @@ impl DeviceMemoryView {
 
     fn __repr__(&self) -> String {
         format!(
-            "<lazybuf.DeviceMemoryView {} ptr=0x{:x} shape={:?} dtype={} nbytes={}>",
+            "<lazybuf.DeviceMemoryView {} ptr=0x{:x} shape={} dtype={} nbytes={}>",
             self.device.backend_kind(),
             self.handle,
-            self.shape,
+            crate::buffer::shape_repr(&self.shape),
             self.dtype,
             self.nbytes
         )

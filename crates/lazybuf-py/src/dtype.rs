@@ -66,7 +66,10 @@ pub fn classify(descr: Bound<'_, PyArrayDescr>) -> PyResult<ElementType> {
         (b'u', 4) => DType::U32,
         (b'u', 8) => DType::U64,
         (_, 2) if descr.getattr("name")?.extract::<String>()? == "bfloat16" => DType::BF16,
-        _ => return Err(bad_dtype(repr(&descr))),
+        _ => {
+            let name = descr.getattr("name").map(|n| n.to_string()).unwrap_or_default();
+            return Err(bad_dtype(format!("{name} ({})", repr(&descr))));
+        }
     };
     Ok(ElementType { dtype, descr: descr.unbind() })
 }

@@ -256,7 +256,13 @@ unsafe fn ndarray_raw<'py>(
     writeable: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
     let mut dims: Vec<npy_intp> = shape.iter().map(|&d| d as npy_intp).collect();
-    let flags = if writeable { NPY_ARRAY_WRITEABLE } else { 0 };
+    // With data, the flags are the array's (C order is asked for explicitly); without, NumPy
+    // allocates a writable array and reads any non-zero flags as "Fortran order".
+    let flags = match (address.is_null(), writeable) {
+        (true, _) => 0,
+        (false, true) => NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_WRITEABLE,
+        (false, false) => NPY_ARRAY_C_CONTIGUOUS,
+    };
     // SAFETY: the descriptor reference is stolen (into_dtype_ptr adds one); dims has ndim
     // entries; null strides ask for C order; the data contract is the caller's.
     let array = unsafe {

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Builds the lazybuf Python package once (maturin, release, abi3 wheel), installs it into a
+# virtual environment with the test dependencies, and runs the Python tests (tests/python/).
+# PyOpenCL is installed so the interop tests run against the same PoCL device as the Rust
+# tests. Exits non-zero on any failure.
+#
+# Usage: bash scripts/test-python.sh [pytest args...]
+#   LAZYBUF_PY_VENV   the virtual environment to use or create (default: .venv)
+#   PYTHON            the interpreter that creates it (default: python3; needs >= 3.11)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+venv="${LAZYBUF_PY_VENV:-.venv}"
+python="${PYTHON:-python3}"
+step() { printf '\n==> %s\n' "$*"; }
+
+if [ ! -x "$venv/bin/python" ]; then
+  step "creating $venv"
+  "$python" -m venv "$venv"
+fi
+step "installing build and test dependencies into $venv"
+"$venv/bin/python" -m pip install -q --disable-pip-version-check \
+  maturin==1.16.0 numpy==2.4.6 pytest==9.2.0 pyopencl==2026.1.4 ml_dtypes==0.5.4
+
+step "building the wheel (maturin, release)"
+wheels=target/wheels-python
+rm -rf "$wheels"
+"$venv/bin/maturin" build --release --quiet --out "$wheels" --interpreter "$venv/bin/python"
+"$venv/bin/python" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps "$wheels"/lazybuf-*.whl
+
+step "pytest tests/python"
+# Run from the tests folder so `import lazybuf` is the installed wheel, not the source tree.
+cd tests/python
+exec "../../$venv/bin/python" -m pytest -q -p no:cacheprovider "$@" .

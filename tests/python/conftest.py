@@ -1,0 +1,67 @@
+"""Shared fixtures for lazybuf's Python tests.
+
+``LAZYBUF_REQUIRE=opencl`` (set by scripts/test.sh) turns a missing OpenCL device or a
+missing PyOpenCL into a failure instead of a skip, so CI cannot silently test less.
+"""
+
+import gc
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import lazybuf
+
+
+def _required(name: str) -> bool:
+    return name in os.environ.get("LAZYBUF_REQUIRE", "").lower().split(",")
+
+
+def _need(name: str, why: str) -> None:
+    if _required(name):
+        pytest.fail(f"LAZYBUF_REQUIRE names {name}, but {why}")
+    pytest.skip(why)
+
+
+@pytest.fixture
+def opencl_device() -> lazybuf.Device:
+    """The first OpenCL device (PoCL's CPU device in CI)."""
+    devices = [d for d in lazybuf.get_accelerator().devices if d.backend == "opencl"]
+    if not devices:
+        _need("opencl", f"no OpenCL device: {lazybuf.get_accelerator().backend_status}")
+    return devices[0]
+
+
+@pytest.fixture
+def pyopencl(opencl_device):
+    """PyOpenCL, which must find the same PoCL platform lazybuf uses."""
+    try:
+        import pyopencl as cl
+        import pyopencl.array  # noqa: F401
+    except ImportError as err:
+        _need("opencl", f"PyOpenCL is not installed ({err})")
+    return cl
+
+
+@pytest.fixture
+def host_device() -> lazybuf.Device:
+    return next(d for d in lazybuf.get_accelerator().devices if d.backend == "host")
+
+
+def run_python(code: str) -> subprocess.CompletedProcess:
+    """Runs `code` in a fresh interpreter (for crashes that must not take pytest down, and for
+    per-process state such as which optional packages import)."""
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def collect() -> None:
+    """Runs the garbage collector until nothing more is freed."""
+    while gc.collect():
+        pass

@@ -1,0 +1,229 @@
+"""One test per bad input: the exception NumPy users expect (ValueError for shapes, lengths
+and arguments, TypeError for types), with a message that says what was expected, and
+nothing already stored is lost."""
+
+import numpy as np
+import pytest
+
+from conftest import run_python
+from lazybuf import BufferState, UnifiedBuffer, get_accelerator
+
+# --- shapes -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "shape,match",
+    [
+        ((-1,), "negative dimensions are not allowed"),
+        (-5, "negative dimensions are not allowed"),
+        ((2, -3), "negative dimensions are not allowed"),
+        ((1,) * 65, "expected at most 64"),
+        ((2**70,), "too large"),
+        ((2**40, 2**40, 2**40), "overflows"),
+        ((2**62,), "exceed the largest possible allocation"),
+    ],
+)
+def test_bad_shape_values(shape, match):
+    with pytest.raises(ValueError, match=match):
+        UnifiedBuffer(shape, np.float64)
+
+
+@pytest.mark.parametrize(
+    "shape,match",
+    [
+        (2.5, "shape must be an int or a sequence of ints"),
+        ("abc", "shape must be an int or a sequence of ints"),
+        (None, "shape must be an int or a sequence of ints"),
+        (True, "shape must be an int or a sequence of ints"),
+        ((2, "x"), "non-integer dimension"),
+        ((2, 1.0), "non-integer dimension"),
+        ((2, False), "non-integer dimension"),
+    ],
+)
+def test_bad_shape_types(shape, match):
+    with pytest.raises(TypeError, match=match):
+        UnifiedBuffer(shape)
+
+
+# --- dtypes -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "dtype,match",
+    [
+        (np.complex64, "complex64"),
+        (np.bool_, "bool"),
+        (object, "object"),
+        ("U5", "<U5"),
+        (">f4", "native byte order"),
+        ("not-a-dtype", "not a NumPy dtype"),
+        ([("a", np.int32), ("b", np.float32)], "structured"),
+        ("datetime64[s]", "datetime64"),
+    ],
+)
+def test_unsupported_dtypes(dtype, match):
+    with pytest.raises(TypeError, match=match) as err:
+        UnifiedBuffer(4, dtype)
+    assert "expected one of float16, float32" in str(err.value)
+
+
+def test_bfloat16_without_ml_dtypes_is_a_clear_type_error():
+    result = run_python(
+        """
+        import sys
+        sys.modules["ml_dtypes"] = None   # ml_dtypes cannot be imported
+        import lazybuf
+        try:
+            lazybuf.UnifiedBuffer(4, "bfloat16")
+        except TypeError as err:
+            assert "ml_dtypes" in str(err) and "pip install ml_dtypes" in str(err), err
+            print("ok")
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+
+
+# --- devices and flags -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "device,match",
+    [
+        ("tpu", "expected one of host, gpu"),
+        ("host:7", "out of range"),
+        ("host:x", "non-negative integer"),
+        ("cuda", "cuda has no device"),
+    ],
+)
+def test_bad_device_selectors(device, match):
+    if device == "cuda" and get_accelerator().is_available("cuda"):
+        pytest.skip("this machine has a CUDA device")
+    with pytest.raises(ValueError, match=match):
+        UnifiedBuffer(4, device=device)
+
+
+def test_bad_device_type():
+    with pytest.raises(TypeError, match="device must be None, a selector string"):
+        UnifiedBuffer(4, device=3.5)
+
+
+def test_pinned_must_be_a_bool():
+    with pytest.raises(TypeError):
+        UnifiedBuffer(4, pinned="yes")
+
+
+def test_bad_select_device_arguments():
+    acc = get_accelerator()
+    with pytest.raises(IndexError, match="out of range"):
+        acc.select_device(99)
+    with pytest.raises(TypeError, match="select_device expects"):
+        acc.select_device(1.5)
+    with pytest.raises(ValueError, match="no device matches"):
+        acc.select_device("nope")
+    with pytest.raises(ValueError, match="no device matches"):
+        acc.get_memory_info("nope")
+    assert acc.current_device.backend in ("host", "opencl", "cuda")
+
+
+# --- copies and fills --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def stored() -> UnifiedBuffer:
+    buf = UnifiedBuffer((2, 3), np.float32)
+    buf.copy_from(np.arange(6).reshape(2, 3))
+    buf.sync_to_device()
+    return buf
+
+
+def unchanged(buf: UnifiedBuffer) -> None:
+    assert buf.state == BufferState.SYNCHRONIZED
+    np.testing.assert_array_equal(buf.to_numpy(), np.arange(6).reshape(2, 3))
+
+
+@pytest.mark.parametrize(
+    "data,match",
+    [
+        (np.zeros(6), r"expected data of shape \(2, 3\), got shape \(6,\)"),
+        (np.zeros((3, 2)), r"expected data of shape \(2, 3\), got shape \(3, 2\)"),
+        (np.zeros((2, 3, 1)), r"got shape \(2, 3, 1\)"),
+        (1.0, "use fill"),
+    ],
+)
+def test_copy_from_wrong_length(stored, data, match):
+    with pytest.raises(ValueError, match=match):
+        stored.copy_from(data)
+    unchanged(stored)
+
+
+def test_copy_from_ragged_data(stored):
+    with pytest.raises(ValueError):
+        stored.copy_from([[1, 2, 3], [4, 5]])
+    unchanged(stored)
+
+
+@pytest.mark.parametrize("data", [np.zeros((2, 3), np.complex64), np.full((2, 3), "x"), np.zeros((2, 3), object)])
+def test_copy_from_uncastable_dtype(stored, data):
+    with pytest.raises(TypeError, match="cannot cast .* under the same_kind rule"):
+        stored.copy_from(data)
+    unchanged(stored)
+
+
+def test_copy_from_float_into_int_buffer():
+    buf = UnifiedBuffer(3, np.int32)
+    buf.copy_from([1, 2, 3])
+    with pytest.raises(TypeError, match="float64 to int32"):
+        buf.copy_from(np.array([1.5, 2.5, 3.5]))
+    assert buf.to_numpy().tolist() == [1, 2, 3]
+
+
+def test_fill_with_an_array(stored):
+    with pytest.raises(ValueError, match="expected a scalar"):
+        stored.fill([1.0, 2.0])
+    unchanged(stored)
+
+
+def test_fill_with_a_non_number(stored):
+    with pytest.raises(ValueError):
+        stored.fill("abc")
+    unchanged(stored)
+
+
+def test_fill_out_of_range():
+    buf = UnifiedBuffer(3, np.uint8)
+    buf.fill(7)
+    with pytest.raises(OverflowError):
+        buf.fill(300)
+    assert buf.to_numpy().tolist() == [7, 7, 7]
+
+
+# --- sizes the memory cannot hold ---------------------------------------------------------------
+
+
+def test_allocation_larger_than_the_host_is_memory_error():
+    buf = UnifiedBuffer((1 << 46,), np.uint8)  # 64 TiB: construction allocates nothing
+    with pytest.raises(MemoryError, match="could not allocate 70368744177664 bytes"):
+        buf.host
+    assert buf.state == BufferState.UNINITIALIZED
+
+
+def test_allocation_larger_than_the_device(opencl_device):
+    too_big = opencl_device.total_memory * 2
+    buf = UnifiedBuffer((too_big,), np.uint8, device=opencl_device)
+    with pytest.raises((MemoryError, ValueError), match=str(too_big)):
+        buf.mark_device_dirty()
+    assert buf.state == BufferState.UNINITIALIZED
+
+
+# --- DLPack arguments ------------------------------------------------------------------------
+
+
+def test_dlpack_bad_device_id():
+    with pytest.raises(ValueError, match="non-negative"):
+        UnifiedBuffer(3).__dlpack__(dl_device=(1, -1))
+
+
+def test_dlpack_to_an_unknown_device():
+    with pytest.raises(BufferError, match="can export to the CPU"):
+        UnifiedBuffer(3).__dlpack__(dl_device=(4, 0))
