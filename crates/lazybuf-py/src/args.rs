@@ -8,7 +8,7 @@
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyString};
+use pyo3::types::{PyBool, PyBytes, PyInt, PyList, PyString, PyTuple};
 
 use lazybuf::Device;
 
@@ -20,15 +20,19 @@ pub const MAX_DIMS: usize = 64;
 
 /// Parses a shape: an int `n` is `(n,)`; otherwise a sequence of ints.
 pub fn shape(obj: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
-    if let Some(dim) = index(obj)? {
+    let items: Vec<Bound<'_, PyAny>> = if let Ok(tuple) = obj.cast::<PyTuple>() {
+        tuple.iter().collect()
+    } else if let Ok(list) = obj.cast::<PyList>() {
+        list.iter().collect()
+    } else if let Some(dim) = index(obj)? {
         return Ok(vec![dimension(obj, dim)?]);
-    }
-    if obj.is_instance_of::<PyString>() || obj.is_instance_of::<PyBytes>() {
+    } else if obj.is_instance_of::<PyString>() || obj.is_instance_of::<PyBytes>() {
         return Err(expected_shape(obj));
-    }
-    let items: Vec<Bound<'_, PyAny>> = match obj.try_iter() {
-        Ok(iter) => iter.collect::<PyResult<_>>()?,
-        Err(_) => return Err(expected_shape(obj)),
+    } else {
+        match obj.try_iter() {
+            Ok(iter) => iter.collect::<PyResult<_>>()?,
+            Err(_) => return Err(expected_shape(obj)),
+        }
     };
     if items.len() > MAX_DIMS {
         return Err(PyValueError::new_err(format!(
@@ -54,10 +58,18 @@ fn index(obj: &Bound<'_, PyAny>) -> PyResult<Option<i128>> {
     if obj.is_instance_of::<PyBool>() {
         return Ok(None);
     }
-    match obj.call_method0("__index__") {
-        Ok(value) => Ok(Some(value.extract::<i128>().unwrap_or(i128::MAX))),
-        Err(_) => Ok(None),
-    }
+    let value = if obj.is_instance_of::<PyInt>() {
+        obj.clone()
+    } else {
+        match obj.call_method0("__index__") {
+            Ok(value) => value,
+            Err(_) => return Ok(None),
+        }
+    };
+    // Beyond i128 only the sign matters: either way the dimension is rejected.
+    Ok(Some(value.extract::<i128>().unwrap_or_else(|_| {
+        if value.lt(0).unwrap_or(false) { i128::MIN } else { i128::MAX }
+    })))
 }
 
 fn dimension(shape: &Bound<'_, PyAny>, dim: i128) -> PyResult<usize> {
