@@ -32,11 +32,8 @@ pub fn current_device() -> PyResult<Device> {
 /// The selector string (`"opencl:1"`) that names `device` in [`lazybuf::select_device`].
 pub fn selector(device: &Device) -> String {
     let kind = device.backend_kind();
-    let index = lazybuf::devices()
-        .iter()
-        .filter(|d| d.backend_kind() == kind)
-        .position(|d| d == device)
-        .unwrap_or(0);
+    let index =
+        lazybuf::devices().iter().filter(|d| d.backend_kind() == kind).position(|d| d == device).unwrap_or(0);
     format!("{kind}:{index}")
 }
 

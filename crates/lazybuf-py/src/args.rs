@@ -67,9 +67,11 @@ fn index(obj: &Bound<'_, PyAny>) -> PyResult<Option<i128>> {
         }
     };
     // Beyond i128 only the sign matters: either way the dimension is rejected.
-    Ok(Some(value.extract::<i128>().unwrap_or_else(|_| {
-        if value.lt(0).unwrap_or(false) { i128::MIN } else { i128::MAX }
-    })))
+    Ok(Some(
+        value
+            .extract::<i128>()
+            .unwrap_or_else(|_| if value.lt(0).unwrap_or(false) { i128::MIN } else { i128::MAX }),
+    ))
 }
 
 fn dimension(shape: &Bound<'_, PyAny>, dim: i128) -> PyResult<usize> {

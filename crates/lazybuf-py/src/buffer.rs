@@ -40,7 +40,7 @@ use crate::device_view::{cuda_array_interface, device_object};
 use crate::dlpack::{self, DlpackArgs, Source, dlpack_device};
 use crate::dtype::{self, ElementType, typestr};
 use crate::errors::{BackendUnavailableError, OrPyErr, released};
-use crate::views::{Storage, empty_address, export_buffer, release_buffer};
+use crate::views::{Storage, export_buffer, release_buffer};
 use crate::{args, state};
 
 /// A host/device buffer with lazy synchronization (see the module docs for the access rules).
@@ -118,7 +118,8 @@ impl UnifiedBuffer {
         if self.untracked_export {
             self.retained = Some(Arc::clone(&storage));
         }
-        let views = [self.host_view.take(), self.host_readonly_view.take(), self.device_view.take().map(|(_, v)| v)];
+        let views =
+            [self.host_view.take(), self.host_readonly_view.take(), self.device_view.take().map(|(_, v)| v)];
         Ok(Released { _storage: storage, _views: views.into_iter().flatten().collect() })
     }
 
@@ -152,20 +153,17 @@ fn device_access<'py>(slf: &Bound<'py, UnifiedBuffer>, access: Access) -> PyResu
     let py = slf.py();
     let mut this = slf.borrow_mut();
     let storage = Arc::clone(this.storage()?);
-    let handle = storage.device_handle(&this.home, access)?;
     if this.home.backend_kind() == BackendKind::Host {
-        let address = match handle {
-            RawMemory::Host(address) if !address.is_null() => address,
-            _ => empty_address(),
-        };
-        let writeable = access != Access::Read;
-        let descr = this.elem.descr.bind(py).clone();
         let this = &mut *this;
-        let cache = if writeable { &mut this.host_view } else { &mut this.host_readonly_view };
-        let array = storage.array_at(py, address, &this.shape, &descr, writeable, cache.as_ref().map(|c| c.bind(py)))?;
+        let descr = this.elem.descr.bind(py).clone();
+        let cache = if access == Access::Read { &mut this.host_readonly_view } else { &mut this.host_view };
+        let cached = cache.as_ref().map(|c| c.bind(py).clone());
+        let array =
+            storage.host_device_array(py, &this.home, access, &this.shape, &descr, cached.as_ref())?;
         *cache = Some(array.clone().unbind());
         return Ok(array);
     }
+    let handle = storage.device_handle(&this.home, access)?;
     let key = match handle {
         RawMemory::OpenCl(mem) => mem as usize,
         RawMemory::Cuda(ptr) => ptr as usize,
@@ -176,7 +174,8 @@ fn device_access<'py>(slf: &Bound<'py, UnifiedBuffer>, access: Access) -> PyResu
     {
         return Ok(view.bind(py).clone());
     }
-    let (home, shape, dtype, descr) = (this.home.clone(), this.shape.clone(), this.elem.dtype, this.descr(py).clone());
+    let (home, shape, dtype, descr) =
+        (this.home.clone(), this.shape.clone(), this.elem.dtype, this.descr(py).clone());
     drop(this);
     let object = device_object(py, &storage, &home, handle, &shape, dtype, &descr)?;
     let previous = slf.borrow_mut().device_view.replace((key, object.clone().unbind()));
@@ -500,11 +499,8 @@ impl UnifiedBuffer {
         copy: Option<bool>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let py = slf.py();
-        let base = if copy == Some(true) {
-            slf.borrow().to_numpy(py)?
-        } else {
-            UnifiedBuffer::host_readonly(slf)?
-        };
+        let base =
+            if copy == Some(true) { slf.borrow().to_numpy(py)? } else { UnifiedBuffer::host_readonly(slf)? };
         match dtype.filter(|d| !d.is_none()) {
             None => Ok(base),
             Some(dtype) => {
@@ -554,7 +550,9 @@ impl UnifiedBuffer {
         }
         let address = match self.storage()?.device_handle(&self.home, Access::Write)? {
             RawMemory::Cuda(ptr) => ptr as usize,
-            other => return Err(PyValueError::new_err(format!("unexpected memory {other:?} on a CUDA device"))),
+            other => {
+                return Err(PyValueError::new_err(format!("unexpected memory {other:?} on a CUDA device")));
+            }
         };
         self.untracked_export = true;
         cuda_array_interface(py, address, &self.shape, self.elem.dtype, false)

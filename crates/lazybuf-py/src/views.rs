@@ -60,7 +60,7 @@ impl MemoryOwner {
 }
 
 /// An address for empty views: NumPy wants a non-null, aligned pointer even for no bytes.
-pub fn empty_address() -> *mut u8 {
+fn empty_address() -> *mut u8 {
     #[repr(align(64))]
     struct Line;
     NonNull::<Line>::dangling().as_ptr().cast()
@@ -111,8 +111,31 @@ impl Storage {
         self.array_at(py, address, shape, descr, access != Access::Read, cached)
     }
 
-    /// The NumPy view of host memory at `address` (from this storage) or `cached` if it is it.
-    pub fn array_at<'py>(
+    /// On the host device, the buffer's device copy (an alias of the host block) made current
+    /// for `access`, as a NumPy view; `cached` is returned when it is still that view.
+    pub fn host_device_array<'py>(
+        self: &Arc<Self>,
+        py: Python<'py>,
+        device: &Device,
+        access: Access,
+        shape: &[usize],
+        descr: &Bound<'py, PyArrayDescr>,
+        cached: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let address = match self.device_handle(device, access)? {
+            RawMemory::Host(address) if !address.is_null() => address,
+            RawMemory::Host(_) => empty_address(),
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "expected host memory on the host device, got {other:?}"
+                )));
+            }
+        };
+        self.array_at(py, address, shape, descr, access != Access::Read, cached)
+    }
+
+    /// The NumPy view of this storage's host memory at `address`, or `cached` if it is it.
+    fn array_at<'py>(
         self: &Arc<Self>,
         py: Python<'py>,
         address: *mut u8,
@@ -127,10 +150,10 @@ impl Storage {
             return Ok(cached.clone());
         }
         let owner = Bound::new(py, MemoryOwner::new(self))?.into_any();
-        // SAFETY: `address` is this storage's host block (or an alias of it, or the empty
-        // address for zero bytes), valid for the buffer's nbytes = prod(shape) * itemsize
-        // bytes for as long as the storage lives; `owner` keeps the storage alive and becomes
-        // the array's base.
+        // SAFETY: callers in this module pass the address of this storage's host block (or of
+        // the host device's alias of it, or the empty address for zero bytes), valid for the
+        // buffer's nbytes = prod(shape) * itemsize bytes for as long as the storage lives;
+        // `owner` keeps the storage alive and becomes the array's base.
         unsafe { ndarray(py, address, shape, descr, writeable, owner) }
     }
 
@@ -212,8 +235,8 @@ fn is_view(
     };
     // SAFETY: array is a live NumPy array; its fields are valid while it is borrowed.
     let fields = unsafe { &*npyffi::_PyArray_GET_ITEM_DATA(array.as_array_ptr()) };
-    let flags_ok = fields.flags & NPY_ARRAY_C_CONTIGUOUS != 0
-        && (fields.flags & NPY_ARRAY_WRITEABLE != 0) == writeable;
+    let flags_ok =
+        fields.flags & NPY_ARRAY_C_CONTIGUOUS != 0 && (fields.flags & NPY_ARRAY_WRITEABLE != 0) == writeable;
     fields.data.cast::<u8>() == address
         && fields.descr == descr.as_dtype_ptr()
         && flags_ok
@@ -339,8 +362,11 @@ pub unsafe fn export_buffer(
         (*view).len = nbytes;
         (*view).readonly = c_int::from(!writable);
         (*view).itemsize = itemsize;
-        (*view).format =
-            if flags & ffi::PyBUF_FORMAT == ffi::PyBUF_FORMAT { format.as_ptr().cast_mut() } else { ptr::null_mut() };
+        (*view).format = if flags & ffi::PyBUF_FORMAT == ffi::PyBUF_FORMAT {
+            format.as_ptr().cast_mut()
+        } else {
+            ptr::null_mut()
+        };
         (*view).ndim = shape.len() as c_int;
         let nd = flags & ffi::PyBUF_ND == ffi::PyBUF_ND;
         let strided = flags & ffi::PyBUF_STRIDES == ffi::PyBUF_STRIDES;

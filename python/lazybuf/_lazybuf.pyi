@@ -1,0 +1,361 @@
+"""Type stubs for lazybuf's extension module (crates/lazybuf-py).
+
+Access rules (what each call does to the buffer's copies):
+
+- ``.host``, ``mark_host_dirty()``, ``copy_from()``, writable buffer-protocol and DLPack
+  exports: a *host write*. The host is made current (copied from the device if the device is
+  newer), then the device copy is stale. Python cannot see writes through an array it was
+  given, so handing out a writable host array counts as the write.
+- ``.host_readonly``, ``to_numpy()``, ``sync_to_host()``, ``__array__``, read-only exports:
+  a *host read*. The host is made current; nothing becomes stale.
+- ``.device``, ``mark_device_dirty()``, ``__cuda_array_interface__``: a *device write*. The
+  device is made current, then the host copy is stale (kernels may write the array).
+- ``.device_readonly``, ``sync_to_device()``: a *device read*.
+
+Views (NumPy arrays, memoryviews, DLPack capsules, PyOpenCL/CuPy arrays, DeviceMemoryView)
+keep the buffer's memory alive: releasing or dropping a buffer never frees memory a view can
+still reach. A released buffer raises ``ValueError`` on any use.
+"""
+
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any, SupportsIndex, final
+
+import numpy as np
+import numpy.typing as npt
+
+from ._state import BufferState
+
+ShapeLike = SupportsIndex | Sequence[SupportsIndex]
+DeviceLike = str | Device | None
+
+class BackendUnavailableError(RuntimeError):
+    """A backend (Metal, CUDA, OpenCL) is not installed, not compiled in, or has no device."""
+
+@final
+class UnifiedBuffer:
+    """An N-d, C-contiguous array whose host and device copies are kept coherent; copies
+    happen only when a stale copy is about to be used. A new buffer allocates nothing."""
+
+    def __init__(
+        self,
+        shape: ShapeLike,
+        dtype: npt.DTypeLike = np.float32,
+        *,
+        pinned: bool = False,
+        device: DeviceLike = None,
+    ) -> None:
+        """Create a buffer on ``device`` (default: the current device, see
+        ``get_accelerator()``; a selector such as ``"host"`` or ``"opencl:0"``, or a
+        ``Device``). ``shape`` is an int or a sequence of ints; ``dtype`` anything
+        ``numpy.dtype`` accepts among float16/32/64, (u)int8-64, or ``"bfloat16"`` with
+        ``ml_dtypes`` installed. ``pinned`` asks for page-locked host memory (an error at first
+        use if it cannot be locked, never a silent fallback).
+
+        Raises ValueError (bad or oversized shape, unknown device), TypeError (unsupported
+        dtype, non-integer shape)."""
+
+    @property
+    def host(self) -> np.ndarray:
+        """Writable zero-copy NumPy view of the host copy (cached; ``.base`` keeps the memory
+        alive). Syncs from the device if it is newer; counts as a host write."""
+
+    @property
+    def host_readonly(self) -> np.ndarray:
+        """Read-only zero-copy NumPy view of the host copy; a host read."""
+
+    @property
+    def device(self) -> Any:
+        """The buffer on its device, synced first if the host is newer. Counts as a device
+        write: after a kernel writes it, the next host access copies the data back (no
+        ``mark_device_dirty()`` needed, though calling it is harmless).
+        Host device: the same ndarray as ``.host``. OpenCL: a ``pyopencl.array.Array`` sharing
+        the buffer's cl_mem on lazybuf's queue (PyOpenCL installed). CUDA: a ``cupy.ndarray``
+        over the device pointer (CuPy installed). Otherwise a ``DeviceMemoryView``."""
+
+    @property
+    def device_readonly(self) -> Any:
+        """As ``device`` but a device read (a read-only ndarray on the host device; on other
+        devices the same array types: do not write through them)."""
+
+    @property
+    def metal(self) -> Any:
+        """Raises ``BackendUnavailableError``: this build has no Metal backend."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+    @property
+    def dtype(self) -> np.dtype[Any]: ...
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def ndim(self) -> int: ...
+    @property
+    def state(self) -> BufferState:
+        """The host copy against the device copy. After the first host write of a new buffer
+        this is HOST_ONLY (no device copy exists yet to be stale)."""
+
+    @property
+    def pinned(self) -> bool:
+        """Whether page-locked host memory was requested."""
+
+    @property
+    def is_pinned(self) -> bool:
+        """Whether the host copy exists and is page-locked."""
+
+    @property
+    def device_handle(self) -> Device:
+        """The buffer's own device."""
+
+    @property
+    def released(self) -> bool: ...
+    def sync_to_device(self) -> None:
+        """Copy host data to the device if the device copy is stale (a device read)."""
+
+    def sync_to_host(self) -> None:
+        """Copy device data to the host if the host copy is stale (a host read)."""
+
+    def mark_host_dirty(self) -> None:
+        """Declare a host write: the device copy becomes stale."""
+
+    def mark_device_dirty(self) -> None:
+        """Declare a device write (after a kernel): the host copy becomes stale."""
+
+    def mark_metal_dirty(self) -> None:
+        """Raises ``BackendUnavailableError``: this build has no Metal backend."""
+
+    def fill(self, value: Any) -> None:
+        """Set every element to ``value`` where the data is current, with no transfer (a
+        write there). ValueError for a non-scalar; NumPy's errors for unconvertible values."""
+
+    def copy_from(self, data: npt.ArrayLike) -> None:
+        """Copy ``data`` (exactly the buffer's shape) into the host copy (a host write that
+        skips the sync). Arrays must cast under NumPy's ``same_kind`` rule (TypeError
+        otherwise); lists and scalars convert as ``a[...] = data`` does. ValueError for a
+        different shape. A failed call changes nothing."""
+
+    def to_numpy(self) -> np.ndarray:
+        """A new NumPy array with a copy of the data (a host read)."""
+
+    def transfer_stats(self) -> dict[str, int]:
+        """Copies and bytes moved since creation: ``host_to_device_copies``,
+        ``host_to_device_bytes``, ``device_to_host_copies``, ``device_to_host_bytes``,
+        ``zero_copy_syncs``, ``allocations``."""
+
+    def release(self) -> None:
+        """Release the buffer: to its pool if it came from one, else its memory is freed once
+        no view of it remains. Any later use raises ValueError (so does a second release)."""
+
+    def __enter__(self) -> UnifiedBuffer: ...
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        """Releases the buffer (see ``release``)."""
+
+    def __len__(self) -> int: ...
+    def __buffer__(self, flags: int, /) -> memoryview:
+        """Buffer protocol over the host copy: writable (a host write) only when the consumer
+        asks for PyBUF_WRITABLE, else read-only (a host read). Not for bfloat16."""
+
+    def __release_buffer__(self, view: memoryview, /) -> None: ...
+    def __array__(self, dtype: npt.DTypeLike | None = None, copy: bool | None = None) -> np.ndarray:
+        """A read-only view (a host read), or a copy with ``copy=True``."""
+
+    @property
+    def __array_interface__(self) -> dict[str, Any]:
+        """NumPy array interface v3 over the host copy, read-only (a host read). Consumers
+        hold the buffer itself, so after a release the buffer keeps this memory until the
+        buffer object is gone."""
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """CUDA array interface v3 over the device copy (a device write); AttributeError unless
+        the buffer is on a CUDA device."""
+
+    def __dlpack__(
+        self,
+        *,
+        stream: Any = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> Any:
+        """DLPack capsule, zero-copy (versioned for ``max_version >= (1, 0)``, else legacy):
+        the host copy (kDLCPU), or the device copy for a CUDA buffer (kDLCUDA). A write at the
+        exported location. ``copy=True`` exports a fresh host copy."""
+
+    def __dlpack_device__(self) -> tuple[int, int]: ...
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickling copies the data through the host; unpickling makes the buffer on the
+        current device."""
+
+@final
+class Device:
+    """One device (not constructible: see ``get_accelerator().devices``)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def backend(self) -> str:
+        """``"host"``, ``"opencl"`` or ``"cuda"``."""
+
+    @property
+    def vendor(self) -> str: ...
+    @property
+    def shares_host_memory(self) -> bool: ...
+    @property
+    def is_gpu(self) -> bool: ...
+    @property
+    def total_memory(self) -> int: ...
+    @property
+    def selector(self) -> str:
+        """The selector naming this device (``"opencl:0"``), for ``device=`` and
+        ``LAZYBUF_DEVICE``."""
+
+    @property
+    def memory_source(self) -> str:
+        """Where the free figure comes from: ``"runtime"``, ``"system"`` or
+        ``"total_minus_process_held"``."""
+
+    def get_memory_info(self) -> tuple[int, int]:
+        """``(free, total)`` bytes now."""
+
+    def synchronize(self) -> None: ...
+    def __eq__(self, other: object) -> bool: ...
+    def __hash__(self) -> int: ...
+
+@final
+class Accelerator:
+    """The process's devices and the current device (``get_accelerator()``)."""
+
+    @property
+    def devices(self) -> list[Device]:
+        """Every device of every available backend, the host last."""
+
+    @property
+    def device_count(self) -> int: ...
+    @property
+    def current_device(self) -> Device:
+        """Where buffers created without ``device=`` go: the selected device, else
+        ``LAZYBUF_DEVICE``, else the first CUDA GPU, else another GPU, else the host."""
+
+    def select_device(self, device: Device | str | int | None) -> Device:
+        """Make ``device`` (a Device, selector, or index into ``devices``; None: the default)
+        current. ValueError for an unknown selector, IndexError for a bad index."""
+
+    def get_memory_info(self, device: DeviceLike = None) -> tuple[int, int]:
+        """``(free, total)`` bytes of ``device`` (default: the current device)."""
+
+    @property
+    def backend_status(self) -> list[tuple[str, int | str]]:
+        """Each compiled-in backend with its device count or why it is unavailable."""
+
+    def is_available(self, backend: str) -> bool: ...
+    def synchronize(self) -> None: ...
+
+def get_accelerator() -> Accelerator: ...
+@final
+class MemoryPool:
+    """A pool of buffer memory on one device: released buffers' memory is reused."""
+
+    def __init__(
+        self,
+        device: DeviceLike = None,
+        *,
+        max_cached_bytes: int | None = None,
+        zero_reused: bool = False,
+    ) -> None:
+        """A private pool (``get_memory_pool()`` gives the device's shared one)."""
+
+    def acquire(
+        self,
+        shape: ShapeLike,
+        dtype: npt.DTypeLike = np.float32,
+        *,
+        pinned: bool = False,
+    ) -> UnifiedBuffer:
+        """An UNINITIALIZED buffer whose memory comes from this pool (taken at first use).
+        Usable as ``with pool.acquire(...) as buf:``, which releases it at the end."""
+
+    def release(self, buffer: UnifiedBuffer) -> None:
+        """Return ``buffer``'s memory to the pool (reused once no view of it remains).
+        ValueError for a buffer already released or not from this pool (left untouched)."""
+
+    def stats(self) -> PoolStats: ...
+    def trim(self) -> int:
+        """Free every cached block; returns the bytes freed."""
+
+    def clear(self) -> None:
+        """``trim()``, then reset the event counters and the peak."""
+
+    @property
+    def device(self) -> Device: ...
+    @property
+    def max_cached_bytes(self) -> int: ...
+    @property
+    def zero_reused(self) -> bool: ...
+
+@final
+class PoolStats:
+    """A pool's counters; bytes are whole size-class blocks."""
+
+    @property
+    def hits(self) -> int: ...
+    @property
+    def misses(self) -> int: ...
+    @property
+    def allocations(self) -> int: ...
+    @property
+    def bytes_in_use(self) -> int: ...
+    @property
+    def bytes_cached(self) -> int: ...
+    @property
+    def peak_bytes_in_use(self) -> int: ...
+    @property
+    def oom_retries(self) -> int: ...
+
+def get_memory_pool(device: DeviceLike = None) -> MemoryPool:
+    """The process-wide pool of ``device`` (default: the current device)."""
+
+@final
+class DeviceMemoryView:
+    """A buffer's device copy as raw handles (when no array library fits); keeps the memory
+    alive."""
+
+    @property
+    def backend(self) -> str: ...
+    @property
+    def ptr(self) -> int:
+        """The ``CUdeviceptr`` (CUDA) or ``cl_mem`` (OpenCL) as an int; 0 when empty."""
+
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+    @property
+    def dtype(self) -> np.dtype[Any]: ...
+    @property
+    def device(self) -> Device: ...
+    @property
+    def context(self) -> int: ...
+    @property
+    def queue(self) -> int:
+        """The queue or stream lazybuf copies on: enqueue kernels there to order them with
+        lazybuf's copies."""
+
+    @property
+    def owner(self) -> MemoryOwner: ...
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """CUDA array interface v3 (CUDA devices only)."""
+
+@final
+class MemoryOwner:
+    """Keeps a buffer's memory alive (the ``.base`` of lazybuf's NumPy views)."""
+
+def _rebuild_buffer(shape: Any, dtype: Any, pinned: bool, data: Any) -> UnifiedBuffer: ...
