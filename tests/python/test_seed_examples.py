@@ -27,7 +27,32 @@ import uuid
 import numpy as np
 import pytest
 
-from lazybuf import BackendUnavailableError, BufferState, UnifiedBuffer, get_accelerator, get_memory_pool
+from lazybuf import (
+    BackendUnavailableError,
+    BufferState,
+    DeviceMemoryView,
+    UnifiedBuffer,
+    get_accelerator,
+    get_memory_pool,
+)
+
+
+@pytest.fixture(autouse=True)
+def default_device():
+    """The examples run on the default device, as a user's would: the host here, a GPU where
+    there is one (CuPy arrays on CUDA). Where `.device` would be a bare DeviceMemoryView (no
+    array library for that backend installed), the examples' array code cannot run on it, so
+    they run on the host; test_cuda.py covers that case."""
+    acc = get_accelerator()
+    if isinstance(UnifiedBuffer(1).device, DeviceMemoryView):
+        acc.select_device("host")
+    yield
+    acc.select_device(None)
+
+
+def as_numpy(array) -> np.ndarray:
+    """A device array's contents (NumPy on the host device; CuPy and PyOpenCL have .get())."""
+    return array if isinstance(array, np.ndarray) else array.get()
 
 
 def host_address(buf: UnifiedBuffer) -> int:
@@ -47,7 +72,7 @@ def test_overview():
     # Access on device (auto-syncs)
     device_data = buffer.device
 
-    np.testing.assert_array_equal(np.asarray(device_data), buffer.to_numpy())
+    np.testing.assert_array_equal(as_numpy(device_data), buffer.to_numpy())
 
 
 def test_buffer_state_values():
@@ -199,7 +224,7 @@ def test_unified_buffer_solution():
     # Read back (auto-syncs if device modified)
     result = buf.to_numpy()
 
-    np.testing.assert_array_equal(result, np.asarray(device_array))
+    np.testing.assert_array_equal(result, as_numpy(device_array))
 
 
 def test_lazy_synchronization():
@@ -222,7 +247,7 @@ def test_lazy_synchronization():
     # writable array it counts as a device write: DEVICE_DIRTY. The read-only accessor gives
     # the seed's SYNCHRONIZED.
     assert buf.state == BufferState.DEVICE_DIRTY
-    np.testing.assert_array_equal(np.asarray(device_data), data)
+    np.testing.assert_array_equal(as_numpy(device_data), data)
     # Reading the device instead of taking a writable array gives the seed's SYNCHRONIZED.
     buf.host[:] = data
     assert buf.state == BufferState.HOST_DIRTY
@@ -234,7 +259,7 @@ def test_explicit_synchronization_guide():
     data = np.arange(1000, dtype=np.float32)
 
     def my_kernel(device_array):
-        device_array *= 2  # the host device's "device array" is the NumPy array itself
+        device_array *= 2  # NumPy on the host device, CuPy on CUDA
 
     buf = UnifiedBuffer((1000,), dtype=np.float32)
 
@@ -272,7 +297,7 @@ def test_pinned_memory_guide():
     except MemoryError as err:  # an mlock limit: reported, never a silent pageable fallback
         assert "mlock" in str(err)
         return
-    np.testing.assert_array_equal(np.asarray(device_view), data)
+    np.testing.assert_array_equal(as_numpy(device_view), data)
     assert buf.is_pinned
 
 
@@ -281,7 +306,7 @@ def test_memory_pooling():
     processed = []
 
     def process(device_array):
-        processed.append(float(np.asarray(device_array).sum()))
+        processed.append(float(as_numpy(device_array).sum()))
 
     pool = get_memory_pool()
 
@@ -358,7 +383,7 @@ def test_double_buffering():
         return batches.pop(0)
 
     def kernel(device_array):
-        sums.append(float(np.asarray(device_array).sum()))
+        sums.append(float(as_numpy(device_array).sum()))
 
     def launch_async(fn, device_array):
         return asyncio.get_running_loop().run_in_executor(None, fn, device_array)
@@ -391,7 +416,7 @@ def test_batch_processing():
     batches = [np.random.randn(16, 8).astype(np.float32) for _ in range(4)]
 
     def process_on_gpu(device_array):
-        np.multiply(device_array, 2, out=device_array)
+        device_array *= 2
 
     pool = get_memory_pool()
     results = []

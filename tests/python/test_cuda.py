@@ -1,0 +1,106 @@
+"""CUDA interop: `.device`, `__cuda_array_interface__` (v3), DLPack on kDLCUDA.
+
+Runs wherever lazybuf finds a CUDA device: a real GPU, or the CUDA driver test double
+(LD_LIBRARY_PATH=target/cuda-double, built by scripts/build-cuda-double.sh) that drives the
+same code on machines without one. With CuPy installed `.device` is a CuPy array; without it,
+a DeviceMemoryView. Skipped without a CUDA device unless LAZYBUF_REQUIRE names cuda.
+"""
+
+import pickle
+
+import numpy as np
+import pytest
+
+from conftest import _need, collect
+from lazybuf import BufferState, DeviceMemoryView, UnifiedBuffer, get_accelerator
+
+
+@pytest.fixture
+def cuda_device():
+    devices = [d for d in get_accelerator().devices if d.backend == "cuda"]
+    if not devices:
+        _need("cuda", f"no CUDA device: {get_accelerator().backend_status}")
+    return devices[0]
+
+
+def to_host(array) -> np.ndarray:
+    if isinstance(array, DeviceMemoryView):
+        raise TypeError("a DeviceMemoryView has no host copy")
+    import cupy
+
+    return cupy.asnumpy(array)
+
+
+def test_device_view_and_interfaces(cuda_device):
+    buf = UnifiedBuffer((4, 3), np.float32, device=cuda_device)
+    data = np.arange(12, dtype=np.float32).reshape(4, 3)
+    buf.host[:] = data
+    view = buf.device
+    assert buf.state == BufferState.DEVICE_DIRTY  # `.device` counts as a device write
+    interface = buf.__cuda_array_interface__
+    assert interface["version"] == 3
+    assert interface["shape"] == (4, 3) and interface["typestr"] == "<f4"
+    assert interface["strides"] is None and interface["data"][1] is False
+    assert interface["data"][0] != 0
+    if isinstance(view, DeviceMemoryView):
+        assert view.backend == "cuda" and view.nbytes == 48 and view.shape == (4, 3)
+        assert view.__cuda_array_interface__ == interface
+        assert view.device == cuda_device
+    else:
+        assert view.__cuda_array_interface__["data"][0] == interface["data"][0]
+        np.testing.assert_array_equal(to_host(view), data)
+    np.testing.assert_array_equal(buf.to_numpy(), data)
+    assert buf.state == BufferState.SYNCHRONIZED
+
+
+def test_dlpack_on_cuda(cuda_device):
+    buf = UnifiedBuffer(6, np.int32, device=cuda_device)
+    buf.copy_from(np.arange(6))
+    assert buf.__dlpack_device__() == (2, 0)
+    assert "dltensor_versioned" in repr(buf.__dlpack__(max_version=(1, 0), stream=None))
+    assert '"dltensor"' in repr(buf.__dlpack__(dl_device=(2, 0)))
+    assert buf.state == BufferState.DEVICE_DIRTY  # the device export counts as a write
+    host = np.from_dlpack(buf, device="cpu")  # the host copy, exported zero-copy
+    assert host.tolist() == list(range(6))
+    assert buf.state == BufferState.HOST_DIRTY
+    with pytest.raises(BufferError, match="can export to the CPU"):
+        buf.__dlpack__(dl_device=(2, 7))
+    with pytest.raises(BufferError, match="only for export to the CPU"):
+        buf.__dlpack__(dl_device=(2, 0), copy=True)
+
+
+def test_device_fill_and_sync(cuda_device):
+    buf = UnifiedBuffer(1000, np.float64, device=cuda_device)
+    buf.host[:] = 1.0
+    buf.sync_to_device()
+    buf.mark_device_dirty()
+    buf.fill(2.5)  # on the device: no transfer
+    stats = buf.transfer_stats()
+    assert stats["device_to_host_copies"] == 0
+    np.testing.assert_array_equal(buf.to_numpy(), np.full(1000, 2.5))
+    assert buf.transfer_stats()["device_to_host_copies"] == 1
+
+
+def test_device_view_keeps_memory_alive(cuda_device):
+    collect()
+    free_before, _ = cuda_device.get_memory_info()
+    buf = UnifiedBuffer(1 << 20, np.uint8, device=cuda_device)
+    buf.mark_device_dirty()
+    view = buf.device_readonly
+    pointer = buf.__cuda_array_interface__["data"][0]
+    del buf
+    collect()
+    if isinstance(view, DeviceMemoryView):
+        assert view.ptr == pointer
+    assert cuda_device.get_memory_info()[0] <= free_before - (1 << 20)
+    del view
+    collect()
+    assert cuda_device.get_memory_info()[0] == free_before
+
+
+def test_pickle_of_a_cuda_buffer(cuda_device):
+    buf = UnifiedBuffer(3, np.float32, device=cuda_device)
+    buf.copy_from([1, 2, 3])
+    buf.mark_device_dirty()
+    clone = pickle.loads(pickle.dumps(buf))
+    assert clone.to_numpy().tolist() == [1.0, 2.0, 3.0]
