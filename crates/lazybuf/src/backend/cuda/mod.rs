@@ -22,6 +22,7 @@ mod tests;
 
 pub use device::CudaBackend;
 pub use memory::CudaMemory;
+pub use staging::{CHUNK as STAGING_CHUNK, PIPELINE_MIN as STAGING_MIN_BYTES};
 
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
