@@ -137,7 +137,10 @@ fn buffers_move_between_two_devices() {
     let direct = stats.device_to_device.bytes == 100_000;
     let staged = stats.device_to_host.bytes == 100_000 && stats.host_to_device.bytes == 100_000;
     assert!(direct != staged, "exactly one path was taken: {stats:?}");
-    assert_eq!(buf.state_on(second), if direct { BufferState::DeviceDirty } else { BufferState::Synchronized });
+    assert_eq!(
+        buf.state_on(second),
+        if direct { BufferState::DeviceDirty } else { BufferState::Synchronized }
+    );
     // The copy on `second` is the data: make it the only valid copy and read it back.
     buf.mark_dirty_on(second).unwrap();
     assert_eq!(buf.state_on(first), BufferState::Elsewhere);

@@ -12,7 +12,9 @@ mod cuda_common;
 
 use std::sync::{Mutex, MutexGuard};
 
-use cuda_common::{copies, double_devices, fail_allocation, fail_copy, live_allocations, pinned_copies, ramp};
+use cuda_common::{
+    copies, double_devices, fail_allocation, fail_copy, live_allocations, pinned_copies, ramp,
+};
 use lazybuf::backend::cuda::{STAGING_CHUNK, STAGING_MIN_BYTES};
 use lazybuf::{BufferOptions, BufferState, Device, UnifiedBuffer};
 
@@ -58,7 +60,8 @@ fn a_failed_device_allocation_changes_nothing() {
 
 #[test]
 fn a_failed_pinned_allocation_is_an_error_not_a_pageable_fallback() {
-    let Some((devices, _lock)) = setup("a_failed_pinned_allocation_is_an_error_not_a_pageable_fallback") else {
+    let Some((devices, _lock)) = setup("a_failed_pinned_allocation_is_an_error_not_a_pageable_fallback")
+    else {
         return;
     };
     let mut buf = buffer(&devices[0], 4096, true);

@@ -46,7 +46,9 @@ fn double_dir(test: &str) -> Option<PathBuf> {
             std::env::var_os("LAZYBUF_REQUIRE_CUDA").is_none(),
             "{test}: LAZYBUF_REQUIRE_CUDA is set but LD_LIBRARY_PATH holds no CUDA test double"
         );
-        eprintln!("SKIPPED {test}: the CUDA test double is not in LD_LIBRARY_PATH (scripts/test-cuda-double.sh)");
+        eprintln!(
+            "SKIPPED {test}: the CUDA test double is not in LD_LIBRARY_PATH (scripts/test-cuda-double.sh)"
+        );
     }
     found
 }
