@@ -1,7 +1,8 @@
 //! The CUDA [`Backend`] implementation: one retained primary context and one non-blocking
-//! stream per device. Every operation makes the context current on the calling thread,
-//! enqueues on the stream and waits for it, so user kernels launched on that stream (see
-//! [`crate::Device::raw`]) are ordered with lazybuf's copies.
+//! stream per device. Every operation makes the context current on the calling thread (and
+//! restores the thread's previous context afterwards), enqueues on the stream and waits for
+//! it, so user kernels launched on that stream (see [`crate::Device::raw`]) are ordered with
+//! lazybuf's copies.
 //!
 //! Host memory: pinned blocks come from `cuMemHostAlloc` with `CU_MEMHOSTALLOC_PORTABLE`
 //! only, never write-combined, because the CPU reads a buffer's host copy (write-combined
@@ -65,9 +66,11 @@ impl CudaBackend {
         let major = attribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
         let minor = attribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
         let integrated = attribute(device, CU_DEVICE_ATTRIBUTE_INTEGRATED)? != 0;
-        context.bind()?;
-        let stream = result::stream::create(result::stream::StreamKind::NonBlocking)
-            .map_err(|err| cuda_error("cuStreamCreate", err))?;
+        let stream = {
+            let _bound = context.bind()?;
+            result::stream::create(result::stream::StreamKind::NonBlocking)
+                .map_err(|err| cuda_error("cuStreamCreate", err))?
+        };
         Ok(CudaBackend {
             info: DeviceInfo {
                 name,
@@ -132,7 +135,7 @@ impl Drop for CudaBackend {
         // SAFETY: the stream was created by `open` and is destroyed once, after its work is
         // done. Statuses are ignored: drop must not panic, and a failed release only leaks.
         unsafe {
-            let _ = self.context.bind();
+            let _bound = self.context.bind();
             let _ = result::stream::synchronize(self.stream);
             let _ = result::stream::destroy(self.stream);
         }
@@ -145,7 +148,7 @@ impl Backend for CudaBackend {
     }
 
     fn memory_info(&self) -> Result<MemoryInfo> {
-        self.context.bind()?;
+        let _bound = self.context.bind()?;
         let (free, total) = result::mem_get_info().map_err(|err| cuda_error("cuMemGetInfo", err))?;
         Ok(MemoryInfo { free: free as u64, total: total as u64, source: MemorySource::Runtime })
     }
@@ -157,15 +160,13 @@ impl Backend for CudaBackend {
         if bytes == 0 {
             return HostMemory::allocate_locked(0);
         }
-        self.context.bind()?;
+        let _bound = self.context.bind()?;
         let name = format!("page-locked host memory for {}", self.info.name);
         PinnedBlock::allocate(&self.context, bytes, sys::CU_MEMHOSTALLOC_PORTABLE, &name)
     }
 
     fn allocate(&self, bytes: usize) -> Result<DeviceMemory> {
-        if bytes > 0 {
-            self.context.bind()?;
-        }
+        let _bound = self.context.bind()?;
         let memory = CudaMemory::allocate(&self.context, bytes, &self.info.name)?;
         Ok(DeviceMemory::new(bytes, false, Box::new(memory)))
     }
@@ -176,7 +177,7 @@ impl Backend for CudaBackend {
         if src.is_empty() {
             return Ok(());
         }
-        self.context.bind()?;
+        let _bound = self.context.bind()?;
         if src.len() >= PIPELINE_MIN
             && !self.is_pinned(src.as_ptr())
             && let Some(done) = self.staged(|staging, stream| staging.upload(stream, src, dst))
@@ -196,7 +197,7 @@ impl Backend for CudaBackend {
         if dst.is_empty() {
             return Ok(());
         }
-        self.context.bind()?;
+        let _bound = self.context.bind()?;
         if dst.len() >= PIPELINE_MIN
             && !self.is_pinned(dst.as_ptr())
             && let Some(done) = self.staged(|staging, stream| staging.download(stream, src, dst))
@@ -225,7 +226,7 @@ impl Backend for CudaBackend {
         if bytes == 0 {
             return Ok(());
         }
-        self.context.bind()?;
+        let _bound = self.context.bind()?;
         // dst holds at least `bytes` bytes and is 256-byte aligned (cuMemAlloc), so a memset
         // of 2- or 4-byte elements is aligned and stays inside the allocation.
         let (stream, count) = (self.stream, bytes / period(pattern));
@@ -258,7 +259,7 @@ impl Backend for CudaBackend {
         if bytes == 0 {
             return Ok(());
         }
-        self.context.bind()?;
+        let _bound = self.context.bind()?;
         // SAFETY: both allocations hold at least `bytes` and are distinct (`dst` is borrowed
         // mutably while `src` is borrowed shared).
         unsafe { result::memcpy_dtod_async(dst, src, bytes, self.stream) }
@@ -290,7 +291,7 @@ impl Backend for CudaBackend {
             }
             // Work the user queued on the source device must be done before its memory is read.
             src_device.synchronize()?;
-            self.context.bind()?;
+            let _bound = self.context.bind()?;
             // SAFETY: source.ptr holds at least `bytes` in `peer`, dst holds at least `bytes`
             // here; both stay borrowed until the stream has completed the copy.
             unsafe {
@@ -303,7 +304,7 @@ impl Backend for CudaBackend {
     }
 
     fn synchronize(&self) -> Result<()> {
-        self.context.bind()?;
+        let _bound = self.context.bind()?;
         self.complete()
     }
 

@@ -54,7 +54,7 @@ impl Drop for CudaMemory {
         // lazybuf operation on it completed before returning. Statuses are ignored: drop must
         // not panic, and a failed free only leaks.
         unsafe {
-            let _ = self.context.bind();
+            let _bound = self.context.bind();
             let _ = result::free_sync(self.ptr);
         }
     }
@@ -106,7 +106,7 @@ impl Drop for PinnedBlock {
         // more (every transfer completes before returning). Statuses are ignored: drop must
         // not panic, and a failed free only leaks.
         unsafe {
-            let _ = self.context.bind();
+            let _bound = self.context.bind();
             let _ = result::free_host(self.ptr.as_ptr());
         }
     }

@@ -4,7 +4,8 @@
 //! backend starts on any machine: no driver, a driver without a GPU, or a GPU.
 //!
 //! Here: opening (the guarded probe, one retained primary context per device, peer access),
-//! the [`Context`] every handle keeps alive, and the mapping of driver errors to
+//! the [`Context`] every handle keeps alive and binds to the calling thread only for the
+//! length of one operation ([`Bound`]), and the mapping of driver errors to
 //! [`crate::Error`]. The [`Backend`](crate::backend::Backend) impl is in `device.rs`, memory
 //! handles in `memory.rs`, the pinned staging pipeline for pageable transfers in `staging.rs`.
 //!
@@ -24,6 +25,7 @@ pub use device::CudaBackend;
 pub use memory::CudaMemory;
 pub use staging::{CHUNK as STAGING_CHUNK, PIPELINE_MIN as STAGING_MIN_BYTES};
 
+use std::marker::PhantomData;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 
@@ -45,6 +47,7 @@ pub const REQUIRED_SYMBOLS: &[&str] = &[
     "cuDeviceCanAccessPeer",
     "cuDevicePrimaryCtxRetain",
     "cuDevicePrimaryCtxRelease_v2",
+    "cuCtxGetCurrent",
     "cuCtxSetCurrent",
     "cuCtxEnablePeerAccess",
     "cuStreamCreate",
@@ -171,11 +174,18 @@ impl Context {
         Ok(Arc::new(Context { device, ctx }))
     }
 
-    /// Makes this context current on the calling thread: driver calls act on the current
-    /// context, and lazybuf's callers may run on any thread.
-    pub(crate) fn bind(&self) -> Result<()> {
+    /// Makes this context current on the calling thread until the guard is dropped: driver
+    /// calls act on the current context, and lazybuf's callers may run on any thread. The
+    /// guard restores the thread's previous context, so lazybuf never changes which device the
+    /// caller's own CUDA code (or the CUDA runtime's current device) refers to.
+    pub(crate) fn bind(&self) -> Result<Bound<'_>> {
+        let previous = result::ctx::get_current().map_err(|err| cuda_error("cuCtxGetCurrent", err))?;
+        if previous == Some(self.ctx) {
+            return Ok(Bound { restore: None, _context: PhantomData });
+        }
         // SAFETY: ctx is a retained primary context, alive as long as self.
-        unsafe { result::ctx::set_current(self.ctx) }.map_err(|err| cuda_error("cuCtxSetCurrent", err))
+        unsafe { result::ctx::set_current(self.ctx) }.map_err(|err| cuda_error("cuCtxSetCurrent", err))?;
+        Ok(Bound { restore: Some(previous.unwrap_or(std::ptr::null_mut())), _context: PhantomData })
     }
 
     pub(crate) fn raw(&self) -> sys::CUcontext {
@@ -196,12 +206,31 @@ impl Context {
         let mut can = 0;
         // SAFETY: both devices come from cuDeviceGet; `can` is a valid out-pointer.
         let asked = unsafe { sys::cuDeviceCanAccessPeer(&mut can, self.device, peer.device) };
-        if asked != sys::CUresult::CUDA_SUCCESS || can == 0 || self.bind().is_err() {
+        if asked != sys::CUresult::CUDA_SUCCESS || can == 0 {
             return false;
         }
+        let Ok(_bound) = self.bind() else { return false };
         // SAFETY: self is current (bound above) and peer.ctx is a retained context.
         let enabled = unsafe { sys::cuCtxEnablePeerAccess(peer.ctx, 0) };
         matches!(enabled, sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED)
+    }
+}
+
+/// A context made current by [`Context::bind`]; dropping it restores the previous one. Not
+/// `Send`: the binding belongs to the thread that made it.
+#[must_use = "the context is current only while the guard lives"]
+pub(crate) struct Bound<'a> {
+    restore: Option<sys::CUcontext>,
+    _context: PhantomData<(&'a Context, *const ())>,
+}
+
+impl Drop for Bound<'_> {
+    fn drop(&mut self) {
+        if let Some(previous) = self.restore {
+            // SAFETY: `previous` was current on this thread when the guard was made (or null,
+            // which unbinds). The status is ignored: drop must not panic.
+            let _ = unsafe { result::ctx::set_current(previous) };
+        }
     }
 }
 

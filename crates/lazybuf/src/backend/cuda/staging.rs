@@ -148,7 +148,7 @@ impl Drop for Staging {
         // SAFETY: every transfer waited for its stream, so no DMA uses the slots or events;
         // each event is destroyed once. Statuses are ignored: drop must not panic.
         unsafe {
-            let _ = self.context.bind();
+            let _bound = self.context.bind();
             for event in self.lanes.iter().flat_map(|lane| lane.events) {
                 let _ = result::event::destroy(event);
             }
@@ -184,7 +184,7 @@ fn upload_lane(
     src: &[u8],
     dst: sys::CUdeviceptr,
 ) -> Result<()> {
-    context.bind()?;
+    let _bound = context.bind()?;
     let mut in_flight = [false; 2];
     for (i, piece) in src.chunks(CHUNK).enumerate() {
         let slot = i % 2;
@@ -215,7 +215,7 @@ fn download_lane(
     src: sys::CUdeviceptr,
     dst: &mut [u8],
 ) -> Result<()> {
-    context.bind()?;
+    let _bound = context.bind()?;
     let len = dst.len();
     let pieces = len.div_ceil(CHUNK);
     let enqueue = |lane: &Lane, piece: usize| -> Result<()> {

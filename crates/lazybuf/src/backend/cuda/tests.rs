@@ -265,3 +265,32 @@ fn allocations_larger_than_the_device_are_out_of_memory() {
         assert!(err.to_string().contains(device.name()), "{err}");
     }
 }
+
+#[test]
+fn operations_leave_the_callers_current_context_as_it_was() {
+    let devices = cuda_devices("operations_leave_the_callers_current_context_as_it_was");
+    let current = || {
+        let mut ctx = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer; the driver only reports this thread's binding.
+        assert_eq!(unsafe { sys::cuCtxGetCurrent(&mut ctx) }, sys::CUresult::CUDA_SUCCESS);
+        ctx
+    };
+    let contexts: Vec<sys::CUcontext> = devices
+        .iter()
+        .map(|d| match d.backend().raw() {
+            RawDevice::Cuda { context, .. } => context.cast(),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    for before in std::iter::once(std::ptr::null_mut()).chain(contexts.iter().copied()) {
+        for device in &devices {
+            // SAFETY: null unbinds; the others are live primary contexts of opened devices.
+            assert_eq!(unsafe { sys::cuCtxSetCurrent(before) }, sys::CUresult::CUDA_SUCCESS);
+            let mut memory = device.backend().allocate(PIPELINE_MIN).unwrap();
+            device.backend().upload(&ramp(PIPELINE_MIN), &mut memory).unwrap();
+            device.memory_info().unwrap();
+            drop(memory);
+            assert_eq!(current(), before, "an operation on {device:?} changed the current context");
+        }
+    }
+}
