@@ -4,8 +4,8 @@
 //! backend starts on any machine: no driver, a driver without a GPU, or a GPU.
 //!
 //! Here: opening (the guarded probe, one retained primary context per device, peer access),
-//! the [`Context`] every handle keeps alive and binds to the calling thread only for the
-//! length of one operation ([`Bound`]), and the mapping of driver errors to
+//! the `Context` every handle keeps alive and binds to the calling thread only for the
+//! length of one operation (`Bound`), and the mapping of driver errors to
 //! [`crate::Error`]. The [`Backend`](crate::backend::Backend) impl is in `device.rs`, memory
 //! handles in `memory.rs`, the pinned staging pipeline for pageable transfers in `staging.rs`.
 //!
