@@ -1,5 +1,6 @@
 //! The same binary on a machine with no CUDA driver, with a driver but no GPU, with a driver
-//! too old for the backend, and with GPUs that cannot access each other's memory. Each
+//! too old for the backend, with GPUs that cannot access each other's memory, and where
+//! pinned staging memory cannot be had. Each
 //! situation needs its own process (CUDA is probed once per process), so each test here
 //! re-runs this test binary with one `#[ignore]`d child test and a different environment;
 //! the children run only that way.
@@ -14,7 +15,8 @@ mod cuda_common;
 use std::path::PathBuf;
 use std::process::Command;
 
-use cuda_common::{DOUBLE_NAME, ramp};
+use cuda_common::{DOUBLE_NAME, copies, fail_allocation, pinned_copies, ramp};
+use lazybuf::backend::cuda::STAGING_CHUNK;
 use lazybuf::{BackendKind, BufferState, Device, UnifiedBuffer};
 
 /// Runs the child test `name` in a new process of this binary with `env` changed (`None`
@@ -192,4 +194,31 @@ fn child_with_peer_access() {
     assert_eq!(buf.state_on(second), BufferState::DeviceDirty, "the host stays stale");
     buf.mark_dirty_on(second).unwrap();
     assert_eq!(buf.to_vec().unwrap(), data);
+}
+
+#[test]
+fn without_pinned_staging_large_transfers_take_the_drivers_path() {
+    if double_dir("without_pinned_staging_large_transfers_take_the_drivers_path").is_some() {
+        run_child("child_without_pinned_staging", &[]);
+    }
+}
+
+#[test]
+#[ignore = "run in a child process by without_pinned_staging_large_transfers_take_the_drivers_path"]
+fn child_without_pinned_staging() {
+    let cuda: Vec<Device> =
+        lazybuf::devices().into_iter().filter(|d| d.backend_kind() == BackendKind::Cuda).collect();
+    let n = 3 * STAGING_CHUNK;
+    let mut buf = UnifiedBuffer::from_slice(&ramp(n), &cuda[0]).unwrap();
+    // This fresh process has no staging yet: the device allocation succeeds, the staging
+    // allocation after it fails, and the upload still arrives, by the driver's own path.
+    fail_allocation(2);
+    let (all, pinned) = (copies(), pinned_copies());
+    buf.sync_to_device().unwrap();
+    assert_eq!((copies() - all, pinned_copies() - pinned), (1, 0));
+    // The next large transfer gets its staging.
+    buf.mark_device_dirty().unwrap();
+    let (all, pinned) = (copies(), pinned_copies());
+    assert!(buf.host().unwrap() == &ramp(n)[..]);
+    assert_eq!((copies() - all, pinned_copies() - pinned), (3, 3));
 }
