@@ -42,6 +42,8 @@ fn registry() -> &'static Registry {
             });
             devices.extend(found.unwrap_or_default());
         };
+        #[cfg(feature = "cuda")]
+        probe(BackendKind::Cuda, crate::backend::cuda::open_all());
         #[cfg(feature = "opencl")]
         probe(BackendKind::OpenCl, crate::backend::opencl::open_all());
         probe(BackendKind::Host, Ok(vec![Device::host()]));

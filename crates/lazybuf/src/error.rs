@@ -53,7 +53,7 @@ impl fmt::Display for RuntimeCode {
             RuntimeCode::OpenCl(code) => {
                 write!(f, "OpenCL status {code} ({})", opencl_code_name(*code))
             }
-            RuntimeCode::Cuda(code) => write!(f, "CUDA status {code}"),
+            RuntimeCode::Cuda(code) => write!(f, "CUDA status {code} ({})", cuda_code_name(*code)),
             RuntimeCode::Os(code) => write!(f, "{}", std::io::Error::from_raw_os_error(*code)),
         }
     }
@@ -73,6 +73,25 @@ fn opencl_code_name(code: i32) -> &'static str {
         -61 => "CL_INVALID_BUFFER_SIZE",
         -1001 => "CL_PLATFORM_NOT_FOUND_KHR",
         _ => "see the OpenCL headers",
+    }
+}
+
+fn cuda_code_name(code: u32) -> &'static str {
+    match code {
+        1 => "CUDA_ERROR_INVALID_VALUE",
+        2 => "CUDA_ERROR_OUT_OF_MEMORY",
+        3 => "CUDA_ERROR_NOT_INITIALIZED",
+        4 => "CUDA_ERROR_DEINITIALIZED",
+        100 => "CUDA_ERROR_NO_DEVICE",
+        101 => "CUDA_ERROR_INVALID_DEVICE",
+        201 => "CUDA_ERROR_INVALID_CONTEXT",
+        217 => "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED",
+        400 => "CUDA_ERROR_INVALID_HANDLE",
+        700 => "CUDA_ERROR_ILLEGAL_ADDRESS",
+        719 => "CUDA_ERROR_LAUNCH_FAILED",
+        801 => "CUDA_ERROR_NOT_SUPPORTED",
+        999 => "CUDA_ERROR_UNKNOWN",
+        _ => "see cuda.h",
     }
 }
 

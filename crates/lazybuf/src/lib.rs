@@ -7,7 +7,7 @@
 //! Layout of the crate:
 //! - [`coherence`]: the contract as pure code (which copy is valid, what must move);
 //! - [`buffer`]: the buffer that executes coherence plans over real memory;
-//! - [`backend`]: the device interface and one folder per runtime (host, OpenCL);
+//! - [`backend`]: the device interface and one folder per runtime (host, OpenCL, CUDA);
 //! - [`device`] and [`discovery`]: device handles, what they report, the default device;
 //! - [`host_memory`]: host blocks (pageable, page-locked, runtime-owned);
 //! - [`resource`]: where buffers get memory (direct from backends; policies wrap it);

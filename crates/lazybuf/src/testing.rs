@@ -30,7 +30,7 @@ impl FaultPlan {
         self.fail_allocation.store(if n == 0 { 0 } else { done + n }, Ordering::SeqCst);
     }
 
-    /// Makes the `n`-th copy from now fail (uploads, downloads, device copies and fills).
+    /// Makes the `n`-th copy from now fail (uploads, downloads, device and peer copies, fills).
     pub fn fail_copy_in(&self, n: u64) {
         let done = self.copies.load(Ordering::SeqCst);
         self.fail_copy.store(if n == 0 { 0 } else { done + n }, Ordering::SeqCst);
@@ -144,6 +144,26 @@ impl Backend for FaultyDevice {
     fn copy(&self, src: &DeviceMemory, dst: &mut DeviceMemory, bytes: usize) -> Result<()> {
         self.copy_op()?;
         self.inner.backend().copy(src, dst, bytes)
+    }
+
+    fn can_copy_from_peer(&self, src: &Device) -> bool {
+        self.inner.backend().can_copy_from_peer(src)
+    }
+
+    fn copy_from_peer(
+        &self,
+        src_device: &Device,
+        src: &DeviceMemory,
+        dst: &mut DeviceMemory,
+        bytes: usize,
+    ) -> Option<Result<()>> {
+        if !self.inner.backend().can_copy_from_peer(src_device) {
+            return None;
+        }
+        if let Err(err) = self.copy_op() {
+            return Some(Err(err));
+        }
+        self.inner.backend().copy_from_peer(src_device, src, dst, bytes)
     }
 
     fn synchronize(&self) -> Result<()> {

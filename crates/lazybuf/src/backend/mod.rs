@@ -15,10 +15,12 @@ use std::any::Any;
 use std::ffi::c_void;
 use std::fmt;
 
-use crate::device::{DeviceInfo, MemoryInfo};
+use crate::device::{Device, DeviceInfo, MemoryInfo};
 use crate::error::Result;
 use crate::host_memory::HostMemory;
 
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod host;
 #[cfg(feature = "opencl")]
 pub mod opencl;
@@ -71,6 +73,27 @@ pub trait Backend: Send + Sync + fmt::Debug {
 
     /// Copies the first `bytes` of `src` into `dst`, both on this device.
     fn copy(&self, src: &DeviceMemory, dst: &mut DeviceMemory, bytes: usize) -> Result<()>;
+
+    /// Whether [`Backend::copy_from_peer`] can copy memory of `src` (another device) into
+    /// this device's memory without staging through the host.
+    fn can_copy_from_peer(&self, src: &Device) -> bool {
+        let _ = src;
+        false
+    }
+
+    /// Copies the first `bytes` of `src`, memory of `src_device`, into `dst`, memory of this
+    /// device, without the host; `None` when this pair cannot copy directly (the buffer then
+    /// stages through the host). Work queued on `src_device` completes first.
+    fn copy_from_peer(
+        &self,
+        src_device: &Device,
+        src: &DeviceMemory,
+        dst: &mut DeviceMemory,
+        bytes: usize,
+    ) -> Option<Result<()>> {
+        let _ = (src_device, src, dst, bytes);
+        None
+    }
 
     /// Waits until all work queued on the device's queue is done.
     fn synchronize(&self) -> Result<()>;

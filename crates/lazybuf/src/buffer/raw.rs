@@ -242,7 +242,12 @@ impl RawBuffer {
     }
 
     fn access(&mut self, at: Location, device: Option<&Device>, access: Access) -> Result<()> {
-        let plan = self.coherence.plan(at, access, |_, _| false);
+        let copies = &self.copies;
+        let plan = self.coherence.plan(at, access, |from, to| {
+            let source = copies.iter().find(|c| c.device.id() == from);
+            let target = device.filter(|d| d.id() == to);
+            matches!((source, target), (Some(s), Some(t)) if t.backend().can_copy_from_peer(&s.device))
+        });
         if plan.is_empty() {
             self.coherence.commit(at, access, &plan);
             return Ok(());
@@ -339,7 +344,14 @@ impl RawBuffer {
             (Location::Device(a), Location::Device(b)) => {
                 let (i, j) = (self.copy_index(a).expect("source"), self.copy_index(b).expect("target"));
                 let (src, dst) = pair_mut(&mut self.copies, i, j);
-                dst.device.backend().copy(&src.memory, &mut dst.memory, n)?;
+                let direct =
+                    dst.device.backend().copy_from_peer(&src.device, &src.memory, &mut dst.memory, n);
+                direct.unwrap_or_else(|| {
+                    Err(Error::invalid(
+                        "copy",
+                        format!("{} cannot copy directly from {}", dst.device, src.device),
+                    ))
+                })?;
                 stats.device_to_device.add(n);
             }
             (Location::Host, Location::Host) => {}

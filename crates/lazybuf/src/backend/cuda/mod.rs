@@ -1,0 +1,261 @@
+//! CUDA devices through `cudarc`'s driver API: its raw `sys` layer and its thin `result`
+//! layer, never its `safe` layer (whose slices track events and allocate from stream-ordered
+//! pools behind the caller's back). libcuda is loaded at run time, so a binary built with this
+//! backend starts on any machine: no driver, a driver without a GPU, or a GPU.
+//!
+//! Here: opening (the guarded probe, one retained primary context per device, peer access),
+//! the `Context` every handle keeps alive and binds to the calling thread only for the
+//! length of one operation (`Bound`), and the mapping of driver errors to
+//! [`crate::Error`]. The [`Backend`](crate::backend::Backend) impl is in `device.rs`, memory
+//! handles in `memory.rs`, the pinned staging pipeline for pageable transfers in `staging.rs`.
+//!
+//! cudarc panics instead of returning an error when libcuda is missing or lacks a symbol.
+//! [`open_all`] therefore asks `is_culib_present()` first, then looks up every entry point
+//! the backend will ever call ([`REQUIRED_SYMBOLS`]) before calling any, and runs the whole
+//! probe under `catch_unwind` as a last line of defence. After a successful open no call can
+//! hit a missing symbol, because each one was found.
+
+mod device;
+mod memory;
+mod staging;
+#[cfg(test)]
+mod tests;
+
+pub use device::CudaBackend;
+pub use memory::CudaMemory;
+pub use staging::{CHUNK as STAGING_CHUNK, PIPELINE_MIN as STAGING_MIN_BYTES};
+
+use std::marker::PhantomData;
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::result::{self, DriverError};
+use cudarc::driver::sys;
+
+use crate::coherence::DeviceId;
+use crate::device::Device;
+use crate::error::{BackendKind, Error, Result, RuntimeCode};
+
+/// Every driver entry point the backend calls (all exist in drivers for CUDA 11.0 and later).
+pub const REQUIRED_SYMBOLS: &[&str] = &[
+    "cuInit",
+    "cuDeviceGetCount",
+    "cuDeviceGet",
+    "cuDeviceGetName",
+    "cuDeviceTotalMem_v2",
+    "cuDeviceGetAttribute",
+    "cuDeviceCanAccessPeer",
+    "cuDevicePrimaryCtxRetain",
+    "cuDevicePrimaryCtxRelease_v2",
+    "cuCtxGetCurrent",
+    "cuCtxSetCurrent",
+    "cuCtxEnablePeerAccess",
+    "cuStreamCreate",
+    "cuStreamDestroy_v2",
+    "cuStreamSynchronize",
+    "cuEventCreate",
+    "cuEventRecord",
+    "cuEventSynchronize",
+    "cuEventDestroy_v2",
+    "cuMemAlloc_v2",
+    "cuMemFree_v2",
+    "cuMemGetInfo_v2",
+    "cuMemHostAlloc",
+    "cuMemFreeHost",
+    "cuMemHostGetFlags",
+    "cuMemcpyHtoDAsync_v2",
+    "cuMemcpyDtoHAsync_v2",
+    "cuMemcpyDtoDAsync_v2",
+    "cuMemcpyPeerAsync",
+    "cuMemsetD8Async",
+    "cuMemsetD16Async",
+    "cuMemsetD32Async",
+];
+
+/// Opens every CUDA device, or says why CUDA is unavailable. Never panics.
+pub fn open_all() -> Result<Vec<Device>> {
+    // SAFETY: is_culib_present only tries to dlopen the libcuda candidates and closes them
+    // again; it calls no driver function.
+    if !unsafe { sys::is_culib_present() } {
+        return Err(unavailable("libcuda could not be loaded (no NVIDIA driver is installed)"));
+    }
+    // cudarc panics on a missing symbol; open_devices checks the symbols first, and this
+    // catch_unwind is the last line of defence should cudarc panic anyway. Unwind safety: on
+    // a panic nothing the closure touched is used again (half-opened contexts are leaked).
+    match std::panic::catch_unwind(AssertUnwindSafe(open_devices)) {
+        Ok(opened) => opened,
+        Err(payload) => {
+            let message = payload
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| payload.downcast_ref::<&str>().copied())
+                .unwrap_or("no message");
+            Err(unavailable(format!("the CUDA driver could not be used (cudarc panicked: {message})")))
+        }
+    }
+}
+
+fn open_devices() -> Result<Vec<Device>> {
+    let missing = missing_symbols();
+    if !missing.is_empty() {
+        return Err(unavailable(format!(
+            "the CUDA driver lacks {} (update the NVIDIA driver)",
+            missing.join(", ")
+        )));
+    }
+    result::init().map_err(|err| match err.0 {
+        sys::CUresult::CUDA_ERROR_NO_DEVICE => {
+            unavailable("a CUDA driver is installed but reports no device (CUDA_ERROR_NO_DEVICE)")
+        }
+        code => unavailable(format!("cuInit failed: {code:?}")),
+    })?;
+    let count = result::device::get_count().map_err(|err| cuda_error("cuDeviceGetCount", err))?;
+    if count <= 0 {
+        return Err(unavailable("the CUDA driver reports no device"));
+    }
+    let contexts = (0..count).map(Context::retain).collect::<Result<Vec<_>>>()?;
+    let mut devices = Vec::with_capacity(contexts.len());
+    for context in &contexts {
+        let peers = contexts.iter().filter(|peer| context.enable_peer_access(peer)).cloned().collect();
+        let backend = CudaBackend::open(context.clone(), peers)?;
+        let capability = backend.compute_capability();
+        let device = Device::from_backend(Arc::new(backend));
+        capabilities().lock().unwrap_or_else(|e| e.into_inner()).push((device.id(), capability));
+        devices.push(device);
+    }
+    Ok(devices)
+}
+
+/// The entry points of [`REQUIRED_SYMBOLS`] that the loaded driver lacks.
+fn missing_symbols() -> Vec<&'static str> {
+    // SAFETY: culib() loads libcuda, which is_culib_present() just found (if it panics after
+    // all, open_all catches it); it calls no driver function.
+    let lib = unsafe { sys::culib() };
+    REQUIRED_SYMBOLS
+        .iter()
+        .copied()
+        // SAFETY: get only looks the name up (dlsym); the symbol is never called through it.
+        .filter(|name| unsafe { lib.get::<unsafe extern "C" fn()>(name.as_bytes()) }.is_err())
+        .collect()
+}
+
+fn capabilities() -> &'static Mutex<Vec<(DeviceId, (u32, u32))>> {
+    static CAPABILITIES: Mutex<Vec<(DeviceId, (u32, u32))>> = Mutex::new(Vec::new());
+    &CAPABILITIES
+}
+
+/// The compute capability (major, minor) of a CUDA device; `None` for other devices.
+pub fn compute_capability(device: &Device) -> Option<(u32, u32)> {
+    let opened = capabilities().lock().unwrap_or_else(|e| e.into_inner());
+    opened.iter().find(|(id, _)| *id == device.id()).map(|&(_, capability)| capability)
+}
+
+/// A device's retained primary context. Every handle that needs the device (the backend, its
+/// memory, pinned host blocks) holds an `Arc`, so the context outlives all of them; the last
+/// one releases it.
+#[derive(Debug)]
+pub(crate) struct Context {
+    device: sys::CUdevice,
+    ctx: sys::CUcontext,
+}
+
+// SAFETY: the driver API is thread-safe and a context may be made current on any thread
+// (CUDA programming guide, "Context"); this value only holds the handle and the device ordinal.
+unsafe impl Send for Context {}
+// SAFETY: see Send; shared use only makes the context current or passes it to the driver.
+unsafe impl Sync for Context {}
+
+impl Context {
+    fn retain(ordinal: i32) -> Result<Arc<Context>> {
+        let device = result::device::get(ordinal).map_err(|err| cuda_error("cuDeviceGet", err))?;
+        // SAFETY: device was returned by cuDeviceGet; the context is released in Drop.
+        let ctx = unsafe { result::primary_ctx::retain(device) }
+            .map_err(|err| cuda_error("cuDevicePrimaryCtxRetain", err))?;
+        Ok(Arc::new(Context { device, ctx }))
+    }
+
+    /// Makes this context current on the calling thread until the guard is dropped: driver
+    /// calls act on the current context, and lazybuf's callers may run on any thread. The
+    /// guard restores the thread's previous context, so lazybuf never changes which device the
+    /// caller's own CUDA code (or the CUDA runtime's current device) refers to.
+    pub(crate) fn bind(&self) -> Result<Bound<'_>> {
+        let previous = result::ctx::get_current().map_err(|err| cuda_error("cuCtxGetCurrent", err))?;
+        if previous == Some(self.ctx) {
+            return Ok(Bound { restore: None, _context: PhantomData });
+        }
+        // SAFETY: ctx is a retained primary context, alive as long as self.
+        unsafe { result::ctx::set_current(self.ctx) }.map_err(|err| cuda_error("cuCtxSetCurrent", err))?;
+        Ok(Bound { restore: Some(previous.unwrap_or(std::ptr::null_mut())), _context: PhantomData })
+    }
+
+    pub(crate) fn raw(&self) -> sys::CUcontext {
+        self.ctx
+    }
+
+    pub(crate) fn device(&self) -> sys::CUdevice {
+        self.device
+    }
+
+    /// Whether this context can copy straight from `peer`'s memory: true for itself, and for
+    /// another device whose memory the driver lets this one access (peer access is then
+    /// enabled here). Any failure means "no": copies then go through the host.
+    fn enable_peer_access(&self, peer: &Context) -> bool {
+        if peer.device == self.device {
+            return true;
+        }
+        let mut can = 0;
+        // SAFETY: both devices come from cuDeviceGet; `can` is a valid out-pointer.
+        let asked = unsafe { sys::cuDeviceCanAccessPeer(&mut can, self.device, peer.device) };
+        if asked != sys::CUresult::CUDA_SUCCESS || can == 0 {
+            return false;
+        }
+        let Ok(_bound) = self.bind() else { return false };
+        // SAFETY: self is current (bound above) and peer.ctx is a retained context.
+        let enabled = unsafe { sys::cuCtxEnablePeerAccess(peer.ctx, 0) };
+        matches!(enabled, sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED)
+    }
+}
+
+/// A context made current by [`Context::bind`]; dropping it restores the previous one. Not
+/// `Send`: the binding belongs to the thread that made it.
+#[must_use = "the context is current only while the guard lives"]
+pub(crate) struct Bound<'a> {
+    restore: Option<sys::CUcontext>,
+    _context: PhantomData<(&'a Context, *const ())>,
+}
+
+impl Drop for Bound<'_> {
+    fn drop(&mut self) {
+        if let Some(previous) = self.restore {
+            // SAFETY: `previous` was current on this thread when the guard was made (or null,
+            // which unbinds). The status is ignored: drop must not panic.
+            let _ = unsafe { result::ctx::set_current(previous) };
+        }
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // SAFETY: the context was retained once in `retain` and is released once here. The
+        // status is ignored: drop must not panic, and a failed release only leaks.
+        let _ = unsafe { result::primary_ctx::release(self.device) };
+    }
+}
+
+/// Maps a failed driver call to lazybuf's error.
+pub(crate) fn cuda_error(call: &'static str, err: DriverError) -> Error {
+    Error::Runtime { backend: BackendKind::Cuda, call, code: RuntimeCode::Cuda(err.0 as u32) }
+}
+
+/// Maps a failed allocation: out-of-memory stays recognisable (pools trim and retry on it).
+pub(crate) fn allocation_error(call: &'static str, err: DriverError, device: &str, bytes: usize) -> Error {
+    if err.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+        Error::OutOfMemory { device: device.to_string(), requested: bytes, code: Some(RuntimeCode::Cuda(2)) }
+    } else {
+        cuda_error(call, err)
+    }
+}
+
+fn unavailable(reason: impl Into<String>) -> Error {
+    Error::BackendUnavailable { backend: BackendKind::Cuda, reason: reason.into() }
+}

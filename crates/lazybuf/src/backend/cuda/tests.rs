@@ -1,0 +1,296 @@
+//! Tests of every CUDA [`Backend`] operation, on whatever CUDA devices the process finds: the
+//! driver-API test double under `scripts/test-cuda-double.sh`, or a GPU. Without a CUDA device
+//! each test prints a visible skip. Buffer-level, fault-injection and real-GPU tests are in
+//! `tests/cuda*.rs`.
+
+use cudarc::driver::sys;
+
+use super::staging::{CHUNK, PIPELINE_MIN};
+use crate::backend::{DeviceMemory, RawDevice, RawMemory};
+use crate::device::{Device, MemorySource};
+use crate::error::{BackendKind, Error};
+use crate::host_memory::fill_pattern;
+
+fn cuda_devices(test: &str) -> Vec<Device> {
+    let found: Vec<Device> =
+        crate::devices().into_iter().filter(|d| d.backend_kind() == BackendKind::Cuda).collect();
+    if found.is_empty() {
+        assert!(
+            std::env::var_os("LAZYBUF_REQUIRE_CUDA").is_none(),
+            "{test}: LAZYBUF_REQUIRE_CUDA is set but there is no CUDA device"
+        );
+        eprintln!(
+            "SKIPPED {test}: no CUDA device (run with LD_LIBRARY_PATH=target/cuda-double, \
+             scripts/test-cuda-double.sh, or on a GPU)"
+        );
+    }
+    found
+}
+
+fn ramp(n: usize) -> Vec<u8> {
+    (0..n).map(|i| (i % 251) as u8).collect()
+}
+
+fn download(device: &Device, memory: &DeviceMemory, n: usize) -> Vec<u8> {
+    let mut out = vec![0x11; n];
+    device.backend().download(memory, &mut out).unwrap();
+    out
+}
+
+#[test]
+fn every_operation_acts_on_a_prefix() {
+    for device in cuda_devices("every_operation_acts_on_a_prefix") {
+        let backend = device.backend();
+        let mut a = backend.allocate(1000).unwrap();
+        let mut b = backend.allocate(1000).unwrap();
+        backend.fill(&mut a, &[0xEE], 1000).unwrap();
+        backend.fill(&mut b, &[0xDD], 1000).unwrap();
+        backend.upload(&ramp(600), &mut a).unwrap();
+        let all = download(&device, &a, 1000);
+        assert_eq!(&all[..600], &ramp(600)[..]);
+        assert!(all[600..].iter().all(|&x| x == 0xEE), "upload wrote past its length");
+        assert_eq!(download(&device, &a, 100), &ramp(100)[..]);
+
+        backend.copy(&a, &mut b, 300).unwrap();
+        let copied = download(&device, &b, 1000);
+        assert_eq!(&copied[..300], &ramp(300)[..]);
+        assert!(copied[300..].iter().all(|&x| x == 0xDD), "copy wrote past its length");
+
+        backend.fill(&mut b, &[1, 2], 10).unwrap();
+        assert_eq!(&download(&device, &b, 12)[..], &[1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 10, 11]);
+        backend.synchronize().unwrap();
+    }
+}
+
+#[test]
+fn lengths_beyond_an_allocation_and_bad_patterns_are_errors() {
+    for device in cuda_devices("lengths_beyond_an_allocation_and_bad_patterns_are_errors") {
+        let backend = device.backend();
+        let mut a = backend.allocate(64).unwrap();
+        let mut b = backend.allocate(32).unwrap();
+        let mismatch = |r: crate::Result<()>| matches!(r, Err(Error::LengthMismatch { .. }));
+        assert!(mismatch(backend.upload(&[0; 65], &mut a)));
+        assert!(mismatch(backend.download(&a, &mut [0; 65])));
+        assert!(mismatch(backend.copy(&a, &mut b, 33)));
+        assert!(mismatch(backend.fill(&mut a, &[0], 65)));
+        let err = backend.fill(&mut a, &[1, 2, 3], 64).unwrap_err().to_string();
+        assert!(err.contains("pattern whose length divides 64"), "{err}");
+        let err = backend.fill(&mut a, &[], 64).unwrap_err().to_string();
+        assert!(err.contains("non-empty pattern"), "{err}");
+        // Empty operations touch nothing.
+        backend.upload(&[], &mut a).unwrap();
+        backend.download(&a, &mut []).unwrap();
+        backend.copy(&a, &mut b, 0).unwrap();
+        backend.fill(&mut a, &[9], 0).unwrap();
+    }
+}
+
+#[test]
+fn memory_of_another_device_is_refused() {
+    let devices = cuda_devices("memory_of_another_device_is_refused");
+    let host = Device::host();
+    for device in &devices {
+        let mut foreign = host.backend().allocate(16).unwrap();
+        let err = device.backend().upload(&[1; 16], &mut foreign).unwrap_err().to_string();
+        assert!(err.contains("expected memory of"), "{err}");
+    }
+    if let [first, second, ..] = &devices[..] {
+        let theirs = second.backend().allocate(16).unwrap();
+        let mut mine = first.backend().allocate(16).unwrap();
+        assert!(first.backend().copy(&theirs, &mut mine, 16).is_err());
+    }
+}
+
+#[test]
+fn fills_every_element_size_with_memsets_or_doubling_copies() {
+    let patterns: [&[u8]; 10] = [
+        &[7],
+        &[3, 3],
+        &[1, 2],
+        &[5, 5, 5, 5],
+        &[1, 2, 1, 2],
+        &[0, 0, 128, 63],
+        &[0, 0, 128, 63, 0, 0, 128, 63],
+        &[0, 0, 0, 0, 0, 0, 248, 63],
+        &[1, 2, 3],
+        &[9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 1, 2, 3, 4, 5, 6],
+    ];
+    for device in cuda_devices("fills_every_element_size_with_memsets_or_doubling_copies") {
+        let backend = device.backend();
+        for pattern in patterns {
+            // Below, at and well above the doubling seed, and never a power of two.
+            for elements in [1, 1000, 65536 / pattern.len() + 1, 300_007] {
+                let bytes = elements * pattern.len();
+                let mut memory = backend.allocate(bytes + 8).unwrap();
+                backend.fill(&mut memory, &[0xAB], bytes + 8).unwrap();
+                backend.fill(&mut memory, pattern, bytes).unwrap();
+                let got = download(&device, &memory, bytes + 8);
+                let mut want = vec![0; bytes];
+                fill_pattern(&mut want, pattern);
+                assert!(got[..bytes] == want[..], "fill {pattern:?} x {elements}");
+                assert_eq!(&got[bytes..], &[0xAB; 8], "fill {pattern:?} wrote past its length");
+            }
+        }
+    }
+}
+
+#[test]
+fn pinned_host_memory_is_page_locked_portable_and_not_write_combined() {
+    for device in cuda_devices("pinned_host_memory_is_page_locked_portable_and_not_write_combined") {
+        let backend = device.backend();
+        let mut block = backend.allocate_host(1 << 20, true).unwrap();
+        assert!(block.is_pinned());
+        assert!(block.as_slice().iter().all(|&b| b == 0), "fresh pinned memory reads as zeros");
+        block.as_mut_slice().copy_from_slice(&ramp(1 << 20));
+        assert_eq!(block.as_slice(), &ramp(1 << 20)[..]);
+        let mut flags = 0;
+        if let RawDevice::Cuda { context, .. } = backend.raw() {
+            // SAFETY: a test asking the driver about memory it allocated; context is live.
+            let status = unsafe {
+                sys::cuCtxSetCurrent(context.cast());
+                sys::cuMemHostGetFlags(&mut flags, block.as_mut_ptr().cast())
+            };
+            assert_eq!(status, sys::CUresult::CUDA_SUCCESS);
+        }
+        assert_ne!(flags & sys::CU_MEMHOSTALLOC_PORTABLE, 0);
+        assert_eq!(flags & sys::CU_MEMHOSTALLOC_WRITECOMBINED, 0);
+
+        assert!(!backend.allocate_host(1 << 20, false).unwrap().is_pinned());
+        let empty = backend.allocate_host(0, true).unwrap();
+        assert!(empty.is_pinned() && empty.is_empty());
+    }
+}
+
+#[test]
+fn large_transfers_round_trip_pinned_and_pageable() {
+    // Not a multiple of the staging piece, so the last piece of each lane is partial.
+    let n = 3 * CHUNK + 12_345;
+    assert!(n >= PIPELINE_MIN);
+    let data = ramp(n);
+    for device in cuda_devices("large_transfers_round_trip_pinned_and_pageable") {
+        let backend = device.backend();
+        for pinned in [false, true] {
+            let mut host = backend.allocate_host(n, pinned).unwrap();
+            host.as_mut_slice().copy_from_slice(&data);
+            let mut memory = backend.allocate(n + 100).unwrap();
+            backend.fill(&mut memory, &[0x77], n + 100).unwrap();
+            backend.upload(host.as_slice(), &mut memory).unwrap();
+            let mut back = backend.allocate_host(n, pinned).unwrap();
+            backend.download(&memory, back.as_mut_slice()).unwrap();
+            assert!(back.as_slice() == &data[..], "pinned: {pinned}");
+            assert_eq!(download(&device, &memory, n + 100)[n..], [0x77; 100]);
+        }
+    }
+}
+
+#[test]
+fn concurrent_transfers_from_many_threads() {
+    for device in cuda_devices("concurrent_transfers_from_many_threads") {
+        std::thread::scope(|scope| {
+            for t in 0..4u8 {
+                let device = device.clone();
+                scope.spawn(move || {
+                    let n = PIPELINE_MIN + usize::from(t) * 4099;
+                    let data: Vec<u8> = ramp(n).into_iter().map(|b| b ^ t).collect();
+                    let backend = device.backend();
+                    let mut memory = backend.allocate(n).unwrap();
+                    for _ in 0..3 {
+                        backend.upload(&data, &mut memory).unwrap();
+                        assert!(download(&device, &memory, n) == data);
+                    }
+                });
+            }
+        });
+    }
+}
+
+#[test]
+fn peer_copies_go_straight_between_devices() {
+    let devices = cuda_devices("peer_copies_go_straight_between_devices");
+    let [first, second, ..] = &devices[..] else {
+        eprintln!("SKIPPED peer_copies_go_straight_between_devices: needs two CUDA devices");
+        return;
+    };
+    let (a, b) = (first.backend(), second.backend());
+    assert!(a.can_copy_from_peer(first), "a device copies from itself");
+    assert!(!a.can_copy_from_peer(&Device::host()));
+    if !b.can_copy_from_peer(first) {
+        eprintln!("SKIPPED peer_copies_go_straight_between_devices: the driver allows no peer access");
+        return;
+    }
+    let mut src = a.allocate(5000).unwrap();
+    a.upload(&ramp(5000), &mut src).unwrap();
+    let mut dst = b.allocate(6000).unwrap();
+    b.fill(&mut dst, &[0x44], 6000).unwrap();
+    b.copy_from_peer(first, &src, &mut dst, 4000).expect("peers copy directly").unwrap();
+    let got = download(second, &dst, 6000);
+    assert_eq!(&got[..4000], &ramp(4000)[..]);
+    assert!(got[4000..].iter().all(|&x| x == 0x44));
+    let err = b.copy_from_peer(first, &src, &mut dst, 5001).unwrap().unwrap_err();
+    assert!(matches!(err, Error::LengthMismatch { .. }), "{err}");
+    // Host memory is not a peer: no direct copy.
+    let host_memory = Device::host().backend().allocate(16).unwrap();
+    assert!(b.copy_from_peer(&Device::host(), &host_memory, &mut dst, 16).is_none());
+}
+
+#[test]
+fn discovery_reports_what_the_driver_says() {
+    for device in cuda_devices("discovery_reports_what_the_driver_says") {
+        let info = device.info();
+        assert!(info.is_gpu && info.total_memory > 0 && !info.name.is_empty());
+        assert_eq!(info.vendor, "NVIDIA");
+        let memory = device.memory_info().unwrap();
+        assert_eq!(memory.source, MemorySource::Runtime);
+        assert!(memory.free <= memory.total && memory.total == info.total_memory);
+        let (major, _) = super::compute_capability(&device).expect("CUDA devices have a compute capability");
+        assert!(major >= 3);
+        assert!(matches!(device.backend().raw(), RawDevice::Cuda { context, stream }
+            if !context.is_null() && !stream.is_null()));
+        let memory = device.backend().allocate(64).unwrap();
+        // SAFETY: only reads the handle.
+        assert!(matches!(unsafe { memory.raw() }, RawMemory::Cuda(ptr) if ptr != 0));
+        let empty = device.backend().allocate(0).unwrap();
+        // SAFETY: only reads the handle.
+        assert_eq!(unsafe { empty.raw() }, RawMemory::Cuda(0));
+    }
+    assert_eq!(super::compute_capability(&Device::host()), None);
+}
+
+#[test]
+fn allocations_larger_than_the_device_are_out_of_memory() {
+    for device in cuda_devices("allocations_larger_than_the_device_are_out_of_memory") {
+        let too_big = device.info().total_memory as usize + (1 << 20);
+        let err = device.backend().allocate(too_big).unwrap_err();
+        assert!(err.is_out_of_memory(), "{err}");
+        assert!(err.to_string().contains(device.name()), "{err}");
+    }
+}
+
+#[test]
+fn operations_leave_the_callers_current_context_as_it_was() {
+    let devices = cuda_devices("operations_leave_the_callers_current_context_as_it_was");
+    let current = || {
+        let mut ctx = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer; the driver only reports this thread's binding.
+        assert_eq!(unsafe { sys::cuCtxGetCurrent(&mut ctx) }, sys::CUresult::CUDA_SUCCESS);
+        ctx
+    };
+    let contexts: Vec<sys::CUcontext> = devices
+        .iter()
+        .map(|d| match d.backend().raw() {
+            RawDevice::Cuda { context, .. } => context.cast(),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    for before in std::iter::once(std::ptr::null_mut()).chain(contexts.iter().copied()) {
+        for device in &devices {
+            // SAFETY: null unbinds; the others are live primary contexts of opened devices.
+            assert_eq!(unsafe { sys::cuCtxSetCurrent(before) }, sys::CUresult::CUDA_SUCCESS);
+            let mut memory = device.backend().allocate(PIPELINE_MIN).unwrap();
+            device.backend().upload(&ramp(PIPELINE_MIN), &mut memory).unwrap();
+            device.memory_info().unwrap();
+            drop(memory);
+            assert_eq!(current(), before, "an operation on {device:?} changed the current context");
+        }
+    }
+}

@@ -1,0 +1,119 @@
+//! Shared helpers of the CUDA test files: finding CUDA devices (or printing a visible skip),
+//! telling the driver-API test double from a real GPU, and reaching the double's test hooks.
+//!
+//! Run these tests with the double through `scripts/test-cuda-double.sh`, which also sets
+//! `LAZYBUF_REQUIRE_CUDA=1` so that a double that failed to load fails the run instead of
+//! skipping it.
+
+#![allow(dead_code)]
+
+use std::ffi::{CStr, c_void};
+
+use lazybuf::{BackendKind, Device};
+
+/// The name prefix of the test double's devices.
+pub const DOUBLE_NAME: &str = "lazybuf CUDA test double";
+
+/// The CUDA devices, or `None` after printing why the test is skipped (a panic instead when
+/// `LAZYBUF_REQUIRE_CUDA` is set).
+pub fn cuda_devices(test: &str) -> Option<Vec<Device>> {
+    let found: Vec<Device> =
+        lazybuf::devices().into_iter().filter(|d| d.backend_kind() == BackendKind::Cuda).collect();
+    if !found.is_empty() {
+        return Some(found);
+    }
+    let why = lazybuf::backend_status()
+        .into_iter()
+        .find(|s| s.backend == BackendKind::Cuda)
+        .and_then(|s| s.devices.err())
+        .unwrap_or_else(|| "no CUDA device".into());
+    if std::env::var_os("LAZYBUF_REQUIRE_CUDA").is_some() {
+        panic!("{test}: LAZYBUF_REQUIRE_CUDA is set but CUDA is unavailable: {why}");
+    }
+    eprintln!(
+        "SKIPPED {test}: no CUDA device ({why}); run with LD_LIBRARY_PATH=target/cuda-double \
+         (scripts/test-cuda-double.sh) or on a GPU"
+    );
+    None
+}
+
+/// Whether `device` is the test double rather than a GPU.
+pub fn is_double(device: &Device) -> bool {
+    device.name().starts_with(DOUBLE_NAME)
+}
+
+/// The CUDA devices if they are the test double, else `None` after printing a skip.
+pub fn double_devices(test: &str) -> Option<Vec<Device>> {
+    let devices = cuda_devices(test)?;
+    if devices.iter().all(is_double) {
+        return Some(devices);
+    }
+    eprintln!("SKIPPED {test}: needs the CUDA test double's hooks; this machine has a real GPU");
+    None
+}
+
+/// Looks `name` up in the libcuda this process loaded (the double, for its test hooks).
+fn double_symbol(name: &CStr) -> *mut c_void {
+    for lib in [c"libcuda.so", c"libcuda.so.1"] {
+        // SAFETY: RTLD_NOLOAD only returns a handle to an already loaded library (it loads
+        // nothing); the handle's reference is dropped again with dlclose.
+        let handle = unsafe { libc::dlopen(lib.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
+        if handle.is_null() {
+            continue;
+        }
+        // SAFETY: handle is a live library handle; dlsym only looks the name up.
+        let symbol = unsafe { libc::dlsym(handle, name.as_ptr()) };
+        // SAFETY: drops the reference taken above; cudarc's own handle keeps it loaded.
+        unsafe { libc::dlclose(handle) };
+        if !symbol.is_null() {
+            return symbol;
+        }
+    }
+    panic!("{name:?} not found: is the CUDA test double loaded (LD_LIBRARY_PATH=target/cuda-double)?")
+}
+
+fn hook_set(name: &CStr, n: i64) {
+    let symbol = double_symbol(name);
+    // SAFETY: the double defines this hook as `void hook(long long)`.
+    let hook: unsafe extern "C" fn(i64) = unsafe { std::mem::transmute(symbol) };
+    // SAFETY: the hook only updates the double's counters under its lock.
+    unsafe { hook(n) }
+}
+
+fn hook_get(name: &CStr) -> i64 {
+    let symbol = double_symbol(name);
+    // SAFETY: the double defines this hook as `long long hook(void)`.
+    let hook: unsafe extern "C" fn() -> i64 = unsafe { std::mem::transmute(symbol) };
+    // SAFETY: the hook only reads the double's counters under its lock.
+    unsafe { hook() }
+}
+
+/// Makes the double's `n`-th allocation from now fail (0 disarms).
+pub fn fail_allocation(n: i64) {
+    hook_set(c"lazybuf_cuda_double_fail_allocation", n);
+}
+
+/// Makes the double's `n`-th device write from now fail after scribbling (0 disarms).
+pub fn fail_copy(n: i64) {
+    hook_set(c"lazybuf_cuda_double_fail_copy", n);
+}
+
+/// Device and pinned host allocations the double holds.
+pub fn live_allocations() -> i64 {
+    hook_get(c"lazybuf_cuda_double_live_allocations")
+}
+
+/// Device writes (copies and memsets) the double has done.
+pub fn copies() -> i64 {
+    hook_get(c"lazybuf_cuda_double_copies")
+}
+
+/// Host-device copies whose host side was pinned memory.
+pub fn pinned_copies() -> i64 {
+    hook_get(c"lazybuf_cuda_double_pinned_copies")
+}
+
+/// Bytes 0, 1, 2, ... 250, 0, ... (a pattern no fill produces), as `n` bytes.
+pub fn ramp(n: usize) -> Vec<u8> {
+    (0..n).map(|i| (i % 251) as u8).collect()
+}

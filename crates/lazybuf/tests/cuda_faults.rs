@@ -1,0 +1,226 @@
+//! Fault injection through the CUDA driver-API test double's hooks: a failed allocation or
+//! copy (direct, staged, peer) returns an error and changes nothing — state, valid bytes and
+//! the double's live allocations stay as they were. Also the double's counters show which
+//! transfer path ran and that cuMemGetInfo's free memory follows allocations.
+//!
+//! The hooks are process-wide, so every test here holds [`LOCK`]; this file must run with the
+//! double (`scripts/test-cuda-double.sh`), and on a real GPU each test prints a skip.
+
+#![cfg(feature = "cuda")]
+
+mod cuda_common;
+
+use std::sync::{Mutex, MutexGuard};
+
+use cuda_common::{
+    copies, double_devices, fail_allocation, fail_copy, live_allocations, pinned_copies, ramp,
+};
+use lazybuf::backend::cuda::{STAGING_CHUNK, STAGING_MIN_BYTES};
+use lazybuf::{BufferOptions, BufferState, Device, UnifiedBuffer};
+
+static LOCK: Mutex<()> = Mutex::new(());
+
+/// The double's devices and the lock that keeps other tests off its hooks.
+fn setup(test: &str) -> Option<(Vec<Device>, MutexGuard<'static, ()>)> {
+    let devices = double_devices(test)?;
+    let guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    fail_allocation(0);
+    fail_copy(0);
+    Some((devices, guard))
+}
+
+fn buffer(device: &Device, n: usize, pinned: bool) -> UnifiedBuffer<u8> {
+    let options = BufferOptions { device: Some(device.clone()), pinned, ..Default::default() };
+    UnifiedBuffer::with_options(&[n], options).unwrap()
+}
+
+/// Makes sure the device's staging memory exists, so it does not show up as a new allocation.
+fn warm_staging(device: &Device) {
+    let mut buf = buffer(device, STAGING_MIN_BYTES, false);
+    buf.copy_from(&ramp(STAGING_MIN_BYTES)).unwrap();
+    buf.sync_to_device().unwrap();
+}
+
+#[test]
+fn a_failed_device_allocation_changes_nothing() {
+    let Some((devices, _lock)) = setup("a_failed_device_allocation_changes_nothing") else { return };
+    let device = &devices[0];
+    let data = ramp(10_000);
+    let mut buf = UnifiedBuffer::from_slice(&data, device).unwrap();
+    let (live, free) = (live_allocations(), device.memory_info().unwrap().free);
+    fail_allocation(1);
+    let err = buf.sync_to_device().unwrap_err();
+    assert!(err.is_out_of_memory(), "{err}");
+    assert_eq!(buf.state(), BufferState::HostOnly);
+    assert_eq!(buf.host_if_valid().unwrap(), &data[..]);
+    assert_eq!((live_allocations(), device.memory_info().unwrap().free), (live, free));
+    buf.sync_to_device().unwrap();
+    assert_eq!(buf.state(), BufferState::Synchronized);
+}
+
+#[test]
+fn a_failed_pinned_allocation_is_an_error_not_a_pageable_fallback() {
+    let Some((devices, _lock)) = setup("a_failed_pinned_allocation_is_an_error_not_a_pageable_fallback")
+    else {
+        return;
+    };
+    let mut buf = buffer(&devices[0], 4096, true);
+    let live = live_allocations();
+    fail_allocation(1);
+    let err = buf.copy_from(&ramp(4096)).unwrap_err();
+    assert!(err.is_out_of_memory() && err.to_string().contains("page-locked"), "{err}");
+    assert_eq!(buf.state(), BufferState::Uninitialized);
+    assert!(!buf.is_pinned());
+    assert_eq!(live_allocations(), live);
+    buf.copy_from(&ramp(4096)).unwrap();
+    assert!(buf.is_pinned());
+}
+
+/// Uploads `n` bytes where the `fail`-th device write fails: state and host bytes survive,
+/// and the next sync delivers the data.
+fn failed_upload(device: &Device, n: usize, pinned: bool, fail: i64) {
+    let old = vec![1u8; n];
+    let data = ramp(n);
+    let mut buf = buffer(device, n, pinned);
+    buf.copy_from(&old).unwrap();
+    buf.sync_to_device().unwrap();
+    buf.copy_from(&data).unwrap();
+    assert_eq!(buf.state(), BufferState::HostDirty);
+    let live = live_allocations();
+    fail_copy(fail);
+    assert!(buf.sync_to_device().is_err(), "n={n} pinned={pinned} fail={fail}");
+    assert_eq!(buf.state(), BufferState::HostDirty);
+    assert!(buf.host_if_valid().unwrap() == &data[..]);
+    assert_eq!(live_allocations(), live);
+    buf.sync_to_device().unwrap();
+    buf.mark_device_dirty().unwrap();
+    assert!(buf.host().unwrap() == &data[..]);
+
+    // From HOST_ONLY the failed sync also frees the device memory it allocated.
+    let mut fresh = buffer(device, n, pinned);
+    fresh.copy_from(&data).unwrap();
+    let live = live_allocations();
+    fail_copy(fail);
+    assert!(fresh.sync_to_device().is_err());
+    assert_eq!(fresh.state(), BufferState::HostOnly);
+    assert_eq!(live_allocations(), live);
+}
+
+#[test]
+fn a_failed_upload_changes_nothing() {
+    let Some((devices, _lock)) = setup("a_failed_upload_changes_nothing") else { return };
+    warm_staging(&devices[0]);
+    failed_upload(&devices[0], 1000, false, 1);
+    failed_upload(&devices[0], 1000, true, 1);
+    // Staged through pinned chunks: the first and a middle piece fail.
+    let staged = 5 * STAGING_CHUNK + 17;
+    failed_upload(&devices[0], staged, false, 1);
+    failed_upload(&devices[0], staged, false, 4);
+    failed_upload(&devices[0], staged, true, 1);
+}
+
+/// Downloads `n` bytes where the `fail`-th device write fails: the device copy stays the
+/// valid one and its bytes arrive on the next try.
+fn failed_download(device: &Device, n: usize, pinned: bool, fail: i64) {
+    let mut buf = buffer(device, n, pinned);
+    buf.copy_from(&ramp(n)).unwrap();
+    buf.sync_to_device().unwrap();
+    buf.fill(0x3C).unwrap(); // on the device: the host is stale
+    assert_eq!(buf.state(), BufferState::DeviceDirty);
+    let live = live_allocations();
+    fail_copy(fail);
+    assert!(buf.sync_to_host().is_err(), "n={n} pinned={pinned} fail={fail}");
+    assert_eq!(buf.state(), BufferState::DeviceDirty);
+    assert_eq!(live_allocations(), live);
+    assert!(buf.host().unwrap().iter().all(|&b| b == 0x3C));
+
+    // With no host block yet, the failed sync frees the one it allocated.
+    let mut device_only = buffer(device, n, pinned);
+    device_only.device_overwrite().map(drop).unwrap();
+    device_only.fill(0x5D).unwrap();
+    let live = live_allocations();
+    fail_copy(fail);
+    assert!(device_only.sync_to_host().is_err());
+    assert_eq!(device_only.state(), BufferState::DeviceOnly);
+    assert_eq!(live_allocations(), live);
+    assert!(device_only.host().unwrap().iter().all(|&b| b == 0x5D));
+}
+
+#[test]
+fn a_failed_download_changes_nothing() {
+    let Some((devices, _lock)) = setup("a_failed_download_changes_nothing") else { return };
+    warm_staging(&devices[0]);
+    failed_download(&devices[0], 1000, false, 1);
+    failed_download(&devices[0], 1000, true, 1);
+    let staged = 4 * STAGING_CHUNK + 5;
+    failed_download(&devices[0], staged, false, 1);
+    failed_download(&devices[0], staged, false, 3);
+    failed_download(&devices[0], staged, true, 1);
+}
+
+#[test]
+fn a_failed_device_to_device_copy_changes_nothing() {
+    let Some((devices, _lock)) = setup("a_failed_device_to_device_copy_changes_nothing") else { return };
+    let [first, second, ..] = &devices[..] else {
+        eprintln!("SKIPPED a_failed_device_to_device_copy_changes_nothing: needs two devices");
+        return;
+    };
+    let data = ramp(50_000);
+    let mut buf = UnifiedBuffer::from_slice(&data, first).unwrap();
+    buf.device_mut().map(drop).unwrap(); // only `first` is valid
+    let live = live_allocations();
+    fail_copy(1);
+    assert!(buf.sync_to(second).is_err());
+    assert_eq!(buf.state_on(first), BufferState::DeviceDirty);
+    assert_eq!(buf.state_on(second), BufferState::Elsewhere);
+    assert_eq!(live_allocations(), live);
+    buf.sync_to(second).unwrap();
+    buf.mark_dirty_on(second).unwrap();
+    assert_eq!(buf.to_vec().unwrap(), data);
+}
+
+#[test]
+fn a_failed_fill_is_reported() {
+    let Some((devices, _lock)) = setup("a_failed_fill_is_reported") else { return };
+    for value in [7u64, 0x0102_0304_0506_0708] {
+        let mut buf = UnifiedBuffer::<u64>::on(&[100_000], &devices[0]).unwrap();
+        buf.device_overwrite().map(drop).unwrap();
+        fail_copy(1);
+        assert!(buf.fill(value).is_err());
+        fail_copy(0);
+    }
+}
+
+#[test]
+fn transfers_take_the_path_their_host_memory_calls_for() {
+    let Some((devices, _lock)) = setup("transfers_take_the_path_their_host_memory_calls_for") else { return };
+    let device = &devices[0];
+    warm_staging(device);
+    let sync = |n: usize, pinned: bool| {
+        let mut buf = buffer(device, n, pinned);
+        buf.copy_from(&ramp(n)).unwrap();
+        let (all, pinned_before) = (copies(), pinned_copies());
+        buf.sync_to_device().unwrap();
+        (copies() - all, pinned_copies() - pinned_before)
+    };
+    // Small pageable: one driver copy. Pinned: one direct DMA. Large pageable: one DMA per
+    // staged piece, each from pinned staging memory.
+    assert_eq!(sync(1 << 20, false), (1, 0));
+    assert_eq!(sync(5 * STAGING_CHUNK, true), (1, 1));
+    assert_eq!(sync(5 * STAGING_CHUNK + 1, false), (6, 6));
+}
+
+#[test]
+fn free_memory_follows_allocations_and_nothing_leaks() {
+    let Some((devices, _lock)) = setup("free_memory_follows_allocations_and_nothing_leaks") else { return };
+    let device = &devices[0];
+    warm_staging(device);
+    let (live, free) = (live_allocations(), device.memory_info().unwrap().free);
+    let mut buf = buffer(device, 64 << 20, true);
+    buf.copy_from(&vec![3; 64 << 20]).unwrap();
+    buf.sync_to_device().unwrap();
+    assert_eq!(device.memory_info().unwrap().free, free - (64 << 20));
+    assert_eq!(live_allocations(), live + 2, "one device allocation and one pinned host block");
+    drop(buf);
+    assert_eq!((live_allocations(), device.memory_info().unwrap().free), (live, free));
+}

@@ -1,0 +1,91 @@
+//! The real-GPU suite: checks that only mean something on NVIDIA hardware (what the driver
+//! reports, cuMemGetInfo against real allocations, transfers of hundreds of MiB, peer copies
+//! between GPUs). With no GPU, or with the driver-API test double, each test prints a visible
+//! skip. The rest of the CUDA tests (`tests/cuda.rs`, the backend's unit tests) run on a GPU
+//! as they are; bandwidth is measured by `benches/cuda_bandwidth.rs`, not here.
+
+#![cfg(feature = "cuda")]
+
+mod cuda_common;
+
+use cuda_common::{cuda_devices, is_double, ramp};
+use lazybuf::{BufferOptions, Device, MemorySource, UnifiedBuffer};
+
+fn gpus(test: &str) -> Vec<Device> {
+    let Some(devices) = cuda_devices(test) else { return Vec::new() };
+    if devices.iter().any(is_double) {
+        eprintln!("SKIPPED {test}: the CUDA devices are the lazybuf test double, not a GPU");
+        return Vec::new();
+    }
+    devices
+}
+
+#[test]
+fn gpus_report_what_the_hardware_is() {
+    for gpu in gpus("gpus_report_what_the_hardware_is") {
+        let info = gpu.info();
+        assert!(info.is_gpu && info.total_memory >= 1 << 30, "{info:?}");
+        let (major, minor) = lazybuf::backend::cuda::compute_capability(&gpu).unwrap();
+        assert!((major, minor) >= (3, 5), "compute capability {major}.{minor}");
+        let memory = gpu.memory_info().unwrap();
+        assert_eq!(memory.source, MemorySource::Runtime);
+        assert!(memory.free < memory.total && memory.total == info.total_memory);
+        eprintln!("GPU {}: compute capability {major}.{minor}, {:?}", info.name, memory);
+    }
+}
+
+#[test]
+fn free_memory_drops_by_what_a_buffer_allocates() {
+    const N: usize = 256 << 20;
+    for gpu in gpus("free_memory_drops_by_what_a_buffer_allocates") {
+        let before = gpu.memory_info().unwrap().free;
+        let mut buf = UnifiedBuffer::<u8>::on(&[N], &gpu).unwrap();
+        buf.device_overwrite().map(drop).unwrap();
+        let during = gpu.memory_info().unwrap().free;
+        // The driver rounds to its page size; other processes may allocate meanwhile.
+        let dropped = before.saturating_sub(during);
+        assert!(dropped >= N as u64 && dropped <= N as u64 + (64 << 20), "free dropped by {dropped}");
+        drop(buf);
+        assert!(gpu.memory_info().unwrap().free >= during + N as u64 - (64 << 20));
+    }
+}
+
+#[test]
+fn hundreds_of_mib_round_trip_pageable_and_pinned() {
+    const N: usize = (384 << 20) + 11;
+    let gpus = gpus("hundreds_of_mib_round_trip_pageable_and_pinned");
+    let data = if gpus.is_empty() { Vec::new() } else { ramp(N) };
+    for gpu in gpus {
+        for pinned in [false, true] {
+            let options = BufferOptions { device: Some(gpu.clone()), pinned, ..Default::default() };
+            let mut buf = UnifiedBuffer::<u8>::with_options(&[N], options).unwrap();
+            buf.copy_from(&data).unwrap();
+            buf.sync_to_device().unwrap();
+            buf.fill(0).unwrap(); // on the GPU
+            assert!(buf.host().unwrap().iter().all(|&b| b == 0));
+            buf.copy_from(&data).unwrap();
+            buf.sync_to_device().unwrap();
+            buf.mark_device_dirty().unwrap();
+            assert!(buf.host().unwrap() == &data[..], "pinned: {pinned}");
+            assert_eq!(buf.is_pinned(), pinned);
+        }
+    }
+}
+
+#[test]
+fn buffers_move_between_gpus() {
+    let gpus = gpus("buffers_move_between_gpus");
+    let [first, second, ..] = &gpus[..] else {
+        if !gpus.is_empty() {
+            eprintln!("SKIPPED buffers_move_between_gpus: needs two GPUs");
+        }
+        return;
+    };
+    let data = ramp(64 << 20);
+    let mut buf = UnifiedBuffer::from_slice(&data, first).unwrap();
+    buf.device_mut().map(drop).unwrap();
+    buf.sync_to(second).unwrap();
+    eprintln!("GPU to GPU: {:?}", buf.transfer_stats());
+    buf.mark_dirty_on(second).unwrap();
+    assert!(buf.to_vec().unwrap() == data);
+}
