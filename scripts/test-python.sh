@@ -28,7 +28,17 @@ rm -rf "$wheels"
 "$venv/bin/maturin" build --release --quiet --out "$wheels" --interpreter "$venv/bin/python"
 "$venv/bin/python" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps "$wheels"/lazybuf-*.whl
 
-step "pytest tests/python"
 # Run from the tests folder so `import lazybuf` is the installed wheel, not the source tree.
-cd tests/python
-exec "../../$venv/bin/python" -m pytest -q -p no:cacheprovider "$@" .
+py="$PWD/$venv/bin/python"
+step "pytest tests/python"
+(cd tests/python && "$py" -m pytest -q -p no:cacheprovider "$@" .)
+
+# The CUDA paths (CuPy/DeviceMemoryView, __cuda_array_interface__, DLPack on kDLCUDA) run
+# against the CUDA driver test double, which stands in for libcuda on machines without a GPU.
+if [ -f scripts/build-cuda-double.sh ] && command -v gcc >/dev/null; then
+  step "pytest tests/python/test_cuda.py with the CUDA driver test double"
+  double="$PWD/target/cuda-double"
+  bash scripts/build-cuda-double.sh "$double" >/dev/null
+  (cd tests/python && LD_LIBRARY_PATH="$double${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    LAZYBUF_REQUIRE=cuda "$py" -m pytest -q -p no:cacheprovider test_cuda.py)
+fi

@@ -26,8 +26,22 @@ import numpy.typing as npt
 
 from ._state import BufferState
 
-ShapeLike = SupportsIndex | Sequence[SupportsIndex]
-DeviceLike = str | Device | None
+__all__ = [
+    "Accelerator",
+    "BackendUnavailableError",
+    "Device",
+    "DeviceMemoryView",
+    "MemoryOwner",
+    "MemoryPool",
+    "PoolStats",
+    "UnifiedBuffer",
+    "get_accelerator",
+    "get_memory_pool",
+    "_rebuild_buffer",
+]
+
+_ShapeLike = SupportsIndex | Sequence[SupportsIndex]
+_DeviceLike = str | Device | None
 
 class BackendUnavailableError(RuntimeError):
     """A backend (Metal, CUDA, OpenCL) is not installed, not compiled in, or has no device."""
@@ -37,20 +51,20 @@ class UnifiedBuffer:
     """An N-d, C-contiguous array whose host and device copies are kept coherent; copies
     happen only when a stale copy is about to be used. A new buffer allocates nothing."""
 
-    def __init__(
-        self,
-        shape: ShapeLike,
-        dtype: npt.DTypeLike = np.float32,
+    def __new__(
+        cls,
+        shape: _ShapeLike,
+        dtype: npt.DTypeLike | None = None,
         *,
         pinned: bool = False,
-        device: DeviceLike = None,
-    ) -> None:
+        device: _DeviceLike = None,
+    ) -> UnifiedBuffer:
         """Create a buffer on ``device`` (default: the current device, see
         ``get_accelerator()``; a selector such as ``"host"`` or ``"opencl:0"``, or a
         ``Device``). ``shape`` is an int or a sequence of ints; ``dtype`` anything
         ``numpy.dtype`` accepts among float16/32/64, (u)int8-64, or ``"bfloat16"`` with
-        ``ml_dtypes`` installed. ``pinned`` asks for page-locked host memory (an error at first
-        use if it cannot be locked, never a silent fallback).
+        ``ml_dtypes`` installed (None: float32). ``pinned`` asks for page-locked host memory
+        (an error at first use if it cannot be locked, never a silent fallback).
 
         Raises ValueError (bad or oversized shape, unknown device), TypeError (unsupported
         dtype, non-integer shape)."""
@@ -157,12 +171,10 @@ class UnifiedBuffer:
     ) -> bool:
         """Releases the buffer (see ``release``)."""
 
-    def __len__(self) -> int: ...
-    def __buffer__(self, flags: int, /) -> memoryview:
-        """Buffer protocol over the host copy: writable (a host write) only when the consumer
-        asks for PyBUF_WRITABLE, else read-only (a host read). Not for bfloat16."""
-
-    def __release_buffer__(self, view: memoryview, /) -> None: ...
+    def __len__(self) -> int:
+        """The first dimension. The buffer protocol (``memoryview(buf)``, ``np.asarray(buf)``)
+        exports the host copy: writable (a host write) only when the consumer asks for
+        PyBUF_WRITABLE, else read-only (a host read); not for bfloat16."""
     def __array__(self, dtype: npt.DTypeLike | None = None, copy: bool | None = None) -> np.ndarray:
         """A read-only view (a host read), or a copy with ``copy=True``."""
 
@@ -226,7 +238,7 @@ class Device:
         """``(free, total)`` bytes now."""
 
     def synchronize(self) -> None: ...
-    def __eq__(self, other: object) -> bool: ...
+    def __eq__(self, value: object, /) -> bool: ...
     def __hash__(self) -> int: ...
 
 @final
@@ -248,7 +260,7 @@ class Accelerator:
         """Make ``device`` (a Device, selector, or index into ``devices``; None: the default)
         current. ValueError for an unknown selector, IndexError for a bad index."""
 
-    def get_memory_info(self, device: DeviceLike = None) -> tuple[int, int]:
+    def get_memory_info(self, device: _DeviceLike = None) -> tuple[int, int]:
         """``(free, total)`` bytes of ``device`` (default: the current device)."""
 
     @property
@@ -263,19 +275,19 @@ def get_accelerator() -> Accelerator: ...
 class MemoryPool:
     """A pool of buffer memory on one device: released buffers' memory is reused."""
 
-    def __init__(
-        self,
-        device: DeviceLike = None,
+    def __new__(
+        cls,
+        device: _DeviceLike = None,
         *,
         max_cached_bytes: int | None = None,
         zero_reused: bool = False,
-    ) -> None:
+    ) -> MemoryPool:
         """A private pool (``get_memory_pool()`` gives the device's shared one)."""
 
     def acquire(
         self,
-        shape: ShapeLike,
-        dtype: npt.DTypeLike = np.float32,
+        shape: _ShapeLike,
+        dtype: npt.DTypeLike | None = None,
         *,
         pinned: bool = False,
     ) -> UnifiedBuffer:
@@ -319,7 +331,7 @@ class PoolStats:
     @property
     def oom_retries(self) -> int: ...
 
-def get_memory_pool(device: DeviceLike = None) -> MemoryPool:
+def get_memory_pool(device: _DeviceLike = None) -> MemoryPool:
     """The process-wide pool of ``device`` (default: the current device)."""
 
 @final

@@ -219,19 +219,17 @@ impl Accelerator {
     /// What each compiled-in backend found: `(backend, device count or the reason it is
     /// unavailable)`.
     #[getter]
-    fn backend_status(&self) -> Vec<(&'static str, Py<PyAny>)> {
-        Python::attach(|py| {
-            lazybuf::backend_status()
-                .into_iter()
-                .map(|status| {
-                    let found = match status.devices {
-                        Ok(n) => n.into_pyobject(py).map(|o| o.into_any().unbind()),
-                        Err(reason) => reason.into_pyobject(py).map(|o| o.into_any().unbind()),
-                    };
-                    (status.backend.name(), found.unwrap_or_else(|_| py.None()))
-                })
-                .collect()
-        })
+    fn backend_status(&self, py: Python<'_>) -> PyResult<Vec<(&'static str, Py<PyAny>)>> {
+        lazybuf::backend_status()
+            .into_iter()
+            .map(|status| {
+                let found = match status.devices {
+                    Ok(n) => n.into_pyobject(py)?.into_any().unbind(),
+                    Err(reason) => reason.into_pyobject(py)?.into_any().unbind(),
+                };
+                Ok((status.backend.name(), found))
+            })
+            .collect()
     }
 
     /// Whether a backend has at least one device: `"cuda"`, `"opencl"`, `"host"`, `"metal"`.
