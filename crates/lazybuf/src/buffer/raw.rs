@@ -246,7 +246,7 @@ impl RawBuffer {
         let plan = self.coherence.plan(at, access, |from, to| {
             let source = copies.iter().find(|c| c.device.id() == from);
             let target = device.filter(|d| d.id() == to);
-            matches!((source, target), (Some(s), Some(t)) if t.backend().can_copy_from_peer(&s.device))
+            matches!((source, target), (Some(s), Some(t)) if t.can_copy_from(&s.device))
         });
         if plan.is_empty() {
             self.coherence.commit(at, access, &plan);
