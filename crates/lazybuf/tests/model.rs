@@ -431,9 +431,24 @@ fn run(base: &[Device], len: usize, ops: &[Op]) -> Result<(), TestCaseError> {
             }
             Op::Fill(value) => {
                 let target = model.fill_target();
-                if guarded(&mut h, &mut buf, &model, |b| b.fill(value))?.is_some() {
-                    model.overwrite(target);
-                    model.data = vec![Some(value); len];
+                h.arm();
+                let result = buf.fill(value);
+                h.disarm();
+                match result {
+                    Ok(()) => {
+                        model.overwrite(target);
+                        model.data = vec![Some(value); len];
+                    }
+                    Err(Error::InjectedFault { .. }) => {
+                        // A failed device fill makes that copy stale when another is current.
+                        let others = model.host == Res::Valid
+                            || (0..model.devs.len())
+                                .any(|i| Loc::Dev(i) != target && model.devs[i] == Res::Valid);
+                        if let (Loc::Dev(i), true) = (target, others) {
+                            model.devs[i] = Res::Stale;
+                        }
+                    }
+                    Err(other) => return Err(TestCaseError::fail(format!("unexpected error: {other}"))),
                 }
             }
             Op::Invalidate => {

@@ -198,7 +198,10 @@ impl RawBuffer {
     /// Fills every element with `pattern` (one element's bytes) at one current location,
     /// with no transfer: the buffer's own device if it is current, else the host if it is,
     /// else another current device; an uninitialized buffer is filled on the host. The fill
-    /// is a write there, so every other copy becomes stale. A failed fill changes nothing.
+    /// is a write there, so every other copy becomes stale. A fill that fails before it
+    /// starts changes nothing; one the runtime abandons half-way leaves that copy's bytes
+    /// unknown, so it is marked stale when another copy is current (and, when it was the only
+    /// current copy, its bytes are the runtime's partial result: the error says so).
     pub fn fill(&mut self, pattern: &[u8]) -> Result<()> {
         let home = Location::Device(self.home.id());
         let valid = |loc: &Location| self.coherence.residency(*loc) == Residency::Valid;
@@ -213,7 +216,17 @@ impl RawBuffer {
             Some(Location::Device(id)) => {
                 let i = self.copy_index(id).expect("a valid device copy is allocated");
                 let copy = &mut self.copies[i];
-                copy.device.backend().fill(&mut copy.memory, pattern, self.nbytes)?;
+                if let Err(err) = copy.device.backend().fill(&mut copy.memory, pattern, self.nbytes) {
+                    // A runtime may fail half-way through a fill, leaving this copy's bytes
+                    // unknown: if another copy is current, this one is stale from now on.
+                    let at = Location::Device(id);
+                    let others_valid =
+                        self.coherence.locations().any(|(loc, r)| loc != at && r == Residency::Valid);
+                    if others_valid {
+                        self.coherence.mark_stale(at);
+                    }
+                    return Err(err);
+                }
                 self.coherence.commit(Location::Device(id), Access::Overwrite, &Plan::default());
             }
             _ => fill_pattern(self.host_access(Access::Overwrite)?, pattern),
