@@ -357,6 +357,14 @@ impl MemoryResource for PoolResource {
     }
 }
 
+impl Drop for PoolResource {
+    /// Gives every cached block back upstream (no buffer can still hold one: each holds the
+    /// pool alive).
+    fn drop(&mut self) {
+        self.trim();
+    }
+}
+
 impl fmt::Debug for PoolResource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PoolResource")
