@@ -181,6 +181,8 @@ fn buffer(device: &Device, n: usize, pinned: bool) -> Option<UnifiedBuffer<u8>> 
 fn pinned(c: &mut Criterion) {
     let host = Device::host();
     let mut g = group(c, "pinned_host");
+    // Same-size copies differ by little: more samples against the noise of a shared machine.
+    g.sample_size(20).measurement_time(Duration::from_secs(2));
     let n = 4 << 20;
     let src = vec![7u8; n];
     let mut dst = vec![1u8; n];
@@ -197,6 +199,7 @@ fn pinned(c: &mut Criterion) {
     #[cfg(feature = "opencl")]
     if let Some(device) = first(BackendKind::OpenCl) {
         let mut g = group(c, "pinned_opencl");
+        g.sample_size(20).measurement_time(Duration::from_secs(2));
         let cl = raw_cl::Cl::of(&device);
         // 256 KiB copies; 4 MiB is above the size where a CPU device aliases host memory.
         for (n, size) in [(256 << 10, "256KiB"), (4 << 20, "4MiB")] {
