@@ -171,7 +171,8 @@ impl RawBuffer {
     /// Makes the host the current copy for `access`, and returns its bytes.
     pub fn host_access(&mut self, access: Access) -> Result<&mut [u8]> {
         self.access(Location::Host, None, access)?;
-        Ok(self.host.as_mut().expect("the host is allocated after a host access").as_mut_slice())
+        let n = self.nbytes;
+        Ok(&mut self.host.as_mut().expect("the host is allocated after a host access").as_mut_slice()[..n])
     }
 
     /// The host bytes if the host copy is valid, without any sync.
@@ -344,14 +345,14 @@ impl RawBuffer {
                 let i = self.copy_index(id).expect("a copy target is allocated");
                 let host = self.host.as_ref().expect("a valid host is allocated");
                 let copy = &mut self.copies[i];
-                copy.device.backend().upload(host.as_slice(), &mut copy.memory)?;
+                copy.device.backend().upload(&host.as_slice()[..n], &mut copy.memory)?;
                 stats.record(Direction::HostToDevice, copy.memory.is_host_alias(), n);
             }
             (Location::Device(id), Location::Host) => {
                 let i = self.copy_index(id).expect("a copy source is allocated");
                 let host = self.host.as_mut().expect("a copy target is allocated");
                 let copy = &self.copies[i];
-                copy.device.backend().download(&copy.memory, host.as_mut_slice())?;
+                copy.device.backend().download(&copy.memory, &mut host.as_mut_slice()[..n])?;
                 stats.record(Direction::DeviceToHost, copy.memory.is_host_alias(), n);
             }
             (Location::Device(a), Location::Device(b)) => {
