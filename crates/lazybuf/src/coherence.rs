@@ -225,6 +225,13 @@ impl Coherence {
         }
     }
 
+    /// Marks one valid location stale (its bytes can no longer be trusted).
+    pub fn mark_stale(&mut self, at: Location) {
+        if let Some((_, r)) = self.entries.iter_mut().find(|(loc, r)| *loc == at && *r == Residency::Valid) {
+            *r = Residency::Stale;
+        }
+    }
+
     /// Drops one location (its memory was freed). The others keep their state.
     pub fn forget(&mut self, at: Location) {
         self.entries.retain(|(loc, _)| *loc != at);

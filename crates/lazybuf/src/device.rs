@@ -106,6 +106,12 @@ impl Device {
         self.backend.zero_copy(bytes)
     }
 
+    /// Whether a buffer's copy on `source` can fill this device's copy directly (CUDA peer
+    /// access), without staging through the host.
+    pub fn can_copy_from(&self, source: &Device) -> bool {
+        self != source && self.backend.can_copy_from_peer(source)
+    }
+
     /// Waits for all work queued on the device.
     pub fn synchronize(&self) -> Result<()> {
         self.backend.synchronize()

@@ -149,7 +149,8 @@ impl HostMemory {
         self.len == 0
     }
 
-    /// Whether the block is page-locked.
+    /// Whether the block is pinned: `mlock`ed, or a runtime's pinned host memory (see
+    /// [`crate::UnifiedBuffer::is_pinned`]).
     pub fn is_pinned(&self) -> bool {
         self.pinned
     }

@@ -11,6 +11,7 @@
 //! - [`device`] and [`discovery`]: device handles, what they report, the default device;
 //! - [`host_memory`]: host blocks (pageable, page-locked, runtime-owned);
 //! - [`resource`]: where buffers get memory (direct from backends; policies wrap it);
+//! - [`pool`]: memory pools (acquire/release with reuse) and the limiting adaptor;
 //! - [`testing`]: a fault-injecting device wrapper;
 //! - [`error`]: the one error type.
 
@@ -25,6 +26,7 @@ pub mod discovery;
 pub mod element;
 pub mod error;
 pub mod host_memory;
+pub mod pool;
 pub mod resource;
 pub mod shape;
 pub mod testing;
@@ -36,6 +38,7 @@ pub use discovery::{backend_status, default_device, devices, select_device};
 pub use element::{DType, Element};
 pub use error::{BackendKind, Error, Result, RuntimeCode};
 pub use half::{bf16, f16};
+pub use pool::{LimitingResource, MemoryPool, PoolConfig, PoolStats};
 pub use resource::{DirectResource, MemoryResource};
 
 /// The README's examples, compiled and run as doctests.
@@ -55,5 +58,7 @@ mod send_sync {
         assert_send_sync::<crate::host_memory::HostMemory>();
         assert_send_sync::<crate::backend::DeviceMemory>();
         assert_send_sync::<crate::Error>();
+        assert_send_sync::<crate::MemoryPool>();
+        assert_send_sync::<crate::LimitingResource>();
     }
 }

@@ -303,16 +303,24 @@ fn one_buffer_on_several_devices() {
             assert_eq!(buf.state(), BufferState::Elsewhere, "{home} is stale, {other} holds the data");
             buf.reset_transfer_stats();
 
-            // Reading on the home device stages through the host, which becomes current too.
+            // Reading on the home device copies peer to peer where the pair allows it, else
+            // stages through the host, which then becomes current too.
+            let direct = home.can_copy_from(other);
             let mut on_home = vec![0; written.len()];
             buf.device().unwrap().read_into(&mut on_home).unwrap();
             assert_eq!(on_home, written);
-            assert_eq!(buf.state(), BufferState::Synchronized);
-            assert_eq!(buf.state_on(other), BufferState::Synchronized);
+            let host_state = if direct { BufferState::DeviceDirty } else { BufferState::Synchronized };
+            assert_eq!(buf.state(), host_state, "{home} <- {other}");
+            assert_eq!(buf.state_on(other), host_state);
             let stats = buf.transfer_stats();
             let bytes = written.len() * 4;
-            let expected_copies = [other, home].iter().filter(|d| !d.is_zero_copy(bytes)).count() as u64;
+            let expected_copies = if direct {
+                1
+            } else {
+                [other, home].iter().filter(|d| !d.is_zero_copy(bytes)).count() as u64
+            };
             assert_eq!(stats.bytes_moved(), expected_copies * bytes as u64, "{home} <- {other}: {stats:?}");
+            assert_eq!(stats.device_to_device.copies, u64::from(direct));
             assert_eq!(buf.to_vec().unwrap(), written);
         }
     }

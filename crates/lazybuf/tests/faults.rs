@@ -3,7 +3,9 @@
 //! fail (through `lazybuf::testing::FaultyDevice`, which also scribbles over a copy's
 //! destination before failing, as a runtime dying half-way would), the operation returns the
 //! injected error and leaves the state, the transfer counters and every valid byte as they
-//! were. `model.rs` weaves the same faults into random sequences.
+//! were. The one state change allowed: a device fill that fails while another copy is current
+//! marks the device copy stale (a runtime may abandon a fill half-way), and the data stays
+//! intact. `model.rs` weaves the same faults into random sequences.
 
 mod common;
 
@@ -96,7 +98,13 @@ fn every_failure_is_reported_and_changes_nothing() {
                                     Err(Error::InjectedFault { .. }) => failures += 1,
                                     Err(other) => panic!("{what}: unexpected error {other}"),
                                 }
-                                assert_eq!(buf.state(), state, "{what}: state changed");
+                                // A device fill that fails while the host is also current
+                                // leaves the device copy stale: its bytes may be half-filled.
+                                let expected = match (name, state) {
+                                    ("fill", BufferState::Synchronized) => BufferState::HostDirty,
+                                    _ => state,
+                                };
+                                assert_eq!(buf.state(), expected, "{what}: state changed");
                                 assert_eq!(buf.transfer_stats(), stats, "{what}: counters changed");
                                 if let Some(data) = data {
                                     assert_eq!(buf.to_vec().unwrap(), data, "{what}: data changed");

@@ -88,6 +88,9 @@ fn op_strategy(devices: usize) -> impl Strategy<Value = Op> {
 struct Model {
     len: usize,
     zero_copy: Vec<bool>,
+    /// direct[to][from]: device `to` can be filled from device `from` without the host.
+    direct: Vec<Vec<bool>>,
+    peer_bytes: u64,
     host: Res,
     devs: Vec<Res>,
     host_block: bool,
@@ -99,11 +102,13 @@ struct Model {
 }
 
 impl Model {
-    fn new(len: usize, zero_copy: Vec<bool>) -> Self {
+    fn new(len: usize, zero_copy: Vec<bool>, direct: Vec<Vec<bool>>) -> Self {
         let devs = vec![Res::Unallocated; zero_copy.len()];
         Model {
             len,
             zero_copy,
+            direct,
+            peer_bytes: 0,
             host: Res::Unallocated,
             devs,
             host_block: false,
@@ -157,13 +162,15 @@ impl Model {
             (Loc::Dev(i), Loc::Host) if self.zero_copy[i] => self.zero_copy_syncs += 1,
             (Loc::Host, Loc::Dev(_)) => self.to_device_bytes += bytes,
             (Loc::Dev(_), Loc::Host) => self.to_host_bytes += bytes,
+            (Loc::Dev(_), Loc::Dev(_)) => self.peer_bytes += bytes,
             _ => panic!("the model never copies {from:?} -> {to:?}"),
         }
         self.set(to, Res::Valid);
     }
 
     /// SPEC 1, read at L: nothing if valid; else allocate, fill from a valid copy (the host
-    /// when it is valid, else a device, staging device-to-device through the host).
+    /// when it is valid, else a device: directly where the pair allows, else staged through
+    /// the host).
     fn read(&mut self, at: Loc) {
         if self.res(at) == Res::Valid {
             return;
@@ -173,8 +180,16 @@ impl Model {
             if self.host == Res::Valid {
                 self.copy(Loc::Host, at);
             } else {
-                let src = Loc::Dev((0..self.devs.len()).find(|&i| self.devs[i] == Res::Valid).unwrap());
-                if at == Loc::Host {
+                let valid: Vec<usize> =
+                    (0..self.devs.len()).filter(|&i| self.devs[i] == Res::Valid).collect();
+                let src = Loc::Dev(valid[0]);
+                let peer = match at {
+                    Loc::Dev(to) => valid.iter().copied().find(|&from| self.direct[to][from]),
+                    Loc::Host => None,
+                };
+                if let Some(from) = peer {
+                    self.copy(Loc::Dev(from), at);
+                } else if at == Loc::Host {
                     self.copy(src, Loc::Host);
                 } else {
                     self.allocate(Loc::Host);
@@ -299,7 +314,7 @@ fn check_state(h: &Harness, buf: &UnifiedBuffer<u32>, model: &Model) -> Result<(
     let stats = buf.transfer_stats();
     prop_assert_eq!(stats.host_to_device.bytes, model.to_device_bytes, "host->device bytes");
     prop_assert_eq!(stats.device_to_host.bytes, model.to_host_bytes, "device->host bytes");
-    prop_assert_eq!(stats.device_to_device.bytes, 0);
+    prop_assert_eq!(stats.device_to_device.bytes, model.peer_bytes, "peer bytes");
     prop_assert_eq!(stats.zero_copy_syncs, model.zero_copy_syncs, "zero-copy syncs");
     prop_assert_eq!(stats.allocations, model.allocations, "allocations");
     Ok(())
@@ -308,9 +323,11 @@ fn check_state(h: &Harness, buf: &UnifiedBuffer<u32>, model: &Model) -> Result<(
 fn run(base: &[Device], len: usize, ops: &[Op]) -> Result<(), TestCaseError> {
     let (devices, plans): (Vec<_>, Vec<_>) = base.iter().map(FaultyDevice::wrap).unzip();
     let zero_copy = devices.iter().map(|d| d.is_zero_copy(len * 4)).collect();
+    let direct =
+        devices.iter().map(|to| devices.iter().map(|from| to.can_copy_from(from)).collect()).collect();
     let mut h = Harness { devices, plans, armed: None };
     let mut buf = UnifiedBuffer::<u32>::on(&[len], &h.devices[0]).unwrap();
-    let mut model = Model::new(len, zero_copy);
+    let mut model = Model::new(len, zero_copy, direct);
     let mut scratch = vec![0u32; len];
 
     for op in ops {
@@ -414,9 +431,24 @@ fn run(base: &[Device], len: usize, ops: &[Op]) -> Result<(), TestCaseError> {
             }
             Op::Fill(value) => {
                 let target = model.fill_target();
-                if guarded(&mut h, &mut buf, &model, |b| b.fill(value))?.is_some() {
-                    model.overwrite(target);
-                    model.data = vec![Some(value); len];
+                h.arm();
+                let result = buf.fill(value);
+                h.disarm();
+                match result {
+                    Ok(()) => {
+                        model.overwrite(target);
+                        model.data = vec![Some(value); len];
+                    }
+                    Err(Error::InjectedFault { .. }) => {
+                        // A failed device fill makes that copy stale when another is current.
+                        let others = model.host == Res::Valid
+                            || (0..model.devs.len())
+                                .any(|i| Loc::Dev(i) != target && model.devs[i] == Res::Valid);
+                        if let (Loc::Dev(i), true) = (target, others) {
+                            model.devs[i] = Res::Stale;
+                        }
+                    }
+                    Err(other) => return Err(TestCaseError::fail(format!("unexpected error: {other}"))),
                 }
             }
             Op::Invalidate => {

@@ -135,7 +135,10 @@ impl<T: Element> UnifiedBuffer<T> {
         self.raw.residency(at)
     }
 
-    /// Whether the host copy is page-locked (false until the host copy exists).
+    /// Whether the host copy is pinned memory as its device's backend provides it (SPEC
+    /// section 3): `mlock`ed pages for the host device, page-locked memory for CUDA, and
+    /// runtime-allocated mapped memory (`CL_MEM_ALLOC_HOST_PTR`) for OpenCL. False until the
+    /// host copy exists; never true for a pageable block (a pin that fails is an error).
     pub fn is_pinned(&self) -> bool {
         self.raw.is_pinned()
     }

@@ -171,7 +171,8 @@ impl RawBuffer {
     /// Makes the host the current copy for `access`, and returns its bytes.
     pub fn host_access(&mut self, access: Access) -> Result<&mut [u8]> {
         self.access(Location::Host, None, access)?;
-        Ok(self.host.as_mut().expect("the host is allocated after a host access").as_mut_slice())
+        let n = self.nbytes;
+        Ok(&mut self.host.as_mut().expect("the host is allocated after a host access").as_mut_slice()[..n])
     }
 
     /// The host bytes if the host copy is valid, without any sync.
@@ -198,7 +199,10 @@ impl RawBuffer {
     /// Fills every element with `pattern` (one element's bytes) at one current location,
     /// with no transfer: the buffer's own device if it is current, else the host if it is,
     /// else another current device; an uninitialized buffer is filled on the host. The fill
-    /// is a write there, so every other copy becomes stale. A failed fill changes nothing.
+    /// is a write there, so every other copy becomes stale. A fill that fails before it
+    /// starts changes nothing; one the runtime abandons half-way leaves that copy's bytes
+    /// unknown, so it is marked stale when another copy is current (and, when it was the only
+    /// current copy, its bytes are the runtime's partial result: the error says so).
     pub fn fill(&mut self, pattern: &[u8]) -> Result<()> {
         let home = Location::Device(self.home.id());
         let valid = |loc: &Location| self.coherence.residency(*loc) == Residency::Valid;
@@ -213,7 +217,17 @@ impl RawBuffer {
             Some(Location::Device(id)) => {
                 let i = self.copy_index(id).expect("a valid device copy is allocated");
                 let copy = &mut self.copies[i];
-                copy.device.backend().fill(&mut copy.memory, pattern, self.nbytes)?;
+                if let Err(err) = copy.device.backend().fill(&mut copy.memory, pattern, self.nbytes) {
+                    // A runtime may fail half-way through a fill, leaving this copy's bytes
+                    // unknown: if another copy is current, this one is stale from now on.
+                    let at = Location::Device(id);
+                    let others_valid =
+                        self.coherence.locations().any(|(loc, r)| loc != at && r == Residency::Valid);
+                    if others_valid {
+                        self.coherence.mark_stale(at);
+                    }
+                    return Err(err);
+                }
                 self.coherence.commit(Location::Device(id), Access::Overwrite, &Plan::default());
             }
             _ => fill_pattern(self.host_access(Access::Overwrite)?, pattern),
@@ -246,7 +260,7 @@ impl RawBuffer {
         let plan = self.coherence.plan(at, access, |from, to| {
             let source = copies.iter().find(|c| c.device.id() == from);
             let target = device.filter(|d| d.id() == to);
-            matches!((source, target), (Some(s), Some(t)) if t.backend().can_copy_from_peer(&s.device))
+            matches!((source, target), (Some(s), Some(t)) if t.can_copy_from(&s.device))
         });
         if plan.is_empty() {
             self.coherence.commit(at, access, &plan);
@@ -331,14 +345,14 @@ impl RawBuffer {
                 let i = self.copy_index(id).expect("a copy target is allocated");
                 let host = self.host.as_ref().expect("a valid host is allocated");
                 let copy = &mut self.copies[i];
-                copy.device.backend().upload(host.as_slice(), &mut copy.memory)?;
+                copy.device.backend().upload(&host.as_slice()[..n], &mut copy.memory)?;
                 stats.record(Direction::HostToDevice, copy.memory.is_host_alias(), n);
             }
             (Location::Device(id), Location::Host) => {
                 let i = self.copy_index(id).expect("a copy source is allocated");
                 let host = self.host.as_mut().expect("a copy target is allocated");
                 let copy = &self.copies[i];
-                copy.device.backend().download(&copy.memory, host.as_mut_slice())?;
+                copy.device.backend().download(&copy.memory, &mut host.as_mut_slice()[..n])?;
                 stats.record(Direction::DeviceToHost, copy.memory.is_host_alias(), n);
             }
             (Location::Device(a), Location::Device(b)) => {

@@ -12,7 +12,7 @@ use cl3::memory as clmem;
 use cl3::types::{CL_BLOCKING, cl_command_queue, cl_context, cl_device_id, cl_event, cl_mem};
 
 use super::cl_error;
-use super::memory::OpenClMemory;
+use super::memory::{MappedHostMemory, OpenClMemory};
 use crate::backend::{Backend, DeviceMemory, RawDevice, check_fits};
 use crate::device::{DeviceInfo, MemoryInfo, MemorySource};
 use crate::error::{BackendKind, Error, Result, RuntimeCode};
@@ -141,6 +141,16 @@ impl OpenClBackend {
         if bytes == 0 {
             return Ok(OpenClMemory { mem: ptr::null_mut(), len: 0, host_ptr: ptr::null(), held });
         }
+        self.check_size(bytes)?;
+        // SAFETY: context is live; host_ptr is null or (USE_HOST_PTR) valid for `bytes` bytes
+        // for the lifetime of the buffer, which alias_host's caller guarantees.
+        let mem = unsafe { clmem::create_buffer(self.context, flags, bytes, host_ptr) }
+            .map_err(|code| self.allocation_error("clCreateBuffer", bytes, code))?;
+        held.fetch_add(bytes as u64, Ordering::Relaxed);
+        Ok(OpenClMemory { mem, len: bytes, host_ptr: host_ptr.cast_const().cast(), held })
+    }
+
+    fn check_size(&self, bytes: usize) -> Result<()> {
         if bytes as u64 > self.max_alloc {
             return Err(Error::invalid(
                 "allocate",
@@ -150,21 +160,68 @@ impl OpenClBackend {
                 ),
             ));
         }
-        // SAFETY: context is live; host_ptr is null or (USE_HOST_PTR) valid for `bytes` bytes
-        // for the lifetime of the buffer, which alias_host's caller guarantees.
-        let mem =
-            unsafe { clmem::create_buffer(self.context, flags, bytes, host_ptr) }.map_err(
-                |code| match code {
-                    -4 | -5 | -6 | -61 => Error::OutOfMemory {
-                        device: self.info.name.clone(),
-                        requested: bytes,
-                        code: Some(RuntimeCode::OpenCl(code)),
-                    },
-                    _ => cl_error("clCreateBuffer", code),
-                },
-            )?;
-        held.fetch_add(bytes as u64, Ordering::Relaxed);
-        Ok(OpenClMemory { mem, len: bytes, host_ptr: host_ptr.cast_const().cast(), held })
+        Ok(())
+    }
+
+    /// An allocation's failure: out of memory for the runtime's memory codes.
+    fn allocation_error(&self, call: &'static str, bytes: usize, code: i32) -> Error {
+        match code {
+            -4 | -5 | -6 | -61 => Error::OutOfMemory {
+                device: self.info.name.clone(),
+                requested: bytes,
+                code: Some(RuntimeCode::OpenCl(code)),
+            },
+            _ => cl_error(call, code),
+        }
+    }
+
+    /// Pinned host memory the OpenCL way: a `CL_MEM_ALLOC_HOST_PTR` buffer (the runtime's
+    /// page-locked staging memory on GPU drivers), mapped for the host as long as the block
+    /// lives, and zeroed as every new host block is.
+    fn allocate_mapped(&self, bytes: usize) -> Result<HostMemory> {
+        self.check_size(bytes)?;
+        let flags = clmem::CL_MEM_READ_WRITE | clmem::CL_MEM_ALLOC_HOST_PTR;
+        // SAFETY: context is live; no host pointer is passed.
+        let mem = unsafe { clmem::create_buffer(self.context, flags, bytes, ptr::null_mut()) }
+            .map_err(|code| self.allocation_error("clCreateBuffer", bytes, code))?;
+        // SAFETY: the queue is live (self holds it); the owner below releases this reference.
+        if let Err(code) = unsafe { cq::retain_command_queue(self.queue) } {
+            // SAFETY: releasing the buffer created above, which nothing else holds.
+            let _ = unsafe { clmem::release_mem_object(mem) };
+            return Err(cl_error("clRetainCommandQueue", code));
+        }
+        // From here on, dropping `owner` releases the buffer and the queue (and unmaps).
+        let mut owner = MappedHostMemory { queue: self.queue, mem, ptr: ptr::null_mut() };
+        let mut mapped: cl_mem = ptr::null_mut();
+        let map_flags = clmem::CL_MAP_READ | clmem::CL_MAP_WRITE;
+        // SAFETY: mem is a live buffer of `bytes` on this queue's context; blocking map.
+        let event = unsafe {
+            cq::enqueue_map_buffer(
+                self.queue,
+                mem,
+                CL_BLOCKING,
+                map_flags,
+                0,
+                bytes,
+                &mut mapped,
+                0,
+                ptr::null(),
+            )
+        }
+        .map_err(|code| self.allocation_error("clEnqueueMapBuffer", bytes, code))?;
+        owner.ptr = mapped;
+        complete("clEnqueueMapBuffer", event)?;
+        let Some(start) = ptr::NonNull::new(mapped.cast::<u8>()) else {
+            return Err(cl_error("clEnqueueMapBuffer", cl3::error_codes::CL_INVALID_VALUE));
+        };
+        // SAFETY: the map succeeded, so [start, start + bytes) is writable host memory until
+        // the unmap in owner's drop; zeroing initializes every byte.
+        unsafe { ptr::write_bytes(start.as_ptr(), 0, bytes) };
+        // SAFETY: (1) the mapping is valid and initialized until `owner` is dropped; (2) only
+        // the returned block reaches these bytes (the buffer's handle stays inside `owner`);
+        // (3) it is the runtime's pinned host memory, SPEC section 3's meaning of pinned for
+        // OpenCL.
+        Ok(unsafe { HostMemory::from_foreign(start, bytes, true, Box::new(owner)) })
     }
 
     /// Maps the whole of an aliased buffer and unmaps it again: the runtime makes the host
@@ -210,6 +267,16 @@ impl Backend for OpenClBackend {
             total,
             source: MemorySource::TotalMinusProcessHeld,
         })
+    }
+
+    /// Pinned blocks are runtime-allocated, mapped host memory (see `allocate_mapped`); an
+    /// empty pinned block has nothing to map.
+    fn allocate_host(&self, bytes: usize, pinned: bool) -> Result<HostMemory> {
+        match (pinned, bytes) {
+            (false, _) => HostMemory::allocate(bytes),
+            (true, 0) => HostMemory::allocate_locked(0),
+            (true, _) => self.allocate_mapped(bytes),
+        }
     }
 
     fn allocate(&self, bytes: usize) -> Result<DeviceMemory> {

@@ -1,0 +1,126 @@
+//! [`LimitingResource`]: a resource adaptor that refuses allocations beyond a byte limit.
+//!
+//! It wraps an upstream resource it owns and adds one concern: the bytes it has handed out
+//! (host blocks and device memory together, counted by their real length) never pass the
+//! limit; a request that would pass it is an [`Error::OutOfMemory`], as a full device would
+//! answer, so the policies above it (a pool's trim-and-retry) react as they would to the real
+//! thing. Use it to cap a process's use of a device, or to test out-of-memory paths.
+//!
+//! What does not live here: caching ([`super::MemoryPool`]).
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::backend::DeviceMemory;
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::host_memory::HostMemory;
+use crate::resource::MemoryResource;
+
+/// Forwards to an upstream resource while the bytes held stay within a limit.
+pub struct LimitingResource {
+    upstream: Arc<dyn MemoryResource>,
+    limit: u64,
+    held: AtomicU64,
+}
+
+impl LimitingResource {
+    /// Lets `upstream` hand out at most `limit` bytes at a time through this resource.
+    pub fn new(upstream: Arc<dyn MemoryResource>, limit: u64) -> LimitingResource {
+        LimitingResource { upstream, limit, held: AtomicU64::new(0) }
+    }
+
+    /// Where allocations go.
+    pub fn upstream(&self) -> &Arc<dyn MemoryResource> {
+        &self.upstream
+    }
+
+    /// The limit in bytes.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// The bytes handed out and not yet returned.
+    pub fn held(&self) -> u64 {
+        self.held.load(Ordering::SeqCst)
+    }
+
+    /// Reserves `bytes` under the limit, or says why not.
+    fn reserve(&self, device: &Device, bytes: usize) -> Result<()> {
+        let n = bytes as u64;
+        self.held
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |held| {
+                held.checked_add(n).filter(|&total| total <= self.limit)
+            })
+            .map(drop)
+            .map_err(|held| Error::OutOfMemory {
+                device: format!("{device} (limited to {} bytes, {held} held)", self.limit),
+                requested: bytes,
+                code: None,
+            })
+    }
+
+    fn unreserve(&self, bytes: usize) {
+        let n = bytes as u64;
+        // The closure always returns Some, so the update cannot fail.
+        let _ =
+            self.held.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |held| Some(held.saturating_sub(n)));
+    }
+
+    /// Runs `allocate` under a reservation of `bytes`, then counts the block's real length.
+    fn limited<B>(
+        &self,
+        device: &Device,
+        bytes: usize,
+        len: impl Fn(&B) -> usize,
+        allocate: impl FnOnce() -> Result<B>,
+    ) -> Result<B> {
+        self.reserve(device, bytes)?;
+        match allocate() {
+            Ok(block) => {
+                let actual = len(&block);
+                if actual > bytes {
+                    self.held.fetch_add((actual - bytes) as u64, Ordering::SeqCst);
+                } else {
+                    self.unreserve(bytes - actual);
+                }
+                Ok(block)
+            }
+            Err(err) => {
+                self.unreserve(bytes);
+                Err(err)
+            }
+        }
+    }
+}
+
+impl MemoryResource for LimitingResource {
+    fn allocate_host(&self, device: &Device, bytes: usize, pinned: bool) -> Result<HostMemory> {
+        self.limited(device, bytes, HostMemory::len, || self.upstream.allocate_host(device, bytes, pinned))
+    }
+
+    fn allocate_device(&self, device: &Device, bytes: usize) -> Result<DeviceMemory> {
+        self.limited(device, bytes, DeviceMemory::len, || self.upstream.allocate_device(device, bytes))
+    }
+
+    fn deallocate_host(&self, device: &Device, block: HostMemory) {
+        self.unreserve(block.len());
+        self.upstream.deallocate_host(device, block);
+    }
+
+    fn deallocate_device(&self, device: &Device, memory: DeviceMemory) {
+        self.unreserve(memory.len());
+        self.upstream.deallocate_device(device, memory);
+    }
+}
+
+impl fmt::Debug for LimitingResource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LimitingResource")
+            .field("limit", &self.limit)
+            .field("held", &self.held())
+            .field("upstream", &self.upstream)
+            .finish()
+    }
+}

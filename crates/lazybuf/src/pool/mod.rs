@@ -1,0 +1,228 @@
+//! Memory pools: acquire a buffer by shape, element type and pinnedness, release it back, and
+//! reuse its memory without a new allocation.
+//!
+//! A [`MemoryPool`] is a handle to a caching [`MemoryResource`] (RMM style: a policy over an
+//! upstream resource it owns, by default the device's backend directly). Buffers it hands out
+//! take their host block and device memory from it and give them back when dropped or
+//! released, so reuse works for any buffer that names the pool's resource in its
+//! [`BufferOptions`], on any device and any backend.
+//!
+//! - **Keys and size classes.** Blocks are cached by device, kind (host, pinned host, device)
+//!   and size class. A request is rounded up to its class: under 64 bytes extra up to
+//!   256 bytes, under a quarter of the request above ([`size_class`] proves the bound).
+//! - **Lazy.** A buffer allocates on first use (SPEC: nothing is allocated before it is
+//!   needed), so a hit or a miss happens at the buffer's first host or device access, not at
+//!   [`MemoryPool::acquire`]; an acquired buffer that is never touched takes nothing.
+//! - **Uninitialized.** An acquired buffer is UNINITIALIZED; a reused block keeps its old
+//!   bytes unless [`PoolConfig::zero_reused`] is set (host blocks are then cleared with a
+//!   memset, device memory with a device fill).
+//! - **Cap, trim, out of memory.** Cached bytes never exceed [`PoolConfig::max_cached_bytes`]
+//!   (a release beyond it frees the block); [`MemoryPool::trim`] frees every cached block; an
+//!   allocation the upstream refuses for lack of memory (or of lockable memory) trims and
+//!   retries once, then returns the upstream's error.
+//! - **Threads.** A pool is `Send + Sync`; one short critical section per acquire or release.
+//!
+//! What does not live here: where memory comes from ([`crate::resource`], the backends), and
+//! the buffer's coherence ([`crate::buffer`]).
+
+mod cache;
+mod limiting;
+pub mod size_class;
+
+pub use limiting::LimitingResource;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+
+use crate::buffer::{BufferOptions, RawBuffer, UnifiedBuffer};
+use crate::coherence::DeviceId;
+use crate::device::Device;
+use crate::element::Element;
+use crate::error::{Error, Result};
+use crate::resource::{DirectResource, MemoryResource};
+use cache::PoolResource;
+
+/// How a pool behaves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolConfig {
+    /// The most bytes the pool keeps cached; a release beyond it frees the block.
+    /// 0 caches nothing.
+    pub max_cached_bytes: u64,
+    /// Zero a reused block before handing it out, for callers that must not see old contents.
+    pub zero_reused: bool,
+}
+
+/// The default cap: 1 GiB.
+pub const DEFAULT_MAX_CACHED_BYTES: u64 = 1 << 30;
+
+impl Default for PoolConfig {
+    /// Caches up to [`DEFAULT_MAX_CACHED_BYTES`] (1 GiB); reused blocks are not zeroed.
+    fn default() -> Self {
+        PoolConfig { max_cached_bytes: DEFAULT_MAX_CACHED_BYTES, zero_reused: false }
+    }
+}
+
+impl PoolConfig {
+    /// The default for `device`: caches up to 1 GiB or a quarter of the device's memory,
+    /// whichever is less (devices that report no total get 1 GiB).
+    pub fn for_device(device: &Device) -> PoolConfig {
+        let total = device.info().total_memory;
+        let cap = if total == 0 { DEFAULT_MAX_CACHED_BYTES } else { DEFAULT_MAX_CACHED_BYTES.min(total / 4) };
+        PoolConfig { max_cached_bytes: cap, ..PoolConfig::default() }
+    }
+}
+
+/// A pool's counters. Bytes are those of whole blocks (size classes), not of requests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Requests served from the cache.
+    pub hits: u64,
+    /// Requests the cache could not serve (each went upstream).
+    pub misses: u64,
+    /// Blocks the upstream allocated for this pool.
+    pub allocations: u64,
+    /// Bytes held by live buffers.
+    pub bytes_in_use: u64,
+    /// Bytes cached for reuse.
+    pub bytes_cached: u64,
+    /// The most bytes held by live buffers at once (since creation or [`MemoryPool::clear`]).
+    pub peak_bytes_in_use: u64,
+    /// Allocations the upstream refused for lack of memory, after which the pool trimmed and
+    /// retried once.
+    pub oom_retries: u64,
+}
+
+/// A memory pool whose buffers live on one device.
+///
+/// ```
+/// use lazybuf::{BufferState, Device, MemoryPool, PoolConfig};
+/// let pool = MemoryPool::new(&Device::host(), PoolConfig::default());
+/// let mut buf = pool.acquire::<f32>(&[1000], false)?;
+/// buf.host_overwrite()?.fill(1.0);
+/// let first = buf.host()?.as_ptr();
+/// pool.release(buf)?;
+///
+/// let mut again = pool.acquire::<f32>(&[1000], false)?; // same buffer!
+/// assert_eq!(again.state(), BufferState::Uninitialized);
+/// assert_eq!(again.host_overwrite()?.as_ptr(), first);
+/// assert_eq!((pool.stats().allocations, pool.stats().hits), (1, 1));
+/// # Ok::<(), lazybuf::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct MemoryPool {
+    device: Device,
+    resource: Arc<PoolResource>,
+}
+
+impl MemoryPool {
+    /// A new, empty pool for `device` whose misses go to the device's backend.
+    pub fn new(device: &Device, config: PoolConfig) -> MemoryPool {
+        Self::with_upstream(device, config, DirectResource::shared())
+    }
+
+    /// A new, empty pool whose misses go to `upstream` (a limit, statistics, another pool).
+    pub fn with_upstream(
+        device: &Device,
+        config: PoolConfig,
+        upstream: Arc<dyn MemoryResource>,
+    ) -> MemoryPool {
+        let resource = Arc::new(PoolResource::new(upstream, config, device.to_string()));
+        MemoryPool { device: device.clone(), resource }
+    }
+
+    /// The process-wide default pool of `device`: the same pool on every call, configured by
+    /// [`PoolConfig::for_device`]. It lives for the rest of the process and keeps the device
+    /// open.
+    pub fn for_device(device: &Device) -> MemoryPool {
+        static POOLS: OnceLock<Mutex<HashMap<DeviceId, MemoryPool>>> = OnceLock::new();
+        let mut pools = POOLS.get_or_init(Mutex::default).lock().unwrap_or_else(PoisonError::into_inner);
+        pools
+            .entry(device.id())
+            .or_insert_with(|| MemoryPool::new(device, PoolConfig::for_device(device)))
+            .clone()
+    }
+
+    /// The device whose buffers this pool hands out.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The pool's configuration.
+    pub fn config(&self) -> PoolConfig {
+        self.resource.config()
+    }
+
+    /// The pool as a memory resource, for [`BufferOptions::resource`].
+    pub fn resource(&self) -> Arc<dyn MemoryResource> {
+        self.resource.clone()
+    }
+
+    /// Where the pool's misses go.
+    pub fn upstream(&self) -> &Arc<dyn MemoryResource> {
+        self.resource.upstream()
+    }
+
+    /// An UNINITIALIZED buffer of `shape` on the pool's device whose memory comes from this
+    /// pool (taken at its first use; see the module docs). Dropping or
+    /// [releasing](MemoryPool::release) it returns its memory to the pool. A shape whose size overflows
+    /// is an [`Error::InvalidShape`]; a pinned block that cannot be pinned is an error at first
+    /// use, never a silent pageable one.
+    pub fn acquire<T: Element>(&self, shape: &[usize], pinned: bool) -> Result<UnifiedBuffer<T>> {
+        let options =
+            BufferOptions { device: Some(self.device.clone()), pinned, resource: Some(self.resource()) };
+        UnifiedBuffer::with_options(shape, options)
+    }
+
+    /// Whether `buffer`'s memory comes from this pool.
+    pub fn owns(&self, buffer: &RawBuffer) -> bool {
+        std::ptr::addr_eq(Arc::as_ptr(buffer.resource()), Arc::as_ptr(&self.resource))
+    }
+
+    /// Returns `buffer`'s memory to the pool. A buffer from another pool, or from none, is an
+    /// [`Error::InvalidArgument`] saying so; it is dropped all the same, its memory going back
+    /// where it came from.
+    pub fn release<T: Element>(&self, buffer: UnifiedBuffer<T>) -> Result<()> {
+        if self.owns(buffer.raw()) {
+            drop(buffer);
+            return Ok(());
+        }
+        let reason = format!(
+            "expected a buffer acquired from this pool (of {}), got one whose memory comes from {:?}; \
+             it was dropped and its memory went back there",
+            self.device,
+            buffer.raw().resource()
+        );
+        drop(buffer);
+        Err(Error::invalid("MemoryPool::release", reason))
+    }
+
+    /// The pool's counters now.
+    pub fn stats(&self) -> PoolStats {
+        self.resource.stats()
+    }
+
+    /// Frees every cached block back upstream; returns the bytes freed. Live buffers keep
+    /// their memory.
+    pub fn trim(&self) -> u64 {
+        self.resource.trim()
+    }
+
+    /// [`Self::trim`], then sets the counters of events (hits, misses, allocations, OOM
+    /// retries) to zero and the peak to the bytes in use now. Live buffers keep their memory
+    /// and are still counted in `bytes_in_use`.
+    pub fn clear(&self) {
+        self.resource.trim();
+        self.resource.reset_counters();
+    }
+}
+
+impl fmt::Debug for MemoryPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryPool")
+            .field("device", &self.device)
+            .field("config", &self.config())
+            .field("stats", &self.stats())
+            .finish()
+    }
+}

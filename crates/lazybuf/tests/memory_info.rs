@@ -1,0 +1,96 @@
+//! Memory monitoring: `memory_info()` on every device says where its figure comes from, and
+//! free memory drops by about the size of an allocation where the figure is real.
+//!
+//! - OpenCL has no free-memory query; its figure is total minus what this process holds on the
+//!   device, so it moves by exactly an allocation's size (this file is the only OpenCL user in
+//!   its process, so nothing else moves it).
+//! - The host reports the system's available memory (`MemAvailable`), which is real but
+//!   moved by other processes, and which does not count pages waiting on the kernel's per-CPU
+//!   free lists: memory this process freed a moment ago is handed out again from those lists
+//!   without `MemAvailable` moving at all (measured here on Linux 6.18: a 256 MiB allocation
+//!   right after freeing 256 MiB moved it by 0). So the test keeps every buffer it touches
+//!   alive, making each new 256 MiB come from the free pool proper, and accepts the first
+//!   drop within a quarter of 256 MiB, over up to six tries.
+//! - CUDA asks the driver (`cuMemGetInfo`); its test lives with the CUDA backend.
+
+use lazybuf::{Device, MemorySource, UnifiedBuffer};
+
+#[test]
+fn every_device_reports_free_and_total_memory() {
+    for device in lazybuf::devices() {
+        let info = device.memory_info().unwrap();
+        assert!(info.total > 0, "{device}: {info:?}");
+        assert!(info.free <= info.total, "{device}: {info:?}");
+        assert_eq!(info.total, device.info().total_memory, "{device}: {info:?}");
+        let expected = match device.backend_kind() {
+            lazybuf::BackendKind::Host => MemorySource::System,
+            lazybuf::BackendKind::OpenCl => MemorySource::TotalMinusProcessHeld,
+            lazybuf::BackendKind::Cuda => MemorySource::Runtime,
+        };
+        assert_eq!(info.source, expected, "{device}");
+    }
+}
+
+#[test]
+fn host_free_memory_drops_by_a_touched_allocation() {
+    const N: usize = 256 << 20;
+    let host = Device::host();
+    let (mut drops, mut kept) = (Vec::new(), Vec::new());
+    for _ in 0..6 {
+        let before = host.memory_info().unwrap().free as i64;
+        let mut buf = UnifiedBuffer::<u8>::on(&[N], &host).unwrap();
+        buf.host_overwrite().unwrap().fill(1); // the kernel hands out pages at first touch
+        let drop_ = before - host.memory_info().unwrap().free as i64;
+        kept.push(buf);
+        if (drop_ - N as i64).abs() <= N as i64 / 4 {
+            return;
+        }
+        drops.push(drop_);
+    }
+    panic!("free memory never dropped by about {N} bytes; drops seen: {drops:?}");
+}
+
+#[cfg(feature = "opencl")]
+mod opencl {
+    use super::*;
+    use lazybuf::{MemoryPool, PoolConfig};
+
+    fn device() -> Device {
+        lazybuf::devices()
+            .into_iter()
+            .find(|d| d.backend_kind() == lazybuf::BackendKind::OpenCl)
+            .expect("this test needs an OpenCL device (CI installs Debian's pocl-opencl-icd)")
+    }
+
+    fn free(device: &Device) -> u64 {
+        device.memory_info().unwrap().free
+    }
+
+    /// One test, so no other allocation in this process moves the OpenCL figure meanwhile.
+    #[test]
+    fn opencl_free_memory_drops_by_each_allocation_and_the_pool_holds_it() {
+        let device = device();
+        let before = free(&device);
+        // Device memory proper (4 KiB), and a 64 MiB buffer the CPU device aliases.
+        for n in [4096, 64 << 20] {
+            let mut buf = UnifiedBuffer::<u8>::on(&[n], &device).unwrap();
+            buf.device_overwrite().unwrap();
+            assert_eq!(before - free(&device), n as u64, "{n} bytes on {device}");
+            drop(buf);
+            assert_eq!(free(&device), before);
+        }
+
+        // A pool keeps released device memory, so the device figure stays down by what the
+        // pool caches on it until trim gives it back.
+        let pool = MemoryPool::new(&device, PoolConfig::default());
+        let mut buf = pool.acquire::<u8>(&[4000], false).unwrap();
+        buf.device_overwrite().unwrap();
+        assert_eq!(before - free(&device), 4096, "a block of the size class");
+        assert_eq!(pool.stats().bytes_in_use, 4096);
+        pool.release(buf).unwrap();
+        assert_eq!(before - free(&device), 4096);
+        assert!(pool.stats().bytes_cached >= 4096);
+        pool.trim();
+        assert_eq!(free(&device), before);
+    }
+}
