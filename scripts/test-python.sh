@@ -33,12 +33,13 @@ py="$PWD/$venv/bin/python"
 step "pytest tests/python"
 (cd tests/python && "$py" -m pytest -q -p no:cacheprovider "$@" .)
 
-# The CUDA paths (CuPy/DeviceMemoryView, __cuda_array_interface__, DLPack on kDLCUDA) run
-# against the CUDA driver test double, which stands in for libcuda on machines without a GPU.
+# Again with the CUDA driver test double standing in for libcuda (machines without a GPU):
+# the CUDA paths (DeviceMemoryView, __cuda_array_interface__, DLPack on kDLCUDA) run, and
+# everything else must still hold with a CUDA device as the default device.
 if [ -f scripts/build-cuda-double.sh ] && command -v gcc >/dev/null; then
-  step "pytest tests/python/test_cuda.py with the CUDA driver test double"
+  step "pytest tests/python with the CUDA driver test double"
   double="$PWD/target/cuda-double"
   bash scripts/build-cuda-double.sh "$double" >/dev/null
   (cd tests/python && LD_LIBRARY_PATH="$double${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-    LAZYBUF_REQUIRE=cuda "$py" -m pytest -q -p no:cacheprovider test_cuda.py)
+    LAZYBUF_REQUIRE="${LAZYBUF_REQUIRE:+$LAZYBUF_REQUIRE,}cuda" "$py" -m pytest -q -p no:cacheprovider "$@" .)
 fi

@@ -12,8 +12,11 @@ from ._lazybuf import (
     Device,
     DeviceMemoryView,
     MemoryOwner,
+    MemoryPool,
+    PoolStats,
     UnifiedBuffer,
     get_accelerator,
+    get_memory_pool,
 )
 from ._state import BufferState
 
@@ -24,6 +27,9 @@ __all__ = [
     "Device",
     "DeviceMemoryView",
     "MemoryOwner",
+    "MemoryPool",
+    "PoolStats",
     "UnifiedBuffer",
     "get_accelerator",
+    "get_memory_pool",
 ]

@@ -25,6 +25,16 @@ def _need(name: str, why: str) -> None:
     pytest.skip(why)
 
 
+@pytest.fixture(autouse=True)
+def default_device():
+    """Buffers made without `device=` go to the host, so tests mean the same thing on a
+    machine with a GPU (test_seed_examples.py overrides this to use the machine's default)."""
+    accelerator = lazybuf.get_accelerator()
+    accelerator.select_device("host")
+    yield
+    accelerator.select_device(None)
+
+
 @pytest.fixture
 def opencl_device() -> lazybuf.Device:
     """The first OpenCL device (PoCL's CPU device in CI)."""
@@ -52,12 +62,14 @@ def host_device() -> lazybuf.Device:
 
 def run_python(code: str) -> subprocess.CompletedProcess:
     """Runs `code` in a fresh interpreter (for crashes that must not take pytest down, and for
-    per-process state such as which optional packages import)."""
+    per-process state such as which optional packages import), with the host as its default
+    device like the tests here."""
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         capture_output=True,
         text=True,
         timeout=120,
+        env={**os.environ, "LAZYBUF_DEVICE": "host"},
     )
 
 

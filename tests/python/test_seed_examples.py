@@ -44,6 +44,7 @@ def default_device():
     array library for that backend installed), the examples' array code cannot run on it, so
     they run on the host; test_cuda.py covers that case."""
     acc = get_accelerator()
+    acc.select_device(None)
     if isinstance(UnifiedBuffer(1).device, DeviceMemoryView):
         acc.select_device("host")
     yield

@@ -12,6 +12,7 @@
 //! - [`device_view`]: what `.device` returns on each backend;
 //! - [`dlpack`]: `__dlpack__` through dlpark;
 //! - [`accelerator`]: devices, `get_accelerator()`, the current device;
+//! - [`pool`]: `MemoryPool` and `get_memory_pool()` over the core's pool;
 //! - [`dtype`], [`args`]: argument validation; [`errors`]: exception mapping; [`state`]:
 //!   `BufferState` members.
 //!
@@ -27,6 +28,7 @@ pub mod device_view;
 pub mod dlpack;
 pub mod dtype;
 pub mod errors;
+pub mod pool;
 pub mod state;
 pub mod views;
 
@@ -39,6 +41,9 @@ fn _lazybuf(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<accelerator::Accelerator>()?;
     m.add_class::<device_view::DeviceMemoryView>()?;
     m.add_class::<views::MemoryOwner>()?;
+    m.add_class::<pool::PyMemoryPool>()?;
+    m.add_class::<pool::PyPoolStats>()?;
+    m.add_function(wrap_pyfunction!(pool::get_memory_pool, m)?)?;
     m.add_function(wrap_pyfunction!(accelerator::get_accelerator, m)?)?;
     m.add_function(wrap_pyfunction!(buffer::_rebuild_buffer, m)?)?;
     m.add("BackendUnavailableError", m.py().get_type::<errors::BackendUnavailableError>())?;

@@ -32,10 +32,17 @@ impl PyMemoryPool {
     /// clears reused memory before handing it out.
     #[new]
     #[pyo3(signature = (device=None, *, max_cached_bytes=None, zero_reused=false))]
-    fn py_new(device: Option<&Bound<'_, PyAny>>, max_cached_bytes: Option<u64>, zero_reused: bool) -> PyResult<Self> {
+    fn py_new(
+        device: Option<&Bound<'_, PyAny>>,
+        max_cached_bytes: Option<u64>,
+        zero_reused: bool,
+    ) -> PyResult<Self> {
         let device = args::device(device)?;
         let defaults = PoolConfig::for_device(&device);
-        let config = PoolConfig { max_cached_bytes: max_cached_bytes.unwrap_or(defaults.max_cached_bytes), zero_reused };
+        let config = PoolConfig {
+            max_cached_bytes: max_cached_bytes.unwrap_or(defaults.max_cached_bytes),
+            zero_reused,
+        };
         Ok(PyMemoryPool { pool: MemoryPool::new(&device, config) })
     }
 
@@ -187,7 +194,13 @@ impl PyPoolStats {
         format!(
             "PoolStats(hits={}, misses={}, allocations={}, bytes_in_use={}, bytes_cached={}, \
              peak_bytes_in_use={}, oom_retries={})",
-            s.hits, s.misses, s.allocations, s.bytes_in_use, s.bytes_cached, s.peak_bytes_in_use, s.oom_retries
+            s.hits,
+            s.misses,
+            s.allocations,
+            s.bytes_in_use,
+            s.bytes_cached,
+            s.peak_bytes_in_use,
+            s.oom_retries
         )
     }
 }
