@@ -20,7 +20,7 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 step "installing build and test dependencies into $venv"
 "$venv/bin/python" -m pip install -q --disable-pip-version-check \
-  maturin==1.16.0 numpy==2.4.6 pytest==9.2.0 pyopencl==2026.1.4 ml_dtypes==0.5.4
+  maturin==1.16.0 numpy==2.4.6 pytest==9.2.0 pyopencl==2026.1.4 ml_dtypes==0.5.4 mypy==2.4.1
 
 step "building the wheel (maturin, release)"
 wheels=target/wheels-python
@@ -30,6 +30,8 @@ rm -rf "$wheels"
 
 # Run from the tests folder so `import lazybuf` is the installed wheel, not the source tree.
 py="$PWD/$venv/bin/python"
+step "type stubs against the built module (mypy stubtest)"
+(cd tests/python && "$py" -m mypy.stubtest lazybuf)
 step "pytest tests/python"
 (cd tests/python && "$py" -m pytest -q -p no:cacheprovider "$@" .)
 
