@@ -92,6 +92,16 @@ def test_double_release_is_refused():
     pool.release(buf)
     with pytest.raises(ValueError, match="was released"):
         pool.release(buf)
+    with pytest.raises(ValueError, match="was released"):
+        buf.release()
+
+
+def test_a_with_block_whose_buffer_was_released_inside_exits_quietly():
+    pool = MemoryPool("host")
+    with pool.acquire(8) as buf:
+        buf.fill(1.0)
+        pool.release(buf)
+    assert buf.released and pool.stats().bytes_in_use == 0
 
 
 def test_foreign_release_is_refused_and_leaves_the_buffer_intact():

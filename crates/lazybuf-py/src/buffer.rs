@@ -48,8 +48,9 @@ use crate::{args, state};
 pub struct UnifiedBuffer {
     /// The memory; `None` once released.
     storage: Option<Arc<Storage>>,
-    /// Kept after release when the buffer handed its address to a consumer that holds the
-    /// buffer object rather than a view (`__array_interface__`, `__cuda_array_interface__`).
+    /// Held (never read) after a release when the buffer handed its address to a consumer
+    /// that keeps the buffer object rather than a view (`__array_interface__`,
+    /// `__cuda_array_interface__`): that memory then lives as long as the buffer object.
     retained: Option<Arc<Storage>>,
     untracked_export: bool,
     shape: Vec<usize>,
@@ -451,9 +452,12 @@ impl UnifiedBuffer {
         Ok(slf)
     }
 
+    /// Releases the buffer unless it already was (inside the block).
     #[pyo3(signature = (*_exc))]
     fn __exit__(slf: &Bound<'_, Self>, _exc: &Bound<'_, PyTuple>) -> PyResult<bool> {
-        UnifiedBuffer::release(slf)?;
+        if slf.borrow().storage.is_some() {
+            UnifiedBuffer::release(slf)?;
+        }
         Ok(false)
     }
 
