@@ -13,7 +13,7 @@ use std::fmt;
 pub enum BackendKind {
     /// Host memory, no runtime at all.
     Host,
-    /// An OpenCL device (opencl3/cl3, libOpenCL loaded at run time).
+    /// An OpenCL device (cl3, libOpenCL loaded at run time).
     OpenCl,
     /// A CUDA device (cudarc driver API, libcuda loaded at run time).
     Cuda,
