@@ -10,6 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 venv="${LAZYBUF_BENCH_VENV:-.bench-venv}"
+case "$venv" in /*) ;; *) venv="$PWD/$venv" ;; esac
 python="${PYTHON:-python3}"
 step() { printf '\n==> %s\n' "$*" >&2; }
 
@@ -29,4 +30,4 @@ rm -rf "$wheels"
 
 step "benchmark"
 cd benches/python
-exec "../../$venv/bin/python" bench_vs_pydotcompute.py "$@"
+exec "$venv/bin/python" bench_vs_pydotcompute.py "$@"

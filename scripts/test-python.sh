@@ -11,6 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 venv="${LAZYBUF_PY_VENV:-.venv}"
+case "$venv" in /*) ;; *) venv="$PWD/$venv" ;; esac
 python="${PYTHON:-python3}"
 step() { printf '\n==> %s\n' "$*"; }
 
@@ -29,7 +30,7 @@ rm -rf "$wheels"
 "$venv/bin/python" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps "$wheels"/lazybuf-*.whl
 
 # Run from the tests folder so `import lazybuf` is the installed wheel, not the source tree.
-py="$PWD/$venv/bin/python"
+py="$venv/bin/python"
 step "type stubs against the built module (mypy stubtest)"
 (cd tests/python && "$py" -m mypy.stubtest lazybuf)
 step "pytest tests/python"
