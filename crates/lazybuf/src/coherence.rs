@@ -67,21 +67,38 @@ pub enum Step {
     },
 }
 
-/// What must happen before an access can proceed, in order.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// The most steps a plan can have: allocate the target, allocate the host for staging, copy
+/// to the host, copy to the target.
+const MAX_STEPS: usize = 4;
+
+/// What must happen before an access can proceed, in order. Held inline: planning an access
+/// allocates nothing.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Plan {
-    steps: Vec<Step>,
+    steps: [Step; MAX_STEPS],
+    len: usize,
+}
+
+impl Default for Plan {
+    fn default() -> Self {
+        Plan { steps: [Step::Allocate(Location::Host); MAX_STEPS], len: 0 }
+    }
 }
 
 impl Plan {
     /// The steps, in execution order.
     pub fn steps(&self) -> &[Step] {
-        &self.steps
+        &self.steps[..self.len]
     }
 
     /// Whether the access needs no allocation and no copy.
     pub fn is_empty(&self) -> bool {
-        self.steps.is_empty()
+        self.len == 0
+    }
+
+    fn push(&mut self, step: Step) {
+        self.steps[self.len] = step;
+        self.len += 1;
     }
 }
 
@@ -156,20 +173,20 @@ impl Coherence {
     /// The steps needed before `access` at `at`. `direct(from, to)` tells whether two devices
     /// can copy between each other without the host; host-device copies are always direct.
     pub fn plan(&self, at: Location, access: Access, direct: impl Fn(DeviceId, DeviceId) -> bool) -> Plan {
-        let mut steps = Vec::new();
+        let mut steps = Plan::default();
         let here = self.residency(at);
         if here == Residency::Valid {
-            return Plan { steps };
+            return steps;
         }
         if here == Residency::Unallocated {
             steps.push(Step::Allocate(at));
         }
         if access == Access::Overwrite || !self.any_valid() {
-            return Plan { steps };
+            return steps;
         }
         if self.residency(Location::Host) == Residency::Valid {
             steps.push(Step::Copy { from: Location::Host, to: at });
-            return Plan { steps };
+            return steps;
         }
         let valid_devices = || {
             self.entries.iter().filter_map(|&(loc, r)| match (loc, r) {
@@ -192,7 +209,7 @@ impl Coherence {
                 }
             },
         }
-        Plan { steps }
+        steps
     }
 
     /// Records that `plan` was executed in full for `access` at `at`.

@@ -5,11 +5,20 @@
 
 use crate::error::{Error, Result};
 
+/// Shapes of up to this many dimensions are held inline (no allocation).
+const INLINE_RANK: usize = 4;
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum Dims {
+    Inline { dims: [usize; INLINE_RANK], rank: usize },
+    Heap(Box<[usize]>),
+}
+
 /// The dimensions of a buffer, outermost first (C order). Zero dimensions is a scalar, and any
 /// dimension may be zero (an empty buffer).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Shape {
-    dims: Box<[usize]>,
+    dims: Dims,
     len: usize,
 }
 
@@ -27,12 +36,22 @@ impl Shape {
                 isize::MAX
             )));
         }
-        Ok(Shape { dims: dims.into(), len })
+        let dims = if dims.len() <= INLINE_RANK {
+            let mut inline = [0; INLINE_RANK];
+            inline[..dims.len()].copy_from_slice(dims);
+            Dims::Inline { dims: inline, rank: dims.len() }
+        } else {
+            Dims::Heap(dims.into())
+        };
+        Ok(Shape { dims, len })
     }
 
     /// The dimensions.
     pub fn dims(&self) -> &[usize] {
-        &self.dims
+        match &self.dims {
+            Dims::Inline { dims, rank } => &dims[..*rank],
+            Dims::Heap(dims) => dims,
+        }
     }
 
     /// The number of elements (the product of the dimensions; 1 for a scalar).
@@ -55,6 +74,9 @@ mod tests {
         assert_eq!(Shape::new(&[2, 3, 4], 4).unwrap().len(), 24);
         assert_eq!(Shape::new(&[], 4).unwrap().len(), 1);
         assert!(Shape::new(&[5, 0, 7], 8).unwrap().is_empty());
+        let deep = Shape::new(&[1, 2, 1, 2, 1, 3], 4).unwrap();
+        assert_eq!((deep.dims(), deep.len()), (&[1, 2, 1, 2, 1, 3][..], 12));
+        assert_eq!(Shape::new(&[2, 3], 4).unwrap().dims(), &[2, 3]);
     }
 
     #[test]
