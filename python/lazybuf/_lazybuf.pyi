@@ -8,9 +8,11 @@ Access rules (what each call does to the buffer's copies):
   given, so handing out a writable host array counts as the write.
 - ``.host_readonly``, ``to_numpy()``, ``sync_to_host()``, ``__array__``, read-only exports:
   a *host read*. The host is made current; nothing becomes stale.
-- ``.device``, ``mark_device_dirty()``, ``__cuda_array_interface__``: a *device write*. The
-  device is made current, then the host copy is stale (kernels may write the array).
-- ``.device_readonly``, ``sync_to_device()``: a *device read*.
+- ``.device_writable``, ``mark_device_dirty()``, ``__cuda_array_interface__``: a *device
+  write*. The device is made current, then the host copy is stale (kernels may write it).
+- ``.device``, ``sync_to_device()``: a *device read*, as in the seeds: after a kernel writes
+  ``.device``, call ``mark_device_dirty()`` (or use ``.device_writable``). On the host device
+  both return the host array itself, whose writes reach every copy at once.
 
 Views (NumPy arrays, memoryviews, DLPack capsules, PyOpenCL/CuPy arrays, DeviceMemoryView)
 keep the buffer's memory alive: releasing or dropping a buffer never frees memory a view can
@@ -80,17 +82,17 @@ class UnifiedBuffer:
 
     @property
     def device(self) -> Any:
-        """The buffer on its device, synced first if the host is newer. Counts as a device
-        write: after a kernel writes it, the next host access copies the data back (no
-        ``mark_device_dirty()`` needed, though calling it is harmless).
+        """The buffer on its device, synced first if the host is newer; a device read (the
+        buffer is SYNCHRONIZED after it, as in the seeds). After a kernel writes it, call
+        ``mark_device_dirty()`` so the next host access copies the results back.
         Host device: the same ndarray as ``.host``. OpenCL: a ``pyopencl.array.Array`` sharing
         the buffer's cl_mem on lazybuf's queue (PyOpenCL installed). CUDA: a ``cupy.ndarray``
         over the device pointer (CuPy installed). Otherwise a ``DeviceMemoryView``."""
 
     @property
-    def device_readonly(self) -> Any:
-        """As ``device`` but a device read (a read-only ndarray on the host device; on other
-        devices the same array types: do not write through them)."""
+    def device_writable(self) -> Any:
+        """As ``device``, counted as a device write: the host copy becomes stale, so the next
+        host access copies kernel results back without ``mark_device_dirty()``."""
 
     @property
     def metal(self) -> Any:

@@ -82,7 +82,7 @@ def test_empty_and_scalar_buffers(device):
     assert empty.host.shape == (0, 3)
     empty.copy_from(np.zeros((0, 3)))
     assert empty.to_numpy().shape == (0, 3)
-    empty.device_readonly
+    empty.device
     empty.fill(1.0)
 
     scalar = UnifiedBuffer((), np.int32, device=device)
@@ -138,7 +138,7 @@ def test_host_write_then_device_read_uploads_once_on_opencl(opencl_device):
 def test_host_device_syncs_copy_nothing(host_device):
     buf = UnifiedBuffer(1000, device=host_device)
     buf.host[:] = 1.0
-    buf.device
+    buf.device_writable
     buf.host
     stats = buf.transfer_stats()
     assert stats["host_to_device_bytes"] == stats["device_to_host_bytes"] == 0
@@ -201,7 +201,7 @@ def test_opencl_device_without_pyopencl_gives_a_handle_view(opencl_device):
         import numpy as np, lazybuf
         buf = lazybuf.UnifiedBuffer(16, np.float32, device={opencl_device.selector!r})
         buf.host[:] = 2.0
-        view = buf.device
+        view = buf.device_writable
         assert type(view).__name__ == "DeviceMemoryView", type(view)
         assert view.backend == "opencl" and view.ptr != 0 and view.nbytes == 64
         assert view.shape == (16,) and view.dtype == np.float32

@@ -35,8 +35,8 @@ def test_device_view_and_interfaces(cuda_device):
     buf = UnifiedBuffer((4, 3), np.float32, device=cuda_device)
     data = np.arange(12, dtype=np.float32).reshape(4, 3)
     buf.host[:] = data
-    view = buf.device
-    assert buf.state == BufferState.DEVICE_DIRTY  # `.device` counts as a device write
+    view = buf.device_writable
+    assert buf.state == BufferState.DEVICE_DIRTY  # `.device_writable` counts as a device write
     interface = buf.__cuda_array_interface__
     assert interface["version"] == 3
     assert interface["shape"] == (4, 3) and interface["typestr"] == "<f4"
@@ -86,7 +86,7 @@ def test_device_view_keeps_memory_alive(cuda_device):
     free_before, _ = cuda_device.get_memory_info()
     buf = UnifiedBuffer(1 << 20, np.uint8, device=cuda_device)
     buf.mark_device_dirty()
-    view = buf.device_readonly
+    view = buf.device
     pointer = buf.__cuda_array_interface__["data"][0]
     del buf
     collect()

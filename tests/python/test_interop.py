@@ -190,13 +190,31 @@ KERNEL = "__kernel void twice(__global float *x) { int i = get_global_id(0); x[i
 
 
 @pytest.mark.parametrize("n", [256, 1 << 20], ids=["1KiB-copied", "4MiB-aliased"])
+def test_the_seed_pattern_device_kernel_mark_dirty_read_back(pyopencl, opencl_device, n):
+    """The seeds' read-modify-write: `.device` (a device read, SYNCHRONIZED), a kernel writes
+    it, `mark_device_dirty()`, then the host sees the kernel's results."""
+    data = np.arange(n, dtype=np.float32)
+    buf = UnifiedBuffer(n, np.float32, device=opencl_device)
+    buf.host[:] = data
+    array = buf.device
+    assert buf.state == BufferState.SYNCHRONIZED
+    program = pyopencl.Program(array.context, KERNEL).build()
+    program.twice(array.queue, (n,), None, array.data)
+    array.queue.finish()
+    buf.mark_device_dirty()
+    assert buf.state == BufferState.DEVICE_DIRTY
+    np.testing.assert_array_equal(buf.to_numpy(), data * 2)
+    assert buf.state == BufferState.SYNCHRONIZED
+
+
+@pytest.mark.parametrize("n", [256, 1 << 20], ids=["1KiB-copied", "4MiB-aliased"])
 def test_pyopencl_array_shares_the_buffer(pyopencl, opencl_device, n):
     import pyopencl.array as cla
 
     data = np.arange(n, dtype=np.float32)
     buf = UnifiedBuffer(n, np.float32, device=opencl_device)
     buf.host[:] = data
-    array = buf.device
+    array = buf.device_writable
     assert isinstance(array, cla.Array)
     assert array.shape == (n,) and array.dtype == np.float32
     np.testing.assert_array_equal(array.get(), data)  # uploaded before it was handed out
@@ -205,7 +223,7 @@ def test_pyopencl_array_shares_the_buffer(pyopencl, opencl_device, n):
     program.twice(array.queue, (n,), None, array.data)
     array.queue.finish()
 
-    assert buf.state == BufferState.DEVICE_DIRTY  # `.device` counted as a device write
+    assert buf.state == BufferState.DEVICE_DIRTY  # `.device_writable` counted as a device write
     np.testing.assert_array_equal(buf.to_numpy(), data * 2)
     if n >= 1 << 18:  # at least 1 MiB: PoCL shares the host block, no bytes copied
         stats = buf.transfer_stats()

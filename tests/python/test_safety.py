@@ -87,7 +87,7 @@ def test_memory_is_freed_when_the_last_view_is_gone(opencl_device, make_view):
     elif make_view == "dlpack":
         view = np.from_dlpack(buf)
     else:
-        view = buf.device_readonly  # a PyOpenCL array, or a handle view without PyOpenCL
+        view = buf.device  # a PyOpenCL array, or a handle view without PyOpenCL
     del buf
     collect()
     assert held(opencl_device) == before + 4 * N, "freed while a view exists"
@@ -174,7 +174,7 @@ RELEASED_CALLS = {
     "host": lambda b: b.host,
     "host_readonly": lambda b: b.host_readonly,
     "device": lambda b: b.device,
-    "device_readonly": lambda b: b.device_readonly,
+    "device_writable": lambda b: b.device_writable,
     "metal": lambda b: b.metal,
     "state": lambda b: b.state,
     "is_pinned": lambda b: b.is_pinned,

@@ -6,12 +6,13 @@
 //! |---|---|
 //! | `.host`, `mark_host_dirty()`, `copy_from()`, writable buffer/DLPack exports | host write |
 //! | `.host_readonly`, `to_numpy()`, `sync_to_host()`, `__array__`, read-only exports | host read |
-//! | `.device`, `mark_device_dirty()`, `__cuda_array_interface__` | device write |
-//! | `.device_readonly`, `sync_to_device()` | device read |
+//! | `.device_writable`, `mark_device_dirty()`, `__cuda_array_interface__` | device write |
+//! | `.device`, `sync_to_device()` | device read |
 //!
-//! Python cannot see writes through an array it was given, so every writable view counts as
-//! a write when it is handed out: correct data beats a saved copy. The read-only accessors
-//! are for code that only reads.
+//! Python cannot see writes through an array it was given, so a writable host view counts as
+//! a write when it is handed out: correct data beats a saved copy. `.device` is the one
+//! exception, because the seeds define it: it leaves the buffer SYNCHRONIZED and kernels that
+//! write it are followed by `mark_device_dirty()` (or use `.device_writable`).
 //!
 //! Releasing a buffer (`release()`, leaving its `with` block, or `MemoryPool.release`) drops
 //! the buffer's hold on its memory; views made earlier keep it alive until they are gone
@@ -149,7 +150,7 @@ fn numpy_module(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
     NUMPY.get_or_try_init(py, || py.import("numpy").map(Bound::unbind)).map(|m| m.bind(py))
 }
 
-/// Shared by `.device` and `.device_readonly`.
+/// Shared by `.device` and `.device_writable`.
 fn device_access<'py>(slf: &Bound<'py, UnifiedBuffer>, access: Access) -> PyResult<Bound<'py, PyAny>> {
     let py = slf.py();
     let mut this = slf.borrow_mut();
@@ -157,10 +158,13 @@ fn device_access<'py>(slf: &Bound<'py, UnifiedBuffer>, access: Access) -> PyResu
     if this.home.backend_kind() == BackendKind::Host {
         let this = &mut *this;
         let descr = this.elem.descr.bind(py).clone();
-        let cache = if access == Access::Read { &mut this.host_readonly_view } else { &mut this.host_view };
+        // The host device's copy is the host memory itself: writes through this array change
+        // every copy at once, so it is writable whatever the access (the seeds: `.device`
+        // "returns the same NumPy array as host").
+        let cache = &mut this.host_view;
         let cached = cache.as_ref().map(|c| c.bind(py).clone());
         let array =
-            storage.host_device_array(py, &this.home, access, &this.shape, &descr, cached.as_ref())?;
+            storage.host_device_array(py, &this.home, access, true, &this.shape, &descr, cached.as_ref())?;
         *cache = Some(array.clone().unbind());
         return Ok(array);
     }
@@ -232,18 +236,19 @@ impl UnifiedBuffer {
 
     /// The buffer on its device, synced from the host if the host is newer: the host ndarray
     /// itself on the host device, a PyOpenCL array on OpenCL (with PyOpenCL installed), a
-    /// CuPy array on CUDA (with CuPy installed), else a `DeviceMemoryView`. Counts as a device
-    /// write (kernels may write it): the next host access copies the device data back.
+    /// CuPy array on CUDA (with CuPy installed), else a `DeviceMemoryView`. A device *read*,
+    /// as in the seeds (`.device` leaves the buffer SYNCHRONIZED): after a kernel writes the
+    /// array, call `mark_device_dirty()`, or take `device_writable` instead.
     #[getter]
     fn device<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
-        device_access(slf, Access::Write)
+        device_access(slf, Access::Read)
     }
 
-    /// As `.device`, for reading only: does not count as a write (a read-only ndarray on the
-    /// host device; on other devices, do not write through it).
+    /// As `.device`, counted as a device write: the host copy becomes stale, so the next host
+    /// access copies the kernel's results back without `mark_device_dirty()`.
     #[getter]
-    fn device_readonly<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
-        device_access(slf, Access::Read)
+    fn device_writable<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        device_access(slf, Access::Write)
     }
 
     /// Metal arrays: raises `BackendUnavailableError` (no Metal backend in this build).
