@@ -164,7 +164,7 @@ fn device_access<'py>(slf: &Bound<'py, UnifiedBuffer>, access: Access) -> PyResu
         let cache = &mut this.host_view;
         let cached = cache.as_ref().map(|c| c.bind(py).clone());
         let array =
-            storage.host_device_array(py, &this.home, access, true, &this.shape, &descr, cached.as_ref())?;
+            storage.host_device_array(py, &this.home, access, &this.shape, &descr, cached.as_ref())?;
         *cache = Some(array.clone().unbind());
         return Ok(array);
     }

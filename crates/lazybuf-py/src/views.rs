@@ -113,14 +113,12 @@ impl Storage {
     }
 
     /// On the host device, the buffer's device copy (an alias of the host block) made current
-    /// for `access`, as a NumPy view (`writeable` or not); `cached` is returned when it is
-    /// still that view.
+    /// for `access`, as a writable NumPy view; `cached` is returned when it is still that view.
     pub fn host_device_array<'py>(
         self: &Arc<Self>,
         py: Python<'py>,
         device: &Device,
         access: Access,
-        writeable: bool,
         shape: &[usize],
         descr: &Bound<'py, PyArrayDescr>,
         cached: Option<&Bound<'py, PyAny>>,
@@ -134,7 +132,9 @@ impl Storage {
                 )));
             }
         };
-        self.array_at(py, address, shape, descr, writeable, cached)
+        // Always writable: this memory is every copy at once, so writes cannot make copies
+        // disagree (the seeds: `.device` is "the same NumPy array as host").
+        self.array_at(py, address, shape, descr, true, cached)
     }
 
     /// The NumPy view of this storage's host memory at `address`, or `cached` if it is it.
