@@ -30,7 +30,7 @@ const KIB: usize = 1024;
 
 fn sizes() -> Vec<usize> {
     let max_mib = std::env::var("LAZYBUF_BENCH_MAX_MIB").ok().and_then(|v| v.parse().ok()).unwrap_or(256);
-    [KIB, 16 * KIB, 256 * KIB, 1 << 20, 16 << 20, 64 << 20, 256 << 20]
+    [KIB, 16 * KIB, 256 * KIB, 1 << 20, 2 << 20, 4 << 20, 8 << 20, 16 << 20, 64 << 20, 256 << 20]
         .into_iter()
         .filter(|&s| s <= max_mib << 20)
         .collect()

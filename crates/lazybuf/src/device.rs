@@ -101,7 +101,7 @@ impl Device {
 
     /// Whether syncs of a buffer of `bytes` between the host and this device move no bytes
     /// (the device's copy aliases host memory: the host device always; a host-sharing OpenCL
-    /// device from 1 MiB up).
+    /// device from 4 MiB up).
     pub fn is_zero_copy(&self, bytes: usize) -> bool {
         self.backend.zero_copy(bytes)
     }

@@ -66,7 +66,7 @@ fn opencl_devices() -> Vec<Device> {
 #[test]
 fn a_kernel_writes_the_device_copy_and_the_host_reads_it() {
     for device in opencl_devices() {
-        // 1000 floats copy; 1 Mi floats alias host memory on a host-sharing device.
+        // 1000 floats copy; 1 Mi floats (4 MiB) alias host memory on a host-sharing device.
         for n in [1000usize, 1 << 20] {
             let input: Vec<f32> = (0..n).map(|i| i as f32).collect();
             let mut buf = UnifiedBuffer::from_slice(&input, &device).unwrap();

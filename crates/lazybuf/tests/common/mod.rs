@@ -34,5 +34,5 @@ pub fn pattern(seed: u32, n: usize) -> Vec<u32> {
 }
 
 /// Buffer lengths (in u32 elements) that cover empty, tiny, odd, and the zero-copy sizes
-/// (1 MiB and more alias host memory on host-sharing OpenCL devices).
-pub const LENGTHS: [usize; 5] = [0, 1, 7, 1000, 300_000];
+/// (4 MiB and more alias host memory on host-sharing OpenCL devices).
+pub const LENGTHS: [usize; 5] = [0, 1, 7, 1000, 1_100_000];
