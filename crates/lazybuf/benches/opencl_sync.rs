@@ -117,9 +117,9 @@ fn bench_device(c: &mut Criterion, name: &str, default: &Device, copying: &Devic
         let group_name = format!("opencl_sync_{direction}/{name}");
         let mut group = c.benchmark_group(&group_name);
         group
-            .sample_size(10)
-            .warm_up_time(Duration::from_millis(300))
-            .measurement_time(Duration::from_millis(1500));
+            .sample_size(20)
+            .warm_up_time(Duration::from_millis(500))
+            .measurement_time(Duration::from_secs(3));
         for bytes in sizes() {
             group.throughput(Throughput::Bytes(bytes as u64));
             let raw = Raw::new(default, bytes);
