@@ -152,6 +152,24 @@ fn bench_device(c: &mut Criterion, name: &str, default: &Device, copying: &Devic
     groups
 }
 
+/// lazybuf's own per-call cost, without a runtime: on the host device a sync is a state change
+/// and a zero-copy no-op, so what remains is the bookkeeping every sync pays.
+fn bench_overhead(c: &mut Criterion) {
+    let mut group = c.benchmark_group("sync_overhead");
+    group.sample_size(30).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(2));
+    let mut buf = warm_buffer(&Device::host(), KIB);
+    group.bench_function("host_device/mark_host_dirty+sync_to_device", |b| {
+        b.iter(|| {
+            buf.mark_host_dirty().unwrap();
+            buf.sync_to_device().unwrap();
+        })
+    });
+    group.bench_function("host_device/sync_to_device_when_current", |b| {
+        b.iter(|| buf.sync_to_device().unwrap())
+    });
+    group.finish();
+}
+
 fn median_ns(dir: &Path, group: &str, function: &str, param: &str) -> Option<f64> {
     let path = dir.join(group.replace('/', "_")).join(function).join(param).join("new/estimates.json");
     let text = std::fs::read_to_string(&path).ok()?;
@@ -165,6 +183,7 @@ fn median_ns(dir: &Path, group: &str, function: &str, param: &str) -> Option<f64
 fn main() {
     let out: PathBuf = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/criterion");
     let mut c = Criterion::default().output_directory(&out).configure_from_args();
+    bench_overhead(&mut c);
     let devices: Vec<Device> =
         lazybuf::devices().into_iter().filter(|d| d.backend_kind() == BackendKind::OpenCl).collect();
     if devices.is_empty() {
