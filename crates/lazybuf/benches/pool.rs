@@ -1,7 +1,7 @@
 //! The pool against fresh allocations, and pinned against pageable transfers, in one run.
 //!
 //! Run: `cargo bench -p lazybuf --bench pool` (about two minutes). Results and ratios are in
-//! docs/benchmarks/pool.md.
+//! docs/BENCHMARKS.md ("Memory pool and pinned memory").
 //!
 //! - `pool_hit`: the pool's own cost on a hit: `resource` is a block taken from and given back
 //!   to the pool's resource; `buffer_untouched` is acquire + release of a buffer that is never
