@@ -13,4 +13,4 @@ export LD_LIBRARY_PATH="$out${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export LAZYBUF_REQUIRE_CUDA=1
 # The generic suites (contract, model, faults) must find the CUDA devices too.
 export LAZYBUF_REQUIRE="${LAZYBUF_REQUIRE:+$LAZYBUF_REQUIRE,}cuda"
-cargo test -p lazybuf --all-features "$@"
+cargo test --workspace --all-features "$@"

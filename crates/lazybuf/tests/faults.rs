@@ -72,12 +72,13 @@ fn arm(plan: &FaultPlan, allocation: bool, n: u64) {
 #[test]
 fn every_failure_is_reported_and_changes_nothing() {
     let base = common::devices();
-    let mut failures = 0;
+    let mut failures: Vec<(String, usize)> = Vec::new();
     for device in &base {
         // The large length matters only where it changes the sync path (zero-copy by size).
         let lengths: &[usize] =
             if device.is_zero_copy(20) == device.is_zero_copy(4_400_000) { &[5] } else { &[5, 1_100_000] };
         for &len in lengths {
+            let mut hits = 0;
             let (faulty, plan) = FaultyDevice::wrap(device);
             let (other, other_plan) = FaultyDevice::wrap(&Device::host());
             for state in STATES {
@@ -98,7 +99,7 @@ fn every_failure_is_reported_and_changes_nothing() {
                                 );
                                 match result {
                                     Ok(()) => continue,
-                                    Err(Error::InjectedFault { .. }) => failures += 1,
+                                    Err(Error::InjectedFault { .. }) => hits += 1,
                                     Err(other) => panic!("{what}: unexpected error {other}"),
                                 }
                                 // A device fill that fails while the host is also current
@@ -117,14 +118,16 @@ fn every_failure_is_reported_and_changes_nothing() {
                     }
                 }
             }
+            failures.push((format!("{device} (len {len})"), hits));
         }
     }
-    // About 108 operations per device hit a fault (counted on host and PoCL); far fewer means
-    // the arming broke.
-    assert!(
-        failures >= 80 * base.len(),
-        "only {failures} operations hit an injected fault: the test lost its teeth"
-    );
+    for (what, hits) in &failures {
+        eprintln!("{what}: {hits} operations hit an injected fault");
+        // Each combination runs 6 states x 12 operations x 12 failure points, and 54 or 55
+        // of them hit a fault on every device measured (host, PoCL, CUDA double); far fewer
+        // means the arming broke.
+        assert!(*hits >= 40, "{what}: only {hits} operations hit an injected fault: the test lost its teeth");
+    }
 }
 
 #[test]
