@@ -11,6 +11,7 @@ out="$root/target/cuda-double"
 scripts/build-cuda-double.sh "$out"
 export LD_LIBRARY_PATH="$out${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export LAZYBUF_REQUIRE_CUDA=1
-# The generic suites (contract, model, faults) must find the CUDA devices too.
-export LAZYBUF_REQUIRE="${LAZYBUF_REQUIRE:+$LAZYBUF_REQUIRE,}cuda"
+# The generic suites (contract, model, faults) must find the CUDA devices too, and the tests
+# that need the double itself (cuda_situations) must find it.
+export LAZYBUF_REQUIRE="${LAZYBUF_REQUIRE:+$LAZYBUF_REQUIRE,}cuda,cuda-double"
 cargo test --workspace --all-features "$@"

@@ -9,9 +9,9 @@ cd "$(dirname "$0")/.."
 
 step() { printf '\n==> %s\n' "$*"; }
 
-# --- system packages: PoCL (OpenCL on the CPU) and the ICD loader ---------------------------
+# --- system packages: PoCL (OpenCL on the CPU), the ICD loader, valgrind ----------------------
 missing=()
-for pkg in pocl-opencl-icd ocl-icd-opencl-dev clinfo; do
+for pkg in pocl-opencl-icd ocl-icd-opencl-dev clinfo valgrind; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
 done
 if [ "${#missing[@]}" -gt 0 ]; then
@@ -37,11 +37,27 @@ cargo test --workspace --all-features --no-run
 step "Rust tests: host and OpenCL (PoCL)"
 cargo test --workspace --all-features
 
-for extra in scripts/test-cuda-double.sh scripts/test-python.sh; do
-  if [ -f "$extra" ]; then
-    step "$extra"
-    bash "$extra"
-  fi
+step "scripts/test-cuda-double.sh: the Rust suite again on the CUDA driver test double"
+bash scripts/test-cuda-double.sh
+
+# --- valgrind: the contract, fault and pool suites, with the host, PoCL and the CUDA double ---
+step "valgrind: contract, faults, pool (0 errors; definite leaks count as errors)"
+double="$PWD/target/cuda-double"
+binaries=$(cargo test -p lazybuf --all-features --no-run --message-format=json 2>/dev/null | python3 -c '
+import json, sys
+for line in sys.stdin:
+    try: m = json.loads(line)
+    except ValueError: continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("contract", "faults", "pool"):
+        print(m["executable"])')
+for binary in $binaries; do
+  echo "valgrind $(basename "$binary")"
+  LD_LIBRARY_PATH="$double${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" LAZYBUF_REQUIRE=opencl,cuda \
+    valgrind -q --suppressions=scripts/valgrind.supp --error-exitcode=1 --leak-check=full \
+    --errors-for-leak-kinds=definite "$binary" --test-threads=1 -q
 done
+
+step "scripts/test-python.sh"
+bash scripts/test-python.sh
 
 step "all tests passed"

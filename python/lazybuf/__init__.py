@@ -15,8 +15,11 @@ from ._lazybuf import (
     MemoryPool,
     PoolStats,
     UnifiedBuffer,
+    caching,
     get_accelerator,
     get_memory_pool,
+    set_caching,
+    trim,
 )
 from ._state import BufferState
 
@@ -30,6 +33,9 @@ __all__ = [
     "MemoryPool",
     "PoolStats",
     "UnifiedBuffer",
+    "caching",
     "get_accelerator",
     "get_memory_pool",
+    "set_caching",
+    "trim",
 ]

@@ -37,8 +37,11 @@ __all__ = [
     "MemoryPool",
     "PoolStats",
     "UnifiedBuffer",
+    "caching",
     "get_accelerator",
     "get_memory_pool",
+    "set_caching",
+    "trim",
     "_rebuild_buffer",
 ]
 
@@ -232,6 +235,9 @@ class Device:
         ``LAZYBUF_DEVICE``."""
 
     @property
+    def cached_memory(self) -> int:
+        """Bytes lazybuf's caches hold for reuse on this device (not free to the runtime)."""
+    @property
     def memory_source(self) -> str:
         """Where the free figure comes from: ``"runtime"``, ``"system"`` or
         ``"total_minus_process_held"``."""
@@ -335,6 +341,15 @@ class PoolStats:
 
 def get_memory_pool(device: _DeviceLike = None) -> MemoryPool:
     """The process-wide pool of ``device`` (default: the current device)."""
+
+def caching() -> bool:
+    """Whether new buffers take memory from their device's caching pool (default: on)."""
+
+def set_caching(on: bool) -> None:
+    """Turns caching by default on or off for buffers made from now on."""
+
+def trim() -> int:
+    """Frees every block the default caches hold; returns the bytes freed."""
 
 @final
 class DeviceMemoryView:

@@ -23,9 +23,11 @@ N = 4096  # float32 elements: 16 KiB, a real (not aliased) cl_mem on PoCL
 
 
 def held(device) -> int:
+    """Device bytes in use by buffers and views: what this process holds, less what the
+    caching pool keeps for reuse (freed memory goes there first, by default)."""
     free, total = device.get_memory_info()
     assert device.memory_source == "total_minus_process_held"
-    return total - free
+    return total - free - device.cached_memory
 
 
 def device_buffer(device) -> UnifiedBuffer:

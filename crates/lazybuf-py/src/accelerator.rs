@@ -135,6 +135,14 @@ impl PyDevice {
         Ok((info.free, info.total))
     }
 
+    /// Bytes of this device's memory that lazybuf's caches hold for reuse: allocated as far
+    /// as the runtime knows (so not in `get_memory_info()`'s free figure), handed to new
+    /// buffers first, and given back by `lazybuf.trim()`.
+    #[getter]
+    fn cached_memory(&self) -> PyResult<u64> {
+        Ok(self.device.memory_info().or_py()?.cached)
+    }
+
     /// Where the free figure comes from: `"runtime"` (the driver's own query), `"system"`
     /// (the OS's available memory) or `"total_minus_process_held"` (no runtime query exists).
     #[getter]
@@ -235,9 +243,9 @@ impl Accelerator {
     /// Whether a backend has at least one device: `"cuda"`, `"opencl"`, `"host"`, `"metal"`.
     fn is_available(&self, backend: &str) -> bool {
         let kind = match backend.trim().to_ascii_lowercase().as_str() {
-            "host" => BackendKind::Host,
-            "opencl" => BackendKind::OpenCl,
-            "cuda" => BackendKind::Cuda,
+            "host" => BackendKind::HOST,
+            "opencl" => BackendKind::OPENCL,
+            "cuda" => BackendKind::CUDA,
             _ => return false,
         };
         lazybuf::devices().iter().any(|d| d.backend_kind() == kind)

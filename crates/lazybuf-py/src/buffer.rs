@@ -155,7 +155,7 @@ fn device_access<'py>(slf: &Bound<'py, UnifiedBuffer>, access: Access) -> PyResu
     let py = slf.py();
     let mut this = slf.borrow_mut();
     let storage = Arc::clone(this.storage()?);
-    if this.home.backend_kind() == BackendKind::Host {
+    if this.home.backend_kind() == BackendKind::HOST {
         let this = &mut *this;
         let descr = this.elem.descr.bind(py).clone();
         // The host device's copy is the host memory itself: writes through this array change
@@ -551,7 +551,7 @@ impl UnifiedBuffer {
     /// (a device write). Absent (`AttributeError`) on other devices.
     #[getter]
     fn __cuda_array_interface__<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        if self.home.backend_kind() != BackendKind::Cuda {
+        if self.home.backend_kind() != BackendKind::CUDA {
             return Err(PyAttributeError::new_err(format!(
                 "__cuda_array_interface__ exists only for buffers on a CUDA device; this one is on {}",
                 selector(&self.home)

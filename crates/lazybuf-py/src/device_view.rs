@@ -220,7 +220,7 @@ impl DeviceMemoryView {
     /// CUDA Array Interface version 3 (CUDA devices only).
     #[getter]
     fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        if self.device.backend_kind() != BackendKind::Cuda {
+        if self.device.backend_kind() != BackendKind::CUDA {
             return Err(PyAttributeError::new_err(
                 "__cuda_array_interface__ exists only for memory on a CUDA device",
             ));

@@ -35,7 +35,7 @@ use crate::views::Storage;
 /// The DLPack device a buffer exports to by default: its CUDA device, else the host.
 pub fn dlpack_device(home: &Device) -> DLDevice {
     match home.backend_kind() {
-        BackendKind::Cuda => DLDevice::cuda(cuda_ordinal(home)),
+        BackendKind::CUDA => DLDevice::cuda(cuda_ordinal(home)),
         _ => DLDevice::CPU,
     }
 }
@@ -100,7 +100,7 @@ pub fn export<'py>(py: Python<'py>, source: Source<'_, 'py>, args: DlpackArgs<'p
         let exporter = Exporter::new(address.cast(), DLDevice::CPU, &source);
         return export_dlpack(&exporter, py, request);
     }
-    if wanted != home_device || source.home.backend_kind() != BackendKind::Cuda {
+    if wanted != home_device || source.home.backend_kind() != BackendKind::CUDA {
         return Err(PyBufferError::new_err(format!(
             "cannot export to DLPack device ({}, {}): this buffer can export to the CPU (1, 0){}",
             wanted.device_type.0,

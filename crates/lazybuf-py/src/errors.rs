@@ -30,7 +30,7 @@ pub fn to_py(err: lazybuf::Error) -> PyErr {
         E::DeviceNotFound { .. } => PyValueError::new_err(message),
         E::OutOfMemory { .. } | E::PinningFailed { .. } => PyMemoryError::new_err(message),
         E::BackendUnavailable { .. } => BackendUnavailableError::new_err(message),
-        E::Runtime { .. } | E::InjectedFault { .. } => PyRuntimeError::new_err(message),
+        E::Runtime { .. } => PyRuntimeError::new_err(message),
         _ => PyRuntimeError::new_err(message),
     }
 }

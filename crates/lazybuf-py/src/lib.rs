@@ -44,6 +44,9 @@ fn _lazybuf(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<pool::PyMemoryPool>()?;
     m.add_class::<pool::PyPoolStats>()?;
     m.add_function(wrap_pyfunction!(pool::get_memory_pool, m)?)?;
+    m.add_function(wrap_pyfunction!(pool::caching, m)?)?;
+    m.add_function(wrap_pyfunction!(pool::set_caching, m)?)?;
+    m.add_function(wrap_pyfunction!(pool::trim, m)?)?;
     m.add_function(wrap_pyfunction!(accelerator::get_accelerator, m)?)?;
     m.add_function(wrap_pyfunction!(buffer::_rebuild_buffer, m)?)?;
     m.add("BackendUnavailableError", m.py().get_type::<errors::BackendUnavailableError>())?;

@@ -213,3 +213,24 @@ pub fn get_memory_pool(device: Option<&Bound<'_, PyAny>>) -> PyResult<PyMemoryPo
     let device = args::device(device)?;
     Ok(PyMemoryPool { pool: MemoryPool::for_device(&device) })
 }
+
+/// Whether buffers made from now on take their memory from their device's caching pool (the
+/// default; `LAZYBUF_CACHE=0` in the environment turns it off at start).
+#[pyfunction]
+pub fn caching() -> bool {
+    lazybuf::caching()
+}
+
+/// Turns caching by default on or off for buffers made from now on; buffers keep the memory
+/// source they were made with.
+#[pyfunction]
+pub fn set_caching(on: bool) {
+    lazybuf::set_caching(on)
+}
+
+/// Gives every block the default caches hold back to the runtimes (and frees the backends'
+/// staging memory); returns the cached bytes freed.
+#[pyfunction]
+pub fn trim(py: Python<'_>) -> u64 {
+    py.detach(lazybuf::trim)
+}

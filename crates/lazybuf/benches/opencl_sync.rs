@@ -185,7 +185,7 @@ fn main() {
     let mut c = Criterion::default().output_directory(&out).configure_from_args();
     bench_overhead(&mut c);
     let devices: Vec<Device> =
-        lazybuf::devices().into_iter().filter(|d| d.backend_kind() == BackendKind::OpenCl).collect();
+        lazybuf::devices().into_iter().filter(|d| d.backend_kind() == BackendKind::OPENCL).collect();
     if devices.is_empty() {
         println!("opencl_sync: no OpenCL device ({:?}); nothing to measure", lazybuf::backend_status());
         return;

@@ -19,7 +19,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{BenchmarkGroup, Criterion, criterion_group, criterion_main, measurement::WallTime};
-use lazybuf::{BackendKind, BufferOptions, Device, MemoryPool, PoolConfig, UnifiedBuffer};
+use lazybuf::{BackendKind, BufferOptions, Device, MemoryPool, PoolConfig, Ticket, UnifiedBuffer};
 
 const SIZES: [(usize, &str); 3] = [(4 << 10, "4KiB"), (1 << 20, "1MiB"), (16 << 20, "16MiB")];
 
@@ -43,7 +43,7 @@ fn pool_hit(c: &mut Criterion) {
     g.bench_function("host/resource", |b| {
         b.iter(|| {
             let block = resource.allocate_host(&host, black_box(4096), false).unwrap();
-            resource.deallocate_host(&host, block);
+            resource.deallocate_host(&host, block, Ticket::done());
         })
     });
     g.bench_function("host/buffer_untouched", |b| {
@@ -57,14 +57,16 @@ fn pool_hit(c: &mut Criterion) {
         })
     });
     #[cfg(feature = "opencl")]
-    if let Some(device) = first(BackendKind::OpenCl) {
+    if let Some(device) = first(BackendKind::OPENCL) {
         let pool = MemoryPool::new(&device, PoolConfig::default());
         let resource = pool.resource();
-        resource.deallocate_device(&device, resource.allocate_device(&device, 4096).unwrap());
+        let stream = device.stream();
+        let first = resource.allocate_device(&device, 4096, &stream).unwrap();
+        resource.deallocate_device(&device, first, &stream, Ticket::done());
         g.bench_function("opencl/resource", |b| {
             b.iter(|| {
-                let memory = resource.allocate_device(&device, black_box(4096)).unwrap();
-                resource.deallocate_device(&device, memory);
+                let memory = resource.allocate_device(&device, black_box(4096), &stream).unwrap();
+                resource.deallocate_device(&device, memory, &stream, Ticket::done());
             })
         });
         g.bench_function("opencl/buffer_take", |b| {
@@ -135,7 +137,7 @@ fn device_cycle(g: &mut BenchmarkGroup<'_, WallTime>, device: &Device) {
 
 fn pool_devices(c: &mut Criterion) {
     #[cfg(feature = "opencl")]
-    match first(BackendKind::OpenCl) {
+    match first(BackendKind::OPENCL) {
         Some(device) => {
             let mut g = group(c, "pool_opencl");
             let cl = raw_cl::Cl::of(&device);
@@ -153,7 +155,7 @@ fn pool_devices(c: &mut Criterion) {
         }
         None => println!("pool_opencl: skipped, no OpenCL device"),
     }
-    match first(BackendKind::Cuda) {
+    match first(BackendKind::CUDA) {
         Some(device) => {
             let mut g = group(c, "pool_cuda");
             device_cycle(&mut g, &device);
@@ -164,7 +166,7 @@ fn pool_devices(c: &mut Criterion) {
 }
 
 fn buffer(device: &Device, n: usize, pinned: bool) -> Option<UnifiedBuffer<u8>> {
-    let options = BufferOptions { device: Some(device.clone()), pinned, resource: None };
+    let options = BufferOptions { device: Some(device.clone()), pinned, ..BufferOptions::default() };
     let mut buf = UnifiedBuffer::<u8>::with_options(&[n], options).unwrap();
     match buf.host_overwrite() {
         Ok(host) => host.fill(1),
@@ -197,7 +199,7 @@ fn pinned(c: &mut Criterion) {
     g.finish();
 
     #[cfg(feature = "opencl")]
-    if let Some(device) = first(BackendKind::OpenCl) {
+    if let Some(device) = first(BackendKind::OPENCL) {
         let mut g = group(c, "pinned_opencl");
         g.sample_size(20).measurement_time(Duration::from_secs(2));
         let cl = raw_cl::Cl::of(&device);

@@ -254,6 +254,15 @@ impl Coherence {
         self.entries.retain(|(loc, _)| *loc != at);
     }
 
+    /// Puts one location back to `residency` (`Unallocated` forgets it): the undo of a
+    /// transfer that failed after its plan was committed.
+    pub fn restore(&mut self, at: Location, residency: Residency) {
+        match residency {
+            Residency::Unallocated => self.forget(at),
+            residency => self.set(at, residency),
+        }
+    }
+
     /// The state of the host against `device`.
     pub fn state(&self, device: Location) -> BufferState {
         use Residency::*;

@@ -1,62 +1,31 @@
-//! The public device handle and what a device reports about itself.
+//! The public device and stream handles.
 //!
-//! A [`Device`] is a cheap, clonable handle to one opened device: an identity
-//! ([`DeviceId`], never reused) plus the backend that drives it. Discovery and the default
-//! device live in [`crate::discovery`]; runtime calls live in [`crate::backend`].
+//! A [`Device`] is a cheap, clonable handle to one opened device: an identity ([`DeviceId`],
+//! never reused) plus the backend that drives it. A [`Stream`] is one in-order queue of work on
+//! a device; every device has a default stream, the one lazybuf uses unless a buffer is given
+//! another. Discovery and the default device live in [`crate::discovery`]; runtime calls live
+//! in [`crate::backend`].
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use crate::backend::{Backend, RawDevice};
+use crate::backend::{Backend, DeviceInfo, MemoryInfo, RawDevice, RawStream, StreamHandle, Ticket};
 use crate::coherence::DeviceId;
 use crate::error::{BackendKind, Result};
 
-/// What a device is.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DeviceInfo {
-    /// The runtime's name for the device.
-    pub name: String,
-    /// The runtime that drives it.
-    pub backend: BackendKind,
-    /// The vendor, as the runtime reports it.
-    pub vendor: String,
-    /// Whether the device reads and writes host memory directly (a CPU device, an integrated
-    /// GPU): syncs with the host can then avoid copying.
-    pub shares_host_memory: bool,
-    /// Whether the device is a GPU (the default device prefers GPUs).
-    pub is_gpu: bool,
-    /// Total memory in bytes.
-    pub total_memory: u64,
-}
-
-/// Where a [`MemoryInfo`]'s free figure comes from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MemorySource {
-    /// Asked of the runtime (CUDA's `cuMemGetInfo`): includes other processes.
-    Runtime,
-    /// The operating system's available memory (`MemAvailable` in /proc/meminfo).
-    System,
-    /// The runtime has no free-memory query: total minus what this process holds on the device.
-    TotalMinusProcessHeld,
-}
-
-/// Free and total memory of a device, in bytes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MemoryInfo {
-    /// Free bytes.
-    pub free: u64,
-    /// Total bytes.
-    pub total: u64,
-    /// How `free` was obtained.
-    pub source: MemorySource,
-}
-
-/// A handle to one opened device.
+/// A handle to one opened device (one reference count: clones are cheap).
 #[derive(Clone)]
 pub struct Device {
+    inner: Arc<Opened>,
+}
+
+struct Opened {
     id: DeviceId,
     backend: Arc<dyn Backend>,
+    stream: Arc<dyn StreamHandle>,
+    /// Bytes of this device's memory that lazybuf's caches hold (kept by the pools).
+    cached: AtomicU64,
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -64,24 +33,26 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 impl Device {
     /// Gives an opened backend an identity. Each call makes a new, distinct device.
     pub fn from_backend(backend: Arc<dyn Backend>) -> Device {
-        Device { id: DeviceId(NEXT_ID.fetch_add(1, Ordering::Relaxed)), backend }
+        let stream = backend.default_stream();
+        let id = DeviceId(NEXT_ID.fetch_add(1, Ordering::Relaxed));
+        Device { inner: Arc::new(Opened { id, backend, stream, cached: AtomicU64::new(0) }) }
     }
 
     /// The host device: memory is host memory, views alias it and syncs copy nothing. Always
     /// the same device.
     pub fn host() -> Device {
         static HOST: OnceLock<Device> = OnceLock::new();
-        HOST.get_or_init(|| Device::from_backend(Arc::new(crate::backend::host::HostBackend::new()))).clone()
+        HOST.get_or_init(|| Device::from_backend(crate::backend::host::backend())).clone()
     }
 
     /// This device's identity.
     pub fn id(&self) -> DeviceId {
-        self.id
+        self.inner.id
     }
 
     /// What the device is.
     pub fn info(&self) -> &DeviceInfo {
-        self.backend.info()
+        self.inner.backend.info()
     }
 
     /// The device's name.
@@ -94,46 +65,86 @@ impl Device {
         self.info().backend
     }
 
-    /// Free and total memory now.
+    /// Free and total memory now, and how much of it lazybuf's caches hold
+    /// ([`MemoryInfo::cached`]).
     pub fn memory_info(&self) -> Result<MemoryInfo> {
-        self.backend.memory_info()
+        let info = self.inner.backend.memory_info()?;
+        Ok(MemoryInfo { cached: self.inner.cached.load(Ordering::Relaxed), ..info })
     }
 
     /// Whether syncs of a buffer of `bytes` between the host and this device move no bytes
     /// (the device's copy aliases host memory: the host device always; a host-sharing OpenCL
     /// device from 4 MiB up).
     pub fn is_zero_copy(&self, bytes: usize) -> bool {
-        self.backend.zero_copy(bytes)
+        self.inner.backend.zero_copy(bytes)
     }
 
     /// Whether a buffer's copy on `source` can fill this device's copy directly (CUDA peer
     /// access), without staging through the host.
     pub fn can_copy_from(&self, source: &Device) -> bool {
-        self != source && self.backend.can_copy_from_peer(source)
+        self != source && self.inner.backend.can_copy_from_peer(&*source.inner.backend)
     }
 
-    /// Waits for all work queued on the device.
+    /// The stream lazybuf uses on this device unless a buffer is given another: enqueue your
+    /// kernels on it (its raw handle, [`Stream::raw`]) and they are ordered with lazybuf's
+    /// copies.
+    pub fn stream(&self) -> Stream {
+        Stream { device: self.clone(), handle: self.inner.stream.clone() }
+    }
+
+    /// A new stream on this device, independent of the default one.
+    pub fn create_stream(&self) -> Result<Stream> {
+        Ok(Stream { device: self.clone(), handle: self.inner.backend.create_stream()? })
+    }
+
+    /// A handle to a stream the caller made on this device (a `CUstream` of its context, a
+    /// `cl_command_queue` of its context), to order lazybuf's work with the caller's: hand
+    /// lazybuf's streams its [`Stream::marker`], or make it wait for a transfer's ticket.
+    ///
+    /// # Safety
+    /// `raw` is a live stream of this device's context (see [`Device::raw`]) and stays alive
+    /// while the returned `Stream` (or any clone) is used. lazybuf never destroys it.
+    pub unsafe fn wrap_stream(&self, raw: RawStream) -> Result<Stream> {
+        // SAFETY: forwarded contract.
+        let handle = unsafe { self.inner.backend.wrap_stream(raw) }?;
+        Ok(Stream { device: self.clone(), handle })
+    }
+
+    /// Waits for all work queued on the device's default stream.
     pub fn synchronize(&self) -> Result<()> {
-        self.backend.synchronize()
+        self.inner.backend.synchronize()
     }
 
-    /// The runtime's handles (context, queue), for launching kernels on lazybuf's queue.
+    /// Gives back memory the backend keeps for its own transfers (pinned staging); lazybuf
+    /// makes it again when needed. [`crate::trim`] also empties the caches.
+    pub fn trim(&self) {
+        self.inner.backend.trim();
+    }
+
+    /// The runtime's handles (context, default queue), for launching kernels on lazybuf's
+    /// queue.
     ///
     /// # Safety
     /// The handles are borrowed: they are valid while any clone of this `Device` lives, and
     /// must not be released by the caller.
     pub unsafe fn raw(&self) -> RawDevice {
-        self.backend.raw()
+        self.inner.backend.raw()
     }
 
-    pub(crate) fn backend(&self) -> &dyn Backend {
-        &*self.backend
+    /// The backend that drives the device.
+    pub fn backend(&self) -> &dyn Backend {
+        &*self.inner.backend
+    }
+
+    /// The counter of this device's bytes held by lazybuf's caches (the pools keep it).
+    pub(crate) fn cached_bytes(&self) -> &AtomicU64 {
+        &self.inner.cached
     }
 }
 
 impl PartialEq for Device {
     fn eq(&self, other: &Self) -> bool {
-        self.id == other.id
+        self.inner.id == other.inner.id
     }
 }
 
@@ -141,12 +152,79 @@ impl Eq for Device {}
 
 impl fmt::Debug for Device {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Device({:?} {}: {})", self.id, self.info().backend, self.info().name)
+        write!(f, "Device({:?} {}: {})", self.inner.id, self.info().backend, self.info().name)
     }
 }
 
 impl fmt::Display for Device {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} ({})", self.info().name, self.info().backend)
+    }
+}
+
+/// One in-order queue of work on a device: a CUDA stream, an OpenCL command queue, or the
+/// host's immediate stream. Work on one stream runs in order; streams are ordered with each
+/// other only through tickets ([`Stream::wait_for`]).
+#[derive(Clone)]
+pub struct Stream {
+    device: Device,
+    handle: Arc<dyn StreamHandle>,
+}
+
+impl Stream {
+    /// The device the stream belongs to.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// A ticket that completes when everything enqueued on the stream so far has, lazybuf's
+    /// work and the caller's kernels alike: hand it to another stream, or wait on it.
+    pub fn marker(&self) -> Result<Ticket> {
+        self.device.backend().marker(&*self.handle)
+    }
+
+    /// Orders everything enqueued on this stream from now on after `ticket` (an event of the
+    /// caller's own stream, a transfer's ticket): on the device where the runtime can, else by
+    /// waiting for it here.
+    pub fn wait_for(&self, ticket: &Ticket) -> Result<()> {
+        self.device.backend().wait_on(&*self.handle, ticket)
+    }
+
+    /// Waits until everything enqueued on the stream so far is done.
+    pub fn synchronize(&self) -> Result<()> {
+        self.marker()?.wait()
+    }
+
+    /// The runtime's handle (a `CUstream`, a `cl_command_queue`).
+    ///
+    /// # Safety
+    /// The handle is borrowed: valid while any clone of this `Stream` lives, and not to be
+    /// released by the caller.
+    pub unsafe fn raw(&self) -> RawStream {
+        self.handle.raw()
+    }
+
+    /// The backend's handle.
+    pub fn handle(&self) -> &dyn StreamHandle {
+        &*self.handle
+    }
+
+    /// A number that identifies the stream while it lives (for stream-ordered free lists).
+    pub fn key(&self) -> usize {
+        Arc::as_ptr(&self.handle).cast::<()>() as usize
+    }
+}
+
+impl PartialEq for Stream {
+    fn eq(&self, other: &Self) -> bool {
+        self.key() == other.key()
+    }
+}
+
+impl Eq for Stream {}
+
+impl fmt::Debug for Stream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Stream({:?} on {:?})", self.handle.raw(), self.device)
     }
 }

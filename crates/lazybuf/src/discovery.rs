@@ -1,15 +1,16 @@
 //! Device discovery and the default device.
 //!
-//! Each runtime is probed once per process; every call returns the same opened [`Device`]s,
-//! so identities are stable. An absent runtime is reported in [`backend_status`], never
-//! panicked on. The default device is, in order: the device named by `LAZYBUF_DEVICE`, the
-//! first CUDA GPU, the first other GPU, the host.
+//! Each runtime in [`crate::backend::REGISTERED`] is probed once per process; every call
+//! returns the same opened [`Device`]s, so identities are stable. An absent runtime is reported
+//! in [`backend_status`], never panicked on. The default device is, in order: the device named
+//! by `LAZYBUF_DEVICE`, the first GPU (in the table's order, so CUDA first), the host.
 //!
 //! Selectors (`LAZYBUF_DEVICE`, [`select_device`]): `host`, `gpu`, a backend name (`opencl`,
 //! `cuda`: its first device), or a backend and an index (`opencl:1`).
 
 use std::sync::OnceLock;
 
+use crate::backend::REGISTERED;
 use crate::device::Device;
 use crate::error::{BackendKind, Error, Result};
 
@@ -35,18 +36,16 @@ fn registry() -> &'static Registry {
     REGISTRY.get_or_init(|| {
         let mut devices = Vec::new();
         let mut status = Vec::new();
-        let mut probe = |backend: BackendKind, found: Result<Vec<Device>>| {
+        for registration in REGISTERED {
+            let found = (registration.open_all)();
             status.push(BackendStatus {
-                backend,
+                backend: registration.kind,
                 devices: found.as_ref().map(Vec::len).map_err(ToString::to_string),
             });
-            devices.extend(found.unwrap_or_default());
-        };
-        #[cfg(feature = "cuda")]
-        probe(BackendKind::Cuda, crate::backend::cuda::open_all());
-        #[cfg(feature = "opencl")]
-        probe(BackendKind::OpenCl, crate::backend::opencl::open_all());
-        probe(BackendKind::Host, Ok(vec![Device::host()]));
+            devices.extend(found.unwrap_or_default().into_iter().map(Device::from_backend));
+        }
+        status.push(BackendStatus { backend: BackendKind::HOST, devices: Ok(1) });
+        devices.push(Device::host());
         Registry { devices, status }
     })
 }
@@ -61,20 +60,18 @@ pub fn backend_status() -> Vec<BackendStatus> {
     registry().status.clone()
 }
 
-/// The default device: `LAZYBUF_DEVICE` if set, else the first CUDA GPU, else the first
-/// other GPU, else the host.
+/// The default device: `LAZYBUF_DEVICE` if set, else the first GPU (CUDA before others), else
+/// the host.
 pub fn default_device() -> Result<Device> {
     match std::env::var(DEVICE_ENV) {
         Ok(selector) if !selector.trim().is_empty() => select_device(&selector),
-        _ => Ok(preferred(&registry().devices)),
+        _ => Ok(preferred()),
     }
 }
 
-fn preferred(devices: &[Device]) -> Device {
-    let gpu = |backend: Option<BackendKind>| {
-        devices.iter().find(|d| d.info().is_gpu && backend.is_none_or(|b| d.backend_kind() == b))
-    };
-    gpu(Some(BackendKind::Cuda)).or_else(|| gpu(None)).cloned().unwrap_or_else(Device::host)
+/// The first GPU in discovery order (which follows the backend table), else the host.
+fn preferred() -> Device {
+    registry().devices.iter().find(|d| d.info().is_gpu).cloned().unwrap_or_else(Device::host)
 }
 
 /// Finds a device by selector (see the module docs).
@@ -107,10 +104,10 @@ pub fn select_device(selector: &str) -> Result<Device> {
         }
         None => (wanted.clone(), 0),
     };
-    let backend = [BackendKind::Host, BackendKind::OpenCl, BackendKind::Cuda]
-        .into_iter()
-        .find(|b| b.name() == name)
-        .ok_or_else(|| not_found(format!("expected one of host, gpu, opencl[:N], cuda[:N]; got {name:?}")))?;
+    let backend = crate::backend::kinds().find(|b| b.name() == name).ok_or_else(|| {
+        let names: Vec<String> = crate::backend::kinds().map(|b| format!("{b}[:N]")).collect();
+        not_found(format!("expected one of gpu, {}; got {name:?}", names.join(", ")))
+    })?;
     let of_backend: Vec<&Device> = registry.devices.iter().filter(|d| d.backend_kind() == backend).collect();
     if of_backend.is_empty() {
         let why = registry
@@ -118,7 +115,7 @@ pub fn select_device(selector: &str) -> Result<Device> {
             .iter()
             .find(|s| s.backend == backend)
             .and_then(|s| s.devices.clone().err())
-            .unwrap_or_else(|| format!("lazybuf was built without the {backend} feature"));
+            .unwrap_or_else(|| "no device found".into());
         return Err(not_found(format!("{backend} has no device: {why}")));
     }
     of_backend.get(index).map(|d| (*d).clone()).ok_or_else(|| {
@@ -132,7 +129,8 @@ mod tests {
 
     #[test]
     fn host_is_always_listed_and_selectable() {
-        assert!(devices().iter().any(|d| d.backend_kind() == BackendKind::Host));
+        assert!(devices().iter().any(|d| d.backend_kind() == BackendKind::HOST));
+        assert_eq!(devices().last(), Some(&Device::host()));
         assert_eq!(select_device("host").unwrap(), Device::host());
         assert_eq!(select_device(" HOST:0 ").unwrap(), Device::host());
     }
@@ -140,7 +138,7 @@ mod tests {
     #[test]
     fn bad_selectors_say_what_was_expected() {
         let err = select_device("tpu").unwrap_err().to_string();
-        assert!(err.contains("expected one of host, gpu"), "{err}");
+        assert!(err.contains("expected one of gpu,") && err.contains("host[:N]"), "{err}");
         let err = select_device("host:x").unwrap_err().to_string();
         assert!(err.contains("non-negative integer"), "{err}");
         let err = select_device("host:3").unwrap_err().to_string();

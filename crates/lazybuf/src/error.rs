@@ -4,99 +4,100 @@
 //! own code ([`RuntimeCode`]) so nothing is lost on the way up, and [`Error::is_retryable`]
 //! says whether trying again (after freeing memory, say) can help.
 //!
+//! This module knows no runtime: each backend names its own codes (the name table and which
+//! codes a retry can cure live in its folder) and hands them here ready-made.
+//!
 //! What does not live here: conversions to Python exceptions (the `lazybuf-py` crate).
 
 use std::fmt;
 
-/// Which runtime a device belongs to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum BackendKind {
-    /// Host memory, no runtime at all.
-    Host,
-    /// An OpenCL device (cl3, libOpenCL loaded at run time).
-    OpenCl,
-    /// A CUDA device (cudarc driver API, libcuda loaded at run time).
-    Cuda,
+/// Which runtime a device belongs to. Each backend folder defines its constant
+/// (`BackendKind::HOST` in `backend/host`, `BackendKind::CUDA` in `backend/cuda`, ...).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BackendKind {
+    name: &'static str,
+    title: &'static str,
 }
 
 impl BackendKind {
+    /// A kind with its selector name (`"opencl"`) and its display title (`"OpenCL"`).
+    pub const fn new(name: &'static str, title: &'static str) -> BackendKind {
+        BackendKind { name, title }
+    }
+
     /// The lower-case name used in device selectors (`LAZYBUF_DEVICE=opencl:0`).
-    pub fn name(self) -> &'static str {
-        match self {
-            BackendKind::Host => "host",
-            BackendKind::OpenCl => "opencl",
-            BackendKind::Cuda => "cuda",
-        }
+    pub const fn name(self) -> &'static str {
+        self.name
+    }
+
+    /// The runtime's own spelling (`"OpenCL"`, `"CUDA"`).
+    pub const fn title(self) -> &'static str {
+        self.title
     }
 }
 
 impl fmt::Display for BackendKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+        f.write_str(self.name)
+    }
+}
+
+impl fmt::Debug for BackendKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.title)
     }
 }
 
 /// The runtime's own status code, kept as the runtime reported it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RuntimeCode {
-    /// An OpenCL `cl_int` status (negative on error).
-    OpenCl(i32),
-    /// A CUDA driver `CUresult`.
-    Cuda(u32),
+    /// A device runtime's status (a `cl_int`, a `CUresult`), with its symbolic name and
+    /// whether the runtime documents it as recoverable by freeing resources and retrying.
+    Device {
+        /// The runtime that reported it.
+        backend: BackendKind,
+        /// The status as the runtime returned it.
+        value: i64,
+        /// Its name in the runtime's headers (`"CL_OUT_OF_RESOURCES"`).
+        name: &'static str,
+        /// Whether retrying (after freeing memory) can succeed.
+        retryable: bool,
+    },
     /// An operating-system `errno`.
     Os(i32),
+}
+
+impl RuntimeCode {
+    /// The status value (`errno` for the operating system).
+    pub fn value(&self) -> i64 {
+        match *self {
+            RuntimeCode::Device { value, .. } => value,
+            RuntimeCode::Os(code) => code.into(),
+        }
+    }
+
+    fn retryable(&self) -> bool {
+        match *self {
+            RuntimeCode::Device { retryable, .. } => retryable,
+            RuntimeCode::Os(code) => code == libc::ENOMEM || code == libc::EAGAIN,
+        }
+    }
 }
 
 impl fmt::Display for RuntimeCode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            RuntimeCode::OpenCl(code) => {
-                write!(f, "OpenCL status {code} ({})", opencl_code_name(*code))
+            RuntimeCode::Device { backend, value, name, .. } => {
+                write!(f, "{} status {value} ({name})", backend.title())
             }
-            RuntimeCode::Cuda(code) => write!(f, "CUDA status {code} ({})", cuda_code_name(*code)),
             RuntimeCode::Os(code) => write!(f, "{}", std::io::Error::from_raw_os_error(*code)),
         }
     }
 }
 
-fn opencl_code_name(code: i32) -> &'static str {
-    match code {
-        -1 => "CL_DEVICE_NOT_FOUND",
-        -2 => "CL_DEVICE_NOT_AVAILABLE",
-        -4 => "CL_MEM_OBJECT_ALLOCATION_FAILURE",
-        -5 => "CL_OUT_OF_RESOURCES",
-        -6 => "CL_OUT_OF_HOST_MEMORY",
-        -30 => "CL_INVALID_VALUE",
-        -34 => "CL_INVALID_CONTEXT",
-        -36 => "CL_INVALID_COMMAND_QUEUE",
-        -38 => "CL_INVALID_MEM_OBJECT",
-        -61 => "CL_INVALID_BUFFER_SIZE",
-        -1001 => "CL_PLATFORM_NOT_FOUND_KHR",
-        _ => "see the OpenCL headers",
-    }
-}
-
-fn cuda_code_name(code: u32) -> &'static str {
-    match code {
-        1 => "CUDA_ERROR_INVALID_VALUE",
-        2 => "CUDA_ERROR_OUT_OF_MEMORY",
-        3 => "CUDA_ERROR_NOT_INITIALIZED",
-        4 => "CUDA_ERROR_DEINITIALIZED",
-        100 => "CUDA_ERROR_NO_DEVICE",
-        101 => "CUDA_ERROR_INVALID_DEVICE",
-        201 => "CUDA_ERROR_INVALID_CONTEXT",
-        217 => "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED",
-        400 => "CUDA_ERROR_INVALID_HANDLE",
-        700 => "CUDA_ERROR_ILLEGAL_ADDRESS",
-        719 => "CUDA_ERROR_LAUNCH_FAILED",
-        801 => "CUDA_ERROR_NOT_SUPPORTED",
-        999 => "CUDA_ERROR_UNKNOWN",
-        _ => "see cuda.h",
-    }
-}
-
 /// Everything that can go wrong in lazybuf.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// A shape whose element count or byte size does not fit in memory addresses.
@@ -136,7 +137,7 @@ pub enum Error {
         code: Option<RuntimeCode>,
     },
     /// A runtime call failed for a reason other than memory.
-    #[error("{backend} call {call} failed: {code}")]
+    #[error("{} call {call} failed: {code}", .backend.title())]
     Runtime {
         /// The backend that failed.
         backend: BackendKind,
@@ -146,7 +147,7 @@ pub enum Error {
         code: RuntimeCode,
     },
     /// The backend's runtime is not installed or has no usable device.
-    #[error("{backend} is not available: {reason}")]
+    #[error("{} is not available: {reason}", .backend.title())]
     BackendUnavailable {
         /// The backend that was asked for.
         backend: BackendKind,
@@ -169,7 +170,26 @@ pub enum Error {
         /// Why (the runtime's words, or the mlock limit).
         reason: String,
     },
-    /// A fault injected by [`crate::testing::FaultyDevice`].
+    /// The coherence checker ([`crate::checking`]) found a device copy that differs from the
+    /// host copy of a buffer both are supposed to hold: something wrote the device copy
+    /// without saying so.
+    #[error(
+        "coherence check failed on {device}: the buffer is SYNCHRONIZED, but its device copy \
+         differs from the host copy at byte {first_difference} of {nbytes}: the device copy was \
+         written (by a kernel?) after it was handed out as a read. Call mark_device_dirty() after \
+         such a write, or take the device copy for writing (device_mut() in Rust, \
+         .device_writable in Python)"
+    )]
+    Coherence {
+        /// The device whose copy differs.
+        device: String,
+        /// The first byte that differs.
+        first_difference: usize,
+        /// The buffer's size in bytes.
+        nbytes: usize,
+    },
+    /// A fault injected by `lazybuf::testing::FaultyDevice` (feature `testing`).
+    #[cfg(feature = "testing")]
     #[error("injected fault: {operation} number {count} was told to fail")]
     InjectedFault {
         /// The kind of operation that failed.
@@ -188,13 +208,14 @@ fn code_suffix(code: &Option<RuntimeCode>) -> String {
 
 impl Error {
     /// Whether repeating the call can succeed: true for out-of-memory (after memory is
-    /// freed) and injected faults; false for bad input and missing runtimes.
+    /// freed), runtime statuses their runtime calls recoverable, and injected faults; false
+    /// for bad input, missing runtimes and coherence violations.
     pub fn is_retryable(&self) -> bool {
         match self {
-            Error::OutOfMemory { .. } | Error::InjectedFault { .. } => true,
-            Error::Runtime { code, .. } => {
-                matches!(code, RuntimeCode::OpenCl(-5) | RuntimeCode::OpenCl(-6) | RuntimeCode::Cuda(2))
-            }
+            Error::OutOfMemory { .. } => true,
+            Error::Runtime { code, .. } => code.retryable(),
+            #[cfg(feature = "testing")]
+            Error::InjectedFault { .. } => true,
             _ => false,
         }
     }
@@ -211,3 +232,26 @@ impl Error {
 
 /// lazybuf's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TEST: BackendKind = BackendKind::new("test", "Test");
+
+    #[test]
+    fn runtime_codes_say_what_they_are_and_whether_a_retry_helps() {
+        let code =
+            RuntimeCode::Device { backend: TEST, value: -5, name: "OUT_OF_RESOURCES", retryable: true };
+        let err = Error::Runtime { backend: TEST, call: "testEnqueue", code };
+        assert_eq!(err.to_string(), "Test call testEnqueue failed: Test status -5 (OUT_OF_RESOURCES)");
+        assert!(err.is_retryable());
+        let hard =
+            RuntimeCode::Device { backend: TEST, value: -38, name: "INVALID_MEM_OBJECT", retryable: false };
+        assert!(!Error::Runtime { backend: TEST, call: "x", code: hard }.is_retryable());
+        assert!(
+            Error::Runtime { backend: TEST, call: "mmap", code: RuntimeCode::Os(libc::ENOMEM) }
+                .is_retryable()
+        );
+    }
+}

@@ -4,9 +4,17 @@
 //! A [`HostMemory`] is always initialized (fresh memory reads as zeros), so it can be viewed
 //! as `&[u8]` safely. Small blocks come from the global allocator with cache-line alignment;
 //! blocks of 64 KiB and more are anonymous `mmap`s (page-aligned, zeroed lazily by the kernel,
-//! so a large allocation costs nothing until it is touched). Pinned blocks are `mlock`ed
-//! pages, and backends with their own page-locked memory (CUDA, OpenCL) hand theirs in through
-//! [`HostMemory::from_foreign`].
+//! so a large allocation costs nothing until it is touched); blocks of 4 MiB and more are
+//! aligned to 2 MiB and `madvise(MADV_HUGEPAGE)`d, so first touches fault once per huge page
+//! where the kernel has transparent huge pages. Pinned blocks are `mlock`ed pages, and
+//! backends with their own page-locked memory (CUDA, OpenCL) hand theirs in through
+//! [`HostMemory::from_foreign`]. A backend may also register a block's pages with its driver
+//! later ([`HostMemory::register`]).
+//!
+//! **Requests larger than the machine.** A request for more bytes than the machine's physical
+//! memory plus swap is refused up front with [`Error::OutOfMemory`], whatever the kernel's
+//! overcommit setting: with overcommit a huge `mmap` succeeds and the process dies later,
+//! touching it.
 //!
 //! What does not live here: which kind of host memory a buffer gets (the backend decides in
 //! [`crate::backend::Backend::allocate_host`]).
@@ -14,20 +22,53 @@
 use std::alloc::{self, Layout};
 use std::fmt;
 use std::ptr::NonNull;
+use std::sync::OnceLock;
 
-use crate::error::{Error, Result, RuntimeCode};
+use crate::error::{BackendKind, Error, Result, RuntimeCode};
 
 /// Blocks this large or larger are mapped pages rather than heap allocations.
 const MMAP_THRESHOLD: usize = 64 * 1024;
+/// Blocks this large or larger are aligned to huge pages and advised to use them.
+const HUGE_THRESHOLD: usize = 4 << 20;
+/// The huge page size on x86-64 and most aarch64 kernels.
+const HUGE_PAGE: usize = 2 << 20;
 /// Alignment of heap blocks: a cache line, enough for every element type and for SIMD.
-const HEAP_ALIGN: usize = 64;
+pub(crate) const HEAP_ALIGN: usize = 64;
 
 /// A type with the heap alignment, for well-aligned empty blocks.
 #[repr(align(64))]
 struct CacheLine;
 
-/// Something that owns foreign host memory and frees it when dropped.
+/// Something that owns foreign host memory (or a driver's registration of it) and releases
+/// it when dropped.
 pub trait ForeignHostMemory: Send + Sync {}
+
+/// How a block's pages are kept in RAM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pinning {
+    /// Ordinary pageable memory.
+    Pageable,
+    /// `mlock`ed pages: resident, but not known to any device runtime.
+    Locked,
+    /// Page-locked memory allocated by a device runtime (`cuMemHostAlloc`, a mapped
+    /// `CL_MEM_ALLOC_HOST_PTR` buffer): that runtime's DMA engines use it directly.
+    Runtime(BackendKind),
+    /// Pageable memory whose pages a device runtime has page-locked and registered
+    /// (`cuMemHostRegister`): that runtime's DMA engines use it directly.
+    Registered(BackendKind),
+}
+
+impl Pinning {
+    /// Whether the pages are page-locked at all.
+    pub fn is_pinned(self) -> bool {
+        self != Pinning::Pageable
+    }
+
+    /// Whether `backend`'s DMA engines can use the memory directly.
+    pub fn is_dma_ready_for(self, backend: BackendKind) -> bool {
+        matches!(self, Pinning::Runtime(b) | Pinning::Registered(b) if b == backend)
+    }
+}
 
 enum Owner {
     /// Zero bytes: nothing allocated.
@@ -44,28 +85,40 @@ enum Owner {
 pub struct HostMemory {
     ptr: NonNull<u8>,
     len: usize,
-    pinned: bool,
+    pinning: Pinning,
+    /// Whether every byte is still zero (fresh, and never handed out for writing since).
+    known_zero: bool,
+    /// Transfers this block took part in (backends decide on registration by it).
+    transfers: u32,
+    /// A driver's registration of the pages; dropped (unregistered) before the memory.
+    registration: Option<Box<dyn ForeignHostMemory>>,
     owner: Owner,
 }
 
 // SAFETY: HostMemory owns its block exclusively (no other handle to the bytes exists), and all
 // access to the bytes goes through &self / &mut self, so moving or sharing it between threads
-// is as safe as for a Box<[u8]>. Foreign owners are required to be Send + Sync.
+// is as safe as for a Box<[u8]>. Foreign owners and registrations are required to be
+// Send + Sync.
 unsafe impl Send for HostMemory {}
 // SAFETY: see Send; &HostMemory only permits reads of the bytes.
 unsafe impl Sync for HostMemory {}
 
 impl HostMemory {
+    fn new(ptr: NonNull<u8>, len: usize, pinning: Pinning, owner: Owner) -> HostMemory {
+        HostMemory { ptr, len, pinning, known_zero: true, transfers: 0, registration: None, owner }
+    }
+
     /// Allocates `len` zeroed, pageable bytes.
     pub fn allocate(len: usize) -> Result<HostMemory> {
         if len == 0 {
-            return Ok(HostMemory {
-                ptr: NonNull::<CacheLine>::dangling().cast(),
-                len,
-                pinned: false,
-                owner: Owner::Empty,
-            });
+            return Ok(Self::new(
+                NonNull::<CacheLine>::dangling().cast(),
+                0,
+                Pinning::Pageable,
+                Owner::Empty,
+            ));
         }
+        check_machine_size(len)?;
         if len >= MMAP_THRESHOLD {
             return Self::map(len, false);
         }
@@ -73,7 +126,7 @@ impl HostMemory {
         // SAFETY: layout has a non-zero size (len > 0 checked above).
         let ptr = unsafe { alloc::alloc_zeroed(layout) };
         let ptr = NonNull::new(ptr).ok_or_else(|| oom(len, None))?;
-        Ok(HostMemory { ptr, len, pinned: false, owner: Owner::Heap(layout) })
+        Ok(Self::new(ptr, len, Pinning::Pageable, Owner::Heap(layout)))
     }
 
     /// Allocates `len` zeroed bytes on whole pages and locks them in RAM (`mlock`). Fails with
@@ -82,29 +135,51 @@ impl HostMemory {
     pub fn allocate_locked(len: usize) -> Result<HostMemory> {
         if len == 0 {
             let mut empty = Self::allocate(0)?;
-            empty.pinned = true;
+            empty.pinning = Pinning::Locked;
             return Ok(empty);
         }
+        check_machine_size(len)?;
         Self::map(len, true)
     }
 
     fn map(len: usize, lock: bool) -> Result<HostMemory> {
+        let huge = len >= HUGE_THRESHOLD;
+        // Huge blocks map one huge page more, to cut an aligned run out of the mapping.
+        let mapped = if huge { len.checked_add(HUGE_PAGE).ok_or_else(|| oom(len, None))? } else { len };
         // SAFETY: an anonymous private mapping with a null hint has no preconditions; the
         // result is checked against MAP_FAILED below.
-        let ptr = unsafe {
+        let raw = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                len,
+                mapped,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
                 -1,
                 0,
             )
         };
-        if ptr == libc::MAP_FAILED {
+        if raw == libc::MAP_FAILED {
             return Err(oom(len, Some(RuntimeCode::Os(errno()))));
         }
-        let ptr = NonNull::new(ptr.cast::<u8>()).ok_or_else(|| oom(len, None))?;
+        let mut start = raw.cast::<u8>();
+        if huge {
+            let head = start.align_offset(HUGE_PAGE);
+            let tail = mapped - head - len;
+            // SAFETY: [raw, raw + mapped) is the mapping just made; the head and tail runs
+            // lie inside it and nothing references them. Failed unmaps only leak address space.
+            unsafe {
+                if head > 0 {
+                    libc::munmap(raw, head);
+                }
+                start = start.add(head);
+                if tail > 0 {
+                    libc::munmap(start.add(len).cast(), tail);
+                }
+                // Advice only: kernels without transparent huge pages answer EINVAL.
+                libc::madvise(start.cast(), len, libc::MADV_HUGEPAGE);
+            }
+        }
+        let ptr = NonNull::new(start).ok_or_else(|| oom(len, None))?;
         if lock {
             // SAFETY: [ptr, ptr + len) is the mapping just created.
             if unsafe { libc::mlock(ptr.as_ptr().cast(), len) } != 0 {
@@ -120,7 +195,8 @@ impl HostMemory {
                 });
             }
         }
-        Ok(HostMemory { ptr, len, pinned: lock, owner: Owner::Mapped(len) })
+        let pinning = if lock { Pinning::Locked } else { Pinning::Pageable };
+        Ok(Self::new(ptr, len, pinning, Owner::Mapped(len)))
     }
 
     /// Wraps host memory that a runtime allocated.
@@ -129,14 +205,28 @@ impl HostMemory {
     /// 1. `ptr` is valid for reads and writes of `len` bytes, all initialized, until `owner`
     ///    is dropped.
     /// 2. Nothing else reads or writes those bytes while the `HostMemory` exists.
-    /// 3. `pinned` is true only if the memory really is page-locked.
+    /// 3. `pinning` says truly how the pages are kept (page-locked only if they are).
+    /// 4. `known_zero` is true only if every byte is zero.
     pub unsafe fn from_foreign(
         ptr: NonNull<u8>,
         len: usize,
-        pinned: bool,
+        pinning: Pinning,
+        known_zero: bool,
         owner: Box<dyn ForeignHostMemory>,
     ) -> HostMemory {
-        HostMemory { ptr, len, pinned, owner: Owner::Foreign(owner) }
+        let mut block = Self::new(ptr, len, pinning, Owner::Foreign(owner));
+        block.known_zero = known_zero;
+        block
+    }
+
+    /// Records that a device runtime registered this block's pages (page-locked them for its
+    /// DMA engines); `registration` undoes that when dropped, before the memory is freed.
+    ///
+    /// # Safety
+    /// The pages really are registered with `backend` until `registration` is dropped.
+    pub unsafe fn register(&mut self, backend: BackendKind, registration: Box<dyn ForeignHostMemory>) {
+        self.registration = Some(registration);
+        self.pinning = Pinning::Registered(backend);
     }
 
     /// The size in bytes.
@@ -149,10 +239,31 @@ impl HostMemory {
         self.len == 0
     }
 
-    /// Whether the block is pinned: `mlock`ed, or a runtime's pinned host memory (see
-    /// [`crate::UnifiedBuffer::is_pinned`]).
+    /// Whether the block is page-locked: `mlock`ed, or a runtime's pinned host memory, or
+    /// registered with a runtime (see [`crate::UnifiedBuffer::is_pinned`]).
     pub fn is_pinned(&self) -> bool {
-        self.pinned
+        self.pinning.is_pinned()
+    }
+
+    /// How the pages are kept in RAM.
+    pub fn pinning(&self) -> Pinning {
+        self.pinning
+    }
+
+    /// Whether every byte is known to be zero (a fresh block nobody has written).
+    pub fn is_known_zero(&self) -> bool {
+        self.known_zero
+    }
+
+    /// Forgets that the block is all zeros: its bytes are about to be written.
+    pub fn mark_written(&mut self) {
+        self.known_zero = false;
+    }
+
+    /// Counts one more transfer of this block; returns the new count.
+    pub fn count_transfer(&mut self) -> u32 {
+        self.transfers = self.transfers.saturating_add(1);
+        self.transfers
     }
 
     /// The first byte's address (for runtimes that alias this memory).
@@ -162,6 +273,7 @@ impl HostMemory {
 
     /// The first byte's address, for writing.
     pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.known_zero = false;
         self.ptr.as_ptr()
     }
 
@@ -174,6 +286,13 @@ impl HostMemory {
 
     /// The bytes, for writing.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        self.known_zero = false;
+        self.bytes_mut()
+    }
+
+    /// The bytes, mutably, without forgetting that they are all zeros: for callers that hand
+    /// them out for reading only.
+    pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
         // SAFETY: as in as_slice, and &mut self makes this the only access.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
@@ -181,13 +300,16 @@ impl HostMemory {
 
 impl Drop for HostMemory {
     fn drop(&mut self) {
+        // Unregister the pages while the memory is still mapped.
+        drop(self.registration.take());
         match self.owner {
             Owner::Empty | Owner::Foreign(_) => {}
             // SAFETY: ptr came from alloc_zeroed with exactly this layout.
             Owner::Heap(layout) => unsafe { alloc::dealloc(self.ptr.as_ptr(), layout) },
             Owner::Mapped(len) => {
-                // SAFETY: ptr/len is the mapping made in `map`; munmap also drops any lock.
-                // Its status is ignored: drop must not panic, and a failed unmap only leaks.
+                // SAFETY: ptr/len is the mapping made in `map` (after its trim); munmap also
+                // drops any lock. Its status is ignored: drop must not panic, and a failed
+                // unmap only leaks.
                 unsafe { libc::munmap(self.ptr.as_ptr().cast(), len) };
             }
         }
@@ -196,7 +318,7 @@ impl Drop for HostMemory {
 
 impl fmt::Debug for HostMemory {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("HostMemory").field("len", &self.len).field("pinned", &self.pinned).finish()
+        f.debug_struct("HostMemory").field("len", &self.len).field("pinning", &self.pinning).finish()
     }
 }
 
@@ -208,37 +330,33 @@ fn oom(len: usize, code: Option<RuntimeCode>) -> Error {
     Error::OutOfMemory { device: "host".into(), requested: len, code }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn fresh_memory_is_zero_and_aligned() {
-        for len in [0, 1, 100, MMAP_THRESHOLD - 1, MMAP_THRESHOLD, 1 << 20] {
-            let mut m = HostMemory::allocate(len).unwrap();
-            assert_eq!(m.len(), len);
-            assert!(m.as_slice().iter().all(|&b| b == 0));
-            assert_eq!(m.as_ptr() as usize % HEAP_ALIGN, 0);
-            m.as_mut_slice().fill(7);
-            assert!(m.as_slice().iter().all(|&b| b == 7));
-            assert!(!m.is_pinned());
+/// The machine's physical memory plus swap, in bytes (`usize::MAX` where unknown).
+pub fn machine_memory() -> usize {
+    static TOTAL: OnceLock<usize> = OnceLock::new();
+    *TOTAL.get_or_init(|| {
+        // SAFETY: sysinfo fills the zeroed struct it is given; no other precondition.
+        let mut info: libc::sysinfo = unsafe { std::mem::zeroed() };
+        // SAFETY: info is a valid out-pointer.
+        if unsafe { libc::sysinfo(&mut info) } != 0 {
+            return usize::MAX;
         }
-    }
+        let unit = u64::from(info.mem_unit.max(1));
+        let total = (info.totalram as u64).saturating_add(info.totalswap as u64).saturating_mul(unit);
+        usize::try_from(total).unwrap_or(usize::MAX)
+    })
+}
 
-    #[test]
-    fn impossible_sizes_are_out_of_memory() {
-        let err = HostMemory::allocate(isize::MAX as usize).unwrap_err();
-        assert!(err.is_out_of_memory(), "{err}");
+/// Refuses a request no allocation on this machine can back (see the module docs).
+fn check_machine_size(len: usize) -> Result<()> {
+    let total = machine_memory();
+    if len > total {
+        return Err(Error::OutOfMemory {
+            device: format!("host (it has {total} bytes of memory and swap in all)"),
+            requested: len,
+            code: None,
+        });
     }
-
-    #[test]
-    fn locked_memory_is_pinned_or_a_clear_error() {
-        match HostMemory::allocate_locked(1 << 16) {
-            Ok(m) => assert!(m.is_pinned()),
-            Err(Error::PinningFailed { reason, .. }) => assert!(reason.contains("mlock")),
-            Err(other) => panic!("unexpected error {other}"),
-        }
-    }
+    Ok(())
 }
 
 /// Fills `bytes` with repetitions of `pattern` (whose length divides `bytes.len()`), by
@@ -259,14 +377,63 @@ pub(crate) fn fill_pattern(bytes: &mut [u8], pattern: &[u8]) {
 }
 
 #[cfg(test)]
-mod fill_tests {
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fresh_memory_is_zero_and_aligned() {
+        for len in [0, 1, 100, MMAP_THRESHOLD - 1, MMAP_THRESHOLD, 1 << 20, HUGE_THRESHOLD + 12345] {
+            let mut m = HostMemory::allocate(len).unwrap();
+            assert_eq!(m.len(), len);
+            assert!(m.is_known_zero());
+            assert!(m.as_slice().iter().all(|&b| b == 0));
+            assert_eq!(m.as_ptr() as usize % HEAP_ALIGN, 0);
+            if len >= HUGE_THRESHOLD {
+                assert_eq!(m.as_ptr() as usize % HUGE_PAGE, 0, "huge blocks start on a huge page");
+            }
+            m.as_mut_slice().fill(7);
+            assert!(!m.is_known_zero());
+            assert!(m.as_slice().iter().all(|&b| b == 7));
+            assert!(!m.is_pinned());
+        }
+    }
+
+    #[test]
+    fn impossible_sizes_are_out_of_memory() {
+        let err = HostMemory::allocate(isize::MAX as usize).unwrap_err();
+        assert!(err.is_out_of_memory(), "{err}");
+    }
+
+    #[test]
+    fn more_than_the_machine_is_refused_up_front_whatever_the_overcommit_setting() {
+        let beyond = machine_memory().saturating_add(1);
+        if beyond == usize::MAX {
+            return;
+        }
+        for result in [HostMemory::allocate(beyond), HostMemory::allocate_locked(beyond)] {
+            let err = result.unwrap_err();
+            assert!(err.is_out_of_memory(), "{err}");
+            assert!(err.to_string().contains(&format!("could not allocate {beyond} bytes")), "{err}");
+            assert!(err.to_string().contains("memory and swap"), "{err}");
+        }
+    }
+
+    #[test]
+    fn locked_memory_is_pinned_or_a_clear_error() {
+        match HostMemory::allocate_locked(1 << 16) {
+            Ok(m) => assert_eq!(m.pinning(), Pinning::Locked),
+            Err(Error::PinningFailed { reason, .. }) => assert!(reason.contains("mlock")),
+            Err(other) => panic!("unexpected error {other}"),
+        }
+    }
+
     #[test]
     fn fills_any_pattern() {
         let mut b = vec![0u8; 24];
-        super::fill_pattern(&mut b, &[1, 2, 3, 4, 5, 6, 7, 8]);
+        fill_pattern(&mut b, &[1, 2, 3, 4, 5, 6, 7, 8]);
         assert_eq!(&b[16..], &[1, 2, 3, 4, 5, 6, 7, 8]);
-        super::fill_pattern(&mut b, &[9, 9]);
+        fill_pattern(&mut b, &[9, 9]);
         assert!(b.iter().all(|&x| x == 9));
-        super::fill_pattern(&mut [], &[1, 2]);
+        fill_pattern(&mut [], &[1, 2]);
     }
 }

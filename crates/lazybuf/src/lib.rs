@@ -4,22 +4,26 @@
 //! coherent: it knows which copies are current and copies only when a stale copy is about to
 //! be used. See the crate README for the state table.
 //!
-//! Layout of the crate:
-//! - [`coherence`]: the contract as pure code (which copy is valid, what must move);
+//! Layout of the crate (each layer uses only the ones above it):
+//! - [`error`], [`shape`], [`element`], [`coherence`]: the error type, shapes, element types,
+//!   and the contract as pure code (which copy is valid, what must move);
+//! - [`host_memory`]: host blocks (pageable, page-locked, runtime-owned, registered);
+//! - [`backend`]: the device interface (streams, tickets, memory) and one folder per runtime
+//!   (host, OpenCL, CUDA), listed in one table;
+//! - [`device`] and [`discovery`]: device and stream handles, the default device;
+//! - [`resource`]: where buffers get memory (the backends directly, caching, limits), and
+//!   caching by default;
 //! - [`buffer`]: the buffer that executes coherence plans over real memory;
-//! - [`backend`]: the device interface and one folder per runtime (host, OpenCL, CUDA);
-//! - [`device`] and [`discovery`]: device handles, what they report, the default device;
-//! - [`host_memory`]: host blocks (pageable, page-locked, runtime-owned);
-//! - [`resource`]: where buffers get memory (direct from backends; policies wrap it);
-//! - [`pool`]: memory pools (acquire/release with reuse) and the limiting adaptor;
-//! - [`testing`]: a fault-injecting device wrapper;
-//! - [`error`]: the one error type.
+//! - [`pool`]: memory pools (acquire/release with reuse);
+//! - [`checking`]: the coherence checker's switch;
+//! - [`testing`] (feature `testing`): a fault-injecting device wrapper.
 
 #![deny(unsafe_op_in_unsafe_fn)]
-#![warn(missing_docs)]
+#![warn(missing_docs, clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 
 pub mod backend;
 pub mod buffer;
+pub mod checking;
 pub mod coherence;
 pub mod device;
 pub mod discovery;
@@ -29,17 +33,25 @@ pub mod host_memory;
 pub mod pool;
 pub mod resource;
 pub mod shape;
+#[cfg(feature = "testing")]
 pub mod testing;
 
-pub use buffer::{BufferOptions, DeviceView, DeviceViewMut, RawBuffer, TransferStats, UnifiedBuffer};
+pub use backend::{DeviceInfo, MemoryInfo, MemoryKind, MemorySource, Ticket};
+pub use buffer::{
+    BufferOptions, DeviceView, DeviceViewMut, RawBuffer, Transfer, TransferStats, UnifiedBuffer,
+};
+pub use checking::{checking, set_checking};
 pub use coherence::{BufferState, DeviceId, Location, Residency};
-pub use device::{Device, DeviceInfo, MemoryInfo, MemorySource};
+pub use device::{Device, Stream};
 pub use discovery::{backend_status, default_device, devices, select_device};
 pub use element::{DType, Element};
 pub use error::{BackendKind, Error, Result, RuntimeCode};
 pub use half::{bf16, f16};
-pub use pool::{LimitingResource, MemoryPool, PoolConfig, PoolStats};
-pub use resource::{DirectResource, MemoryResource};
+pub use pool::MemoryPool;
+pub use resource::{
+    Block, CachingResource, DirectResource, LimitingResource, MemoryResource, PoolConfig, PoolStats, caching,
+    set_caching, trim,
+};
 
 /// The README's examples, compiled and run as doctests.
 #[cfg(doctest)]
@@ -57,6 +69,10 @@ mod send_sync {
         assert_send_sync::<crate::Device>();
         assert_send_sync::<crate::host_memory::HostMemory>();
         assert_send_sync::<crate::backend::DeviceMemory>();
+        assert_send_sync::<crate::Stream>();
+        assert_send_sync::<crate::Ticket>();
+        assert_send_sync::<crate::Transfer>();
+        assert_send_sync::<crate::CachingResource>();
         assert_send_sync::<crate::Error>();
         assert_send_sync::<crate::MemoryPool>();
         assert_send_sync::<crate::LimitingResource>();

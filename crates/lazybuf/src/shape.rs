@@ -23,9 +23,16 @@ pub struct Shape {
 }
 
 impl Shape {
-    /// Checks that `dims` holds `elem_size`-byte elements within one allocation's limit.
+    /// Checks that `dims` holds `elem_size`-byte elements within one allocation's limit, and
+    /// that every dimension fits `isize` (NumPy's `npy_intp`), also when another is 0.
     pub fn new(dims: &[usize], elem_size: usize) -> Result<Shape> {
         let invalid = |reason: String| Error::InvalidShape { dims: dims.to_vec(), reason };
+        if let Some(&big) = dims.iter().find(|&&d| d > isize::MAX as usize) {
+            return Err(invalid(format!(
+                "dimension {big} exceeds {}; expected dimensions that fit isize",
+                isize::MAX
+            )));
+        }
         let len = dims.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d)).ok_or_else(|| {
             invalid("the element count overflows usize; expected a product of dimensions that fits".into())
         })?;
@@ -81,8 +88,15 @@ mod tests {
 
     #[test]
     fn rejects_count_overflow() {
-        let err = Shape::new(&[usize::MAX, 2], 1).unwrap_err();
+        let err = Shape::new(&[isize::MAX as usize, 3], 1).unwrap_err();
         assert!(err.to_string().contains("overflows"), "{err}");
+    }
+
+    #[test]
+    fn rejects_dimensions_beyond_isize_even_with_a_zero() {
+        let err = Shape::new(&[0, 1 << 63], 4).unwrap_err();
+        assert!(err.to_string().contains("expected dimensions that fit isize"), "{err}");
+        assert!(Shape::new(&[0, isize::MAX as usize], 4).unwrap().is_empty());
     }
 
     #[test]

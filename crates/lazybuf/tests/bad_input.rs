@@ -9,7 +9,7 @@ use lazybuf::{BackendKind, BufferState, Device, Error, UnifiedBuffer};
 #[test]
 fn shapes_whose_count_or_size_overflows() {
     let host = Device::host();
-    let err = UnifiedBuffer::<u8>::on(&[usize::MAX, 2], &host).unwrap_err();
+    let err = UnifiedBuffer::<u8>::on(&[isize::MAX as usize, 3], &host).unwrap_err();
     assert!(matches!(err, Error::InvalidShape { .. }), "{err}");
     assert!(err.to_string().contains("element count overflows"), "{err}");
     let err = UnifiedBuffer::<f64>::on(&[1 << 61], &host).unwrap_err();
@@ -54,11 +54,18 @@ fn host_allocations_larger_than_memory_fail_cleanly() {
 
 #[test]
 fn device_allocations_larger_than_the_device_fail_cleanly() {
-    for device in common::devices_of(BackendKind::OpenCl) {
+    for device in common::devices_of(BackendKind::OPENCL) {
         let too_big = device.info().total_memory as usize * 2;
         let mut buf = UnifiedBuffer::<u8>::on(&[too_big], &device).unwrap();
         let err = buf.device_overwrite().unwrap_err();
-        assert!(err.to_string().contains("exceed the largest allocation"), "{device}: {err}");
+        // A zero-copy device asks for the host block first, which the host refuses up front
+        // (beyond its memory and swap); other devices refuse the device allocation.
+        let text = err.to_string();
+        assert!(
+            text.contains("exceed the largest allocation") || text.contains("out of memory on host"),
+            "{device}: {err}"
+        );
+        assert!(text.contains(&too_big.to_string()), "the error names the size: {err}");
         assert_eq!(buf.state(), BufferState::Uninitialized);
     }
 }
@@ -68,7 +75,114 @@ fn device_selectors_that_name_nothing() {
     let err = lazybuf::select_device("cuda:7").unwrap_err();
     assert!(matches!(err, Error::DeviceNotFound { .. }), "{err}");
     let err = lazybuf::select_device("metal").unwrap_err();
-    assert!(err.to_string().contains("expected one of host, gpu, opencl[:N], cuda[:N]"), "{err}");
+    let text = err.to_string();
+    assert!(text.contains("expected one of gpu,") && text.contains("host[:N]"), "{err}");
+    #[cfg(feature = "cuda")]
+    assert!(text.contains("cuda[:N]"), "{err}");
+    #[cfg(feature = "opencl")]
+    assert!(text.contains("opencl[:N]"), "{err}");
     let err = lazybuf::select_device("opencl:-1").unwrap_err();
     assert!(err.to_string().contains("non-negative integer index"), "{err}");
+}
+
+/// A memory resource that breaks its contract: blocks shorter than asked for.
+#[derive(Debug)]
+struct Stingy;
+
+impl lazybuf::MemoryResource for Stingy {
+    fn allocate(
+        &self,
+        device: &Device,
+        kind: lazybuf::MemoryKind,
+        bytes: usize,
+        stream: &lazybuf::Stream,
+    ) -> lazybuf::Result<lazybuf::Block> {
+        lazybuf::DirectResource.allocate(device, kind, bytes / 2, stream)
+    }
+
+    fn deallocate(
+        &self,
+        device: &Device,
+        block: lazybuf::Block,
+        stream: &lazybuf::Stream,
+        ready: lazybuf::Ticket,
+    ) {
+        lazybuf::DirectResource.deallocate(device, block, stream, ready);
+    }
+}
+
+#[test]
+fn a_resource_that_returns_short_blocks_is_an_error_not_a_panic() {
+    for device in common::devices() {
+        let options = lazybuf::BufferOptions {
+            device: Some(device.clone()),
+            resource: Some(std::sync::Arc::new(Stingy)),
+            ..Default::default()
+        };
+        let mut buf = UnifiedBuffer::<u32>::with_options(&[1000], options).unwrap();
+        let err = buf.host_mut().unwrap_err();
+        assert!(
+            err.to_string().contains("returned a host block of 2000 bytes for a request of 4000"),
+            "{err}"
+        );
+        assert_eq!(buf.state(), BufferState::Uninitialized);
+        if !device.is_zero_copy(4000) {
+            let err = buf.device_overwrite().unwrap_err();
+            assert!(err.to_string().contains("device allocation of 2000 bytes"), "{device}: {err}");
+        }
+    }
+}
+
+/// A memory resource that breaks its contract: host memory whatever was asked for.
+#[derive(Debug)]
+struct HostOnly;
+
+impl lazybuf::MemoryResource for HostOnly {
+    fn allocate(
+        &self,
+        device: &Device,
+        _: lazybuf::MemoryKind,
+        bytes: usize,
+        stream: &lazybuf::Stream,
+    ) -> lazybuf::Result<lazybuf::Block> {
+        lazybuf::DirectResource.allocate(device, lazybuf::MemoryKind::Host { pinned: false }, bytes, stream)
+    }
+
+    fn deallocate(
+        &self,
+        device: &Device,
+        block: lazybuf::Block,
+        stream: &lazybuf::Stream,
+        ready: lazybuf::Ticket,
+    ) {
+        lazybuf::DirectResource.deallocate(device, block, stream, ready);
+    }
+}
+
+#[test]
+fn a_resource_that_returns_the_wrong_kind_is_an_error_not_a_panic() {
+    use lazybuf::MemoryResource;
+    for device in common::devices() {
+        let err = HostOnly.allocate_device(&device, 64, &device.stream()).unwrap_err();
+        assert!(err.to_string().contains("expected a device allocation"), "{device}: {err}");
+        let options = lazybuf::BufferOptions {
+            device: Some(device.clone()),
+            resource: Some(std::sync::Arc::new(HostOnly)),
+            ..Default::default()
+        };
+        let mut buf = UnifiedBuffer::<u32>::with_options(&[1000], options).unwrap();
+        buf.host_mut().unwrap().fill(7);
+        if !device.is_zero_copy(4000) {
+            let err = buf.device().unwrap_err();
+            assert!(err.to_string().contains("expected a device allocation"), "{device}: {err}");
+        }
+        // Nothing was lost: the host copy is still the data.
+        assert!(buf.host().unwrap().iter().all(|&x| x == 7));
+    }
+}
+
+#[test]
+fn a_dimension_beyond_isize_is_refused_even_next_to_a_zero() {
+    let err = UnifiedBuffer::<f32>::on(&[0, 1 << 63], &Device::host()).unwrap_err();
+    assert!(matches!(err, Error::InvalidShape { .. }) && err.to_string().contains("fit isize"), "{err}");
 }

@@ -343,7 +343,7 @@ fn the_host_device_aliases_host_memory() {
 
 #[test]
 fn host_sharing_opencl_devices_sync_large_buffers_without_copying() {
-    for device in common::devices_of(lazybuf::BackendKind::OpenCl) {
+    for device in common::devices_of(lazybuf::BackendKind::OPENCL) {
         if !device.info().shares_host_memory {
             continue;
         }
@@ -382,4 +382,15 @@ fn default_device_prefers_gpus_then_host() {
             None => assert_eq!(default, Device::host()),
         }
     }
+}
+
+/// A view of a pooled buffer exposes the buffer's elements, not the whole (larger) block.
+#[test]
+fn host_device_views_expose_exactly_the_buffers_elements() {
+    let pool = lazybuf::MemoryPool::new(&Device::host(), lazybuf::PoolConfig::default());
+    let mut buf = pool.acquire::<u32>(&[1000], false).unwrap();
+    buf.copy_from(&pattern(1, 1000)).unwrap();
+    assert_eq!(buf.device().unwrap().as_host_slice().unwrap().len(), 1000, "class blocks are larger");
+    assert_eq!(buf.device_mut().unwrap().as_host_slice_mut().unwrap().len(), 1000);
+    assert_eq!(buf.device().unwrap().as_host_slice().unwrap(), &pattern(1, 1000)[..]);
 }

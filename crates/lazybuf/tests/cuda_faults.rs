@@ -1,7 +1,12 @@
 //! Fault injection through the CUDA driver-API test double's hooks: a failed allocation or
-//! copy (direct, staged, peer) returns an error and changes nothing — state, valid bytes and
-//! the double's live allocations stay as they were. Also the double's counters show which
-//! transfer path ran and that cuMemGetInfo's free memory follows allocations.
+//! copy (direct, staged, peer; failing at the call or, as a GPU reports it, at the event after
+//! the copy) returns an error and changes nothing — state, valid bytes and the double's live
+//! allocations stay as they were. Also the double's counters show which transfer path ran,
+//! that cuMemGetInfo's free memory follows allocations, that pinned staging goes with a
+//! device's last allocation or a trim, and that often-moved pageable blocks are registered.
+//!
+//! Buffers here take memory straight from the device (a pool would serve, and on failure trim
+//! and retry, behind the test's back) unless a test is about caching.
 //!
 //! The hooks are process-wide, so every test here holds [`LOCK`]; this file must run with the
 //! double (`scripts/test-cuda-double.sh`), and on a real GPU each test prints a skip.
@@ -13,10 +18,11 @@ mod cuda_common;
 use std::sync::{Mutex, MutexGuard};
 
 use cuda_common::{
-    copies, double_devices, fail_allocation, fail_copy, live_allocations, pinned_copies, ramp,
+    copies, double_devices, fail_allocation, fail_copy, fail_copy_now, live_allocations, pinned_copies, ramp,
+    registrations,
 };
-use lazybuf::backend::cuda::{STAGING_CHUNK, STAGING_MIN_BYTES};
-use lazybuf::{BufferOptions, BufferState, Device, UnifiedBuffer};
+use lazybuf::backend::cuda::{REGISTER_MIN_BYTES, STAGING_CHUNK, STAGING_MIN_BYTES};
+use lazybuf::{BufferOptions, BufferState, Device, DirectResource, UnifiedBuffer};
 
 static LOCK: Mutex<()> = Mutex::new(());
 
@@ -26,19 +32,40 @@ fn setup(test: &str) -> Option<(Vec<Device>, MutexGuard<'static, ()>)> {
     let guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     fail_allocation(0);
     fail_copy(0);
+    lazybuf::trim();
     Some((devices, guard))
 }
 
+/// A buffer whose memory comes straight from the device.
 fn buffer(device: &Device, n: usize, pinned: bool) -> UnifiedBuffer<u8> {
-    let options = BufferOptions { device: Some(device.clone()), pinned, ..Default::default() };
+    let options = BufferOptions {
+        device: Some(device.clone()),
+        pinned,
+        resource: Some(DirectResource::shared()),
+        ..Default::default()
+    };
     UnifiedBuffer::with_options(&[n], options).unwrap()
 }
 
-/// Makes sure the device's staging memory exists, so it does not show up as a new allocation.
-fn warm_staging(device: &Device) {
-    let mut buf = buffer(device, STAGING_MIN_BYTES, false);
-    buf.copy_from(&ramp(STAGING_MIN_BYTES)).unwrap();
+/// A buffer holding `data`, with memory straight from the device.
+fn holding(device: &Device, data: &[u8]) -> UnifiedBuffer<u8> {
+    let mut buf = buffer(device, data.len(), false);
+    buf.copy_from(data).unwrap();
+    buf
+}
+
+/// Makes sure the device's staging memory exists (so it does not show up as a new
+/// allocation) and keeps it: staging lives as long as the device has an allocation.
+#[must_use = "the staging goes when the returned buffer does"]
+fn warm_staging(device: &Device) -> UnifiedBuffer<u8> {
+    let mut buf = holding(device, &ramp(STAGING_MIN_BYTES));
     buf.sync_to_device().unwrap();
+    buf
+}
+
+/// Arms the double's `fail`-th write to fail at the call (`now`) or at its event.
+fn arm_copy(fail: i64, now: bool) {
+    if now { fail_copy_now(fail) } else { fail_copy(fail) }
 }
 
 #[test]
@@ -46,7 +73,7 @@ fn a_failed_device_allocation_changes_nothing() {
     let Some((devices, _lock)) = setup("a_failed_device_allocation_changes_nothing") else { return };
     let device = &devices[0];
     let data = ramp(10_000);
-    let mut buf = UnifiedBuffer::from_slice(&data, device).unwrap();
+    let mut buf = holding(device, &data);
     let (live, free) = (live_allocations(), device.memory_info().unwrap().free);
     fail_allocation(1);
     let err = buf.sync_to_device().unwrap_err();
@@ -76,19 +103,20 @@ fn a_failed_pinned_allocation_is_an_error_not_a_pageable_fallback() {
     assert!(buf.is_pinned());
 }
 
-/// Uploads `n` bytes where the `fail`-th device write fails: state and host bytes survive,
-/// and the next sync delivers the data.
-fn failed_upload(device: &Device, n: usize, pinned: bool, fail: i64) {
+/// Uploads `n` bytes where the `fail`-th device write fails (at the call when `now`, else at
+/// its event): state and host bytes survive, and the next sync delivers the data. The failing
+/// sync is the host block's first transfer, so large pageable blocks take the staged path (a
+/// block moved before may be registered and go straight by DMA).
+fn failed_upload(device: &Device, n: usize, pinned: bool, fail: i64, now: bool) {
     let old = vec![1u8; n];
     let data = ramp(n);
     let mut buf = buffer(device, n, pinned);
-    buf.copy_from(&old).unwrap();
-    buf.sync_to_device().unwrap();
+    buf.device_overwrite().unwrap().write_from(&old).unwrap();
     buf.copy_from(&data).unwrap();
     assert_eq!(buf.state(), BufferState::HostDirty);
     let live = live_allocations();
-    fail_copy(fail);
-    assert!(buf.sync_to_device().is_err(), "n={n} pinned={pinned} fail={fail}");
+    arm_copy(fail, now);
+    assert!(buf.sync_to_device().is_err(), "n={n} pinned={pinned} fail={fail} now={now}");
     assert_eq!(buf.state(), BufferState::HostDirty);
     assert!(buf.host_if_valid().unwrap() == &data[..]);
     assert_eq!(live_allocations(), live);
@@ -100,7 +128,7 @@ fn failed_upload(device: &Device, n: usize, pinned: bool, fail: i64) {
     let mut fresh = buffer(device, n, pinned);
     fresh.copy_from(&data).unwrap();
     let live = live_allocations();
-    fail_copy(fail);
+    arm_copy(fail, now);
     assert!(fresh.sync_to_device().is_err());
     assert_eq!(fresh.state(), BufferState::HostOnly);
     assert_eq!(live_allocations(), live);
@@ -109,27 +137,30 @@ fn failed_upload(device: &Device, n: usize, pinned: bool, fail: i64) {
 #[test]
 fn a_failed_upload_changes_nothing() {
     let Some((devices, _lock)) = setup("a_failed_upload_changes_nothing") else { return };
-    warm_staging(&devices[0]);
-    failed_upload(&devices[0], 1000, false, 1);
-    failed_upload(&devices[0], 1000, true, 1);
-    // Staged through pinned chunks: the first and a middle piece fail.
-    let staged = 5 * STAGING_CHUNK + 17;
-    failed_upload(&devices[0], staged, false, 1);
-    failed_upload(&devices[0], staged, false, 4);
-    failed_upload(&devices[0], staged, true, 1);
+    let _staging = warm_staging(&devices[0]);
+    for now in [false, true] {
+        failed_upload(&devices[0], 1000, false, 1, now);
+        failed_upload(&devices[0], 1000, true, 1, now);
+        // Staged through pinned chunks: the first and a middle piece fail.
+        let staged = 5 * STAGING_CHUNK + 17;
+        failed_upload(&devices[0], staged, false, 1, now);
+        failed_upload(&devices[0], staged, false, 4, now);
+        failed_upload(&devices[0], staged, true, 1, now);
+    }
 }
 
-/// Downloads `n` bytes where the `fail`-th device write fails: the device copy stays the
-/// valid one and its bytes arrive on the next try.
-fn failed_download(device: &Device, n: usize, pinned: bool, fail: i64) {
+/// Downloads `n` bytes where the `fail`-th device write fails (at the call when `now`, else
+/// at its event): the device copy stays the valid one and its bytes arrive on the next try.
+/// The failing sync is the host block's first transfer (see `failed_upload`).
+fn failed_download(device: &Device, n: usize, pinned: bool, fail: i64, now: bool) {
     let mut buf = buffer(device, n, pinned);
     buf.copy_from(&ramp(n)).unwrap();
-    buf.sync_to_device().unwrap();
+    buf.device_overwrite().unwrap().write_from(&ramp(n)).unwrap();
     buf.fill(0x3C).unwrap(); // on the device: the host is stale
     assert_eq!(buf.state(), BufferState::DeviceDirty);
     let live = live_allocations();
-    fail_copy(fail);
-    assert!(buf.sync_to_host().is_err(), "n={n} pinned={pinned} fail={fail}");
+    arm_copy(fail, now);
+    assert!(buf.sync_to_host().is_err(), "n={n} pinned={pinned} fail={fail} now={now}");
     assert_eq!(buf.state(), BufferState::DeviceDirty);
     assert_eq!(live_allocations(), live);
     assert!(buf.host().unwrap().iter().all(|&b| b == 0x3C));
@@ -139,7 +170,7 @@ fn failed_download(device: &Device, n: usize, pinned: bool, fail: i64) {
     device_only.device_overwrite().map(drop).unwrap();
     device_only.fill(0x5D).unwrap();
     let live = live_allocations();
-    fail_copy(fail);
+    arm_copy(fail, now);
     assert!(device_only.sync_to_host().is_err());
     assert_eq!(device_only.state(), BufferState::DeviceOnly);
     assert_eq!(live_allocations(), live);
@@ -149,13 +180,15 @@ fn failed_download(device: &Device, n: usize, pinned: bool, fail: i64) {
 #[test]
 fn a_failed_download_changes_nothing() {
     let Some((devices, _lock)) = setup("a_failed_download_changes_nothing") else { return };
-    warm_staging(&devices[0]);
-    failed_download(&devices[0], 1000, false, 1);
-    failed_download(&devices[0], 1000, true, 1);
-    let staged = 4 * STAGING_CHUNK + 5;
-    failed_download(&devices[0], staged, false, 1);
-    failed_download(&devices[0], staged, false, 3);
-    failed_download(&devices[0], staged, true, 1);
+    let _staging = warm_staging(&devices[0]);
+    for now in [false, true] {
+        failed_download(&devices[0], 1000, false, 1, now);
+        failed_download(&devices[0], 1000, true, 1, now);
+        let staged = 4 * STAGING_CHUNK + 5;
+        failed_download(&devices[0], staged, false, 1, now);
+        failed_download(&devices[0], staged, false, 3, now);
+        failed_download(&devices[0], staged, true, 1, now);
+    }
 }
 
 #[test]
@@ -166,28 +199,32 @@ fn a_failed_device_to_device_copy_changes_nothing() {
         return;
     };
     let data = ramp(50_000);
-    let mut buf = UnifiedBuffer::from_slice(&data, first).unwrap();
-    buf.device_mut().map(drop).unwrap(); // only `first` is valid
-    let live = live_allocations();
-    fail_copy(1);
-    assert!(buf.sync_to(second).is_err());
-    assert_eq!(buf.state_on(first), BufferState::DeviceDirty);
-    assert_eq!(buf.state_on(second), BufferState::Elsewhere);
-    assert_eq!(live_allocations(), live);
-    buf.sync_to(second).unwrap();
-    buf.mark_dirty_on(second).unwrap();
-    assert_eq!(buf.to_vec().unwrap(), data);
+    for now in [false, true] {
+        let mut buf = holding(first, &data);
+        buf.device_mut().map(drop).unwrap(); // only `first` is valid
+        let live = live_allocations();
+        arm_copy(1, now);
+        assert!(buf.sync_to(second).is_err());
+        assert_eq!(buf.state_on(first), BufferState::DeviceDirty);
+        assert_eq!(buf.state_on(second), BufferState::Elsewhere);
+        assert_eq!(live_allocations(), live);
+        buf.sync_to(second).unwrap();
+        buf.mark_dirty_on(second).unwrap();
+        assert_eq!(buf.to_vec().unwrap(), data);
+    }
 }
 
 #[test]
 fn a_failed_fill_is_reported() {
     let Some((devices, _lock)) = setup("a_failed_fill_is_reported") else { return };
     for value in [7u64, 0x0102_0304_0506_0708] {
-        let mut buf = UnifiedBuffer::<u64>::on(&[100_000], &devices[0]).unwrap();
-        buf.device_overwrite().map(drop).unwrap();
-        fail_copy(1);
-        assert!(buf.fill(value).is_err());
-        fail_copy(0);
+        for now in [false, true] {
+            let mut buf = UnifiedBuffer::<u64>::on(&[100_000], &devices[0]).unwrap();
+            buf.device_overwrite().map(drop).unwrap();
+            arm_copy(1, now);
+            assert!(buf.fill(value).is_err());
+            fail_copy(0);
+        }
     }
 }
 
@@ -195,7 +232,7 @@ fn a_failed_fill_is_reported() {
 fn transfers_take_the_path_their_host_memory_calls_for() {
     let Some((devices, _lock)) = setup("transfers_take_the_path_their_host_memory_calls_for") else { return };
     let device = &devices[0];
-    warm_staging(device);
+    let _staging = warm_staging(device);
     let sync = |n: usize, pinned: bool| {
         let mut buf = buffer(device, n, pinned);
         buf.copy_from(&ramp(n)).unwrap();
@@ -211,10 +248,69 @@ fn transfers_take_the_path_their_host_memory_calls_for() {
 }
 
 #[test]
+fn pageable_blocks_moved_more_than_once_are_registered_and_then_copied_directly() {
+    let Some((devices, _lock)) = setup("pageable_blocks_moved_more_than_once_are_registered") else { return };
+    let device = &devices[0];
+    let _staging = warm_staging(device);
+    let n = 3 * STAGING_CHUNK;
+    assert!(n >= REGISTER_MIN_BYTES);
+    let registered = registrations();
+    let mut buf = holding(device, &ramp(n));
+    let moves = |buf: &mut UnifiedBuffer<u8>, to_device: bool| {
+        let (all, pinned) = (copies(), pinned_copies());
+        if to_device {
+            buf.mark_host_dirty().unwrap();
+            buf.sync_to_device().unwrap();
+        } else {
+            buf.mark_device_dirty().unwrap();
+            buf.sync_to_host().unwrap();
+        }
+        (copies() - all, pinned_copies() - pinned)
+    };
+    // The first transfer is staged (3 pieces through pinned staging); the second registers
+    // the block and goes straight by DMA, as does every later one.
+    assert_eq!(moves(&mut buf, true), (3, 3));
+    assert_eq!(registrations(), registered);
+    assert_eq!(moves(&mut buf, false), (1, 1));
+    assert_eq!(registrations(), registered + 1);
+    assert!(buf.is_pinned(), "a registered host copy is page-locked");
+    assert_eq!(moves(&mut buf, true), (1, 1));
+    assert!(buf.host().unwrap() == &ramp(n)[..]);
+    drop(buf);
+    assert_eq!(registrations(), registered, "freeing the block unregisters it");
+}
+
+#[test]
+fn staging_goes_with_the_last_allocation_of_a_device_and_on_trim() {
+    let Some((devices, _lock)) = setup("staging_goes_with_the_last_allocation_of_a_device_and_on_trim")
+    else {
+        return;
+    };
+    let device = &devices[0];
+    let live = live_allocations();
+    let staged = warm_staging(device);
+    assert_eq!(live_allocations(), live + 2, "a device allocation and the pinned staging");
+    drop(staged);
+    assert_eq!(live_allocations(), live, "the device's last allocation took its staging with it");
+
+    // A cached buffer's memory stays in the device's pool, so the staging stays too, until a
+    // trim gives both back.
+    let mut cached = UnifiedBuffer::<u8>::on(&[STAGING_MIN_BYTES], device).unwrap();
+    cached.copy_from(&ramp(STAGING_MIN_BYTES)).unwrap();
+    cached.sync_to_device().unwrap();
+    drop(cached);
+    assert_eq!(live_allocations(), live + 2, "cached device block and staging");
+    assert!(device.memory_info().unwrap().cached >= STAGING_MIN_BYTES as u64);
+    lazybuf::trim();
+    assert_eq!(live_allocations(), live);
+    assert_eq!(device.memory_info().unwrap().cached, 0);
+}
+
+#[test]
 fn free_memory_follows_allocations_and_nothing_leaks() {
     let Some((devices, _lock)) = setup("free_memory_follows_allocations_and_nothing_leaks") else { return };
     let device = &devices[0];
-    warm_staging(device);
+    let _staging = warm_staging(device);
     let (live, free) = (live_allocations(), device.memory_info().unwrap().free);
     let mut buf = buffer(device, 64 << 20, true);
     buf.copy_from(&vec![3; 64 << 20]).unwrap();

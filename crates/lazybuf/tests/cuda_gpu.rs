@@ -25,7 +25,7 @@ fn gpus_report_what_the_hardware_is() {
     for gpu in gpus("gpus_report_what_the_hardware_is") {
         let info = gpu.info();
         assert!(info.is_gpu && info.total_memory >= 1 << 30, "{info:?}");
-        let (major, minor) = lazybuf::backend::cuda::compute_capability(&gpu).unwrap();
+        let (major, minor) = gpu.info().compute_capability.unwrap();
         assert!((major, minor) >= (3, 5), "compute capability {major}.{minor}");
         let memory = gpu.memory_info().unwrap();
         assert_eq!(memory.source, MemorySource::Runtime);

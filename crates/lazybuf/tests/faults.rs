@@ -5,13 +5,26 @@
 //! injected error and leaves the state, the transfer counters and every valid byte as they
 //! were. The one state change allowed: a device fill that fails while another copy is current
 //! marks the device copy stale (a runtime may abandon a fill half-way), and the data stays
-//! intact. `model.rs` weaves the same faults into random sequences.
+//! intact. `model.rs` weaves the same faults into random sequences, also over pools.
+//!
+//! Buffers here take their memory straight from the backends ([`DirectResource`]), so every
+//! allocation reaches the faulty device (a pool would serve most of them from its cache).
 
 mod common;
 
 use common::pattern;
 use lazybuf::testing::{FaultPlan, FaultyDevice};
-use lazybuf::{BufferState, Device, Error, UnifiedBuffer};
+use lazybuf::{BufferOptions, BufferState, Device, DirectResource, Error, UnifiedBuffer};
+
+/// A buffer on `device` whose every allocation goes to the device.
+fn direct<T: lazybuf::Element>(shape: &[usize], device: &Device) -> UnifiedBuffer<T> {
+    let options = BufferOptions {
+        device: Some(device.clone()),
+        resource: Some(DirectResource::shared()),
+        ..BufferOptions::default()
+    };
+    UnifiedBuffer::with_options(shape, options).unwrap()
+}
 
 type Op = (&'static str, fn(&mut UnifiedBuffer<u32>, &Device) -> lazybuf::Result<()>);
 
@@ -86,7 +99,7 @@ fn every_failure_is_reported_and_changes_nothing() {
                     for allocation in [true, false] {
                         for n in 1..=3 {
                             for target in [&plan, &other_plan] {
-                                let mut buf = UnifiedBuffer::<u32>::on(&[len], &faulty).unwrap();
+                                let mut buf = direct::<u32>(&[len], &faulty);
                                 let data = prepare(&mut buf, state, n as u32);
                                 let stats = buf.transfer_stats();
                                 arm(target, allocation, n);
@@ -134,7 +147,8 @@ fn every_failure_is_reported_and_changes_nothing() {
 fn a_failed_fill_leaves_the_old_values() {
     for device in common::devices() {
         let (faulty, plan) = FaultyDevice::wrap(&device);
-        let mut buf = UnifiedBuffer::from_slice(&pattern(1, 64), &faulty).unwrap();
+        let mut buf = direct::<u32>(&[64], &faulty);
+        buf.copy_from(&pattern(1, 64)).unwrap();
         buf.mark_device_dirty().unwrap();
         plan.fail_copy_in(1);
         assert!(matches!(buf.fill(9), Err(Error::InjectedFault { .. })));
@@ -146,7 +160,7 @@ fn a_failed_fill_leaves_the_old_values() {
 #[test]
 fn injected_faults_are_retryable_errors_that_say_what_failed() {
     let (faulty, plan) = FaultyDevice::wrap(&Device::host());
-    let mut buf = UnifiedBuffer::<f32>::on(&[4], &faulty).unwrap();
+    let mut buf = direct::<f32>(&[4], &faulty);
     plan.fail_allocation_in(1);
     let err = buf.host_mut().unwrap_err();
     assert!(err.is_retryable());

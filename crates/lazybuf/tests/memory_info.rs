@@ -23,9 +23,10 @@ fn every_device_reports_free_and_total_memory() {
         assert!(info.free <= info.total, "{device}: {info:?}");
         assert_eq!(info.total, device.info().total_memory, "{device}: {info:?}");
         let expected = match device.backend_kind() {
-            lazybuf::BackendKind::Host => MemorySource::System,
-            lazybuf::BackendKind::OpenCl => MemorySource::TotalMinusProcessHeld,
-            lazybuf::BackendKind::Cuda => MemorySource::Runtime,
+            lazybuf::BackendKind::HOST => MemorySource::System,
+            lazybuf::BackendKind::OPENCL => MemorySource::TotalMinusProcessHeld,
+            lazybuf::BackendKind::CUDA => MemorySource::Runtime,
+            other => panic!("a backend this test does not know: {other}"),
         };
         assert_eq!(info.source, expected, "{device}");
     }
@@ -58,7 +59,7 @@ mod opencl {
     fn device() -> Device {
         lazybuf::devices()
             .into_iter()
-            .find(|d| d.backend_kind() == lazybuf::BackendKind::OpenCl)
+            .find(|d| d.backend_kind() == lazybuf::BackendKind::OPENCL)
             .expect("this test needs an OpenCL device (CI installs Debian's pocl-opencl-icd)")
     }
 
@@ -71,14 +72,31 @@ mod opencl {
     fn opencl_free_memory_drops_by_each_allocation_and_the_pool_holds_it() {
         let device = device();
         let before = free(&device);
-        // Device memory proper (4 KiB), and a 64 MiB buffer the CPU device aliases.
+        // Device memory proper (4 KiB), and a 64 MiB buffer the CPU device aliases, straight
+        // from the device: freed when the buffer goes.
         for n in [4096, 64 << 20] {
-            let mut buf = UnifiedBuffer::<u8>::on(&[n], &device).unwrap();
+            let options = lazybuf::BufferOptions {
+                device: Some(device.clone()),
+                resource: Some(lazybuf::DirectResource::shared()),
+                ..Default::default()
+            };
+            let mut buf = UnifiedBuffer::<u8>::with_options(&[n], options).unwrap();
             buf.device_overwrite().unwrap();
             assert_eq!(before - free(&device), n as u64, "{n} bytes on {device}");
             drop(buf);
             assert_eq!(free(&device), before);
         }
+
+        // Caching by default: a buffer's device memory stays with the device's pool when the
+        // buffer goes, and memory_info says so, until lazybuf::trim gives it back.
+        let mut buf = UnifiedBuffer::<u8>::on(&[4096], &device).unwrap();
+        buf.device_overwrite().unwrap();
+        drop(buf);
+        let info = device.memory_info().unwrap();
+        assert_eq!((before - info.free, info.cached), (4096, 4096), "{info:?}");
+        assert!(lazybuf::trim() >= 4096);
+        let info = device.memory_info().unwrap();
+        assert_eq!((info.free, info.cached), (before, 0), "{info:?}");
 
         // A pool keeps released device memory, so the device figure stays down by what the
         // pool caches on it until trim gives it back.

@@ -60,7 +60,7 @@ fn run_scale_add(device: &Device, mem: RawMemory, n: usize, a: f32, b: f32) {
 }
 
 fn opencl_devices() -> Vec<Device> {
-    common::devices_of(BackendKind::OpenCl)
+    common::devices_of(BackendKind::OPENCL)
 }
 
 #[test]

@@ -29,8 +29,14 @@ fn may_ignore_lock_limit() -> bool {
     caps & (1 << 14) != 0
 }
 
+/// A pinned buffer whose memory comes straight from the device (freed when it goes).
 fn pinned_on(device: &Device, shape: &[usize]) -> UnifiedBuffer<u8> {
-    let options = BufferOptions { device: Some(device.clone()), pinned: true, resource: None };
+    let options = BufferOptions {
+        device: Some(device.clone()),
+        pinned: true,
+        resource: Some(lazybuf::DirectResource::shared()),
+        ..BufferOptions::default()
+    };
     UnifiedBuffer::with_options(shape, options).unwrap()
 }
 
@@ -52,6 +58,20 @@ fn host_pinned_blocks_really_are_locked() {
     pageable.host_overwrite().unwrap().fill(1);
     assert!(!pageable.is_pinned());
     assert_eq!(locked_bytes(), before);
+
+    // Caching by default keeps a pinned block locked for the next pinned buffer, until trim.
+    let options = BufferOptions { device: Some(Device::host()), pinned: true, ..BufferOptions::default() };
+    let mut cached = UnifiedBuffer::<u8>::with_options(&[N], options.clone()).unwrap();
+    cached.host_overwrite().unwrap().fill(2);
+    let address = cached.host().unwrap().as_ptr();
+    drop(cached);
+    assert!(locked_bytes() >= before + N as u64, "the pool keeps the block locked");
+    let mut again = UnifiedBuffer::<u8>::with_options(&[N], options).unwrap();
+    assert_eq!(again.host_overwrite().unwrap().as_ptr(), address, "the next pinned buffer reuses it");
+    assert!(again.is_pinned());
+    drop(again);
+    lazybuf::trim();
+    assert_eq!(locked_bytes(), before);
 }
 
 #[cfg(feature = "opencl")]
@@ -59,7 +79,7 @@ fn host_pinned_blocks_really_are_locked() {
 fn opencl_pinned_buffers_are_mapped_runtime_memory_and_work() {
     let device = lazybuf::devices()
         .into_iter()
-        .find(|d| d.backend_kind() == lazybuf::BackendKind::OpenCl)
+        .find(|d| d.backend_kind() == lazybuf::BackendKind::OPENCL)
         .expect("this test needs an OpenCL device (CI installs Debian's pocl-opencl-icd)");
     // Below the alias threshold a sync copies; above it the device aliases the host block.
     for n in [4096, 4 << 20] {

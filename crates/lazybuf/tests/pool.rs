@@ -180,8 +180,11 @@ fn releasing_a_foreign_buffer_is_an_error_and_its_memory_goes_home() {
 #[test]
 fn buffers_made_with_the_pool_resource_belong_to_the_pool() {
     let pool = host_pool(PoolConfig::default());
-    let options =
-        BufferOptions { device: Some(Device::host()), pinned: false, resource: Some(pool.resource()) };
+    let options = BufferOptions {
+        device: Some(Device::host()),
+        resource: Some(pool.resource()),
+        ..BufferOptions::default()
+    };
     let mut buf = UnifiedBuffer::<u16>::with_options(&[300], options).unwrap();
     buf.host_overwrite().unwrap();
     assert!(pool.owns(buf.raw()));
@@ -198,7 +201,7 @@ fn the_default_pool_is_one_per_device() {
     assert!(b.owns(buf.raw()));
     assert_eq!(a.device(), &host);
     assert_eq!(a.config(), PoolConfig::for_device(&host));
-    assert!(a.config().max_cached_bytes <= lazybuf::pool::DEFAULT_MAX_CACHED_BYTES);
+    assert!(a.config().max_cached_bytes <= lazybuf::resource::DEFAULT_MAX_CACHED_BYTES);
 }
 
 #[test]
@@ -272,7 +275,7 @@ mod opencl {
     fn device() -> Device {
         lazybuf::devices()
             .into_iter()
-            .find(|d| d.backend_kind() == BackendKind::OpenCl)
+            .find(|d| d.backend_kind() == BackendKind::OPENCL)
             .expect("these tests need an OpenCL device (CI installs Debian's pocl-opencl-icd)")
     }
 
@@ -320,11 +323,13 @@ mod opencl {
             let pool = MemoryPool::new(&device(), PoolConfig { zero_reused, ..PoolConfig::default() });
             leave_on_device(&pool, 7.0);
             let mut b = pool.acquire::<f32>(&[1000], false).unwrap();
-            b.sync_to_device().unwrap(); // uninitialized: takes the cached memory, copies nothing
-            let seen = b.to_vec().unwrap();
+            // An overwrite takes the cached memory and copies nothing: its old bytes show
+            // unless zero_reused cleared them.
+            let mut seen = vec![-1.0f32; 1000];
+            b.device_overwrite().unwrap().read_into(&mut seen).unwrap();
             let expected = if zero_reused { 0.0 } else { 7.0 };
             assert!(seen.iter().all(|&x| x == expected), "zero_reused={zero_reused}: saw {:?}", &seen[..4]);
-            assert_eq!(pool.stats().allocations, 2, "zero_reused={zero_reused}: reused, not allocated");
+            assert_eq!(pool.stats().allocations, 1, "zero_reused={zero_reused}: reused, not allocated");
         }
     }
 
@@ -362,4 +367,20 @@ mod opencl {
         b.mark_dirty_on(&device).unwrap();
         assert_eq!(b.to_vec().unwrap(), vec![2.0; 1000]);
     }
+}
+
+#[test]
+fn a_refused_class_block_falls_back_to_the_exact_size_and_errors_name_the_request() {
+    // The limit lets 4097 bytes through but not their class (5120).
+    let limit = Arc::new(LimitingResource::new(lazybuf::DirectResource::shared(), 5000));
+    let pool = MemoryPool::with_upstream(&Device::host(), PoolConfig::default(), limit.clone());
+    let mut buf = pool.acquire::<u8>(&[4097], false).unwrap();
+    buf.host_overwrite().unwrap().fill(1);
+    assert_eq!(limit.held(), 4097, "the exact size was allocated");
+    assert_eq!(pool.stats().oom_retries, 1);
+    drop(buf);
+    // Too large for the limit either way: the error names the bytes asked for.
+    let mut big = pool.acquire::<u8>(&[6000], false).unwrap();
+    let err = big.host_overwrite().unwrap_err();
+    assert!(err.is_out_of_memory() && err.to_string().contains("could not allocate 6000 bytes"), "{err}");
 }

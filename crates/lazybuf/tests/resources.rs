@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use lazybuf::{
-    BufferOptions, Device, DirectResource, LimitingResource, MemoryPool, MemoryResource, PoolConfig,
+    BufferOptions, Device, DirectResource, LimitingResource, MemoryPool, MemoryResource, PoolConfig, Ticket,
     UnifiedBuffer,
 };
 
@@ -17,7 +17,7 @@ fn devices() -> Vec<Device> {
     let devices = lazybuf::devices();
     #[cfg(feature = "opencl")]
     assert!(
-        devices.iter().any(|d| d.backend_kind() == lazybuf::BackendKind::OpenCl),
+        devices.iter().any(|d| d.backend_kind() == lazybuf::BackendKind::OPENCL),
         "the suite needs an OpenCL device (CI installs Debian's pocl-opencl-icd)"
     );
     devices
@@ -31,23 +31,28 @@ fn blocks(resource: &dyn MemoryResource, device: &Device) {
         assert!(!block.is_pinned());
         block.as_mut_slice()[..n].fill(0xAB);
         assert!(block.as_slice()[..n].iter().all(|&b| b == 0xAB));
-        resource.deallocate_host(device, block);
+        resource.deallocate_host(device, block, Ticket::done());
 
-        let memory = resource.allocate_device(device, n).unwrap();
+        let stream = device.stream();
+        let memory = resource.allocate_device(device, n, &stream).unwrap();
         assert!(memory.len() >= n, "{resource:?}: {} device bytes for a request of {n}", memory.len());
-        resource.deallocate_device(device, memory);
+        resource.deallocate_device(device, memory, &stream, Ticket::done());
     }
     let pinned = resource.allocate_host(device, 4096, true).unwrap();
     assert!(pinned.is_pinned(), "{resource:?} on {device}: a pinned request got a pageable block");
-    resource.deallocate_host(device, pinned);
+    resource.deallocate_host(device, pinned, Ticket::done());
 }
 
 /// Buffers over the resource: data survives a round trip through each device's memory.
 fn buffers(resource: &Arc<dyn MemoryResource>, device: &Device) {
     for n in SIZES.map(|n| n.div_ceil(4)) {
         for pinned in [false, true] {
-            let options =
-                BufferOptions { device: Some(device.clone()), pinned, resource: Some(resource.clone()) };
+            let options = BufferOptions {
+                device: Some(device.clone()),
+                pinned,
+                resource: Some(resource.clone()),
+                ..BufferOptions::default()
+            };
             let mut buf = UnifiedBuffer::<u32>::with_options(&[n], options).unwrap();
             let data: Vec<u32> = (0..n as u32).map(|i| i.wrapping_mul(2_654_435_761)).collect();
             buf.copy_from(&data).unwrap();

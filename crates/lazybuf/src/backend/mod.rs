@@ -1,23 +1,27 @@
 //! The device backend interface: the storage layer every runtime implements.
 //!
-//! A backend allocates and frees memory, moves whole buffers between host and device, fills
-//! and copies on the device, and reports what it is. It knows nothing of coherence: the
-//! buffer decides *what* to move (see [`crate::coherence`]), a backend only knows *how*.
+//! A backend allocates and frees memory, moves bytes between host and device, fills and copies
+//! on the device, and reports what it is. It knows nothing of coherence: the buffer decides
+//! *what* to move (see [`crate::coherence`]), a backend only knows *how*.
 //!
-//! Every backend folder has the same files: `mod.rs` (discovery and opening), `device.rs`
-//! (the [`Backend`] impl) and `memory.rs` (its memory handle type). Runtime-specific raw
-//! calls sit in those folders and nowhere else.
+//! **Completion is explicit.** Every operation is enqueued on a stream (an in-order queue: a
+//! CUDA stream, an OpenCL command queue, the host's immediate stream) and returns a
+//! [`Ticket`] that completes when the operation has. Work on one stream runs in order; work on
+//! different streams is ordered only through [`Backend::wait_on`]. A blocking call is the same
+//! operation followed by [`Ticket::wait`].
 //!
-//! What does not live here: pools, limits and statistics (policies over a backend), and the
-//! public [`crate::Device`] handle.
+//! **One folder per runtime, one table.** Every backend folder has the same files: `mod.rs`
+//! (probing, opening, the runtime's error codes, and its [`Registration`]), `device.rs` (the
+//! [`Backend`] impl) and `memory.rs` (its memory, stream and completion types). Runtime calls
+//! live in those folders and nowhere else. [`REGISTERED`] lists the backends compiled in:
+//! adding a backend is its folder plus one line there.
+//!
+//! What does not live here: pools, limits and statistics (policies over a backend, in
+//! [`crate::resource`] and [`crate::pool`]), and the public [`crate::Device`] handle.
 
-use std::any::Any;
-use std::ffi::c_void;
-use std::fmt;
-
-use crate::device::{Device, DeviceInfo, MemoryInfo};
-use crate::error::Result;
-use crate::host_memory::HostMemory;
+mod info;
+mod memory;
+mod ticket;
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -25,16 +29,58 @@ pub mod host;
 #[cfg(feature = "opencl")]
 pub mod opencl;
 
-/// One device's runtime operations. Copies act on the first bytes of an allocation (a block
-/// may be larger than the buffer using it) and are complete before the call returns (the
-/// runtime's queue is in order, so work the user enqueued earlier on the same queue completes
-/// first). Lengths beyond an allocation are an [`crate::Error::LengthMismatch`].
-pub trait Backend: Send + Sync + fmt::Debug {
+use std::any::Any;
+use std::fmt;
+use std::sync::Arc;
+
+pub use info::{DeviceInfo, MemoryInfo, MemorySource, RawDevice, RawMemory, RawStream};
+pub(crate) use memory::check_fits;
+pub use memory::{DeviceMemory, HostSpan, MemoryHandle, MemoryKind};
+pub use ticket::{Completion, Signal, Ticket};
+
+use crate::error::{BackendKind, Result};
+use crate::host_memory::HostMemory;
+
+/// A backend's handle to one of its streams (downcast by the backend that made it).
+pub trait StreamHandle: Any + Send + Sync + fmt::Debug {
+    /// The runtime's handle, for users who enqueue their own work on it.
+    fn raw(&self) -> RawStream;
+}
+
+/// One device's runtime operations.
+///
+/// Transfers act on the first bytes of an allocation (a block may be larger than the buffer
+/// using it); lengths beyond an allocation are an [`crate::Error::LengthMismatch`]. An
+/// operation that fails to *enqueue* returns the error and has done nothing; one that fails
+/// while it runs reports the error through its ticket, and its destination's bytes are then
+/// unspecified.
+pub trait Backend: Any + Send + Sync + fmt::Debug {
     /// What the device is.
     fn info(&self) -> &DeviceInfo;
 
-    /// Free and total memory, with where the figure comes from.
+    /// Free and total memory, with where the figure comes from (`cached` is left at 0: the
+    /// device handle adds what lazybuf's caches hold).
     fn memory_info(&self) -> Result<MemoryInfo>;
+
+    /// The stream lazybuf uses on this device unless told otherwise.
+    fn default_stream(&self) -> Arc<dyn StreamHandle>;
+
+    /// A new stream on this device, independent of the others.
+    fn create_stream(&self) -> Result<Arc<dyn StreamHandle>>;
+
+    /// A handle to a stream the caller made on this device (a CUDA stream of its context, an
+    /// OpenCL queue of its context), so lazybuf's work can be ordered with the caller's.
+    /// lazybuf never destroys it (OpenCL: it holds one reference, released on drop).
+    ///
+    /// # Safety
+    /// `raw` is a live stream of this device's context and stays alive while the returned
+    /// handle is used.
+    unsafe fn wrap_stream(&self, raw: RawStream) -> Result<Arc<dyn StreamHandle>> {
+        Err(crate::Error::invalid(
+            "wrap_stream",
+            format!("expected a stream of {}, got {raw:?}", self.info().name),
+        ))
+    }
 
     /// Host memory for a buffer that lives on this device: page-locked when `pinned` (an
     /// error if that is impossible, never a silent pageable fallback).
@@ -45,6 +91,35 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// Allocates `bytes` of device memory with unspecified contents.
     fn allocate(&self, bytes: usize) -> Result<DeviceMemory>;
 
+    /// Allocates `bytes` of shared memory ([`MemoryKind::Shared`]: the host and the device
+    /// both address it) with unspecified contents; an error naming why where the device has
+    /// none.
+    fn allocate_shared(&self, bytes: usize) -> Result<DeviceMemory> {
+        let _ = bytes;
+        Err(crate::Error::invalid(
+            "allocate_shared",
+            format!(
+                "{} has no shared memory (expected a CUDA device with managed memory, an OpenCL device with fine-grained SVM, or the host)",
+                self.info().name
+            ),
+        ))
+    }
+
+    /// The alignment in bytes every allocation of `kind` on this device is guaranteed to have
+    /// (a power of two): of the address where the host or the device addresses it, of the
+    /// `cl_mem`'s device address for OpenCL device memory. Pageable host memory: 64.
+    fn alignment(&self, kind: MemoryKind) -> usize {
+        let _ = kind;
+        crate::host_memory::HEAP_ALIGN
+    }
+
+    /// Enqueues a move of shared memory's pages to the device (`to_device`) or to the host,
+    /// so the next accesses there do not fault; other memory needs nothing.
+    fn prefetch(&self, stream: &dyn StreamHandle, memory: &DeviceMemory, to_device: bool) -> Result<Ticket> {
+        let _ = (stream, memory, to_device);
+        Ok(Ticket::done())
+    }
+
     /// Whether a buffer of `bytes` on this device aliases its host block, so that its syncs
     /// move no bytes. [`Backend::alias_host`] must alias exactly when this is true.
     fn zero_copy(&self, bytes: usize) -> bool {
@@ -52,149 +127,122 @@ pub trait Backend: Send + Sync + fmt::Debug {
         false
     }
 
-    /// Device memory that aliases `host` (zero-copy) when [`Backend::zero_copy`] says so for
-    /// its size; `None` to use [`Backend::allocate`].
+    /// Device memory that aliases the first `bytes` of `host` (zero-copy) when
+    /// [`Backend::zero_copy`] says so for `bytes`; `None` to use [`Backend::allocate`]. The
+    /// block may be larger (a pool's size class); the alias covers what the buffer uses.
     /// Uploads and downloads between an alias and its own host block move no bytes; with any
     /// other host memory they copy as usual.
-    fn alias_host(&self, host: &mut HostMemory) -> Option<Result<DeviceMemory>> {
-        let _ = host;
+    fn alias_host(&self, host: &mut HostMemory, bytes: usize) -> Option<Result<DeviceMemory>> {
+        let _ = (host, bytes);
         None
     }
 
-    /// Copies all of `src` into the first `src.len()` bytes of `dst`.
-    fn upload(&self, src: &[u8], dst: &mut DeviceMemory) -> Result<()>;
+    /// Enqueues a copy of all of `src` into the first `src.len()` bytes of `dst`.
+    ///
+    /// # Safety
+    /// `src` must stay valid for reads, and unwritten, until the returned ticket is complete.
+    unsafe fn upload(
+        &self,
+        stream: &dyn StreamHandle,
+        src: HostSpan,
+        dst: &mut DeviceMemory,
+    ) -> Result<Ticket>;
 
-    /// Fills all of `dst` from the first `dst.len()` bytes of `src`.
-    fn download(&self, src: &DeviceMemory, dst: &mut [u8]) -> Result<()>;
+    /// Enqueues a copy of the first `dst.len()` bytes of `src` into all of `dst`.
+    ///
+    /// # Safety
+    /// `dst` must stay valid for writes, and otherwise untouched, until the returned ticket
+    /// is complete.
+    unsafe fn download(&self, stream: &dyn StreamHandle, src: &DeviceMemory, dst: HostSpan)
+    -> Result<Ticket>;
 
-    /// Fills the first `bytes` of `dst` with repetitions of `pattern` (1, 2, 4 or 8 bytes;
-    /// `bytes` is a multiple of it).
-    fn fill(&self, dst: &mut DeviceMemory, pattern: &[u8], bytes: usize) -> Result<()>;
+    /// Enqueues a fill of the first `bytes` of `dst` with repetitions of `pattern` (one
+    /// element: 1, 2, 4, 8 or 16 bytes; `bytes` is a multiple of it).
+    fn fill(
+        &self,
+        stream: &dyn StreamHandle,
+        dst: &mut DeviceMemory,
+        pattern: &[u8],
+        bytes: usize,
+    ) -> Result<Ticket>;
 
-    /// Copies the first `bytes` of `src` into `dst`, both on this device.
-    fn copy(&self, src: &DeviceMemory, dst: &mut DeviceMemory, bytes: usize) -> Result<()>;
+    /// Enqueues a copy of the first `bytes` of `src` into `dst`, both on this device.
+    fn copy(
+        &self,
+        stream: &dyn StreamHandle,
+        src: &DeviceMemory,
+        dst: &mut DeviceMemory,
+        bytes: usize,
+    ) -> Result<Ticket>;
 
     /// Whether [`Backend::copy_from_peer`] can copy memory of `src` (another device) into
     /// this device's memory without staging through the host.
-    fn can_copy_from_peer(&self, src: &Device) -> bool {
+    fn can_copy_from_peer(&self, src: &dyn Backend) -> bool {
         let _ = src;
         false
     }
 
-    /// Copies the first `bytes` of `src`, memory of `src_device`, into `dst`, memory of this
-    /// device, without the host; `None` when this pair cannot copy directly (the buffer then
-    /// stages through the host). Work queued on `src_device` completes first.
+    /// Enqueues a copy of the first `bytes` of `src`, memory of the device `src_backend`
+    /// drives, into `dst`, memory of this device, without the host; `None` when this pair
+    /// cannot copy directly. The caller orders `stream` after the source's last writer.
     fn copy_from_peer(
         &self,
-        src_device: &Device,
+        stream: &dyn StreamHandle,
+        src_backend: &dyn Backend,
         src: &DeviceMemory,
         dst: &mut DeviceMemory,
         bytes: usize,
-    ) -> Option<Result<()>> {
-        let _ = (src_device, src, dst, bytes);
+    ) -> Option<Result<Ticket>> {
+        let _ = (stream, src_backend, src, dst, bytes);
         None
     }
 
-    /// Waits until all work queued on the device's queue is done.
+    /// Orders work enqueued on `stream` from now on after `ticket`: on the device where the
+    /// runtime can (an event wait), else by waiting for it here.
+    fn wait_on(&self, stream: &dyn StreamHandle, ticket: &Ticket) -> Result<()> {
+        let _ = stream;
+        ticket.wait()
+    }
+
+    /// A ticket that completes when everything enqueued on `stream` so far has.
+    fn marker(&self, stream: &dyn StreamHandle) -> Result<Ticket>;
+
+    /// Waits until all work queued on the device is done.
     fn synchronize(&self) -> Result<()>;
 
-    /// The runtime handles of the device, for users who launch their own kernels.
+    /// The runtime handles of the device and its default stream, for users who launch their
+    /// own kernels.
     fn raw(&self) -> RawDevice;
+
+    /// Lets the backend prepare a host block that is about to take part in a transfer (CUDA
+    /// registers large, often-transferred pageable blocks with the driver; see its docs).
+    fn prepare_host(&self, host: &mut HostMemory) {
+        let _ = host;
+    }
+
+    /// Gives back memory the backend keeps for its own transfers (staging). It is made again
+    /// when needed.
+    fn trim(&self) {}
 }
 
-/// A runtime's own handle to a device allocation (downcast by the backend that made it).
-pub trait MemoryHandle: Any + Send + Sync + fmt::Debug {
-    /// The runtime handle, for kernels launched by the user.
-    fn raw(&self) -> RawMemory;
-    /// Upcast for downcasting to the backend's concrete type.
-    fn as_any(&self) -> &dyn Any;
+/// How discovery finds the devices of one backend.
+pub struct Registration {
+    /// The backend.
+    pub kind: BackendKind,
+    /// Opens every device the runtime has, or says why it is unavailable. Never panics.
+    pub open_all: fn() -> Result<Vec<Arc<dyn Backend>>>,
 }
 
-/// Checks that an operation on `len` bytes fits an allocation of `capacity` bytes.
-pub(crate) fn check_fits(operation: &'static str, capacity: usize, len: usize) -> Result<()> {
-    if len > capacity {
-        return Err(crate::Error::LengthMismatch { operation, expected: capacity, actual: len });
-    }
-    Ok(())
-}
+/// The runtimes compiled into this build, in the order discovery lists their devices (and the
+/// default device prefers their GPUs). The host device, always present, comes after them.
+pub static REGISTERED: &[Registration] = &[
+    #[cfg(feature = "cuda")]
+    cuda::REGISTRATION,
+    #[cfg(feature = "opencl")]
+    opencl::REGISTRATION,
+];
 
-/// Device memory of a known size, owned: dropping it frees it.
-#[derive(Debug)]
-pub struct DeviceMemory {
-    len: usize,
-    host_alias: bool,
-    handle: Box<dyn MemoryHandle>,
-}
-
-impl DeviceMemory {
-    /// Wraps a backend's handle to `len` bytes; `host_alias` when it is a zero-copy alias of
-    /// a host block.
-    pub fn new(len: usize, host_alias: bool, handle: Box<dyn MemoryHandle>) -> Self {
-        DeviceMemory { len, host_alias, handle }
-    }
-
-    /// The size in bytes.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether the allocation is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Whether this memory is the host block itself (zero-copy).
-    pub fn is_host_alias(&self) -> bool {
-        self.host_alias
-    }
-
-    /// The backend's handle, if it is of type `H`.
-    pub fn handle<H: MemoryHandle>(&self) -> Option<&H> {
-        self.handle.as_any().downcast_ref::<H>()
-    }
-
-    /// The runtime handle of the allocation.
-    ///
-    /// # Safety
-    /// The handle is valid only while this memory lives, and using it to write or read bypasses
-    /// lazybuf's coherence tracking: use the buffer's device views, which mark the access.
-    pub unsafe fn raw(&self) -> RawMemory {
-        self.handle.raw()
-    }
-}
-
-/// A runtime's raw handle to a device allocation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum RawMemory {
-    /// Host memory (the host device): the address of the first byte; null when empty.
-    Host(*mut u8),
-    /// An OpenCL `cl_mem`; null when the buffer is empty (OpenCL has no empty buffers).
-    OpenCl(*mut c_void),
-    /// A CUDA `CUdeviceptr`; 0 when empty.
-    Cuda(u64),
-}
-
-/// A runtime's raw handles to a device, for launching kernels on the queue lazybuf uses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum RawDevice {
-    /// The host device has no runtime.
-    Host,
-    /// OpenCL: the context, the in-order command queue lazybuf enqueues on, and the device.
-    OpenCl {
-        /// `cl_context`
-        context: *mut c_void,
-        /// `cl_command_queue`
-        queue: *mut c_void,
-        /// `cl_device_id`
-        device: *mut c_void,
-    },
-    /// CUDA: the context and the stream lazybuf copies on.
-    Cuda {
-        /// `CUcontext`
-        context: *mut c_void,
-        /// `CUstream`
-        stream: *mut c_void,
-    },
+/// Every backend kind this build knows, the host's included.
+pub fn kinds() -> impl Iterator<Item = BackendKind> {
+    REGISTERED.iter().map(|r| r.kind).chain(std::iter::once(BackendKind::HOST))
 }

@@ -5,23 +5,29 @@
 //! Borrows say what an access is: `host()` (a shared slice) is a read, `host_mut()` is a
 //! write, `host_overwrite()` is a write that skips the sync because every element will be
 //! overwritten. The same three exist for the device. Each may copy first, so each takes
-//! `&mut self` and returns a `Result`.
+//! `&mut self` and returns a `Result`, and each returns only once its copies are done. The
+//! `*_async` syncs return at once with a [`Transfer`] (see [`raw`] for the state of a buffer
+//! while a transfer is in flight, and after one fails).
 
+mod inflight;
 mod raw;
+mod stats;
 mod view;
 
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-pub use raw::{RawBuffer, Traffic, TransferStats};
+pub use raw::RawBuffer;
+pub use stats::{Traffic, TransferStats};
 pub use view::{DeviceView, DeviceViewMut};
 
+use crate::backend::Ticket;
 use crate::coherence::{Access, BufferState, Location, Residency};
-use crate::device::Device;
+use crate::device::{Device, Stream};
 use crate::element::{DType, Element};
 use crate::error::{Error, Result};
-use crate::resource::{DirectResource, MemoryResource};
+use crate::resource::MemoryResource;
 use crate::shape::Shape;
 
 /// Options for a new buffer.
@@ -31,8 +37,42 @@ pub struct BufferOptions {
     pub device: Option<Device>,
     /// Page-locked host memory (see [`UnifiedBuffer::is_pinned`]).
     pub pinned: bool,
-    /// Where memory comes from; `None` for the backends directly (no pooling).
+    /// Where memory comes from; `None` for the device's default resource (its pool while
+    /// caching by default is on, see [`crate::resource`]).
     pub resource: Option<Arc<dyn MemoryResource>>,
+    /// The stream the copy on the buffer's own device uses; `None` for the device's default
+    /// stream.
+    pub stream: Option<Stream>,
+}
+
+/// An asynchronous transfer: wait for it, or poll it. Dropping it does not cancel the
+/// transfer; the buffer still settles it at its next call that depends on it.
+#[derive(Clone, Debug)]
+#[must_use = "a transfer's failure is reported by its handle (or by the buffer's next call that waits for it)"]
+pub struct Transfer {
+    ticket: Ticket,
+}
+
+impl Transfer {
+    pub(crate) fn new(ticket: Ticket) -> Transfer {
+        Transfer { ticket }
+    }
+
+    /// Blocks until the transfer is done; `Err` if it failed (the buffer then returns to the
+    /// state it had before the transfer at its next call).
+    pub fn wait(&self) -> Result<()> {
+        self.ticket.wait()
+    }
+
+    /// `Ok(true)` once the transfer is done, `Ok(false)` while it runs, `Err` if it failed.
+    pub fn is_complete(&self) -> Result<bool> {
+        self.ticket.poll()
+    }
+
+    /// The transfer's ticket, to order another stream after it ([`Stream::wait_for`]).
+    pub fn ticket(&self) -> &Ticket {
+        &self.ticket
+    }
 }
 
 /// An N-d, C-contiguous array of `T` with coherent copies on the host and on devices.
@@ -71,8 +111,11 @@ impl<T: Element> UnifiedBuffer<T> {
             None => crate::discovery::default_device()?,
         };
         let nbytes = shape.len() * size_of::<T>();
-        let resource = options.resource.unwrap_or_else(DirectResource::shared);
-        let raw = RawBuffer::with_resource(nbytes, device, options.pinned, resource);
+        let resource = options.resource.unwrap_or_else(|| crate::resource::default_resource(&device));
+        let mut raw = RawBuffer::with_resource(nbytes, device, options.pinned, resource);
+        if let Some(stream) = options.stream {
+            raw.set_stream(stream)?;
+        }
         Ok(UnifiedBuffer { shape, raw, _element: PhantomData })
     }
 
@@ -194,35 +237,73 @@ impl<T: Element> UnifiedBuffer<T> {
 
     /// Reads on any device.
     pub fn device_on(&mut self, device: &Device) -> Result<DeviceView<'_, T>> {
-        let memory = self.raw.device_access(device, Access::Read)?;
-        Ok(DeviceView::new(device.clone(), memory, self.shape.len()))
+        let len = self.shape.len();
+        Ok(DeviceView::new(self.raw.hand_out(device, Access::Read)?, len))
     }
 
     /// Writes on any device.
     pub fn device_mut_on(&mut self, device: &Device) -> Result<DeviceViewMut<'_, T>> {
-        let memory = self.raw.device_access_mut(device, Access::Write)?;
-        Ok(DeviceViewMut::new(device.clone(), memory, self.shape.len()))
+        let len = self.shape.len();
+        Ok(DeviceViewMut::new(self.raw.hand_out(device, Access::Write)?, len))
     }
 
     /// Overwrites on any device, without syncing first.
     pub fn device_overwrite_on(&mut self, device: &Device) -> Result<DeviceViewMut<'_, T>> {
-        let memory = self.raw.device_access_mut(device, Access::Overwrite)?;
-        Ok(DeviceViewMut::new(device.clone(), memory, self.shape.len()))
+        let len = self.shape.len();
+        Ok(DeviceViewMut::new(self.raw.hand_out(device, Access::Overwrite)?, len))
     }
 
     /// Makes the buffer's own device current (copies only if it is stale).
     pub fn sync_to_device(&mut self) -> Result<()> {
-        self.device().map(drop)
+        let device = self.raw.home().clone();
+        self.raw.sync(Some(&device))
     }
 
     /// Makes `device` current (copies only if it is stale).
     pub fn sync_to(&mut self, device: &Device) -> Result<()> {
-        self.device_on(device).map(drop)
+        self.raw.sync(Some(device))
     }
 
     /// Makes the host current (copies only if it is stale).
     pub fn sync_to_host(&mut self) -> Result<()> {
-        self.raw.host_access(Access::Read).map(drop)
+        self.raw.sync(None)
+    }
+
+    /// As [`Self::sync_to_device`], returning as soon as the copy is enqueued.
+    pub fn sync_to_device_async(&mut self) -> Result<Transfer> {
+        let device = self.raw.home().clone();
+        self.raw.sync_async(Some(&device))
+    }
+
+    /// As [`Self::sync_to`], returning as soon as the copies are enqueued.
+    pub fn sync_to_async(&mut self, device: &Device) -> Result<Transfer> {
+        self.raw.sync_async(Some(device))
+    }
+
+    /// As [`Self::sync_to_host`], returning as soon as the copy is enqueued.
+    pub fn sync_to_host_async(&mut self) -> Result<Transfer> {
+        self.raw.sync_async(None)
+    }
+
+    /// Whether transfers of this buffer are in flight.
+    pub fn is_busy(&self) -> bool {
+        self.raw.is_busy()
+    }
+
+    /// Settles the transfers that are done, without waiting: undoes failed ones and returns
+    /// the first failure.
+    pub fn poll(&mut self) -> Result<()> {
+        self.raw.poll()
+    }
+
+    /// Waits for every transfer in flight: undoes failed ones and returns the first failure.
+    pub fn finish(&mut self) -> Result<()> {
+        self.raw.finish()
+    }
+
+    /// The stream the copy on the buffer's own device uses.
+    pub fn stream(&self) -> &Stream {
+        self.raw.stream()
     }
 
     /// Declares that the host copy was written: it is made current first, then every device
@@ -234,12 +315,13 @@ impl<T: Element> UnifiedBuffer<T> {
     /// Declares that the buffer's own device copy was written (by a kernel): it is made
     /// current first, then the host and other devices are stale.
     pub fn mark_device_dirty(&mut self) -> Result<()> {
-        self.device_mut().map(drop)
+        let device = self.raw.home().clone();
+        self.mark_dirty_on(&device)
     }
 
     /// As [`Self::mark_device_dirty`], for any device.
     pub fn mark_dirty_on(&mut self, device: &Device) -> Result<()> {
-        self.device_mut_on(device).map(drop)
+        self.raw.hand_out(device, Access::Write).map(drop)
     }
 
     /// Sets every element to `value` where the data is current, with no transfer (on the

@@ -2,86 +2,92 @@
 //!
 //! [`RawBuffer`] owns the host block and one device allocation per device the buffer has been
 //! used on. For each access it asks [`Coherence`] for a plan, runs the plan's allocations and
-//! copies, and commits the new state only when all of them succeeded; on any failure it frees
-//! what it allocated in this call and returns the error, so state and valid bytes are as they
-//! were. Memory comes from, and goes back to, the buffer's [`MemoryResource`]; blocks may be
-//! larger than the buffer, which uses their first `nbytes`. Element types are the typed
-//! wrapper's business ([`super::UnifiedBuffer`]) and the Python binding's: here everything is
-//! bytes.
+//! enqueues its copies on the streams of the copies involved, and commits the new state:
+//!
+//! - **Blocking accesses** (every method except the `*_async` ones) wait for each copy they
+//!   enqueue and commit only when all succeeded; on any failure they free what they allocated
+//!   in this call and return the error, so state and valid bytes are as they were.
+//! - **Asynchronous syncs** ([`RawBuffer::sync_async`]) commit when their copies are enqueued
+//!   and return a [`Transfer`]; the state they report is the state the buffer will be in once
+//!   the transfer completes. If it fails, the buffer goes back to the state it had before the
+//!   transfer, and the error is reported by the transfer's handle and by the first call of
+//!   this buffer that has to wait for it ([`crate::buffer::inflight`] says when that is).
+//!
+//! Every access first waits for the transfers in flight it depends on (and no others), and
+//! for the caller's own work on a device copy where it must: a device copy handed out through
+//! a view is *used*; later work on another stream, a host write into memory such a copy
+//! aliases, and freeing it are ordered after a marker of the copy's stream (which covers the
+//! caller's kernels enqueued there) and after any ticket the caller gave
+//! ([`crate::DeviceViewMut::used_until`]).
+//!
+//! Memory comes from, and goes back to, the buffer's [`MemoryResource`]; blocks may be larger
+//! than the buffer, which uses their first `nbytes`. A *read* of a buffer nothing holds the
+//! data of (UNINITIALIZED) sees zeros: reused memory never shows a previous user's bytes to a
+//! read. Element types are the typed wrapper's business ([`super::UnifiedBuffer`]) and the
+//! Python binding's: here everything is bytes.
 
 use std::sync::Arc;
 
-use crate::backend::DeviceMemory;
+use super::Transfer;
+use super::inflight::{InFlight, Locations, Undo, touched};
+use super::stats::{Direction, TransferStats};
+use crate::backend::{DeviceMemory, HostSpan, Ticket};
 use crate::coherence::{Access, BufferState, Coherence, DeviceId, Location, Plan, Residency, Step};
-use crate::device::Device;
+use crate::device::{Device, Stream};
 use crate::error::{Error, Result};
 use crate::host_memory::{HostMemory, fill_pattern};
-use crate::resource::{DirectResource, MemoryResource};
+use crate::resource::MemoryResource;
 
-/// Bytes moved by a buffer since it was made (or since the counters were reset).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct TransferStats {
-    /// Copies from the host to a device, and their bytes.
-    pub host_to_device: Traffic,
-    /// Copies from a device to the host, and their bytes.
-    pub device_to_host: Traffic,
-    /// Direct copies between devices, and their bytes.
-    pub device_to_device: Traffic,
-    /// Syncs between the host and a device that aliases host memory: no bytes moved.
-    pub zero_copy_syncs: u64,
-    /// Blocks taken from the memory resource (host blocks and device allocations; a pool may
-    /// serve them from its cache).
-    pub allocations: u64,
+/// A buffer's copy on one device.
+pub(super) struct DeviceCopy {
+    pub(super) device: Device,
+    /// The stream its transfers (and the caller's kernels, ideally) run on.
+    pub(super) stream: Stream,
+    pub(super) memory: DeviceMemory,
+    /// Handed out through a view since a marker was last taken: the caller may have work on
+    /// `stream` that uses it.
+    used: bool,
+    /// Work the caller said uses the memory, and markers of `stream` taken for it.
+    external: Ticket,
+    /// For the checker: handed out for reading since it was last filled or written.
+    handed_out: bool,
 }
 
-enum Direction {
-    HostToDevice,
-    DeviceToHost,
-}
-
-impl TransferStats {
-    fn record(&mut self, direction: Direction, zero_copy: bool, bytes: usize) {
-        if zero_copy {
-            self.zero_copy_syncs += 1;
-            return;
+impl DeviceCopy {
+    /// A ticket that completes when the caller's use of the memory so far has.
+    fn last_use(&mut self) -> Result<Ticket> {
+        if self.used {
+            let marker = self.stream.marker()?;
+            self.external = Ticket::all([std::mem::take(&mut self.external), marker]);
+            self.used = false;
         }
-        match direction {
-            Direction::HostToDevice => self.host_to_device.add(bytes),
-            Direction::DeviceToHost => self.device_to_host.add(bytes),
+        if matches!(self.external.poll(), Ok(true)) {
+            self.external = Ticket::done();
         }
+        Ok(self.external.clone())
     }
 
-    /// All bytes that crossed between memories.
-    pub fn bytes_moved(&self) -> u64 {
-        self.host_to_device.bytes + self.device_to_host.bytes + self.device_to_device.bytes
+    /// Orders later work on the copy's own stream after the caller's explicit tickets (its
+    /// kernels on the stream itself are ordered already).
+    fn order_stream(&mut self) -> Result<()> {
+        if !self.external.is_trivially_done() {
+            self.stream.wait_for(&self.external)?;
+        }
+        Ok(())
     }
-}
 
-/// A count of copies and the bytes they moved.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Traffic {
-    /// Number of copies.
-    pub copies: u64,
-    /// Bytes copied.
-    pub bytes: u64,
-}
-
-impl Traffic {
-    fn add(&mut self, bytes: usize) {
-        self.copies += 1;
-        self.bytes += bytes as u64;
+    /// Records that the caller's work `ticket` uses the memory.
+    pub(super) fn used_until(&mut self, ticket: Ticket) {
+        self.external = Ticket::all([std::mem::take(&mut self.external), ticket]);
     }
-}
-
-struct DeviceCopy {
-    device: Device,
-    memory: DeviceMemory,
 }
 
 /// An untyped buffer of `nbytes` bytes, coherent across the host and any number of devices.
 pub struct RawBuffer {
     nbytes: usize,
     home: Device,
+    /// The stream of the copy on `home`.
+    stream: Stream,
     pinned: bool,
     /// The host block. It may exist while the host location is unallocated in the coherence
     /// state: a device that aliases host memory (the host device) lives in it.
@@ -90,13 +96,15 @@ pub struct RawBuffer {
     coherence: Coherence,
     stats: TransferStats,
     resource: Arc<dyn MemoryResource>,
+    inflight: Vec<InFlight>,
 }
 
 impl RawBuffer {
-    /// A buffer of `nbytes` whose own device is `home`, with memory straight from the
-    /// backends. Allocates nothing.
+    /// A buffer of `nbytes` whose own device is `home`, with memory from the default resource
+    /// of `home` (its pool while caching by default is on). Allocates nothing.
     pub fn new(nbytes: usize, home: Device, pinned: bool) -> RawBuffer {
-        Self::with_resource(nbytes, home, pinned, DirectResource::shared())
+        let resource = crate::resource::default_resource(&home);
+        Self::with_resource(nbytes, home, pinned, resource)
     }
 
     /// A buffer of `nbytes` whose memory comes from `resource`. Allocates nothing.
@@ -106,16 +114,47 @@ impl RawBuffer {
         pinned: bool,
         resource: Arc<dyn MemoryResource>,
     ) -> RawBuffer {
+        let stream = home.stream();
         RawBuffer {
             nbytes,
             home,
+            stream,
             pinned,
             host: None,
             copies: Vec::new(),
             coherence: Coherence::new(),
             stats: TransferStats::default(),
             resource,
+            inflight: Vec::new(),
         }
+    }
+
+    /// Runs the copy on the buffer's own device on `stream` (a stream of that device) instead
+    /// of the device's default stream. Allowed only while that copy does not exist yet.
+    pub fn set_stream(&mut self, stream: Stream) -> Result<()> {
+        if *stream.device() != self.home {
+            return Err(Error::invalid(
+                "set_stream",
+                format!(
+                    "expected a stream of the buffer's device {}, got one of {}",
+                    self.home,
+                    stream.device()
+                ),
+            ));
+        }
+        if self.copy_index(self.home.id()).is_some() {
+            return Err(Error::invalid(
+                "set_stream",
+                "the buffer already has memory on its device; choose the stream before its first device use",
+            ));
+        }
+        self.stream = stream;
+        Ok(())
+    }
+
+    /// The stream the copy on the buffer's own device uses.
+    pub fn stream(&self) -> &Stream {
+        &self.stream
     }
 
     /// Where the buffer's memory comes from.
@@ -145,55 +184,154 @@ impl RawBuffer {
 
     /// The state of the host against the buffer's own device.
     pub fn state(&self) -> BufferState {
-        self.coherence.state(Location::Device(self.home.id()))
+        self.state_on(&self.home)
     }
 
-    /// The state of the host against `device`.
+    /// The state of the host against `device`. Transfers in flight count as done unless they
+    /// are known to have failed (see the module docs).
     pub fn state_on(&self, device: &Device) -> BufferState {
-        self.coherence.state(Location::Device(device.id()))
+        let at = Location::Device(device.id());
+        if self.inflight.is_empty() {
+            return self.coherence.state(at);
+        }
+        self.settled_view().0.state(at)
     }
 
-    /// The residency of one location.
+    /// The residency of one location (as [`RawBuffer::state_on`] counts transfers in flight).
     pub fn residency(&self, at: Location) -> Residency {
-        self.coherence.residency(at)
+        if self.inflight.is_empty() {
+            return self.coherence.residency(at);
+        }
+        self.settled_view().0.residency(at)
     }
 
-    /// The bytes moved so far.
+    /// The bytes moved so far (transfers in flight count unless known to have failed).
     pub fn transfer_stats(&self) -> TransferStats {
-        self.stats
+        if self.inflight.is_empty() {
+            return self.stats;
+        }
+        self.settled_view().1
+    }
+
+    /// The state and counters as they will be once the transfers known to have failed are
+    /// undone.
+    fn settled_view(&self) -> (Coherence, TransferStats) {
+        let (mut coherence, mut stats) = (self.coherence.clone(), self.stats);
+        for op in self.inflight.iter().filter(|op| op.has_failed()) {
+            op.undo_state(&mut coherence);
+            stats = stats.minus(op.stats);
+        }
+        (coherence, stats)
     }
 
     /// Sets the transfer counters to zero.
     pub fn reset_transfer_stats(&mut self) {
         self.stats = TransferStats::default();
+        for op in &mut self.inflight {
+            op.stats = TransferStats::default();
+        }
+    }
+
+    /// Whether transfers of this buffer are in flight (not yet settled).
+    pub fn is_busy(&self) -> bool {
+        !self.inflight.is_empty()
+    }
+
+    /// Settles the transfers that have finished, without waiting for the others: undoes the
+    /// ones that failed and returns the first failure.
+    pub fn poll(&mut self) -> Result<()> {
+        self.settle(|op| !matches!(op.ticket.poll(), Ok(false)))
+    }
+
+    /// Waits for every transfer in flight; undoes the ones that failed and returns the first
+    /// failure.
+    pub fn finish(&mut self) -> Result<()> {
+        self.settle(|_| true)
     }
 
     /// Makes the host the current copy for `access`, and returns its bytes.
     pub fn host_access(&mut self, access: Access) -> Result<&mut [u8]> {
+        if access == Access::Read && crate::checking::checking() {
+            // Only a read that copies nothing can find the host behind a device (a copy from
+            // a device makes them equal), and the check changes nothing when it fails.
+            self.settle_for(Location::Host, None, access)?;
+            if self.coherence.residency(Location::Host) == Residency::Valid {
+                self.check_coherence()?;
+            }
+        }
         self.access(Location::Host, None, access)?;
         let n = self.nbytes;
-        Ok(&mut self.host.as_mut().expect("the host is allocated after a host access").as_mut_slice()[..n])
+        let host = self.host.as_mut().expect("the host is allocated after a host access");
+        // A read leaves the block knowing whether it is all zeros.
+        Ok(if access == Access::Read { &mut host.bytes_mut()[..n] } else { &mut host.as_mut_slice()[..n] })
     }
 
-    /// The host bytes if the host copy is valid, without any sync.
+    /// The host bytes if the host copy is valid and no transfer into it is in flight, without
+    /// any sync.
     pub fn host_if_valid(&self) -> Option<&[u8]> {
-        (self.coherence.residency(Location::Host) == Residency::Valid)
+        let incoming = self.inflight.iter().any(|op| op.writes.contains(Location::Host));
+        (self.coherence.residency(Location::Host) == Residency::Valid && !incoming)
             .then(|| self.host.as_ref().map(|h| &h.as_slice()[..self.nbytes]))
             .flatten()
     }
 
-    /// Makes `device`'s copy current for `access`, and returns its memory.
+    /// Makes `device`'s copy current for `access` and hands out its memory (to a view, or to
+    /// the caller's kernels): the copy counts as used from now on.
     pub fn device_access(&mut self, device: &Device, access: Access) -> Result<&DeviceMemory> {
-        self.access(Location::Device(device.id()), Some(device), access)?;
-        let index = self.copy_index(device.id()).expect("the device is allocated after a device access");
-        Ok(&self.copies[index].memory)
+        Ok(&self.hand_out(device, access)?.memory)
     }
 
     /// As [`Self::device_access`], lending the memory mutably (for write views).
     pub fn device_access_mut(&mut self, device: &Device, access: Access) -> Result<&mut DeviceMemory> {
+        Ok(&mut self.hand_out(device, access)?.memory)
+    }
+
+    pub(super) fn hand_out(&mut self, device: &Device, access: Access) -> Result<&mut DeviceCopy> {
         self.access(Location::Device(device.id()), Some(device), access)?;
         let index = self.copy_index(device.id()).expect("the device is allocated after a device access");
-        Ok(&mut self.copies[index].memory)
+        let copy = &mut self.copies[index];
+        copy.used = true;
+        copy.handed_out = access == Access::Read;
+        Ok(copy)
+    }
+
+    /// Makes `device`'s copy current (the host's when `None`), copying only if it is stale,
+    /// without handing it out.
+    pub fn sync(&mut self, device: Option<&Device>) -> Result<()> {
+        match device {
+            Some(device) => self.access(Location::Device(device.id()), Some(device), Access::Read),
+            None => self.host_access(Access::Read).map(drop),
+        }
+    }
+
+    /// As [`Self::sync`], asynchronously: enqueues the copies and returns at once. See the
+    /// module docs for the state while the transfer is in flight and after it fails.
+    pub fn sync_async(&mut self, device: Option<&Device>) -> Result<Transfer> {
+        let at = device.map_or(Location::Host, |d| Location::Device(d.id()));
+        let plan = self.plan(at, device, Access::Read);
+        let (reads, writes) = self.touched(&plan, at, device, Access::Read);
+        self.settle(|op| op.conflicts(&reads, &writes))?;
+        if !self.coherence.any_valid() || plan.steps().iter().all(|s| matches!(s, Step::Allocate(_))) {
+            // Nothing to copy (or nothing valid, which a blocking read zero-fills).
+            self.sync(device)?;
+            return Ok(Transfer::new(Ticket::done()));
+        }
+        if at == Location::Host {
+            self.await_aliased_use()?;
+        }
+        let before = writes.iter().map(|loc| (loc, self.coherence.residency(loc))).collect();
+        let (mut undo, mut delta, mut tickets) = (Undo::default(), TransferStats::default(), Vec::new());
+        if let Err(err) = self.execute(&plan, device, &mut undo, &mut delta, Some(&mut tickets)) {
+            // Copies already enqueued may still be writing what is about to be freed.
+            let _ = Ticket::all(tickets).wait();
+            self.rollback(undo, Ticket::done());
+            return Err(err);
+        }
+        let ticket = Ticket::all(tickets);
+        self.stats = self.stats.plus(delta);
+        self.coherence.commit(at, Access::Read, &plan);
+        self.inflight.push(InFlight { ticket: ticket.clone(), reads, writes, before, undo, stats: delta });
+        Ok(Transfer::new(ticket))
     }
 
     /// Fills every element with `pattern` (one element's bytes) at one current location,
@@ -205,49 +343,62 @@ impl RawBuffer {
     /// current copy, its bytes are the runtime's partial result: the error says so).
     pub fn fill(&mut self, pattern: &[u8]) -> Result<()> {
         let home = Location::Device(self.home.id());
-        let valid = |loc: &Location| self.coherence.residency(*loc) == Residency::Valid;
-        let device_target = if valid(&home) {
+        let valid = |c: &Coherence, loc: &Location| c.residency(*loc) == Residency::Valid;
+        self.finish()?;
+        let device_target = if valid(&self.coherence, &home) {
             Some(home)
-        } else if valid(&Location::Host) {
+        } else if valid(&self.coherence, &Location::Host) {
             None
         } else {
-            self.coherence.locations().map(|(loc, _)| loc).find(|loc| valid(loc) && *loc != Location::Host)
+            self.coherence
+                .locations()
+                .map(|(loc, _)| loc)
+                .find(|loc| valid(&self.coherence, loc) && *loc != Location::Host)
         };
-        match device_target {
-            Some(Location::Device(id)) => {
-                let i = self.copy_index(id).expect("a valid device copy is allocated");
-                let copy = &mut self.copies[i];
-                if let Err(err) = copy.device.backend().fill(&mut copy.memory, pattern, self.nbytes) {
-                    // A runtime may fail half-way through a fill, leaving this copy's bytes
-                    // unknown: if another copy is current, this one is stale from now on.
-                    let at = Location::Device(id);
-                    let others_valid =
-                        self.coherence.locations().any(|(loc, r)| loc != at && r == Residency::Valid);
-                    if others_valid {
-                        self.coherence.mark_stale(at);
-                    }
-                    return Err(err);
-                }
-                self.coherence.commit(Location::Device(id), Access::Overwrite, &Plan::default());
+        let Some(Location::Device(id)) = device_target else {
+            fill_pattern(self.host_access(Access::Overwrite)?, pattern);
+            return Ok(());
+        };
+        let i = self.copy_index(id).expect("a valid device copy is allocated");
+        let copy = &mut self.copies[i];
+        let filled = copy.order_stream().and_then(|()| {
+            copy.device.backend().fill(copy.stream.handle(), &mut copy.memory, pattern, self.nbytes)?.wait()
+        });
+        if let Err(err) = filled {
+            // A runtime may fail half-way through a fill, leaving this copy's bytes unknown:
+            // if another copy is current, this one is stale from now on.
+            let at = Location::Device(id);
+            let others_valid = self.coherence.locations().any(|(loc, r)| loc != at && r == Residency::Valid);
+            if others_valid {
+                self.coherence.mark_stale(at);
             }
-            _ => fill_pattern(self.host_access(Access::Overwrite)?, pattern),
+            return Err(err);
         }
+        copy.handed_out = false;
+        self.coherence.commit(Location::Device(id), Access::Overwrite, &Plan::default());
         Ok(())
     }
 
-    /// Frees every copy: the buffer is uninitialized again and holds no memory.
+    /// Frees every copy: the buffer is uninitialized again and holds no memory. Transfers in
+    /// flight are waited for first (their failures no longer matter: the data is gone).
     pub fn release_memory(&mut self) {
-        for copy in self.copies.drain(..) {
+        let _ = self.finish();
+        let mut host_ready = Vec::new();
+        for mut copy in std::mem::take(&mut self.copies) {
+            if copy.memory.is_host_alias() {
+                host_ready.push(copy.last_use().unwrap_or_else(|_| synchronized(&copy.stream)));
+            }
             give_back(&*self.resource, copy);
         }
         if let Some(block) = self.host.take() {
-            self.resource.deallocate_host(&self.home, block);
+            self.resource.deallocate_host(&self.home, block, Ticket::all(host_ready));
         }
         self.coherence.clear();
     }
 
     /// Forgets the contents (state UNINITIALIZED) but keeps every allocation for reuse.
     pub fn invalidate(&mut self) {
+        let _ = self.finish();
         self.coherence.invalidate();
     }
 
@@ -255,72 +406,203 @@ impl RawBuffer {
         self.copies.iter().position(|c| c.device.id() == id)
     }
 
-    fn access(&mut self, at: Location, device: Option<&Device>, access: Access) -> Result<()> {
+    fn plan(&self, at: Location, device: Option<&Device>, access: Access) -> Plan {
         let copies = &self.copies;
-        let plan = self.coherence.plan(at, access, |from, to| {
+        self.coherence.plan(at, access, |from, to| {
             let source = copies.iter().find(|c| c.device.id() == from);
             let target = device.filter(|d| d.id() == to);
             matches!((source, target), (Some(s), Some(t)) if t.can_copy_from(&s.device))
-        });
-        if plan.is_empty() {
+        })
+    }
+
+    /// Waits for the transfers in flight that `which` picks; undoes those that failed and
+    /// returns the first failure.
+    fn settle(&mut self, mut which: impl FnMut(&InFlight) -> bool) -> Result<()> {
+        let mut first = None;
+        let mut i = 0;
+        while i < self.inflight.len() {
+            if !which(&self.inflight[i]) {
+                i += 1;
+                continue;
+            }
+            let op = self.inflight.remove(i);
+            if let Err(err) = op.ticket.wait() {
+                op.undo_state(&mut self.coherence);
+                self.stats = self.stats.minus(op.stats);
+                self.rollback(op.undo, op.ticket);
+                first.get_or_insert(err);
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    /// Waits for the caller's use of device copies that alias the host block: a host write
+    /// must not change bytes a kernel may still be reading.
+    fn await_aliased_use(&mut self) -> Result<()> {
+        for copy in self.copies.iter_mut() {
+            if copy.memory.is_host_alias() && (copy.used || !copy.external.is_trivially_done()) {
+                copy.last_use()?.wait()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The locations an access reads and writes ([`touched`]), by memory: a device copy that
+    /// aliases the host block (or is about to) is the host block, so reading or writing it
+    /// reads or writes the host location too.
+    fn touched(
+        &self,
+        plan: &Plan,
+        at: Location,
+        device: Option<&Device>,
+        access: Access,
+    ) -> (Locations, Locations) {
+        let (mut reads, mut writes) = touched(plan, at, access);
+        let aliased = |loc: Location| match loc {
+            Location::Host => false,
+            Location::Device(id) => match self.copy_index(id) {
+                Some(i) => self.copies[i].memory.is_host_alias(),
+                None => device.is_some_and(|d| d.id() == id && d.is_zero_copy(self.nbytes)),
+            },
+        };
+        if reads.iter().any(aliased) {
+            reads.insert(Location::Host);
+        }
+        if writes.iter().any(aliased) {
+            writes.insert(Location::Host);
+        }
+        (reads, writes)
+    }
+
+    /// Waits for the transfers in flight an access at `at` depends on.
+    fn settle_for(&mut self, at: Location, device: Option<&Device>, access: Access) -> Result<()> {
+        if self.inflight.is_empty() {
+            return Ok(());
+        }
+        let plan = self.plan(at, device, access);
+        let (reads, writes) = self.touched(&plan, at, device, access);
+        self.settle(|op| op.conflicts(&reads, &writes))
+    }
+
+    fn access(&mut self, at: Location, device: Option<&Device>, access: Access) -> Result<()> {
+        self.settle_for(at, device, access)?;
+        let plan = self.plan(at, device, access);
+        if at == Location::Host && access != Access::Read {
+            self.await_aliased_use()?;
+        }
+        // A read of data nobody holds sees zeros, never a previous user's bytes.
+        let zero = access == Access::Read && !self.coherence.any_valid();
+        if plan.is_empty() && !zero {
             self.coherence.commit(at, access, &plan);
+            if access != Access::Read {
+                self.forget_hand_outs();
+            }
             return Ok(());
         }
         let mut undo = Undo::default();
         let mut stats = self.stats;
-        match self.execute(&plan, device, &mut undo, &mut stats) {
+        let executed = self
+            .execute(&plan, device, &mut undo, &mut stats, None)
+            .and_then(|()| if zero { self.zero(at) } else { Ok(()) });
+        match executed {
             Ok(()) => {
                 self.stats = stats;
                 self.coherence.commit(at, access, &plan);
+                if access != Access::Read {
+                    self.forget_hand_outs();
+                }
                 Ok(())
             }
             Err(err) => {
-                self.rollback(undo);
+                self.rollback(undo, Ticket::done());
                 Err(err)
             }
         }
     }
 
+    /// After a write, every other copy is stale (their hand-outs no longer matter to the
+    /// checker) and the written copy's own write is declared.
+    fn forget_hand_outs(&mut self) {
+        for copy in &mut self.copies {
+            copy.handed_out = false;
+        }
+    }
+
+    /// Zero-fills location `at` (allocated, nothing valid anywhere).
+    fn zero(&mut self, at: Location) -> Result<()> {
+        match at {
+            Location::Host => {
+                let host = self.host.as_mut().expect("the host is allocated before it is zeroed");
+                if !host.is_known_zero() {
+                    let n = self.nbytes;
+                    host.as_mut_slice()[..n].fill(0);
+                }
+                Ok(())
+            }
+            Location::Device(id) => {
+                let i = self.copy_index(id).expect("a device copy is allocated before it is zeroed");
+                let copy = &mut self.copies[i];
+                copy.order_stream()?;
+                copy.device.backend().fill(copy.stream.handle(), &mut copy.memory, &[0], self.nbytes)?.wait()
+            }
+        }
+    }
+
+    /// Runs a plan's allocations and copies. With `pending`, copies are only enqueued and
+    /// their tickets collected; without it each is waited for.
     fn execute(
         &mut self,
         plan: &Plan,
         device: Option<&Device>,
         undo: &mut Undo,
         stats: &mut TransferStats,
+        mut pending: Option<&mut Vec<Ticket>>,
     ) -> Result<()> {
         for step in plan.steps() {
             match *step {
-                Step::Allocate(Location::Host) => {
-                    if self.host.is_none() {
-                        let block = self.resource.allocate_host(&self.home, self.nbytes, self.pinned)?;
-                        self.host = Some(block);
-                        undo.host_block = true;
-                        stats.allocations += 1;
-                    }
-                }
+                Step::Allocate(Location::Host) => self.allocate_host(undo, stats)?,
                 Step::Allocate(Location::Device(id)) => {
                     let device =
                         device.filter(|d| d.id() == id).expect("plans allocate only the accessed device");
                     self.allocate_on(device, undo, stats)?;
                 }
-                Step::Copy { from, to } => self.copy(from, to, stats)?,
+                Step::Copy { from, to } => {
+                    let after = pending.as_deref().and_then(|tickets| tickets.last().cloned());
+                    let ticket = self.copy(from, to, stats, after)?;
+                    match pending.as_deref_mut() {
+                        Some(tickets) => tickets.push(ticket),
+                        None => ticket.wait()?,
+                    }
+                }
             }
+        }
+        Ok(())
+    }
+
+    fn allocate_host(&mut self, undo: &mut Undo, stats: &mut TransferStats) -> Result<()> {
+        if self.host.is_none() {
+            let block = self.resource.allocate_host(&self.home, self.nbytes, self.pinned)?;
+            if block.len() < self.nbytes {
+                let short = block.len();
+                self.resource.deallocate_host(&self.home, block, Ticket::done());
+                return Err(short_block(&*self.resource, "host block", self.nbytes, short));
+            }
+            self.host = Some(block);
+            undo.host_block = true;
+            stats.allocations += 1;
         }
         Ok(())
     }
 
     fn allocate_on(&mut self, device: &Device, undo: &mut Undo, stats: &mut TransferStats) -> Result<()> {
         let backend = device.backend();
+        let stream = if *device == self.home { self.stream.clone() } else { device.stream() };
         let memory = if backend.zero_copy(self.nbytes) {
             // The device's copy is the host block itself: make sure the block exists (its
             // residency stays as it is), then alias it.
-            if self.host.is_none() {
-                self.host = Some(self.resource.allocate_host(&self.home, self.nbytes, self.pinned)?);
-                undo.host_block = true;
-                stats.allocations += 1;
-            }
+            self.allocate_host(undo, stats)?;
             let host = self.host.as_mut().expect("the host block was just ensured");
-            backend.alias_host(host).unwrap_or_else(|| {
+            backend.alias_host(host, self.nbytes).unwrap_or_else(|| {
                 Err(Error::invalid(
                     "alias_host",
                     format!(
@@ -330,60 +612,159 @@ impl RawBuffer {
                 ))
             })?
         } else {
+            let memory = self.resource.allocate_device(device, self.nbytes, &stream)?;
+            if memory.len() < self.nbytes {
+                let short = memory.len();
+                self.resource.deallocate_device(device, memory, &stream, Ticket::done());
+                return Err(short_block(&*self.resource, "device allocation", self.nbytes, short));
+            }
             stats.allocations += 1;
-            self.resource.allocate_device(device, self.nbytes)?
+            memory
         };
-        self.copies.push(DeviceCopy { device: device.clone(), memory });
+        let copy = DeviceCopy {
+            device: device.clone(),
+            stream,
+            memory,
+            used: false,
+            external: Ticket::done(),
+            handed_out: false,
+        };
+        self.copies.push(copy);
         undo.device = Some(device.id());
         Ok(())
     }
 
-    fn copy(&mut self, from: Location, to: Location, stats: &mut TransferStats) -> Result<()> {
+    /// Enqueues one copy of the whole buffer, ordered after `after` (the plan's previous copy,
+    /// when it was not waited for).
+    fn copy(
+        &mut self,
+        from: Location,
+        to: Location,
+        stats: &mut TransferStats,
+        after: Option<Ticket>,
+    ) -> Result<Ticket> {
         let n = self.nbytes;
         match (from, to) {
             (Location::Host, Location::Device(id)) => {
                 let i = self.copy_index(id).expect("a copy target is allocated");
-                let host = self.host.as_ref().expect("a valid host is allocated");
+                let host = self.host.as_mut().expect("a valid host is allocated");
                 let copy = &mut self.copies[i];
-                copy.device.backend().upload(&host.as_slice()[..n], &mut copy.memory)?;
+                copy.device.backend().prepare_host(host);
+                copy.order_stream()?;
+                if let Some(after) = after {
+                    copy.stream.wait_for(&after)?;
+                }
+                let backend = copy.device.backend();
+                // SAFETY: the host block stays allocated and unwritten until the ticket
+                // completes: every later write of the host location, and every free of the
+                // block, first settles this transfer (see inflight.rs), and blocking calls
+                // wait for it before returning.
+                let ticket =
+                    unsafe { backend.upload(copy.stream.handle(), HostSpan::of(host, n), &mut copy.memory)? };
+                copy.handed_out = false;
                 stats.record(Direction::HostToDevice, copy.memory.is_host_alias(), n);
+                Ok(ticket)
             }
             (Location::Device(id), Location::Host) => {
                 let i = self.copy_index(id).expect("a copy source is allocated");
                 let host = self.host.as_mut().expect("a copy target is allocated");
-                let copy = &self.copies[i];
-                copy.device.backend().download(&copy.memory, &mut host.as_mut_slice()[..n])?;
+                let copy = &mut self.copies[i];
+                copy.device.backend().prepare_host(host);
+                copy.order_stream()?;
+                if let Some(after) = after {
+                    copy.stream.wait_for(&after)?;
+                }
+                host.mark_written();
+                let backend = copy.device.backend();
+                // SAFETY: the host block stays allocated and untouched until the ticket
+                // completes: every later access of the host location, and every free of the
+                // block, first settles this transfer, and blocking calls wait for it.
+                let ticket =
+                    unsafe { backend.download(copy.stream.handle(), &copy.memory, HostSpan::of(host, n))? };
                 stats.record(Direction::DeviceToHost, copy.memory.is_host_alias(), n);
+                Ok(ticket)
             }
             (Location::Device(a), Location::Device(b)) => {
                 let (i, j) = (self.copy_index(a).expect("source"), self.copy_index(b).expect("target"));
                 let (src, dst) = pair_mut(&mut self.copies, i, j);
-                let direct =
-                    dst.device.backend().copy_from_peer(&src.device, &src.memory, &mut dst.memory, n);
-                direct.unwrap_or_else(|| {
+                // The peer copy runs on the target's stream: order it after the source's use.
+                let source_use = src.last_use()?;
+                dst.stream.wait_for(&source_use)?;
+                dst.order_stream()?;
+                if let Some(after) = after {
+                    dst.stream.wait_for(&after)?;
+                }
+                let backend = dst.device.backend();
+                let direct = backend.copy_from_peer(
+                    dst.stream.handle(),
+                    src.device.backend(),
+                    &src.memory,
+                    &mut dst.memory,
+                    n,
+                );
+                let ticket = direct.unwrap_or_else(|| {
                     Err(Error::invalid(
                         "copy",
                         format!("{} cannot copy directly from {}", dst.device, src.device),
                     ))
                 })?;
+                dst.handed_out = false;
                 stats.device_to_device.add(n);
+                Ok(ticket)
             }
-            (Location::Host, Location::Host) => {}
+            (Location::Host, Location::Host) => Ok(Ticket::done()),
         }
-        Ok(())
     }
 
-    fn rollback(&mut self, undo: Undo) {
+    /// Frees what one execution allocated; `ready` completes when the work that used it has.
+    fn rollback(&mut self, undo: Undo, ready: Ticket) {
         if let Some(id) = undo.device
             && let Some(i) = self.copy_index(id)
         {
-            give_back(&*self.resource, self.copies.remove(i));
+            let copy = self.copies.remove(i);
+            let _ = ready.wait();
+            give_back(&*self.resource, copy);
         }
         if undo.host_block
             && let Some(block) = self.host.take()
         {
-            self.resource.deallocate_host(&self.home, block);
+            self.resource.deallocate_host(&self.home, block, ready);
         }
+    }
+
+    /// The checker (see [`crate::checking`]): a valid host copy must equal every valid device
+    /// copy handed out for reading on a device that does not alias it.
+    fn check_coherence(&mut self) -> Result<()> {
+        let n = self.nbytes;
+        let Some(host) = self.host.as_ref() else { return Ok(()) };
+        for copy in &mut self.copies {
+            let at = Location::Device(copy.device.id());
+            if !copy.handed_out
+                || copy.memory.is_host_alias()
+                || self.coherence.residency(at) != Residency::Valid
+            {
+                continue;
+            }
+            copy.last_use()?.wait()?;
+            let mut scratch = vec![0u8; n];
+            let backend = copy.device.backend();
+            // SAFETY: scratch lives and is untouched until the ticket is waited for, here.
+            unsafe {
+                backend.download(copy.stream.handle(), &copy.memory, HostSpan::of_mut_slice(&mut scratch))?
+            }
+            .wait()?;
+            if let Some(first_difference) =
+                scratch.iter().zip(&host.as_slice()[..n]).position(|(d, h)| d != h)
+            {
+                return Err(Error::Coherence {
+                    device: copy.device.to_string(),
+                    first_difference,
+                    nbytes: n,
+                });
+            }
+            scratch.clear();
+        }
+        Ok(())
     }
 }
 
@@ -393,31 +774,42 @@ impl Drop for RawBuffer {
     }
 }
 
-/// Returns a device copy's memory to the resource (aliases own no memory: just dropped).
-fn give_back(resource: &dyn MemoryResource, copy: DeviceCopy) {
-    if copy.memory.is_host_alias() {
-        drop(copy.memory);
-    } else {
-        resource.deallocate_device(&copy.device, copy.memory);
-    }
+/// A stream's work waited for here, for when no marker can be had: a done ticket after.
+fn synchronized(stream: &Stream) -> Ticket {
+    let _ = stream.synchronize();
+    Ticket::done()
 }
 
-fn pair_mut<T>(items: &mut [T], i: usize, j: usize) -> (&T, &mut T) {
+/// Returns a device copy's memory to the resource, after the caller's use of it (aliases own
+/// no memory: just dropped).
+fn give_back(resource: &dyn MemoryResource, mut copy: DeviceCopy) {
+    if copy.memory.is_host_alias() {
+        drop(copy.memory);
+        return;
+    }
+    let ready = copy.last_use().unwrap_or_else(|_| synchronized(&copy.stream));
+    resource.deallocate_device(&copy.device, copy.memory, &copy.stream, ready);
+}
+
+fn short_block(resource: &dyn MemoryResource, what: &str, wanted: usize, got: usize) -> Error {
+    Error::invalid(
+        "allocate",
+        format!(
+            "the memory resource {resource:?} returned a {what} of {got} bytes for a request of {wanted}; \
+             expected at least the bytes asked for"
+        ),
+    )
+}
+
+fn pair_mut<T>(items: &mut [T], i: usize, j: usize) -> (&mut T, &mut T) {
     assert_ne!(i, j, "a copy between one location and itself");
     if i < j {
         let (a, b) = items.split_at_mut(j);
-        (&a[i], &mut b[0])
+        (&mut a[i], &mut b[0])
     } else {
         let (a, b) = items.split_at_mut(i);
-        (&b[0], &mut a[j])
+        (&mut b[0], &mut a[j])
     }
-}
-
-/// What one access allocated, to free again if a later step fails.
-#[derive(Default)]
-struct Undo {
-    host_block: bool,
-    device: Option<DeviceId>,
 }
 
 impl std::fmt::Debug for RawBuffer {
@@ -426,6 +818,7 @@ impl std::fmt::Debug for RawBuffer {
             .field("nbytes", &self.nbytes)
             .field("home", &self.home)
             .field("state", &self.state())
+            .field("in_flight", &self.inflight.len())
             .finish()
     }
 }

@@ -1,97 +1,43 @@
 //! Memory pools: acquire a buffer by shape, element type and pinnedness, release it back, and
 //! reuse its memory without a new allocation.
 //!
-//! A [`MemoryPool`] is a handle to a caching [`MemoryResource`] (RMM style: a policy over an
+//! A [`MemoryPool`] is a handle to a [`CachingResource`] (RMM style: a caching policy over an
 //! upstream resource it owns, by default the device's backend directly). Buffers it hands out
 //! take their host block and device memory from it and give them back when dropped or
 //! released, so reuse works for any buffer that names the pool's resource in its
-//! [`BufferOptions`], on any device and any backend.
+//! [`BufferOptions`], on any device and any backend. The pool of [`MemoryPool::for_device`]
+//! is also where buffers made without a resource take their memory while caching by default
+//! is on ([`crate::resource`]).
 //!
 //! - **Keys and size classes.** Blocks are cached by device, kind (host, pinned host, device)
 //!   and size class. A request is rounded up to its class: under 64 bytes extra up to
-//!   256 bytes, under a quarter of the request above ([`size_class`] proves the bound).
+//!   256 bytes, under a quarter of the request above ([`crate::resource::size_class`] proves
+//!   the bound).
 //! - **Lazy.** A buffer allocates on first use (SPEC: nothing is allocated before it is
 //!   needed), so a hit or a miss happens at the buffer's first host or device access, not at
 //!   [`MemoryPool::acquire`]; an acquired buffer that is never touched takes nothing.
 //! - **Uninitialized.** An acquired buffer is UNINITIALIZED; a reused block keeps its old
-//!   bytes unless [`PoolConfig::zero_reused`] is set (host blocks are then cleared with a
-//!   memset, device memory with a device fill).
+//!   bytes (a buffer's *read* of an uninitialized buffer sees zeros) unless
+//!   [`PoolConfig::zero_reused`] clears every reused block.
 //! - **Cap, trim, out of memory.** Cached bytes never exceed [`PoolConfig::max_cached_bytes`]
 //!   (a release beyond it frees the block); [`MemoryPool::trim`] frees every cached block; an
 //!   allocation the upstream refuses for lack of memory (or of lockable memory) trims and
 //!   retries once, then returns the upstream's error.
+//! - **Streams.** Device blocks are reused at once on the stream that last used them, and by
+//!   other streams once that use is complete.
 //! - **Threads.** A pool is `Send + Sync`; one short critical section per acquire or release.
 //!
-//! What does not live here: where memory comes from ([`crate::resource`], the backends), and
-//! the buffer's coherence ([`crate::buffer`]).
+//! What does not live here: the caching itself ([`crate::resource`]), and the buffer's
+//! coherence ([`crate::buffer`]).
 
-mod cache;
-mod limiting;
-pub mod size_class;
-
-pub use limiting::LimitingResource;
-
-use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::Arc;
 
 use crate::buffer::{BufferOptions, RawBuffer, UnifiedBuffer};
-use crate::coherence::DeviceId;
 use crate::device::Device;
 use crate::element::Element;
 use crate::error::{Error, Result};
-use crate::resource::{DirectResource, MemoryResource};
-use cache::PoolResource;
-
-/// How a pool behaves.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PoolConfig {
-    /// The most bytes the pool keeps cached; a release beyond it frees the block.
-    /// 0 caches nothing.
-    pub max_cached_bytes: u64,
-    /// Zero a reused block before handing it out, for callers that must not see old contents.
-    pub zero_reused: bool,
-}
-
-/// The default cap: 1 GiB.
-pub const DEFAULT_MAX_CACHED_BYTES: u64 = 1 << 30;
-
-impl Default for PoolConfig {
-    /// Caches up to [`DEFAULT_MAX_CACHED_BYTES`] (1 GiB); reused blocks are not zeroed.
-    fn default() -> Self {
-        PoolConfig { max_cached_bytes: DEFAULT_MAX_CACHED_BYTES, zero_reused: false }
-    }
-}
-
-impl PoolConfig {
-    /// The default for `device`: caches up to 1 GiB or a quarter of the device's memory,
-    /// whichever is less (devices that report no total get 1 GiB).
-    pub fn for_device(device: &Device) -> PoolConfig {
-        let total = device.info().total_memory;
-        let cap = if total == 0 { DEFAULT_MAX_CACHED_BYTES } else { DEFAULT_MAX_CACHED_BYTES.min(total / 4) };
-        PoolConfig { max_cached_bytes: cap, ..PoolConfig::default() }
-    }
-}
-
-/// A pool's counters. Bytes are those of whole blocks (size classes), not of requests.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct PoolStats {
-    /// Requests served from the cache.
-    pub hits: u64,
-    /// Requests the cache could not serve (each went upstream).
-    pub misses: u64,
-    /// Blocks the upstream allocated for this pool.
-    pub allocations: u64,
-    /// Bytes held by live buffers.
-    pub bytes_in_use: u64,
-    /// Bytes cached for reuse.
-    pub bytes_cached: u64,
-    /// The most bytes held by live buffers at once (since creation or [`MemoryPool::clear`]).
-    pub peak_bytes_in_use: u64,
-    /// Allocations the upstream refused for lack of memory, after which the pool trimmed and
-    /// retried once.
-    pub oom_retries: u64,
-}
+use crate::resource::{CachingResource, DirectResource, MemoryResource, PoolConfig, PoolStats};
 
 /// A memory pool whose buffers live on one device.
 ///
@@ -112,7 +58,7 @@ pub struct PoolStats {
 #[derive(Clone)]
 pub struct MemoryPool {
     device: Device,
-    resource: Arc<PoolResource>,
+    resource: Arc<CachingResource>,
 }
 
 impl MemoryPool {
@@ -127,20 +73,16 @@ impl MemoryPool {
         config: PoolConfig,
         upstream: Arc<dyn MemoryResource>,
     ) -> MemoryPool {
-        let resource = Arc::new(PoolResource::new(upstream, config, device.to_string()));
+        let resource = Arc::new(CachingResource::new(upstream, config, device.to_string()));
         MemoryPool { device: device.clone(), resource }
     }
 
     /// The process-wide default pool of `device`: the same pool on every call, configured by
-    /// [`PoolConfig::for_device`]. It lives for the rest of the process and keeps the device
-    /// open.
+    /// [`PoolConfig::for_device`], whose memory is also what buffers made without a resource
+    /// use while caching by default is on. It lives for the rest of the process and keeps the
+    /// device open.
     pub fn for_device(device: &Device) -> MemoryPool {
-        static POOLS: OnceLock<Mutex<HashMap<DeviceId, MemoryPool>>> = OnceLock::new();
-        let mut pools = POOLS.get_or_init(Mutex::default).lock().unwrap_or_else(PoisonError::into_inner);
-        pools
-            .entry(device.id())
-            .or_insert_with(|| MemoryPool::new(device, PoolConfig::for_device(device)))
-            .clone()
+        MemoryPool { device: device.clone(), resource: crate::resource::default_pool(device) }
     }
 
     /// The device whose buffers this pool hands out.
@@ -169,8 +111,12 @@ impl MemoryPool {
     /// is an [`Error::InvalidShape`]; a pinned block that cannot be pinned is an error at first
     /// use, never a silent pageable one.
     pub fn acquire<T: Element>(&self, shape: &[usize], pinned: bool) -> Result<UnifiedBuffer<T>> {
-        let options =
-            BufferOptions { device: Some(self.device.clone()), pinned, resource: Some(self.resource()) };
+        let options = BufferOptions {
+            device: Some(self.device.clone()),
+            pinned,
+            resource: Some(self.resource()),
+            ..BufferOptions::default()
+        };
         UnifiedBuffer::with_options(shape, options)
     }
 

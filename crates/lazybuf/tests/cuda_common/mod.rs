@@ -18,13 +18,13 @@ pub const DOUBLE_NAME: &str = "lazybuf CUDA test double";
 /// `LAZYBUF_REQUIRE_CUDA` is set).
 pub fn cuda_devices(test: &str) -> Option<Vec<Device>> {
     let found: Vec<Device> =
-        lazybuf::devices().into_iter().filter(|d| d.backend_kind() == BackendKind::Cuda).collect();
+        lazybuf::devices().into_iter().filter(|d| d.backend_kind() == BackendKind::CUDA).collect();
     if !found.is_empty() {
         return Some(found);
     }
     let why = lazybuf::backend_status()
         .into_iter()
-        .find(|s| s.backend == BackendKind::Cuda)
+        .find(|s| s.backend == BackendKind::CUDA)
         .and_then(|s| s.devices.err())
         .unwrap_or_else(|| "no CUDA device".into());
     if std::env::var_os("LAZYBUF_REQUIRE_CUDA").is_some() {
@@ -93,9 +93,25 @@ pub fn fail_allocation(n: i64) {
     hook_set(c"lazybuf_cuda_double_fail_allocation", n);
 }
 
-/// Makes the double's `n`-th device write from now fail after scribbling (0 disarms).
+/// Makes the double's `n`-th device write from now fail when its stream runs it, after
+/// scribbling: the failure shows at the next event of that stream (0 disarms).
 pub fn fail_copy(n: i64) {
     hook_set(c"lazybuf_cuda_double_fail_copy", n);
+}
+
+/// As [`fail_copy`], but the call that enqueues the write fails (0 disarms).
+pub fn fail_copy_now(n: i64) {
+    hook_set(c"lazybuf_cuda_double_fail_copy_now", n);
+}
+
+/// Stops (`true`) or restarts every stream of the double: nothing enqueued runs meanwhile.
+pub fn hold(on: bool) {
+    hook_set(c"lazybuf_cuda_double_hold", i64::from(on));
+}
+
+/// Host ranges registered with the double and not yet unregistered.
+pub fn registrations() -> i64 {
+    hook_get(c"lazybuf_cuda_double_registrations")
 }
 
 /// Device and pinned host allocations the double holds.
@@ -113,7 +129,48 @@ pub fn pinned_copies() -> i64 {
     hook_get(c"lazybuf_cuda_double_pinned_copies")
 }
 
+/// Where the double last prefetched the managed memory at `ptr` to (once its stream got
+/// there): a device ordinal, -1 the host, -2 never; -3 if `ptr` is not managed memory.
+pub fn prefetch_location(ptr: u64) -> i64 {
+    let symbol = double_symbol(c"lazybuf_cuda_double_prefetch_location");
+    // SAFETY: the double defines this hook as `long long hook(CUdeviceptr)`.
+    let hook: unsafe extern "C" fn(u64) -> i64 = unsafe { std::mem::transmute(symbol) };
+    // SAFETY: the hook only reads the double's allocation list under its lock.
+    unsafe { hook(ptr) }
+}
+
 /// Bytes 0, 1, 2, ... 250, 0, ... (a pattern no fill produces), as `n` bytes.
 pub fn ramp(n: usize) -> Vec<u8> {
     (0..n).map(|i| (i % 251) as u8).collect()
+}
+
+/// `cuMemsetD32Async(ptr, value, count, stream)` on the loaded driver (the double or a GPU's),
+/// as a caller's own kernel would write a buffer's device copy.
+pub fn memset_d32_async(ptr: u64, value: u32, count: usize, stream: *mut c_void) {
+    let symbol = driver_symbol(c"cuMemsetD32Async");
+    // SAFETY: the driver defines it as CUresult cuMemsetD32Async(CUdeviceptr, unsigned, size_t,
+    // CUstream); callers pass a live allocation of at least count words and a live stream.
+    let memset: unsafe extern "C" fn(u64, u32, usize, *mut c_void) -> i32 =
+        unsafe { std::mem::transmute(symbol) };
+    // SAFETY: see above; the caller's context must be current, which lazybuf leaves as it was:
+    // the call is made with the device's context made current by `with_context`.
+    assert_eq!(unsafe { memset(ptr, value, count, stream) }, 0, "cuMemsetD32Async failed");
+}
+
+/// Runs `f` with `context` current on this thread (driver calls act on the current context).
+pub fn with_context<R>(context: *mut c_void, f: impl FnOnce() -> R) -> R {
+    let set = driver_symbol(c"cuCtxSetCurrent");
+    // SAFETY: the driver defines it as CUresult cuCtxSetCurrent(CUcontext).
+    let set: unsafe extern "C" fn(*mut c_void) -> i32 = unsafe { std::mem::transmute(set) };
+    // SAFETY: context is a live primary context of an opened device.
+    assert_eq!(unsafe { set(context) }, 0);
+    let result = f();
+    // SAFETY: unbinding (null) is always allowed.
+    unsafe { set(std::ptr::null_mut()) };
+    result
+}
+
+/// A driver entry point from the loaded libcuda.
+fn driver_symbol(name: &CStr) -> *mut c_void {
+    double_symbol(name)
 }

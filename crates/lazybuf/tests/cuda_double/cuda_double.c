@@ -3,10 +3,14 @@
  *
  * It implements, over ordinary host memory, exactly the driver entry points lazybuf's CUDA
  * backend calls, with the real signatures and CUresult codes, so the backend's code paths run
- * on machines without a GPU. Device pointers are host allocations; streams run every copy
- * immediately; events are complete as soon as they are recorded. It checks what a driver
- * checks (initialization, a current context on the calling thread, handles, bounds of device
- * ranges) and answers with the driver's error codes, so backend bugs show up as errors.
+ * on machines without a GPU. Device pointers are host allocations. Work is asynchronous as on
+ * a GPU: each stream has a worker thread that runs its commands in order (copies, memsets,
+ * event records, waits on other streams' events) after the call that enqueued them has
+ * returned; events complete when their stream reaches them. It checks what a driver checks,
+ * when the driver checks it (initialization, a current context on the calling thread,
+ * handles, bounds of device ranges: at the call) and answers with the driver's error codes,
+ * so backend bugs show up as errors. Freeing memory waits for every stream to drain, as
+ * cuMemFree's implicit synchronization does.
  *
  * Configuration (read once, by cuInit):
  *   LAZYBUF_CUDA_DOUBLE_DEVICES  number of devices, 0..8 (default 2; 0: cuInit fails with
@@ -14,6 +18,10 @@
  *   LAZYBUF_CUDA_DOUBLE_PEER     1 (default): devices can access each other (peer copies);
  *                                0: cuDeviceCanAccessPeer says no
  *   LAZYBUF_CUDA_DOUBLE_MEMORY   bytes of memory per device (default 2 GiB)
+ *   LAZYBUF_CUDA_DOUBLE_MANAGED  2 (default): managed memory with concurrent access (prefetch
+ *                                works, as on Linux with Pascal or later); 1: managed memory
+ *                                without concurrent access (prefetch is refused); 0: none
+ *                                (cuMemAllocManaged fails with CUDA_ERROR_NOT_SUPPORTED)
  *
  * Built with -DLAZYBUF_CUDA_DOUBLE_OLD_DRIVER it lacks cuMemcpyPeerAsync, like a driver too old
  * for the backend, which must then report CUDA unavailable instead of panicking.
@@ -22,12 +30,24 @@
  *   lazybuf_cuda_double_fail_allocation(n)  the n-th allocation from now (cuMemAlloc,
  *                                           cuMemHostAlloc) fails with OUT_OF_MEMORY; 0 disarms
  *   lazybuf_cuda_double_fail_copy(n)        the n-th device write from now (any memcpy or
- *                                           memset) writes garbage over the first half of its
- *                                           destination and fails with CUDA_ERROR_UNKNOWN,
- *                                           like a runtime dying half-way; 0 disarms
+ *                                           memset) is enqueued fine, then, when its stream
+ *                                           runs it, writes garbage over the first half of its
+ *                                           destination and fails: the next event recorded on
+ *                                           that stream (and cuStreamSynchronize) reports
+ *                                           CUDA_ERROR_LAUNCH_FAILED, as a GPU reports a
+ *                                           failure during execution; 0 disarms
+ *   lazybuf_cuda_double_fail_copy_now(n)    as fail_copy, but the enqueuing call itself fails
+ *                                           (CUDA_ERROR_UNKNOWN) after scribbling; 0 disarms
+ *   lazybuf_cuda_double_hold(on)            1: no stream starts a command until 0 is passed
+ *                                           (tests of overlap with the host)
  *   lazybuf_cuda_double_live_allocations()  device and pinned host allocations not yet freed
- *   lazybuf_cuda_double_copies()            device writes done so far (memcpy and memset)
+ *   lazybuf_cuda_double_registrations()     host ranges registered and not yet unregistered
+ *   lazybuf_cuda_double_copies()            device writes enqueued so far (memcpy and memset)
  *   lazybuf_cuda_double_pinned_copies()     host<->device copies whose host side was pinned
+ *                                           (allocated by cuMemHostAlloc, or registered)
+ *   lazybuf_cuda_double_prefetch_location(p) where managed memory at p was last prefetched
+ *                                           to, once its stream got there: a device ordinal,
+ *                                           -1 the host, -2 never; -3 if p is not managed
  *
  * See README.md beside this file.
  */
@@ -50,7 +70,11 @@ typedef enum {
     CUDA_ERROR_INVALID_CONTEXT = 201,
     CUDA_ERROR_PEER_ACCESS_UNSUPPORTED = 217,
     CUDA_ERROR_INVALID_HANDLE = 400,
+    CUDA_ERROR_NOT_READY = 600,
     CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED = 704,
+    CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712,
+    CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED = 713,
+    CUDA_ERROR_LAUNCH_FAILED = 719,
     CUDA_ERROR_NOT_SUPPORTED = 801,
     CUDA_ERROR_UNKNOWN = 999,
 } CUresult;
@@ -59,7 +83,15 @@ typedef int CUdevice;
 typedef unsigned long long CUdeviceptr;
 
 /* Attribute and flag values from cuda.h. */
-enum { ATTR_INTEGRATED = 18, ATTR_UNIFIED_ADDRESSING = 41, ATTR_CC_MAJOR = 75, ATTR_CC_MINOR = 76 };
+enum {
+    ATTR_INTEGRATED = 18,
+    ATTR_UNIFIED_ADDRESSING = 41,
+    ATTR_CC_MAJOR = 75,
+    ATTR_CC_MINOR = 76,
+    ATTR_MANAGED_MEMORY = 83,
+    ATTR_CONCURRENT_MANAGED_ACCESS = 89,
+};
+enum { MEM_ATTACH_GLOBAL = 1, MEM_ATTACH_HOST = 2, DEVICE_CPU = -1 };
 enum { MEMHOSTALLOC_ALL_FLAGS = 1 | 2 | 4 };
 
 typedef struct CUctx_st {
@@ -67,20 +99,47 @@ typedef struct CUctx_st {
     int retained;
 } *CUcontext;
 
-typedef struct CUstream_st {
-    int device;
-    struct CUstream_st *next;
-} *CUstream;
-
 typedef struct CUevent_st {
+    unsigned long long recorded;  /* records made so far */
+    unsigned long long completed; /* the last record its stream has reached */
+    CUresult status;              /* the failures of the work before the last completed record */
+    int refs;                     /* the handle's, plus one per queued command naming it */
     struct CUevent_st *next;
 } *CUevent;
+
+enum kind { CMD_COPY, CMD_MEMSET, CMD_RECORD, CMD_WAIT, CMD_PREFETCH };
+
+/* One queued piece of work. Arguments were checked when it was enqueued. */
+struct command {
+    enum kind kind;
+    char *dst;
+    const char *src;
+    size_t n;                    /* copy: bytes */
+    unsigned char value[4];      /* memset: the unit */
+    size_t width, count, pitch;  /* memset: unit bytes, units, bytes between units (0: width) */
+    CUevent event;               /* record, wait */
+    struct allocation *range;    /* prefetch: the managed allocation */
+    int location;                /* prefetch: where to */
+    unsigned long long target;   /* record: its number; wait: the record to wait for */
+    CUresult fail;               /* the injected failure this command has, or CUDA_SUCCESS */
+    struct command *next;
+};
+
+typedef struct CUstream_st {
+    int device;
+    int destroyed;
+    struct command *head, *tail;
+    CUresult error; /* failures since the last event record */
+    struct CUstream_st *next;
+} *CUstream;
 
 struct allocation {
     char *base;
     size_t size;
-    int device; /* -1: pinned host memory */
+    int device; /* >= 0: device memory; -1: pinned host memory; -2: registered host range */
     unsigned flags;
+    int managed;  /* device memory from cuMemAllocManaged */
+    int location; /* managed: where it was last prefetched to (-2: never) */
     struct allocation *next;
 };
 
@@ -91,14 +150,18 @@ struct device {
 };
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static int initialized, device_count, peer_allowed;
+/* Workers wait on `wake` for commands (or the end of a hold); everyone who waits for work to
+ * finish waits on `progress`, broadcast whenever a command completes. */
+static pthread_cond_t wake = PTHREAD_COND_INITIALIZER, progress = PTHREAD_COND_INITIALIZER;
+static int initialized, device_count, peer_allowed, managed_level, holding;
 static struct device devices[MAX_DEVICES];
 static struct allocation *allocations;
 static CUstream streams;
 static CUevent events;
 static __thread CUcontext current;
 static long long allocations_done, fail_allocation_at, writes_done, fail_write_at, pinned_copies;
-static long long live_allocations;
+static int fail_write_now;
+static long long live_allocations, registrations;
 
 #define GUARD(expr)                   \
     do {                              \
@@ -170,7 +233,7 @@ static CUresult check_range(CUdeviceptr ptr, size_t n, int device) {
 
 static int is_pinned(const void *p) {
     struct allocation *a = find_allocation(p);
-    return a != NULL && a->device == -1;
+    return a != NULL && a->device < 0;
 }
 
 static CUresult count_allocation(void) {
@@ -182,15 +245,27 @@ static CUresult count_allocation(void) {
     return CUDA_SUCCESS;
 }
 
-/* Counts one device write; on an injected failure scribbles over half of `dst` first. */
-static CUresult count_write(void *dst, size_t n) {
+/* Counts one device write: CUDA_SUCCESS, or the injected failure it must have. */
+static CUresult count_write(void) {
     writes_done++;
     if (fail_write_at != 0 && writes_done == fail_write_at) {
         fail_write_at = 0;
-        memset(dst, 0xA5, n / 2 + (n > 0));
-        return CUDA_ERROR_UNKNOWN;
+        return fail_write_now ? CUDA_ERROR_UNKNOWN : CUDA_ERROR_LAUNCH_FAILED;
     }
     return CUDA_SUCCESS;
+}
+
+/* What a failing write leaves: garbage over the first half of its destination. */
+static void scribble(char *dst, size_t n) { memset(dst, 0xA5, n / 2 + (n > 0)); }
+
+/* Waits until no stream has work queued or running (the lock is held). */
+static void drain_all(void) {
+    for (;;) {
+        int busy = 0;
+        for (CUstream s = streams; s != NULL; s = s->next) busy |= s->head != NULL;
+        if (!busy) return;
+        pthread_cond_wait(&progress, &lock);
+    }
 }
 
 static CUresult new_allocation(size_t size, int device, unsigned flags, void **out) {
@@ -203,7 +278,7 @@ static CUresult new_allocation(size_t size, int device, unsigned flags, void **o
     }
     /* Fresh memory is garbage, as on a GPU: reading it as data is a bug the tests must see. */
     memset(p, 0xCD, size);
-    *a = (struct allocation){p, size, device, flags, allocations};
+    *a = (struct allocation){p, size, device, flags, 0, -2, allocations};
     allocations = a;
     live_allocations++;
     *out = p;
@@ -211,13 +286,18 @@ static CUresult new_allocation(size_t size, int device, unsigned flags, void **o
 }
 
 static CUresult free_allocation(const void *p, int device) {
+    drain_all();
     for (struct allocation **link = &allocations; *link != NULL; link = &(*link)->next) {
         struct allocation *a = *link;
         if (a->base == p && a->device == device) {
             *link = a->next;
             if (device >= 0) devices[device].used -= a->size;
-            live_allocations--;
-            free(a->base);
+            if (device == -2) {
+                registrations--;
+            } else {
+                live_allocations--;
+                free(a->base);
+            }
             free(a);
             return CUDA_SUCCESS;
         }
@@ -239,6 +319,7 @@ EXPORT CUresult cuInit(unsigned flags) {
         long long memory = env_number("LAZYBUF_CUDA_DOUBLE_MEMORY", 2LL << 30);
         device_count = (int)count;
         peer_allowed = env_number("LAZYBUF_CUDA_DOUBLE_PEER", 1) != 0;
+        managed_level = (int)env_number("LAZYBUF_CUDA_DOUBLE_MANAGED", 2);
         for (int i = 0; i < device_count; i++) {
             devices[i] = (struct device){0};
             devices[i].ctx.device = i;
@@ -267,7 +348,11 @@ static const char *error_name(CUresult error) {
     case CUDA_ERROR_INVALID_CONTEXT: return "CUDA_ERROR_INVALID_CONTEXT";
     case CUDA_ERROR_PEER_ACCESS_UNSUPPORTED: return "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED";
     case CUDA_ERROR_INVALID_HANDLE: return "CUDA_ERROR_INVALID_HANDLE";
+    case CUDA_ERROR_NOT_READY: return "CUDA_ERROR_NOT_READY";
     case CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED: return "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED";
+    case CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED: return "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED";
+    case CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED: return "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED";
+    case CUDA_ERROR_LAUNCH_FAILED: return "CUDA_ERROR_LAUNCH_FAILED";
     case CUDA_ERROR_NOT_SUPPORTED: return "CUDA_ERROR_NOT_SUPPORTED";
     case CUDA_ERROR_UNKNOWN: return "CUDA_ERROR_UNKNOWN";
     }
@@ -342,6 +427,8 @@ EXPORT CUresult cuDeviceGetAttribute(int *value, int attribute, CUdevice dev) {
     case ATTR_UNIFIED_ADDRESSING: *value = 1; return CUDA_SUCCESS;
     case ATTR_CC_MAJOR: *value = 8; return CUDA_SUCCESS;
     case ATTR_CC_MINOR: *value = 0; return CUDA_SUCCESS;
+    case ATTR_MANAGED_MEMORY: *value = managed_level >= 1; return CUDA_SUCCESS;
+    case ATTR_CONCURRENT_MANAGED_ACCESS: *value = managed_level >= 2; return CUDA_SUCCESS;
     }
     /* A real driver knows every attribute; the double only those lazybuf asks for. */
     return CUDA_ERROR_NOT_SUPPORTED;
@@ -417,18 +504,97 @@ EXPORT CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned flags) {
     return status;
 }
 
-/* ---- Streams and events: work runs at once, so both are always complete ---- */
+/* ---- Streams and events: a worker thread per stream ---- */
+
+static void release_event(CUevent e) {
+    if (--e->refs == 0) free(e);
+}
+
+/* Runs one command's memory work (without the lock: its ranges stay allocated, because
+ * freeing memory drains every stream first). */
+static void execute(const struct command *c) {
+    if (c->fail != CUDA_SUCCESS) {
+        if (c->kind == CMD_COPY) scribble(c->dst, c->n);
+        if (c->kind == CMD_MEMSET) scribble(c->dst, c->width * c->count);
+        return;
+    }
+    if (c->kind == CMD_COPY) memmove(c->dst, c->src, c->n);
+    if (c->kind == CMD_MEMSET) {
+        size_t step = c->pitch != 0 ? c->pitch : c->width;
+        for (size_t i = 0; i < c->count; i++) memcpy(c->dst + i * step, c->value, c->width);
+    }
+}
+
+static void *worker(void *arg) {
+    CUstream s = arg;
+    pthread_mutex_lock(&lock);
+    for (;;) {
+        while ((s->head == NULL && !s->destroyed) || (s->head != NULL && holding)) pthread_cond_wait(&wake, &lock);
+        if (s->head == NULL) break; /* destroyed and drained */
+        struct command *c = s->head;
+        if (c->kind == CMD_WAIT) {
+            while (c->event->completed < c->target) pthread_cond_wait(&progress, &lock);
+        } else if (c->kind != CMD_RECORD && c->kind != CMD_PREFETCH) {
+            pthread_mutex_unlock(&lock);
+            execute(c);
+            pthread_mutex_lock(&lock);
+        }
+        if (c->fail != CUDA_SUCCESS) s->error = c->fail;
+        if (c->kind == CMD_PREFETCH) c->range->location = c->location;
+        if (c->kind == CMD_RECORD) {
+            c->event->completed = c->target;
+            c->event->status = s->error;
+            s->error = CUDA_SUCCESS;
+        }
+        if (c->kind == CMD_RECORD || c->kind == CMD_WAIT) release_event(c->event);
+        s->head = c->next;
+        if (s->head == NULL) s->tail = NULL;
+        free(c);
+        pthread_cond_broadcast(&progress);
+    }
+    pthread_mutex_unlock(&lock);
+    free(s);
+    return NULL;
+}
+
+/* Appends a command to a stream (the lock is held). */
+static CUresult enqueue(CUstream s, struct command c) {
+    struct command *copy = malloc(sizeof *copy);
+    if (copy == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
+    *copy = c;
+    copy->next = NULL;
+    if (s->tail != NULL) s->tail->next = copy;
+    else s->head = copy;
+    s->tail = copy;
+    pthread_cond_broadcast(&wake);
+    return CUDA_SUCCESS;
+}
+
+/* Runs a write on `stream`: queued on a stream, at once on the legacy NULL stream. A failure
+ * injected "now" fails the call itself. The lock is held. */
+static CUresult submit(CUstream stream, struct command c) {
+    c.fail = count_write();
+    if (c.fail == CUDA_ERROR_UNKNOWN || stream == NULL) {
+        execute(&c);
+        return c.fail;
+    }
+    return enqueue(stream, c);
+}
 
 EXPORT CUresult cuStreamCreate(CUstream *stream, unsigned flags) {
     if (stream == NULL || flags > 1) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
     GUARD(need_context());
-    CUstream s = malloc(sizeof *s);
-    if (s == NULL) {
-        pthread_mutex_unlock(&lock);
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUstream s = calloc(1, sizeof *s);
+    if (s == NULL) GUARD(CUDA_ERROR_OUT_OF_MEMORY);
+    s->device = current->device;
+    pthread_t thread;
+    if (pthread_create(&thread, NULL, worker, s) != 0) {
+        free(s);
+        GUARD(CUDA_ERROR_OUT_OF_MEMORY);
     }
-    *s = (struct CUstream_st){current->device, streams};
+    pthread_detach(thread);
+    s->next = streams;
     streams = s;
     *stream = s;
     pthread_mutex_unlock(&lock);
@@ -440,8 +606,10 @@ EXPORT CUresult cuStreamDestroy_v2(CUstream stream) {
     GUARD(need_init());
     for (CUstream *link = &streams; *link != NULL; link = &(*link)->next) {
         if (*link == stream) {
+            /* Its queued work still runs; the worker frees the stream when it is done. */
             *link = stream->next;
-            free(stream);
+            stream->destroyed = 1;
+            pthread_cond_broadcast(&wake);
             pthread_mutex_unlock(&lock);
             return CUDA_SUCCESS;
         }
@@ -454,8 +622,14 @@ EXPORT CUresult cuStreamSynchronize(CUstream stream) {
     int device;
     pthread_mutex_lock(&lock);
     GUARD(stream_device(stream, &device));
+    CUresult status = CUDA_SUCCESS;
+    if (stream != NULL) {
+        while (stream->head != NULL) pthread_cond_wait(&progress, &lock);
+        status = stream->error;
+        stream->error = CUDA_SUCCESS;
+    }
     pthread_mutex_unlock(&lock);
-    return CUDA_SUCCESS;
+    return status;
 }
 
 static CUresult check_event(CUevent event) {
@@ -468,11 +642,9 @@ EXPORT CUresult cuEventCreate(CUevent *event, unsigned flags) {
     if (event == NULL || flags > 15) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
     GUARD(need_context());
-    CUevent e = malloc(sizeof *e);
-    if (e == NULL) {
-        pthread_mutex_unlock(&lock);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
+    CUevent e = calloc(1, sizeof *e);
+    if (e == NULL) GUARD(CUDA_ERROR_OUT_OF_MEMORY);
+    e->refs = 1;
     e->next = events;
     events = e;
     *event = e;
@@ -485,14 +657,61 @@ EXPORT CUresult cuEventRecord(CUevent event, CUstream stream) {
     pthread_mutex_lock(&lock);
     GUARD(check_event(event));
     GUARD(stream_device(stream, &device));
+    unsigned long long target = ++event->recorded;
+    if (stream == NULL) {
+        event->completed = target;
+        event->status = CUDA_SUCCESS;
+    } else {
+        event->refs++;
+        CUresult status = enqueue(stream, (struct command){.kind = CMD_RECORD, .event = event, .target = target});
+        if (status != CUDA_SUCCESS) {
+            event->refs--;
+            event->recorded--;
+            GUARD(status);
+        }
+    }
     pthread_mutex_unlock(&lock);
     return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventQuery(CUevent event) {
+    pthread_mutex_lock(&lock);
+    GUARD(need_init());
+    GUARD(check_event(event));
+    CUresult status = event->completed < event->recorded ? CUDA_ERROR_NOT_READY : event->status;
+    pthread_mutex_unlock(&lock);
+    return status;
 }
 
 EXPORT CUresult cuEventSynchronize(CUevent event) {
     pthread_mutex_lock(&lock);
     GUARD(need_init());
     GUARD(check_event(event));
+    unsigned long long target = event->recorded;
+    while (event->completed < target) pthread_cond_wait(&progress, &lock);
+    CUresult status = event->status;
+    pthread_mutex_unlock(&lock);
+    return status;
+}
+
+EXPORT CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsigned flags) {
+    int device;
+    if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    GUARD(check_event(event));
+    GUARD(stream_device(stream, &device));
+    if (event->completed < event->recorded) {
+        if (stream == NULL) {
+            unsigned long long target = event->recorded;
+            while (event->completed < target) pthread_cond_wait(&progress, &lock);
+        } else {
+            event->refs++;
+            struct command wait = {.kind = CMD_WAIT, .event = event, .target = event->recorded};
+            CUresult status = enqueue(stream, wait);
+            if (status != CUDA_SUCCESS) event->refs--;
+            GUARD(status);
+        }
+    }
     pthread_mutex_unlock(&lock);
     return CUDA_SUCCESS;
 }
@@ -502,8 +721,9 @@ EXPORT CUresult cuEventDestroy_v2(CUevent event) {
     GUARD(need_init());
     for (CUevent *link = &events; *link != NULL; link = &(*link)->next) {
         if (*link == event) {
+            /* Queued commands naming it keep it until they have run. */
             *link = event->next;
-            free(event);
+            release_event(event);
             pthread_mutex_unlock(&lock);
             return CUDA_SUCCESS;
         }
@@ -528,6 +748,39 @@ EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *ptr, size_t size) {
     GUARD(new_allocation(size, current->device, 0, &p));
     d->used += size;
     *ptr = (CUdeviceptr)(uintptr_t)p;
+    pthread_mutex_unlock(&lock);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemAllocManaged(CUdeviceptr *ptr, size_t size, unsigned flags) {
+    if (ptr == NULL || size == 0 || (flags != MEM_ATTACH_GLOBAL && flags != MEM_ATTACH_HOST))
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    GUARD(need_context());
+    if (managed_level < 1) GUARD(CUDA_ERROR_NOT_SUPPORTED);
+    struct device *d = &devices[current->device];
+    GUARD(count_allocation());
+    if (size > d->total - d->used) GUARD(CUDA_ERROR_OUT_OF_MEMORY);
+    void *p;
+    GUARD(new_allocation(size, current->device, flags, &p));
+    allocations->managed = 1; /* new_allocation put it first */
+    d->used += size;
+    *ptr = (CUdeviceptr)(uintptr_t)p;
+    pthread_mutex_unlock(&lock);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemPrefetchAsync(CUdeviceptr ptr, size_t count, CUdevice dst, CUstream stream) {
+    int device;
+    pthread_mutex_lock(&lock);
+    GUARD(stream_device(stream, &device));
+    if (dst != DEVICE_CPU) GUARD(check_device(dst));
+    if (managed_level < 2) GUARD(CUDA_ERROR_INVALID_DEVICE);
+    struct allocation *a = find_allocation((const void *)(uintptr_t)ptr);
+    if (a == NULL || !a->managed) GUARD(CUDA_ERROR_INVALID_VALUE);
+    GUARD(check_range(ptr, count, a->device));
+    if (stream == NULL) a->location = dst; /* the legacy stream: at once */
+    else GUARD(enqueue(stream, (struct command){.kind = CMD_PREFETCH, .range = a, .location = dst}));
     pthread_mutex_unlock(&lock);
     return CUDA_SUCCESS;
 }
@@ -571,6 +824,32 @@ EXPORT CUresult cuMemFreeHost(void *ptr) {
     return status;
 }
 
+EXPORT CUresult cuMemHostRegister_v2(void *ptr, size_t size, unsigned flags) {
+    if (ptr == NULL || size == 0 || (flags & ~7u) != 0) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    GUARD(need_context());
+    for (struct allocation *a = allocations; a != NULL; a = a->next)
+        if ((char *)ptr < a->base + a->size && a->base < (char *)ptr + size)
+            GUARD(a->device == -2 ? CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED : CUDA_ERROR_INVALID_VALUE);
+    struct allocation *a = malloc(sizeof *a);
+    if (a == NULL) GUARD(CUDA_ERROR_OUT_OF_MEMORY);
+    *a = (struct allocation){ptr, size, -2, flags, 0, -2, allocations};
+    allocations = a;
+    registrations++;
+    pthread_mutex_unlock(&lock);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemHostUnregister(void *ptr) {
+    pthread_mutex_lock(&lock);
+    GUARD(need_context());
+    struct allocation *a = find_allocation(ptr);
+    if (a == NULL || a->device != -2 || a->base != (char *)ptr) GUARD(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
+    CUresult status = free_allocation(ptr, -2);
+    pthread_mutex_unlock(&lock);
+    return status;
+}
+
 EXPORT CUresult cuMemHostGetFlags(unsigned *flags, void *ptr) {
     if (flags == NULL) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
@@ -585,7 +864,7 @@ EXPORT CUresult cuMemHostGetFlags(unsigned *flags, void *ptr) {
     return status;
 }
 
-/* ---- Copies and fills, run at once on the calling thread ---- */
+/* ---- Copies and fills: checked at the call, run by the stream ---- */
 
 EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream stream) {
     int device;
@@ -594,9 +873,8 @@ EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n,
     if (n == 0) return pthread_mutex_unlock(&lock), CUDA_SUCCESS;
     if (src == NULL) GUARD(CUDA_ERROR_INVALID_VALUE);
     GUARD(check_range(dst, n, device));
-    GUARD(count_write((void *)(uintptr_t)dst, n));
     pinned_copies += is_pinned(src);
-    memcpy((void *)(uintptr_t)dst, src, n);
+    GUARD(submit(stream, (struct command){.kind = CMD_COPY, .dst = (char *)(uintptr_t)dst, .src = src, .n = n}));
     pthread_mutex_unlock(&lock);
     return CUDA_SUCCESS;
 }
@@ -608,9 +886,8 @@ EXPORT CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstr
     if (n == 0) return pthread_mutex_unlock(&lock), CUDA_SUCCESS;
     if (dst == NULL) GUARD(CUDA_ERROR_INVALID_VALUE);
     GUARD(check_range(src, n, device));
-    GUARD(count_write(dst, n));
     pinned_copies += is_pinned(dst);
-    memcpy(dst, (const void *)(uintptr_t)src, n);
+    GUARD(submit(stream, (struct command){.kind = CMD_COPY, .dst = dst, .src = (const char *)(uintptr_t)src, .n = n}));
     pthread_mutex_unlock(&lock);
     return CUDA_SUCCESS;
 }
@@ -622,8 +899,8 @@ EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n,
     if (n == 0) return pthread_mutex_unlock(&lock), CUDA_SUCCESS;
     GUARD(check_range(dst, n, device));
     GUARD(check_range(src, n, device));
-    GUARD(count_write((void *)(uintptr_t)dst, n));
-    memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
+    struct command c = {.kind = CMD_COPY, .dst = (char *)(uintptr_t)dst, .src = (const char *)(uintptr_t)src, .n = n};
+    GUARD(submit(stream, c));
     pthread_mutex_unlock(&lock);
     return CUDA_SUCCESS;
 }
@@ -639,38 +916,59 @@ EXPORT CUresult cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext dst_ctx, CUdevicept
     if (n == 0) return pthread_mutex_unlock(&lock), CUDA_SUCCESS;
     GUARD(check_range(dst, n, dst_ctx->device));
     GUARD(check_range(src, n, src_ctx->device));
-    GUARD(count_write((void *)(uintptr_t)dst, n));
-    memcpy((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
+    struct command c = {.kind = CMD_COPY, .dst = (char *)(uintptr_t)dst, .src = (const char *)(uintptr_t)src, .n = n};
+    GUARD(submit(stream, c));
     pthread_mutex_unlock(&lock);
     return CUDA_SUCCESS;
 }
 
 #endif
 
-static CUresult memset_n(CUdeviceptr dst, const void *value, size_t width, size_t count, CUstream stream) {
+/* `height` rows of `width` units of `unit` bytes, rows `pitch` bytes apart (0: packed). */
+static CUresult memset_2d(CUdeviceptr dst, const void *value, size_t unit, size_t pitch, size_t width, size_t height,
+                          CUstream stream) {
     int device;
     pthread_mutex_lock(&lock);
     GUARD(stream_device(stream, &device));
-    if (count == 0) return pthread_mutex_unlock(&lock), CUDA_SUCCESS;
-    if (dst % width != 0 || count > SIZE_MAX / width) GUARD(CUDA_ERROR_INVALID_VALUE);
-    GUARD(check_range(dst, count * width, device));
-    GUARD(count_write((void *)(uintptr_t)dst, count * width));
-    char *p = (char *)(uintptr_t)dst;
-    for (size_t i = 0; i < count; i++) memcpy(p + i * width, value, width);
+    if (width == 0 || height == 0) return pthread_mutex_unlock(&lock), CUDA_SUCCESS;
+    size_t row = width * unit;
+    if (dst % unit != 0 || width > SIZE_MAX / unit || (pitch != 0 && pitch < row)) GUARD(CUDA_ERROR_INVALID_VALUE);
+    size_t span = pitch == 0 ? row * height : pitch * (height - 1) + row;
+    if (pitch != 0 && height - 1 > (SIZE_MAX - row) / pitch) GUARD(CUDA_ERROR_INVALID_VALUE);
+    GUARD(check_range(dst, span, device));
+    struct command c = {.kind = CMD_MEMSET, .dst = (char *)(uintptr_t)dst};
+    if (pitch == 0) {
+        c.width = unit;
+        c.count = width * height;
+    } else {
+        /* One unit per row here: lazybuf asks for nothing wider (width 1). */
+        if (width != 1) GUARD(CUDA_ERROR_NOT_SUPPORTED);
+        c.width = unit;
+        c.count = height;
+        c.pitch = pitch;
+    }
+    memcpy(c.value, value, unit);
+    GUARD(submit(stream, c));
     pthread_mutex_unlock(&lock);
     return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t count, CUstream stream) {
-    return memset_n(dst, &value, 1, count, stream);
+    return memset_2d(dst, &value, 1, 0, count, 1, stream);
 }
 
 EXPORT CUresult cuMemsetD16Async(CUdeviceptr dst, unsigned short value, size_t count, CUstream stream) {
-    return memset_n(dst, &value, 2, count, stream);
+    return memset_2d(dst, &value, 2, 0, count, 1, stream);
 }
 
 EXPORT CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned value, size_t count, CUstream stream) {
-    return memset_n(dst, &value, 4, count, stream);
+    return memset_2d(dst, &value, 4, 0, count, 1, stream);
+}
+
+EXPORT CUresult cuMemsetD2D32Async(CUdeviceptr dst, size_t pitch, unsigned value, size_t width, size_t height,
+                                   CUstream stream) {
+    if (pitch == 0) return CUDA_ERROR_INVALID_VALUE;
+    return memset_2d(dst, &value, 4, pitch, width, height, stream);
 }
 
 /* ---- Test hooks ---- */
@@ -684,7 +982,29 @@ EXPORT void lazybuf_cuda_double_fail_allocation(long long n) {
 EXPORT void lazybuf_cuda_double_fail_copy(long long n) {
     pthread_mutex_lock(&lock);
     fail_write_at = n > 0 ? writes_done + n : 0;
+    fail_write_now = 0;
     pthread_mutex_unlock(&lock);
+}
+
+EXPORT void lazybuf_cuda_double_fail_copy_now(long long n) {
+    pthread_mutex_lock(&lock);
+    fail_write_at = n > 0 ? writes_done + n : 0;
+    fail_write_now = 1;
+    pthread_mutex_unlock(&lock);
+}
+
+EXPORT void lazybuf_cuda_double_hold(long long on) {
+    pthread_mutex_lock(&lock);
+    holding = on != 0;
+    pthread_cond_broadcast(&wake);
+    pthread_mutex_unlock(&lock);
+}
+
+EXPORT long long lazybuf_cuda_double_registrations(void) {
+    pthread_mutex_lock(&lock);
+    long long n = registrations;
+    pthread_mutex_unlock(&lock);
+    return n;
 }
 
 EXPORT long long lazybuf_cuda_double_live_allocations(void) {
@@ -706,4 +1026,12 @@ EXPORT long long lazybuf_cuda_double_pinned_copies(void) {
     long long n = pinned_copies;
     pthread_mutex_unlock(&lock);
     return n;
+}
+
+EXPORT long long lazybuf_cuda_double_prefetch_location(CUdeviceptr ptr) {
+    pthread_mutex_lock(&lock);
+    struct allocation *a = find_allocation((const void *)(uintptr_t)ptr);
+    long long location = a != NULL && a->managed ? a->location : -3;
+    pthread_mutex_unlock(&lock);
+    return location;
 }

@@ -1,51 +1,69 @@
 //! The CUDA [`Backend`] implementation: one retained primary context and one non-blocking
-//! stream per device. Every operation makes the context current on the calling thread (and
-//! restores the thread's previous context afterwards), enqueues on the stream and waits for
-//! it, so user kernels launched on that stream (see [`crate::Device::raw`]) are ordered with
-//! lazybuf's copies.
+//! stream per device (the default stream; more can be made), asynchronous copies whose
+//! tickets are events recorded after them.
 //!
-//! Host memory: pinned blocks come from `cuMemHostAlloc` with `CU_MEMHOSTALLOC_PORTABLE`
-//! only, never write-combined, because the CPU reads a buffer's host copy (write-combined
-//! memory is uncached, and CPU reads of it are very slow). Transfers ask the driver whether
-//! the host side is such memory (`cuMemHostGetFlags`, which succeeds only for page-locked
-//! memory the driver knows): pinned memory is copied directly by DMA; large pageable memory
-//! is pipelined through pinned staging (`staging.rs`); small pageable memory takes the
-//! driver's own path.
+//! **Host memory paths.** Pinned blocks come from `cuMemHostAlloc` with
+//! `CU_MEMHOSTALLOC_PORTABLE` only, never write-combined, because the CPU reads a buffer's host
+//! copy (write-combined memory is uncached, and CPU reads of it are very slow). A transfer
+//! knows how its host side is pinned from the host block itself ([`Pinning`]; lazybuf never
+//! probes the driver with a pointer it may not know): memory the driver has page-locked is
+//! copied directly by DMA; large pageable memory is pipelined through pinned staging
+//! (`staging.rs`); small pageable memory takes the driver's own path.
+//!
+//! **Registering pageable blocks.** lazybuf owns its host blocks, and its caches hand the
+//! same blocks to buffer after buffer. A pageable block of at least [`REGISTER_MIN_BYTES`]
+//! that takes part in a second transfer is registered with the driver (`cuMemHostRegister`,
+//! portable), so that transfer and every later one run at pinned speed, with no staging; the
+//! first transfer pays nothing extra. Registration costs about as much as touching the pages
+//! once, so a block moved twice has already paid for it; at most a quarter of the machine's
+//! memory is registered at once, and a refused registration leaves the block pageable (the
+//! staging path still runs). The block is unregistered when it is freed. This policy is an
+//! estimate from the H100 measurements in docs/benchmarks/gpu.md (raw pageable copies reach
+//! 0.14-0.23 of pinned bandwidth there, staged ones 0.4-0.57); the thresholds are to be tuned
+//! there.
 
-use std::sync::{Arc, Mutex};
+use std::any::Any;
+use std::sync::{Arc, PoisonError};
 
 use cudarc::driver::{result, sys};
 
-use super::memory::{CudaMemory, PinnedBlock};
-use super::staging::{PIPELINE_MIN, Staging, Stream};
+use super::memory::{CudaEvent, CudaMemory, CudaStream, PageRegistration, PinnedBlock, Shared};
+use super::staging::{PIPELINE_MIN, Staging};
 use super::{Context, cuda_error};
-use crate::backend::{Backend, DeviceMemory, RawDevice, check_fits};
-use crate::device::{Device, DeviceInfo, MemoryInfo, MemorySource};
+use crate::backend::{
+    Backend, DeviceInfo, DeviceMemory, HostSpan, MemoryInfo, MemoryKind, MemorySource, RawDevice, RawStream,
+    StreamHandle, Ticket, check_fits,
+};
 use crate::error::{BackendKind, Error, Result};
-use crate::host_memory::HostMemory;
+use crate::host_memory::{HostMemory, Pinning};
 
-/// Patterns that no memset covers are filled by uploading this much of the repeated
-/// pattern, then doubling it with device-to-device copies.
-const FILL_SEED: usize = 64 << 10;
+/// Pageable host blocks at least this large are registered with the driver on their second
+/// transfer (see the module docs).
+pub const REGISTER_MIN_BYTES: usize = 1 << 20;
 
 /// One CUDA device.
 #[derive(Debug)]
 pub struct CudaBackend {
     info: DeviceInfo,
-    capability: (u32, u32),
     context: Arc<Context>,
-    stream: sys::CUstream,
+    stream: Arc<CudaStream>,
     /// Contexts (this one included) whose memory this device copies directly.
     peers: Vec<Arc<Context>>,
-    /// Pinned staging for large pageable transfers, made on first use.
-    staging: Mutex<Option<Staging>>,
+    /// Live allocations and the pinned staging for large pageable transfers.
+    shared: Arc<Shared>,
+    /// Whether the device has managed memory (`CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY`).
+    managed_memory: bool,
+    /// Whether the host and the device may use managed memory at once, which prefetching
+    /// needs (`CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS`).
+    concurrent_managed: bool,
 }
 
-// SAFETY: the driver API is thread-safe; the stream is only used through driver calls, and
-// the staging memory is behind a Mutex.
-unsafe impl Send for CudaBackend {}
-// SAFETY: see Send.
-unsafe impl Sync for CudaBackend {}
+/// Device memory and managed memory are aligned to 256 bytes (the CUDA programming guide:
+/// "at least 256-byte aligned").
+const DEVICE_ALIGN: usize = 256;
+
+/// `cuMemPrefetchAsync`'s destination for host memory (`CU_DEVICE_CPU`).
+const CU_DEVICE_CPU: sys::CUdevice = -1;
 
 fn attribute(device: sys::CUdevice, attribute: sys::CUdevice_attribute) -> Result<i32> {
     // SAFETY: device comes from cuDeviceGet.
@@ -66,31 +84,31 @@ impl CudaBackend {
         let major = attribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
         let minor = attribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
         let integrated = attribute(device, CU_DEVICE_ATTRIBUTE_INTEGRATED)? != 0;
+        // Devices that cannot answer have no managed memory, as far as lazybuf is concerned.
+        let managed_memory = attribute(device, CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY).unwrap_or(0) != 0;
+        let concurrent_managed = managed_memory
+            && attribute(device, CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS).unwrap_or(0) != 0;
         let stream = {
             let _bound = context.bind()?;
-            result::stream::create(result::stream::StreamKind::NonBlocking)
-                .map_err(|err| cuda_error("cuStreamCreate", err))?
+            Arc::new(CudaStream::create(&context)?)
         };
         Ok(CudaBackend {
             info: DeviceInfo {
                 name,
-                backend: BackendKind::Cuda,
+                backend: BackendKind::CUDA,
                 vendor: "NVIDIA".into(),
                 shares_host_memory: integrated,
                 is_gpu: true,
                 total_memory: total as u64,
+                compute_capability: Some((major.max(0) as u32, minor.max(0) as u32)),
             },
-            capability: (major.max(0) as u32, minor.max(0) as u32),
             context,
             stream,
             peers,
-            staging: Mutex::new(None),
+            shared: Arc::new(Shared::default()),
+            managed_memory,
+            concurrent_managed,
         })
-    }
-
-    /// The compute capability (major, minor).
-    pub fn compute_capability(&self) -> (u32, u32) {
-        self.capability
     }
 
     fn memory<'m>(&self, memory: &'m DeviceMemory) -> Result<&'m CudaMemory> {
@@ -103,42 +121,34 @@ impl CudaBackend {
         }
     }
 
-    /// Waits for everything enqueued on the stream.
-    fn complete(&self) -> Result<()> {
-        // SAFETY: the stream is live for as long as self.
-        unsafe { result::stream::synchronize(self.stream) }
-            .map_err(|err| cuda_error("cuStreamSynchronize", err))
+    fn stream<'s>(&self, stream: &'s dyn StreamHandle) -> Result<&'s CudaStream> {
+        match (stream as &dyn Any).downcast_ref::<CudaStream>() {
+            Some(s) if Arc::ptr_eq(&s.context, &self.context) => Ok(s),
+            _ => Err(Error::invalid(
+                "CUDA device",
+                format!("expected a stream of {}, got {stream:?}", self.info.name),
+            )),
+        }
     }
 
-    /// Whether `ptr` is page-locked memory the driver knows (so DMA can use it directly).
-    fn is_pinned(&self, ptr: *const u8) -> bool {
-        let mut flags = 0;
-        // SAFETY: flags is a valid out-pointer; the driver only looks the address up.
-        let status = unsafe { sys::cuMemHostGetFlags(&mut flags, ptr.cast_mut().cast()) };
-        status == sys::CUresult::CUDA_SUCCESS
-    }
-
-    /// Runs `transfer` on the staging memory, made on first use. Returns `None` when no
-    /// staging can be had (pinning refused): the caller then takes the driver's path, which
-    /// moves the same bytes, only slower.
-    fn staged(&self, transfer: impl FnOnce(&mut Staging, Stream) -> Result<()>) -> Option<Result<()>> {
-        let mut staging = self.staging.lock().unwrap_or_else(|e| e.into_inner());
+    /// The staging pipeline, made on first use; `None` when no staging can be had (pinning
+    /// refused): the caller then takes the driver's path, which moves the same bytes, slower.
+    fn staging(&self) -> Option<Arc<Staging>> {
+        let mut staging = self.shared.staging.lock().unwrap_or_else(PoisonError::into_inner);
         if staging.is_none() {
-            *staging = Staging::new(&self.context, &self.info.name).ok();
+            *staging = Staging::new(&self.context, &self.info.name).ok().map(Arc::new);
         }
-        Some(transfer(staging.as_mut()?, Stream(self.stream)))
+        staging.clone()
     }
-}
 
-impl Drop for CudaBackend {
-    fn drop(&mut self) {
-        // SAFETY: the stream was created by `open` and is destroyed once, after its work is
-        // done. Statuses are ignored: drop must not panic, and a failed release only leaks.
-        unsafe {
-            let _bound = self.context.bind();
-            let _ = result::stream::synchronize(self.stream);
-            let _ = result::stream::destroy(self.stream);
-        }
+    /// Whether a transfer of `host` should go through staging.
+    fn needs_staging(host: &HostSpan) -> bool {
+        host.len() >= PIPELINE_MIN && !host.pinning().is_dma_ready_for(BackendKind::CUDA)
+    }
+
+    /// A ticket for what was just enqueued on `stream` (the context is current).
+    fn ticket(stream: &CudaStream) -> Result<Ticket> {
+        Ok(Ticket::new(stream.record()?))
     }
 }
 
@@ -150,7 +160,25 @@ impl Backend for CudaBackend {
     fn memory_info(&self) -> Result<MemoryInfo> {
         let _bound = self.context.bind()?;
         let (free, total) = result::mem_get_info().map_err(|err| cuda_error("cuMemGetInfo", err))?;
-        Ok(MemoryInfo { free: free as u64, total: total as u64, source: MemorySource::Runtime })
+        Ok(MemoryInfo { free: free as u64, total: total as u64, source: MemorySource::Runtime, cached: 0 })
+    }
+
+    fn default_stream(&self) -> Arc<dyn StreamHandle> {
+        self.stream.clone()
+    }
+
+    fn create_stream(&self) -> Result<Arc<dyn StreamHandle>> {
+        let _bound = self.context.bind()?;
+        Ok(Arc::new(CudaStream::create(&self.context)?))
+    }
+
+    unsafe fn wrap_stream(&self, raw: RawStream) -> Result<Arc<dyn StreamHandle>> {
+        match raw {
+            // The driver cannot tell a stream's context without another entry point; that it
+            // belongs to this device's is the caller's promise.
+            RawStream::Cuda(stream) => Ok(Arc::new(CudaStream::borrowed(&self.context, stream.cast()))),
+            other => Err(Error::invalid("wrap_stream", format!("expected a CUDA stream, got {other:?}"))),
+        }
     }
 
     fn allocate_host(&self, bytes: usize, pinned: bool) -> Result<HostMemory> {
@@ -167,174 +195,263 @@ impl Backend for CudaBackend {
 
     fn allocate(&self, bytes: usize) -> Result<DeviceMemory> {
         let _bound = self.context.bind()?;
-        let memory = CudaMemory::allocate(&self.context, bytes, &self.info.name)?;
+        let memory = CudaMemory::allocate(&self.context, &self.shared, bytes, &self.info.name)?;
         Ok(DeviceMemory::new(bytes, false, Box::new(memory)))
     }
 
-    fn upload(&self, src: &[u8], dst: &mut DeviceMemory) -> Result<()> {
+    fn allocate_shared(&self, bytes: usize) -> Result<DeviceMemory> {
+        if !self.managed_memory {
+            return Err(Error::invalid(
+                "allocate_shared",
+                format!(
+                    "{} has no managed memory (CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY is 0); expected a device that supports cuMemAllocManaged",
+                    self.info.name
+                ),
+            ));
+        }
+        let _bound = self.context.bind()?;
+        let memory = CudaMemory::allocate_managed(&self.context, &self.shared, bytes, &self.info.name)?;
+        Ok(DeviceMemory::shared(bytes, Box::new(memory)))
+    }
+
+    fn alignment(&self, kind: MemoryKind) -> usize {
+        match kind {
+            MemoryKind::Device | MemoryKind::Shared => DEVICE_ALIGN,
+            // cuMemHostAlloc and the locked fallback hand out whole pages.
+            MemoryKind::Host { pinned: true } => 4096,
+            MemoryKind::Host { pinned: false } => crate::host_memory::HEAP_ALIGN,
+        }
+    }
+
+    fn prefetch(&self, stream: &dyn StreamHandle, memory: &DeviceMemory, to_device: bool) -> Result<Ticket> {
+        let len = memory.len();
+        let (stream, memory) = (self.stream(stream)?, self.memory(memory)?);
+        // Prefetching is a hint: memory that is not managed, or a device where the host and
+        // the device cannot use managed memory at once (which the driver refuses to prefetch
+        // on), needs nothing.
+        if !memory.managed || memory.ptr == 0 || !self.concurrent_managed {
+            return Ok(Ticket::done());
+        }
+        let target = if to_device { self.context.device() } else { CU_DEVICE_CPU };
+        let _bound = self.context.bind()?;
+        // SAFETY: [ptr, ptr + len) is the managed allocation `memory` owns; the stream is live.
+        unsafe { sys::cuMemPrefetchAsync(memory.ptr, len, target, stream.stream) }
+            .result()
+            .map_err(|err| cuda_error("cuMemPrefetchAsync", err))?;
+        Self::ticket(stream)
+    }
+
+    unsafe fn upload(
+        &self,
+        stream: &dyn StreamHandle,
+        src: HostSpan,
+        dst: &mut DeviceMemory,
+    ) -> Result<Ticket> {
         check_fits("upload", dst.len(), src.len())?;
-        let dst = self.memory(dst)?.ptr;
+        let (stream, dst) = (self.stream(stream)?, self.memory(dst)?.ptr);
         if src.is_empty() {
-            return Ok(());
+            return Ok(Ticket::done());
         }
         let _bound = self.context.bind()?;
-        if src.len() >= PIPELINE_MIN
-            && !self.is_pinned(src.as_ptr())
-            && let Some(done) = self.staged(|staging, stream| staging.upload(stream, src, dst))
+        if Self::needs_staging(&src)
+            && let Some(staging) = self.staging()
         {
-            return done;
+            return Ok(staging.upload(stream.stream, src, dst));
         }
-        // SAFETY: dst holds at least src.len() bytes; src stays borrowed until the stream
-        // has completed the copy.
-        unsafe { result::memcpy_htod_async(dst, src, self.stream) }
+        // SAFETY: dst holds at least src.len() bytes; src stays valid and unwritten until the
+        // event recorded after the copy completes (the caller's promise).
+        unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.ptr().cast(), src.len(), stream.stream) }
+            .result()
             .map_err(|err| cuda_error("cuMemcpyHtoDAsync", err))?;
-        self.complete()
+        Self::ticket(stream)
     }
 
-    fn download(&self, src: &DeviceMemory, dst: &mut [u8]) -> Result<()> {
+    unsafe fn download(
+        &self,
+        stream: &dyn StreamHandle,
+        src: &DeviceMemory,
+        dst: HostSpan,
+    ) -> Result<Ticket> {
         check_fits("download", src.len(), dst.len())?;
-        let src = self.memory(src)?.ptr;
+        let (stream, src) = (self.stream(stream)?, self.memory(src)?.ptr);
         if dst.is_empty() {
-            return Ok(());
+            return Ok(Ticket::done());
         }
         let _bound = self.context.bind()?;
-        if dst.len() >= PIPELINE_MIN
-            && !self.is_pinned(dst.as_ptr())
-            && let Some(done) = self.staged(|staging, stream| staging.download(stream, src, dst))
+        if Self::needs_staging(&dst)
+            && let Some(staging) = self.staging()
         {
-            return done;
+            return Ok(staging.download(stream.stream, src, dst));
         }
-        // SAFETY: src holds at least dst.len() bytes; dst stays exclusively borrowed until
-        // the stream has completed the copy.
-        unsafe { result::memcpy_dtoh_async(dst, src, self.stream) }
+        // SAFETY: src holds at least dst.len() bytes; dst stays valid and untouched until the
+        // event recorded after the copy completes (the caller's promise).
+        unsafe { sys::cuMemcpyDtoHAsync_v2(dst.ptr().cast(), src, dst.len(), stream.stream) }
+            .result()
             .map_err(|err| cuda_error("cuMemcpyDtoHAsync", err))?;
-        self.complete()
+        Self::ticket(stream)
     }
 
-    fn fill(&self, dst: &mut DeviceMemory, pattern: &[u8], bytes: usize) -> Result<()> {
+    fn fill(
+        &self,
+        stream: &dyn StreamHandle,
+        dst: &mut DeviceMemory,
+        pattern: &[u8],
+        bytes: usize,
+    ) -> Result<Ticket> {
         check_fits("fill", dst.len(), bytes)?;
-        let dst = self.memory(dst)?.ptr;
-        if pattern.is_empty() || !bytes.is_multiple_of(pattern.len()) {
+        let (stream, dst) = (self.stream(stream)?, self.memory(dst)?.ptr);
+        let period = period(pattern);
+        if pattern.is_empty()
+            || !bytes.is_multiple_of(pattern.len())
+            || !(matches!(period, 1 | 2) || period.is_multiple_of(4))
+        {
             return Err(Error::invalid(
                 "fill",
                 format!(
-                    "expected a non-empty pattern whose length divides {bytes}; got {} bytes",
+                    "expected a pattern of 1, 2, 4, 8 or 16 bytes whose length divides {bytes}; got {} bytes",
                     pattern.len()
                 ),
             ));
         }
         if bytes == 0 {
-            return Ok(());
+            return Ok(Ticket::done());
         }
         let _bound = self.context.bind()?;
-        // dst holds at least `bytes` bytes and is 256-byte aligned (cuMemAlloc), so a memset
-        // of 2- or 4-byte elements is aligned and stays inside the allocation.
-        let (stream, count) = (self.stream, bytes / period(pattern));
-        let queued = match *pattern {
+        // dst holds at least `bytes` bytes and is 256-byte aligned (cuMemAlloc), so memsets of
+        // 2- and 4-byte units are aligned and stay inside the allocation.
+        let (s, count) = (stream.stream, bytes / period);
+        let word =
+            |at: usize| u32::from_ne_bytes([pattern[at], pattern[at + 1], pattern[at + 2], pattern[at + 3]]);
+        let status = match period {
             // SAFETY: see above; `count` bytes from dst lie in the allocation.
-            _ if period(pattern) == 1 => unsafe { sys::cuMemsetD8Async(dst, pattern[0], count, stream) }
-                .result()
-                .map_err(|err| cuda_error("cuMemsetD8Async", err)),
-            // SAFETY: see above; `count` 2-byte elements from dst lie in the allocation.
-            [a, b, ..] if period(pattern) == 2 => {
-                unsafe { sys::cuMemsetD16Async(dst, u16::from_ne_bytes([a, b]), count, stream) }
-                    .result()
-                    .map_err(|err| cuda_error("cuMemsetD16Async", err))
-            }
-            // SAFETY: see above; `count` 4-byte elements from dst lie in the allocation.
-            [a, b, c, d, ..] if period(pattern) == 4 => {
-                unsafe { sys::cuMemsetD32Async(dst, u32::from_ne_bytes([a, b, c, d]), count, stream) }
-                    .result()
-                    .map_err(|err| cuda_error("cuMemsetD32Async", err))
-            }
-            _ => self.fill_by_doubling(dst, pattern, bytes),
+            1 => unsafe { sys::cuMemsetD8Async(dst, pattern[0], count, s) },
+            // SAFETY: see above; `count` 2-byte units from dst lie in the allocation.
+            2 => unsafe {
+                sys::cuMemsetD16Async(dst, u16::from_ne_bytes([pattern[0], pattern[1]]), count, s)
+            },
+            // SAFETY: see above; `count` 4-byte units from dst lie in the allocation.
+            4 => unsafe { sys::cuMemsetD32Async(dst, word(0), count, s) },
+            // Longer elements (8 and 16 bytes): one strided 4-byte memset per word of the
+            // element, each row one element long.
+            _ => (0..period / 4)
+                .map(|w| {
+                    // SAFETY: rows of `period` bytes, `count` of them, one 4-byte word each at
+                    // offset 4w: all inside the allocation and 4-byte aligned.
+                    unsafe { sys::cuMemsetD2D32Async(dst + 4 * w as u64, period, word(4 * w), 1, count, s) }
+                })
+                .find(|status| *status != sys::CUresult::CUDA_SUCCESS)
+                .unwrap_or(sys::CUresult::CUDA_SUCCESS),
         };
-        let completed = self.complete();
-        queued.and(completed)
+        status.result().map_err(|err| cuda_error("cuMemset", err))?;
+        Self::ticket(stream)
     }
 
-    fn copy(&self, src: &DeviceMemory, dst: &mut DeviceMemory, bytes: usize) -> Result<()> {
+    fn copy(
+        &self,
+        stream: &dyn StreamHandle,
+        src: &DeviceMemory,
+        dst: &mut DeviceMemory,
+        bytes: usize,
+    ) -> Result<Ticket> {
         check_fits("copy", src.len().min(dst.len()), bytes)?;
-        let (src, dst) = (self.memory(src)?.ptr, self.memory(dst)?.ptr);
+        let (stream, src, dst) = (self.stream(stream)?, self.memory(src)?.ptr, self.memory(dst)?.ptr);
         if bytes == 0 {
-            return Ok(());
+            return Ok(Ticket::done());
         }
         let _bound = self.context.bind()?;
         // SAFETY: both allocations hold at least `bytes` and are distinct (`dst` is borrowed
         // mutably while `src` is borrowed shared).
-        unsafe { result::memcpy_dtod_async(dst, src, bytes, self.stream) }
+        unsafe { result::memcpy_dtod_async(dst, src, bytes, stream.stream) }
             .map_err(|err| cuda_error("cuMemcpyDtoDAsync", err))?;
-        self.complete()
+        Self::ticket(stream)
     }
 
-    fn can_copy_from_peer(&self, src: &Device) -> bool {
-        match src.backend().raw() {
-            RawDevice::Cuda { context, .. } => self.peers.iter().any(|peer| peer.raw().cast() == context),
-            _ => false,
-        }
+    fn can_copy_from_peer(&self, src: &dyn Backend) -> bool {
+        (src as &dyn Any)
+            .downcast_ref::<CudaBackend>()
+            .is_some_and(|src| self.peers.iter().any(|peer| Arc::ptr_eq(peer, &src.context)))
     }
 
     fn copy_from_peer(
         &self,
-        src_device: &Device,
+        stream: &dyn StreamHandle,
+        _src_backend: &dyn Backend,
         src: &DeviceMemory,
         dst: &mut DeviceMemory,
         bytes: usize,
-    ) -> Option<Result<()>> {
+    ) -> Option<Result<Ticket>> {
         let source = src.handle::<CudaMemory>()?;
         let peer = self.peers.iter().find(|peer| Arc::ptr_eq(peer, &source.context))?;
         let copy = || {
             check_fits("copy_from_peer", src.len().min(dst.len()), bytes)?;
-            let dst = self.memory(dst)?.ptr;
+            let (stream, dst) = (self.stream(stream)?, self.memory(dst)?.ptr);
             if bytes == 0 {
-                return Ok(());
+                return Ok(Ticket::done());
             }
-            // Work the user queued on the source device must be done before its memory is read.
-            src_device.synchronize()?;
             let _bound = self.context.bind()?;
             // SAFETY: source.ptr holds at least `bytes` in `peer`, dst holds at least `bytes`
-            // here; both stay borrowed until the stream has completed the copy.
+            // here; both stay allocated until the copy's event completes (the engine waits).
             unsafe {
-                result::memcpy_peer_async(self.context.raw(), dst, peer.raw(), source.ptr, bytes, self.stream)
+                result::memcpy_peer_async(
+                    self.context.raw(),
+                    dst,
+                    peer.raw(),
+                    source.ptr,
+                    bytes,
+                    stream.stream,
+                )
             }
             .map_err(|err| cuda_error("cuMemcpyPeerAsync", err))?;
-            self.complete()
+            Self::ticket(stream)
         };
         Some(copy())
     }
 
+    fn wait_on(&self, stream: &dyn StreamHandle, ticket: &Ticket) -> Result<()> {
+        let stream = self.stream(stream)?;
+        let _bound = self.context.bind()?;
+        for part in ticket.parts() {
+            match (&*part as &dyn Any).downcast_ref::<CudaEvent>() {
+                // SAFETY: live stream and event (the ticket holds the event); events of other
+                // contexts may be waited on by any stream.
+                Some(event) => unsafe { sys::cuStreamWaitEvent(stream.stream, event.event, 0) }
+                    .result()
+                    .map_err(|err| cuda_error("cuStreamWaitEvent", err))?,
+                None => part.wait()?,
+            }
+        }
+        Ok(())
+    }
+
+    fn marker(&self, stream: &dyn StreamHandle) -> Result<Ticket> {
+        let stream = self.stream(stream)?;
+        let _bound = self.context.bind()?;
+        Self::ticket(stream)
+    }
+
     fn synchronize(&self) -> Result<()> {
         let _bound = self.context.bind()?;
-        self.complete()
+        // SAFETY: the stream is live for as long as self.
+        unsafe { result::stream::synchronize(self.stream.stream) }
+            .map_err(|err| cuda_error("cuStreamSynchronize", err))
     }
 
     fn raw(&self) -> RawDevice {
-        RawDevice::Cuda { context: self.context.raw().cast(), stream: self.stream.cast() }
+        RawDevice::Cuda { context: self.context.raw().cast(), stream: self.stream.stream.cast() }
     }
-}
 
-impl CudaBackend {
-    /// Fills by uploading [`FILL_SEED`] bytes of the repeated pattern, then doubling the
-    /// filled prefix with device-to-device copies (which keep the phase: every copied length
-    /// is a multiple of the pattern). Waits for the stream before the seed is freed.
-    fn fill_by_doubling(&self, dst: sys::CUdeviceptr, pattern: &[u8], bytes: usize) -> Result<()> {
-        let seed_len = bytes.min(FILL_SEED / pattern.len() * pattern.len()).max(pattern.len());
-        let seed: Vec<u8> = pattern.iter().copied().cycle().take(seed_len).collect();
-        // SAFETY: dst holds `bytes` >= seed_len bytes; `seed` lives until the stream is done.
-        unsafe { result::memcpy_htod_async(dst, &seed[..], self.stream) }
-            .map_err(|err| cuda_error("cuMemcpyHtoDAsync", err))?;
-        let mut filled = seed_len;
-        while filled < bytes {
-            let n = filled.min(bytes - filled);
-            // SAFETY: [0, n) and [filled, filled + n) lie in the allocation and do not
-            // overlap (n <= filled).
-            unsafe { result::memcpy_dtod_async(dst + filled as u64, dst, n, self.stream) }
-                .map_err(|err| cuda_error("cuMemcpyDtoDAsync", err))?;
-            filled += n;
+    fn prepare_host(&self, host: &mut HostMemory) {
+        if host.pinning() != Pinning::Pageable || host.len() < REGISTER_MIN_BYTES || host.count_transfer() < 2
+        {
+            return;
         }
-        let completed = self.complete();
-        drop(seed);
-        completed
+        // A refused registration (the budget, the driver) leaves the block pageable: the
+        // staging path moves the same bytes.
+        let _ = self.context.bind().and_then(|_bound| PageRegistration::register(&self.context, host));
+    }
+
+    fn trim(&self) {
+        self.shared.drop_staging();
     }
 }
 

@@ -1,37 +1,90 @@
-//! CUDA memory handles: device allocations ([`CudaMemory`]) and page-locked host blocks
-//! ([`PinnedBlock`], the owner inside a pinned [`HostMemory`]). Both free themselves on drop
-//! without panicking, with their context made current first. Allocation policy (flags,
-//! zeroing, error mapping) is in `device.rs`.
+//! The CUDA handles lazybuf owns: device allocations ([`CudaMemory`]), page-locked host blocks
+//! ([`PinnedBlock`], the owner inside a pinned [`HostMemory`]), registrations of pageable host
+//! pages ([`PageRegistration`]), streams ([`CudaStream`]) and events as completions
+//! ([`CudaEvent`]). Each releases itself on drop without panicking, with its context made
+//! current first. Allocation policy (flags, zeroing, error mapping) is in `device.rs`.
 
-use std::any::Any;
 use std::ffi::c_void;
 use std::ptr::NonNull;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use cudarc::driver::{result, sys};
 
-use super::{Context, allocation_error};
-use crate::backend::{MemoryHandle, RawMemory};
-use crate::error::Result;
-use crate::host_memory::{ForeignHostMemory, HostMemory};
+use super::staging::Staging;
+use super::{Context, allocation_error, cuda_error};
+use crate::backend::{Completion, MemoryHandle, RawMemory, RawStream, StreamHandle};
+use crate::error::{BackendKind, Result};
+use crate::host_memory::{ForeignHostMemory, HostMemory, Pinning, machine_memory};
 
-/// A device allocation (`ptr` 0 when empty: CUDA has no empty allocations).
+/// What a device's allocations share with the device: how many are alive, and the pinned
+/// staging memory that is freed when the last of them is.
+#[derive(Debug, Default)]
+pub(super) struct Shared {
+    live: AtomicUsize,
+    pub(super) staging: Mutex<Option<Arc<Staging>>>,
+}
+
+impl Shared {
+    /// Frees the staging memory (transfers in flight keep it until they are done).
+    pub(super) fn drop_staging(&self) {
+        let staging = self.staging.lock().unwrap_or_else(PoisonError::into_inner).take();
+        drop(staging);
+    }
+}
+
+/// A device allocation, or managed memory the host addresses too (`ptr` 0 when empty: CUDA
+/// has no empty allocations).
 #[derive(Debug)]
 pub struct CudaMemory {
     pub(super) ptr: sys::CUdeviceptr,
     pub(super) context: Arc<Context>,
+    /// Managed memory (`cuMemAllocManaged`), whose address the host uses as it is.
+    pub(super) managed: bool,
+    shared: Arc<Shared>,
 }
 
 impl CudaMemory {
     /// Allocates `len` bytes on `context`'s device (which must be current).
-    pub(super) fn allocate(context: &Arc<Context>, len: usize, device_name: &str) -> Result<CudaMemory> {
-        if len == 0 {
-            return Ok(CudaMemory { ptr: 0, context: context.clone() });
-        }
-        // SAFETY: the caller made `context` current; the memory is freed once, in Drop.
-        let ptr = unsafe { result::malloc_sync(len) }
-            .map_err(|err| allocation_error("cuMemAlloc", err, device_name, len))?;
-        Ok(CudaMemory { ptr, context: context.clone() })
+    pub(super) fn allocate(
+        context: &Arc<Context>,
+        shared: &Arc<Shared>,
+        len: usize,
+        device_name: &str,
+    ) -> Result<CudaMemory> {
+        let ptr = if len == 0 {
+            0
+        } else {
+            // SAFETY: the caller made `context` current; the memory is freed once, in Drop.
+            unsafe { result::malloc_sync(len) }
+                .map_err(|err| allocation_error("cuMemAlloc", err, device_name, len))?
+        };
+        shared.live.fetch_add(1, Ordering::SeqCst);
+        Ok(CudaMemory { ptr, context: context.clone(), managed: false, shared: shared.clone() })
+    }
+
+    /// Allocates `len` bytes of managed memory, attached globally (any stream and the host
+    /// may use it), on `context`'s device (which must be current).
+    pub(super) fn allocate_managed(
+        context: &Arc<Context>,
+        shared: &Arc<Shared>,
+        len: usize,
+        device_name: &str,
+    ) -> Result<CudaMemory> {
+        let ptr = if len == 0 {
+            0
+        } else {
+            let mut ptr = 0;
+            let flags = sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL as u32;
+            // SAFETY: the caller made `context` current; `ptr` is a valid out-pointer; the
+            // memory is freed once, in Drop (cuMemFree frees managed memory too).
+            unsafe { sys::cuMemAllocManaged(&mut ptr, len, flags) }
+                .result()
+                .map_err(|err| allocation_error("cuMemAllocManaged", err, device_name, len))?;
+            ptr
+        };
+        shared.live.fetch_add(1, Ordering::SeqCst);
+        Ok(CudaMemory { ptr, context: context.clone(), managed: true, shared: shared.clone() })
     }
 }
 
@@ -40,22 +93,29 @@ impl MemoryHandle for CudaMemory {
         RawMemory::Cuda(self.ptr)
     }
 
-    fn as_any(&self) -> &dyn Any {
-        self
+    fn host_address(&self) -> Option<NonNull<u8>> {
+        if !self.managed {
+            return None;
+        }
+        // Managed memory has one address for the device and the host (unified addressing).
+        NonNull::new(self.ptr as usize as *mut u8).or(Some(NonNull::dangling()))
     }
 }
 
 impl Drop for CudaMemory {
     fn drop(&mut self) {
-        if self.ptr == 0 {
-            return;
+        if self.ptr != 0 {
+            // SAFETY: ptr was allocated by cuMemAlloc in this context and is freed once;
+            // cuMemFree waits for work still using it. Statuses are ignored: drop must not
+            // panic, and a failed free only leaks.
+            unsafe {
+                let _bound = self.context.bind();
+                let _ = result::free_sync(self.ptr);
+            }
         }
-        // SAFETY: ptr was allocated by cuMemAlloc in this context and is freed once; every
-        // lazybuf operation on it completed before returning. Statuses are ignored: drop must
-        // not panic, and a failed free only leaks.
-        unsafe {
-            let _bound = self.context.bind();
-            let _ = result::free_sync(self.ptr);
+        // The last allocation of the device gone: its staging memory goes too.
+        if self.shared.live.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.shared.drop_staging();
         }
     }
 }
@@ -93,21 +153,203 @@ impl PinnedBlock {
         // SAFETY: ptr is valid for len bytes (cuMemHostAlloc succeeded); zeroing initializes
         // them, as HostMemory requires.
         unsafe { std::ptr::write_bytes(ptr.as_ptr().cast::<u8>(), 0, len) };
+        let pinning = Pinning::Runtime(BackendKind::CUDA);
         // SAFETY: (1) ptr is valid and initialized for len bytes until `block` frees it;
         // (2) the HostMemory returned is the only handle to the bytes; (3) the memory is
-        // page-locked (cuMemHostAlloc).
-        Ok(unsafe { HostMemory::from_foreign(ptr.cast(), len, true, Box::new(block)) })
+        // page-locked by the driver (cuMemHostAlloc); (4) it was just zeroed.
+        Ok(unsafe { HostMemory::from_foreign(ptr.cast(), len, pinning, true, Box::new(block)) })
     }
 }
 
 impl Drop for PinnedBlock {
     fn drop(&mut self) {
-        // SAFETY: ptr came from cuMemHostAlloc and is freed once; no transfer uses it any
-        // more (every transfer completes before returning). Statuses are ignored: drop must
-        // not panic, and a failed free only leaks.
+        // SAFETY: ptr came from cuMemHostAlloc and is freed once; the buffer that owned it
+        // waited for its transfers. Statuses are ignored: drop must not panic, and a failed
+        // free only leaks.
         unsafe {
             let _bound = self.context.bind();
             let _ = result::free_host(self.ptr.as_ptr());
+        }
+    }
+}
+
+/// Bytes of pageable host memory registered with the driver by this process.
+static REGISTERED_BYTES: AtomicUsize = AtomicUsize::new(0);
+
+/// Pageable host pages registered (page-locked) with the driver by `cuMemHostRegister`;
+/// dropping it unregisters them.
+pub(super) struct PageRegistration {
+    ptr: NonNull<c_void>,
+    len: usize,
+    context: Arc<Context>,
+}
+
+// SAFETY: the value only remembers an address to unregister; the driver call is thread-safe.
+unsafe impl Send for PageRegistration {}
+// SAFETY: PageRegistration exposes nothing through &self.
+unsafe impl Sync for PageRegistration {}
+
+impl ForeignHostMemory for PageRegistration {}
+
+impl PageRegistration {
+    /// Registers `block`'s pages as portable pinned memory; `context` must be current. On
+    /// success the block reports [`Pinning::Registered`]. Refused (an error) when the
+    /// registered bytes would pass a quarter of the machine's memory.
+    pub(super) fn register(context: &Arc<Context>, block: &mut HostMemory) -> Result<()> {
+        let Some(ptr) = NonNull::new(block.as_ptr().cast_mut().cast::<c_void>()) else {
+            return Ok(());
+        };
+        let len = block.len();
+        let budget = machine_memory() / 4;
+        REGISTERED_BYTES
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |held| {
+                held.checked_add(len).filter(|&t| t <= budget)
+            })
+            .map_err(|held| {
+                crate::Error::invalid(
+                    "cuMemHostRegister",
+                    format!(
+                        "{held} bytes are registered already; {len} more would pass the budget of {budget}"
+                    ),
+                )
+            })?;
+        // SAFETY: ptr is valid for len bytes while the block lives; the registration is
+        // dropped (unregistered) before the block's memory is freed (HostMemory's drop).
+        let registered =
+            unsafe { sys::cuMemHostRegister_v2(ptr.as_ptr(), len, sys::CU_MEMHOSTREGISTER_PORTABLE) }
+                .result()
+                .map_err(|err| cuda_error("cuMemHostRegister", err));
+        if let Err(err) = registered {
+            REGISTERED_BYTES.fetch_sub(len, Ordering::SeqCst);
+            return Err(err);
+        }
+        let registration = PageRegistration { ptr, len, context: context.clone() };
+        // SAFETY: the pages were just registered with CUDA, until `registration` is dropped.
+        unsafe { block.register(BackendKind::CUDA, Box::new(registration)) };
+        Ok(())
+    }
+}
+
+impl Drop for PageRegistration {
+    fn drop(&mut self) {
+        // SAFETY: the pages were registered once by `register`; the block's transfers are
+        // done (its buffer waited for them). Statuses are ignored: drop must not panic.
+        unsafe {
+            let _bound = self.context.bind();
+            let _ = sys::cuMemHostUnregister(self.ptr.as_ptr());
+        }
+        REGISTERED_BYTES.fetch_sub(self.len, Ordering::SeqCst);
+    }
+}
+
+/// A CUDA stream of one context: lazybuf's own (non-blocking: it does not wait for the legacy
+/// default stream), or the caller's, which lazybuf never destroys.
+#[derive(Debug)]
+pub struct CudaStream {
+    pub(super) stream: sys::CUstream,
+    pub(super) context: Arc<Context>,
+    owned: bool,
+}
+
+// SAFETY: the driver API is thread-safe and streams may be used from any thread; the value
+// owns the stream.
+unsafe impl Send for CudaStream {}
+// SAFETY: see Send.
+unsafe impl Sync for CudaStream {}
+
+impl CudaStream {
+    /// A new non-blocking stream; `context` must be current.
+    pub(super) fn create(context: &Arc<Context>) -> Result<CudaStream> {
+        let stream = result::stream::create(result::stream::StreamKind::NonBlocking)
+            .map_err(|err| cuda_error("cuStreamCreate", err))?;
+        Ok(CudaStream { stream, context: context.clone(), owned: true })
+    }
+
+    /// The caller's stream `stream` of `context`, not destroyed on drop.
+    pub(super) fn borrowed(context: &Arc<Context>, stream: sys::CUstream) -> CudaStream {
+        CudaStream { stream, context: context.clone(), owned: false }
+    }
+
+    /// Records a new event on the stream, as a completion; `context` must be current.
+    pub(super) fn record(&self) -> Result<Arc<CudaEvent>> {
+        let event = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+            .map_err(|err| cuda_error("cuEventCreate", err))?;
+        let event = Arc::new(CudaEvent { event, context: self.context.clone(), outcome: OnceLock::new() });
+        // SAFETY: live event and stream of the current context.
+        unsafe { result::event::record(event.event, self.stream) }
+            .map_err(|err| cuda_error("cuEventRecord", err))?;
+        Ok(event)
+    }
+}
+
+impl StreamHandle for CudaStream {
+    fn raw(&self) -> RawStream {
+        RawStream::Cuda(self.stream.cast())
+    }
+}
+
+impl Drop for CudaStream {
+    fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
+        // SAFETY: the stream was created by `create` and is destroyed once; the driver lets
+        // its queued work finish first. Statuses are ignored: drop must not panic.
+        unsafe {
+            let _bound = self.context.bind();
+            let _ = result::stream::destroy(self.stream);
+        }
+    }
+}
+
+/// A recorded CUDA event as a completion.
+#[derive(Debug)]
+pub struct CudaEvent {
+    pub(super) event: sys::CUevent,
+    pub(super) context: Arc<Context>,
+    outcome: OnceLock<Result<()>>,
+}
+
+// SAFETY: event calls are thread-safe; the value owns the event.
+unsafe impl Send for CudaEvent {}
+// SAFETY: see Send.
+unsafe impl Sync for CudaEvent {}
+
+impl Completion for CudaEvent {
+    fn poll(&self) -> Result<bool> {
+        if let Some(outcome) = self.outcome.get() {
+            return outcome.clone().map(|()| true);
+        }
+        let _bound = self.context.bind()?;
+        // SAFETY: the event is live and was recorded.
+        match unsafe { result::event::query(self.event) } {
+            Ok(()) => self.outcome.get_or_init(|| Ok(())).clone().map(|()| true),
+            Err(err) if err.0 == sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            Err(err) => {
+                self.outcome.get_or_init(|| Err(cuda_error("cuEventQuery", err))).clone().map(|()| true)
+            }
+        }
+    }
+
+    fn wait(&self) -> Result<()> {
+        if let Some(outcome) = self.outcome.get() {
+            return outcome.clone();
+        }
+        let _bound = self.context.bind()?;
+        // SAFETY: the event is live and was recorded.
+        let waited = unsafe { result::event::synchronize(self.event) }
+            .map_err(|err| cuda_error("cuEventSynchronize", err));
+        self.outcome.get_or_init(|| waited).clone()
+    }
+}
+
+impl Drop for CudaEvent {
+    fn drop(&mut self) {
+        // SAFETY: the event was created in `record` and is destroyed once; the driver keeps
+        // it until its work is done. Statuses are ignored: drop must not panic.
+        unsafe {
+            let _bound = self.context.bind();
+            let _ = result::event::destroy(self.event);
         }
     }
 }

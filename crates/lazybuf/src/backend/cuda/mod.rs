@@ -5,9 +5,10 @@
 //!
 //! Here: opening (the guarded probe, one retained primary context per device, peer access),
 //! the `Context` every handle keeps alive and binds to the calling thread only for the
-//! length of one operation (`Bound`), and the mapping of driver errors to
-//! [`crate::Error`]. The [`Backend`](crate::backend::Backend) impl is in `device.rs`, memory
-//! handles in `memory.rs`, the pinned staging pipeline for pageable transfers in `staging.rs`.
+//! length of one operation (`Bound`), the driver's status codes and their mapping to
+//! [`crate::Error`], and the registration. The [`Backend`](crate::backend::Backend) impl is in
+//! `device.rs`; memory, streams, events and host-page registrations in `memory.rs`; the
+//! asynchronous pinned staging pipeline for pageable transfers in `staging.rs`.
 //!
 //! cudarc panics instead of returning an error when libcuda is missing or lacks a symbol.
 //! [`open_all`] therefore asks `is_culib_present()` first, then looks up every entry point
@@ -21,22 +22,30 @@ mod staging;
 #[cfg(test)]
 mod tests;
 
-pub use device::CudaBackend;
-pub use memory::CudaMemory;
+pub use device::{CudaBackend, REGISTER_MIN_BYTES};
+pub use memory::{CudaEvent, CudaMemory, CudaStream};
 pub use staging::{CHUNK as STAGING_CHUNK, PIPELINE_MIN as STAGING_MIN_BYTES};
 
 use std::marker::PhantomData;
 use std::panic::AssertUnwindSafe;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use cudarc::driver::result::{self, DriverError};
 use cudarc::driver::sys;
 
-use crate::coherence::DeviceId;
-use crate::device::Device;
+use crate::backend::{Backend, Registration};
 use crate::error::{BackendKind, Error, Result, RuntimeCode};
 
-/// Every driver entry point the backend calls (all exist in drivers for CUDA 11.0 and later).
+impl BackendKind {
+    /// CUDA devices (`cudarc`'s driver API, libcuda loaded at run time).
+    pub const CUDA: BackendKind = BackendKind::new("cuda", "CUDA");
+}
+
+/// How discovery finds CUDA devices.
+pub const REGISTRATION: Registration = Registration { kind: BackendKind::CUDA, open_all };
+
+/// Every driver entry point the backend calls (all exist in drivers for CUDA 11.0 and later;
+/// `cuMemPrefetchAsync` is the original entry point, which drivers keep for older binaries).
 pub const REQUIRED_SYMBOLS: &[&str] = &[
     "cuInit",
     "cuDeviceGetCount",
@@ -53,16 +62,21 @@ pub const REQUIRED_SYMBOLS: &[&str] = &[
     "cuStreamCreate",
     "cuStreamDestroy_v2",
     "cuStreamSynchronize",
+    "cuStreamWaitEvent",
     "cuEventCreate",
     "cuEventRecord",
+    "cuEventQuery",
     "cuEventSynchronize",
     "cuEventDestroy_v2",
     "cuMemAlloc_v2",
+    "cuMemAllocManaged",
+    "cuMemPrefetchAsync",
     "cuMemFree_v2",
     "cuMemGetInfo_v2",
     "cuMemHostAlloc",
     "cuMemFreeHost",
-    "cuMemHostGetFlags",
+    "cuMemHostRegister_v2",
+    "cuMemHostUnregister",
     "cuMemcpyHtoDAsync_v2",
     "cuMemcpyDtoHAsync_v2",
     "cuMemcpyDtoDAsync_v2",
@@ -70,10 +84,11 @@ pub const REQUIRED_SYMBOLS: &[&str] = &[
     "cuMemsetD8Async",
     "cuMemsetD16Async",
     "cuMemsetD32Async",
+    "cuMemsetD2D32Async",
 ];
 
 /// Opens every CUDA device, or says why CUDA is unavailable. Never panics.
-pub fn open_all() -> Result<Vec<Device>> {
+pub fn open_all() -> Result<Vec<Arc<dyn Backend>>> {
     // SAFETY: is_culib_present only tries to dlopen the libcuda candidates and closes them
     // again; it calls no driver function.
     if !unsafe { sys::is_culib_present() } {
@@ -95,7 +110,7 @@ pub fn open_all() -> Result<Vec<Device>> {
     }
 }
 
-fn open_devices() -> Result<Vec<Device>> {
+fn open_devices() -> Result<Vec<Arc<dyn Backend>>> {
     let missing = missing_symbols();
     if !missing.is_empty() {
         return Err(unavailable(format!(
@@ -114,14 +129,10 @@ fn open_devices() -> Result<Vec<Device>> {
         return Err(unavailable("the CUDA driver reports no device"));
     }
     let contexts = (0..count).map(Context::retain).collect::<Result<Vec<_>>>()?;
-    let mut devices = Vec::with_capacity(contexts.len());
+    let mut devices: Vec<Arc<dyn Backend>> = Vec::with_capacity(contexts.len());
     for context in &contexts {
         let peers = contexts.iter().filter(|peer| context.enable_peer_access(peer)).cloned().collect();
-        let backend = CudaBackend::open(context.clone(), peers)?;
-        let capability = backend.compute_capability();
-        let device = Device::from_backend(Arc::new(backend));
-        capabilities().lock().unwrap_or_else(|e| e.into_inner()).push((device.id(), capability));
-        devices.push(device);
+        devices.push(Arc::new(CudaBackend::open(context.clone(), peers)?));
     }
     Ok(devices)
 }
@@ -137,17 +148,6 @@ fn missing_symbols() -> Vec<&'static str> {
         // SAFETY: get only looks the name up (dlsym); the symbol is never called through it.
         .filter(|name| unsafe { lib.get::<unsafe extern "C" fn()>(name.as_bytes()) }.is_err())
         .collect()
-}
-
-fn capabilities() -> &'static Mutex<Vec<(DeviceId, (u32, u32))>> {
-    static CAPABILITIES: Mutex<Vec<(DeviceId, (u32, u32))>> = Mutex::new(Vec::new());
-    &CAPABILITIES
-}
-
-/// The compute capability (major, minor) of a CUDA device; `None` for other devices.
-pub fn compute_capability(device: &Device) -> Option<(u32, u32)> {
-    let opened = capabilities().lock().unwrap_or_else(|e| e.into_inner());
-    opened.iter().find(|(id, _)| *id == device.id()).map(|&(_, capability)| capability)
 }
 
 /// A device's retained primary context. Every handle that needs the device (the backend, its
@@ -242,20 +242,45 @@ impl Drop for Context {
     }
 }
 
+/// A driver status as lazybuf reports it: its name, and whether freeing memory can help.
+pub fn code(status: sys::CUresult) -> RuntimeCode {
+    use sys::CUresult::*;
+    let retryable = status == CUDA_ERROR_OUT_OF_MEMORY;
+    let name = match status {
+        CUDA_ERROR_INVALID_VALUE => "CUDA_ERROR_INVALID_VALUE",
+        CUDA_ERROR_OUT_OF_MEMORY => "CUDA_ERROR_OUT_OF_MEMORY",
+        CUDA_ERROR_NOT_INITIALIZED => "CUDA_ERROR_NOT_INITIALIZED",
+        CUDA_ERROR_DEINITIALIZED => "CUDA_ERROR_DEINITIALIZED",
+        CUDA_ERROR_NO_DEVICE => "CUDA_ERROR_NO_DEVICE",
+        CUDA_ERROR_INVALID_DEVICE => "CUDA_ERROR_INVALID_DEVICE",
+        CUDA_ERROR_INVALID_CONTEXT => "CUDA_ERROR_INVALID_CONTEXT",
+        CUDA_ERROR_PEER_ACCESS_UNSUPPORTED => "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED",
+        CUDA_ERROR_INVALID_HANDLE => "CUDA_ERROR_INVALID_HANDLE",
+        CUDA_ERROR_NOT_READY => "CUDA_ERROR_NOT_READY",
+        CUDA_ERROR_ILLEGAL_ADDRESS => "CUDA_ERROR_ILLEGAL_ADDRESS",
+        CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED => "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED",
+        CUDA_ERROR_LAUNCH_FAILED => "CUDA_ERROR_LAUNCH_FAILED",
+        CUDA_ERROR_NOT_SUPPORTED => "CUDA_ERROR_NOT_SUPPORTED",
+        CUDA_ERROR_UNKNOWN => "CUDA_ERROR_UNKNOWN",
+        _ => "see cuda.h",
+    };
+    RuntimeCode::Device { backend: BackendKind::CUDA, value: status as i64, name, retryable }
+}
+
 /// Maps a failed driver call to lazybuf's error.
 pub(crate) fn cuda_error(call: &'static str, err: DriverError) -> Error {
-    Error::Runtime { backend: BackendKind::Cuda, call, code: RuntimeCode::Cuda(err.0 as u32) }
+    Error::Runtime { backend: BackendKind::CUDA, call, code: code(err.0) }
 }
 
 /// Maps a failed allocation: out-of-memory stays recognisable (pools trim and retry on it).
 pub(crate) fn allocation_error(call: &'static str, err: DriverError, device: &str, bytes: usize) -> Error {
     if err.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
-        Error::OutOfMemory { device: device.to_string(), requested: bytes, code: Some(RuntimeCode::Cuda(2)) }
+        Error::OutOfMemory { device: device.to_string(), requested: bytes, code: Some(code(err.0)) }
     } else {
         cuda_error(call, err)
     }
 }
 
 fn unavailable(reason: impl Into<String>) -> Error {
-    Error::BackendUnavailable { backend: BackendKind::Cuda, reason: reason.into() }
+    Error::BackendUnavailable { backend: BackendKind::CUDA, reason: reason.into() }
 }

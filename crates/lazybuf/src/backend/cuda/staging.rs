@@ -1,29 +1,39 @@
-//! Pageable transfers pipelined through reusable pinned staging chunks.
+//! Pageable transfers pipelined through reusable pinned staging chunks, asynchronously.
 //!
 //! A DMA engine reads and writes only page-locked memory, so a copy from pageable memory
 //! always passes through a pinned buffer; the driver's own path does so one piece at a time
-//! on one thread. Here the transfer is cut into [`CHUNK`]-byte pieces spread over up to
-//! [`MAX_LANES`] lanes, one thread each. A lane owns two pinned slots with one event each:
-//! while the DMA of one slot runs, the lane's CPU copy fills (upload) or drains (download) the
-//! other, and before reusing a slot it waits on the slot's event, recorded after that slot's
-//! last DMA on the device's stream. Several lanes keep the CPU side of the copy from being
-//! the bottleneck on fast links (one core's memcpy is slower than a PCIe 5 x16 link).
+//! on the calling thread. Here the transfer is cut into [`CHUNK`]-byte pieces spread over up
+//! to [`MAX_LANES`] lanes, each a thread of its own that lives as long as the staging memory.
+//! A lane owns two pinned slots with one event each: while the DMA of one slot runs, the
+//! lane's CPU copy fills (upload) or drains (download) the other, and before reusing a slot it
+//! waits on the slot's event, recorded after that slot's last DMA on the transfer's stream.
+//! Several lanes keep the CPU side of the copy from being the bottleneck on fast links (one
+//! core's memcpy is slower than a PCIe 5 x16 link).
+//!
+//! A transfer is handed to the lanes and returns at once with a ticket (a [`Signal`]) that
+//! completes when every lane has finished its part and its DMAs are done: the copy overlaps
+//! whatever the caller does next. The caller keeps the host memory and the device allocation
+//! alive and untouched until then (the backend's `upload`/`download` contract).
 //!
 //! The sizes are starting points, to be tuned on a GPU with benches/cuda_bandwidth.rs: 4 MiB
 //! pieces are large enough that a DMA's fixed cost is small against its transfer time, and
 //! [`PIPELINE_MIN`] is two pieces, the least that can overlap anything; smaller transfers
 //! take the driver's pageable path directly.
 //!
-//! What does not live here: deciding whether memory is pinned (`device.rs` asks the driver)
-//! and direct copies of pinned memory.
+//! What does not live here: deciding which memory needs staging (`device.rs` looks at the
+//! host memory's [`crate::host_memory::Pinning`]).
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
 
 use cudarc::driver::{result, sys};
 
 use super::memory::PinnedBlock;
 use super::{Context, cuda_error};
-use crate::error::Result;
+use crate::backend::{HostSpan, Signal, Ticket};
+use crate::error::{Error, Result};
 use crate::host_memory::HostMemory;
 
 /// Bytes per staged piece (and per slot).
@@ -33,143 +43,210 @@ pub const PIPELINE_MIN: usize = 2 * CHUNK;
 /// The most lanes (threads) one transfer uses.
 pub const MAX_LANES: usize = 4;
 
-/// A device stream handle that worker threads may use.
+/// A stream handle that lane threads may use.
 #[derive(Clone, Copy)]
-pub(super) struct Stream(pub(super) sys::CUstream);
+struct RawStreamHandle(sys::CUstream);
 
-// SAFETY: CUDA streams may be used from any thread; enqueueing is thread-safe.
-unsafe impl Send for Stream {}
-// SAFETY: see Send.
-unsafe impl Sync for Stream {}
+// SAFETY: CUDA streams may be used from any thread; enqueueing is thread-safe. The transfer's
+// caller keeps the stream alive until the transfer's ticket completes.
+unsafe impl Send for RawStreamHandle {}
 
-/// One lane's two pinned slots and their events.
+/// One lane's share of a transfer.
+enum Part {
+    Upload { src: HostSpan, dst: sys::CUdeviceptr },
+    Download { src: sys::CUdeviceptr, dst: HostSpan },
+}
+
+struct Job {
+    part: Part,
+    stream: RawStreamHandle,
+    done: Arc<Countdown>,
+}
+
+/// Completes a transfer's signal once all of its parts are done, with the first error.
+struct Countdown {
+    remaining: AtomicUsize,
+    first_error: Mutex<Option<Error>>,
+    signal: Arc<Signal>,
+}
+
+impl Countdown {
+    fn finish_part(&self, outcome: Result<()>) {
+        if let Err(err) = outcome {
+            self.first_error.lock().unwrap_or_else(PoisonError::into_inner).get_or_insert(err);
+        }
+        if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let error = self.first_error.lock().unwrap_or_else(PoisonError::into_inner).take();
+            self.signal.finish(error.map_or(Ok(()), Err));
+        }
+    }
+}
+
+/// One lane's two pinned slots and their events, owned by the lane's thread.
 struct Lane {
     slots: [*mut u8; 2],
     events: [sys::CUevent; 2],
+    /// Keeps the staging memory alive while the lane can touch its slots.
+    _block: Arc<HostMemory>,
 }
 
-// SAFETY: the slots point into the staging block, disjoint per lane, and a lane is only used
-// through `&mut` by one thread at a time; events are driver handles usable from any thread.
+// SAFETY: the slots point into the staging block, disjoint per lane, and only the lane's own
+// thread uses them; events are driver handles usable from any thread.
 unsafe impl Send for Lane {}
 
-/// Pinned staging memory and events for one device, reused by every staged transfer.
+struct Worker {
+    jobs: Option<Sender<Job>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Pinned staging memory and lane threads for one device, reused by every staged transfer.
 pub(super) struct Staging {
-    context: Arc<Context>,
-    lanes: Vec<Lane>,
-    /// Owns the slots' memory; declared after `lanes` so it outlives their use.
-    _block: HostMemory,
+    workers: Vec<Worker>,
 }
 
 impl std::fmt::Debug for Staging {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Staging").field("lanes", &self.lanes.len()).field("chunk", &CHUNK).finish()
+        f.debug_struct("Staging").field("lanes", &self.workers.len()).field("chunk", &CHUNK).finish()
     }
 }
 
 impl Staging {
-    /// Allocates staging for up to [`MAX_LANES`] lanes (as many as there are CPUs).
-    /// `context` must be current.
+    /// Allocates staging for up to [`MAX_LANES`] lanes (as many as there are CPUs) and starts
+    /// their threads. `context` must be current.
     pub(super) fn new(context: &Arc<Context>, device_name: &str) -> Result<Staging> {
         let lanes = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, MAX_LANES);
         let mut block =
             PinnedBlock::allocate(context, lanes * 2 * CHUNK, sys::CU_MEMHOSTALLOC_PORTABLE, device_name)?;
         let base = block.as_mut_ptr();
-        let mut staging =
-            Staging { context: context.clone(), lanes: Vec::with_capacity(lanes), _block: block };
+        let block = Arc::new(block);
+        let mut staging = Staging { workers: Vec::with_capacity(lanes) };
         for lane in 0..lanes {
-            let first = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
-                .map_err(|err| cuda_error("cuEventCreate", err))?;
-            let second = match result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING) {
-                Ok(event) => event,
-                Err(err) => {
-                    // SAFETY: `first` was just created and is destroyed once.
-                    let _ = unsafe { result::event::destroy(first) };
-                    return Err(cuda_error("cuEventCreate", err));
-                }
-            };
+            let first = new_event()?;
+            let second = new_event().inspect_err(|_| {
+                // SAFETY: `first` was just created and is destroyed once.
+                let _ = unsafe { result::event::destroy(first) };
+            })?;
+            let events = [first, second];
             // SAFETY: the block holds lanes * 2 * CHUNK bytes; slot k of lane l starts at
             // (2l + k) * CHUNK, so both slots lie inside it.
             let slots = unsafe { [base.add(2 * lane * CHUNK), base.add((2 * lane + 1) * CHUNK)] };
-            staging.lanes.push(Lane { slots, events: [first, second] });
+            let lane = Lane { slots, events, _block: block.clone() };
+            let (jobs, inbox) = channel();
+            let context = context.clone();
+            let thread = std::thread::Builder::new()
+                .name("lazybuf-cuda-staging".into())
+                .spawn(move || run_lane(&context, lane, inbox));
+            match thread {
+                Ok(thread) => staging.workers.push(Worker { jobs: Some(jobs), thread: Some(thread) }),
+                Err(err) => {
+                    return Err(Error::invalid(
+                        "CUDA staging",
+                        format!("could not start a lane thread: {err}"),
+                    ));
+                }
+            }
         }
         Ok(staging)
     }
 
-    /// Copies `src` to device address `dst` through the slots, then waits for the stream.
-    pub(super) fn upload(&mut self, stream: Stream, src: &[u8], dst: sys::CUdeviceptr) -> Result<()> {
+    /// Enqueues a copy of `src` to device address `dst` on `stream` through the slots.
+    pub(super) fn upload(&self, stream: sys::CUstream, src: HostSpan, dst: sys::CUdeviceptr) -> Ticket {
         let region = self.region(src.len());
-        let context = &*self.context;
-        let results = std::thread::scope(|scope| {
-            let mut parts = src.chunks(region).zip(&mut self.lanes).enumerate();
-            let (_, (first, first_lane)) = parts.next().expect("a staged transfer is not empty");
-            let workers: Vec<_> = parts
-                .map(|(i, (part, lane))| {
-                    let at = dst + (i * region) as u64;
-                    scope.spawn(move || upload_lane(context, lane, stream, part, at))
-                })
-                .collect();
-            let mut results = vec![upload_lane(context, first_lane, stream, first, dst)];
-            results.extend(workers.into_iter().map(join));
-            results
-        });
-        finish(stream, results)
+        self.submit(stream, src.len().div_ceil(region), |i| {
+            let start = i * region;
+            let n = region.min(src.len() - start);
+            // SAFETY: [start, start + n) lies inside src.
+            let part = unsafe { span_at(src, start, n) };
+            Part::Upload { src: part, dst: dst + start as u64 }
+        })
     }
 
-    /// Copies device address `src` into `dst` through the slots, then waits for the stream.
-    pub(super) fn download(&mut self, stream: Stream, src: sys::CUdeviceptr, dst: &mut [u8]) -> Result<()> {
+    /// Enqueues a copy of device address `src` into `dst` on `stream` through the slots.
+    pub(super) fn download(&self, stream: sys::CUstream, src: sys::CUdeviceptr, dst: HostSpan) -> Ticket {
         let region = self.region(dst.len());
-        let context = &*self.context;
-        let results = std::thread::scope(|scope| {
-            let mut parts = dst.chunks_mut(region).zip(&mut self.lanes).enumerate();
-            let (_, (first, first_lane)) = parts.next().expect("a staged transfer is not empty");
-            let workers: Vec<_> = parts
-                .map(|(i, (part, lane))| {
-                    let at = src + (i * region) as u64;
-                    scope.spawn(move || download_lane(context, lane, stream, at, part))
-                })
-                .collect();
-            let mut results = vec![download_lane(context, first_lane, stream, src, first)];
-            results.extend(workers.into_iter().map(join));
-            results
+        self.submit(stream, dst.len().div_ceil(region), |i| {
+            let start = i * region;
+            let n = region.min(dst.len() - start);
+            // SAFETY: [start, start + n) lies inside dst.
+            let part = unsafe { span_at(dst, start, n) };
+            Part::Download { src: src + start as u64, dst: part }
+        })
+    }
+
+    fn submit(&self, stream: sys::CUstream, parts: usize, part: impl Fn(usize) -> Part) -> Ticket {
+        let signal = Signal::new();
+        let done = Arc::new(Countdown {
+            remaining: AtomicUsize::new(parts),
+            first_error: Mutex::new(None),
+            signal: signal.clone(),
         });
-        finish(stream, results)
+        for (i, worker) in self.workers.iter().take(parts).enumerate() {
+            let job = Job { part: part(i), stream: RawStreamHandle(stream), done: done.clone() };
+            let sent = worker.jobs.as_ref().map(|jobs| jobs.send(job));
+            if !matches!(sent, Some(Ok(()))) {
+                done.finish_part(Err(Error::invalid("CUDA staging", "a lane thread is gone")));
+            }
+        }
+        Ticket::new(signal)
     }
 
     /// Bytes per lane: whole pieces, at least two per lane so each lane overlaps.
     fn region(&self, len: usize) -> usize {
-        let pieces = len.div_ceil(CHUNK);
-        let lanes = (pieces / 2).clamp(1, self.lanes.len());
+        let pieces = len.div_ceil(CHUNK).max(1);
+        let lanes = (pieces / 2).clamp(1, self.workers.len());
         pieces.div_ceil(lanes) * CHUNK
     }
 }
 
 impl Drop for Staging {
     fn drop(&mut self) {
-        // SAFETY: every transfer waited for its stream, so no DMA uses the slots or events;
-        // each event is destroyed once. Statuses are ignored: drop must not panic.
-        unsafe {
-            let _bound = self.context.bind();
-            for event in self.lanes.iter().flat_map(|lane| lane.events) {
-                let _ = result::event::destroy(event);
+        // Closing the channels ends each lane after the jobs already queued; joining waits for
+        // them, so no DMA uses a slot when the block goes. A lane that panicked is ignored:
+        // drop must not panic.
+        for worker in &mut self.workers {
+            drop(worker.jobs.take());
+        }
+        for worker in &mut self.workers {
+            if let Some(thread) = worker.thread.take() {
+                let _ = thread.join();
             }
         }
     }
 }
 
-fn join(worker: std::thread::ScopedJoinHandle<'_, Result<()>>) -> Result<()> {
-    worker
-        .join()
-        .unwrap_or_else(|_| Err(crate::Error::invalid("staged CUDA transfer", "a staging thread panicked")))
+/// `n` bytes of `span` from `start`.
+///
+/// # Safety
+/// `start + n <= span.len()`.
+unsafe fn span_at(span: HostSpan, start: usize, n: usize) -> HostSpan {
+    // SAFETY: the range lies inside span (the caller's promise), so the span's own validity
+    // promise covers it.
+    unsafe { HostSpan::from_raw(span.ptr().add(start), n, span.pinning()) }
 }
 
-/// Waits for the stream whatever happened (no DMA may still use a slot when the staging is
-/// handed to the next transfer), then reports the first error.
-fn finish(stream: Stream, results: Vec<Result<()>>) -> Result<()> {
-    // SAFETY: the stream is the device's live stream.
-    let synced = unsafe { result::stream::synchronize(stream.0) }
-        .map_err(|err| cuda_error("cuStreamSynchronize", err));
-    results.into_iter().collect::<Result<()>>()?;
-    synced
+fn new_event() -> Result<sys::CUevent> {
+    result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+        .map_err(|err| cuda_error("cuEventCreate", err))
+}
+
+/// A lane's thread: runs jobs until the staging is dropped, then destroys its events.
+fn run_lane(context: &Context, lane: Lane, inbox: Receiver<Job>) {
+    for job in inbox {
+        let outcome = match context.bind() {
+            Ok(_bound) => match job.part {
+                Part::Upload { src, dst } => upload_lane(&lane, job.stream.0, src, dst),
+                Part::Download { src, dst } => download_lane(&lane, job.stream.0, src, dst),
+            },
+            Err(err) => Err(err),
+        };
+        job.done.finish_part(outcome);
+    }
+    let _bound = context.bind();
+    for event in lane.events {
+        // SAFETY: each event belongs to this lane alone, and no DMA waits on it any more (every
+        // job waited for its events); destroyed once. Statuses ignored: this is teardown.
+        let _ = unsafe { result::event::destroy(event) };
+    }
 }
 
 fn wait(event: sys::CUevent) -> Result<()> {
@@ -177,73 +254,92 @@ fn wait(event: sys::CUevent) -> Result<()> {
     unsafe { result::event::synchronize(event) }.map_err(|err| cuda_error("cuEventSynchronize", err))
 }
 
-fn upload_lane(
-    context: &Context,
-    lane: &mut Lane,
-    stream: Stream,
-    src: &[u8],
-    dst: sys::CUdeviceptr,
-) -> Result<()> {
-    let _bound = context.bind()?;
-    let mut in_flight = [false; 2];
-    for (i, piece) in src.chunks(CHUNK).enumerate() {
-        let slot = i % 2;
-        if in_flight[slot] {
-            wait(lane.events[slot])?;
+/// Waits for the slots' DMAs that are still in flight, keeping the first error.
+fn drain(lane: &Lane, in_flight: [bool; 2], outcome: Result<()>) -> Result<()> {
+    let mut outcome = outcome;
+    for (event, busy) in lane.events.iter().zip(in_flight) {
+        if busy {
+            let waited = wait(*event);
+            if outcome.is_ok() {
+                outcome = waited;
+            }
         }
-        // SAFETY: the slot holds CHUNK >= piece.len() bytes of pinned memory owned by this
-        // lane, and the DMA that last read it is complete (its event was waited on above).
-        unsafe { std::ptr::copy_nonoverlapping(piece.as_ptr(), lane.slots[slot], piece.len()) };
-        let at = dst + (i * CHUNK) as u64;
-        // SAFETY: `at` lies in the destination allocation (the caller checked the length);
-        // the slot stays untouched until its event, recorded next, has completed.
-        unsafe { sys::cuMemcpyHtoDAsync_v2(at, lane.slots[slot].cast(), piece.len(), stream.0) }
-            .result()
-            .map_err(|err| cuda_error("cuMemcpyHtoDAsync", err))?;
-        // SAFETY: live event and stream.
-        unsafe { result::event::record(lane.events[slot], stream.0) }
-            .map_err(|err| cuda_error("cuEventRecord", err))?;
-        in_flight[slot] = true;
     }
-    Ok(())
+    outcome
 }
 
-fn download_lane(
-    context: &Context,
-    lane: &mut Lane,
-    stream: Stream,
-    src: sys::CUdeviceptr,
-    dst: &mut [u8],
-) -> Result<()> {
-    let _bound = context.bind()?;
+fn upload_lane(lane: &Lane, stream: sys::CUstream, src: HostSpan, dst: sys::CUdeviceptr) -> Result<()> {
+    let mut in_flight = [false; 2];
+    let mut run = || -> Result<()> {
+        // SAFETY: src is valid for reads and unwritten until the transfer's ticket completes,
+        // which happens after this lane has finished (the upload contract).
+        let src = unsafe { src.bytes() };
+        for (i, piece) in src.chunks(CHUNK).enumerate() {
+            let slot = i % 2;
+            if in_flight[slot] {
+                in_flight[slot] = false;
+                wait(lane.events[slot])?;
+            }
+            // SAFETY: the slot holds CHUNK >= piece.len() bytes of pinned memory owned by this
+            // lane, and the DMA that last read it is complete (its event was waited on above).
+            unsafe { std::ptr::copy_nonoverlapping(piece.as_ptr(), lane.slots[slot], piece.len()) };
+            let at = dst + (i * CHUNK) as u64;
+            // SAFETY: `at` lies in the destination allocation (the caller checked the length);
+            // the slot stays untouched until its event, recorded next, has completed.
+            unsafe { sys::cuMemcpyHtoDAsync_v2(at, lane.slots[slot].cast(), piece.len(), stream) }
+                .result()
+                .map_err(|err| cuda_error("cuMemcpyHtoDAsync", err))?;
+            // SAFETY: live event and stream.
+            unsafe { result::event::record(lane.events[slot], stream) }
+                .map_err(|err| cuda_error("cuEventRecord", err))?;
+            in_flight[slot] = true;
+        }
+        Ok(())
+    };
+    let outcome = run();
+    drain(lane, in_flight, outcome)
+}
+
+fn download_lane(lane: &Lane, stream: sys::CUstream, src: sys::CUdeviceptr, dst: HostSpan) -> Result<()> {
     let len = dst.len();
     let pieces = len.div_ceil(CHUNK);
-    let enqueue = |lane: &Lane, piece: usize| -> Result<()> {
-        let slot = piece % 2;
-        let n = CHUNK.min(len - piece * CHUNK);
-        // SAFETY: the source range lies in the allocation (the caller checked the length);
-        // the slot has CHUNK >= n bytes and its previous contents were already drained.
-        unsafe {
-            sys::cuMemcpyDtoHAsync_v2(lane.slots[slot].cast(), src + (piece * CHUNK) as u64, n, stream.0)
+    let mut in_flight = [false; 2];
+    let mut run = || -> Result<()> {
+        let enqueue = |piece: usize, in_flight: &mut [bool; 2]| -> Result<()> {
+            let slot = piece % 2;
+            let n = CHUNK.min(len - piece * CHUNK);
+            // SAFETY: the source range lies in the allocation (the caller checked the
+            // length); the slot has CHUNK >= n bytes and its previous contents were drained.
+            unsafe {
+                sys::cuMemcpyDtoHAsync_v2(lane.slots[slot].cast(), src + (piece * CHUNK) as u64, n, stream)
+            }
+            .result()
+            .map_err(|err| cuda_error("cuMemcpyDtoHAsync", err))?;
+            // SAFETY: live event and stream.
+            unsafe { result::event::record(lane.events[slot], stream) }
+                .map_err(|err| cuda_error("cuEventRecord", err))?;
+            in_flight[slot] = true;
+            Ok(())
+        };
+        for piece in 0..pieces.min(2) {
+            enqueue(piece, &mut in_flight)?;
         }
-        .result()
-        .map_err(|err| cuda_error("cuMemcpyDtoHAsync", err))?;
-        // SAFETY: live event and stream.
-        unsafe { result::event::record(lane.events[slot], stream.0) }
-            .map_err(|err| cuda_error("cuEventRecord", err))
+        // SAFETY: dst is valid for writes and untouched by others until the transfer's
+        // ticket completes, which happens after this lane has finished (the download contract).
+        let dst = unsafe { dst.bytes_mut() };
+        for (i, out) in dst.chunks_mut(CHUNK).enumerate() {
+            let slot = i % 2;
+            in_flight[slot] = false;
+            wait(lane.events[slot])?;
+            // SAFETY: the DMA into the slot is complete (event waited on); the slot holds at
+            // least out.len() bytes written by it.
+            unsafe { std::ptr::copy_nonoverlapping(lane.slots[slot], out.as_mut_ptr(), out.len()) };
+            if i + 2 < pieces {
+                enqueue(i + 2, &mut in_flight)?;
+            }
+        }
+        Ok(())
     };
-    for piece in 0..pieces.min(2) {
-        enqueue(lane, piece)?;
-    }
-    for (i, out) in dst.chunks_mut(CHUNK).enumerate() {
-        let slot = i % 2;
-        wait(lane.events[slot])?;
-        // SAFETY: the DMA into the slot is complete (event waited on); the slot holds at
-        // least out.len() bytes written by it.
-        unsafe { std::ptr::copy_nonoverlapping(lane.slots[slot], out.as_mut_ptr(), out.len()) };
-        if i + 2 < pieces {
-            enqueue(lane, i + 2)?;
-        }
-    }
-    Ok(())
+    let outcome = run();
+    drain(lane, in_flight, outcome)
 }

@@ -5,15 +5,17 @@
 
 use cudarc::driver::sys;
 
+use super::REGISTER_MIN_BYTES;
 use super::staging::{CHUNK, PIPELINE_MIN};
-use crate::backend::{DeviceMemory, RawDevice, RawMemory};
-use crate::device::{Device, MemorySource};
+use crate::Result;
+use crate::backend::{DeviceMemory, HostSpan, MemorySource, RawDevice, RawMemory, Ticket};
+use crate::device::Device;
 use crate::error::{BackendKind, Error};
-use crate::host_memory::fill_pattern;
+use crate::host_memory::{HostMemory, Pinning, fill_pattern};
 
 fn cuda_devices(test: &str) -> Vec<Device> {
     let found: Vec<Device> =
-        crate::devices().into_iter().filter(|d| d.backend_kind() == BackendKind::Cuda).collect();
+        crate::devices().into_iter().filter(|d| d.backend_kind() == BackendKind::CUDA).collect();
     if found.is_empty() {
         assert!(
             std::env::var_os("LAZYBUF_REQUIRE_CUDA").is_none(),
@@ -31,32 +33,60 @@ fn ramp(n: usize) -> Vec<u8> {
     (0..n).map(|i| (i % 251) as u8).collect()
 }
 
+/// Blocking operations on the device's default stream, as the buffer engine makes them.
+struct Ops<'a>(&'a Device);
+
+impl Ops<'_> {
+    fn upload(&self, src: &[u8], dst: &mut DeviceMemory) -> Result<()> {
+        self.upload_async(HostSpan::of_slice(src), dst)?.wait()
+    }
+
+    fn upload_async(&self, src: HostSpan, dst: &mut DeviceMemory) -> Result<Ticket> {
+        // SAFETY: every caller keeps `src` alive and unwritten until it waits for the ticket.
+        unsafe { self.0.backend().upload(self.0.stream().handle(), src, dst) }
+    }
+
+    fn download_into(&self, src: &DeviceMemory, dst: &mut [u8]) -> Result<()> {
+        // SAFETY: dst is borrowed until the ticket is waited for, here.
+        unsafe { self.0.backend().download(self.0.stream().handle(), src, HostSpan::of_mut_slice(dst)) }?
+            .wait()
+    }
+
+    fn fill(&self, dst: &mut DeviceMemory, pattern: &[u8], bytes: usize) -> Result<()> {
+        self.0.backend().fill(self.0.stream().handle(), dst, pattern, bytes)?.wait()
+    }
+
+    fn copy(&self, src: &DeviceMemory, dst: &mut DeviceMemory, bytes: usize) -> Result<()> {
+        self.0.backend().copy(self.0.stream().handle(), src, dst, bytes)?.wait()
+    }
+}
+
 fn download(device: &Device, memory: &DeviceMemory, n: usize) -> Vec<u8> {
     let mut out = vec![0x11; n];
-    device.backend().download(memory, &mut out).unwrap();
+    Ops(device).download_into(memory, &mut out).unwrap();
     out
 }
 
 #[test]
 fn every_operation_acts_on_a_prefix() {
     for device in cuda_devices("every_operation_acts_on_a_prefix") {
-        let backend = device.backend();
+        let (backend, ops) = (device.backend(), Ops(&device));
         let mut a = backend.allocate(1000).unwrap();
         let mut b = backend.allocate(1000).unwrap();
-        backend.fill(&mut a, &[0xEE], 1000).unwrap();
-        backend.fill(&mut b, &[0xDD], 1000).unwrap();
-        backend.upload(&ramp(600), &mut a).unwrap();
+        ops.fill(&mut a, &[0xEE], 1000).unwrap();
+        ops.fill(&mut b, &[0xDD], 1000).unwrap();
+        ops.upload(&ramp(600), &mut a).unwrap();
         let all = download(&device, &a, 1000);
         assert_eq!(&all[..600], &ramp(600)[..]);
         assert!(all[600..].iter().all(|&x| x == 0xEE), "upload wrote past its length");
         assert_eq!(download(&device, &a, 100), &ramp(100)[..]);
 
-        backend.copy(&a, &mut b, 300).unwrap();
+        ops.copy(&a, &mut b, 300).unwrap();
         let copied = download(&device, &b, 1000);
         assert_eq!(&copied[..300], &ramp(300)[..]);
         assert!(copied[300..].iter().all(|&x| x == 0xDD), "copy wrote past its length");
 
-        backend.fill(&mut b, &[1, 2], 10).unwrap();
+        ops.fill(&mut b, &[1, 2], 10).unwrap();
         assert_eq!(&download(&device, &b, 12)[..], &[1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 10, 11]);
         backend.synchronize().unwrap();
     }
@@ -65,23 +95,25 @@ fn every_operation_acts_on_a_prefix() {
 #[test]
 fn lengths_beyond_an_allocation_and_bad_patterns_are_errors() {
     for device in cuda_devices("lengths_beyond_an_allocation_and_bad_patterns_are_errors") {
-        let backend = device.backend();
+        let (backend, ops) = (device.backend(), Ops(&device));
         let mut a = backend.allocate(64).unwrap();
         let mut b = backend.allocate(32).unwrap();
         let mismatch = |r: crate::Result<()>| matches!(r, Err(Error::LengthMismatch { .. }));
-        assert!(mismatch(backend.upload(&[0; 65], &mut a)));
-        assert!(mismatch(backend.download(&a, &mut [0; 65])));
-        assert!(mismatch(backend.copy(&a, &mut b, 33)));
-        assert!(mismatch(backend.fill(&mut a, &[0], 65)));
-        let err = backend.fill(&mut a, &[1, 2, 3], 64).unwrap_err().to_string();
-        assert!(err.contains("pattern whose length divides 64"), "{err}");
-        let err = backend.fill(&mut a, &[], 64).unwrap_err().to_string();
-        assert!(err.contains("non-empty pattern"), "{err}");
+        assert!(mismatch(ops.upload(&[0; 65], &mut a)));
+        assert!(mismatch(ops.download_into(&a, &mut [0; 65])));
+        assert!(mismatch(ops.copy(&a, &mut b, 33)));
+        assert!(mismatch(ops.fill(&mut a, &[0], 65)));
+        let err = ops.fill(&mut a, &[1, 2, 3], 63).unwrap_err().to_string();
+        assert!(err.contains("pattern of 1, 2, 4, 8 or 16 bytes"), "{err}");
+        let err = ops.fill(&mut a, &[1, 2, 3], 64).unwrap_err().to_string();
+        assert!(err.contains("whose length divides 64"), "{err}");
+        let err = ops.fill(&mut a, &[], 64).unwrap_err().to_string();
+        assert!(err.contains("pattern of 1, 2, 4, 8 or 16 bytes"), "{err}");
         // Empty operations touch nothing.
-        backend.upload(&[], &mut a).unwrap();
-        backend.download(&a, &mut []).unwrap();
-        backend.copy(&a, &mut b, 0).unwrap();
-        backend.fill(&mut a, &[9], 0).unwrap();
+        ops.upload(&[], &mut a).unwrap();
+        ops.download_into(&a, &mut []).unwrap();
+        ops.copy(&a, &mut b, 0).unwrap();
+        ops.fill(&mut a, &[9], 0).unwrap();
     }
 }
 
@@ -91,19 +123,27 @@ fn memory_of_another_device_is_refused() {
     let host = Device::host();
     for device in &devices {
         let mut foreign = host.backend().allocate(16).unwrap();
-        let err = device.backend().upload(&[1; 16], &mut foreign).unwrap_err().to_string();
+        let err = Ops(device).upload(&[1; 16], &mut foreign).unwrap_err().to_string();
         assert!(err.contains("expected memory of"), "{err}");
+        let mut mine = device.backend().allocate(16).unwrap();
+        // SAFETY: the host stream is refused before anything is enqueued.
+        let err = unsafe {
+            device.backend().upload(host.stream().handle(), HostSpan::of_slice(&[1; 16]), &mut mine)
+        }
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("expected a stream of"), "{err}");
     }
     if let [first, second, ..] = &devices[..] {
         let theirs = second.backend().allocate(16).unwrap();
         let mut mine = first.backend().allocate(16).unwrap();
-        assert!(first.backend().copy(&theirs, &mut mine, 16).is_err());
+        assert!(Ops(first).copy(&theirs, &mut mine, 16).is_err());
     }
 }
 
 #[test]
-fn fills_every_element_size_with_memsets_or_doubling_copies() {
-    let patterns: [&[u8]; 10] = [
+fn fills_every_element_size_with_memsets() {
+    let patterns: [&[u8]; 9] = [
         &[7],
         &[3, 3],
         &[1, 2],
@@ -112,18 +152,17 @@ fn fills_every_element_size_with_memsets_or_doubling_copies() {
         &[0, 0, 128, 63],
         &[0, 0, 128, 63, 0, 0, 128, 63],
         &[0, 0, 0, 0, 0, 0, 248, 63],
-        &[1, 2, 3],
         &[9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 1, 2, 3, 4, 5, 6],
     ];
-    for device in cuda_devices("fills_every_element_size_with_memsets_or_doubling_copies") {
-        let backend = device.backend();
+    for device in cuda_devices("fills_every_element_size_with_memsets") {
+        let (backend, ops) = (device.backend(), Ops(&device));
         for pattern in patterns {
-            // Below, at and well above the doubling seed, and never a power of two.
+            // Tiny, odd and large counts, never a power of two.
             for elements in [1, 1000, 65536 / pattern.len() + 1, 300_007] {
                 let bytes = elements * pattern.len();
                 let mut memory = backend.allocate(bytes + 8).unwrap();
-                backend.fill(&mut memory, &[0xAB], bytes + 8).unwrap();
-                backend.fill(&mut memory, pattern, bytes).unwrap();
+                ops.fill(&mut memory, &[0xAB], bytes + 8).unwrap();
+                ops.fill(&mut memory, pattern, bytes).unwrap();
                 let got = download(&device, &memory, bytes + 8);
                 let mut want = vec![0; bytes];
                 fill_pattern(&mut want, pattern);
@@ -168,15 +207,20 @@ fn large_transfers_round_trip_pinned_and_pageable() {
     assert!(n >= PIPELINE_MIN);
     let data = ramp(n);
     for device in cuda_devices("large_transfers_round_trip_pinned_and_pageable") {
-        let backend = device.backend();
+        let (backend, ops) = (device.backend(), Ops(&device));
         for pinned in [false, true] {
             let mut host = backend.allocate_host(n, pinned).unwrap();
             host.as_mut_slice().copy_from_slice(&data);
             let mut memory = backend.allocate(n + 100).unwrap();
-            backend.fill(&mut memory, &[0x77], n + 100).unwrap();
-            backend.upload(host.as_slice(), &mut memory).unwrap();
+            ops.fill(&mut memory, &[0x77], n + 100).unwrap();
+            ops.upload_async(HostSpan::of(&host, n), &mut memory).unwrap().wait().unwrap();
             let mut back = backend.allocate_host(n, pinned).unwrap();
-            backend.download(&memory, back.as_mut_slice()).unwrap();
+            // SAFETY: `back` is untouched until the ticket is waited for, here.
+            unsafe { backend.download(device.stream().handle(), &memory, HostSpan::of(&back, n)) }
+                .unwrap()
+                .wait()
+                .unwrap();
+            back.mark_written();
             assert!(back.as_slice() == &data[..], "pinned: {pinned}");
             assert_eq!(download(&device, &memory, n + 100)[n..], [0x77; 100]);
         }
@@ -192,10 +236,16 @@ fn concurrent_transfers_from_many_threads() {
                 scope.spawn(move || {
                     let n = PIPELINE_MIN + usize::from(t) * 4099;
                     let data: Vec<u8> = ramp(n).into_iter().map(|b| b ^ t).collect();
-                    let backend = device.backend();
-                    let mut memory = backend.allocate(n).unwrap();
+                    let mut memory = device.backend().allocate(n).unwrap();
+                    let stream = device.create_stream().unwrap();
                     for _ in 0..3 {
-                        backend.upload(&data, &mut memory).unwrap();
+                        // SAFETY: data outlives the wait below.
+                        unsafe {
+                            device.backend().upload(stream.handle(), HostSpan::of_slice(&data), &mut memory)
+                        }
+                        .unwrap()
+                        .wait()
+                        .unwrap();
                         assert!(download(&device, &memory, n) == data);
                     }
                 });
@@ -212,25 +262,32 @@ fn peer_copies_go_straight_between_devices() {
         return;
     };
     let (a, b) = (first.backend(), second.backend());
-    assert!(a.can_copy_from_peer(first), "a device copies from itself");
-    assert!(!a.can_copy_from_peer(&Device::host()));
-    if !b.can_copy_from_peer(first) {
+    assert!(a.can_copy_from_peer(a), "a device copies from itself");
+    assert!(!a.can_copy_from_peer(Device::host().backend()));
+    if !b.can_copy_from_peer(a) {
         eprintln!("SKIPPED peer_copies_go_straight_between_devices: the driver allows no peer access");
         return;
     }
     let mut src = a.allocate(5000).unwrap();
-    a.upload(&ramp(5000), &mut src).unwrap();
+    Ops(first).upload(&ramp(5000), &mut src).unwrap();
     let mut dst = b.allocate(6000).unwrap();
-    b.fill(&mut dst, &[0x44], 6000).unwrap();
-    b.copy_from_peer(first, &src, &mut dst, 4000).expect("peers copy directly").unwrap();
+    Ops(second).fill(&mut dst, &[0x44], 6000).unwrap();
+    let stream = second.stream();
+    b.copy_from_peer(stream.handle(), a, &src, &mut dst, 4000)
+        .expect("peers copy directly")
+        .unwrap()
+        .wait()
+        .unwrap();
     let got = download(second, &dst, 6000);
     assert_eq!(&got[..4000], &ramp(4000)[..]);
     assert!(got[4000..].iter().all(|&x| x == 0x44));
-    let err = b.copy_from_peer(first, &src, &mut dst, 5001).unwrap().unwrap_err();
+    let err = b.copy_from_peer(stream.handle(), a, &src, &mut dst, 5001).unwrap().unwrap_err();
     assert!(matches!(err, Error::LengthMismatch { .. }), "{err}");
     // Host memory is not a peer: no direct copy.
     let host_memory = Device::host().backend().allocate(16).unwrap();
-    assert!(b.copy_from_peer(&Device::host(), &host_memory, &mut dst, 16).is_none());
+    assert!(
+        b.copy_from_peer(stream.handle(), Device::host().backend(), &host_memory, &mut dst, 16).is_none()
+    );
 }
 
 #[test]
@@ -242,7 +299,7 @@ fn discovery_reports_what_the_driver_says() {
         let memory = device.memory_info().unwrap();
         assert_eq!(memory.source, MemorySource::Runtime);
         assert!(memory.free <= memory.total && memory.total == info.total_memory);
-        let (major, _) = super::compute_capability(&device).expect("CUDA devices have a compute capability");
+        let (major, _) = info.compute_capability.expect("CUDA devices have a compute capability");
         assert!(major >= 3);
         assert!(matches!(device.backend().raw(), RawDevice::Cuda { context, stream }
             if !context.is_null() && !stream.is_null()));
@@ -253,7 +310,7 @@ fn discovery_reports_what_the_driver_says() {
         // SAFETY: only reads the handle.
         assert_eq!(unsafe { empty.raw() }, RawMemory::Cuda(0));
     }
-    assert_eq!(super::compute_capability(&Device::host()), None);
+    assert_eq!(Device::host().info().compute_capability, None);
 }
 
 #[test]
@@ -287,10 +344,75 @@ fn operations_leave_the_callers_current_context_as_it_was() {
             // SAFETY: null unbinds; the others are live primary contexts of opened devices.
             assert_eq!(unsafe { sys::cuCtxSetCurrent(before) }, sys::CUresult::CUDA_SUCCESS);
             let mut memory = device.backend().allocate(PIPELINE_MIN).unwrap();
-            device.backend().upload(&ramp(PIPELINE_MIN), &mut memory).unwrap();
+            Ops(device).upload(&ramp(PIPELINE_MIN), &mut memory).unwrap();
             device.memory_info().unwrap();
             drop(memory);
             assert_eq!(current(), before, "an operation on {device:?} changed the current context");
         }
+    }
+}
+
+#[test]
+fn copies_return_at_once_and_their_tickets_complete() {
+    for device in cuda_devices("copies_return_at_once_and_their_tickets_complete") {
+        let backend = device.backend();
+        for n in [1000, PIPELINE_MIN + 7] {
+            let data = ramp(n);
+            let mut memory = backend.allocate(n).unwrap();
+            let ticket = Ops(&device).upload_async(HostSpan::of_slice(&data), &mut memory).unwrap();
+            ticket.wait().unwrap();
+            assert!(ticket.poll().unwrap(), "a waited ticket is complete");
+            assert!(download(&device, &memory, n) == data);
+        }
+    }
+}
+
+#[test]
+fn streams_are_ordered_through_tickets() {
+    for device in cuda_devices("streams_are_ordered_through_tickets") {
+        let backend = device.backend();
+        let (first, second) = (device.create_stream().unwrap(), device.create_stream().unwrap());
+        let data = ramp(1 << 16);
+        let mut a = backend.allocate(data.len()).unwrap();
+        let mut b = backend.allocate(data.len()).unwrap();
+        // SAFETY: data outlives every wait below.
+        let uploaded = unsafe { backend.upload(first.handle(), HostSpan::of_slice(&data), &mut a) }.unwrap();
+        second.wait_for(&uploaded).unwrap();
+        backend.copy(second.handle(), &a, &mut b, data.len()).unwrap().wait().unwrap();
+        assert!(download(&device, &b, data.len()) == data);
+        second.synchronize().unwrap();
+        assert!(first.marker().unwrap().poll().is_ok());
+        // SAFETY: only reads the handle.
+        let raw = unsafe { first.raw() };
+        assert!(matches!(raw, crate::backend::RawStream::Cuda(s) if !s.is_null()));
+    }
+}
+
+#[test]
+fn pageable_blocks_moved_twice_are_registered_with_the_driver() {
+    for device in cuda_devices("pageable_blocks_moved_twice_are_registered_with_the_driver") {
+        let backend = device.backend();
+        let mut small = HostMemory::allocate(REGISTER_MIN_BYTES - 1).unwrap();
+        let mut large = HostMemory::allocate(REGISTER_MIN_BYTES).unwrap();
+        for round in 1..=3 {
+            backend.prepare_host(&mut small);
+            backend.prepare_host(&mut large);
+            let expected =
+                if round >= 2 { Pinning::Registered(BackendKind::CUDA) } else { Pinning::Pageable };
+            assert_eq!(large.pinning(), expected, "after transfer {round}");
+            assert_eq!(small.pinning(), Pinning::Pageable, "small blocks are never registered");
+        }
+        // A registered block transfers like pinned memory and still round-trips.
+        let mut memory = backend.allocate(large.len()).unwrap();
+        let data = ramp(large.len());
+        large.as_mut_slice().copy_from_slice(&data);
+        Ops(&device).upload_async(HostSpan::of(&large, large.len()), &mut memory).unwrap().wait().unwrap();
+        assert!(download(&device, &memory, large.len()) == data);
+        drop(large); // unregisters before unmapping
+        let pinned = backend.allocate_host(REGISTER_MIN_BYTES, true).unwrap();
+        let mut pinned = pinned;
+        backend.prepare_host(&mut pinned);
+        backend.prepare_host(&mut pinned);
+        assert_eq!(pinned.pinning(), Pinning::Runtime(BackendKind::CUDA), "pinned blocks stay what they are");
     }
 }

@@ -1,11 +1,15 @@
-//! The host device's [`Backend`] implementation.
+//! The host device's [`Backend`] implementation: every operation is a memcpy or memset done
+//! before the call returns, so every ticket is complete.
 
-use crate::backend::{Backend, DeviceMemory, RawDevice, check_fits};
-use crate::device::{DeviceInfo, MemoryInfo, MemorySource};
+use std::sync::Arc;
+
+use super::memory::{HostDeviceMemory, HostStream};
+use crate::backend::{
+    Backend, DeviceInfo, DeviceMemory, HostSpan, MemoryInfo, MemorySource, RawDevice, RawStream,
+    StreamHandle, Ticket, check_fits,
+};
 use crate::error::{BackendKind, Error, Result};
 use crate::host_memory::{HostMemory, fill_pattern};
-
-use super::memory::HostDeviceMemory;
 
 /// The host as a device.
 #[derive(Debug)]
@@ -20,11 +24,12 @@ impl HostBackend {
         HostBackend {
             info: DeviceInfo {
                 name: cpu_name().unwrap_or_else(|| "host".into()),
-                backend: BackendKind::Host,
+                backend: BackendKind::HOST,
                 vendor: cpu_vendor().unwrap_or_else(|| "unknown".into()),
                 shares_host_memory: true,
                 is_gpu: false,
                 total_memory: total,
+                compute_capability: None,
             },
         }
     }
@@ -51,58 +56,98 @@ impl Backend for HostBackend {
         system_memory()
     }
 
+    fn default_stream(&self) -> Arc<dyn StreamHandle> {
+        HostStream::shared()
+    }
+
+    fn create_stream(&self) -> Result<Arc<dyn StreamHandle>> {
+        // Work on the host is done when its call returns: every stream is the same stream.
+        Ok(HostStream::shared())
+    }
+
+    unsafe fn wrap_stream(&self, raw: RawStream) -> Result<Arc<dyn StreamHandle>> {
+        match raw {
+            RawStream::Host => Ok(HostStream::shared()),
+            other => Err(Error::invalid("wrap_stream", format!("expected the host's stream, got {other:?}"))),
+        }
+    }
+
     fn allocate(&self, bytes: usize) -> Result<DeviceMemory> {
         let block = HostMemory::allocate(bytes)?;
         Ok(DeviceMemory::new(bytes, false, Box::new(HostDeviceMemory::owned(block))))
+    }
+
+    /// The host's shared memory is host memory: the host device and the host are one.
+    fn allocate_shared(&self, bytes: usize) -> Result<DeviceMemory> {
+        let block = HostMemory::allocate(bytes)?;
+        Ok(DeviceMemory::shared(bytes, Box::new(HostDeviceMemory::owned(block))))
     }
 
     fn zero_copy(&self, _bytes: usize) -> bool {
         true
     }
 
-    fn alias_host(&self, host: &mut HostMemory) -> Option<Result<DeviceMemory>> {
-        Some(Ok(DeviceMemory::new(host.len(), true, Box::new(HostDeviceMemory::alias(host)))))
+    fn alias_host(&self, host: &mut HostMemory, bytes: usize) -> Option<Result<DeviceMemory>> {
+        let len = bytes.min(host.len());
+        Some(Ok(DeviceMemory::new(len, true, Box::new(HostDeviceMemory::alias(host, len)))))
     }
 
-    fn upload(&self, src: &[u8], dst: &mut DeviceMemory) -> Result<()> {
+    unsafe fn upload(&self, _: &dyn StreamHandle, src: HostSpan, dst: &mut DeviceMemory) -> Result<Ticket> {
         check_fits("upload", dst.len(), src.len())?;
         let dst = handle(dst)?;
-        if dst.ptr().cast_const() != src.as_ptr() {
-            // SAFETY: dst is not the block src borrows (pointers differ, and blocks never
-            // overlap partially), and &mut DeviceMemory makes this the only access to it.
-            (unsafe { dst.bytes_mut() })[..src.len()].copy_from_slice(src);
+        if dst.ptr().cast_const() != src.ptr().cast_const() {
+            // SAFETY: src is readable for its length (the caller's promise, and the copy is
+            // done before returning); dst is a different block (pointers differ, and blocks
+            // never overlap partially), and &mut DeviceMemory makes this the only access.
+            unsafe { dst.bytes_mut()[..src.len()].copy_from_slice(src.bytes()) };
         }
-        Ok(())
+        Ok(Ticket::done())
     }
 
-    fn download(&self, src: &DeviceMemory, dst: &mut [u8]) -> Result<()> {
+    unsafe fn download(&self, _: &dyn StreamHandle, src: &DeviceMemory, dst: HostSpan) -> Result<Ticket> {
         check_fits("download", src.len(), dst.len())?;
         let src = handle(src)?;
-        if src.ptr().cast_const() != dst.as_ptr() {
-            // SAFETY: src is a different block from dst, which is exclusively borrowed.
-            let n = dst.len();
-            dst.copy_from_slice(&unsafe { src.bytes() }[..n]);
+        if src.ptr().cast_const() != dst.ptr().cast_const() {
+            // SAFETY: dst is writable for its length and untouched meanwhile (the caller's
+            // promise); src is a different block, only read here.
+            unsafe { dst.bytes_mut().copy_from_slice(&src.bytes()[..dst.len()]) };
         }
-        Ok(())
+        Ok(Ticket::done())
     }
 
-    fn fill(&self, dst: &mut DeviceMemory, pattern: &[u8], bytes: usize) -> Result<()> {
+    fn fill(
+        &self,
+        _: &dyn StreamHandle,
+        dst: &mut DeviceMemory,
+        pattern: &[u8],
+        bytes: usize,
+    ) -> Result<Ticket> {
         check_fits("fill", dst.len(), bytes)?;
         let dst = handle(dst)?;
         // SAFETY: &mut DeviceMemory is the only access to these bytes; an alias's host block
         // is not borrowed while its buffer fills (the buffer holds &mut self).
         fill_pattern(&mut unsafe { dst.bytes_mut() }[..bytes], pattern);
-        Ok(())
+        Ok(Ticket::done())
     }
 
-    fn copy(&self, src: &DeviceMemory, dst: &mut DeviceMemory, bytes: usize) -> Result<()> {
+    fn copy(
+        &self,
+        _: &dyn StreamHandle,
+        src: &DeviceMemory,
+        dst: &mut DeviceMemory,
+        bytes: usize,
+    ) -> Result<Ticket> {
         check_fits("copy", src.len().min(dst.len()), bytes)?;
         let (src, dst) = (handle(src)?, handle(dst)?);
         if src.ptr() != dst.ptr() {
             // SAFETY: two distinct blocks; dst is exclusively borrowed.
             unsafe { dst.bytes_mut()[..bytes].copy_from_slice(&src.bytes()[..bytes]) };
         }
-        Ok(())
+        Ok(Ticket::done())
+    }
+
+    fn marker(&self, _: &dyn StreamHandle) -> Result<Ticket> {
+        Ok(Ticket::done())
     }
 
     fn synchronize(&self) -> Result<()> {
@@ -123,19 +168,19 @@ pub(crate) fn system_memory() -> Result<MemoryInfo> {
                 .map(|kib| kib * 1024)
         };
         if let (Some(free), Some(total)) = (field("MemAvailable:"), field("MemTotal:")) {
-            return Ok(MemoryInfo { free, total, source: MemorySource::System });
+            return Ok(MemoryInfo { free, total, source: MemorySource::System, cached: 0 });
         }
     }
     // SAFETY: sysconf has no preconditions.
     let (page, phys) = unsafe { (libc::sysconf(libc::_SC_PAGESIZE), libc::sysconf(libc::_SC_PHYS_PAGES)) };
     if page <= 0 || phys <= 0 {
         return Err(Error::BackendUnavailable {
-            backend: BackendKind::Host,
+            backend: BackendKind::HOST,
             reason: "neither /proc/meminfo nor sysconf reports system memory".into(),
         });
     }
     let total = page as u64 * phys as u64;
-    Ok(MemoryInfo { free: total, total, source: MemorySource::System })
+    Ok(MemoryInfo { free: total, total, source: MemorySource::System, cached: 0 })
 }
 
 fn cpuinfo_field(name: &str) -> Option<String> {

@@ -1,15 +1,16 @@
-//! The host device's memory handle: either its own host block or an alias of a buffer's host
-//! block.
+//! The host device's memory handle (its own host block, or an alias of a buffer's host block)
+//! and its stream.
 
-use std::any::Any;
+use std::ptr::NonNull;
+use std::sync::{Arc, OnceLock};
 
-use crate::backend::{MemoryHandle, RawMemory};
+use crate::backend::{MemoryHandle, RawMemory, RawStream, StreamHandle};
 use crate::host_memory::HostMemory;
 
 /// Host-device memory: a pointer to `len` bytes, owned or aliased.
 #[derive(Debug)]
 pub struct HostDeviceMemory {
-    ptr: *mut u8,
+    ptr: NonNull<u8>,
     len: usize,
     /// The block, when this memory owns one; `None` for an alias of a buffer's host block.
     _owned: Option<HostMemory>,
@@ -24,25 +25,18 @@ unsafe impl Sync for HostDeviceMemory {}
 
 impl HostDeviceMemory {
     pub(super) fn owned(mut block: HostMemory) -> Self {
-        HostDeviceMemory { ptr: block.as_mut_ptr(), len: block.len(), _owned: Some(block) }
+        let ptr = NonNull::new(block.as_mut_ptr()).unwrap_or(NonNull::dangling());
+        HostDeviceMemory { ptr, len: block.len(), _owned: Some(block) }
     }
 
-    pub(super) fn alias(block: &mut HostMemory) -> Self {
-        HostDeviceMemory { ptr: block.as_mut_ptr(), len: block.len(), _owned: None }
+    /// The first `len` bytes of `block` (all of it if shorter), owned by the buffer.
+    pub(super) fn alias(block: &mut HostMemory, len: usize) -> Self {
+        let ptr = NonNull::new(block.as_mut_ptr()).unwrap_or(NonNull::dangling());
+        HostDeviceMemory { ptr, len: len.min(block.len()), _owned: None }
     }
 
     pub(super) fn ptr(&self) -> *mut u8 {
-        self.ptr
-    }
-
-    /// The bytes.
-    ///
-    /// # Safety
-    /// No `&mut` to the same bytes (the aliased host block) may be live.
-    pub(crate) unsafe fn bytes(&self) -> &[u8] {
-        // SAFETY: ptr is valid for len initialized bytes (owned block or the buffer's host
-        // block, which outlives this alias); exclusivity is the caller's promise.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+        self.ptr.as_ptr()
     }
 
     /// The bytes, for writing.
@@ -50,18 +44,46 @@ impl HostDeviceMemory {
     /// # Safety
     /// No other reference to the same bytes may be live.
     #[allow(clippy::mut_from_ref)]
-    pub(crate) unsafe fn bytes_mut(&self) -> &mut [u8] {
-        // SAFETY: as in `bytes`, with exclusivity promised by the caller.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    pub(super) unsafe fn bytes_mut(&self) -> &mut [u8] {
+        // SAFETY: ptr is valid for len initialized bytes (owned block or the buffer's host
+        // block, which outlives this alias); exclusivity is the caller's promise.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// The bytes.
+    ///
+    /// # Safety
+    /// No `&mut` to the same bytes may be live.
+    pub(super) unsafe fn bytes(&self) -> &[u8] {
+        // SAFETY: as in `bytes_mut`, for reading.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 }
 
 impl MemoryHandle for HostDeviceMemory {
     fn raw(&self) -> RawMemory {
-        RawMemory::Host(if self.len == 0 { std::ptr::null_mut() } else { self.ptr })
+        RawMemory::Host(if self.len == 0 { std::ptr::null_mut() } else { self.ptr.as_ptr() })
     }
 
-    fn as_any(&self) -> &dyn Any {
-        self
+    fn host_address(&self) -> Option<NonNull<u8>> {
+        Some(self.ptr)
+    }
+}
+
+/// The host device's one stream: immediate (work is done when the call returns).
+#[derive(Debug)]
+pub struct HostStream;
+
+impl HostStream {
+    /// The shared immediate stream.
+    pub fn shared() -> Arc<HostStream> {
+        static STREAM: OnceLock<Arc<HostStream>> = OnceLock::new();
+        STREAM.get_or_init(|| Arc::new(HostStream)).clone()
+    }
+}
+
+impl StreamHandle for HostStream {
+    fn raw(&self) -> RawStream {
+        RawStream::Host
     }
 }

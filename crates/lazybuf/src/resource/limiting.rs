@@ -1,22 +1,21 @@
 //! [`LimitingResource`]: a resource adaptor that refuses allocations beyond a byte limit.
 //!
 //! It wraps an upstream resource it owns and adds one concern: the bytes it has handed out
-//! (host blocks and device memory together, counted by their real length) never pass the
+//! (blocks of every kind together, counted by their real length) never pass the
 //! limit; a request that would pass it is an [`Error::OutOfMemory`], as a full device would
 //! answer, so the policies above it (a pool's trim-and-retry) react as they would to the real
 //! thing. Use it to cap a process's use of a device, or to test out-of-memory paths.
 //!
-//! What does not live here: caching ([`super::MemoryPool`]).
+//! What does not live here: caching ([`super::CachingResource`]).
 
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::backend::DeviceMemory;
-use crate::device::Device;
+use super::{Block, MemoryResource};
+use crate::backend::{MemoryKind, Ticket};
+use crate::device::{Device, Stream};
 use crate::error::{Error, Result};
-use crate::host_memory::HostMemory;
-use crate::resource::MemoryResource;
 
 /// Forwards to an upstream resource while the bytes held stay within a limit.
 pub struct LimitingResource {
@@ -67,19 +66,15 @@ impl LimitingResource {
         let _ =
             self.held.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |held| Some(held.saturating_sub(n)));
     }
+}
 
-    /// Runs `allocate` under a reservation of `bytes`, then counts the block's real length.
-    fn limited<B>(
-        &self,
-        device: &Device,
-        bytes: usize,
-        len: impl Fn(&B) -> usize,
-        allocate: impl FnOnce() -> Result<B>,
-    ) -> Result<B> {
+impl MemoryResource for LimitingResource {
+    fn allocate(&self, device: &Device, kind: MemoryKind, bytes: usize, stream: &Stream) -> Result<Block> {
         self.reserve(device, bytes)?;
-        match allocate() {
+        match self.upstream.allocate(device, kind, bytes, stream) {
             Ok(block) => {
-                let actual = len(&block);
+                // Count the block's real length, which may exceed the request.
+                let actual = block.len();
                 if actual > bytes {
                     self.held.fetch_add((actual - bytes) as u64, Ordering::SeqCst);
                 } else {
@@ -93,25 +88,10 @@ impl LimitingResource {
             }
         }
     }
-}
 
-impl MemoryResource for LimitingResource {
-    fn allocate_host(&self, device: &Device, bytes: usize, pinned: bool) -> Result<HostMemory> {
-        self.limited(device, bytes, HostMemory::len, || self.upstream.allocate_host(device, bytes, pinned))
-    }
-
-    fn allocate_device(&self, device: &Device, bytes: usize) -> Result<DeviceMemory> {
-        self.limited(device, bytes, DeviceMemory::len, || self.upstream.allocate_device(device, bytes))
-    }
-
-    fn deallocate_host(&self, device: &Device, block: HostMemory) {
+    fn deallocate(&self, device: &Device, block: Block, stream: &Stream, ready: Ticket) {
         self.unreserve(block.len());
-        self.upstream.deallocate_host(device, block);
-    }
-
-    fn deallocate_device(&self, device: &Device, memory: DeviceMemory) {
-        self.unreserve(memory.len());
-        self.upstream.deallocate_device(device, memory);
+        self.upstream.deallocate(device, block, stream, ready);
     }
 }
 

@@ -1,0 +1,110 @@
+//! Transfers in flight: what each one reads and writes, and how to undo it if it fails.
+//!
+//! An asynchronous sync commits its new state when it is enqueued and records an [`InFlight`]
+//! entry. Any later access that touches a location the transfer writes, or writes a location
+//! it reads, first settles it: waits for its ticket, and on failure undoes it. Because of that
+//! rule a transfer's targets are touched by nothing else until it is settled, so undoing it
+//! only has to put its targets back as they were (and free what it allocated). Conflicts are
+//! between memories, not names: the host block is shared by the host location and by
+//! zero-copy aliases of it, so touching an alias touches the host location too (and nothing
+//! can alias, read or write a block a transfer in flight uses, or that a failed one frees).
+//!
+//! What does not live here: executing plans and freeing memory ([`super::raw`]).
+
+use super::stats::TransferStats;
+use crate::backend::Ticket;
+use crate::coherence::{Access, Coherence, DeviceId, Location, Plan, Residency, Step};
+
+/// A handful of locations (a plan touches at most three, and the host block's).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct Locations {
+    items: [Option<Location>; 4],
+}
+
+impl Locations {
+    pub(super) fn insert(&mut self, at: Location) {
+        if self.contains(at) {
+            return;
+        }
+        if let Some(free) = self.items.iter_mut().find(|item| item.is_none()) {
+            *free = Some(at);
+        }
+    }
+
+    pub(super) fn contains(&self, at: Location) -> bool {
+        self.items.contains(&Some(at))
+    }
+
+    pub(super) fn iter(&self) -> impl Iterator<Item = Location> + '_ {
+        self.items.iter().flatten().copied()
+    }
+
+    fn meets(&self, other: &Locations) -> bool {
+        self.iter().any(|at| other.contains(at))
+    }
+}
+
+/// The locations an access at `at` with `plan` reads and writes: copy sources are read, copy
+/// targets written; the accessed location itself is read or written as the access says.
+pub(super) fn touched(plan: &Plan, at: Location, access: Access) -> (Locations, Locations) {
+    let (mut reads, mut writes) = (Locations::default(), Locations::default());
+    for step in plan.steps() {
+        match *step {
+            Step::Allocate(loc) => writes.insert(loc),
+            Step::Copy { from, to } => {
+                reads.insert(from);
+                writes.insert(to);
+            }
+        }
+    }
+    match access {
+        Access::Read => reads.insert(at),
+        Access::Write | Access::Overwrite => writes.insert(at),
+    }
+    (reads, writes)
+}
+
+/// What one execution allocated, to free again if it fails.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Undo {
+    /// The host block was allocated by it.
+    pub(super) host_block: bool,
+    /// The device copy on this device was allocated by it.
+    pub(super) device: Option<DeviceId>,
+}
+
+/// One asynchronous transfer not yet settled.
+#[derive(Debug)]
+pub(super) struct InFlight {
+    pub(super) ticket: Ticket,
+    pub(super) reads: Locations,
+    pub(super) writes: Locations,
+    /// The residency of each written location before the transfer.
+    pub(super) before: Vec<(Location, Residency)>,
+    pub(super) undo: Undo,
+    /// What the transfer added to the buffer's counters.
+    pub(super) stats: TransferStats,
+}
+
+impl InFlight {
+    /// Whether an access that reads `reads` and writes `writes` must wait for this transfer.
+    pub(super) fn conflicts(&self, reads: &Locations, writes: &Locations) -> bool {
+        self.writes.meets(reads) || self.writes.meets(writes) || self.reads.meets(writes)
+    }
+
+    /// Puts the transfer's targets back to their residency before it. A transfer never copies
+    /// into a valid location, so a location valid before it (the host, counted written only
+    /// because an alias of its block was made) is left as later accesses made it.
+    pub(super) fn undo_state(&self, coherence: &mut Coherence) {
+        for &(at, residency) in &self.before {
+            if residency != Residency::Valid {
+                coherence.restore(at, residency);
+            }
+        }
+    }
+
+    /// Whether the transfer has failed, as far as is known now (no waiting).
+    pub(super) fn has_failed(&self) -> bool {
+        self.ticket.poll().is_err()
+    }
+}

@@ -1,0 +1,430 @@
+//! [`CachingResource`]: free lists of blocks keyed by device, memory kind (device, shared,
+//! pageable or pinned host) and size class, over an upstream resource that serves every miss. It is the memory
+//! of every [`crate::MemoryPool`], and of every buffer made without a resource while caching
+//! by default is on.
+//!
+//! - **Take**: a request is rounded up to its size class ([`super::size_class`]). A cached
+//!   block of that class, device and kind is a hit: a device or shared block last used on the asking
+//!   stream is handed out at once (the stream runs the new work after the old), any other
+//!   once its work is done (its ticket complete); it is zeroed first with `zero_reused`. A
+//!   miss asks the upstream for a block of the class size.
+//! - **Give back**: a block goes onto its free list, with the stream and the ticket of its
+//!   last use, unless that would push the cached bytes over the cap; then it goes back
+//!   upstream.
+//! - **Out of memory** (or a refused page lock, which cached pinned blocks may be causing):
+//!   trim every cached block, retry once, and if the upstream still refuses, return its error
+//!   as it is (it names the device, the size and the runtime's code).
+//! - **Accounting**: every block is counted by its real length, under the key its own length
+//!   and kind give, so a block larger than asked for still balances. A block this resource did
+//!   not hand out (no block of its key is outstanding) goes straight upstream, uncounted.
+//!   Empty requests bypass the cache: an empty block costs nothing. Cached device blocks are
+//!   added to their device's [`crate::MemoryInfo::cached`], cached host blocks to the host
+//!   device's.
+//!
+//! One mutex guards the free lists and the counters; it is never held across an upstream
+//! call, a fill, a wait or a free, only across a hash lookup, a poll and a push or pop.
+//!
+//! What does not live here: the pool handle that hands out buffers ([`crate::pool`]).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::hash::{BuildHasherDefault, Hash, Hasher};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use super::size_class::class_size;
+use super::{Block, MemoryResource};
+use crate::backend::{MemoryKind, Ticket};
+use crate::coherence::DeviceId;
+use crate::device::{Device, Stream};
+use crate::error::{Error, Result};
+
+/// How a caching resource (a pool) behaves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolConfig {
+    /// The most bytes the pool keeps cached; a release beyond it frees the block.
+    /// 0 caches nothing.
+    pub max_cached_bytes: u64,
+    /// Zero a reused block before handing it out, for callers that must not see old contents.
+    pub zero_reused: bool,
+}
+
+/// The default cap: 1 GiB.
+pub const DEFAULT_MAX_CACHED_BYTES: u64 = 1 << 30;
+
+impl Default for PoolConfig {
+    /// Caches up to [`DEFAULT_MAX_CACHED_BYTES`] (1 GiB); reused blocks are not zeroed.
+    fn default() -> Self {
+        PoolConfig { max_cached_bytes: DEFAULT_MAX_CACHED_BYTES, zero_reused: false }
+    }
+}
+
+impl PoolConfig {
+    /// The default for `device`: caches up to 1 GiB or a quarter of the device's memory,
+    /// whichever is less (devices that report no total get 1 GiB).
+    pub fn for_device(device: &Device) -> PoolConfig {
+        let total = device.info().total_memory;
+        let cap = if total == 0 { DEFAULT_MAX_CACHED_BYTES } else { DEFAULT_MAX_CACHED_BYTES.min(total / 4) };
+        PoolConfig { max_cached_bytes: cap, ..PoolConfig::default() }
+    }
+}
+
+/// A pool's counters. Bytes are those of whole blocks (size classes), not of requests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Requests served from the cache.
+    pub hits: u64,
+    /// Requests the cache could not serve (each went upstream).
+    pub misses: u64,
+    /// Blocks the upstream allocated for this pool.
+    pub allocations: u64,
+    /// Bytes held by live buffers.
+    pub bytes_in_use: u64,
+    /// Bytes cached for reuse.
+    pub bytes_cached: u64,
+    /// The most bytes held by live buffers at once (since creation or the last reset).
+    pub peak_bytes_in_use: u64,
+    /// Allocations the upstream refused for lack of memory, after which the pool trimmed and
+    /// retried once.
+    pub oom_retries: u64,
+}
+
+/// One free list's identity: the device, the kind, and the block length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Key {
+    device: DeviceId,
+    kind: MemoryKind,
+    bytes: usize,
+}
+
+impl Hash for Key {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.device.0);
+        state.write_u8(match self.kind {
+            MemoryKind::Device => 0,
+            MemoryKind::Host { pinned: false } => 1,
+            MemoryKind::Host { pinned: true } => 2,
+            MemoryKind::Shared => 3,
+        });
+        state.write_usize(self.bytes);
+    }
+}
+
+/// A multiply-rotate hash for [`Key`]s: a few nanoseconds where SipHash takes tens, and keys
+/// are not attacker-chosen.
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl KeyHasher {
+    fn mix(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+}
+
+impl Hasher for KeyHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        bytes.iter().for_each(|&b| self.mix(b.into()));
+    }
+
+    fn write_u8(&mut self, n: u8) {
+        self.mix(n.into());
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.mix(n);
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.mix(n as u64);
+    }
+
+    fn finish(&self) -> u64 {
+        // Classes are multiples of 64: move the product's well-mixed high bits down to where
+        // the table takes its bucket index.
+        self.0.rotate_left(26)
+    }
+}
+
+/// A cached block, the stream it was last used on (memory a device addresses), and when that
+/// use ends.
+struct Cached {
+    block: Block,
+    stream: Option<Stream>,
+    ready: Ticket,
+}
+
+impl Cached {
+    /// Whether the block can go to a request on `stream` now.
+    fn usable_on(&self, stream: &Stream) -> bool {
+        let same_stream = self.stream.as_ref() == Some(stream);
+        // A failed last use leaves nothing running: the block is free to use (its bytes are
+        // unspecified, as for every reused block).
+        same_stream || !matches!(self.ready.poll(), Ok(false))
+    }
+}
+
+/// The cached blocks of one key, the device they belong to, and how many are handed out.
+struct Slot {
+    device: Device,
+    free: Vec<Cached>,
+    outstanding: usize,
+}
+
+type Slots = HashMap<Key, Slot, BuildHasherDefault<KeyHasher>>;
+
+#[derive(Default)]
+struct State {
+    slots: Slots,
+    stats: PoolStats,
+}
+
+/// Zeroes the first `bytes` of a reused block (its old contents must not show).
+fn zero(block: &mut Block, device: &Device, stream: &Stream, bytes: usize) -> Result<()> {
+    let n = bytes.min(block.len());
+    match block {
+        Block::Host(host) => {
+            host.as_mut_slice()[..n].fill(0);
+            Ok(())
+        }
+        Block::Device(memory) => device.backend().fill(stream.handle(), memory, &[0], n)?.wait(),
+    }
+}
+
+/// The device whose memory a block of `kind` for `device` is: the host device for host
+/// blocks, whose cached bytes it reports.
+fn memory_of(device: &Device, kind: MemoryKind) -> Device {
+    match kind {
+        MemoryKind::Host { .. } => Device::host(),
+        MemoryKind::Device | MemoryKind::Shared => device.clone(),
+    }
+}
+
+/// Gives a block upstream with the stream of its last use (the device's own stream for host
+/// blocks, which carry none).
+fn give_upstream(
+    upstream: &dyn MemoryResource,
+    device: &Device,
+    block: Block,
+    stream: Option<Stream>,
+    ready: Ticket,
+) {
+    let stream = stream.unwrap_or_else(|| device.stream());
+    upstream.deallocate(device, block, &stream, ready);
+}
+
+/// Whether freeing cached memory can make a failed allocation succeed.
+fn exhausted(err: &Error) -> bool {
+    err.is_out_of_memory() || matches!(err, Error::PinningFailed { .. })
+}
+
+/// A caching [`MemoryResource`] over an upstream one.
+pub struct CachingResource {
+    upstream: Arc<dyn MemoryResource>,
+    config: PoolConfig,
+    /// For messages: the pool's own device.
+    name: String,
+    state: Mutex<State>,
+}
+
+impl CachingResource {
+    /// A cache with `config` over `upstream`; `name` (the pool's device) shows in messages.
+    pub fn new(upstream: Arc<dyn MemoryResource>, config: PoolConfig, name: String) -> Self {
+        CachingResource { upstream, config, name, state: Mutex::new(State::default()) }
+    }
+
+    /// Where misses go.
+    pub fn upstream(&self) -> &Arc<dyn MemoryResource> {
+        &self.upstream
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> PoolConfig {
+        self.config
+    }
+
+    /// The counters now.
+    pub fn stats(&self) -> PoolStats {
+        self.lock().stats
+    }
+
+    /// Frees every cached block upstream; returns their bytes.
+    pub fn trim(&self) -> u64 {
+        let blocks = {
+            let mut state = self.lock();
+            state.stats.bytes_cached = 0;
+            drain(&mut state.slots)
+        };
+        give_all(&*self.upstream, blocks)
+    }
+
+    /// Sets hits, misses, allocations and OOM retries to zero and the peak to the bytes in use.
+    pub fn reset_counters(&self) {
+        let mut state = self.lock();
+        let stats = &mut state.stats;
+        *stats = PoolStats {
+            bytes_in_use: stats.bytes_in_use,
+            bytes_cached: stats.bytes_cached,
+            peak_bytes_in_use: stats.bytes_in_use,
+            ..PoolStats::default()
+        };
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // No code panics while holding the lock, so a poisoned state is still consistent.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Pops a cached block of `key` that may be used on `stream`, counting a hit, or counts a
+    /// miss.
+    fn reuse(&self, key: Key, stream: &Stream) -> Option<Block> {
+        let mut state = self.lock();
+        let State { slots, stats } = &mut *state;
+        let found = slots.get_mut(&key).and_then(|slot| {
+            // The most recently cached usable block: the warmest in the caches.
+            let index = slot.free.iter().rposition(|cached| cached.usable_on(stream))?;
+            let cached = slot.free.swap_remove(index);
+            slot.outstanding += 1;
+            Some((cached.block, slot.device.clone()))
+        });
+        match found {
+            Some((block, device)) => {
+                let n = block.len() as u64;
+                stats.hits += 1;
+                stats.bytes_cached -= n;
+                stats.bytes_in_use += n;
+                stats.peak_bytes_in_use = stats.peak_bytes_in_use.max(stats.bytes_in_use);
+                memory_of(&device, key.kind).cached_bytes().fetch_sub(n, Ordering::Relaxed);
+                Some(block)
+            }
+            None => {
+                stats.misses += 1;
+                None
+            }
+        }
+    }
+
+    /// Counts a fresh block from upstream as handed out.
+    fn count_fresh(&self, device: &Device, block: &Block) {
+        let mut state = self.lock();
+        let State { slots, stats } = &mut *state;
+        let slot = slots
+            .entry(Key { device: device.id(), kind: block.kind(), bytes: block.len() })
+            .or_insert_with(|| Slot { device: device.clone(), free: Vec::new(), outstanding: 0 });
+        slot.outstanding += 1;
+        stats.allocations += 1;
+        stats.bytes_in_use += block.len() as u64;
+        stats.peak_bytes_in_use = stats.peak_bytes_in_use.max(stats.bytes_in_use);
+    }
+}
+
+/// Takes every cached block out of `slots`, dropping entries with nothing outstanding.
+fn drain(slots: &mut Slots) -> Vec<(Device, Cached)> {
+    let mut out = Vec::new();
+    slots.retain(|_, slot| {
+        out.extend(slot.free.drain(..).map(|cached| (slot.device.clone(), cached)));
+        slot.outstanding > 0
+    });
+    out
+}
+
+/// Gives drained blocks upstream; returns their bytes.
+fn give_all(upstream: &dyn MemoryResource, blocks: Vec<(Device, Cached)>) -> u64 {
+    let mut freed = 0;
+    for (device, cached) in blocks {
+        let n = cached.block.len() as u64;
+        freed += n;
+        memory_of(&device, cached.block.kind()).cached_bytes().fetch_sub(n, Ordering::Relaxed);
+        give_upstream(upstream, &device, cached.block, cached.stream, cached.ready);
+    }
+    freed
+}
+
+impl MemoryResource for CachingResource {
+    /// A block of at least `bytes` of `kind` on `device` for `stream`: cached if one of the
+    /// class fits and may be used, else fresh from upstream.
+    fn allocate(&self, device: &Device, kind: MemoryKind, bytes: usize, stream: &Stream) -> Result<Block> {
+        let fresh = |n: usize| self.upstream.allocate(device, kind, n, stream);
+        let class = match class_size(bytes) {
+            Some(class) if class > 0 => class,
+            // Empty blocks cost nothing; sizes without a class cannot be allocated anyway.
+            _ => return fresh(bytes),
+        };
+        if let Some(mut block) = self.reuse(Key { device: device.id(), kind, bytes: class }, stream) {
+            if self.config.zero_reused
+                && let Err(err) = zero(&mut block, device, stream, bytes)
+            {
+                self.deallocate(device, block, stream, Ticket::done());
+                return Err(err);
+            }
+            return Ok(block);
+        }
+        let block = match fresh(class) {
+            Err(err) if exhausted(&err) => {
+                self.lock().stats.oom_retries += 1;
+                self.trim();
+                fresh(class)
+            }
+            other => other,
+        };
+        // A class block the upstream refuses may still fit exactly; either way the error then
+        // names the size the caller asked for.
+        let block = match block {
+            Err(_) if class > bytes => fresh(bytes)?,
+            other => other?,
+        };
+        self.count_fresh(device, &block);
+        Ok(block)
+    }
+
+    /// Takes a block back: cached if it is ours and fits under the cap, else freed upstream.
+    fn deallocate(&self, device: &Device, block: Block, stream: &Stream, ready: Ticket) {
+        let kind = block.kind();
+        // Host blocks are reused only once their last use is done, whatever the stream.
+        let stream = (!matches!(kind, MemoryKind::Host { .. })).then(|| stream.clone());
+        let spare = if block.is_empty() {
+            Some((block, stream, ready))
+        } else {
+            let key = Key { device: device.id(), kind, bytes: block.len() };
+            let n = block.len() as u64;
+            let cap = self.config.max_cached_bytes;
+            let mut state = self.lock();
+            let State { slots, stats } = &mut *state;
+            match slots.get_mut(&key) {
+                Some(slot) if slot.outstanding > 0 => {
+                    slot.outstanding -= 1;
+                    stats.bytes_in_use -= n;
+                    if stats.bytes_cached.saturating_add(n) <= cap {
+                        stats.bytes_cached += n;
+                        memory_of(device, kind).cached_bytes().fetch_add(n, Ordering::Relaxed);
+                        slot.free.push(Cached { block, stream, ready });
+                        None
+                    } else {
+                        Some((block, stream, ready))
+                    }
+                }
+                _ => Some((block, stream, ready)),
+            }
+        };
+        if let Some((block, stream, ready)) = spare {
+            give_upstream(&*self.upstream, device, block, stream, ready);
+        }
+    }
+}
+
+impl Drop for CachingResource {
+    /// Gives every cached block back upstream (no buffer can still hold one: each holds the
+    /// resource alive).
+    fn drop(&mut self) {
+        self.trim();
+    }
+}
+
+impl fmt::Debug for CachingResource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CachingResource")
+            .field("pool_of", &self.name)
+            .field("config", &self.config)
+            .field("upstream", &self.upstream)
+            .finish()
+    }
+}

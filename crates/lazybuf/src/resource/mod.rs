@@ -1,0 +1,242 @@
+//! Memory resources: where a buffer's memory comes from and where it goes back.
+//!
+//! A [`MemoryResource`] is the policy layer over storage. [`DirectResource`] asks the device's
+//! backend for every block and frees it on return; policies (a pool, a limit, statistics) wrap
+//! an upstream resource they own and add one concern each. A buffer holds an
+//! `Arc<dyn MemoryResource>` and hands every block back to it when the block is no longer
+//! needed.
+//!
+//! **Streams.** Device memory is taken for a stream and given back with a ticket that
+//! completes when the last work using it has: a resource may hand such a block at once to a
+//! request on the same stream (whose work runs after that work anyway), but to anyone else
+//! only once the ticket is complete. Host blocks come back with the same kind of ticket and
+//! are reused only once it is complete.
+//!
+//! Blocks may be larger than asked for (a pool rounds up to size classes); buffers use the
+//! first `nbytes` of them. Zero-copy aliases of host blocks are not resource allocations (they
+//! own no memory) and never pass through here.
+//!
+//! The resources:
+//! - [`DirectResource`]: the backends themselves (a source);
+//! - [`CachingResource`] (`caching.rs`): keeps freed blocks by device, kind and size class
+//!   and hands them out again (the memory of a [`crate::MemoryPool`]);
+//! - [`LimitingResource`] (`limiting.rs`): refuses allocations beyond a byte limit.
+//!
+//! **Caching by default.** Buffers made without a resource take theirs from
+//! [`default_resource`]: the process-wide caching resource of their device (the one
+//! [`crate::MemoryPool::for_device`] shows) while caching is on (the default), else
+//! [`DirectResource`]. Turn caching off with `LAZYBUF_CACHE=0` or [`set_caching`]; give cached
+//! memory back with [`trim`]. Cached device memory is reported by
+//! [`crate::Device::memory_info`] as `cached`.
+//!
+//! What does not live here: runtime calls ([`crate::backend`]) and the pool handle that hands
+//! out buffers ([`crate::pool`]).
+
+mod caching;
+mod limiting;
+pub mod size_class;
+
+pub use caching::{CachingResource, DEFAULT_MAX_CACHED_BYTES, PoolConfig, PoolStats};
+pub use limiting::LimitingResource;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+
+use crate::backend::{DeviceMemory, MemoryKind, Ticket};
+use crate::coherence::DeviceId;
+use crate::device::{Device, Stream};
+use crate::error::Result;
+use crate::host_memory::{HostMemory, Pinning};
+
+/// A block a resource hands out: host memory, or memory a device addresses (device or
+/// shared memory).
+#[derive(Debug)]
+pub enum Block {
+    /// Host memory ([`MemoryKind::Host`]).
+    Host(HostMemory),
+    /// Device or shared memory ([`MemoryKind::Device`], [`MemoryKind::Shared`]).
+    Device(DeviceMemory),
+}
+
+impl Block {
+    /// The size in bytes (at least what was asked for).
+    pub fn len(&self) -> usize {
+        match self {
+            Block::Host(block) => block.len(),
+            Block::Device(memory) => memory.len(),
+        }
+    }
+
+    /// Whether the block is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The kind of memory the block is.
+    pub fn kind(&self) -> MemoryKind {
+        match self {
+            // A registered block is pageable memory the driver page-locked for speed.
+            Block::Host(block) => MemoryKind::Host {
+                pinned: block.is_pinned() && !matches!(block.pinning(), Pinning::Registered(_)),
+            },
+            Block::Device(memory) => memory.kind(),
+        }
+    }
+}
+
+/// A source of memory of every kind, for buffers and memory objects.
+///
+/// Implementors provide [`MemoryResource::allocate`] and [`MemoryResource::deallocate`]; the
+/// per-kind methods below are conveniences over them.
+pub trait MemoryResource: Send + Sync + fmt::Debug {
+    /// A block of at least `bytes` of `kind` for `device` (host blocks: for a buffer whose own
+    /// device it is), with unspecified contents, for work on `stream`. Pinned host memory that
+    /// cannot be pinned is an error, never a silent pageable block.
+    fn allocate(&self, device: &Device, kind: MemoryKind, bytes: usize, stream: &Stream) -> Result<Block>;
+
+    /// Takes back a block this resource handed out for `device`, last used by work on
+    /// `stream`; `ready` completes when that work has.
+    fn deallocate(&self, device: &Device, block: Block, stream: &Stream, ready: Ticket);
+
+    /// A host block of at least `bytes` for a buffer whose own device is `device`,
+    /// page-locked when `pinned`.
+    fn allocate_host(&self, device: &Device, bytes: usize, pinned: bool) -> Result<HostMemory> {
+        let stream = device.stream();
+        match self.allocate(device, MemoryKind::Host { pinned }, bytes, &stream)? {
+            Block::Host(block) => Ok(block),
+            other => {
+                self.deallocate(device, other, &stream, Ticket::done());
+                Err(wrong_kind(self, "host block"))
+            }
+        }
+    }
+
+    /// Device memory of at least `bytes` on `device`, for work on `stream`.
+    fn allocate_device(&self, device: &Device, bytes: usize, stream: &Stream) -> Result<DeviceMemory> {
+        match self.allocate(device, MemoryKind::Device, bytes, stream)? {
+            Block::Device(memory) if memory.kind() == MemoryKind::Device => Ok(memory),
+            other => {
+                self.deallocate(device, other, stream, Ticket::done());
+                Err(wrong_kind(self, "device allocation"))
+            }
+        }
+    }
+
+    /// Takes back a host block handed out for `device`.
+    fn deallocate_host(&self, device: &Device, block: HostMemory, ready: Ticket) {
+        self.deallocate(device, Block::Host(block), &device.stream(), ready);
+    }
+
+    /// Takes back device memory handed out on `device`, last used on `stream`.
+    fn deallocate_device(&self, device: &Device, memory: DeviceMemory, stream: &Stream, ready: Ticket) {
+        self.deallocate(device, Block::Device(memory), stream, ready);
+    }
+}
+
+fn wrong_kind<R: MemoryResource + ?Sized>(resource: &R, wanted: &str) -> crate::Error {
+    crate::Error::invalid(
+        "allocate",
+        format!("the memory resource {resource:?} returned another kind of memory; expected a {wanted}"),
+    )
+}
+
+/// Allocates from the device's backend every time and frees on return (after the last work
+/// using the memory is done).
+#[derive(Debug, Default)]
+pub struct DirectResource;
+
+impl DirectResource {
+    /// The shared direct resource.
+    pub fn shared() -> Arc<dyn MemoryResource> {
+        static DIRECT: OnceLock<Arc<dyn MemoryResource>> = OnceLock::new();
+        DIRECT.get_or_init(|| Arc::new(DirectResource)).clone()
+    }
+}
+
+impl MemoryResource for DirectResource {
+    fn allocate(&self, device: &Device, kind: MemoryKind, bytes: usize, _stream: &Stream) -> Result<Block> {
+        let backend = device.backend();
+        Ok(match kind {
+            MemoryKind::Host { pinned } => Block::Host(backend.allocate_host(bytes, pinned)?),
+            MemoryKind::Device => Block::Device(backend.allocate(bytes)?),
+            MemoryKind::Shared => Block::Device(backend.allocate_shared(bytes)?),
+        })
+    }
+
+    fn deallocate(&self, _device: &Device, block: Block, _stream: &Stream, ready: Ticket) {
+        // Work that failed leaves nothing to wait for; either way the block is freed.
+        let _ = ready.wait();
+        drop(block);
+    }
+}
+
+/// The environment variable that turns caching by default off (`0`) or on (`1`).
+pub const CACHE_ENV: &str = "LAZYBUF_CACHE";
+
+/// 0: not decided yet (read the environment), 1: off, 2: on.
+static CACHING: AtomicU8 = AtomicU8::new(0);
+
+/// Whether buffers made without a resource take their memory from their device's pool.
+pub fn caching() -> bool {
+    match CACHING.load(Ordering::Relaxed) {
+        0 => {
+            let on = !matches!(
+                std::env::var(CACHE_ENV).as_deref().map(str::trim),
+                Ok("0" | "false" | "off" | "no")
+            );
+            // A racing set_caching wins over the environment.
+            let _ = CACHING.compare_exchange(0, if on { 2 } else { 1 }, Ordering::Relaxed, Ordering::Relaxed);
+            CACHING.load(Ordering::Relaxed) == 2
+        }
+        state => state == 2,
+    }
+}
+
+/// Turns caching by default on or off for buffers made from now on (buffers keep the
+/// resource they were made with).
+pub fn set_caching(on: bool) {
+    CACHING.store(if on { 2 } else { 1 }, Ordering::Relaxed);
+}
+
+/// The process-wide caching resource of `device`: the same one on every call, configured by
+/// [`PoolConfig::for_device`]. It lives for the rest of the process and keeps the device open.
+pub fn default_pool(device: &Device) -> Arc<CachingResource> {
+    let mut pools = default_pools().lock().unwrap_or_else(PoisonError::into_inner);
+    pools
+        .entry(device.id())
+        .or_insert_with(|| {
+            Arc::new(CachingResource::new(
+                DirectResource::shared(),
+                PoolConfig::for_device(device),
+                device.to_string(),
+            ))
+        })
+        .clone()
+}
+
+fn default_pools() -> &'static Mutex<HashMap<DeviceId, Arc<CachingResource>>> {
+    static POOLS: OnceLock<Mutex<HashMap<DeviceId, Arc<CachingResource>>>> = OnceLock::new();
+    POOLS.get_or_init(Mutex::default)
+}
+
+/// The resource a buffer on `device` made without one uses: the device's default caching
+/// resource while caching is on, else [`DirectResource`].
+pub fn default_resource(device: &Device) -> Arc<dyn MemoryResource> {
+    if caching() { default_pool(device) } else { DirectResource::shared() }
+}
+
+/// Gives back everything lazybuf keeps for reuse: the cached blocks of every device's default
+/// pool, and the backends' staging memory. Returns the bytes of cached blocks freed. Live
+/// buffers keep their memory; pools made with [`crate::MemoryPool::new`] are trimmed by their
+/// own `trim`.
+pub fn trim() -> u64 {
+    let pools: Vec<Arc<CachingResource>> =
+        default_pools().lock().unwrap_or_else(PoisonError::into_inner).values().cloned().collect();
+    let freed = pools.iter().map(|pool| pool.trim()).sum();
+    for device in crate::discovery::devices() {
+        device.trim();
+    }
+    freed
+}

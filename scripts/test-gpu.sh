@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# Runs every lazybuf test on a machine with an NVIDIA GPU: each Rust test binary with CUDA
+# required (LAZYBUF_REQUIRE=cuda), the Python suite with CuPy, and compute-sanitizer memcheck
+# over the CUDA suites, then prints one summary table. Exits non-zero on any failure.
+#
+# The GPU machine may have no Rust toolchain, so there are two steps:
+#   bash scripts/test-gpu.sh build [DIR]   # here: test binaries, the wheel and the Python
+#                                          # tests into DIR (default .gpu, git-ignored)
+#   bash scripts/test-gpu.sh run [DIR]     # there: runs what DIR holds (needs python3 with
+#                                          # numpy and pytest; CuPy and compute-sanitizer if
+#                                          # present, else those parts say they were skipped)
+#   bash scripts/test-gpu.sh [DIR]         # both, on a GPU machine that has cargo
+#
+# Environment: PROPTEST_CASES (default 1000), LAZYBUF_GPU_TIMEOUT per binary in seconds
+# (default 300). Logs go to $OUT when it is set (the device tool's output folder), else DIR/logs.
+set -uo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+mode="${1:-all}"
+case "$mode" in build | run | all) shift || true ;; *) mode=all ;; esac
+dir="${1:-$root/.gpu}"
+case "$dir" in /*) ;; *) dir="$root/$dir" ;; esac
+
+build() {
+    set -e
+    cd "$root"
+    rm -rf "$dir" && mkdir -p "$dir/bin" "$dir/wheel" "$dir/tests"
+    local exclude
+    exclude=$(git rev-parse --git-path info/exclude)
+    mkdir -p "$(dirname "$exclude")"
+    grep -qx "/$(basename "$dir")/" "$exclude" 2>/dev/null || echo "/$(basename "$dir")/" >>"$exclude"
+    echo "==> building the test binaries (all features)"
+    cargo test --workspace --all-features --no-run --message-format=json 2>/dev/null |
+        python3 -c 'import json, sys
+for line in sys.stdin:
+    try: m = json.loads(line)
+    except ValueError: continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
+        print(m["target"]["name"], m["executable"])' |
+        while read -r name path; do cp "$path" "$dir/bin/test-$name"; done
+    # Without debug info the binaries fit the few tens of MiB a GPU machine is sent.
+    strip --strip-debug "$dir"/bin/* 2>/dev/null || true
+    echo "==> building the wheel (release, with the testing feature)"
+    local venv="${LAZYBUF_PY_VENV:-$root/.venv}"
+    [ -x "$venv/bin/maturin" ] || { python3 -m venv "$venv" && "$venv/bin/pip" -q install maturin==1.16.0; }
+    "$venv/bin/maturin" build --release --quiet --features testing --out "$dir/wheel" --interpreter "$venv/bin/python"
+    cp -r "$root/tests/python/." "$dir/tests/"
+    git -C "$root" rev-parse --short HEAD >"$dir/commit"
+    du -sh "$dir"
+    set +e
+}
+
+declare -a summary=()
+failed=0
+note() { summary+=("$1|$2|$3"); }
+
+run_binary() { # run_binary NAME PATH LOG
+    local name=$1 path=$2 log=$3 rc
+    timeout "${LAZYBUF_GPU_TIMEOUT:-300}" "$path" --test-threads=4 --nocapture >"$log" 2>&1
+    rc=$?
+    local result
+    result=$(grep -E "^test result:" "$log" | tail -1 | sed 's/test result: //; s/; finished.*//')
+    local skipped
+    skipped=$(grep -c "^SKIPPED" "$log")
+    [ "$rc" -eq 0 ] || failed=1
+    note "$name" "$([ "$rc" -eq 0 ] && echo pass || echo "FAIL (rc $rc)")" "${result:-no result line}; $skipped skip notices"
+}
+
+run() {
+    cd "$dir" || { echo "no $dir: run the build step first"; exit 2; }
+    local logs="${OUT:-$dir/logs}"
+    mkdir -p "$logs"
+    echo "lazybuf $(cat commit 2>/dev/null || echo '?') on $(hostname), $(date -u +%Y-%m-%dT%H:%MZ)"
+    nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current,pcie.link.width.current \
+        --format=csv,noheader 2>/dev/null || echo "nvidia-smi: not found (no NVIDIA GPU here?)"
+    export LAZYBUF_REQUIRE=cuda LAZYBUF_REQUIRE_CUDA=1 PROPTEST_CASES="${PROPTEST_CASES:-1000}"
+    for path in bin/test-*; do
+        local name=${path#bin/test-}
+        echo "==> $name"
+        run_binary "$name" "$path" "$logs/$name.log"
+    done
+
+    echo "==> Python suite (CuPy if installed)"
+    local site
+    site=$(mktemp -d)
+    python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" wheel/*.whl
+    (cd tests && PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 \
+        timeout 600 python3 -m pytest -q -p no:cacheprovider . >"$logs/pytest.log" 2>&1)
+    local rc=$?
+    [ "$rc" -eq 0 ] || failed=1
+    note "pytest" "$([ "$rc" -eq 0 ] && echo pass || echo "FAIL (rc $rc)")" "$(tail -1 "$logs/pytest.log")"
+    if python3 -c 'import cupy' 2>/dev/null; then :; else note "pytest" "note" "CuPy is not installed: CuPy interop tests skipped"; fi
+
+    if command -v compute-sanitizer >/dev/null; then
+        # Caching off, so every allocation is freed before exit and a leak is a leak.
+        for name in cuda cuda_gpu contract streams; do
+            [ -x "bin/test-$name" ] || continue
+            echo "==> compute-sanitizer memcheck $name"
+            LAZYBUF_CACHE=0 PROPTEST_CASES=50 timeout 600 compute-sanitizer --tool memcheck --leak-check full \
+                --error-exitcode 1 "bin/test-$name" --test-threads=1 >"$logs/memcheck-$name.log" 2>&1
+            rc=$?
+            [ "$rc" -eq 0 ] || failed=1
+            note "memcheck $name" "$([ "$rc" -eq 0 ] && echo pass || echo "FAIL (rc $rc)")" \
+                "$(grep -E "ERROR SUMMARY" "$logs/memcheck-$name.log" | tail -1)"
+        done
+    else
+        note "memcheck" "skipped" "compute-sanitizer is not on PATH"
+    fi
+
+    echo
+    echo "| what | result | detail |"
+    echo "|---|---|---|"
+    for line in "${summary[@]}"; do
+        IFS='|' read -r what result detail <<<"$line"
+        echo "| $what | $result | $detail |"
+    done
+    echo
+    [ "$failed" -eq 0 ] && echo "all GPU tests passed" || echo "SOME GPU TESTS FAILED (logs in $logs)"
+    return "$failed"
+}
+
+case "$mode" in
+    build) build ;;
+    run) run ;;
+    all) build && run ;;
+esac
