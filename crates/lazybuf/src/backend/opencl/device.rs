@@ -246,9 +246,9 @@ impl OpenClBackend {
         let owner = Box::into_raw(Box::new(SvmAllocation { context: self.context, ptr: svm }));
         // SAFETY: memory.mem is the live buffer just created; `owner` stays valid until the
         // callback takes it back.
-        if let Err(status) =
-            unsafe { clmem::set_mem_object_destructor_callback(memory.mem, free_svm, owner.cast()) }
-        {
+        let callback =
+            unsafe { clmem::set_mem_object_destructor_callback(memory.mem, free_svm, owner.cast()) };
+        if let Err(status) = callback {
             drop(memory);
             // SAFETY: the callback was not set, so `owner` is still ours; the buffer is gone
             // (no command used it), so the SVM can be freed now, with the reference taken.
