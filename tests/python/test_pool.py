@@ -191,3 +191,29 @@ def test_bad_acquire_arguments():
         pool.acquire(3, np.complex128)
     with pytest.raises(ValueError, match="no device matches"):
         MemoryPool("tpu")
+
+
+@pytest.mark.parametrize("read", ["host_readonly", "to_numpy", "device", "memoryview"])
+def test_a_reused_uninitialized_buffer_never_shows_the_previous_users_bytes(device, read):
+    # Issue 8, item 15: without zero_reused, a reused block holds the last user's data; a read
+    # of an UNINITIALIZED buffer must still see zeros. A write access (`.host`) gets
+    # unspecified contents, as numpy.empty does (zero_reused=True clears those too).
+    pool = MemoryPool(device)
+    with pool.acquire((1000,), np.int32) as buf:
+        buf.fill(-7)
+        buf.sync_to_device()
+        first = address(buf.host_readonly)
+    again = pool.acquire((1000,), np.int32)
+    assert again.state == BufferState.UNINITIALIZED
+    if read == "host_readonly":
+        data = np.array(again.host_readonly)
+    elif read == "to_numpy":
+        data = again.to_numpy()
+    elif read == "device":
+        again.sync_to_device()
+        data = again.to_numpy()
+    else:
+        data = np.frombuffer(memoryview(again), dtype=np.int32)
+    assert address(again.host_readonly) == first  # the same block was reused
+    assert not data.any(), "a read of an uninitialized buffer showed a previous user's bytes"
+    pool.release(again)
