@@ -220,52 +220,98 @@ fn double_buffering_overlaps_the_transfer_of_one_buffer_with_the_fill_of_the_oth
 /// Work the caller enqueues on its own queue is ordered before lazybuf's through a ticket:
 /// a fill on the caller's queue, held back by a user event, is what lazybuf's download reads.
 #[cfg(feature = "opencl")]
-#[test]
-fn the_callers_own_queue_is_ordered_before_lazybuf_through_a_ticket() {
+/// How a test tells lazybuf that the caller's queue uses a device copy.
+#[derive(Clone, Copy, Debug)]
+enum Tell {
+    /// `DeviceViewMut::used_until` on the typed buffer's view.
+    View,
+    /// `RawBuffer::used_until` after a device access (what the Python binding does).
+    Raw,
+}
+
+/// The caller enqueues a fill of the buffer's device copy on a queue of its own, held back by
+/// a user event that another thread completes later; lazybuf is told through a marker of
+/// that queue. Returns what a download then reads.
+fn callers_fill_then_download(device: &Device, tell: Tell) -> Vec<u32> {
+    use lazybuf::RawBuffer;
     use lazybuf::backend::{RawDevice, RawMemory, RawStream};
-    for device in common::devices_of(lazybuf::BackendKind::OPENCL) {
-        let RawDevice::OpenCl { context, .. } = (unsafe { device.raw() }) else { panic!("an OpenCL device") };
-        let callers = device.create_stream().unwrap();
-        let RawStream::OpenCl(queue) = (unsafe { callers.raw() }) else { panic!("an OpenCL queue") };
-        // SAFETY: `queue` is a live queue of this device's context (made just above).
-        let wrapped = unsafe { device.wrap_stream(RawStream::OpenCl(queue)) }.unwrap();
-        let gate = cl3::event::create_user_event(context).unwrap();
-        let mut buf = direct(&device, 1024);
-        buf.copy_from(&pattern(9, 1024)).unwrap();
-        {
-            let mut view = buf.device_mut().unwrap();
-            let RawMemory::OpenCl(mem) = (unsafe { view.raw() }) else { panic!("a cl_mem") };
-            let value = 0x0bad_f00du32;
-            // SAFETY: the caller's "kernel": a fill of the view's memory on the caller's queue,
-            // after the user event; the buffer and the view keep the memory alive.
-            let event = unsafe {
-                cl3::command_queue::enqueue_fill_buffer(
-                    queue,
-                    mem,
-                    (&value as *const u32).cast(),
-                    4,
-                    0,
-                    4096,
-                    1,
-                    &gate,
-                )
-            }
-            .unwrap();
-            // SAFETY: releases the fill's event, which nothing waits on.
-            unsafe { cl3::event::release_event(event) }.unwrap();
-            cl3::command_queue::flush(queue).unwrap();
-            view.used_until(wrapped.marker().unwrap());
+    use lazybuf::coherence::Access;
+
+    let RawDevice::OpenCl { context, .. } = (unsafe { device.raw() }) else { panic!("an OpenCL device") };
+    let callers = device.create_stream().unwrap();
+    let RawStream::OpenCl(queue) = (unsafe { callers.raw() }) else { panic!("an OpenCL queue") };
+    // SAFETY: `queue` is a live queue of this device's context (made just above).
+    let wrapped = unsafe { device.wrap_stream(RawStream::OpenCl(queue)) }.unwrap();
+    let gate = cl3::event::create_user_event(context).unwrap();
+    let value = 0x0bad_f00du32;
+    // The caller's "kernel": a fill of `mem` on the caller's queue, after the user event.
+    let callers_fill = |mem: RawMemory| {
+        let RawMemory::OpenCl(mem) = mem else { panic!("a cl_mem") };
+        // SAFETY: `mem` is the buffer's live device copy (the buffer keeps it alive) of 4096
+        // bytes; the pattern is read at the call.
+        let event = unsafe {
+            cl3::command_queue::enqueue_fill_buffer(
+                queue,
+                mem,
+                (&value as *const u32).cast(),
+                4,
+                0,
+                4096,
+                1,
+                &gate,
+            )
         }
-        // The user event is completed from another thread once the download is waiting.
+        .unwrap();
+        // SAFETY: releases the fill's event, which nothing waits on.
+        unsafe { cl3::event::release_event(event) }.unwrap();
+        cl3::command_queue::flush(queue).unwrap();
+    };
+    let release_gate_later = || {
         let gate_address = gate as usize;
-        let release = std::thread::spawn(move || {
+        std::thread::spawn(move || {
             std::thread::sleep(std::time::Duration::from_millis(20));
             cl3::event::set_user_event_status(gate_address as cl3::types::cl_event, cl3::event::CL_COMPLETE)
                 .unwrap();
-        });
-        // The download must come after the caller's fill, which waits on the user event.
-        assert_eq!(buf.to_vec().unwrap(), vec![0x0bad_f00d; 1024], "{device}");
-        release.join().unwrap();
+        })
+    };
+    let initial: Vec<u8> = pattern(9, 1024).iter().flat_map(|v: &u32| v.to_ne_bytes()).collect();
+    let (bytes, release) = match tell {
+        Tell::View => {
+            let mut buf = direct(device, 1024);
+            buf.copy_from(&pattern(9, 1024)).unwrap();
+            {
+                let mut view = buf.device_mut().unwrap();
+                callers_fill(unsafe { view.raw() });
+                view.used_until(wrapped.marker().unwrap());
+            }
+            let release = release_gate_later();
+            (buf.to_vec().unwrap().iter().flat_map(|v| v.to_ne_bytes()).collect::<Vec<u8>>(), release)
+        }
+        Tell::Raw => {
+            let mut raw = RawBuffer::with_resource(4096, device.clone(), false, DirectResource::shared());
+            raw.host_access(Access::Overwrite).unwrap()[..4096].copy_from_slice(&initial);
+            // SAFETY: the handle is used while `raw` keeps the copy alive.
+            callers_fill(unsafe { raw.device_access(device, Access::Write).unwrap().raw() });
+            raw.used_until(device, wrapped.marker().unwrap());
+            let release = release_gate_later();
+            (raw.host_access(Access::Read).unwrap()[..4096].to_vec(), release)
+        }
+    };
+    release.join().unwrap();
+    bytes.chunks_exact(4).map(|c| u32::from_ne_bytes(c.try_into().unwrap())).collect()
+}
+
+#[test]
+fn the_callers_own_queue_is_ordered_before_lazybuf_through_a_ticket() {
+    for device in common::devices_of(lazybuf::BackendKind::OPENCL) {
+        for tell in [Tell::View, Tell::Raw] {
+            // The download must come after the caller's fill, which waits on the user event.
+            assert_eq!(
+                callers_fill_then_download(&device, tell),
+                vec![0x0bad_f00d; 1024],
+                "{device} {tell:?}"
+            );
+        }
     }
 }
 

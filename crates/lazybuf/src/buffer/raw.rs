@@ -286,6 +286,16 @@ impl RawBuffer {
         Ok(&mut self.hand_out(device, access)?.memory)
     }
 
+    /// Tells the buffer that work the caller enqueued outside the copy's stream (on a stream
+    /// of another library, say) uses `device`'s copy until `ticket` completes: later
+    /// transfers, writes and the release of that copy wait for it. Nothing happens when the
+    /// buffer has no copy on `device`.
+    pub fn used_until(&mut self, device: &Device, ticket: Ticket) {
+        if let Some(index) = self.copy_index(device.id()) {
+            self.copies[index].used_until(ticket);
+        }
+    }
+
     pub(super) fn hand_out(&mut self, device: &Device, access: Access) -> Result<&mut DeviceCopy> {
         self.access(Location::Device(device.id()), Some(device), access)?;
         let index = self.copy_index(device.id()).expect("the device is allocated after a device access");
