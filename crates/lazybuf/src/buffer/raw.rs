@@ -448,6 +448,7 @@ impl RawBuffer {
 
     /// Waits for the caller's use of device copies that alias the host block: a host write
     /// must not change bytes a kernel may still be reading.
+    #[inline(always)]
     fn await_aliased_use(&mut self) -> Result<()> {
         for copy in self.copies.iter_mut() {
             if copy.memory.is_host_alias() && (copy.used || !copy.external.is_trivially_done()) {
@@ -495,7 +496,10 @@ impl RawBuffer {
     }
 
     fn access(&mut self, at: Location, device: Option<&Device>, access: Access) -> Result<()> {
-        self.settle_for(at, device, access)?;
+        // The blocking calls' fast path: no transfer in flight, nothing to settle.
+        if !self.inflight.is_empty() {
+            self.settle_for(at, device, access)?;
+        }
         let plan = self.plan(at, device, access);
         if at == Location::Host && access != Access::Read {
             self.await_aliased_use()?;
@@ -659,7 +663,9 @@ impl RawBuffer {
                 let i = self.copy_index(id).expect("a copy target is allocated");
                 let host = self.host.as_mut().expect("a valid host is allocated");
                 let copy = &mut self.copies[i];
-                copy.device.backend().prepare_host(host);
+                if !copy.memory.is_host_alias() {
+                    copy.device.backend().prepare_host(host);
+                }
                 copy.order_stream()?;
                 if let Some(after) = after {
                     copy.stream.wait_for(&after)?;
@@ -679,7 +685,9 @@ impl RawBuffer {
                 let i = self.copy_index(id).expect("a copy source is allocated");
                 let host = self.host.as_mut().expect("a copy target is allocated");
                 let copy = &mut self.copies[i];
-                copy.device.backend().prepare_host(host);
+                if !copy.memory.is_host_alias() {
+                    copy.device.backend().prepare_host(host);
+                }
                 copy.order_stream()?;
                 if let Some(after) = after {
                     copy.stream.wait_for(&after)?;
