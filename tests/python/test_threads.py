@@ -53,19 +53,19 @@ class Toucher:
         self.me = self
 
     def __del__(self):
-        try:
-            op = random.randrange(4)
-            if op == 0:
-                self.buf.host[0] = 1
-            elif op == 1:
-                self.buf.state
-            elif op == 2:
-                self.buf.fill(2)
-            else:
-                with memoryview(self.buf) as view:
-                    view.nbytes
-        except BaseException as err:  # noqa: BLE001 - a panic is a BaseException
-            self.recorder.check("__del__", err)
+        for op in random.sample(range(4), 3):  # some Python work: threads switch meanwhile
+            try:
+                if op == 0:
+                    self.buf.host[0] = 1
+                elif op == 1:
+                    self.buf.state
+                elif op == 2:
+                    self.buf.fill(2)
+                else:
+                    with memoryview(self.buf) as view:
+                        view.nbytes
+            except BaseException as err:  # noqa: BLE001 - a panic is a BaseException
+                self.recorder.check("__del__", err)
 
 
 def operations(buf, rng: random.Random, dtype):
@@ -89,6 +89,7 @@ def operations(buf, rng: random.Random, dtype):
         lambda: repr(buf),
         lambda: memoryview(buf).release(),
         lambda: buf.__array_interface__,
+        lambda: buf.__array_interface__,  # allocates much while it holds the buffer: twice
         lambda: pickle.loads(pickle.dumps(buf)),
         lambda: buf.transfer_stats(),
     ]
@@ -127,8 +128,18 @@ def stress(device) -> None:
                         rng.choice(operations(buf, rng, dtype))()  # released: ValueError
                         view[0] = 1  # the view stays usable or is read-only
                     else:
-                        for _ in range(3):
-                            Toucher(rng.choice(shared), recorder)
+                        # Finalizers that use a shared buffer, run by the collector inside
+                        # the next lazybuf call (the first allocation there collects them).
+                        buf = rng.choice(shared)
+                        op = rng.choice(operations(buf, rng, dtype))
+                        others = [rng.choice(shared) for _ in range(3)]
+                        gc.disable()
+                        try:
+                            for other in others:
+                                Toucher(other, recorder)
+                        finally:
+                            gc.enable()
+                        op()
                     if i % 200 == 0:
                         gc.collect()
                 except BaseException as err:  # noqa: BLE001 - a panic is a BaseException
@@ -138,7 +149,7 @@ def stress(device) -> None:
 
     interval, thresholds = sys.getswitchinterval(), gc.get_threshold()
     sys.setswitchinterval(1e-5)  # switch threads often, inside lazybuf's methods too
-    gc.set_threshold(10)  # and collect often, inside lazybuf's methods too
+    gc.set_threshold(1)  # and collect often, inside lazybuf's methods too
     try:
         threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(WORKERS)]
         for thread in threads:
