@@ -18,6 +18,16 @@
 //! the buffer's hold on its memory; views made earlier keep it alive until they are gone
 //! (see [`crate::views`]). Any later use of the buffer raises `ValueError`.
 //!
+//! Threads: the class is frozen; its mutable fields sit behind one std mutex that is never
+//! held while Python code may run, so every method is safe from any thread and from a
+//! finalizer running inside another call, and nothing can panic on a borrow. Accesses that
+//! may move bytes release the GIL (the core never calls Python).
+//!
+//! Stale host views: when the host copy goes stale (a device write) or the buffer is released,
+//! the writable `.host` arrays handed out (tracked by weak reference) are made read-only, so a
+//! late write raises `ValueError` instead of being lost. Arrays derived from them, memoryviews
+//! and DLPack tensors are not tracked.
+//!
 //! What does not live here: coherence (the core), raw memory sharing ([`crate::views`]),
 //! per-backend device objects ([`crate::device_view`]), DLPack ([`crate::dlpack`]).
 
@@ -49,10 +59,10 @@ use crate::{args, state};
 /// A host/device buffer with lazy synchronization (see the module docs for the access rules).
 ///
 /// Safe to use from any thread: the class is frozen and its mutable fields sit behind one
-/// std mutex ([`UnifiedBuffer::inner`]), which is never held while Python code can run
-/// (making arrays, calling the pool, dropping Python objects all happen after it is
-/// released), so a finalizer or another thread that uses the buffer meanwhile never finds it
-/// borrowed. Byte-moving accesses run with the GIL released.
+/// std mutex, which is never held while Python code can run (making arrays, calling the
+/// pool, dropping Python objects all happen after it is released), so a finalizer or another
+/// thread that uses the buffer meanwhile never finds it borrowed. Byte-moving accesses run
+/// with the GIL released.
 #[pyclass(name = "UnifiedBuffer", module = "lazybuf", frozen, weakref)]
 pub struct UnifiedBuffer {
     shape: Vec<usize>,
