@@ -54,7 +54,19 @@ class BackendUnavailableError(RuntimeError):
 @final
 class UnifiedBuffer:
     """An N-d, C-contiguous array whose host and device copies are kept coherent; copies
-    happen only when a stale copy is about to be used. A new buffer allocates nothing."""
+    happen only when a stale copy is about to be used. A new buffer allocates nothing.
+
+    Threads: every method is safe to call from any thread, and from finalizers (``__del__``)
+    that run inside another call; calls that move bytes release the GIL. Writes through NumPy
+    views (or other exports) are the caller's to order against other threads' calls.
+
+    Stale host views: when the host copy goes stale (``mark_device_dirty()``,
+    ``device_writable``, ``__cuda_array_interface__``, a device DLPack export) or the buffer is
+    released, every writable ``.host`` array the buffer handed out becomes read-only, so a
+    late write raises ValueError instead of being lost; a new ``.host`` returns a fresh
+    writable view. Views derived from a handed-out array (slices, ``.view()``,
+    ``.reshape()``), memoryviews and DLPack tensors are not tracked. Buffers are
+    weak-referenceable and take part in garbage collection."""
 
     def __new__(
         cls,
@@ -77,7 +89,8 @@ class UnifiedBuffer:
     @property
     def host(self) -> np.ndarray:
         """Writable zero-copy NumPy view of the host copy (cached; ``.base`` keeps the memory
-        alive). Syncs from the device if it is newer; counts as a host write."""
+        alive). Syncs from the device if it is newer; counts as a host write. Made read-only
+        when the host copy goes stale or the buffer is released (see the class docs)."""
 
     @property
     def host_readonly(self) -> np.ndarray:
@@ -178,8 +191,10 @@ class UnifiedBuffer:
 
     def __len__(self) -> int:
         """The first dimension. The buffer protocol (``memoryview(buf)``, ``np.asarray(buf)``)
-        exports the host copy: writable (a host write) only when the consumer asks for
-        PyBUF_WRITABLE, else read-only (a host read); not for bfloat16."""
+        exports the host copy: writable (a host write) when the consumer asks for
+        PyBUF_WRITABLE, else read-only (a host read); not for bfloat16. A plain-bytes request
+        (no PyBUF_ND: ``hashlib``, ``readinto``) gets a 1-d byte view. ``ctypes``'
+        ``from_buffer`` asks through a memoryview, which is read-only: pass ``buf.host``."""
     def __array__(self, dtype: npt.DTypeLike | None = None, copy: bool | None = None) -> np.ndarray:
         """A read-only view (a host read), or a copy with ``copy=True``."""
 
@@ -281,7 +296,9 @@ class Accelerator:
 def get_accelerator() -> Accelerator: ...
 @final
 class MemoryPool:
-    """A pool of buffer memory on one device: released buffers' memory is reused."""
+    """A pool of buffer memory on one device: released buffers' memory is reused.
+
+    Threads: every method is safe to call from any thread."""
 
     def __new__(
         cls,

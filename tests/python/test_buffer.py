@@ -216,3 +216,30 @@ def test_opencl_device_without_pyopencl_gives_a_handle_view(opencl_device):
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+
+def test_a_plain_bytes_buffer_request_gives_a_1d_byte_view(device):
+    import ctypes
+    import hashlib
+    import io
+
+    buf = UnifiedBuffer((3, 4), np.int32, device=device)
+    buf.copy_from(np.arange(12).reshape(3, 4))
+    buf.sync_to_device()
+    # hashlib asks for PyBUF_SIMPLE: a 1-d run of bytes, whatever the buffer's shape (before:
+    # ndim 2, "Buffer must be single dimension"); read-only, so a host read.
+    assert hashlib.sha256(buf).hexdigest() == hashlib.sha256(buf.to_numpy().tobytes()).hexdigest()
+    assert buf.state == BufferState.SYNCHRONIZED
+    # readinto asks for PyBUF_WRITABLE alone: writable bytes, a host write.
+    data = np.arange(100, 112, dtype=np.int32)
+    assert io.BytesIO(data.tobytes()).readinto(buf) == buf.nbytes
+    assert buf.state == BufferState.HOST_DIRTY
+    np.testing.assert_array_equal(buf.to_numpy(), data.reshape(3, 4))
+    # ctypes' from_buffer goes through a memoryview (read-only, a host read): use .host.
+    with pytest.raises(TypeError, match="not writable"):
+        ctypes.c_char.from_buffer(buf)
+    ctypes.c_int32.from_buffer(buf.host).value = 7
+    assert buf.to_numpy()[0, 0] == 7
+    with memoryview(buf) as view:  # a full request keeps the shape and format
+        assert view.shape == (3, 4) and view.format == "i" and view.itemsize == 4

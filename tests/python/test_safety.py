@@ -12,11 +12,13 @@ for the large case so that a use-after-free would show as a crash, not corrupt t
 """
 
 import pickle
+import weakref
 
 import numpy as np
 import pytest
 
 from conftest import collect, run_python
+import lazybuf
 from lazybuf import BufferState, UnifiedBuffer
 
 N = 4096  # float32 elements: 16 KiB, a real (not aliased) cl_mem on PoCL
@@ -219,3 +221,109 @@ def test_failed_calls_change_nothing():
             bad()
         assert buf.state == BufferState.SYNCHRONIZED
         assert buf.to_numpy().tolist() == [1, 2, 3, 4]
+
+
+# --- a write through a host view made before the host went stale is never lost ---------
+
+ZERO_COPY_BYTES = 4 << 20  # PoCL shares host memory with buffers of this size and above
+
+
+@pytest.fixture(params=["host", "opencl"])
+def any_device(request):
+    if request.param == "opencl":
+        return request.getfixturevalue("opencl_device")
+    return request.getfixturevalue("host_device")
+
+
+def _cuda_or_skip():
+    from conftest import _need
+    from lazybuf import get_accelerator
+
+    devices = [d for d in get_accelerator().devices if d.backend == "cuda"]
+    if not devices:
+        _need("cuda", f"no CUDA device: {get_accelerator().backend_status}")
+    return devices[0]
+
+
+STALE_HOST = {
+    "mark_device_dirty": lambda b: b.mark_device_dirty(),
+    "device_writable": lambda b: b.device_writable,
+}
+
+
+@pytest.mark.parametrize("nbytes", [16 << 10, 2 * ZERO_COPY_BYTES], ids=["small", "zero-copy-size"])
+@pytest.mark.parametrize("how", sorted(STALE_HOST))
+def test_a_stale_host_view_becomes_read_only(any_device, nbytes, how):
+    n = nbytes // 4
+    buf = UnifiedBuffer(n, np.float32, device=any_device)
+    view = buf.host
+    view[:] = 1
+    STALE_HOST[how](buf)
+    assert buf.state == BufferState.DEVICE_DIRTY
+    assert not view.flags.writeable
+    with pytest.raises(ValueError, match="read-only"):
+        view[0] = 5  # before: kept or lost depending on the device and the size
+    fresh = buf.host
+    assert fresh is not view and fresh.flags.writeable
+    fresh[0] = 5
+    data = buf.to_numpy()
+    assert data[0] == 5 and (data[1:] == 1).all()
+
+
+def test_a_host_view_of_a_released_pool_buffer_becomes_read_only(any_device):
+    pool = lazybuf.MemoryPool(any_device)
+    buf = pool.acquire(1000, np.float32)
+    view = buf.host
+    view[:] = 2
+    pool.release(buf)
+    with pytest.raises(ValueError, match="read-only"):
+        view[0] = 5
+    assert (view == 2).all()  # still readable
+
+
+def test_a_stale_host_view_becomes_read_only_on_cuda():
+    device = _cuda_or_skip()
+    for stale in (lambda b: b.__cuda_array_interface__, lambda b: b.__dlpack__(), STALE_HOST["device_writable"]):
+        buf = UnifiedBuffer(100, np.float32, device=device)
+        view = buf.host
+        view[:] = 1
+        stale(buf)
+        assert buf.state == BufferState.DEVICE_DIRTY
+        with pytest.raises(ValueError, match="read-only"):
+            view[0] = 5
+
+
+def test_views_of_fresh_hosts_stay_writable_and_derived_views_are_not_tracked(any_device):
+    buf = UnifiedBuffer(10, np.float32, device=any_device)
+    view = buf.host
+    buf.sync_to_device()
+    buf.mark_host_dirty()
+    assert view.flags.writeable  # the host never went stale
+    part = view[2:5]  # derived from a handed-out view: not tracked (documented)
+    buf.mark_device_dirty()
+    assert not view.flags.writeable
+    assert part.flags.writeable
+
+
+# --- the garbage collector and weak references -----------------------------------------
+
+
+def test_a_buffer_is_weak_referenceable():
+    buf = UnifiedBuffer(10, np.float32)
+    ref = weakref.ref(buf)
+    assert ref() is buf
+    del buf
+    collect()
+    assert ref() is None
+
+
+def test_a_cycle_through_a_buffer_is_collected(pyopencl, opencl_device):
+    buf = UnifiedBuffer(N, np.float32, device=opencl_device)
+    buf.fill(1)
+    array = buf.device  # a PyOpenCL array the buffer caches
+    array.back = buf  # buffer -> array -> buffer
+    ref = weakref.ref(buf)
+    del buf, array
+    collect()
+    assert ref() is None
+

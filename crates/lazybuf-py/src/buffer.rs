@@ -18,21 +18,33 @@
 //! the buffer's hold on its memory; views made earlier keep it alive until they are gone
 //! (see [`crate::views`]). Any later use of the buffer raises `ValueError`.
 //!
+//! Threads: the class is frozen; its mutable fields sit behind one std mutex that is never
+//! held while Python code may run, so every method is safe from any thread and from a
+//! finalizer running inside another call, and nothing can panic on a borrow. Accesses that
+//! may move bytes release the GIL (the core never calls Python).
+//!
+//! Stale host views: when the host copy goes stale (a device write) or the buffer is released,
+//! the writable `.host` arrays handed out (tracked by weak reference) are made read-only, so a
+//! late write raises `ValueError` instead of being lost. Arrays derived from them, memoryviews
+//! and DLPack tensors are not tracked.
+//!
 //! What does not live here: coherence (the core), raw memory sharing ([`crate::views`]),
 //! per-backend device objects ([`crate::device_view`]), DLPack ([`crate::dlpack`]).
 
 use std::ffi::c_int;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 
 use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::PyTraverseError;
 use pyo3::exceptions::{PyAttributeError, PyTypeError, PyValueError};
 use pyo3::ffi;
+use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PyModule, PyTuple};
+use pyo3::types::{PyDict, PyModule, PyTuple, PyWeakrefReference};
 
 use lazybuf::backend::RawMemory;
-use lazybuf::coherence::Access;
+use lazybuf::coherence::{Access, Location, Residency};
 use lazybuf::shape::Shape;
 use lazybuf::{BackendKind, Device, MemoryResource, RawBuffer};
 
@@ -45,8 +57,27 @@ use crate::views::{Storage, export_buffer, release_buffer};
 use crate::{args, state};
 
 /// A host/device buffer with lazy synchronization (see the module docs for the access rules).
-#[pyclass(name = "UnifiedBuffer", module = "lazybuf")]
+///
+/// Safe to use from any thread: the class is frozen and its mutable fields sit behind one
+/// std mutex, which is never held while Python code can run (making arrays, calling the
+/// pool, dropping Python objects all happen after it is released), so a finalizer or another
+/// thread that uses the buffer meanwhile never finds it borrowed. Byte-moving accesses run
+/// with the GIL released.
+#[pyclass(name = "UnifiedBuffer", module = "lazybuf", frozen, weakref)]
 pub struct UnifiedBuffer {
+    shape: Vec<usize>,
+    elem: ElementType,
+    home: Device,
+    pinned: bool,
+    /// The Python `MemoryPool` this buffer came from, if any.
+    pool: Option<Py<PyAny>>,
+    /// Everything that changes; see the type docs for the locking rule.
+    state: Mutex<Inner>,
+}
+
+/// The mutable part of a [`UnifiedBuffer`].
+#[derive(Default)]
+struct Inner {
     /// The memory; `None` once released.
     storage: Option<Arc<Storage>>,
     /// Held (never read) after a release when the buffer handed its address to a consumer
@@ -54,21 +85,45 @@ pub struct UnifiedBuffer {
     /// `__cuda_array_interface__`): that memory then lives as long as the buffer object.
     retained: Option<Arc<Storage>>,
     untracked_export: bool,
-    shape: Vec<usize>,
-    elem: ElementType,
-    home: Device,
-    pinned: bool,
-    /// The Python `MemoryPool` this buffer came from, if any.
-    pool: Option<Py<PyAny>>,
     host_view: Option<Py<PyAny>>,
     host_readonly_view: Option<Py<PyAny>>,
     device_view: Option<(usize, Py<PyAny>)>,
+    /// Weak references to the writable host arrays handed out (`.host`), keyed by address:
+    /// made read-only when the host copy goes stale or the buffer is released.
+    writable_views: Vec<(usize, Py<PyWeakrefReference>)>,
 }
 
-/// What a release takes out of a buffer; dropped once the buffer is no longer borrowed.
+/// What a release takes out of a buffer; [`Released::finish`] it once the buffer's lock is
+/// released (dropping views may run Python code).
 pub struct Released {
     _storage: Arc<Storage>,
-    _views: Vec<Py<PyAny>>,
+    views: Vec<Py<PyAny>>,
+    writable: Vec<(usize, Py<PyWeakrefReference>)>,
+}
+
+impl Released {
+    /// Makes the writable host views handed out read-only (a write through them now would
+    /// be lost), then drops the buffer's holds.
+    pub fn finish(self, py: Python<'_>) -> PyResult<()> {
+        let result = freeze(py, &self.writable);
+        drop(self.views);
+        drop(self.writable);
+        result
+    }
+}
+
+/// Makes the arrays behind `views` that are still alive read-only. Call without the lock.
+fn freeze(py: Python<'_>, views: &[(usize, Py<PyWeakrefReference>)]) -> PyResult<()> {
+    let mut result = Ok(());
+    for (_, weak) in views {
+        if let Some(array) = weak.bind(py).upgrade() {
+            let done = array.getattr("flags").and_then(|flags| flags.setattr("writeable", false));
+            if result.is_ok() {
+                result = done;
+            }
+        }
+    }
+    result
 }
 
 impl UnifiedBuffer {
@@ -88,53 +143,119 @@ impl UnifiedBuffer {
             Some(resource) => RawBuffer::with_resource(nbytes, home.clone(), pinned, resource),
             None => RawBuffer::new(nbytes, home.clone(), pinned),
         };
-        Ok(UnifiedBuffer {
-            storage: Some(Storage::new(raw)),
-            retained: None,
-            untracked_export: false,
-            shape,
-            elem,
-            home,
-            pinned,
-            pool,
-            host_view: None,
-            host_readonly_view: None,
-            device_view: None,
-        })
+        let inner = Inner { storage: Some(Storage::new(raw)), ..Inner::default() };
+        Ok(UnifiedBuffer { shape, elem, home, pinned, pool, state: Mutex::new(inner) })
+    }
+
+    /// The mutable fields. Never held while Python code may run, nor while taking a
+    /// storage's lock.
+    fn inner(&self) -> MutexGuard<'_, Inner> {
+        // Poisoning means a panic while it was held; every update is a single assignment, so
+        // the fields are still consistent.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The memory, or the "released" error.
-    pub fn storage(&self) -> PyResult<&Arc<Storage>> {
-        self.storage.as_ref().ok_or_else(released)
+    pub fn storage(&self) -> PyResult<Arc<Storage>> {
+        self.inner().storage.clone().ok_or_else(released)
     }
 
-    /// The pool this buffer came from.
-    pub fn pool(&self) -> Option<&Py<PyAny>> {
-        self.pool.as_ref()
+    /// Whether this buffer came from a pool.
+    pub fn has_pool(&self) -> bool {
+        self.pool.is_some()
     }
 
-    /// Gives up the buffer's hold on its memory. The caller drops the result after the
-    /// buffer's borrow ends (dropping views may run Python code).
-    pub fn take(&mut self) -> PyResult<Released> {
-        let storage = self.storage.take().ok_or_else(released)?;
-        if self.untracked_export {
-            self.retained = Some(Arc::clone(&storage));
+    /// Gives up the buffer's hold on its memory. The caller [`Released::finish`]es the
+    /// result (the lock is released by then).
+    pub fn take(&self) -> PyResult<Released> {
+        let mut inner = self.inner();
+        let storage = inner.storage.take().ok_or_else(released)?;
+        if inner.untracked_export {
+            inner.retained = Some(Arc::clone(&storage));
         }
-        let views =
-            [self.host_view.take(), self.host_readonly_view.take(), self.device_view.take().map(|(_, v)| v)];
-        Ok(Released { _storage: storage, _views: views.into_iter().flatten().collect() })
+        let views = [
+            inner.host_view.take(),
+            inner.host_readonly_view.take(),
+            inner.device_view.take().map(|(_, v)| v),
+        ];
+        Ok(Released {
+            _storage: storage,
+            views: views.into_iter().flatten().collect(),
+            writable: std::mem::take(&mut inner.writable_views),
+        })
     }
 
-    fn access_host(&self, access: Access) -> PyResult<()> {
-        self.storage()?.host_address(access).map(drop)
+    /// Makes the host current for `access` (the GIL released meanwhile).
+    fn access_host(&self, py: Python<'_>, access: Access) -> PyResult<()> {
+        self.storage()?.host_address_nogil(py, access).map(drop)
     }
 
-    fn access_device(&self, access: Access) -> PyResult<()> {
-        self.storage()?.device_handle(&self.home, access).map(drop)
+    /// Makes the device current for `access` (the GIL released meanwhile); a write makes the
+    /// writable host views read-only.
+    fn access_device(&self, py: Python<'_>, access: Access) -> PyResult<()> {
+        self.storage()?.device_handle_nogil(py, &self.home, access)?;
+        if access != Access::Read {
+            self.freeze_if_host_stale(py)?;
+        }
+        Ok(())
     }
 
     fn descr<'py>(&self, py: Python<'py>) -> &Bound<'py, PyArrayDescr> {
         self.elem.descr.bind(py)
+    }
+
+    /// Remembers `array`, a writable host view just handed out, so that it can be made
+    /// read-only when the host copy goes stale; if it already is stale (another thread
+    /// wrote on the device meanwhile), does that at once.
+    fn track_writable(&self, py: Python<'_>, array: &Bound<'_, PyAny>) -> PyResult<()> {
+        let key = array.as_ptr() as usize;
+        let weak = PyWeakrefReference::new(array)?;
+        let dropped = {
+            let mut inner = self.inner();
+            // Upgrading a live weak reference and dropping the strong one runs no Python code
+            // (the object keeps its other references); dead entries are dropped after unlock.
+            let (mut live, mut dead): (Vec<_>, Vec<_>) = std::mem::take(&mut inner.writable_views)
+                .into_iter()
+                .partition(|(_, w)| w.bind(py).upgrade().is_some());
+            if live.iter().any(|(k, _)| *k == key) {
+                dead.push((key, weak.unbind()));
+            } else {
+                live.push((key, weak.unbind()));
+            }
+            inner.writable_views = live;
+            dead
+        };
+        drop(dropped);
+        self.freeze_if_host_stale(py)
+    }
+
+    /// Makes every writable host view handed out read-only when the host copy is not
+    /// current (or the buffer was released): a write through one would be lost.
+    fn freeze_if_host_stale(&self, py: Python<'_>) -> PyResult<()> {
+        let storage = self.inner().storage.clone();
+        let stale = match storage {
+            Some(storage) => storage.lock().residency(Location::Host) != Residency::Valid,
+            None => true,
+        };
+        if !stale {
+            return Ok(());
+        }
+        let views = std::mem::take(&mut self.inner().writable_views);
+        let result = freeze(py, &views);
+        drop(views);
+        result
+    }
+
+    /// The cached object in `field`, cloned under the lock.
+    fn cached(&self, py: Python<'_>, field: impl FnOnce(&Inner) -> Option<&Py<PyAny>>) -> Option<Py<PyAny>> {
+        let inner = self.inner();
+        field(&inner).map(|c| c.clone_ref(py))
+    }
+
+    /// Stores `object` in `field`; the object it replaces is dropped after the lock.
+    fn cache(&self, object: &Bound<'_, PyAny>, field: impl FnOnce(&mut Inner) -> &mut Option<Py<PyAny>>) {
+        let previous = field(&mut self.inner()).replace(object.clone().unbind());
+        drop(previous);
     }
 }
 
@@ -153,37 +274,43 @@ fn numpy_module(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
 /// Shared by `.device` and `.device_writable`.
 fn device_access<'py>(slf: &Bound<'py, UnifiedBuffer>, access: Access) -> PyResult<Bound<'py, PyAny>> {
     let py = slf.py();
-    let mut this = slf.borrow_mut();
-    let storage = Arc::clone(this.storage()?);
+    let this = slf.get();
+    let storage = this.storage()?;
     if this.home.backend_kind() == BackendKind::HOST {
-        let this = &mut *this;
-        let descr = this.elem.descr.bind(py).clone();
         // The host device's copy is the host memory itself: writes through this array change
         // every copy at once, so it is writable whatever the access (the seeds: `.device`
         // "returns the same NumPy array as host").
-        let cache = &mut this.host_view;
-        let cached = cache.as_ref().map(|c| c.bind(py).clone());
+        let address = storage.host_device_address(py, &this.home, access)?;
+        if access != Access::Read {
+            this.freeze_if_host_stale(py)?;
+        }
+        let cached = this.cached(py, |i| i.host_view.as_ref()).map(|c| c.into_bound(py));
+        // SAFETY: the address is this storage's host-device alias, from host_device_address;
+        // shape and dtype are the buffer's own.
         let array =
-            storage.host_device_array(py, &this.home, access, &this.shape, &descr, cached.as_ref())?;
-        *cache = Some(array.clone().unbind());
+            unsafe { storage.array_at(py, address, &this.shape, this.descr(py), true, cached.as_ref()) }?;
+        this.cache(&array, |i| &mut i.host_view);
         return Ok(array);
     }
-    let handle = storage.device_handle(&this.home, access)?;
+    let handle = storage.device_handle_nogil(py, &this.home, access)?;
+    if access != Access::Read {
+        this.freeze_if_host_stale(py)?;
+    }
     let key = match handle {
         RawMemory::OpenCl(mem) => mem as usize,
         RawMemory::Cuda(ptr) => ptr as usize,
         _ => 0,
     };
-    if let Some((cached_key, view)) = &this.device_view
-        && *cached_key == key
-    {
-        return Ok(view.bind(py).clone());
+    let cached = {
+        let inner = this.inner();
+        inner.device_view.as_ref().filter(|(k, _)| *k == key).map(|(_, v)| v.clone_ref(py))
+    };
+    if let Some(view) = cached {
+        return Ok(view.into_bound(py));
     }
-    let (home, shape, dtype, descr) =
-        (this.home.clone(), this.shape.clone(), this.elem.dtype, this.descr(py).clone());
-    drop(this);
-    let object = device_object(py, &storage, &home, handle, &shape, dtype, &descr)?;
-    let previous = slf.borrow_mut().device_view.replace((key, object.clone().unbind()));
+    let object =
+        device_object(py, &storage, &this.home, handle, &this.shape, this.elem.dtype, this.descr(py))?;
+    let previous = this.inner().device_view.replace((key, object.clone().unbind()));
     drop(previous);
     Ok(object)
 }
@@ -211,12 +338,12 @@ impl UnifiedBuffer {
     #[getter]
     fn host<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
         let py = slf.py();
-        let mut this = slf.borrow_mut();
-        let storage = Arc::clone(this.storage()?);
-        let descr = this.descr(py).clone();
-        let cached = this.host_view.as_ref().map(|c| c.bind(py).clone());
-        let array = storage.host_array(py, Access::Write, &this.shape, &descr, cached.as_ref())?;
-        this.host_view = Some(array.clone().unbind());
+        let this = slf.get();
+        let storage = this.storage()?;
+        let cached = this.cached(py, |i| i.host_view.as_ref()).map(|c| c.into_bound(py));
+        let array = storage.host_array(py, Access::Write, &this.shape, this.descr(py), cached.as_ref())?;
+        this.cache(&array, |i| &mut i.host_view);
+        this.track_writable(py, &array)?;
         Ok(array)
     }
 
@@ -225,12 +352,11 @@ impl UnifiedBuffer {
     #[getter]
     fn host_readonly<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
         let py = slf.py();
-        let mut this = slf.borrow_mut();
-        let storage = Arc::clone(this.storage()?);
-        let descr = this.descr(py).clone();
-        let cached = this.host_readonly_view.as_ref().map(|c| c.bind(py).clone());
-        let array = storage.host_array(py, Access::Read, &this.shape, &descr, cached.as_ref())?;
-        this.host_readonly_view = Some(array.clone().unbind());
+        let this = slf.get();
+        let storage = this.storage()?;
+        let cached = this.cached(py, |i| i.host_readonly_view.as_ref()).map(|c| c.into_bound(py));
+        let array = storage.host_array(py, Access::Read, &this.shape, this.descr(py), cached.as_ref())?;
+        this.cache(&array, |i| &mut i.host_readonly_view);
         Ok(array)
     }
 
@@ -316,28 +442,28 @@ impl UnifiedBuffer {
     /// Whether the buffer was released.
     #[getter]
     fn released(&self) -> bool {
-        self.storage.is_none()
+        self.inner().storage.is_none()
     }
 
     /// Copies the host data to the device if the device copy is stale.
-    fn sync_to_device(&self) -> PyResult<()> {
-        self.access_device(Access::Read)
+    fn sync_to_device(&self, py: Python<'_>) -> PyResult<()> {
+        self.access_device(py, Access::Read)
     }
 
     /// Copies the device data to the host if the host copy is stale.
-    fn sync_to_host(&self) -> PyResult<()> {
-        self.access_host(Access::Read)
+    fn sync_to_host(&self, py: Python<'_>) -> PyResult<()> {
+        self.access_host(py, Access::Read)
     }
 
     /// Declares a host write: the host is made current, then the device copy is stale.
-    fn mark_host_dirty(&self) -> PyResult<()> {
-        self.access_host(Access::Write)
+    fn mark_host_dirty(&self, py: Python<'_>) -> PyResult<()> {
+        self.access_host(py, Access::Write)
     }
 
     /// Declares a device write (by a kernel): the device is made current, then the host copy
-    /// is stale.
-    fn mark_device_dirty(&self) -> PyResult<()> {
-        self.access_device(Access::Write)
+    /// is stale (and the writable host views handed out become read-only).
+    fn mark_device_dirty(&self, py: Python<'_>) -> PyResult<()> {
+        self.access_device(py, Access::Write)
     }
 
     /// Metal writes: raises `BackendUnavailableError` (no Metal backend in this build).
@@ -350,8 +476,8 @@ impl UnifiedBuffer {
     fn fill(slf: &Bound<'_, Self>, value: &Bound<'_, PyAny>) -> PyResult<()> {
         let py = slf.py();
         let (storage, descr) = {
-            let this = slf.borrow();
-            (Arc::clone(this.storage()?), this.descr(py).clone())
+            let this = slf.get();
+            (this.storage()?, this.descr(py).clone())
         };
         let kwargs = PyDict::new(py);
         kwargs.set_item("dtype", &descr)?;
@@ -373,8 +499,8 @@ impl UnifiedBuffer {
     fn copy_from(slf: &Bound<'_, Self>, data: &Bound<'_, PyAny>) -> PyResult<()> {
         let py = slf.py();
         let (storage, descr, shape) = {
-            let this = slf.borrow();
-            (Arc::clone(this.storage()?), this.descr(py).clone(), this.shape.clone())
+            let this = slf.get();
+            (this.storage()?, this.descr(py).clone(), this.shape.clone())
         };
         let np = numpy_module(py)?;
         // Arrays keep their dtype (and must cast under same_kind); other data (lists, scalars)
@@ -441,26 +567,21 @@ impl UnifiedBuffer {
     /// Views made earlier keep the memory alive until they are gone; the buffer itself can no
     /// longer be used.
     fn release(slf: &Bound<'_, Self>) -> PyResult<()> {
-        let pool = slf.borrow().pool.as_ref().map(|p| p.clone_ref(slf.py()));
-        match pool {
+        match &slf.get().pool {
             Some(pool) => pool.bind(slf.py()).call_method1("release", (slf,)).map(drop),
-            None => {
-                let released = slf.borrow_mut().take()?;
-                drop(released);
-                Ok(())
-            }
+            None => slf.get().take()?.finish(slf.py()),
         }
     }
 
     fn __enter__(slf: Bound<'_, Self>) -> PyResult<Bound<'_, Self>> {
-        slf.borrow().storage()?;
+        slf.get().storage()?;
         Ok(slf)
     }
 
     /// Releases the buffer unless it already was (inside the block).
     #[pyo3(signature = (*_exc))]
     fn __exit__(slf: &Bound<'_, Self>, _exc: &Bound<'_, PyTuple>) -> PyResult<bool> {
-        if slf.borrow().storage.is_some() {
+        if !slf.get().released() {
             UnifiedBuffer::release(slf)?;
         }
         Ok(false)
@@ -471,7 +592,8 @@ impl UnifiedBuffer {
     }
 
     fn __repr__(&self) -> PyResult<String> {
-        let state = match &self.storage {
+        let storage = self.inner().storage.clone();
+        let state = match storage {
             Some(storage) => storage.lock().state().to_string(),
             None => "RELEASED".into(),
         };
@@ -483,18 +605,56 @@ impl UnifiedBuffer {
         ))
     }
 
+    // --- garbage collector ------------------------------------------------------------
+
+    /// Visits the Python objects the buffer holds. Must not block: when another thread holds
+    /// the lock (it never does across Python code), the cached views are not reported, which
+    /// only keeps them alive longer.
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.pool)?;
+        visit.call(&self.elem.descr)?;
+        let inner = match self.state.try_lock() {
+            Ok(inner) => inner,
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => return Ok(()),
+        };
+        visit.call(&inner.host_view)?;
+        visit.call(&inner.host_readonly_view)?;
+        visit.call(inner.device_view.as_ref().map(|(_, v)| v))?;
+        for (_, weak) in &inner.writable_views {
+            visit.call(weak)?;
+        }
+        Ok(())
+    }
+
+    /// Drops the cached views (which may lead back to this buffer); the memory stays.
+    fn __clear__(&self) {
+        let dropped = {
+            let mut inner = self.inner();
+            (
+                inner.host_view.take(),
+                inner.host_readonly_view.take(),
+                inner.device_view.take(),
+                std::mem::take(&mut inner.writable_views),
+            )
+        };
+        drop(dropped);
+    }
+
     // --- interop ---------------------------------------------------------------------
 
-    /// Buffer protocol: writable exports are host writes, read-only ones host reads.
+    /// Buffer protocol: writable exports are host writes, read-only ones host reads. A
+    /// request without `PyBUF_ND` (hashlib, `readinto`) gets the bytes as a 1-d view.
     unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut ffi::Py_buffer, flags: c_int) -> PyResult<()> {
-        let (storage, shape, dtype) = {
-            let this = slf.borrow();
-            (Arc::clone(this.storage()?), this.shape.clone(), this.elem.dtype)
-        };
+        let this = slf.get();
+        let storage = this.storage()?;
+        let (shape, dtype) = (this.shape.clone(), this.elem.dtype);
         // SAFETY: view is the Py_buffer CPython passed to this slot.
         unsafe { export_buffer(view, flags, slf.into_any(), &storage, &shape, dtype) }
     }
 
+    /// Never fails: the class is frozen, so nothing can be borrowed here, and the export's
+    /// memory always goes back (to its pool, if it came from one).
     unsafe fn __releasebuffer__(&self, view: *mut ffi::Py_buffer) {
         // SAFETY: view was filled by __getbuffer__ and CPython releases it once.
         unsafe { release_buffer(view) }
@@ -509,12 +669,12 @@ impl UnifiedBuffer {
     ) -> PyResult<Bound<'py, PyAny>> {
         let py = slf.py();
         let base =
-            if copy == Some(true) { slf.borrow().to_numpy(py)? } else { UnifiedBuffer::host_readonly(slf)? };
+            if copy == Some(true) { slf.get().to_numpy(py)? } else { UnifiedBuffer::host_readonly(slf)? };
         match dtype.filter(|d| !d.is_none()) {
             None => Ok(base),
             Some(dtype) => {
                 let wanted = PyArrayDescr::new(py, dtype)?;
-                if wanted.is_equiv_to(slf.borrow().descr(py)) {
+                if wanted.is_equiv_to(slf.get().descr(py)) {
                     return Ok(base);
                 }
                 if copy == Some(false) {
@@ -531,12 +691,12 @@ impl UnifiedBuffer {
     /// Consumers hold the buffer itself, so a released buffer keeps this memory until the
     /// buffer object is gone.
     #[getter]
-    fn __array_interface__<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+    fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let typestr = typestr(self.elem.dtype).ok_or_else(|| {
             PyAttributeError::new_err("bfloat16 has no array-interface type string; use .host or __dlpack__")
         })?;
-        let address = self.storage()?.host_address(Access::Read)?;
-        self.untracked_export = true;
+        let address = self.storage()?.host_address_nogil(py, Access::Read)?;
+        self.inner().untracked_export = true;
         let dict = PyDict::new(py);
         dict.set_item("shape", PyTuple::new(py, &self.shape)?)?;
         dict.set_item("typestr", &typestr)?;
@@ -550,20 +710,21 @@ impl UnifiedBuffer {
     /// CUDA Array Interface (version 3) over the device copy, for buffers on a CUDA device
     /// (a device write). Absent (`AttributeError`) on other devices.
     #[getter]
-    fn __cuda_array_interface__<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+    fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         if self.home.backend_kind() != BackendKind::CUDA {
             return Err(PyAttributeError::new_err(format!(
                 "__cuda_array_interface__ exists only for buffers on a CUDA device; this one is on {}",
                 selector(&self.home)
             )));
         }
-        let address = match self.storage()?.device_handle(&self.home, Access::Write)? {
+        let address = match self.storage()?.device_handle_nogil(py, &self.home, Access::Write)? {
             RawMemory::Cuda(ptr) => ptr as usize,
             other => {
                 return Err(PyValueError::new_err(format!("unexpected memory {other:?} on a CUDA device")));
             }
         };
-        self.untracked_export = true;
+        self.inner().untracked_export = true;
+        self.freeze_if_host_stale(py)?;
         cuda_array_interface(py, address, &self.shape, self.elem.dtype, false)
     }
 
@@ -577,15 +738,19 @@ impl UnifiedBuffer {
         dl_device: Option<(u32, i32)>,
         copy: Option<bool>,
     ) -> PyResult<Py<PyAny>> {
+        let storage = self.storage()?;
         let source = Source {
-            storage: self.storage()?,
+            storage: &storage,
             home: &self.home,
             shape: &self.shape,
             dtype: self.elem.dtype,
             descr: self.descr(py),
         };
         let stream = stream.filter(|s| !s.is_none());
-        dlpack::export(py, source, DlpackArgs { stream, max_version, dl_device, copy })
+        let capsule = dlpack::export(py, source, DlpackArgs { stream, max_version, dl_device, copy })?;
+        // A device export is a device write: the host copy may be stale now.
+        self.freeze_if_host_stale(py)?;
+        Ok(capsule)
     }
 
     /// `(device_type, device_id)`: `(2, ordinal)` for a CUDA buffer, else `(1, 0)` (the host).

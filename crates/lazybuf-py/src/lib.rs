@@ -20,6 +20,7 @@
 //! `py.typed`.
 
 #![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 
 pub mod accelerator;
 pub mod args;

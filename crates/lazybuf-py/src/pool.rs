@@ -19,7 +19,8 @@ use crate::accelerator::{PyDevice, selector};
 use crate::buffer::UnifiedBuffer;
 use crate::{args, dtype};
 
-/// A pool of buffer memory on one device.
+/// A pool of buffer memory on one device. Frozen, with no mutable state of its own (the
+/// core's pool is internally synchronized): safe to use from any thread.
 #[pyclass(name = "MemoryPool", module = "lazybuf", frozen)]
 pub struct PyMemoryPool {
     pool: MemoryPool,
@@ -75,21 +76,20 @@ impl PyMemoryPool {
     /// they are gone; the buffer can no longer be used. Releasing a buffer twice, or one from
     /// another pool or from none, raises `ValueError`.
     fn release(&self, buffer: &Bound<'_, UnifiedBuffer>) -> PyResult<()> {
-        let taken = {
-            let mut this = buffer.borrow_mut();
-            let owned = self.pool.owns(&this.storage()?.lock());
-            if !owned {
-                return Err(PyValueError::new_err(format!(
-                    "release: expected a buffer acquired from this pool (on {}), got one {}; it \
-                     was left as it was",
-                    selector(self.pool.device()),
-                    if this.pool().is_some() { "from another pool" } else { "that came from no pool" }
-                )));
-            }
-            this.take()?
-        };
-        drop(taken);
-        Ok(())
+        // The buffer is frozen with its own lock: nothing here borrows it, and nothing holds
+        // its lock while Python code runs (Released::finish runs after it is released).
+        let this = buffer.get();
+        let owned = self.pool.owns(&this.storage()?.lock());
+        if !owned {
+            return Err(PyValueError::new_err(format!(
+                "release: expected a buffer acquired from this pool (on {}), got one {}; it was \
+                 left as it was",
+                selector(self.pool.device()),
+                if this.has_pool() { "from another pool" } else { "that came from no pool" }
+            )));
+        }
+        // A concurrent release may have won meanwhile: then this one raises "released".
+        this.take()?.finish(buffer.py())
     }
 
     /// The pool's counters now.

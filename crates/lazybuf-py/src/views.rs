@@ -8,9 +8,10 @@
 //! buffer released to a pool while views of it exist, never reads freed memory.
 //!
 //! Every pointer this module hands to Python comes from the storage it is tied to, and every
-//! `unsafe` block in the binding is here, except DLPack's finishing step ([`crate::dlpack`])
-//! and the two buffer-protocol slots of `UnifiedBuffer`, which only forward to this module. The host block of a
-//! `RawBuffer` never moves once allocated: it is freed only when the `RawBuffer` is dropped
+//! `unsafe` block in the binding is here, except DLPack's finishing step ([`crate::dlpack`]),
+//! the two buffer-protocol slots of `UnifiedBuffer` and its `.device` on the host device,
+//! which only forward to this module. The host block of a `RawBuffer` never moves once
+//! allocated: it is freed only when the `RawBuffer` is dropped
 //! (the binding never calls `release_memory`), and an access that fails frees only blocks it
 //! allocated itself, which no view can have seen.
 //!
@@ -87,6 +88,30 @@ impl Storage {
         Ok(if bytes.is_empty() { empty_address() } else { bytes.as_mut_ptr() })
     }
 
+    /// [`Self::host_address`] with the GIL released (it may copy), so other Python threads
+    /// run meanwhile. The core never calls Python, so holding the storage lock without the
+    /// GIL cannot deadlock.
+    pub fn host_address_nogil(&self, py: Python<'_>, access: Access) -> PyResult<*mut u8> {
+        let address = py.detach(|| self.host_address(access).map(|a| a as usize))?;
+        Ok(address as *mut u8)
+    }
+
+    /// [`Self::device_handle`] with the GIL released (it may copy).
+    pub fn device_handle_nogil(
+        &self,
+        py: Python<'_>,
+        device: &Device,
+        access: Access,
+    ) -> PyResult<RawMemory> {
+        /// A handle crossing the detached closure's boundary.
+        struct Handle(RawMemory);
+        // SAFETY: the handle is an opaque value (a pointer or a runtime handle) that is only
+        // moved out of the closure, on the same thread; nothing dereferences it on the way.
+        unsafe impl Send for Handle {}
+        let handle = py.detach(|| self.device_handle(device, access).map(Handle))?;
+        Ok(handle.0)
+    }
+
     /// Makes `device`'s copy current for `access` and returns the runtime's handle to it.
     pub fn device_handle(&self, device: &Device, access: Access) -> PyResult<RawMemory> {
         let mut raw = self.lock();
@@ -108,37 +133,34 @@ impl Storage {
         descr: &Bound<'py, PyArrayDescr>,
         cached: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let address = self.host_address(access)?;
-        self.array_at(py, address, shape, descr, access != Access::Read, cached)
+        let address = self.host_address_nogil(py, access)?;
+        // SAFETY: the address is this storage's host block; the caller's shape and dtype are
+        // the buffer's own.
+        unsafe { self.array_at(py, address, shape, descr, access != Access::Read, cached) }
     }
 
-    /// On the host device, the buffer's device copy (an alias of the host block) made current
-    /// for `access`, as a writable NumPy view; `cached` is returned when it is still that view.
-    pub fn host_device_array<'py>(
-        self: &Arc<Self>,
-        py: Python<'py>,
-        device: &Device,
-        access: Access,
-        shape: &[usize],
-        descr: &Bound<'py, PyArrayDescr>,
-        cached: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        let address = match self.device_handle(device, access)? {
-            RawMemory::Host(address) if !address.is_null() => address,
-            RawMemory::Host(_) => empty_address(),
+    /// On the host device, makes the buffer's device copy (an alias of the host block)
+    /// current for `access`, with the GIL released, and returns its address for
+    /// [`Self::array_at`] (always writable there: this memory is every copy at once, so
+    /// writes cannot make copies disagree; the seeds: `.device` is "the same NumPy array as
+    /// host").
+    pub fn host_device_address(&self, py: Python<'_>, device: &Device, access: Access) -> PyResult<*mut u8> {
+        match self.device_handle_nogil(py, device, access)? {
+            RawMemory::Host(address) if !address.is_null() => Ok(address),
+            RawMemory::Host(_) => Ok(empty_address()),
             other => {
-                return Err(PyValueError::new_err(format!(
-                    "expected host memory on the host device, got {other:?}"
-                )));
+                Err(PyValueError::new_err(format!("expected host memory on the host device, got {other:?}")))
             }
-        };
-        // Always writable: this memory is every copy at once, so writes cannot make copies
-        // disagree (the seeds: `.device` is "the same NumPy array as host").
-        self.array_at(py, address, shape, descr, true, cached)
+        }
     }
 
     /// The NumPy view of this storage's host memory at `address`, or `cached` if it is it.
-    fn array_at<'py>(
+    ///
+    /// # Safety
+    /// `address` must come from [`Self::host_address`], [`Self::host_address_nogil`] or
+    /// [`Self::host_device_address`] of this same storage (valid for its nbytes while the
+    /// storage lives), and `shape` and `descr` must describe exactly the buffer's nbytes.
+    pub unsafe fn array_at<'py>(
         self: &Arc<Self>,
         py: Python<'py>,
         address: *mut u8,
@@ -153,10 +175,10 @@ impl Storage {
             return Ok(cached.clone());
         }
         let owner = Bound::new(py, MemoryOwner::new(self))?.into_any();
-        // SAFETY: callers in this module pass the address of this storage's host block (or of
-        // the host device's alias of it, or the empty address for zero bytes), valid for the
-        // buffer's nbytes = prod(shape) * itemsize bytes for as long as the storage lives;
-        // `owner` keeps the storage alive and becomes the array's base.
+        // SAFETY: the caller's contract: address is this storage's host block (or the host
+        // device's alias of it, or the empty address for zero bytes), valid for the buffer's
+        // nbytes = prod(shape) * itemsize bytes for as long as the storage lives; `owner`
+        // keeps the storage alive and becomes the array's base.
         unsafe { ndarray(py, address, shape, descr, writeable, owner) }
     }
 
@@ -165,25 +187,31 @@ impl Storage {
     pub fn copy_from_array(&self, src: &Bound<'_, PyUntypedArray>) -> PyResult<()> {
         let itemsize = src.dtype().itemsize();
         let nbytes = src.len() * itemsize;
-        let mut raw = self.lock();
-        if !src.is_c_contiguous() || nbytes != raw.nbytes() {
-            return Err(PyValueError::new_err(format!(
-                "copy_from: expected a C-contiguous array of {} bytes, got {nbytes} bytes",
-                raw.nbytes()
-            )));
-        }
-        let n = raw.nbytes();
+        let contiguous = src.is_c_contiguous();
         // SAFETY: src is a live NumPy array (borrowed for this call); its fields are valid.
-        let source = unsafe { (*npyffi::_PyArray_GET_ITEM_DATA(src.as_array_ptr())).data }.cast::<u8>();
-        let destination = raw.host_access(Access::Overwrite).or_py()?[..n].as_mut_ptr();
-        if n > 0 && !ptr::eq(source, destination) {
-            // SAFETY: source is valid for n bytes (a C-contiguous array of n bytes); the
-            // destination slice has n bytes. The two never overlap: an array that shares bytes
-            // with this buffer and has its exact size and contiguity starts at the same
-            // address, which is excluded above.
-            unsafe { ptr::copy_nonoverlapping(source, destination, n) };
-        }
-        Ok(())
+        let source = unsafe { (*npyffi::_PyArray_GET_ITEM_DATA(src.as_array_ptr())).data } as usize;
+        // The copy runs without the GIL; `src` stays alive (the caller holds it) and cannot be
+        // resized while referenced, so its bytes stay where they are.
+        src.py().detach(|| {
+            let mut raw = self.lock();
+            if !contiguous || nbytes != raw.nbytes() {
+                return Err(PyValueError::new_err(format!(
+                    "copy_from: expected a C-contiguous array of {} bytes, got {nbytes} bytes",
+                    raw.nbytes()
+                )));
+            }
+            let n = raw.nbytes();
+            let source = source as *const u8;
+            let destination = raw.host_access(Access::Overwrite).or_py()?[..n].as_mut_ptr();
+            if n > 0 && !ptr::eq(source, destination) {
+                // SAFETY: source is valid for n bytes (a C-contiguous array of n bytes, alive
+                // for this call); the destination slice has n bytes. The two never overlap: an
+                // array that shares bytes with this buffer and has its exact size and
+                // contiguity starts at the same address, which is excluded above.
+                unsafe { ptr::copy_nonoverlapping(source, destination, n) };
+            }
+            Ok(())
+        })
     }
 
     /// A new NumPy array holding a copy of the host data (the host is made current first).
@@ -195,17 +223,20 @@ impl Storage {
     ) -> PyResult<Bound<'py, PyAny>> {
         // SAFETY: a null data pointer makes NumPy allocate the array's own memory.
         let array = unsafe { ndarray_raw(py, ptr::null_mut(), shape, descr, true) }?;
-        let mut raw = self.lock();
-        let n = raw.nbytes();
-        let source = raw.host_access(Access::Read).or_py()?[..n].as_ptr();
-        if n > 0 {
-            // SAFETY: the new array owns prod(shape) * itemsize = n bytes of fresh memory that
-            // nothing else references; the source slice has n bytes.
-            unsafe {
-                let data = (*npyffi::_PyArray_GET_ITEM_DATA(array.as_ptr().cast())).data;
-                ptr::copy_nonoverlapping(source, data.cast::<u8>(), n);
+        // SAFETY: array is the new NumPy array made above; its fields are valid.
+        let data = unsafe { (*npyffi::_PyArray_GET_ITEM_DATA(array.as_ptr().cast())).data } as usize;
+        // The copy (and any sync it needs) runs without the GIL; `array` is not yet shared.
+        py.detach(|| {
+            let mut raw = self.lock();
+            let n = raw.nbytes();
+            let source = raw.host_access(Access::Read).or_py()?[..n].as_ptr();
+            if n > 0 {
+                // SAFETY: the new array owns prod(shape) * itemsize = n bytes of fresh memory
+                // that nothing else references; the source slice has n bytes.
+                unsafe { ptr::copy_nonoverlapping(source, data as *mut u8, n) };
             }
-        }
+            Ok::<_, PyErr>(())
+        })?;
         Ok(array)
     }
 
@@ -220,7 +251,7 @@ impl Storage {
             let data = (*npyffi::_PyArray_GET_ITEM_DATA(value.as_array_ptr())).data;
             std::slice::from_raw_parts(data.cast::<u8>(), n).to_vec()
         };
-        self.lock().fill(&pattern).or_py()
+        value.py().detach(|| self.lock().fill(&pattern).or_py())
     }
 }
 
@@ -317,7 +348,8 @@ struct BufferExport {
 }
 
 /// Fills a `Py_buffer` for `exporter` over the host copy: writable (a host write) when the
-/// consumer asks for `PyBUF_WRITABLE`, else read-only (a host read).
+/// consumer asks for `PyBUF_WRITABLE`, else read-only (a host read). Without `PyBUF_ND` it
+/// is a 1-d view of the bytes, as CPython's rule for plain-bytes requests says.
 ///
 /// # Safety
 /// `view` must be the `Py_buffer` CPython passed to `bf_getbuffer`.
@@ -343,9 +375,13 @@ pub unsafe fn export_buffer(
     if fortran && shape.iter().filter(|&&d| d > 1).count() > 1 {
         return Err(PyBufferError::new_err("the buffer is C-contiguous, not Fortran-contiguous"));
     }
+    // Without PyBUF_ND the consumer asked for plain bytes (PyBUF_SIMPLE, or PyBUF_WRITABLE
+    // alone): CPython's rule (PyBuffer_FillInfo) is a 1-d view of unsigned bytes, with no
+    // shape or strides, itemsize 1, and format "B" if the consumer asked for one.
+    let nd = flags & ffi::PyBUF_ND == ffi::PyBUF_ND;
     let writable = flags & ffi::PyBUF_WRITABLE == ffi::PyBUF_WRITABLE;
     let access = if writable { Access::Write } else { Access::Read };
-    let address = storage.host_address(access)?;
+    let address = storage.host_address_nogil(exporter.py(), access)?;
     let itemsize = dtype.size() as isize;
     let mut strides = vec![itemsize; shape.len()];
     for i in (0..shape.len().saturating_sub(1)).rev() {
@@ -357,24 +393,28 @@ pub unsafe fn export_buffer(
         strides,
     });
     let nbytes = shape.iter().product::<usize>() as isize * itemsize;
+    let strided = flags & ffi::PyBUF_STRIDES == ffi::PyBUF_STRIDES;
+    let with_format = flags & ffi::PyBUF_FORMAT == ffi::PyBUF_FORMAT;
     // SAFETY: view is valid; the shape and strides arrays live in the boxed export, which is
-    // freed only in release_buffer; the format is a static string; address is valid for
+    // freed only in release_buffer; the formats are static strings; address is valid for
     // nbytes while the export's storage clone lives; obj takes a new reference to exporter.
     unsafe {
         (*view).buf = address.cast();
         (*view).len = nbytes;
         (*view).readonly = c_int::from(!writable);
-        (*view).itemsize = itemsize;
-        (*view).format = if flags & ffi::PyBUF_FORMAT == ffi::PyBUF_FORMAT {
-            format.as_ptr().cast_mut()
+        if nd {
+            (*view).itemsize = itemsize;
+            (*view).format = if with_format { format.as_ptr().cast_mut() } else { ptr::null_mut() };
+            (*view).ndim = shape.len() as c_int;
+            (*view).shape = export.shape.as_mut_ptr();
+            (*view).strides = if strided { export.strides.as_mut_ptr() } else { ptr::null_mut() };
         } else {
-            ptr::null_mut()
-        };
-        (*view).ndim = shape.len() as c_int;
-        let nd = flags & ffi::PyBUF_ND == ffi::PyBUF_ND;
-        let strided = flags & ffi::PyBUF_STRIDES == ffi::PyBUF_STRIDES;
-        (*view).shape = if nd { export.shape.as_mut_ptr() } else { ptr::null_mut() };
-        (*view).strides = if strided { export.strides.as_mut_ptr() } else { ptr::null_mut() };
+            (*view).itemsize = 1;
+            (*view).format = if with_format { c"B".as_ptr().cast_mut() } else { ptr::null_mut() };
+            (*view).ndim = 1;
+            (*view).shape = ptr::null_mut();
+            (*view).strides = ptr::null_mut();
+        }
         (*view).suboffsets = ptr::null_mut();
         (*view).internal = Box::into_raw(export).cast();
         (*view).obj = exporter.into_ptr();
