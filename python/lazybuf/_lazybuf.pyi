@@ -19,7 +19,7 @@ keep the buffer's memory alive: releasing or dropping a buffer never frees memor
 still reach. A released buffer raises ``ValueError`` on any use.
 """
 
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from types import TracebackType
 from typing import Any, SupportsIndex, final
 
@@ -36,6 +36,7 @@ __all__ = [
     "MemoryOwner",
     "MemoryPool",
     "PoolStats",
+    "Transfer",
     "UnifiedBuffer",
     "caching",
     "get_accelerator",
@@ -148,6 +149,13 @@ class UnifiedBuffer:
 
     def sync_to_host(self) -> None:
         """Copy device data to the host if the host copy is stale (a host read)."""
+
+    def sync_to_device_async(self) -> Transfer:
+        """As ``sync_to_device()``, asynchronously: enqueues the copies and returns at once;
+        ``await`` the transfer, ``wait()`` for it or poll ``is_complete()``."""
+
+    def sync_to_host_async(self) -> Transfer:
+        """As ``sync_to_host()``, asynchronously (see ``sync_to_device_async``)."""
 
     def mark_host_dirty(self) -> None:
         """Declare a host write: the device copy becomes stale."""
@@ -358,6 +366,19 @@ class PoolStats:
 
 def get_memory_pool(device: _DeviceLike = None) -> MemoryPool:
     """The process-wide pool of ``device`` (default: the current device)."""
+
+@final
+class Transfer:
+    """An asynchronous sync in flight. While it runs the buffer reports the state it will
+    have; a call that needs the memory in flight waits for it; a failed transfer puts the
+    buffer back as it was and raises from ``wait()``/``await``."""
+
+    def wait(self) -> None:
+        """Blocks until the copies are done (other threads run meanwhile)."""
+    def is_complete(self) -> bool:
+        """Whether the copies are done; raises the transfer's error if it failed."""
+    def __await__(self) -> Generator[Any, None, None]:
+        """Waits on a thread of the running event loop's executor; never blocks the loop."""
 
 def caching() -> bool:
     """Whether new buffers take memory from their device's caching pool (default: on)."""

@@ -53,6 +53,7 @@ use crate::device_view::{cuda_array_interface, device_object};
 use crate::dlpack::{self, DlpackArgs, Source, dlpack_device};
 use crate::dtype::{self, ElementType, typestr};
 use crate::errors::{BackendUnavailableError, OrPyErr, released};
+use crate::transfer::{self, PyTransfer};
 use crate::views::{Storage, export_buffer, release_buffer};
 use crate::{args, state};
 
@@ -453,6 +454,18 @@ impl UnifiedBuffer {
     /// Copies the device data to the host if the host copy is stale.
     fn sync_to_host(&self, py: Python<'_>) -> PyResult<()> {
         self.access_host(py, Access::Read)
+    }
+
+    /// As `sync_to_device()`, asynchronously: enqueues the copies and returns a `Transfer` at
+    /// once (`await` it, `wait()` or poll `is_complete()`). Meanwhile `state` reports the
+    /// state the buffer will have, and any call that needs the memory in flight waits for it.
+    fn sync_to_device_async(&self, py: Python<'_>) -> PyResult<PyTransfer> {
+        transfer::start(py, &*self.storage()?, Some(&self.home))
+    }
+
+    /// As `sync_to_host()`, asynchronously (see `sync_to_device_async`).
+    fn sync_to_host_async(&self, py: Python<'_>) -> PyResult<PyTransfer> {
+        transfer::start(py, &*self.storage()?, None)
     }
 
     /// Declares a host write: the host is made current, then the device copy is stale.

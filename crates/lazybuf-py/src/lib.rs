@@ -13,6 +13,7 @@
 //! - [`dlpack`]: `__dlpack__` through dlpark;
 //! - [`accelerator`]: devices, `get_accelerator()`, the current device;
 //! - [`pool`]: `MemoryPool` and `get_memory_pool()` over the core's pool;
+//! - [`transfer`]: `Transfer`, an asynchronous sync in flight (awaitable);
 //! - [`dtype`], [`args`]: argument validation; [`errors`]: exception mapping; [`state`]:
 //!   `BufferState` members.
 //!
@@ -31,6 +32,7 @@ pub mod dtype;
 pub mod errors;
 pub mod pool;
 pub mod state;
+pub mod transfer;
 pub mod views;
 
 use pyo3::prelude::*;
@@ -44,6 +46,7 @@ fn _lazybuf(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<views::MemoryOwner>()?;
     m.add_class::<pool::PyMemoryPool>()?;
     m.add_class::<pool::PyPoolStats>()?;
+    m.add_class::<transfer::PyTransfer>()?;
     m.add_function(wrap_pyfunction!(pool::get_memory_pool, m)?)?;
     m.add_function(wrap_pyfunction!(pool::caching, m)?)?;
     m.add_function(wrap_pyfunction!(pool::set_caching, m)?)?;
