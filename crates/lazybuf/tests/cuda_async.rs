@@ -113,3 +113,42 @@ fn the_callers_own_stream_is_ordered_before_lazybuf_through_a_ticket() {
         buf.host().unwrap().chunks(4).map(|c| u32::from_ne_bytes([c[0], c[1], c[2], c[3]])).collect();
     assert!(words.iter().all(|&w| w == 0x0bad_f00d), "the download ran before the caller's kernel");
 }
+
+#[test]
+fn kernels_on_the_legacy_default_stream_are_ordered_with_lazybufs_copies() {
+    let Some((devices, _lock)) = setup("kernels_on_the_legacy_default_stream") else { return };
+    let device = &devices[0];
+    let RawDevice::Cuda { context, .. } = (unsafe { device.raw() }) else { panic!("a CUDA device") };
+    let n = 1 << 14;
+    let mut buf = buffer(device, n * 4, false);
+    buf.copy_from(&vec![1; n * 4]).unwrap();
+    let ptr = {
+        let view = buf.device().unwrap();
+        let RawMemory::Cuda(ptr) = (unsafe { view.raw() }) else { panic!("a device pointer") };
+        ptr
+    };
+    // A host write makes the device copy stale; its upload is queued on lazybuf's stream
+    // while the double's streams are held.
+    buf.host_mut().unwrap().fill(2);
+    let held = Held::start();
+    let upload = buf.sync_to_device_async().unwrap();
+    // The streams are released a little later, from another thread.
+    let releaser = std::thread::spawn(|| {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        hold(false);
+    });
+    // The caller's "kernel" on the legacy default stream (where CuPy, PyTorch and Numba launch
+    // by default), with no event or ticket: it must still run after lazybuf's queued upload,
+    // because lazybuf's default stream is a blocking one.
+    with_context(context, || memset_d32_async(ptr, 0x0bad_f00d, n, std::ptr::null_mut()));
+    releaser.join().unwrap();
+    drop(held);
+    upload.wait().unwrap();
+    buf.mark_device_dirty().unwrap();
+    let words: Vec<u32> =
+        buf.host().unwrap().chunks(4).map(|c| u32::from_ne_bytes([c[0], c[1], c[2], c[3]])).collect();
+    assert!(
+        words.iter().all(|&w| w == 0x0bad_f00d),
+        "the kernel on the legacy stream ran before lazybuf's queued upload (which then overwrote it)"
+    );
+}

@@ -10,7 +10,9 @@
  * when the driver checks it (initialization, a current context on the calling thread,
  * handles, bounds of device ranges: at the call) and answers with the driver's error codes,
  * so backend bugs show up as errors. Freeing memory waits for every stream to drain, as
- * cuMemFree's implicit synchronization does.
+ * cuMemFree's implicit synchronization does. The legacy NULL stream runs its commands at the
+ * call, after the work queued on the device's *blocking* streams (made with flags 0), as
+ * CUDA's legacy default stream waits for them; non-blocking streams are not waited for.
  *
  * Configuration (read once, by cuInit):
  *   LAZYBUF_CUDA_DOUBLE_DEVICES  number of devices, 0..8 (default 2; 0: cuInit fails with
@@ -127,6 +129,7 @@ struct command {
 
 typedef struct CUstream_st {
     int device;
+    int blocking; /* made with flags 0: the legacy NULL stream waits for its work */
     int destroyed;
     struct command *head, *tail;
     CUresult error; /* failures since the last event record */
@@ -263,6 +266,18 @@ static void drain_all(void) {
     for (;;) {
         int busy = 0;
         for (CUstream s = streams; s != NULL; s = s->next) busy |= s->head != NULL;
+        if (!busy) return;
+        pthread_cond_wait(&progress, &lock);
+    }
+}
+
+/* The legacy NULL stream's implicit synchronization: waits until no blocking stream of
+ * `device` has work queued or running (the lock is held). */
+static void legacy_wait(int device) {
+    for (;;) {
+        int busy = 0;
+        for (CUstream s = streams; s != NULL; s = s->next)
+            busy |= s->blocking && s->device == device && s->head != NULL;
         if (!busy) return;
         pthread_cond_wait(&progress, &lock);
     }
@@ -574,6 +589,7 @@ static CUresult enqueue(CUstream s, struct command c) {
  * injected "now" fails the call itself. The lock is held. */
 static CUresult submit(CUstream stream, struct command c) {
     c.fail = count_write();
+    if (stream == NULL) legacy_wait(current->device);
     if (c.fail == CUDA_ERROR_UNKNOWN || stream == NULL) {
         execute(&c);
         return c.fail;
@@ -588,6 +604,7 @@ EXPORT CUresult cuStreamCreate(CUstream *stream, unsigned flags) {
     CUstream s = calloc(1, sizeof *s);
     if (s == NULL) GUARD(CUDA_ERROR_OUT_OF_MEMORY);
     s->device = current->device;
+    s->blocking = flags == 0;
     pthread_t thread;
     if (pthread_create(&thread, NULL, worker, s) != 0) {
         free(s);
@@ -659,6 +676,7 @@ EXPORT CUresult cuEventRecord(CUevent event, CUstream stream) {
     GUARD(stream_device(stream, &device));
     unsigned long long target = ++event->recorded;
     if (stream == NULL) {
+        legacy_wait(device);
         event->completed = target;
         event->status = CUDA_SUCCESS;
     } else {
@@ -702,6 +720,7 @@ EXPORT CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsigned flags
     GUARD(stream_device(stream, &device));
     if (event->completed < event->recorded) {
         if (stream == NULL) {
+            legacy_wait(device);
             unsigned long long target = event->recorded;
             while (event->completed < target) pthread_cond_wait(&progress, &lock);
         } else {
@@ -779,7 +798,10 @@ EXPORT CUresult cuMemPrefetchAsync(CUdeviceptr ptr, size_t count, CUdevice dst, 
     struct allocation *a = find_allocation((const void *)(uintptr_t)ptr);
     if (a == NULL || !a->managed) GUARD(CUDA_ERROR_INVALID_VALUE);
     GUARD(check_range(ptr, count, a->device));
-    if (stream == NULL) a->location = dst; /* the legacy stream: at once */
+    if (stream == NULL) {
+        legacy_wait(device);
+        a->location = dst; /* the legacy stream: at once */
+    }
     else GUARD(enqueue(stream, (struct command){.kind = CMD_PREFETCH, .range = a, .location = dst}));
     pthread_mutex_unlock(&lock);
     return CUDA_SUCCESS;

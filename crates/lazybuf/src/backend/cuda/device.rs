@@ -1,6 +1,7 @@
-//! The CUDA [`Backend`] implementation: one retained primary context and one non-blocking
-//! stream per device (the default stream; more can be made), asynchronous copies whose
-//! tickets are events recorded after them.
+//! The CUDA [`Backend`] implementation: one retained primary context and one default stream
+//! per device (a blocking stream, so it is ordered with the legacy default stream that CuPy,
+//! PyTorch and Numba launch on by default; more, non-blocking, streams can be made),
+//! asynchronous copies whose tickets are events recorded after them.
 //!
 //! **Host memory paths.** Pinned blocks come from `cuMemHostAlloc` with
 //! `CU_MEMHOSTALLOC_PORTABLE` only, never write-combined, because the CPU reads a buffer's host
@@ -90,7 +91,8 @@ impl CudaBackend {
             && attribute(device, CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS).unwrap_or(0) != 0;
         let stream = {
             let _bound = context.bind()?;
-            Arc::new(CudaStream::create(&context)?)
+            // Blocking: ordered with the legacy default stream (see CudaStream::create).
+            Arc::new(CudaStream::create(&context, true)?)
         };
         Ok(CudaBackend {
             info: DeviceInfo {
@@ -169,7 +171,7 @@ impl Backend for CudaBackend {
 
     fn create_stream(&self) -> Result<Arc<dyn StreamHandle>> {
         let _bound = self.context.bind()?;
-        Ok(Arc::new(CudaStream::create(&self.context)?))
+        Ok(Arc::new(CudaStream::create(&self.context, false)?))
     }
 
     unsafe fn wrap_stream(&self, raw: RawStream) -> Result<Arc<dyn StreamHandle>> {

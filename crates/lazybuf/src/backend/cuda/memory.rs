@@ -242,8 +242,9 @@ impl Drop for PageRegistration {
     }
 }
 
-/// A CUDA stream of one context: lazybuf's own (non-blocking: it does not wait for the legacy
-/// default stream), or the caller's, which lazybuf never destroys.
+/// A CUDA stream of one context: lazybuf's own (the device's default stream is blocking, the
+/// others non-blocking; see [`CudaStream::create`]), or the caller's, which lazybuf never
+/// destroys.
 #[derive(Debug)]
 pub struct CudaStream {
     pub(super) stream: sys::CUstream,
@@ -258,10 +259,18 @@ unsafe impl Send for CudaStream {}
 unsafe impl Sync for CudaStream {}
 
 impl CudaStream {
-    /// A new non-blocking stream; `context` must be current.
-    pub(super) fn create(context: &Arc<Context>) -> Result<CudaStream> {
-        let stream = result::stream::create(result::stream::StreamKind::NonBlocking)
-            .map_err(|err| cuda_error("cuStreamCreate", err))?;
+    /// A new stream; `context` must be current. A *blocking* stream synchronizes with the
+    /// legacy default stream (work there waits for it, and it waits for work there): the
+    /// device's default stream is one, so kernels that CuPy, PyTorch or Numba launch on their
+    /// default stream, writing memory lazybuf handed out, are ordered with lazybuf's copies
+    /// without any call. Streams made for overlap (`create_stream`) are non-blocking.
+    pub(super) fn create(context: &Arc<Context>, blocking: bool) -> Result<CudaStream> {
+        let kind = if blocking {
+            result::stream::StreamKind::Default
+        } else {
+            result::stream::StreamKind::NonBlocking
+        };
+        let stream = result::stream::create(kind).map_err(|err| cuda_error("cuStreamCreate", err))?;
         Ok(CudaStream { stream, context: context.clone(), owned: true })
     }
 
