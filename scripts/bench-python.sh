@@ -4,6 +4,9 @@
 # Uses its own virtual environment (.bench-venv) so pydotcompute never enters the test venv.
 #
 # Usage: bash scripts/bench-python.sh [--reps N]
+#        bash scripts/bench-python.sh workflows [--device SEL] [--reps N] [--sizes 4KiB,4MiB,64MiB]
+#          the seeds' workflows (benches/python/bench_workflows.py) against PyDotCompute and the
+#          same work by hand with PyOpenCL (OpenCL devices) or CuPy (CUDA devices, if installed)
 #   LAZYBUF_BENCH_VENV   the virtual environment to use or create (default: .bench-venv)
 #   PYTHON               the interpreter that creates it (default: python3; needs >= 3.11)
 set -euo pipefail
@@ -20,7 +23,7 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 step "installing pydotcompute 0.2.0, NumPy and maturin into $venv"
 "$venv/bin/python" -m pip install -q --disable-pip-version-check \
-  pydotcompute==0.2.0 numpy==2.4.6 maturin==1.16.0
+  pydotcompute==0.2.0 numpy==2.4.6 maturin==1.16.0 pyopencl==2026.1.4
 
 step "building the lazybuf wheel (maturin, release)"
 wheels=target/wheels-bench
@@ -30,4 +33,8 @@ rm -rf "$wheels"
 
 step "benchmark"
 cd benches/python
+if [ "${1:-}" = workflows ]; then
+  shift
+  exec "$venv/bin/python" bench_workflows.py "$@"
+fi
 exec "$venv/bin/python" bench_vs_pydotcompute.py "$@"

@@ -1,7 +1,9 @@
 """The seeds' own workflows, end to end: lazybuf against PyDotCompute 0.2.0 and against the
 same work written by hand with the device's own Python library, in one process.
 
-Workflows (one timed call = one batch; ``kernel`` is ``d *= 3`` on the device array):
+Workflows (one timed call = one batch; ``kernel`` is ``d *= 3`` on the device array, and
+``d *= -1`` in read-modify-write, whose data persists from batch to batch and must not
+overflow):
 - ``batch, new buffer``: a new buffer per batch: construct, host write, ``.device``, kernel,
   ``mark_device_dirty()``, ``to_numpy()`` (the seeds' batch-processing loop);
 - ``batch, pool``: the same with a buffer acquired from and released to the memory pool;
@@ -68,7 +70,7 @@ def lazybuf_cases(device, n, x):
     def read_modify_write():
         rmw.host[:] += 1
         d = rmw.device
-        d *= 3
+        d *= -1
         rmw.mark_device_dirty()
 
     def double_buffering():
@@ -115,7 +117,7 @@ def pydotcompute_cases(n, x):
     def read_modify_write():
         rmw.host[:] += 1
         d = rmw.device
-        d *= 3
+        d *= -1
         rmw.mark_device_dirty()
 
     def double_buffering():  # no asynchronous sync: the same steps, one after the other
@@ -153,7 +155,7 @@ def pyopencl_cases(device, n, x):
     def read_modify_write():
         host[:] += 1
         d.set(host)
-        d.__imul__(3)
+        d.__imul__(-1)
         d.get(ary=host)
 
     def double_buffering():
@@ -192,7 +194,7 @@ def cupy_cases(n, x):
     def read_modify_write():
         host[:] += 1
         d.set(host)
-        d.__imul__(3)
+        d.__imul__(-1)
         d.get(out=host)
 
     def double_buffering():
