@@ -9,6 +9,7 @@ copies only when a stale copy is about to be used. The implementation is the Rus
 from ._lazybuf import (
     Accelerator,
     BackendUnavailableError,
+    CoherenceError,
     Device,
     DeviceMemoryView,
     MemoryOwner,
@@ -16,9 +17,11 @@ from ._lazybuf import (
     PoolStats,
     UnifiedBuffer,
     caching,
+    checking,
     get_accelerator,
     get_memory_pool,
     set_caching,
+    set_checking,
     trim,
 )
 from ._state import BufferState
@@ -27,6 +30,7 @@ __all__ = [
     "Accelerator",
     "BackendUnavailableError",
     "BufferState",
+    "CoherenceError",
     "Device",
     "DeviceMemoryView",
     "MemoryOwner",
@@ -34,8 +38,10 @@ __all__ = [
     "PoolStats",
     "UnifiedBuffer",
     "caching",
+    "checking",
     "get_accelerator",
     "get_memory_pool",
     "set_caching",
+    "set_checking",
     "trim",
 ]

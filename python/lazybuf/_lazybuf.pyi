@@ -31,6 +31,7 @@ from ._state import BufferState
 __all__ = [
     "Accelerator",
     "BackendUnavailableError",
+    "CoherenceError",
     "Device",
     "DeviceMemoryView",
     "MemoryOwner",
@@ -38,9 +39,11 @@ __all__ = [
     "PoolStats",
     "UnifiedBuffer",
     "caching",
+    "checking",
     "get_accelerator",
     "get_memory_pool",
     "set_caching",
+    "set_checking",
     "trim",
     "_rebuild_buffer",
 ]
@@ -50,6 +53,17 @@ _DeviceLike = str | Device | None
 
 class BackendUnavailableError(RuntimeError):
     """A backend (Metal, CUDA, OpenCL) is not installed, not compiled in, or has no device."""
+
+class CoherenceError(RuntimeError):
+    """The coherence checker found a device copy written without ``mark_device_dirty()``."""
+
+def set_checking(on: bool) -> None:
+    """Turns the coherence checker on or off for the whole process (``LAZYBUF_CHECK=1`` turns
+    it on at start). While on, a host read of a SYNCHRONIZED buffer whose device copy was
+    handed out by ``.device`` compares the copies and raises ``CoherenceError`` if they differ."""
+
+def checking() -> bool:
+    """Whether the coherence checker is on."""
 
 @final
 class UnifiedBuffer:

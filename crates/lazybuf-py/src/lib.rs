@@ -50,5 +50,8 @@ fn _lazybuf(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(accelerator::get_accelerator, m)?)?;
     m.add_function(wrap_pyfunction!(buffer::_rebuild_buffer, m)?)?;
     m.add("BackendUnavailableError", m.py().get_type::<errors::BackendUnavailableError>())?;
+    m.add("CoherenceError", m.py().get_type::<errors::CoherenceError>())?;
+    m.add_function(wrap_pyfunction!(errors::set_checking, m)?)?;
+    m.add_function(wrap_pyfunction!(errors::checking, m)?)?;
     Ok(())
 }
