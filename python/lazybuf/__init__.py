@@ -6,6 +6,8 @@ copies only when a stale copy is about to be used. The implementation is the Rus
 ``BufferState`` enum.
 """
 
+import sys as _sys
+
 from ._lazybuf import (
     Accelerator,
     BackendUnavailableError,
@@ -25,6 +27,11 @@ from ._lazybuf import (
     trim,
 )
 from ._state import BufferState
+
+# `lazybuf.testing` exists only in wheels built with the crate feature `testing` (the test
+# wheel); the extension registers it in sys.modules, and this makes it an attribute too.
+if "lazybuf.testing" in _sys.modules:
+    testing = _sys.modules["lazybuf.testing"]
 
 __all__ = [
     "Accelerator",

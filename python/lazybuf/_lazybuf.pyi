@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, SupportsIndex, final
 
+from typing_extensions import disjoint_base
+
 import numpy as np
 import numpy.typing as npt
 
@@ -225,7 +227,7 @@ class UnifiedBuffer:
         """Pickling copies the data through the host; unpickling makes the buffer on the
         current device."""
 
-@final
+@disjoint_base
 class Device:
     """One device (not constructible: see ``get_accelerator().devices``)."""
 

@@ -56,7 +56,7 @@ fn source_name(source: MemorySource) -> &'static str {
 }
 
 /// One device: what it is and how much memory it has.
-#[pyclass(name = "Device", module = "lazybuf", frozen, eq, hash)]
+#[pyclass(name = "Device", module = "lazybuf", frozen, eq, hash, subclass)]
 pub struct PyDevice {
     device: Device,
 }
