@@ -38,6 +38,9 @@ rm -rf "$wheels"
 install() { "$venv/bin/python" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps "$1"/lazybuf-*.whl; }
 install "$wheels"
 
+# The wheel has lazybuf.testing: its tests must run, not skip.
+export LAZYBUF_REQUIRE="${LAZYBUF_REQUIRE:+$LAZYBUF_REQUIRE,}testing"
+
 # Run from the tests folder so `import lazybuf` is the installed wheel, not the source tree.
 py="$venv/bin/python"
 step "type stubs against the built module (mypy stubtest)"
