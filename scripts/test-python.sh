@@ -4,6 +4,13 @@
 # PyOpenCL is installed so the interop tests run against the same PoCL device as the Rust
 # tests. Exits non-zero on any failure.
 #
+# The wheel under test is built with the crate feature `testing` (lazybuf.testing: the
+# fault-injecting device, for tests/python/test_faults.py); wheels built from pyproject.toml
+# alone (`pip install .`, releases) do not have it. Passes, in order: the release wheel; again
+# with the CUDA driver test double; again with the coherence checker on (LAZYBUF_CHECK=1); and
+# once with a debug build (overflow checks and debug assertions on), after which the release
+# wheel is put back.
+#
 # Usage: bash scripts/test-python.sh [pytest args...]
 #   LAZYBUF_PY_VENV   the virtual environment to use or create (default: .venv)
 #   PYTHON            the interpreter that creates it (default: python3; needs >= 3.11)
@@ -23,11 +30,16 @@ step "installing build and test dependencies into $venv"
 "$venv/bin/python" -m pip install -q --disable-pip-version-check \
   maturin==1.16.0 numpy==2.4.6 pytest==9.2.0 pyopencl==2026.1.4 ml_dtypes==0.5.4 mypy==2.4.1
 
-step "building the wheel (maturin, release)"
+# `--features testing`: the test wheel has lazybuf.testing (see above).
+step "building the wheel (maturin, release, feature testing)"
 wheels=target/wheels-python
 rm -rf "$wheels"
-"$venv/bin/maturin" build --release --quiet --out "$wheels" --interpreter "$venv/bin/python"
-"$venv/bin/python" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps "$wheels"/lazybuf-*.whl
+"$venv/bin/maturin" build --release --quiet --features testing --out "$wheels" --interpreter "$venv/bin/python"
+install() { "$venv/bin/python" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps "$1"/lazybuf-*.whl; }
+install "$wheels"
+
+# The wheel has lazybuf.testing: its tests must run, not skip.
+export LAZYBUF_REQUIRE="${LAZYBUF_REQUIRE:+$LAZYBUF_REQUIRE,}testing"
 
 # Run from the tests folder so `import lazybuf` is the installed wheel, not the source tree.
 py="$venv/bin/python"
@@ -46,3 +58,22 @@ if [ -f scripts/build-cuda-double.sh ] && command -v gcc >/dev/null; then
   (cd tests/python && LD_LIBRARY_PATH="$double${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
     LAZYBUF_REQUIRE="${LAZYBUF_REQUIRE:+$LAZYBUF_REQUIRE,}cuda" "$py" -m pytest -q -p no:cacheprovider "$@" .)
 fi
+
+# Once more with the coherence checker on (lazybuf.checking() is True at start): every test
+# that reads a buffer back must hold with the check, so no test relies on a missing
+# mark_device_dirty(). Without the CUDA double, to keep it cheap (about 3 s).
+step "pytest tests/python with LAZYBUF_CHECK=1"
+(cd tests/python && LAZYBUF_CHECK=1 "$py" -m pytest -q -p no:cacheprovider "$@" .)
+
+# Once with a debug build of the extension (no --release: overflow checks and debug
+# assertions on), so arithmetic on sizes from Python that would wrap in release panics here
+# instead (and a panic reaching Python fails the test). Adds one debug build (about 55 s from
+# a cold target/ on 2 cores, a few seconds warm) and one pytest pass (about 3 s); the release
+# wheel is put back afterwards.
+step "pytest tests/python with a debug build of the extension"
+debug_wheels=target/wheels-python-debug
+rm -rf "$debug_wheels"
+"$venv/bin/maturin" build --quiet --features testing --out "$debug_wheels" --interpreter "$venv/bin/python"
+install "$debug_wheels"
+(cd tests/python && "$py" -m pytest -q -p no:cacheprovider "$@" .)
+install "$wheels"

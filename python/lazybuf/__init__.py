@@ -6,9 +6,12 @@ copies only when a stale copy is about to be used. The implementation is the Rus
 ``BufferState`` enum.
 """
 
+import sys as _sys
+
 from ._lazybuf import (
     Accelerator,
     BackendUnavailableError,
+    CoherenceError,
     Device,
     DeviceMemoryView,
     MemoryOwner,
@@ -17,17 +20,25 @@ from ._lazybuf import (
     Transfer,
     UnifiedBuffer,
     caching,
+    checking,
     get_accelerator,
     get_memory_pool,
     set_caching,
+    set_checking,
     trim,
 )
 from ._state import BufferState
+
+# `lazybuf.testing` exists only in wheels built with the crate feature `testing` (the test
+# wheel); the extension registers it in sys.modules, and this makes it an attribute too.
+if "lazybuf.testing" in _sys.modules:
+    testing = _sys.modules["lazybuf.testing"]
 
 __all__ = [
     "Accelerator",
     "BackendUnavailableError",
     "BufferState",
+    "CoherenceError",
     "Device",
     "DeviceMemoryView",
     "MemoryOwner",
@@ -36,8 +47,10 @@ __all__ = [
     "Transfer",
     "UnifiedBuffer",
     "caching",
+    "checking",
     "get_accelerator",
     "get_memory_pool",
     "set_caching",
+    "set_checking",
     "trim",
 ]

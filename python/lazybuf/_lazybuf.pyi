@@ -23,6 +23,8 @@ from collections.abc import Generator, Sequence
 from types import TracebackType
 from typing import Any, SupportsIndex, final
 
+from typing_extensions import disjoint_base
+
 import numpy as np
 import numpy.typing as npt
 
@@ -31,6 +33,7 @@ from ._state import BufferState
 __all__ = [
     "Accelerator",
     "BackendUnavailableError",
+    "CoherenceError",
     "Device",
     "DeviceMemoryView",
     "MemoryOwner",
@@ -39,9 +42,11 @@ __all__ = [
     "Transfer",
     "UnifiedBuffer",
     "caching",
+    "checking",
     "get_accelerator",
     "get_memory_pool",
     "set_caching",
+    "set_checking",
     "trim",
     "_rebuild_buffer",
 ]
@@ -51,6 +56,17 @@ _DeviceLike = str | Device | None
 
 class BackendUnavailableError(RuntimeError):
     """A backend (Metal, CUDA, OpenCL) is not installed, not compiled in, or has no device."""
+
+class CoherenceError(RuntimeError):
+    """The coherence checker found a device copy written without ``mark_device_dirty()``."""
+
+def set_checking(on: bool) -> None:
+    """Turns the coherence checker on or off for the whole process (``LAZYBUF_CHECK=1`` turns
+    it on at start). While on, a host read of a SYNCHRONIZED buffer whose device copy was
+    handed out by ``.device`` compares the copies and raises ``CoherenceError`` if they differ."""
+
+def checking() -> bool:
+    """Whether the coherence checker is on."""
 
 @final
 class UnifiedBuffer:
@@ -234,7 +250,7 @@ class UnifiedBuffer:
         """Pickling copies the data through the host; unpickling makes the buffer on the
         current device."""
 
-@final
+@disjoint_base
 class Device:
     """One device (not constructible: see ``get_accelerator().devices``)."""
 

@@ -227,3 +227,182 @@ def test_dlpack_bad_device_id():
 def test_dlpack_to_an_unknown_device():
     with pytest.raises(BufferError, match="can export to the CPU"):
         UnifiedBuffer(3).__dlpack__(dl_device=(4, 0))
+
+
+def test_dlpack_stream_on_the_cpu_must_be_none():
+    # NumPy's rule for CPU exports: the CPU has no streams.
+    buf = UnifiedBuffer(3, np.int32)
+    buf.fill(4)
+    for stream in (5, 0, -1):
+        with pytest.raises(ValueError, match="stream must be None for an export to the CPU"):
+            buf.__dlpack__(stream=stream)
+    with pytest.raises(ValueError, match="stream must be None"):
+        buf.__dlpack__(stream=1, dl_device=(1, 0))
+    assert buf.state == BufferState.HOST_ONLY
+    assert np.from_dlpack(buf).tolist() == [4, 4, 4]
+
+
+# --- issue 8: endless, oversized and non-sequence shapes; bools as devices; fill; bytes ---------
+
+
+def test_endless_iterable_shape_is_rejected_at_once():
+    import itertools
+
+    with pytest.raises(TypeError, match="shape must be an int or a sequence of ints"):
+        UnifiedBuffer(itertools.count())
+    with pytest.raises(TypeError, match="sequence of ints"):
+        UnifiedBuffer(iter([2, 3]))
+    with pytest.raises(TypeError, match="sequence of ints"):
+        UnifiedBuffer(n for n in (2, 3))
+
+
+def test_endless_sequence_shape_reads_at_most_65_items():
+    class Endless:
+        """A sequence that claims a huge length and never ends."""
+
+        read = 0
+
+        def __len__(self):
+            return 2**62
+
+        def __getitem__(self, index):
+            Endless.read += 1
+            return 1
+
+    with pytest.raises(ValueError, match="expected at most 64"):
+        UnifiedBuffer(Endless())
+    assert Endless.read <= 65
+
+
+def test_sized_sequences_are_shapes():
+    assert UnifiedBuffer(range(2, 4)).shape == (2, 3)
+    assert UnifiedBuffer(np.array([2, 3])).shape == (2, 3)
+
+
+@pytest.mark.parametrize("shape", [{2: 1}, {}, {2, 3}, frozenset([4])])
+def test_mappings_and_sets_are_not_shapes(shape):
+    with pytest.raises(TypeError, match="shape must be an int or a sequence of ints"):
+        UnifiedBuffer(shape)
+
+
+@pytest.mark.parametrize(
+    "shape,position,dim",
+    [
+        ((0, 2**63), 1, 2**63),
+        ((2**63, 0), 0, 2**63),
+        ((0, 2**64 - 1), 1, 2**64 - 1),
+        (2**63, 0, 2**63),
+    ],
+)
+def test_every_dimension_above_isize_max_is_rejected(shape, position, dim):
+    with pytest.raises(ValueError, match=f"dimension {position} of shape .* is {dim}, which is too large"):
+        UnifiedBuffer(shape)
+    with pytest.raises(ValueError):
+        np.empty(shape)  # as NumPy does
+
+
+def test_isize_max_itself_is_a_dimension():
+    assert UnifiedBuffer((0, 2**63 - 1), np.uint8).shape == (0, 2**63 - 1)
+
+
+def test_negative_dimension_is_named():
+    with pytest.raises(ValueError, match="dimension 1 of shape .* is -4"):
+        UnifiedBuffer((0, -4))
+
+
+def test_bools_are_not_device_indices():
+    acc = get_accelerator()
+    before = acc.current_device
+    for flag in (True, False):
+        with pytest.raises(TypeError, match="a bool is not a device index"):
+            acc.select_device(flag)
+    assert acc.current_device == before
+
+
+_FILL_DTYPES = ["int8", "uint8", "int16", "int32", "int64", "uint32", "uint64", "float16", "float32", "float64"]
+_FILL_VALUES = [
+    np.int64(2**40),
+    np.uint64(2**64 - 1),
+    np.int8(-5),
+    np.float64(1e300),
+    np.float32(2.5),
+    np.complex128(1 + 2j),
+    np.bool_(True),
+    2**40,
+    2**64,
+    -1,
+    1.7,
+    -2.5,
+    float("nan"),
+    float("inf"),
+    True,
+    1 + 2j,
+    "3",
+    None,
+]
+
+
+def _numpy_fill(dtype, value):
+    """What `np.empty(1, dtype).fill(value)` stores, or the exception type it raises."""
+    target = np.empty(1, dtype)
+    try:
+        target.fill(value)
+    except Exception as err:  # noqa: BLE001 - comparing exception types
+        return type(err)
+    return target
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning", "ignore::numpy.exceptions.ComplexWarning")
+@pytest.mark.parametrize("dtype", _FILL_DTYPES)
+def test_fill_follows_ndarray_fill(dtype):
+    for value in _FILL_VALUES:
+        expected = _numpy_fill(dtype, value)
+        buf = UnifiedBuffer(3, dtype)
+        buf.fill(7)
+        if isinstance(expected, type):
+            with pytest.raises(expected):
+                buf.fill(value)
+            assert buf.to_numpy().tolist() == [7, 7, 7], (dtype, value)
+        else:
+            buf.fill(value)
+            np.testing.assert_array_equal(buf.to_numpy(), np.repeat(expected, 3), err_msg=f"{dtype} {value!r}")
+
+
+def test_fill_numpy_scalars_that_do_not_fit():
+    small = UnifiedBuffer(2, np.int8)
+    small.fill(1)
+    with pytest.raises(OverflowError):
+        small.fill(np.int64(2**40))  # was silently 0
+    wide = UnifiedBuffer(2, np.int64)
+    wide.fill(1)
+    with pytest.raises(OverflowError):
+        wide.fill(np.uint64(2**64 - 1))  # was silently -1
+    assert small.to_numpy().tolist() == [1, 1] and wide.to_numpy().tolist() == [1, 1]
+
+
+def test_fill_with_a_0d_array():
+    buf = UnifiedBuffer(2, np.float32)
+    buf.fill(np.array(2.5))
+    assert buf.to_numpy().tolist() == [2.5, 2.5]
+
+
+@pytest.mark.parametrize("wrap", [bytes, bytearray, lambda b: memoryview(bytearray(b))])
+def test_copy_from_bytes_is_raw_bytes(wrap):
+    data = np.arange(6, dtype=np.float32).reshape(2, 3)
+    buf = UnifiedBuffer((2, 3), np.float32)
+    buf.copy_from(wrap(data.tobytes()))
+    np.testing.assert_array_equal(buf.to_numpy(), data)
+    assert buf.to_numpy().tolist() == np.frombuffer(data.tobytes(), np.float32).reshape(2, 3).tolist()
+
+
+def test_copy_from_bytes_of_the_wrong_size(stored):
+    for data in (b"", b"\x00" * 23, b"\x00" * 25, bytearray(6)):
+        with pytest.raises(ValueError, match="expected exactly 24 bytes"):
+            stored.copy_from(data)
+    unchanged(stored)
+
+
+def test_copy_from_typed_memoryview_is_values():
+    buf = UnifiedBuffer(3, np.float64)
+    buf.copy_from(memoryview(np.array([1, 2, 3], dtype=np.int32)))
+    assert buf.to_numpy().tolist() == [1.0, 2.0, 3.0]

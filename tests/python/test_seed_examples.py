@@ -22,6 +22,7 @@ problem the guide describes) and the actor-runtime lines of "Large Data Handling
 """
 
 import asyncio
+import ctypes
 import uuid
 
 import numpy as np
@@ -404,13 +405,48 @@ def test_double_buffering():
     assert sums == [i * 1000.0 for i in range(4)]
 
 
-def test_batch_processing():
+def _times_two(device_array):
+    """The seeds' ``device_array *= 2`` on whatever ``.device`` returned: NumPy, CuPy and
+    PyOpenCL arrays do it themselves; a DeviceMemoryView of the CUDA driver test double (whose
+    device pointers are host allocations) is written through its pointer, as a kernel would."""
+    if not isinstance(device_array, DeviceMemoryView):
+        device_array *= 2
+        return
+    assert "test double" in device_array.device.name, "a real GPU needs CuPy for this example"
+    interface = device_array.__cuda_array_interface__
+    count = int(np.prod(interface["shape"]))
+    memory = (ctypes.c_float * count).from_address(interface["data"][0])
+    view = np.ctypeslib.as_array(memory).reshape(interface["shape"])
+    get_accelerator().synchronize()  # the upload is done before the "kernel" runs
+    view *= 2
+
+
+@pytest.fixture(params=["default", "opencl", "cuda"])
+def batch_device(request):
+    """The default device (the host, or a GPU with its array library), and the devices that do
+    not alias host memory here: PoCL below its zero-copy size, and the CUDA test double."""
+    if request.param == "default":
+        return None
+    if request.param == "opencl":
+        request.getfixturevalue("pyopencl")
+        return request.getfixturevalue("opencl_device")
+    devices = [d for d in get_accelerator().devices if d.backend == "cuda"]
+    if not devices:
+        pytest.skip("no CUDA device")
+    if isinstance(UnifiedBuffer(1, device=devices[0]).device, DeviceMemoryView) and (
+        "test double" not in devices[0].name
+    ):
+        pytest.skip("a real GPU without CuPy: the example's kernel cannot run")
+    return devices[0]
+
+
+def test_batch_processing(batch_device):
     batches = [np.random.randn(16, 8).astype(np.float32) for _ in range(4)]
 
     def process_on_gpu(device_array):
-        device_array *= 2
+        _times_two(device_array)  # device_array *= 2
 
-    pool = get_memory_pool()
+    pool = get_memory_pool(batch_device)
     results = []
 
     for batch in batches:
@@ -418,6 +454,11 @@ def test_batch_processing():
         try:
             buf.copy_from(batch)
             process_on_gpu(buf.device)
+            # The seed omits this line. `.device` is a device read (the seeds' state table:
+            # SYNCHRONIZED after it), so a kernel that writes it must say so; without the mark
+            # to_numpy() returns the host copy from before the kernel on every device that
+            # does not alias host memory (a GPU; PoCL and the CUDA test double here).
+            buf.mark_device_dirty()
             results.append(buf.to_numpy().copy())
         finally:
             pool.release(buf)

@@ -11,7 +11,7 @@ use std::sync::Mutex;
 
 use pyo3::exceptions::{PyIndexError, PyTypeError};
 use pyo3::prelude::*;
-use pyo3::types::{PyInt, PyString};
+use pyo3::types::{PyBool, PyInt, PyString};
 
 use lazybuf::{BackendKind, Device, MemorySource};
 
@@ -56,7 +56,7 @@ fn source_name(source: MemorySource) -> &'static str {
 }
 
 /// One device: what it is and how much memory it has.
-#[pyclass(name = "Device", module = "lazybuf", frozen, eq, hash)]
+#[pyclass(name = "Device", module = "lazybuf", frozen, eq, hash, subclass)]
 pub struct PyDevice {
     device: Device,
 }
@@ -194,6 +194,12 @@ impl Accelerator {
             Some(d.get().device.clone())
         } else if let Ok(s) = device.cast::<PyString>() {
             Some(lazybuf::select_device(s.to_str()?).or_py()?)
+        } else if device.is_instance_of::<PyBool>() {
+            return Err(PyTypeError::new_err(format!(
+                "select_device expects a lazybuf.Device, a selector string such as \"opencl:0\", \
+                 an index into devices, or None; got the bool {}: a bool is not a device index",
+                if device.is_truthy()? { "True" } else { "False" }
+            )));
         } else if let Ok(i) = device.cast::<PyInt>() {
             let i: i64 = i.extract()?;
             let all = lazybuf::devices();

@@ -6,9 +6,13 @@
 //!
 //! What does not live here: the size arithmetic ([`lazybuf::shape::Shape`]).
 
+use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyInt, PyList, PyString, PyTuple};
+use pyo3::types::{
+    PyBool, PyByteArray, PyBytes, PyDict, PyFrozenSet, PyInt, PyList, PyMapping, PyMemoryView, PySet,
+    PyString, PyTuple,
+};
 
 use lazybuf::Device;
 
@@ -18,32 +22,45 @@ use crate::errors::OrPyErr;
 /// NumPy's limit on the number of dimensions (`NPY_MAXDIMS` in NumPy 2).
 pub const MAX_DIMS: usize = 64;
 
-/// Parses a shape: an int `n` is `(n,)`; otherwise a sequence of ints.
+/// Parses a shape: an int `n` is `(n,)`; otherwise a sized sequence of ints (a tuple, a list,
+/// a NumPy array, a range...). As in NumPy, iterators and generators, strings, bytes, mappings
+/// and sets are not shapes (`TypeError`), and no more than [`MAX_DIMS`] + 1 items are ever
+/// read, so an endless sequence fails at once.
 pub fn shape(obj: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
     let items: Vec<Bound<'_, PyAny>> = if let Ok(tuple) = obj.cast::<PyTuple>() {
         tuple.iter().collect()
     } else if let Ok(list) = obj.cast::<PyList>() {
         list.iter().collect()
     } else if let Some(dim) = index(obj)? {
-        return Ok(vec![dimension(obj, dim)?]);
-    } else if obj.is_instance_of::<PyString>() || obj.is_instance_of::<PyBytes>() {
+        return Ok(vec![dimension(obj, 0, dim)?]);
+    } else if obj.is_instance_of::<PyString>()
+        || obj.is_instance_of::<PyBytes>()
+        || obj.is_instance_of::<PyDict>()
+        || obj.is_instance_of::<PySet>()
+        || obj.is_instance_of::<PyFrozenSet>()
+        || obj.cast::<PyMapping>().is_ok()
+        || obj.len().is_err()
+    {
+        // No len(): an iterator, a generator (`itertools.count()` never ends), or no sequence.
         return Err(expected_shape(obj));
     } else {
         match obj.try_iter() {
-            Ok(iter) => iter.collect::<PyResult<_>>()?,
+            Ok(iter) => iter.take(MAX_DIMS + 1).collect::<PyResult<_>>()?,
             Err(_) => return Err(expected_shape(obj)),
         }
     };
     if items.len() > MAX_DIMS {
+        // Only MAX_DIMS + 1 items were read; len() says how many there are.
+        let count = obj.len().unwrap_or(items.len()).max(items.len());
         return Err(PyValueError::new_err(format!(
-            "shape has {} dimensions; expected at most {MAX_DIMS} (NumPy's limit)",
-            items.len()
+            "shape has {count} dimensions; expected at most {MAX_DIMS} (NumPy's limit)"
         )));
     }
     items
         .iter()
-        .map(|item| match index(item)? {
-            Some(dim) => dimension(obj, dim),
+        .enumerate()
+        .map(|(position, item)| match index(item)? {
+            Some(dim) => dimension(obj, position, dim),
             None => Err(PyTypeError::new_err(format!(
                 "shape {} has a non-integer dimension {}; expected a sequence of ints",
                 repr(obj),
@@ -74,16 +91,20 @@ fn index(obj: &Bound<'_, PyAny>) -> PyResult<Option<i128>> {
     ))
 }
 
-fn dimension(shape: &Bound<'_, PyAny>, dim: i128) -> PyResult<usize> {
+/// Checks dimension number `position` of `shape`: non-negative and at most `isize::MAX`, as
+/// NumPy requires of every dimension (even when another one is 0 and the size is 0).
+fn dimension(shape: &Bound<'_, PyAny>, position: usize, dim: i128) -> PyResult<usize> {
     if dim < 0 {
         return Err(PyValueError::new_err(format!(
-            "negative dimensions are not allowed: got shape {}; expected non-negative ints",
+            "negative dimensions are not allowed: dimension {position} of shape {} is {dim}; \
+             expected non-negative ints",
             repr(shape)
         )));
     }
-    usize::try_from(dim).map_err(|_| {
+    isize::try_from(dim).ok().and_then(|dim| usize::try_from(dim).ok()).ok_or_else(|| {
         PyValueError::new_err(format!(
-            "dimension {dim} of shape {} is too large; expected at most {}",
+            "dimension {position} of shape {} is {dim}, which is too large; expected at most {} \
+             (isize::MAX, NumPy's maximum allowed dimension)",
             repr(shape),
             isize::MAX
         ))
@@ -92,7 +113,7 @@ fn dimension(shape: &Bound<'_, PyAny>, dim: i128) -> PyResult<usize> {
 
 fn expected_shape(obj: &Bound<'_, PyAny>) -> PyErr {
     PyTypeError::new_err(format!(
-        "shape must be an int or a sequence of ints, got {} of type {}",
+        "shape must be an int or a sequence of ints (a tuple, a list), got {} of type {}",
         repr(obj),
         obj.get_type().name().map(|n| n.to_string()).unwrap_or_default()
     ))
@@ -115,6 +136,53 @@ pub fn device(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Device> {
          lazybuf.Device; got {}",
         repr(obj)
     )))
+}
+
+/// The array `copy_from(data)` copies when `data` is not a NumPy array: a bytes-like object
+/// (`bytes`, `bytearray`, or a buffer of single bytes such as a `memoryview` of them) is raw
+/// bytes, read as `numpy.frombuffer(data, dtype)` and so must hold exactly the buffer's
+/// `nbytes`; anything else (a list, a scalar, a buffer of typed elements) is values, converted
+/// to `descr` as `numpy.asarray(data, dtype)` converts them.
+pub fn copy_source<'py>(
+    data: &Bound<'py, PyAny>,
+    descr: &Bound<'py, PyArrayDescr>,
+    shape: &[usize],
+) -> PyResult<Bound<'py, PyUntypedArray>> {
+    let py = data.py();
+    let np = py.import("numpy")?;
+    let kwargs = PyDict::new(py);
+    kwargs.set_item("dtype", descr)?;
+    let Some(len) = raw_bytes_len(data)? else {
+        return Ok(np.call_method("asarray", (data,), Some(&kwargs))?.cast_into::<PyUntypedArray>()?);
+    };
+    // The shape was checked when the buffer was made: its byte size fits in a usize.
+    let nbytes = shape.iter().product::<usize>() * descr.itemsize();
+    if len != nbytes {
+        return Err(PyValueError::new_err(format!(
+            "copy_from: a bytes-like source is copied as raw bytes (as numpy.frombuffer reads \
+             it); expected exactly {nbytes} bytes (shape {:?}, dtype {}), got {len}; to copy \
+             values, pass a list or a NumPy array",
+            shape,
+            descr.str()?
+        )));
+    }
+    let flat = np.call_method("frombuffer", (data,), Some(&kwargs))?;
+    Ok(flat.call_method1("reshape", (PyTuple::new(py, shape)?,))?.cast_into::<PyUntypedArray>()?)
+}
+
+/// The length in bytes of a bytes-like object: `bytes`, `bytearray`, or a `memoryview` of
+/// single bytes (format `B`, `b` or `c`); `None` for anything else.
+fn raw_bytes_len(data: &Bound<'_, PyAny>) -> PyResult<Option<usize>> {
+    if data.is_instance_of::<PyBytes>() || data.is_instance_of::<PyByteArray>() {
+        return data.len().map(Some);
+    }
+    if data.is_instance_of::<PyMemoryView>() {
+        let format: String = data.getattr("format")?.extract()?;
+        if data.getattr("itemsize")?.extract::<usize>()? == 1 && matches!(format.as_str(), "B" | "b" | "c") {
+            return data.getattr("nbytes")?.extract().map(Some);
+        }
+    }
+    Ok(None)
 }
 
 /// `repr(obj)`, or a placeholder when that fails.

@@ -492,16 +492,7 @@ impl UnifiedBuffer {
             let this = slf.get();
             (this.storage()?, this.descr(py).clone())
         };
-        let kwargs = PyDict::new(py);
-        kwargs.set_item("dtype", &descr)?;
-        let scalar = numpy_module(py)?.call_method("asarray", (value,), Some(&kwargs))?;
-        let scalar = scalar.cast_into::<PyUntypedArray>()?;
-        if scalar.ndim() != 0 {
-            return Err(PyValueError::new_err(format!(
-                "fill: expected a scalar, got an array of shape {}",
-                shape_repr(scalar.shape())
-            )));
-        }
+        let scalar = dtype::fill_scalar(value, &descr)?;
         storage.fill_from_scalar(&scalar)
     }
 
@@ -520,11 +511,7 @@ impl UnifiedBuffer {
         // are values, converted to the buffer's dtype as `array[...] = data` would.
         let array = match data.cast::<PyUntypedArray>() {
             Ok(array) => array.clone(),
-            Err(_) => {
-                let kwargs = PyDict::new(py);
-                kwargs.set_item("dtype", &descr)?;
-                np.call_method("asarray", (data,), Some(&kwargs))?.cast_into::<PyUntypedArray>()?
-            }
+            Err(_) => args::copy_source(data, &descr, &shape)?,
         };
         if array.shape() != shape.as_slice() {
             let hint = if array.ndim() == 0 { " (use fill() to set every element to a scalar)" } else { "" };

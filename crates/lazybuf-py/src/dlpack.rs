@@ -21,7 +21,7 @@ use dlpark::ffi::{
 use dlpark::python::{DlpackExporter, ExportRequest, export_dlpack};
 use dlpark::{DlpackFlags, Managed, ManagedTensorBase};
 use numpy::PyArrayDescr;
-use pyo3::exceptions::{PyBufferError, PyMemoryError};
+use pyo3::exceptions::{PyBufferError, PyMemoryError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -90,6 +90,14 @@ pub fn export<'py>(py: Python<'py>, source: Source<'_, 'py>, args: DlpackArgs<'p
     let home_device = dlpack_device(source.home);
     let wanted = request.device().unwrap_or(home_device);
     if wanted.device_type == DLDeviceType::CPU {
+        // NumPy's rule for CPU exports: the CPU has no streams, so the consumer passes None.
+        if let Some(stream) = &args.stream {
+            return Err(PyValueError::new_err(format!(
+                "__dlpack__: stream must be None for an export to the CPU (it has no streams), \
+                 got {}",
+                stream.repr().map(|r| r.to_string()).unwrap_or_else(|_| "<unprintable>".into())
+            )));
+        }
         if args.copy == Some(true) {
             let copy = source.storage.to_array(py, source.shape, source.descr)?;
             let kwargs = PyDict::new(py);

@@ -4,12 +4,15 @@
 //! object); bfloat16 comes from the optional `ml_dtypes` package. Unsupported types raise
 //! `TypeError` naming the supported ones.
 //!
+//! [`fill_scalar`] converts a `fill()` value exactly as `ndarray.fill` does.
+//!
 //! What does not live here: element sizes and names (the core's [`lazybuf::DType`]).
 
-use numpy::{PyArrayDescr, PyArrayDescrMethods};
+use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::PyString;
+use pyo3::types::{PyList, PyString, PyTuple};
 
 use lazybuf::DType;
 
@@ -122,6 +125,34 @@ pub fn typestr(dtype: DType) -> Option<String> {
         '>'
     };
     Some(format!("{order}{kind}{}", dtype.size()))
+}
+
+/// `value` as a 0-d array of `descr`, converted exactly as `ndarray.fill` converts it (it is
+/// `ndarray.fill` on a 0-d array): Python ints out of range raise `OverflowError`, floats into
+/// ints truncate, NaN into ints raises `ValueError`, NumPy scalars follow NumPy's own rules
+/// (`np.int64(2**40)` into int8 raises `OverflowError`, into uint8 wraps, as NumPy does). A
+/// sequence or an array of one or more dimensions is not a scalar: `ValueError`.
+pub fn fill_scalar<'py>(
+    value: &Bound<'py, PyAny>,
+    descr: &Bound<'py, PyArrayDescr>,
+) -> PyResult<Bound<'py, PyUntypedArray>> {
+    let py = value.py();
+    let shape = if let Ok(array) = value.cast::<PyUntypedArray>() {
+        (array.ndim() != 0).then(|| crate::buffer::shape_repr(array.shape()))
+    } else if value.is_instance_of::<PyList>() || value.is_instance_of::<PyTuple>() {
+        Some(format!("({},)", value.len()?))
+    } else {
+        None
+    };
+    if let Some(shape) = shape {
+        return Err(PyValueError::new_err(format!(
+            "fill: expected a scalar, got {} of shape {shape}",
+            value.get_type().name().map(|n| n.to_string()).unwrap_or_default()
+        )));
+    }
+    let scalar = py.import("numpy")?.call_method1("empty", (PyTuple::empty(py), descr))?;
+    scalar.call_method1("fill", (value,))?;
+    Ok(scalar.cast_into::<PyUntypedArray>()?)
 }
 
 fn repr(obj: &Bound<'_, PyAny>) -> String {

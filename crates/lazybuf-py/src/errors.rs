@@ -4,12 +4,15 @@
 //! `ValueError`, bad element types `TypeError`, memory exhaustion `MemoryError`, and runtime
 //! failures `RuntimeError` (with `BackendUnavailableError`, a `RuntimeError` subclass, for a
 //! runtime that is not installed or has no device). The message is always lazybuf's own, which
-//! names what was expected.
+//! names what was expected. A coherence-check failure ([`lazybuf::Error::Coherence`]) raises
+//! `CoherenceError`, a `RuntimeError` subclass whose message names `mark_device_dirty()` and
+//! `.device_writable`; [`set_checking`] and [`checking`] are the checker's switch in Python.
 //!
 //! What does not live here: validation itself (the core validates; [`crate::args`] and
 //! [`crate::dtype`] validate Python arguments before they reach it).
 
 use pyo3::exceptions::{PyMemoryError, PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
 use pyo3::{PyErr, PyResult, create_exception};
 
 create_exception!(
@@ -18,6 +21,30 @@ create_exception!(
     PyRuntimeError,
     "A backend (Metal, CUDA, OpenCL) is not installed, not compiled in, or has no device."
 );
+
+create_exception!(
+    lazybuf,
+    CoherenceError,
+    PyRuntimeError,
+    "The coherence checker (lazybuf.set_checking(True), or LAZYBUF_CHECK=1) found a device \
+     copy written without mark_device_dirty() after it was handed out by .device."
+);
+
+/// Turns the coherence checker on or off for the whole process. While on, a host read of a
+/// SYNCHRONIZED buffer whose device copy was handed out by `.device` since it was last filled
+/// compares the device copy with the host's (one device-to-host copy and a compare) and raises
+/// `CoherenceError` when they differ: a kernel wrote `.device` without `mark_device_dirty()`.
+/// Off by default; `LAZYBUF_CHECK=1` in the environment turns it on at start.
+#[pyfunction]
+pub fn set_checking(on: bool) {
+    lazybuf::set_checking(on);
+}
+
+/// Whether the coherence checker is on (see `set_checking`).
+#[pyfunction]
+pub fn checking() -> bool {
+    lazybuf::checking()
+}
 
 /// Converts a lazybuf error into the Python exception users expect.
 pub fn to_py(err: lazybuf::Error) -> PyErr {
@@ -31,6 +58,7 @@ pub fn to_py(err: lazybuf::Error) -> PyErr {
         E::OutOfMemory { .. } | E::PinningFailed { .. } => PyMemoryError::new_err(message),
         E::BackendUnavailable { .. } => BackendUnavailableError::new_err(message),
         E::Runtime { .. } => PyRuntimeError::new_err(message),
+        E::Coherence { .. } => CoherenceError::new_err(message),
         _ => PyRuntimeError::new_err(message),
     }
 }

@@ -15,7 +15,8 @@
 //! - [`pool`]: `MemoryPool` and `get_memory_pool()` over the core's pool;
 //! - [`transfer`]: `Transfer`, an asynchronous sync in flight (awaitable);
 //! - [`dtype`], [`args`]: argument validation; [`errors`]: exception mapping; [`state`]:
-//!   `BufferState` members.
+//!   `BufferState` members;
+//! - `testing` (crate feature `testing`): `lazybuf.testing`, the fault-injecting device.
 //!
 //! The pure-Python side (`python/lazybuf/`) holds the `BufferState` enum, stubs and
 //! `py.typed`.
@@ -32,6 +33,8 @@ pub mod dtype;
 pub mod errors;
 pub mod pool;
 pub mod state;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod transfer;
 pub mod views;
 
@@ -54,5 +57,10 @@ fn _lazybuf(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(accelerator::get_accelerator, m)?)?;
     m.add_function(wrap_pyfunction!(buffer::_rebuild_buffer, m)?)?;
     m.add("BackendUnavailableError", m.py().get_type::<errors::BackendUnavailableError>())?;
+    #[cfg(feature = "testing")]
+    testing::register(m)?;
+    m.add("CoherenceError", m.py().get_type::<errors::CoherenceError>())?;
+    m.add_function(wrap_pyfunction!(errors::set_checking, m)?)?;
+    m.add_function(wrap_pyfunction!(errors::checking, m)?)?;
     Ok(())
 }

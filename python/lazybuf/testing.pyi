@@ -1,0 +1,40 @@
+"""Fault injection for tests: present only in wheels built with the crate feature ``testing``
+(``maturin build --features testing``; scripts/test-python.sh builds its wheel so). Release
+wheels have no ``lazybuf.testing``."""
+
+from typing import final
+
+from ._lazybuf import Device, _DeviceLike
+
+__all__ = ["FaultyDevice"]
+
+@final
+class FaultyDevice(Device):
+    """A ``lazybuf.Device`` over another device whose n-th allocation or n-th copy fails
+    (``RuntimeError``, "injected fault"), leaving state and data as before. Use it as any
+    device: ``UnifiedBuffer(..., device=faulty)``, ``get_memory_pool(faulty)``."""
+
+    def __new__(cls, inner: _DeviceLike = None) -> FaultyDevice: ...
+    @property
+    def inner(self) -> Device:
+        """The wrapped device."""
+
+    def fail_allocation_in(self, n: int) -> None:
+        """The n-th allocation from now (host or device) fails; 0 disarms."""
+
+    def fail_copy_in(self, n: int) -> None:
+        """The n-th copy from now fails (after scribbling over its destination); 0 disarms."""
+
+    def disarm(self) -> None: ...
+    def defer_copy_faults(self, deferred: bool) -> None:
+        """True: a failing copy fails when waited for, not when enqueued."""
+
+    @property
+    def copy_fault_armed(self) -> bool: ...
+    @property
+    def allocations(self) -> int:
+        """Allocations attempted so far."""
+
+    @property
+    def copies(self) -> int:
+        """Copies attempted so far."""

@@ -1,0 +1,174 @@
+"""Fault injection from Python (`lazybuf.testing.FaultyDevice`, in wheels built with the crate
+feature `testing`, as scripts/test-python.sh builds them): a failed allocation or copy raises
+(RuntimeError "injected fault", as errors.rs maps runtime failures) and leaves the buffer's
+state and every valid byte as they were; the next attempt succeeds.
+
+The wrapped devices: the host, and PoCL below its 4 MiB zero-copy size (separate device
+memory, so uploads and downloads are real copies that can fail).
+"""
+
+import numpy as np
+import pytest
+
+from conftest import _required
+from lazybuf import BufferState, Device, UnifiedBuffer, get_memory_pool
+
+try:
+    from lazybuf.testing import FaultyDevice
+except ImportError:
+    # A wheel built without the feature (a release wheel); scripts/test-python.sh names
+    # `testing` in LAZYBUF_REQUIRE, so there a missing lazybuf.testing fails the run.
+    if _required("testing"):
+        raise
+    pytest.skip("the wheel was built without the crate feature testing", allow_module_level=True)
+
+# 4 KiB: a size class of the caching resource exactly. (At a size below its class, a failed
+# class-size allocation is tried again at the exact size, so one injected fault would not
+# surface: see resource/caching.rs.)
+N = 1024
+DATA = np.arange(N, dtype=np.float32)
+
+
+@pytest.fixture(params=["host", "opencl"])
+def faulty(request) -> "FaultyDevice":
+    """A fresh FaultyDevice (its own caches, so every allocation reaches it) over each device."""
+    if request.param == "opencl":
+        inner = request.getfixturevalue("opencl_device")
+    else:
+        inner = request.getfixturevalue("host_device")
+    return FaultyDevice(inner)
+
+
+@pytest.fixture
+def faulty_opencl(opencl_device) -> "FaultyDevice":
+    return FaultyDevice(opencl_device)
+
+
+def test_a_faulty_device_is_a_device(host_device):
+    faulty = FaultyDevice(host_device)
+    assert isinstance(faulty, Device)
+    assert faulty.inner == host_device and faulty != host_device
+    assert faulty.backend == host_device.backend
+    assert "FaultyDevice" in repr(faulty)
+    assert FaultyDevice("host").inner == host_device
+    with pytest.raises(TypeError, match="device must be None"):
+        FaultyDevice(3.5)
+
+
+def test_failed_host_allocation_changes_nothing(faulty):
+    buf = UnifiedBuffer(N, np.float32, device=faulty)
+    faulty.fail_allocation_in(1)
+    with pytest.raises(RuntimeError, match="injected fault: allocation"):
+        buf.host
+    assert buf.state == BufferState.UNINITIALIZED
+    buf.host[:] = DATA  # the next attempt succeeds
+    np.testing.assert_array_equal(buf.to_numpy(), DATA)
+
+
+def test_failed_device_allocation_changes_nothing(faulty_opencl):
+    buf = UnifiedBuffer(N, np.float32, device=faulty_opencl)
+    buf.host[:] = DATA
+    faulty_opencl.fail_allocation_in(1)
+    with pytest.raises(RuntimeError, match="injected fault: allocation"):
+        buf.sync_to_device()
+    assert buf.state == BufferState.HOST_ONLY
+    np.testing.assert_array_equal(buf.to_numpy(), DATA)
+    buf.sync_to_device()
+    assert buf.state == BufferState.SYNCHRONIZED
+
+
+def test_failed_upload_changes_nothing(faulty_opencl):
+    buf = UnifiedBuffer(N, np.float32, device=faulty_opencl)
+    buf.host[:] = DATA
+    buf.sync_to_device()
+    buf.host[:] = DATA + 1  # HOST_DIRTY: the device copy is stale
+    faulty_opencl.fail_copy_in(1)
+    with pytest.raises(RuntimeError, match="injected fault: copy"):
+        buf.sync_to_device()
+    assert buf.state == BufferState.HOST_DIRTY
+    np.testing.assert_array_equal(buf.host_readonly, DATA + 1)
+    buf.sync_to_device()
+    buf.mark_device_dirty()  # the device copy is now the only valid one
+    np.testing.assert_array_equal(buf.to_numpy(), DATA + 1)
+
+
+def test_failed_download_changes_nothing(faulty_opencl):
+    buf = UnifiedBuffer(N, np.float32, device=faulty_opencl)
+    buf.host[:] = DATA
+    buf.mark_device_dirty()  # DEVICE_DIRTY: the device holds the data
+    faulty_opencl.fail_copy_in(1)
+    with pytest.raises(RuntimeError, match="injected fault: copy"):
+        buf.to_numpy()
+    assert buf.state == BufferState.DEVICE_DIRTY
+    np.testing.assert_array_equal(buf.to_numpy(), DATA)  # the device bytes survived
+    assert buf.state == BufferState.SYNCHRONIZED
+
+
+def test_deferred_copy_fault_changes_nothing(faulty_opencl):
+    buf = UnifiedBuffer(N, np.float32, device=faulty_opencl)
+    buf.host[:] = DATA
+    buf.mark_device_dirty()
+    faulty_opencl.defer_copy_faults(True)
+    faulty_opencl.fail_copy_in(1)
+    with pytest.raises(RuntimeError, match="injected fault: copy"):
+        buf.to_numpy()
+    assert not faulty_opencl.copy_fault_armed
+    assert buf.state == BufferState.DEVICE_DIRTY
+    np.testing.assert_array_equal(buf.to_numpy(), DATA)
+
+
+def test_failed_fill_changes_nothing(faulty_opencl):
+    buf = UnifiedBuffer(N, np.float32, device=faulty_opencl)
+    buf.host[:] = DATA
+    buf.mark_device_dirty()
+    faulty_opencl.fail_copy_in(1)  # a fill on the device counts as a copy
+    with pytest.raises(RuntimeError, match="injected fault"):
+        buf.fill(5.0)
+    assert buf.state == BufferState.DEVICE_DIRTY
+    np.testing.assert_array_equal(buf.to_numpy(), DATA)
+
+
+def test_pool_acquire_on_a_faulty_device(faulty):
+    pool = get_memory_pool(faulty)
+    assert pool.device == faulty
+    faulty.fail_allocation_in(1)
+    buf = pool.acquire((N,), np.float32)  # allocates nothing yet
+    with pytest.raises(RuntimeError, match="injected fault: allocation"):
+        buf.host[:] = DATA
+    assert buf.state == BufferState.UNINITIALIZED
+    buf.host[:] = DATA
+    np.testing.assert_array_equal(buf.to_numpy(), DATA)
+    pool.release(buf)
+    again = pool.acquire((N,), np.float32)
+    again.host[:] = DATA * 2
+    np.testing.assert_array_equal(again.to_numpy(), DATA * 2)
+    pool.release(again)
+
+
+def test_pinned_allocation_failure(faulty):
+    buf = UnifiedBuffer(N, np.float32, pinned=True, device=faulty)
+    faulty.fail_allocation_in(1)
+    with pytest.raises(RuntimeError, match="injected fault: allocation"):
+        buf.host
+    assert buf.state == BufferState.UNINITIALIZED and not buf.is_pinned
+    try:
+        buf.host[:] = DATA
+    except MemoryError as err:  # an mlock limit: reported, never a silent pageable fallback
+        assert "mlock" in str(err)
+        return
+    assert buf.is_pinned
+    np.testing.assert_array_equal(buf.to_numpy(), DATA)
+
+
+def test_counters(faulty_opencl):
+    before = (faulty_opencl.allocations, faulty_opencl.copies)
+    buf = UnifiedBuffer(N, np.float32, device=faulty_opencl)
+    buf.host[:] = DATA
+    buf.sync_to_device()
+    assert faulty_opencl.allocations > before[0]
+    assert faulty_opencl.copies > before[1]
+    faulty_opencl.fail_copy_in(5)
+    assert faulty_opencl.copy_fault_armed
+    faulty_opencl.disarm()
+    assert not faulty_opencl.copy_fault_armed
+
