@@ -22,10 +22,10 @@ except ImportError:
         raise
     pytest.skip("the wheel was built without the crate feature testing", allow_module_level=True)
 
-# 4 KiB: a size class of the caching resource exactly. (At a size below its class, a failed
-# class-size allocation is tried again at the exact size, so one injected fault would not
-# surface: see resource/caching.rs.)
-N = 1024
+# 4000 bytes: below its size class (4096), so the caching resource asks for a class block; an
+# injected fault must surface all the same (only a refusal for size is retried at the exact
+# size: resource/caching.rs).
+N = 1000
 DATA = np.arange(N, dtype=np.float32)
 
 

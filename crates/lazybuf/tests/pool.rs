@@ -255,16 +255,21 @@ fn out_of_memory_trims_and_retries_once_then_errors() {
 
 #[test]
 fn a_failure_that_is_not_out_of_memory_is_not_retried() {
-    let (device, plan) = FaultyDevice::wrap(&Device::host());
-    let pool = MemoryPool::new(&device, PoolConfig::default());
-    let mut buf = pool.acquire::<f32>(&[64], false).unwrap();
-    plan.fail_allocation_in(1);
-    let err = buf.host_mut().unwrap_err();
-    assert!(matches!(err, Error::InjectedFault { .. }), "{err}");
-    assert_eq!(buf.state(), BufferState::Uninitialized);
-    assert_eq!(pool.stats(), stats(0, 1, 0, 0, 0, 0));
-    buf.host_mut().unwrap().fill(1.0);
-    assert_eq!(pool.stats(), stats(0, 2, 1, 256, 0, 256));
+    // 256 bytes is a size class of its own; 1000 bytes is served by a 1024-byte class block,
+    // whose refusal for lack of memory (only) is retried at the exact size.
+    for (len, class) in [(64, 256), (250, 1024)] {
+        let (device, plan) = FaultyDevice::wrap(&Device::host());
+        let pool = MemoryPool::new(&device, PoolConfig::default());
+        let mut buf = pool.acquire::<f32>(&[len], false).unwrap();
+        plan.fail_allocation_in(1);
+        let err = buf.host_mut().unwrap_err();
+        assert!(matches!(err, Error::InjectedFault { .. }), "{len} elements: {err}");
+        assert_eq!(plan.allocations(), 1, "{len} elements: the failed allocation was retried");
+        assert_eq!(buf.state(), BufferState::Uninitialized);
+        assert_eq!(pool.stats(), stats(0, 1, 0, 0, 0, 0));
+        buf.host_mut().unwrap().fill(1.0);
+        assert_eq!(pool.stats(), stats(0, 2, 1, class, 0, class));
+    }
 }
 
 #[cfg(feature = "opencl")]

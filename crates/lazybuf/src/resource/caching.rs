@@ -217,6 +217,12 @@ fn exhausted(err: &Error) -> bool {
     err.is_out_of_memory() || matches!(err, Error::PinningFailed { .. })
 }
 
+/// Whether an upstream refused an allocation because of its size: exhausted, or an invalid
+/// argument (the only argument is the size: beyond the device's largest allocation, say).
+fn refused_for_size(err: &Error) -> bool {
+    exhausted(err) || matches!(err, Error::InvalidArgument { .. })
+}
+
 /// A caching [`MemoryResource`] over an upstream one.
 pub struct CachingResource {
     upstream: Arc<dyn MemoryResource>,
@@ -366,10 +372,11 @@ impl MemoryResource for CachingResource {
             }
             other => other,
         };
-        // A class block the upstream refuses may still fit exactly; either way the error then
-        // names the size the caller asked for.
+        // A class block the upstream refuses for its size (no memory for it, or beyond the
+        // device's largest allocation) may still fit exactly; the error then names the size
+        // the caller asked for. Any other failure surfaces as it is, never retried.
         let block = match block {
-            Err(_) if class > bytes => fresh(bytes)?,
+            Err(err) if class > bytes && refused_for_size(&err) => fresh(bytes)?,
             other => other?,
         };
         self.count_fresh(device, &block);
