@@ -178,7 +178,8 @@ pub enum Error {
          differs from the host copy at byte {first_difference} of {nbytes}: the device copy was \
          written (by a kernel?) after it was handed out as a read. Call mark_device_dirty() after \
          such a write, or take the device copy for writing (device_mut() in Rust, \
-         .device_writable in Python)"
+         .device_writable in Python). (In Python, a write through a .host array taken before the \
+         last sync has the same effect from the host side: take .host again after syncing.)"
     )]
     Coherence {
         /// The device whose copy differs.
