@@ -173,6 +173,15 @@ class UnifiedBuffer:
     def sync_to_host_async(self) -> Transfer:
         """As ``sync_to_host()``, asynchronously (see ``sync_to_device_async``)."""
 
+    @property
+    def stream(self) -> int:
+        """The raw handle of the queue/stream lazybuf uses for this buffer (0 on the host)."""
+
+    def order_after(self, stream: Any) -> None:
+        """Orders lazybuf's next work on the device copy after the work enqueued on ``stream``
+        so far (a PyOpenCL CommandQueue, a CuPy Stream, an object with ``__cuda_stream__``, or
+        a raw handle of the buffer's device)."""
+
     def mark_host_dirty(self) -> None:
         """Declare a host write: the device copy becomes stale."""
 

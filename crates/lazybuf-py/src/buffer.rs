@@ -53,6 +53,7 @@ use crate::device_view::{cuda_array_interface, device_object};
 use crate::dlpack::{self, DlpackArgs, Source, dlpack_device};
 use crate::dtype::{self, ElementType, typestr};
 use crate::errors::{BackendUnavailableError, OrPyErr, released};
+use crate::streams;
 use crate::transfer::{self, PyTransfer};
 use crate::views::{Storage, export_buffer, release_buffer};
 use crate::{args, state};
@@ -466,6 +467,21 @@ impl UnifiedBuffer {
     /// As `sync_to_host()`, asynchronously (see `sync_to_device_async`).
     fn sync_to_host_async(&self, py: Python<'_>) -> PyResult<PyTransfer> {
         transfer::start(py, &*self.storage()?, None)
+    }
+
+    /// The queue or stream lazybuf enqueues this buffer's copies on, as a raw handle (an int):
+    /// a `cl_command_queue` on OpenCL, a `CUstream` on CUDA (`cupy.cuda.ExternalStream(buf.stream)`
+    /// runs CuPy work there), 0 on the host device.
+    #[getter]
+    fn stream(&self) -> PyResult<usize> {
+        Ok(streams::raw_stream(&*self.storage()?))
+    }
+
+    /// Orders lazybuf's next work on the device copy (copies into or out of it, fills, its
+    /// release) after the work enqueued on `stream` so far: a PyOpenCL `CommandQueue`, a CuPy
+    /// `Stream`, an object with `__cuda_stream__`, or a raw handle of the buffer's device.
+    fn order_after(&self, py: Python<'_>, stream: &Bound<'_, PyAny>) -> PyResult<()> {
+        streams::order_after(py, &*self.storage()?, &self.home, stream)
     }
 
     /// Declares a host write: the host is made current, then the device copy is stale.

@@ -14,6 +14,7 @@
 //! - [`accelerator`]: devices, `get_accelerator()`, the current device;
 //! - [`pool`]: `MemoryPool` and `get_memory_pool()` over the core's pool;
 //! - [`transfer`]: `Transfer`, an asynchronous sync in flight (awaitable);
+//! - [`streams`]: lazybuf's stream for the caller, and ordering after the caller's streams;
 //! - [`dtype`], [`args`]: argument validation; [`errors`]: exception mapping; [`state`]:
 //!   `BufferState` members;
 //! - `testing` (crate feature `testing`): `lazybuf.testing`, the fault-injecting device.
@@ -33,6 +34,7 @@ pub mod dtype;
 pub mod errors;
 pub mod pool;
 pub mod state;
+pub mod streams;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod transfer;

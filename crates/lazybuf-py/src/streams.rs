@@ -1,0 +1,98 @@
+//! Streams between lazybuf and the caller's libraries: `UnifiedBuffer.stream` hands out the
+//! queue or stream lazybuf enqueues the buffer's copies on, and `UnifiedBuffer.order_after(s)`
+//! orders lazybuf's next work on the buffer's device copy after what the caller enqueued on
+//! `s` so far (a marker of `s`, given to the core's `RawBuffer::used_until`).
+//!
+//! Accepted streams: a PyOpenCL `CommandQueue` (`int_ptr`), a CuPy `Stream` (`ptr`), any
+//! object with the CUDA Python `__cuda_stream__` protocol, or a raw `cl_command_queue` /
+//! `CUstream` as an int. A raw handle must be a live queue or stream of the buffer's device
+//! (as with CuPy's `ExternalStream`); an OpenCL queue of another context is refused.
+//!
+//! What does not live here: the ordering itself (the core's copies wait for the marker) and
+//! transfers in flight ([`crate::transfer`]).
+
+use std::ffi::c_void;
+
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyInt, PyTuple};
+
+use lazybuf::backend::RawStream;
+use lazybuf::{BackendKind, Device};
+
+use crate::errors::OrPyErr;
+use crate::views::Storage;
+
+/// The raw handle of the stream lazybuf uses for this buffer, as an int: its
+/// `cl_command_queue` on OpenCL, its `CUstream` on CUDA, 0 on the host (whose work is done
+/// when each call returns).
+pub fn raw_stream(storage: &Storage) -> usize {
+    let raw = storage.lock();
+    // SAFETY: the handle is only turned into an int for the caller, who may use it while the
+    // buffer's device is open (lazybuf keeps its own streams alive as long as the device).
+    match unsafe { raw.stream().raw() } {
+        RawStream::OpenCl(queue) => queue as usize,
+        RawStream::Cuda(stream) => stream as usize,
+        _ => 0,
+    }
+}
+
+/// The raw handle of a stream object the caller passed (see the module docs).
+fn handle_of(stream: &Bound<'_, PyAny>) -> PyResult<usize> {
+    let expected = "expected a stream: a PyOpenCL CommandQueue, a CuPy Stream, an object with \
+                    __cuda_stream__, or a raw cl_command_queue / CUstream handle as an int";
+    if stream.is_instance_of::<PyBool>() {
+        return Err(PyTypeError::new_err(format!("order_after: {expected}; got a bool")));
+    }
+    let value = if stream.is_instance_of::<PyInt>() {
+        stream.clone()
+    } else if stream.hasattr("__cuda_stream__")? {
+        let pair = stream.call_method0("__cuda_stream__")?;
+        let pair = pair.cast::<PyTuple>().map_err(|_| {
+            PyTypeError::new_err("order_after: __cuda_stream__() must return (version, handle)")
+        })?;
+        pair.get_item(1)?
+    } else if stream.hasattr("int_ptr")? {
+        stream.getattr("int_ptr")?
+    } else if stream.hasattr("ptr")? {
+        stream.getattr("ptr")?
+    } else {
+        return Err(PyTypeError::new_err(format!(
+            "order_after: {expected}; got {}",
+            stream.get_type().name()?
+        )));
+    };
+    value.extract::<usize>().map_err(|_| {
+        PyValueError::new_err(format!("order_after: a stream handle is a non-negative int; got {value}"))
+    })
+}
+
+/// Orders lazybuf's next work on `home`'s copy of the buffer (transfers into or out of it,
+/// fills, its release) after the work enqueued on `stream` so far. Nothing to do on the host
+/// device, whose work is done when each call returns.
+pub fn order_after(
+    py: Python<'_>,
+    storage: &Storage,
+    home: &Device,
+    stream: &Bound<'_, PyAny>,
+) -> PyResult<()> {
+    let handle = handle_of(stream)?;
+    let kind = home.backend_kind();
+    if kind == BackendKind::HOST {
+        return Ok(());
+    }
+    if kind != BackendKind::OPENCL && kind != BackendKind::CUDA {
+        return Err(PyValueError::new_err(format!("order_after: streams of {home} are not supported")));
+    }
+    py.detach(|| {
+        let raw = handle as *mut c_void;
+        let raw = if kind == BackendKind::OPENCL { RawStream::OpenCl(raw) } else { RawStream::Cuda(raw) };
+        // SAFETY: the handle is a live queue or stream of this device's context, as the caller
+        // promises (module docs); OpenCL checks the queue's context and refuses another one.
+        let wrapped = unsafe { home.wrap_stream(raw) }?;
+        let ticket = wrapped.marker()?;
+        storage.lock().used_until(home, ticket);
+        Ok(())
+    })
+    .or_py()
+}

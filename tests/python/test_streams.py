@@ -1,0 +1,109 @@
+"""lazybuf's stream for the caller (``UnifiedBuffer.stream``) and ordering lazybuf after the
+caller's own streams (``UnifiedBuffer.order_after``).
+
+The ordering is shown for real on PoCL: the caller fills the buffer's device copy on a queue of
+its own, held back by a PyOpenCL user event that a timer completes later; lazybuf's download
+must come after that fill only because it was told (``order_after``).
+"""
+
+import threading
+
+import numpy as np
+import pytest
+
+import lazybuf
+from lazybuf import UnifiedBuffer
+
+N = 4096  # float32: 16 KiB, a real (not aliased) cl_mem on PoCL
+
+
+def test_the_stream_is_lazybufs_queue_on_opencl(pyopencl, opencl_device):
+    buf = UnifiedBuffer(N, np.float32, device=opencl_device)
+    assert buf.stream != 0
+    assert buf.stream == buf.device.queue.int_ptr  # the PyOpenCL array runs on lazybuf's queue
+
+
+def test_the_host_device_has_no_stream_and_needs_no_ordering(host_device):
+    buf = UnifiedBuffer(N, np.float32, device=host_device)
+    assert buf.stream == 0
+    buf.order_after(0)  # host work is done when its call returns: nothing to wait for
+
+
+def test_cuda_buffers_hand_out_their_stream():
+    cuda = [d for d in lazybuf.get_accelerator().devices if d.backend == "cuda"]
+    if not cuda:
+        pytest.skip("no CUDA device (the CUDA driver test double runs this in scripts/test-python.sh)")
+    buf = UnifiedBuffer(N, np.float32, device=cuda[0])
+    assert buf.stream != 0
+    buf.host[:] = 1
+    buf.sync_to_device()
+    buf.order_after(buf.stream)  # its own stream: a marker of it, harmless
+    buf.order_after(0)  # the legacy default stream
+    np.testing.assert_array_equal(buf.to_numpy(), np.ones(N, np.float32))
+
+
+def _callers_fill(pyopencl, buf, told: bool) -> np.ndarray:
+    cl = pyopencl
+    lazybufs_queue = buf.device.queue
+    mem = buf.device.data  # the buffer's cl_mem (a device read: SYNCHRONIZED)
+    callers = cl.CommandQueue(lazybufs_queue.context)  # the caller's own in-order queue
+    gate = cl.UserEvent(lazybufs_queue.context)
+    cl.enqueue_fill_buffer(callers, mem, np.float32(7), 0, 4 * N, wait_for=[gate])
+    callers.flush()
+    buf.mark_device_dirty()  # the caller declares its write, as the contract asks
+    if told:
+        buf.order_after(callers)
+    timer = threading.Timer(0.05, lambda: gate.set_status(cl.command_execution_status.COMPLETE))
+    timer.start()
+    try:
+        return buf.to_numpy()
+    finally:
+        timer.join()
+        callers.finish()
+
+
+def test_order_after_a_callers_queue_on_pocl(pyopencl, opencl_device):
+    buf = UnifiedBuffer(N, np.float32, device=opencl_device)
+    buf.host[:] = 1
+    np.testing.assert_array_equal(_callers_fill(pyopencl, buf, told=True), np.full(N, 7, np.float32))
+
+
+def test_without_order_after_the_download_does_not_wait_for_the_callers_queue(pyopencl, opencl_device):
+    # The control: without the call lazybuf cannot know of the caller's queue, so its download
+    # runs before the held fill (this is what makes the test above mean something).
+    buf = UnifiedBuffer(N, np.float32, device=opencl_device)
+    buf.host[:] = 1
+    np.testing.assert_array_equal(_callers_fill(pyopencl, buf, told=False), np.ones(N, np.float32))
+
+
+@pytest.mark.parametrize(
+    "stream,error,match",
+    [
+        ("queue", TypeError, "expected a stream"),
+        (True, TypeError, "bool"),
+        (-1, ValueError, "non-negative"),
+        (object(), TypeError, "got object"),
+    ],
+)
+def test_bad_streams_are_refused(opencl_device, stream, error, match):
+    buf = UnifiedBuffer(N, np.float32, device=opencl_device)
+    buf.sync_to_device()
+    with pytest.raises(error, match=match):
+        buf.order_after(stream)
+
+
+def test_a_queue_of_another_context_is_refused(pyopencl, opencl_device):
+    buf = UnifiedBuffer(N, np.float32, device=opencl_device)
+    buf.sync_to_device()
+    other = pyopencl.CommandQueue(pyopencl.Context(devices=[buf.device.queue.device]))
+    with pytest.raises(ValueError, match="another context"):
+        buf.order_after(other)
+
+
+def test_a_released_buffer_refuses_both(opencl_device):
+    buf = UnifiedBuffer(N, np.float32, device=opencl_device)
+    buf.release()
+    with pytest.raises(ValueError, match="released"):
+        buf.stream  # noqa: B018
+    with pytest.raises(ValueError, match="released"):
+        buf.order_after(0)
