@@ -13,7 +13,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use common::pattern;
 use lazybuf::testing::FaultyDevice;
-use lazybuf::{BufferOptions, BufferState, Device, DirectResource, Error, UnifiedBuffer};
+use lazybuf::{BufferState, Device, Error, UnifiedBuffer};
 
 static LOCK: Mutex<()> = Mutex::new(());
 
@@ -21,15 +21,6 @@ fn checking(on: bool) -> MutexGuard<'static, ()> {
     let guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     lazybuf::set_checking(on);
     guard
-}
-
-fn direct(device: &Device, len: usize) -> UnifiedBuffer<u32> {
-    let options = BufferOptions {
-        device: Some(device.clone()),
-        resource: Some(DirectResource::shared()),
-        ..BufferOptions::default()
-    };
-    UnifiedBuffer::with_options(&[len], options).unwrap()
 }
 
 /// The seeds' pattern: the device copy taken for reading, then written by "a kernel".
@@ -95,7 +86,7 @@ fn non_aliasing() -> Vec<Device> {
 fn an_undeclared_kernel_write_is_caught_at_the_next_host_read() {
     let _on = checking(true);
     for device in non_aliasing() {
-        let mut buf = direct(&device, 1000);
+        let mut buf = common::direct(&device, 1000);
         buf.copy_from(&pattern(1, 1000)).unwrap();
         write_behind_a_read_view(&mut buf, 7);
         assert_eq!(buf.state(), BufferState::Synchronized);
@@ -119,7 +110,7 @@ fn an_undeclared_kernel_write_is_caught_at_the_next_host_read() {
 fn declared_writes_and_untouched_reads_pass_the_check() {
     let _on = checking(true);
     for device in common::devices() {
-        let mut buf = direct(&device, 1000);
+        let mut buf = common::direct(&device, 1000);
         buf.copy_from(&pattern(2, 1000)).unwrap();
         buf.device().map(|_view| ()).unwrap(); // handed out, not written
         assert_eq!(buf.to_vec().unwrap(), pattern(2, 1000), "{device}");
@@ -137,7 +128,7 @@ fn declared_writes_and_untouched_reads_pass_the_check() {
 fn aliasing_devices_need_no_check() {
     let _on = checking(true);
     for device in common::devices().into_iter().filter(|d| d.is_zero_copy(4000)) {
-        let mut buf = direct(&device, 1000);
+        let mut buf = common::direct(&device, 1000);
         buf.copy_from(&pattern(4, 1000)).unwrap();
         // On the host device the device copy is the host memory: a write through it is seen.
         buf.device_mut().unwrap().as_host_slice_mut().unwrap().fill(9);
@@ -150,7 +141,7 @@ fn the_check_costs_a_copy_only_for_copies_handed_out_for_reading() {
     let _on = checking(true);
     for base in non_aliasing() {
         let (device, plan) = FaultyDevice::wrap(&base);
-        let mut buf = direct(&device, 1000);
+        let mut buf = common::direct(&device, 1000);
         buf.copy_from(&pattern(5, 1000)).unwrap();
         buf.sync_to_device().unwrap(); // synchronized, never handed out
         let copies = plan.copies();
@@ -166,7 +157,7 @@ fn the_check_costs_a_copy_only_for_copies_handed_out_for_reading() {
 fn without_the_checker_the_same_mistake_reads_stale_data() {
     let _off = checking(false);
     for device in non_aliasing() {
-        let mut buf = direct(&device, 1000);
+        let mut buf = common::direct(&device, 1000);
         buf.copy_from(&pattern(6, 1000)).unwrap();
         write_behind_a_read_view(&mut buf, 8);
         // The documented hazard the checker exists for: the kernel's result is not seen.

@@ -19,22 +19,13 @@ use common::pattern;
 use lazybuf::testing::FaultyDevice;
 use lazybuf::{BufferOptions, BufferState, Device, DirectResource, Error, UnifiedBuffer};
 
-fn direct(device: &Device, len: usize) -> UnifiedBuffer<u32> {
-    let options = BufferOptions {
-        device: Some(device.clone()),
-        resource: Some(DirectResource::shared()),
-        ..BufferOptions::default()
-    };
-    UnifiedBuffer::with_options(&[len], options).unwrap()
-}
-
 #[test]
 fn a_transfer_in_flight_reports_the_final_state_and_completes_in_any_order() {
     for base in common::devices() {
         let (device, plan) = FaultyDevice::wrap(&base);
         plan.hold_completions(true);
-        let mut a = direct(&device, 1000);
-        let mut b = direct(&device, 1000);
+        let mut a = common::direct(&device, 1000);
+        let mut b = common::direct(&device, 1000);
         a.copy_from(&pattern(1, 1000)).unwrap();
         b.copy_from(&pattern(2, 1000)).unwrap();
         let ta = a.sync_to_device_async().unwrap();
@@ -66,7 +57,7 @@ fn a_transfer_that_fails_puts_the_buffer_back_and_reports_its_error_once_settled
         let (device, plan) = FaultyDevice::wrap(&base);
         plan.hold_completions(true);
         plan.defer_copy_faults(true);
-        let mut buf = direct(&device, 1000);
+        let mut buf = common::direct(&device, 1000);
         buf.copy_from(&pattern(3, 1000)).unwrap();
         let stats = buf.transfer_stats();
         plan.fail_copy_in(1);
@@ -96,7 +87,7 @@ fn an_access_waits_only_for_the_transfers_it_depends_on() {
     for base in common::devices() {
         let (device, plan) = FaultyDevice::wrap(&base);
         plan.hold_completions(true);
-        let mut buf = direct(&device, 64);
+        let mut buf = common::direct(&device, 64);
         buf.copy_from(&pattern(4, 64)).unwrap();
         let upload = buf.sync_to_device_async().unwrap();
         // Reading the host copy the upload reads from does not wait for it (unless the device
@@ -133,7 +124,7 @@ fn a_buffer_can_run_on_a_stream_of_its_own() {
 
         // A stream of another device, or one chosen after the device copy exists, is refused.
         let other = Device::host().create_stream().unwrap();
-        let mut raw = direct(&device, 4).into_raw();
+        let mut raw = common::direct(&device, 4).into_raw();
         if device != Device::host() {
             let err = raw.set_stream(other).unwrap_err();
             assert!(err.to_string().contains("expected a stream of the buffer's device"), "{err}");
@@ -200,7 +191,7 @@ fn double_buffering_overlaps_the_transfer_of_one_buffer_with_the_fill_of_the_oth
         // over this reference.
         let gate_ticket = unsafe { lazybuf::backend::opencl::ticket_from_event(gate, context) }.unwrap();
         let n = 256 * 1024; // 1 MiB: copied, not aliased, on PoCL
-        let (mut a, mut b) = (direct(&device, n), direct(&device, n));
+        let (mut a, mut b) = (common::direct(&device, n), common::direct(&device, n));
         a.copy_from(&pattern(7, n)).unwrap();
         a.stream().wait_for(&gate_ticket).unwrap();
         let transfer = a.sync_to_device_async().unwrap();
@@ -277,7 +268,7 @@ fn callers_fill_then_download(device: &Device, tell: Tell) -> Vec<u32> {
     let initial: Vec<u8> = pattern(9, 1024).iter().flat_map(|v: &u32| v.to_ne_bytes()).collect();
     let (bytes, release) = match tell {
         Tell::View => {
-            let mut buf = direct(device, 1024);
+            let mut buf = common::direct(device, 1024);
             buf.copy_from(&pattern(9, 1024)).unwrap();
             {
                 let mut view = buf.device_mut().unwrap();

@@ -6,7 +6,7 @@
 
 #![allow(dead_code)]
 
-use lazybuf::{BackendKind, Device};
+use lazybuf::{BackendKind, BufferOptions, Device, DirectResource, UnifiedBuffer};
 
 /// Every device to test, after checking `LAZYBUF_REQUIRE`.
 pub fn devices() -> Vec<Device> {
@@ -37,3 +37,14 @@ pub fn pattern(seed: u32, n: usize) -> Vec<u32> {
 /// Buffer lengths (in u32 elements) that cover empty, tiny, odd, and the zero-copy sizes
 /// (4 MiB and more alias host memory on host-sharing OpenCL devices).
 pub const LENGTHS: [usize; 5] = [0, 1, 7, 1000, 1_100_000];
+
+/// A buffer of `len` u32 elements on `device` whose every allocation goes to the device itself
+/// (no pool), so each one reaches a fault-injecting or counting backend.
+pub fn direct(device: &Device, len: usize) -> UnifiedBuffer<u32> {
+    let options = BufferOptions {
+        device: Some(device.clone()),
+        resource: Some(DirectResource::shared()),
+        ..BufferOptions::default()
+    };
+    UnifiedBuffer::with_options(&[len], options).unwrap()
+}
