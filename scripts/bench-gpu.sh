@@ -103,7 +103,7 @@ run() {
     python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" wheel/*.whl deps/*.whl 2>/dev/null ||
         python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" wheel/*.whl
     if [ -f python/bench_workflows.py ]; then
-        PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" timeout 240 python3 python/bench_workflows.py --markdown \
+        PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" timeout 240 python3 python/bench_workflows.py --reps 7 \
             >"$log/workflows.log" 2>&1
         { echo "## Python workflows (the seeds' own)"; echo; cat "$log/workflows.log"; echo; } >>"$report"
     else

@@ -21,14 +21,13 @@ Usage: python bench_vs_pydotcompute.py [--reps N]   (prints a markdown table)
 
 import argparse
 import platform
-import statistics
 import sys
-import timeit
 from importlib.metadata import version
 
 import numpy as np
 import pydotcompute
 import lazybuf
+from harness import fmt, run_row
 
 SIZES = {"1 KiB": 1 << 10, "1 MiB": 1 << 20, "64 MiB": 64 << 20}
 
@@ -38,33 +37,6 @@ class Holder:
 
     def __init__(self, array):
         self.array = array
-
-
-def calibrate(timer: timeit.Timer, min_seconds: float) -> int:
-    timer.timeit(1)  # warm-up: first-use costs (device discovery, imports) are not measured
-    number = 1
-    while timer.timeit(number) < min_seconds:
-        number *= 2
-    return number
-
-
-def run_row(cases: dict, reps: int, min_seconds: float = 2e-3) -> dict:
-    """Median seconds per call of each `name: (statement, globals)`, interleaved."""
-    timers = {name: timeit.Timer(stmt, globals=g) for name, (stmt, g) in cases.items()}
-    numbers = {name: calibrate(t, min_seconds) for name, t in timers.items()}
-    samples = {name: [] for name in cases}
-    for _ in range(reps):
-        for name, timer in timers.items():
-            samples[name].append(timer.timeit(numbers[name]) / numbers[name])
-    return {name: statistics.median(s) for name, s in samples.items()}
-
-
-def fmt(seconds: float) -> str:
-    if seconds < 1e-6:
-        return f"{seconds * 1e9:.0f} ns"
-    if seconds < 1e-3:
-        return f"{seconds * 1e6:.2f} µs"
-    return f"{seconds * 1e3:.2f} ms"
 
 
 def buffers(nbytes: int):

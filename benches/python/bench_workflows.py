@@ -35,7 +35,7 @@ from importlib.metadata import version
 import numpy as np
 
 import lazybuf
-from bench_vs_pydotcompute import fmt, run_row
+from harness import fmt, run_row
 
 SIZES = {"4 KiB": 4 << 10, "4 MiB": 4 << 20, "64 MiB": 64 << 20}
 
@@ -222,6 +222,14 @@ def main() -> None:
         lazybuf.get_accelerator().current_device
     )
     by_hand = {"opencl": "PyOpenCL by hand", "cuda": "CuPy by hand (pinned)"}.get(device.backend)
+    kernels_from = {"opencl": "pyopencl", "cuda": "cupy"}.get(device.backend)
+    if kernels_from is not None:
+        try:
+            __import__(kernels_from)
+        except ImportError:
+            print(f"bench_workflows: the kernel step needs {kernels_from} on {device.selector} "
+                  f"(.device is a {kernels_from} array there); it is not installed, nothing measured")
+            return
     try:
         import pydotcompute  # noqa: F401
 
@@ -237,10 +245,13 @@ def main() -> None:
         cases = {"lazybuf": lazybuf_cases(device, n, x)}
         if have_pdc:
             cases["PyDotCompute 0.2.0"] = pydotcompute_cases(n, x)
-        if device.backend == "opencl":
-            cases[by_hand] = pyopencl_cases(device, n, x)
-        elif device.backend == "cuda":
-            cases[by_hand] = cupy_cases(n, x)
+        try:
+            if device.backend == "opencl":
+                cases[by_hand] = pyopencl_cases(device, n, x)
+            elif device.backend == "cuda":
+                cases[by_hand] = cupy_cases(n, x)
+        except ImportError as err:  # the peer's library is not installed: its column stays empty
+            print(f"({by_hand} skipped: {err})", file=sys.stderr)
         for workflow in cases["lazybuf"]:
             row = {name: (fns[workflow], {}) for name, fns in cases.items() if workflow in fns}
             rows.append((workflow, size, run_row(row, args.reps)))
