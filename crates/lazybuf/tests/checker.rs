@@ -4,10 +4,12 @@
 //! missing call, and changes nothing.
 //!
 //! The "kernel" is the caller's own write of the device memory on the view's stream: a fill
-//! enqueued on lazybuf's OpenCL queue (PoCL, below the zero-copy size), a memset through the
-//! CUDA driver (the test double). The switch is process-wide, so the tests hold [`LOCK`].
+//! enqueued on lazybuf's OpenCL queue (PoCL, below the zero-copy size), a `cuMemsetD32Async`
+//! on the view's CUDA stream (a GPU, or the driver test double). The switch is process-wide, so the tests hold [`LOCK`].
 
 mod common;
+#[cfg(feature = "cuda")]
+mod cuda_common;
 
 use std::sync::{Mutex, MutexGuard};
 
@@ -55,26 +57,23 @@ fn kernel_write(view: &lazybuf::DeviceView<'_, u32>, value: u32) {
             // SAFETY (test): the fill's event, released once.
             unsafe { cl3::event::release_event(event) }.unwrap();
         }
-        (RawMemory::Cuda(ptr), _) => cuda_write(ptr, view.len(), value),
+        (RawMemory::Cuda(ptr), RawStream::Cuda(stream)) => {
+            cuda_common::kernel_fill_u32(view.device(), ptr, view.len(), value, stream)
+        }
         (other, _) => panic!("no kernel for {other:?}"),
     }
 }
 
 #[cfg(not(feature = "opencl"))]
 fn kernel_write(view: &lazybuf::DeviceView<'_, u32>, value: u32) {
-    match unsafe { view.raw() } {
-        lazybuf::backend::RawMemory::Cuda(ptr) => cuda_write(ptr, view.len(), value),
-        other => panic!("no kernel for {other:?}"),
+    use lazybuf::backend::{RawMemory, RawStream};
+    // SAFETY (test): the view's memory and stream are live while the view is.
+    match unsafe { (view.raw(), view.stream().raw()) } {
+        (RawMemory::Cuda(ptr), RawStream::Cuda(stream)) => {
+            cuda_common::kernel_fill_u32(view.device(), ptr, view.len(), value, stream)
+        }
+        (other, _) => panic!("no kernel for {other:?}"),
     }
-}
-
-/// On the CUDA test double device memory is host memory: a direct write is the kernel.
-fn cuda_write(ptr: u64, len: usize, value: u32) {
-    let is_double = lazybuf::devices().iter().any(|d| d.name().starts_with("lazybuf CUDA test double"));
-    assert!(is_double, "writes CUDA memory directly only on the test double");
-    // SAFETY (test): the double's device pointers are host allocations of at least len words.
-    let words = unsafe { std::slice::from_raw_parts_mut(ptr as usize as *mut u32, len) };
-    words.fill(value);
 }
 
 /// Devices whose small buffers are real device memory (not aliases of the host block).

@@ -8,8 +8,17 @@
 
 mod cuda_common;
 
+use std::sync::{Mutex, MutexGuard};
+
 use cuda_common::{cuda_devices, is_double, ramp};
 use lazybuf::{BufferOptions, Device, MemorySource, UnifiedBuffer};
+
+/// The tests measure the GPU's free memory, so they run one at a time.
+static LOCK: Mutex<()> = Mutex::new(());
+
+fn one_at_a_time() -> MutexGuard<'static, ()> {
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 fn gpus(test: &str) -> Vec<Device> {
     let Some(devices) = cuda_devices(test) else { return Vec::new() };
@@ -22,6 +31,7 @@ fn gpus(test: &str) -> Vec<Device> {
 
 #[test]
 fn gpus_report_what_the_hardware_is() {
+    let _one = one_at_a_time();
     for gpu in gpus("gpus_report_what_the_hardware_is") {
         let info = gpu.info();
         assert!(info.is_gpu && info.total_memory >= 1 << 30, "{info:?}");
@@ -37,22 +47,33 @@ fn gpus_report_what_the_hardware_is() {
 #[test]
 fn free_memory_drops_by_what_a_buffer_allocates() {
     const N: usize = 256 << 20;
+    const SLACK: u64 = 64 << 20;
+    let _one = one_at_a_time();
     for gpu in gpus("free_memory_drops_by_what_a_buffer_allocates") {
+        lazybuf::trim();
         let before = gpu.memory_info().unwrap().free;
         let mut buf = UnifiedBuffer::<u8>::on(&[N], &gpu).unwrap();
         buf.device_overwrite().map(drop).unwrap();
         let during = gpu.memory_info().unwrap().free;
         // The driver rounds to its page size; other processes may allocate meanwhile.
         let dropped = before.saturating_sub(during);
-        assert!(dropped >= N as u64 && dropped <= N as u64 + (64 << 20), "free dropped by {dropped}");
+        assert!(dropped >= N as u64 && dropped <= N as u64 + SLACK, "free dropped by {dropped}");
         drop(buf);
-        assert!(gpu.memory_info().unwrap().free >= during + N as u64 - (64 << 20));
+        // Caching by default: the block is kept for the next buffer, allocated as far as the
+        // driver knows and reported as cached; a trim gives it back.
+        let after = gpu.memory_info().unwrap();
+        assert!(after.cached >= N as u64, "{after:?}");
+        assert!(after.free + after.cached >= during + N as u64 - SLACK, "{after:?}");
+        lazybuf::trim();
+        let trimmed = gpu.memory_info().unwrap();
+        assert!(trimmed.free >= during + N as u64 - SLACK && trimmed.cached == 0, "{trimmed:?}");
     }
 }
 
 #[test]
 fn hundreds_of_mib_round_trip_pageable_and_pinned() {
     const N: usize = (384 << 20) + 11;
+    let _one = one_at_a_time();
     let gpus = gpus("hundreds_of_mib_round_trip_pageable_and_pinned");
     let data = if gpus.is_empty() { Vec::new() } else { ramp(N) };
     for gpu in gpus {
@@ -67,7 +88,9 @@ fn hundreds_of_mib_round_trip_pageable_and_pinned() {
             buf.sync_to_device().unwrap();
             buf.mark_device_dirty().unwrap();
             assert!(buf.host().unwrap() == &data[..], "pinned: {pinned}");
-            assert_eq!(buf.is_pinned(), pinned);
+            // Pinned from the start, or pageable and registered with the driver at its second
+            // transfer (REGISTER_MIN_BYTES and up).
+            assert!(buf.is_pinned(), "pinned: {pinned}");
         }
     }
 }

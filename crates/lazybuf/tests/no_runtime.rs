@@ -2,7 +2,8 @@
 //! absent runtimes are reported, never panicked on.
 //!
 //! The parent test re-runs this test binary as a child process in two situations:
-//! - the OpenCL ICD loader present but no platform (`OCL_ICD_VENDORS` pointing nowhere);
+//! - the OpenCL ICD loader present but no platform (`OCL_ICD_VENDORS` pointing nowhere,
+//!   `OCL_ICD_FILENAMES` cleared, and /etc/OpenCL/vendors hidden where root);
 //! - no loadable libOpenCL at all: a private mount namespace (`unshare -m`, needs root) hides
 //!   every libOpenCL the dynamic loader could open (its cache, `LD_LIBRARY_PATH`, the default
 //!   directories, CUDA toolkits, which ship a copy of their own) behind /dev/null. Where that is
@@ -61,10 +62,38 @@ fn child(command: &mut Command, expected: &str) {
     assert!(text.contains("child ok"), "the child did not run its checks:\n{text}");
 }
 
+/// Whether this process may make a private mount namespace (`unshare -m`, needs root).
+fn can_unshare() -> bool {
+    Command::new("unshare").args(["-m", "true"]).output().is_ok_and(|o| o.status.success())
+}
+
 #[test]
 fn no_opencl_platform_is_reported_not_panicked_on() {
     let exe = std::env::current_exe().unwrap();
-    child(Command::new(exe).env("OCL_ICD_VENDORS", "/nonexistent-lazybuf-test"), "no OpenCL platform");
+    if opencl_libraries().is_empty() {
+        eprintln!(
+            "SKIPPED: no libOpenCL on this machine, so no ICD loader to find no platform (the no-library case covers it)"
+        );
+        return;
+    }
+    // ICD loaders find platforms in `OCL_ICD_VENDORS` (else /etc/OpenCL/vendors) and in
+    // `OCL_ICD_FILENAMES`, which container runtimes set for NVIDIA's ICD. Point the first
+    // nowhere and clear the second; where possible also hide the vendors directory behind an
+    // empty tmpfs, for loaders that ignore `OCL_ICD_VENDORS`. Without that, a platform that
+    // still shows up is a visible skip.
+    let vendors = "/etc/OpenCL/vendors";
+    let mut command = if std::path::Path::new(vendors).is_dir() && can_unshare() {
+        let script = format!("mount -t tmpfs none {vendors} && exec \"$0\" \"$@\"");
+        let mut command = Command::new("unshare");
+        command.args(["-m", "sh", "-c", &script]).arg(exe);
+        command
+    } else {
+        let mut command = Command::new(exe);
+        command.env(MAY_SKIP_ENV, "1");
+        command
+    };
+    command.env("OCL_ICD_VENDORS", "/nonexistent-lazybuf-test").env_remove("OCL_ICD_FILENAMES");
+    child(&mut command, "no OpenCL platform");
 }
 
 /// Every libOpenCL the dynamic loader could open, by canonical path (hiding that file hides
@@ -126,8 +155,7 @@ fn no_opencl_library_is_reported_not_panicked_on() {
         // No libOpenCL on this machine: the situation is already the real one.
         return child(&mut Command::new(exe), "libOpenCL could not be loaded");
     }
-    let probe = Command::new("unshare").args(["-m", "true"]).output();
-    if !probe.is_ok_and(|o| o.status.success()) {
+    if !can_unshare() {
         eprintln!("SKIPPED: cannot hide {libraries:?} (needs `unshare -m`, i.e. root)");
         return;
     }

@@ -174,3 +174,185 @@ pub fn with_context<R>(context: *mut c_void, f: impl FnOnce() -> R) -> R {
 fn driver_symbol(name: &CStr) -> *mut c_void {
     double_symbol(name)
 }
+
+/// Holds back the work queued on a stream until dropped, so a test can see for certain what
+/// is still in flight. On the test double it is the double's `hold` hook (every stream waits);
+/// on a GPU it is a real kernel on `stream` that spins until a flag in mapped pinned host
+/// memory is set, which the drop does (the kernel gives up by itself after about 20 s, so a
+/// failing test cannot hang the GPU).
+pub struct Gate {
+    gpu: Option<GpuGate>,
+}
+
+struct GpuGate {
+    context: *mut c_void,
+    /// 4 bytes of pinned host memory mapped into the device's address space.
+    flag: *mut u32,
+    module: *mut c_void,
+}
+
+/// The gate kernel, in PTX the driver compiles for whatever GPU it runs on: spins until
+/// `*flag != 0` or `max_cycles` clock cycles have passed.
+const GATE_PTX: &CStr = c"
+.version 7.0
+.target sm_70
+.address_size 64
+.visible .entry lazybuf_test_gate(.param .u64 flag, .param .u64 max_cycles)
+{
+    .reg .pred %p<3>;
+    .reg .b32 %r<2>;
+    .reg .b64 %rd<6>;
+    ld.param.u64 %rd1, [flag];
+    ld.param.u64 %rd2, [max_cycles];
+    mov.u64 %rd3, %clock64;
+WAIT:
+    ld.volatile.u32 %r1, [%rd1];
+    setp.ne.u32 %p1, %r1, 0;
+    @%p1 bra OPEN;
+    mov.u64 %rd4, %clock64;
+    sub.s64 %rd5, %rd4, %rd3;
+    setp.lt.s64 %p2, %rd5, %rd2;
+    @%p2 bra WAIT;
+OPEN:
+    ret;
+}
+";
+
+/// `CUresult cuLaunchKernel(CUfunction, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY,
+/// blockDimZ, sharedMemBytes, CUstream, void **kernelParams, void **extra)`.
+type LaunchKernel = unsafe extern "C" fn(
+    *mut c_void,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    *mut c_void,
+    *mut *mut c_void,
+    *mut *mut c_void,
+) -> i32;
+
+/// Calls a driver entry point `name` of type `$ty` with `args`, asserting success.
+macro_rules! driver {
+    ($name:literal as $ty:ty, $($arg:expr),*) => {{
+        // SAFETY (test): `$ty` is the driver's own signature for `$name`; the arguments are
+        // live handles and pointers of the right sizes, as each call site says.
+        let f: $ty = unsafe { std::mem::transmute(driver_symbol($name)) };
+        let status = unsafe { f($($arg),*) };
+        assert_eq!(status, 0, "{:?} failed", $name);
+    }};
+}
+
+impl Gate {
+    /// Closes the gate on `stream` of `device` (a GPU), or on every stream (the double).
+    pub fn close(device: &Device, stream: *mut c_void) -> Gate {
+        if is_double(device) {
+            hold(true);
+            return Gate { gpu: None };
+        }
+        let context = cuda_context(device);
+        with_context(context, || {
+            let mut flag: *mut c_void = std::ptr::null_mut();
+            // PORTABLE | DEVICEMAP: with unified addressing the host address is the device's.
+            driver!(
+                c"cuMemHostAlloc" as unsafe extern "C" fn(*mut *mut c_void, usize, u32) -> i32,
+                &mut flag,
+                4,
+                0x03
+            );
+            // SAFETY: flag points at 4 writable bytes just allocated.
+            unsafe { std::ptr::write_volatile(flag.cast::<u32>(), 0) };
+            let mut module: *mut c_void = std::ptr::null_mut();
+            driver!(
+                c"cuModuleLoadData" as unsafe extern "C" fn(*mut *mut c_void, *const c_void) -> i32,
+                &mut module,
+                GATE_PTX.as_ptr().cast()
+            );
+            let mut function: *mut c_void = std::ptr::null_mut();
+            driver!(
+                c"cuModuleGetFunction"
+                    as unsafe extern "C" fn(*mut *mut c_void, *mut c_void, *const std::ffi::c_char) -> i32,
+                &mut function,
+                module,
+                c"lazybuf_test_gate".as_ptr()
+            );
+            let mut flag_arg = flag as u64;
+            let mut max_cycles: u64 = 40_000_000_000; // about 20 s at 2 GHz
+            let mut params = [(&raw mut flag_arg).cast::<c_void>(), (&raw mut max_cycles).cast::<c_void>()];
+            // One thread; the driver copies the parameters at launch.
+            driver!(
+                c"cuLaunchKernel" as LaunchKernel,
+                function,
+                1,
+                1,
+                1,
+                1,
+                1,
+                1,
+                0,
+                stream,
+                params.as_mut_ptr(),
+                std::ptr::null_mut()
+            );
+            Gate { gpu: Some(GpuGate { context, flag: flag.cast(), module }) }
+        })
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        let Some(gate) = self.gpu.take() else {
+            hold(false);
+            return;
+        };
+        // SAFETY: the flag is live pinned memory until it is freed below.
+        unsafe { std::ptr::write_volatile(gate.flag, 1) };
+        with_context(gate.context, || {
+            // The kernel reads the flag until it sees it set: wait for everything queued so
+            // far, then free the flag and unload the module.
+            driver!(c"cuCtxSynchronize" as unsafe extern "C" fn() -> i32,);
+            driver!(c"cuMemFreeHost" as unsafe extern "C" fn(*mut c_void) -> i32, gate.flag.cast());
+            driver!(c"cuModuleUnload" as unsafe extern "C" fn(*mut c_void) -> i32, gate.module);
+        });
+    }
+}
+
+/// The `CUcontext` lazybuf uses for `device`.
+pub fn cuda_context(device: &Device) -> *mut c_void {
+    // SAFETY (test): the raw handles are only used while the device is alive.
+    match unsafe { device.raw() } {
+        lazybuf::backend::RawDevice::Cuda { context, .. } => context,
+        other => panic!("{device} is not a CUDA device: {other:?}"),
+    }
+}
+
+/// A gate handed to another thread, which opens it after a delay.
+struct SendGate(Gate);
+
+// SAFETY (test): the gate's handles are a context, pinned host memory and a module, all of
+// which the driver lets any thread use.
+unsafe impl Send for SendGate {}
+
+impl Gate {
+    /// Opens the gate from another thread after `ms` milliseconds, so the calling thread may
+    /// block on the held work meanwhile (the driver's pageable copies can).
+    pub fn open_after(self, ms: u64) -> std::thread::JoinHandle<()> {
+        let gate = SendGate(self);
+        std::thread::spawn(move || {
+            let gate = gate;
+            std::thread::sleep(std::time::Duration::from_millis(ms));
+            drop(gate.0);
+        })
+    }
+}
+
+/// A caller's kernel writing `value` to `count` words at `ptr` on `stream`, done before this
+/// returns: `cuMemsetD32Async` and a stream synchronize, with `device`'s context current.
+pub fn kernel_fill_u32(device: &Device, ptr: u64, count: usize, value: u32, stream: *mut c_void) {
+    with_context(cuda_context(device), || {
+        memset_d32_async(ptr, value, count, stream);
+        driver!(c"cuStreamSynchronize" as unsafe extern "C" fn(*mut c_void) -> i32, stream);
+    });
+}
