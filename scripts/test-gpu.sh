@@ -94,11 +94,16 @@ run() {
         python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" deps/*.whl ||
             note "pytest" "note" "PyOpenCL wheels did not install"
     fi
-    (cd tests && PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 \
-        timeout 600 python3 -m pytest -q -rs -p no:cacheprovider . >"$logs/pytest.log" 2>&1)
-    local rc=$?
-    [ "$rc" -eq 0 ] || failed=1
-    note "pytest" "$([ "$rc" -eq 0 ] && echo pass || echo "FAIL (rc $rc)")" "$(tail -1 "$logs/pytest.log")"
+    # Twice: as it is, and with the coherence checker on (as scripts/test.sh does on the CPU).
+    for check in 0 1; do
+        local log="$logs/pytest.log"
+        [ "$check" = 1 ] && log="$logs/pytest-checker.log"
+        (cd tests && PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 LAZYBUF_CHECK=$check \
+            timeout 600 python3 -m pytest -q -rs -p no:cacheprovider . >"$log" 2>&1)
+        local rc=$?
+        [ "$rc" -eq 0 ] || failed=1
+        note "pytest$([ "$check" = 1 ] && echo ' (checker on)')" "$([ "$rc" -eq 0 ] && echo pass || echo "FAIL (rc $rc)")" "$(tail -1 "$log")"
+    done
     if python3 -c 'import cupy' 2>/dev/null; then :; else note "pytest" "note" "CuPy is not installed: CuPy interop tests skipped"; fi
 
     if [ "${LAZYBUF_GPU_MEMCHECK:-1}" = 0 ]; then
