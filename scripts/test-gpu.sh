@@ -110,7 +110,7 @@ run() {
         note "memcheck" "skipped" "LAZYBUF_GPU_MEMCHECK=0"
     elif command -v compute-sanitizer >/dev/null; then
         # Caching off, so every allocation is freed before exit and a leak is a leak.
-        for name in cuda cuda_gpu contract streams; do
+        for name in cuda cuda_gpu cuda_async checker contract streams; do
             [ -x "bin/test-$name" ] || continue
             echo "==> compute-sanitizer memcheck $name"
             LAZYBUF_CACHE=0 PROPTEST_CASES=50 timeout 600 compute-sanitizer --tool memcheck --leak-check full \
