@@ -11,6 +11,7 @@
 #   bash scripts/bench-gpu.sh run [DIR]     # there: runs them; writes DIR/gpu.md, and
 #                                           # $OUT/gpu.md when $OUT is set (the device tool)
 #   bash scripts/bench-gpu.sh [DIR]         # both, on a GPU machine that has cargo
+# LAZYBUF_GPU_BENCHES picks parts (default "bandwidth pool python").
 # Copy the resulting gpu.md to docs/benchmarks/gpu.md. CPU results live in docs/BENCHMARKS.md.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -66,6 +67,8 @@ run() {
         echo
     } >"$report"
 
+    local only=" ${LAZYBUF_GPU_BENCHES:-bandwidth pool python} "
+    if [[ $only == *" bandwidth "* ]]; then
     echo "==> CUDA bandwidth (lazybuf syncs vs raw cuMemcpy)"
     timeout 240 bin/bench-cuda_bandwidth --bench --warm-up-time 0.2 --measurement-time 0.5 >"$log/bandwidth.log" 2>&1
     {
@@ -80,7 +83,9 @@ run() {
         echo '```'
         echo
     } >>"$report"
+    fi
 
+    if [[ $only == *" pool "* ]]; then
     echo "==> pool (CUDA path) and overlap"
     timeout 120 bin/bench-pool --bench 'pool_cuda|pinned' --warm-up-time 0.2 --measurement-time 0.5 >"$log/pool.log" 2>&1
     LAZYBUF_BENCH_SIZES_MIB=4,64 LAZYBUF_BENCH_ROUNDS=20 timeout 120 bin/bench-overlap >"$log/overlap.log" 2>&1
@@ -96,7 +101,9 @@ run() {
         grep "^|" "$log/overlap.log"
         echo
     } >>"$report"
+    fi
 
+    [[ $only == *" python "* ]] || { [ -n "${OUT:-}" ] && cp "$report" "$OUT/gpu.md"; echo "wrote $report"; return; }
     echo "==> Python workflows (lazybuf vs PyDotCompute 0.2.0 vs CuPy by hand)"
     local site
     site=$(mktemp -d)
@@ -106,6 +113,12 @@ run() {
         PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" timeout 240 python3 python/bench_workflows.py --reps 7 \
             >"$log/workflows.log" 2>&1
         { echo "## Python workflows (the seeds' own)"; echo; cat "$log/workflows.log"; echo; } >>"$report"
+        PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" timeout 120 python3 python/bench_steps.py --reps 21 \
+            >"$log/steps.log" 2>&1
+        { echo "## Where a batch's time goes (bench_steps.py)"; echo; cat "$log/steps.log"; echo; } >>"$report"
+        (cd python && PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" timeout 120 python3 bench_access.py \
+            >"$log/access.log" 2>&1)
+        { echo "## Per-call access cost (bench_access.py)"; echo; cat "$log/access.log"; echo; } >>"$report"
     else
         echo "(no benches/python/bench_workflows.py in this build)" >>"$report"
     fi

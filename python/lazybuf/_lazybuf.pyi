@@ -36,6 +36,7 @@ __all__ = [
     "CoherenceError",
     "Device",
     "DeviceMemoryView",
+    "HostBlock",
     "MemoryOwner",
     "MemoryPool",
     "PoolStats",
@@ -449,5 +450,10 @@ class DeviceMemoryView:
 @final
 class MemoryOwner:
     """Keeps a buffer's memory alive (the ``.base`` of lazybuf's NumPy views)."""
+
+@final
+class HostBlock:
+    """Host memory from lazybuf's cache owned by an array ``to_numpy()`` returned (its
+    ``.base``, from 1 MiB up); given back to the cache when the array is gone."""
 
 def _rebuild_buffer(shape: Any, dtype: Any, pinned: bool, data: Any) -> UnifiedBuffer: ...

@@ -243,3 +243,48 @@ def test_a_plain_bytes_buffer_request_gives_a_1d_byte_view(device):
     assert buf.to_numpy()[0, 0] == 7
     with memoryview(buf) as view:  # a full request keeps the shape and format
         assert view.shape == (3, 4) and view.format == "i" and view.itemsize == 4
+
+
+def test_large_to_numpy_arrays_own_cached_memory_and_give_it_back(device):
+    """From 1 MiB, to_numpy() arrays own a block of lazybuf's cache (their .base), so a loop
+    of to_numpy() calls reuses pages instead of mapping fresh ones; the array is independent
+    of the buffer, and its memory goes back to the cache when it is gone."""
+    import gc
+
+    import lazybuf
+
+    n = (4 << 20) // 4 + 5  # 4 MiB and a bit: not a whole size class
+    buf = UnifiedBuffer(n, np.float32, device=device)
+    buf.host[:] = np.arange(n, dtype=np.float32)
+    buf.mark_device_dirty()  # the device copy is current: to_numpy downloads first
+    out = buf.to_numpy()
+    assert isinstance(out.base, lazybuf.HostBlock) and out.flags.writeable and out.flags.c_contiguous
+    np.testing.assert_array_equal(out, np.arange(n, dtype=np.float32))
+    assert buf.state == BufferState.SYNCHRONIZED
+    out[:] = -1  # independent of the buffer
+    np.testing.assert_array_equal(buf.host_readonly, np.arange(n, dtype=np.float32))
+    pool = lazybuf.get_memory_pool(device)
+    address = out.__array_interface__["data"][0]
+    in_use = pool.stats().bytes_in_use
+    del out
+    gc.collect()
+    assert pool.stats().bytes_in_use < in_use, "the block went back to the cache"
+    again = buf.to_numpy()
+    assert again.__array_interface__["data"][0] == address, "the next array reuses it"
+    np.testing.assert_array_equal(again, np.arange(n, dtype=np.float32))
+    small = UnifiedBuffer(1000, np.float32, device=device).to_numpy()
+    assert small.base is None and small.flags.owndata  # NumPy's own memory below 1 MiB
+
+
+def test_to_numpy_without_caching_still_owns_its_copy(device):
+    import lazybuf
+
+    lazybuf.set_caching(False)
+    try:
+        buf = UnifiedBuffer(1 << 20, np.uint16, device=device)
+        buf.fill(7)
+        out = buf.to_numpy()
+    finally:
+        lazybuf.set_caching(True)
+    del buf
+    np.testing.assert_array_equal(out, np.full(1 << 20, 7, np.uint16))

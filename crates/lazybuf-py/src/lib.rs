@@ -49,6 +49,7 @@ fn _lazybuf(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<accelerator::Accelerator>()?;
     m.add_class::<device_view::DeviceMemoryView>()?;
     m.add_class::<views::MemoryOwner>()?;
+    m.add_class::<views::HostBlock>()?;
     m.add_class::<pool::PyMemoryPool>()?;
     m.add_class::<pool::PyPoolStats>()?;
     m.add_class::<transfer::PyTransfer>()?;

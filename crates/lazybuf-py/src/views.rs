@@ -30,7 +30,9 @@ use pyo3::prelude::*;
 
 use lazybuf::backend::RawMemory;
 use lazybuf::coherence::Access;
-use lazybuf::{DType, Device, RawBuffer};
+use lazybuf::host_memory::{HostMemory, copy_bytes};
+use lazybuf::resource::{MemoryResource, default_resource};
+use lazybuf::{DType, Device, RawBuffer, Ticket};
 
 use crate::dtype::buffer_format;
 use crate::errors::OrPyErr;
@@ -58,6 +60,36 @@ impl MemoryOwner {
     /// An owner that keeps `storage` alive.
     pub fn new(storage: &Arc<Storage>) -> Self {
         MemoryOwner { storage: Arc::clone(storage) }
+    }
+}
+
+/// `to_numpy()` arrays of this many bytes and more own a block from lazybuf's caching
+/// resource instead of NumPy's allocator: from here on glibc maps fresh pages for each array
+/// (its dynamic mmap threshold tops out at 32 MiB), and each page faults at the copy.
+pub const OWNED_BLOCK_MIN: usize = 1 << 20;
+
+/// Host memory from a memory resource that a NumPy array owns: the `.base` of the arrays
+/// `to_numpy()` returns from [`OWNED_BLOCK_MIN`] bytes up. The memory goes back to the
+/// resource (lazybuf's cache, by default) when the array is gone.
+#[pyclass(name = "HostBlock", module = "lazybuf", frozen)]
+pub struct HostBlock {
+    device: Device,
+    resource: Arc<dyn MemoryResource>,
+    block: Option<HostMemory>,
+}
+
+#[pymethods]
+impl HostBlock {
+    fn __repr__(&self) -> String {
+        format!("<lazybuf.HostBlock of {} bytes>", self.block.as_ref().map_or(0, HostMemory::len))
+    }
+}
+
+impl Drop for HostBlock {
+    fn drop(&mut self) {
+        if let Some(block) = self.block.take() {
+            self.resource.deallocate_host(&self.device, block, Ticket::done());
+        }
     }
 }
 
@@ -205,35 +237,63 @@ impl Storage {
             let destination = raw.host_access(Access::Overwrite).or_py()?[..n].as_mut_ptr();
             if n > 0 && !ptr::eq(source, destination) {
                 // SAFETY: source is valid for n bytes (a C-contiguous array of n bytes, alive
-                // for this call); the destination slice has n bytes. The two never overlap: an
-                // array that shares bytes with this buffer and has its exact size and
-                // contiguity starts at the same address, which is excluded above.
-                unsafe { ptr::copy_nonoverlapping(source, destination, n) };
+                // for this call, not written meanwhile: the caller holds it in this call); the
+                // destination slice has n bytes. The two never overlap: an array that shares
+                // bytes with this buffer and has its exact size and contiguity starts at the
+                // same address, which is excluded above.
+                let (source, destination) = unsafe {
+                    (std::slice::from_raw_parts(source, n), std::slice::from_raw_parts_mut(destination, n))
+                };
+                copy_bytes(destination, source);
             }
             Ok(())
         })
     }
 
     /// A new NumPy array holding a copy of the host data (the host is made current first).
+    ///
+    /// Arrays of [`OWNED_BLOCK_MIN`] bytes and more get their memory from the caching resource
+    /// of the buffer's device (a [`HostBlock`] is their `.base`, and gives the memory back
+    /// when the array is gone), so a loop that calls `to_numpy()` batch after batch reuses
+    /// pages already faulted in (and on CUDA already registered) instead of mapping fresh
+    /// ones; smaller arrays come from NumPy's allocator. The copy runs on several threads
+    /// when it is large ([`lazybuf::host_memory::copy_bytes`]).
     pub fn to_array<'py>(
         &self,
         py: Python<'py>,
         shape: &[usize],
         descr: &Bound<'py, PyArrayDescr>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        // SAFETY: a null data pointer makes NumPy allocate the array's own memory.
-        let array = unsafe { ndarray_raw(py, ptr::null_mut(), shape, descr, true) }?;
-        // SAFETY: array is the new NumPy array made above; its fields are valid.
-        let data = unsafe { (*npyffi::_PyArray_GET_ITEM_DATA(array.as_ptr().cast())).data } as usize;
+        let n = self.lock().nbytes();
+        let (array, data) = if n >= OWNED_BLOCK_MIN {
+            let (device, resource) = {
+                let raw = self.lock();
+                (raw.home().clone(), default_resource(raw.home()))
+            };
+            let mut block = py.detach(|| resource.allocate_host(&device, n, false)).or_py()?;
+            let data = block.as_mut_ptr();
+            let owner = Bound::new(py, HostBlock { device, resource, block: Some(block) })?.into_any();
+            // SAFETY: the block holds at least n writable bytes, owned by `owner` (the array's
+            // base) until the array is gone; nothing else references them.
+            (unsafe { ndarray(py, data, shape, descr, true, owner) }?, data)
+        } else {
+            // SAFETY: a null data pointer makes NumPy allocate the array's own memory.
+            let array = unsafe { ndarray_raw(py, ptr::null_mut(), shape, descr, true) }?;
+            // SAFETY: array is the new NumPy array made above; its fields are valid.
+            let data = unsafe { (*npyffi::_PyArray_GET_ITEM_DATA(array.as_ptr().cast())).data }.cast::<u8>();
+            (array, data)
+        };
+        let data = data as usize;
         // The copy (and any sync it needs) runs without the GIL; `array` is not yet shared.
         py.detach(|| {
             let mut raw = self.lock();
             let n = raw.nbytes();
-            let source = raw.host_access(Access::Read).or_py()?[..n].as_ptr();
+            let source = &raw.host_access(Access::Read).or_py()?[..n];
             if n > 0 {
-                // SAFETY: the new array owns prod(shape) * itemsize = n bytes of fresh memory
-                // that nothing else references; the source slice has n bytes.
-                unsafe { ptr::copy_nonoverlapping(source, data as *mut u8, n) };
+                // SAFETY: the new array's data holds prod(shape) * itemsize = n bytes that
+                // nothing else references while this runs; the source has n bytes.
+                let target = unsafe { std::slice::from_raw_parts_mut(data as *mut u8, n) };
+                copy_bytes(target, source);
             }
             Ok::<_, PyErr>(())
         })?;

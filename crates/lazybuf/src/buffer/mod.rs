@@ -339,7 +339,10 @@ impl<T: Element> UnifiedBuffer<T> {
                 actual: data.len(),
             });
         }
-        self.host_overwrite()?.copy_from_slice(data);
+        crate::host_memory::copy_bytes(
+            bytemuck::cast_slice_mut(&mut self.host_overwrite()?),
+            bytemuck::cast_slice(data),
+        );
         Ok(())
     }
 
@@ -352,13 +355,15 @@ impl<T: Element> UnifiedBuffer<T> {
                 actual: out.len(),
             });
         }
-        out.copy_from_slice(self.host()?);
+        crate::host_memory::copy_bytes(bytemuck::cast_slice_mut(out), bytemuck::cast_slice(&self.host()?));
         Ok(())
     }
 
     /// A copy of the data, read on the host.
     pub fn to_vec(&mut self) -> Result<Vec<T>> {
-        Ok(self.host()?.to_vec())
+        let mut out = vec![T::zeroed(); self.len()];
+        self.copy_to(&mut out)?;
+        Ok(out)
     }
 
     /// Frees every copy; the buffer is UNINITIALIZED and holds no memory.
