@@ -405,7 +405,7 @@ fn copy_threads(len: usize) -> usize {
         return 1;
     }
     let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    (len / PARALLEL_COPY_PIECE).min(cores).min(PARALLEL_COPY_THREADS).max(1)
+    (len / PARALLEL_COPY_PIECE).min(cores).clamp(1, PARALLEL_COPY_THREADS)
 }
 
 /// Fills `bytes` with repetitions of `pattern` (whose length divides `bytes.len()`), by

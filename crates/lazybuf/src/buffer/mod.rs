@@ -340,7 +340,7 @@ impl<T: Element> UnifiedBuffer<T> {
             });
         }
         crate::host_memory::copy_bytes(
-            bytemuck::cast_slice_mut(&mut self.host_overwrite()?),
+            bytemuck::cast_slice_mut(self.host_overwrite()?),
             bytemuck::cast_slice(data),
         );
         Ok(())
@@ -355,7 +355,7 @@ impl<T: Element> UnifiedBuffer<T> {
                 actual: out.len(),
             });
         }
-        crate::host_memory::copy_bytes(bytemuck::cast_slice_mut(out), bytemuck::cast_slice(&self.host()?));
+        crate::host_memory::copy_bytes(bytemuck::cast_slice_mut(out), bytemuck::cast_slice(self.host()?));
         Ok(())
     }
 
