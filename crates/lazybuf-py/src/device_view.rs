@@ -43,7 +43,7 @@ pub fn device_object<'py>(
         }
         (RawMemory::Cuda(ptr), _) => {
             if let Some(cupy) = optional(py, &CUPY, "cupy") {
-                return cupy_array(&cupy, ptr, nbytes, shape, descr, owner);
+                return cupy_array(&cupy, ptr, ordinal(home), nbytes, shape, descr, owner);
             }
         }
         _ => {}
@@ -119,23 +119,36 @@ fn pyopencl_array<'py>(
     cla.getattr("Array")?.call((queue, shape, descr), Some(&kwargs))
 }
 
+/// A CuPy array over device memory lazybuf owns (`owner` keeps it alive). The device is
+/// named (`device_id`), so CuPy does not ask the runtime where the pointer lives
+/// (`cudaPointerGetAttributes`, several microseconds a call).
 fn cupy_array<'py>(
     cupy: &Bound<'py, PyModule>,
     ptr: u64,
+    device_id: i32,
     nbytes: usize,
     shape: &[usize],
     descr: &Bound<'py, PyArrayDescr>,
     owner: Bound<'py, MemoryOwner>,
 ) -> PyResult<Bound<'py, PyAny>> {
+    /// `cupy.ndarray`, `cupy.cuda.UnownedMemory` and `cupy.cuda.MemoryPointer`, looked up once.
+    static CLASSES: PyOnceLock<(Py<PyAny>, Py<PyAny>, Py<PyAny>)> = PyOnceLock::new();
     let py = cupy.py();
+    let (ndarray, unowned, pointer) = CLASSES.get_or_try_init(py, || {
+        let cuda = cupy.getattr("cuda")?;
+        Ok::<_, PyErr>((
+            cupy.getattr("ndarray")?.unbind(),
+            cuda.getattr("UnownedMemory")?.unbind(),
+            cuda.getattr("MemoryPointer")?.unbind(),
+        ))
+    })?;
     let shape = pyo3::types::PyTuple::new(py, shape)?;
     if nbytes == 0 {
-        return cupy.getattr("ndarray")?.call1((shape, descr));
+        return ndarray.bind(py).call1((shape, descr));
     }
-    let cuda = cupy.getattr("cuda")?;
-    let memory = cuda.getattr("UnownedMemory")?.call1((ptr, nbytes, owner))?;
-    let pointer = cuda.getattr("MemoryPointer")?.call1((memory, 0))?;
-    cupy.getattr("ndarray")?.call1((shape, descr, pointer))
+    let memory = unowned.bind(py).call1((ptr, nbytes, owner, device_id))?;
+    let memory_pointer = pointer.bind(py).call1((memory, 0))?;
+    ndarray.bind(py).call1((shape, descr, memory_pointer))
 }
 
 /// A buffer's copy on a device, for code that takes raw handles: `ptr` is the `CUdeviceptr`
