@@ -112,3 +112,57 @@ def test_pickle_of_a_cuda_buffer(cuda_device):
     buf.mark_device_dirty()
     clone = pickle.loads(pickle.dumps(buf))
     assert clone.to_numpy().tolist() == [1.0, 2.0, 3.0]
+
+
+SPIN_FILL = r"""
+extern "C" __global__ void spin_fill(float* p, int n, float value, long long cycles) {
+    long long start = clock64();
+    while (clock64() - start < cycles) {}
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) p[i] = value;
+}
+"""
+
+
+def spin_fill(cupy, array, value, stream):
+    """A kernel on `stream` that spins for about 0.1 s, then fills `array` with `value`."""
+    kernel = cupy.RawKernel(SPIN_FILL, "spin_fill")
+    n = array.size
+    with stream:
+        kernel(((n + 255) // 256,), (256,), (array, np.int32(n), np.float32(value), np.int64(200_000_000)))
+
+
+@pytest.mark.parametrize("non_blocking", [True, False])
+def test_kernels_on_cupys_current_stream_are_ordered_before_lazybuf(cuda_device, non_blocking):
+    """A kernel on a CuPy stream of the caller's writes the `.device` array; inside that
+    stream's block, lazybuf's next calls wait for it with no order_after() call."""
+    cupy = pytest.importorskip("cupy")
+    if cuda_device.name.startswith("lazybuf CUDA test double"):
+        pytest.skip("needs a GPU: CuPy cannot launch kernels on the test double")
+    buf = UnifiedBuffer(1 << 16, np.float32, device=cuda_device)
+    buf.host[:] = 1
+    array = buf.device
+    stream = cupy.cuda.Stream(non_blocking=non_blocking)
+    spin_fill(cupy, array, 7, stream)
+    with stream:
+        assert not stream.done, "the kernel must still be running for the test to mean anything"
+        buf.mark_device_dirty()
+        out = buf.to_numpy()
+    np.testing.assert_array_equal(out, np.full(1 << 16, 7, np.float32))
+    # Again after a host write (whose upload lands before `.device` returns).
+    buf.host[:] = 2
+    spin_fill(cupy, buf.device, 9, stream)
+    with stream:
+        buf.mark_device_dirty()
+        np.testing.assert_array_equal(buf.to_numpy(), np.full(1 << 16, 9, np.float32))
+
+
+def test_kernels_on_cupys_default_stream_need_no_call(cuda_device):
+    cupy = pytest.importorskip("cupy")
+    if cuda_device.name.startswith("lazybuf CUDA test double"):
+        pytest.skip("needs a GPU: CuPy cannot launch kernels on the test double")
+    buf = UnifiedBuffer(1 << 16, np.float32, device=cuda_device)
+    buf.host[:] = 1
+    spin_fill(cupy, buf.device, 5, cupy.cuda.Stream.null)
+    buf.mark_device_dirty()
+    np.testing.assert_array_equal(buf.to_numpy(), np.full(1 << 16, 5, np.float32))

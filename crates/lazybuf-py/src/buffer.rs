@@ -157,9 +157,16 @@ impl UnifiedBuffer {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The memory, or the "released" error.
+    /// The memory, or the "released" error. Once CuPy holds an array over the device copy,
+    /// lazybuf's next work on that copy is first ordered after CuPy's current stream
+    /// ([`streams::order_after_cupy`]), so every call that may use the copy waits for the
+    /// kernels CuPy enqueued there.
     pub fn storage(&self) -> PyResult<Arc<Storage>> {
-        self.inner().storage.clone().ok_or_else(released)
+        let storage = self.inner().storage.clone().ok_or_else(released)?;
+        if storage.cupy_held() {
+            Python::attach(|py| streams::order_after_cupy(py, &storage, &self.home))?;
+        }
+        Ok(storage)
     }
 
     /// Whether this buffer came from a pool.

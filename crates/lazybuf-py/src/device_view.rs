@@ -43,7 +43,9 @@ pub fn device_object<'py>(
         }
         (RawMemory::Cuda(ptr), _) => {
             if let Some(cupy) = optional(py, &CUPY, "cupy") {
-                return cupy_array(&cupy, ptr, ordinal(home), nbytes, shape, descr, owner);
+                let array = cupy_array(&cupy, ptr, ordinal(home), nbytes, shape, descr, owner)?;
+                storage.mark_cupy_held();
+                return Ok(array);
             }
         }
         _ => {}

@@ -8,6 +8,12 @@
 //! `CUstream` as an int. A raw handle must be a live queue or stream of the buffer's device
 //! (as with CuPy's `ExternalStream`); an OpenCL queue of another context is refused.
 //!
+//! CuPy without a call: once a CuPy array over a buffer's device copy was handed out, every
+//! call on the buffer first orders lazybuf after the work enqueued so far on CuPy's *current*
+//! stream for that device ([`order_after_cupy`]); kernels on CuPy's default (legacy) stream
+//! need nothing, as lazybuf's default CUDA stream is a blocking one. Work enqueued on a CuPy
+//! stream that is no longer current when lazybuf is next called still needs `order_after`.
+//!
 //! What does not live here: the ordering itself (the core's copies wait for the marker) and
 //! transfers in flight ([`crate::transfer`]).
 
@@ -15,11 +21,13 @@ use std::ffi::c_void;
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyInt, PyTuple};
 
 use lazybuf::backend::RawStream;
 use lazybuf::{BackendKind, Device};
 
+use crate::accelerator::ordinal;
 use crate::errors::OrPyErr;
 use crate::views::Storage;
 
@@ -84,6 +92,13 @@ pub fn order_after(
     if kind != BackendKind::OPENCL && kind != BackendKind::CUDA {
         return Err(PyValueError::new_err(format!("order_after: streams of {home} are not supported")));
     }
+    order_after_handle(py, storage, home, handle)
+}
+
+/// Orders lazybuf's next work on `home`'s copy after the work enqueued so far on the raw
+/// stream `handle` of `home`'s runtime.
+fn order_after_handle(py: Python<'_>, storage: &Storage, home: &Device, handle: usize) -> PyResult<()> {
+    let kind = home.backend_kind();
     py.detach(|| {
         let raw = handle as *mut c_void;
         let raw = if kind == BackendKind::OPENCL { RawStream::OpenCl(raw) } else { RawStream::Cuda(raw) };
@@ -95,4 +110,37 @@ pub fn order_after(
         Ok(())
     })
     .or_py()
+}
+
+/// For a buffer whose device copy CuPy holds: orders lazybuf after CuPy's current stream for
+/// the buffer's device, unless that is the legacy default stream (handle 0), which lazybuf's
+/// blocking default stream is ordered with already. Cheap when CuPy's current stream is the
+/// default one: one call of CuPy's own `get_current_stream_ptr`.
+pub fn order_after_cupy(py: Python<'_>, storage: &Storage, home: &Device) -> PyResult<()> {
+    /// `cupy.cuda.stream.get_current_stream_ptr` (CuPy's current device) and
+    /// `cupy.cuda.get_current_stream` (any device), looked up once.
+    static CUPY: PyOnceLock<(Py<PyAny>, Py<PyAny>)> = PyOnceLock::new();
+    if home.backend_kind() != BackendKind::CUDA {
+        return Ok(());
+    }
+    let (current_ptr, current_stream) = CUPY.get_or_try_init(py, || {
+        let cuda = py.import("cupy")?.getattr("cuda")?;
+        Ok::<_, PyErr>((
+            cuda.getattr("stream")?.getattr("get_current_stream_ptr")?.unbind(),
+            cuda.getattr("get_current_stream")?.unbind(),
+        ))
+    })?;
+    static ONE_DEVICE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let one_device = *ONE_DEVICE.get_or_init(|| {
+        lazybuf::devices().iter().filter(|d| d.backend_kind() == BackendKind::CUDA).count() == 1
+    });
+    let handle: usize = if one_device {
+        current_ptr.bind(py).call0()?.extract()?
+    } else {
+        current_stream.bind(py).call1((ordinal(home),))?.getattr("ptr")?.extract()?
+    };
+    if handle == 0 {
+        return Ok(());
+    }
+    order_after_handle(py, storage, home, handle)
 }

@@ -20,6 +20,7 @@
 
 use std::ffi::{c_int, c_void};
 use std::ptr::{self, NonNull};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use numpy::npyffi::{self, NPY_ARRAY_C_CONTIGUOUS, NPY_ARRAY_WRITEABLE, PY_ARRAY_API, npy_intp};
@@ -40,6 +41,9 @@ use crate::errors::OrPyErr;
 /// A buffer's memory, shared by the buffer and every view of it.
 pub struct Storage {
     raw: Mutex<RawBuffer>,
+    /// Whether a CuPy array over the device copy was handed out: from then on each call on
+    /// the buffer orders lazybuf after CuPy's current stream ([`crate::streams::order_after_cupy`]).
+    cupy_held: AtomicBool,
 }
 
 /// Keeps a buffer's memory alive: the `.base` of every NumPy view lazybuf makes, and the
@@ -103,7 +107,17 @@ fn empty_address() -> *mut u8 {
 impl Storage {
     /// Wraps a core buffer.
     pub fn new(raw: RawBuffer) -> Arc<Storage> {
-        Arc::new(Storage { raw: Mutex::new(raw) })
+        Arc::new(Storage { raw: Mutex::new(raw), cupy_held: AtomicBool::new(false) })
+    }
+
+    /// Records that CuPy holds an array over the device copy.
+    pub fn mark_cupy_held(&self) {
+        self.cupy_held.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether CuPy was handed an array over the device copy.
+    pub fn cupy_held(&self) -> bool {
+        self.cupy_held.load(Ordering::Relaxed)
     }
 
     /// The core buffer. Never held while Python code runs.
