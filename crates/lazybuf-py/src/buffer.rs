@@ -218,6 +218,13 @@ impl UnifiedBuffer {
     /// wrote on the device meanwhile), does that at once.
     fn track_writable(&self, py: Python<'_>, array: &Bound<'_, PyAny>) -> PyResult<()> {
         let key = array.as_ptr() as usize;
+        // The cached view handed out again is tracked already (a live weak reference with its
+        // address can only be to this very object): nothing to record.
+        let tracked =
+            self.inner().writable_views.iter().any(|(k, w)| *k == key && w.bind(py).upgrade().is_some());
+        if tracked {
+            return self.freeze_if_host_stale(py);
+        }
         let weak = PyWeakrefReference::new(array)?;
         let dropped = {
             let mut inner = self.inner();
