@@ -160,13 +160,31 @@ impl UnifiedBuffer {
     /// The memory, or the "released" error. Once CuPy holds an array over the device copy,
     /// lazybuf's next work on that copy is first ordered after CuPy's current stream
     /// ([`streams::order_after_cupy`]), so every call that may use the copy waits for the
-    /// kernels CuPy enqueued there.
+    /// kernels CuPy enqueued there. Calls that cannot enqueue work on the device copy take
+    /// [`Self::storage_unordered`] or [`Self::storage_if`] instead, to stay cheap.
     pub fn storage(&self) -> PyResult<Arc<Storage>> {
-        let storage = self.inner().storage.clone().ok_or_else(released)?;
-        if storage.cupy_held() {
+        self.storage_if(|_| true)
+    }
+
+    /// The memory, ordered after CuPy's current stream (as [`Self::storage`]) only if
+    /// `uses_device` says, from the buffer's residency, that the call will enqueue work on the
+    /// device copy.
+    fn storage_if(&self, uses_device: impl FnOnce(&RawBuffer) -> bool) -> PyResult<Arc<Storage>> {
+        let storage = self.storage_unordered()?;
+        if storage.cupy_held() && uses_device(&storage.lock()) {
             Python::attach(|py| streams::order_after_cupy(py, &storage, &self.home))?;
         }
         Ok(storage)
+    }
+
+    /// The memory, for calls that enqueue no work on the device copy.
+    fn storage_unordered(&self) -> PyResult<Arc<Storage>> {
+        self.inner().storage.clone().ok_or_else(released)
+    }
+
+    /// Whether `at` needs a copy before it can be used: a read or write of it enqueues work.
+    fn stale(at: Location) -> impl FnOnce(&RawBuffer) -> bool {
+        move |raw| raw.residency(at) != Residency::Valid
     }
 
     /// Whether this buffer came from a pool.
@@ -291,7 +309,7 @@ fn numpy_module(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
 fn device_access<'py>(slf: &Bound<'py, UnifiedBuffer>, access: Access) -> PyResult<Bound<'py, PyAny>> {
     let py = slf.py();
     let this = slf.get();
-    let storage = this.storage()?;
+    let storage = this.storage_if(UnifiedBuffer::stale(Location::Device(this.home.id())))?;
     if this.home.backend_kind() == BackendKind::HOST {
         // The host device's copy is the host memory itself: writes through this array change
         // every copy at once, so it is writable whatever the access (the seeds: `.device`
@@ -355,7 +373,7 @@ impl UnifiedBuffer {
     fn host<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
         let py = slf.py();
         let this = slf.get();
-        let storage = this.storage()?;
+        let storage = this.storage_if(UnifiedBuffer::stale(Location::Host))?;
         let cached = this.cached(py, |i| i.host_view.as_ref()).map(|c| c.into_bound(py));
         let array = storage.host_array(py, Access::Write, &this.shape, this.descr(py), cached.as_ref())?;
         this.cache(&array, |i| &mut i.host_view);
@@ -369,7 +387,7 @@ impl UnifiedBuffer {
     fn host_readonly<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
         let py = slf.py();
         let this = slf.get();
-        let storage = this.storage()?;
+        let storage = this.storage_if(UnifiedBuffer::stale(Location::Host))?;
         let cached = this.cached(py, |i| i.host_readonly_view.as_ref()).map(|c| c.into_bound(py));
         let array = storage.host_array(py, Access::Read, &this.shape, this.descr(py), cached.as_ref())?;
         this.cache(&array, |i| &mut i.host_readonly_view);
@@ -433,7 +451,7 @@ impl UnifiedBuffer {
     /// The host copy against the device copy, as a `BufferState`.
     #[getter]
     fn state(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        let state = self.storage()?.lock().state();
+        let state = self.storage_unordered()?.lock().state();
         state::to_python(py, state)
     }
 
@@ -446,7 +464,7 @@ impl UnifiedBuffer {
     /// Whether the host copy exists and is page-locked.
     #[getter]
     fn is_pinned(&self) -> PyResult<bool> {
-        Ok(self.storage()?.lock().is_pinned())
+        Ok(self.storage_unordered()?.lock().is_pinned())
     }
 
     /// The buffer's own device.
@@ -488,7 +506,7 @@ impl UnifiedBuffer {
     /// runs CuPy work there), 0 on the host device.
     #[getter]
     fn stream(&self) -> PyResult<usize> {
-        Ok(streams::raw_stream(&*self.storage()?))
+        Ok(streams::raw_stream(&*self.storage_unordered()?))
     }
 
     /// Orders lazybuf's next work on the device copy (copies into or out of it, fills, its
@@ -582,7 +600,7 @@ impl UnifiedBuffer {
 
     /// Copies and bytes moved since the buffer was made, and allocations made.
     fn transfer_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let stats = self.storage()?.lock().transfer_stats();
+        let stats = self.storage_unordered()?.lock().transfer_stats();
         let dict = PyDict::new(py);
         dict.set_item("host_to_device_copies", stats.host_to_device.copies)?;
         dict.set_item("host_to_device_bytes", stats.host_to_device.bytes)?;

@@ -10,7 +10,8 @@
 //!
 //! CuPy without a call: once a CuPy array over a buffer's device copy was handed out, every
 //! call on the buffer first orders lazybuf after the work enqueued so far on CuPy's *current*
-//! stream for that device ([`order_after_cupy`]); kernels on CuPy's default (legacy) stream
+//! stream for that device ([`order_after_cupy`]) when the call may enqueue work on the device
+//! copy (a call that finds every copy it needs current does not); kernels on CuPy's default (legacy) stream
 //! need nothing, as lazybuf's default CUDA stream is a blocking one. Work enqueued on a CuPy
 //! stream that is no longer current when lazybuf is next called still needs `order_after`.
 //!
@@ -113,32 +114,19 @@ fn order_after_handle(py: Python<'_>, storage: &Storage, home: &Device, handle: 
 }
 
 /// For a buffer whose device copy CuPy holds: orders lazybuf after CuPy's current stream for
-/// the buffer's device, unless that is the legacy default stream (handle 0), which lazybuf's
-/// blocking default stream is ordered with already. Cheap when CuPy's current stream is the
-/// default one: one call of CuPy's own `get_current_stream_ptr`.
+/// the buffer's device (`cupy.cuda.get_current_stream(device_id).ptr`), unless that is the
+/// legacy default stream (handle 0), which lazybuf's blocking default stream is ordered with
+/// already. Costs one call into CuPy; an event and a stream wait only for another stream.
 pub fn order_after_cupy(py: Python<'_>, storage: &Storage, home: &Device) -> PyResult<()> {
-    /// `cupy.cuda.stream.get_current_stream_ptr` (CuPy's current device) and
-    /// `cupy.cuda.get_current_stream` (any device), looked up once.
-    static CUPY: PyOnceLock<(Py<PyAny>, Py<PyAny>)> = PyOnceLock::new();
+    /// `cupy.cuda.get_current_stream` (Python-visible in every CuPy since 9; it takes the
+    /// device since 11), looked up once.
+    static CURRENT_STREAM: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
     if home.backend_kind() != BackendKind::CUDA {
         return Ok(());
     }
-    let (current_ptr, current_stream) = CUPY.get_or_try_init(py, || {
-        let cuda = py.import("cupy")?.getattr("cuda")?;
-        Ok::<_, PyErr>((
-            cuda.getattr("stream")?.getattr("get_current_stream_ptr")?.unbind(),
-            cuda.getattr("get_current_stream")?.unbind(),
-        ))
-    })?;
-    static ONE_DEVICE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let one_device = *ONE_DEVICE.get_or_init(|| {
-        lazybuf::devices().iter().filter(|d| d.backend_kind() == BackendKind::CUDA).count() == 1
-    });
-    let handle: usize = if one_device {
-        current_ptr.bind(py).call0()?.extract()?
-    } else {
-        current_stream.bind(py).call1((ordinal(home),))?.getattr("ptr")?.extract()?
-    };
+    let current_stream = CURRENT_STREAM
+        .get_or_try_init(py, || py.import("cupy.cuda")?.getattr("get_current_stream").map(Bound::unbind))?;
+    let handle: usize = current_stream.bind(py).call1((ordinal(home),))?.getattr("ptr")?.extract()?;
     if handle == 0 {
         return Ok(());
     }
