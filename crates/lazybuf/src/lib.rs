@@ -50,8 +50,8 @@ pub use half::{bf16, f16};
 pub use num_complex::{Complex, Complex32, Complex64};
 pub use pool::MemoryPool;
 pub use resource::{
-    Block, CachingResource, DirectResource, LimitingResource, MemoryResource, PoolConfig, PoolStats, caching,
-    set_caching, trim,
+    Block, CachingResource, DirectResource, LimitingResource, MemoryResource, PoolConfig, PoolStats,
+    PoolUsage, caching, set_caching, trim,
 };
 
 /// The README's examples, compiled and run as doctests.
