@@ -20,7 +20,7 @@ still reach. A released buffer raises ``ValueError`` on any use.
 """
 
 from collections.abc import Coroutine, Generator, Sequence
-from types import TracebackType
+from types import GenericAlias, TracebackType
 from typing import Any, SupportsIndex, final
 
 from typing_extensions import disjoint_base
@@ -228,6 +228,10 @@ class UnifiedBuffer:
 
     def ensure_on_host(self) -> Coroutine[Any, Any, None]:
         """A coroutine that makes the host copy current (``sync_to_host_async()``)."""
+
+    @classmethod
+    def __class_getitem__(cls, item: Any) -> GenericAlias:
+        """``UnifiedBuffer[np.float32]`` in annotations; the element type is ``dtype=``."""
 
     def __getitem__(self, key: Any, /) -> Any:
         """Index the host copy (a host read); slices are read-only views."""

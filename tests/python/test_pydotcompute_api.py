@@ -225,6 +225,16 @@ def test_dirty_state_tracking(current):
     assert buf.state == BufferState.DEVICE_DIRTY
 
 
+def test_mark_device_dirty_without_a_device_copy_keeps_the_host_data(current):
+    # PyDotCompute (with CUDA) then allocated an uninitialised device array and copied it over
+    # the host data at the next `.host`.
+    buf = UnifiedBuffer(N)
+    buf.host[:] = 5.0  # HOST_ONLY: no device copy
+    buf.mark_device_dirty()  # uploads first, then the host copy is stale
+    assert buf.state == BufferState.DEVICE_DIRTY
+    np.testing.assert_array_equal(buf.host, np.full(N, 5.0, np.float32))
+
+
 def test_copy_from_and_copy_to(current):
     data = np.arange(100, dtype=np.float32)
     buf = UnifiedBuffer(100).allocate()
@@ -341,6 +351,16 @@ def test_getitem_setitem_bad_keys_and_values(current):
     with pytest.raises(IndexError):
         buf[9] = 1.0
     np.testing.assert_array_equal(buf.to_numpy(), np.ones((4, 3)))  # nothing lost
+
+
+def test_generic_alias_in_annotations(current):
+    # PyDotCompute's UnifiedBuffer was Generic[T]: annotations subscript it at run time.
+    def scale(buf: UnifiedBuffer[np.float32]) -> UnifiedBuffer[np.float32]:
+        return buf
+
+    alias = UnifiedBuffer[np.float32]
+    assert alias.__origin__ is UnifiedBuffer and alias.__args__ == (np.float32,)
+    assert scale(UnifiedBuffer(3)).shape == (3,)
 
 
 def test_repr(current):

@@ -777,6 +777,16 @@ impl UnifiedBuffer {
         ensure(slf, "sync_to_host_async")
     }
 
+    /// `UnifiedBuffer[np.float32]` in annotations (PyDotCompute's class was `Generic[T]`): a
+    /// `types.GenericAlias`; the element type is still the `dtype=` argument.
+    #[classmethod]
+    fn __class_getitem__<'py>(
+        cls: &Bound<'py, pyo3::types::PyType>,
+        item: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        cls.py().import("types")?.getattr("GenericAlias")?.call1((cls, item))
+    }
+
     /// `buf[key]`: indexes the host copy, a host read (syncs from the device first if it is
     /// newer). Slices are read-only views (take `.host` to write).
     fn __getitem__<'py>(slf: &Bound<'py, Self>, key: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
