@@ -9,7 +9,7 @@ in ``lazybuf``), and lazybuf's own errors derive from them where the meaning mat
 - ``MetalUnavailableError``, raised by ``.metal`` and ``mark_metal_dirty()`` (lazybuf has no
   Metal backend), is a ``BackendUnavailableError`` and a ``MetalError``;
 - ``CUDARuntimeError`` (a ``RuntimeError``), a failed CUDA driver call, is a ``CUDAError``;
-- ``CoherenceError`` (a ``RuntimeError``), found by the coherence checker, is a buffer
+- ``CoherenceError`` (a ``RuntimeError``), found by the coherence checker, is a
   ``BufferError``.
 
 ``BufferNotAllocatedError`` and ``BufferSyncError`` exist for ``except`` clauses and
