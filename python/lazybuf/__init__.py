@@ -4,14 +4,31 @@ A ``UnifiedBuffer`` keeps an array's copies in host memory and device memory coh
 copies only when a stale copy is about to be used. The implementation is the Rust core
 (the ``lazybuf._lazybuf`` extension module); this package re-exports it with the
 ``BufferState`` enum.
+
+Code written for PyDotCompute 0.2.0 runs with its imports changed to ``lazybuf``: its names
+(``PoolStatistics``, ``DeviceType``, ``configure_memory_pool``, the exception classes...) are
+here too; docs/MIGRATING.md lists every one and each deliberate difference.
 """
 
 import sys as _sys
 
+# Before the extension: it raises the exception classes defined there.
+from .exceptions import (
+    BackendError,
+    BackendNotAvailableError,
+    BackendUnavailableError,
+    BufferError,  # PyDotCompute's, not the builtin: left out of __all__
+    BufferNotAllocatedError,
+    BufferSyncError,
+    CoherenceError,
+    CUDAError,
+    CUDARuntimeError,
+    MetalError,
+    MetalUnavailableError,
+    PyDotComputeError,
+)
 from ._lazybuf import (
     Accelerator,
-    BackendUnavailableError,
-    CoherenceError,
     Device,
     DeviceMemoryView,
     HostBlock,
@@ -28,7 +45,17 @@ from ._lazybuf import (
     set_checking,
     trim,
 )
+from ._pydotcompute import (
+    DeviceType,
+    PoolStatistics,
+    configure_memory_pool,
+    cuda_available,
+    metal_available,
+)
 from ._state import BufferState
+
+# PyDotCompute's name for what a device reports (lazybuf's Device has its fields).
+DeviceProperties = Device
 
 # `lazybuf.testing` exists only in wheels built with the crate feature `testing` (the test
 # wheel); the extension registers it in sys.modules, and this makes it an attribute too.
@@ -37,21 +64,36 @@ if "lazybuf.testing" in _sys.modules:
 
 __all__ = [
     "Accelerator",
+    "BackendError",
+    "BackendNotAvailableError",
     "BackendUnavailableError",
+    "BufferNotAllocatedError",
     "BufferState",
+    "BufferSyncError",
+    "CUDAError",
+    "CUDARuntimeError",
     "CoherenceError",
     "Device",
     "DeviceMemoryView",
+    "DeviceProperties",
+    "DeviceType",
     "HostBlock",
     "MemoryOwner",
     "MemoryPool",
+    "MetalError",
+    "MetalUnavailableError",
+    "PoolStatistics",
     "PoolStats",
+    "PyDotComputeError",
     "Transfer",
     "UnifiedBuffer",
     "caching",
     "checking",
+    "configure_memory_pool",
+    "cuda_available",
     "get_accelerator",
     "get_memory_pool",
+    "metal_available",
     "set_caching",
     "set_checking",
     "trim",

@@ -19,8 +19,8 @@ keep the buffer's memory alive: releasing or dropping a buffer never frees memor
 still reach. A released buffer raises ``ValueError`` on any use.
 """
 
-from collections.abc import Generator, Sequence
-from types import TracebackType
+from collections.abc import Coroutine, Generator, Sequence
+from types import GenericAlias, TracebackType
 from typing import Any, SupportsIndex, final
 
 from typing_extensions import disjoint_base
@@ -28,7 +28,10 @@ from typing_extensions import disjoint_base
 import numpy as np
 import numpy.typing as npt
 
+from ._pydotcompute import DeviceType, PoolStatistics
 from ._state import BufferState
+from .exceptions import BackendUnavailableError as BackendUnavailableError
+from .exceptions import CoherenceError as CoherenceError
 
 __all__ = [
     "Accelerator",
@@ -54,12 +57,6 @@ __all__ = [
 
 _ShapeLike = SupportsIndex | Sequence[SupportsIndex]
 _DeviceLike = str | Device | None
-
-class BackendUnavailableError(RuntimeError):
-    """A backend (Metal, CUDA, OpenCL) is not installed, not compiled in, or has no device."""
-
-class CoherenceError(RuntimeError):
-    """The coherence checker found a device copy written without ``mark_device_dirty()``."""
 
 def set_checking(on: bool) -> None:
     """Turns the coherence checker on or off for the whole process (``LAZYBUF_CHECK=1`` turns
@@ -97,9 +94,10 @@ class UnifiedBuffer:
         """Create a buffer on ``device`` (default: the current device, see
         ``get_accelerator()``; a selector such as ``"host"`` or ``"opencl:0"``, or a
         ``Device``). ``shape`` is an int or a sequence of ints; ``dtype`` anything
-        ``numpy.dtype`` accepts among float16/32/64, (u)int8-64, or ``"bfloat16"`` with
-        ``ml_dtypes`` installed (None: float32). ``pinned`` asks for page-locked host memory
-        (an error at first use if it cannot be locked, never a silent fallback).
+        ``numpy.dtype`` accepts among float16/32/64, (u)int8-64, complex64/128, or
+        ``"bfloat16"`` with ``ml_dtypes`` installed (None: float32). ``pinned`` asks for
+        page-locked host memory (an error at first use if it cannot be locked, never a silent
+        fallback).
 
         Raises ValueError (bad or oversized shape, unknown device), TypeError (unsupported
         dtype, non-integer shape)."""
@@ -190,11 +188,56 @@ class UnifiedBuffer:
         """Declare a device write (after a kernel): the host copy becomes stale."""
 
     def mark_metal_dirty(self) -> None:
-        """Raises ``BackendUnavailableError``: this build has no Metal backend."""
+        """Raises ``MetalUnavailableError`` (a ``BackendUnavailableError`` and a
+        ``MetalError``): this build has no Metal backend, so there is no Metal copy to mark."""
 
-    def fill(self, value: Any) -> None:
+    def fill(self, value: Any) -> UnifiedBuffer:
         """Set every element to ``value`` where the data is current, with no transfer (a
-        write there). ValueError for a non-scalar; NumPy's errors for unconvertible values."""
+        write there); returns the buffer. ValueError for a non-scalar; NumPy's errors for
+        unconvertible values."""
+
+    def allocate(self, *, host: bool = True, device: bool = True) -> UnifiedBuffer:
+        """Make the named copies exist now, holding the buffer's data (a host read and/or a
+        device read; a buffer with no data yet holds zeros after it); returns the buffer.
+        ValueError when neither is asked for."""
+
+    def free(self) -> None:
+        """Give the memory back (to the pool or cache it came from) and make the buffer
+        UNINITIALIZED; it stays usable and takes memory again at its next use. Views made
+        earlier keep the old memory; writable ``.host`` arrays become read-only."""
+
+    @property
+    def is_allocated(self) -> bool:
+        """Whether the buffer holds memory (host or device) now."""
+
+    def zeros(self) -> UnifiedBuffer:
+        """``fill(0)``; returns the buffer."""
+
+    def copy_to(self, out: np.ndarray) -> None:
+        """Copy the data into ``out``, a writable array of the buffer's shape whose dtype the
+        buffer's casts to under ``same_kind`` (a host read). TypeError for a non-array or an
+        uncastable dtype, ValueError for another shape or a read-only array."""
+
+    def synchronize(self) -> None:
+        """Make every copy the buffer holds current (a stale host copy from the device, a stale
+        device copy from the host); copies that do not exist are not made."""
+
+    def ensure_on_device(self) -> Coroutine[Any, Any, None]:
+        """A coroutine that makes the device copy current (``sync_to_device_async()``, awaited
+        without blocking the event loop)."""
+
+    def ensure_on_host(self) -> Coroutine[Any, Any, None]:
+        """A coroutine that makes the host copy current (``sync_to_host_async()``)."""
+
+    @classmethod
+    def __class_getitem__(cls, item: Any) -> GenericAlias:
+        """``UnifiedBuffer[np.float32]`` in annotations; the element type is ``dtype=``."""
+
+    def __getitem__(self, key: Any, /) -> Any:
+        """Index the host copy (a host read); slices are read-only views."""
+
+    def __setitem__(self, key: Any, value: Any, /) -> None:
+        """Assign into the host copy as NumPy does (a host write)."""
 
     def copy_from(self, data: npt.ArrayLike) -> None:
         """Copy ``data`` (exactly the buffer's shape) into the host copy (a host write that
@@ -295,12 +338,40 @@ class Device:
         """``(free, total)`` bytes now."""
 
     def synchronize(self) -> None: ...
+    @property
+    def device_id(self) -> int | None:
+        """The device's index in ``get_accelerator().devices`` (None for a device not listed
+        there, such as ``lazybuf.testing.FaultyDevice``)."""
+
+    @property
+    def device_type(self) -> DeviceType:
+        """``DeviceType.CPU`` (the host), ``CUDA`` or ``OPENCL``."""
+
+    @property
+    def compute_capability(self) -> tuple[int, int] | None:
+        """``(major, minor)`` of a CUDA device; None elsewhere."""
+
+    @property
+    def compute_capability_str(self) -> str:
+        """``"8.9"``, or ``"N/A"`` where there is none."""
+
+    @property
+    def total_memory_gb(self) -> float:
+        """``total_memory`` in GiB."""
+
+    @property
+    def is_available(self) -> bool:
+        """True: every listed device can be used."""
+
     def __eq__(self, value: object, /) -> bool: ...
     def __hash__(self) -> int: ...
 
 @final
 class Accelerator:
     """The process's devices and the current device (``get_accelerator()``)."""
+
+    def __new__(cls) -> Accelerator:
+        """The accelerator: the same object as ``get_accelerator()``."""
 
     @property
     def devices(self) -> list[Device]:
@@ -326,8 +397,23 @@ class Accelerator:
 
     def is_available(self, backend: str) -> bool: ...
     def synchronize(self) -> None: ...
+    def get_device(self, device_id: int) -> Device:
+        """``devices[device_id]``; ValueError out of range, TypeError for a non-integer."""
 
-def get_accelerator() -> Accelerator: ...
+    def set_device(self, device_id: int) -> None:
+        """Make ``devices[device_id]`` the current device; ValueError out of range."""
+
+    @property
+    def cuda_available(self) -> bool:
+        """Whether lazybuf found a CUDA device."""
+
+    @property
+    def metal_available(self) -> bool:
+        """False: lazybuf has no Metal backend."""
+
+def get_accelerator() -> Accelerator:
+    """The accelerator, the same object on every call."""
+
 @final
 class MemoryPool:
     """A pool of buffer memory on one device: released buffers' memory is reused.
@@ -341,7 +427,8 @@ class MemoryPool:
         max_cached_bytes: int | None = None,
         zero_reused: bool = False,
     ) -> MemoryPool:
-        """A private pool (``get_memory_pool()`` gives the device's shared one)."""
+        """A private pool on ``device``. With no arguments (no device, no option), the current
+        device's process-wide pool: the object ``get_memory_pool()`` returns."""
 
     def acquire(
         self,
@@ -370,6 +457,38 @@ class MemoryPool:
     def max_cached_bytes(self) -> int: ...
     @property
     def zero_reused(self) -> bool: ...
+    def get_stats(self) -> PoolStatistics:
+        """Bytes in use, bytes held (in use and cached), blocks cached, hits and misses, over
+        every kind of memory the pool holds."""
+
+    def get_pinned_stats(self) -> PoolStatistics:
+        """As ``get_stats()``, for pinned host memory only."""
+
+    @property
+    def enabled(self) -> bool:
+        """Whether buffers made without a pool take their memory from this pool: caching by
+        default is on and this is a device's process-wide pool."""
+
+    def enable(self) -> None:
+        """``set_caching(True)`` (every device). ValueError for a private pool."""
+
+    def disable(self) -> None:
+        """``set_caching(False)`` (every device); nothing for a private pool."""
+
+    def free_all_blocks(self) -> int:
+        """Free every cached block; returns the bytes freed."""
+
+    def free_all_free(self) -> int:
+        """The same as ``free_all_blocks()``."""
+
+    def set_limit(self, size_mb: int | None) -> None:
+        """The most MiB the pool may hold, in use and cached (None: no limit); a first use
+        beyond it raises MemoryError. TypeError/ValueError for anything but a whole number of
+        MiB >= 0 or None."""
+
+    @property
+    def limit(self) -> int | None:
+        """The limit in bytes, or None."""
 
 @final
 class PoolStats:
@@ -391,7 +510,8 @@ class PoolStats:
     def oom_retries(self) -> int: ...
 
 def get_memory_pool(device: _DeviceLike = None) -> MemoryPool:
-    """The process-wide pool of ``device`` (default: the current device)."""
+    """The process-wide pool of ``device`` (default: the current device): the same object on
+    every call for a device."""
 
 @final
 class Transfer:

@@ -51,7 +51,11 @@ def test_bad_shape_types(shape, match):
 @pytest.mark.parametrize(
     "dtype,match",
     [
-        (np.complex64, "complex64"),
+        pytest.param(
+            np.clongdouble,
+            np.dtype(np.clongdouble).name,
+            marks=pytest.mark.skipif(np.dtype(np.clongdouble).itemsize <= 16, reason="clongdouble is complex128 here"),
+        ),
         (np.bool_, "bool"),
         (object, "object"),
         ("U5", "<U5"),
@@ -319,7 +323,20 @@ def test_bools_are_not_device_indices():
     assert acc.current_device == before
 
 
-_FILL_DTYPES = ["int8", "uint8", "int16", "int32", "int64", "uint32", "uint64", "float16", "float32", "float64"]
+_FILL_DTYPES = [
+    "int8",
+    "uint8",
+    "int16",
+    "int32",
+    "int64",
+    "uint32",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
+    "complex64",
+    "complex128",
+]
 _FILL_VALUES = [
     np.int64(2**40),
     np.uint64(2**64 - 1),

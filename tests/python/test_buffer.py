@@ -21,6 +21,8 @@ DTYPES = [
     np.uint16,
     np.uint32,
     np.uint64,
+    np.complex64,
+    np.complex128,
 ]
 
 
@@ -34,6 +36,8 @@ def device(request):
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 def test_every_numpy_dtype_round_trips(dtype, device):
     data = (np.arange(24) % 100).astype(dtype).reshape(2, 3, 4)
+    if data.dtype.kind == "c":
+        data = data - 1j * data[::-1].astype(dtype)  # distinct imaginary parts
     buf = UnifiedBuffer(data.shape, dtype, device=device)
     assert buf.dtype == np.dtype(dtype)
     assert buf.shape == (2, 3, 4) and buf.size == 24 and buf.ndim == 3

@@ -104,6 +104,7 @@ def test_forgotten_mark_raises(checking, separate_device):
         buf.to_numpy()
     message = str(err.value)
     assert "mark_device_dirty()" in message and ".device_writable" in message
+    assert isinstance(err.value, lazybuf.BufferError)  # PyDotCompute's buffer-error base
     # The failed check changed nothing; the mark, late, still gets the kernel's data.
     assert buf.state == BufferState.SYNCHRONIZED
     buf.mark_device_dirty()

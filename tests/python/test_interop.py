@@ -61,7 +61,15 @@ def test_consumers_that_do_not_ask_for_writable_get_a_read_only_buffer():
 
 @pytest.mark.parametrize(
     "dtype,fmt",
-    [(np.float16, "e"), (np.float32, "f"), (np.float64, "d"), (np.int8, "b"), (np.uint64, "Q")],
+    [
+        (np.float16, "e"),
+        (np.float32, "f"),
+        (np.float64, "d"),
+        (np.int8, "b"),
+        (np.uint64, "Q"),
+        (np.complex64, "Zf"),
+        (np.complex128, "Zd"),
+    ],
 )
 def test_buffer_formats(dtype, fmt):
     view = memoryview(UnifiedBuffer(3, dtype))
@@ -153,7 +161,7 @@ def test_dlpack_copy_and_devices():
 
 
 def test_dlpack_of_every_dtype():
-    for dtype in (np.float16, np.float64, np.int8, np.uint32):
+    for dtype in (np.float16, np.float64, np.int8, np.uint32, np.complex64, np.complex128):
         buf = UnifiedBuffer((2, 2), dtype)
         buf.fill(1)
         assert np.from_dlpack(buf).dtype == np.dtype(dtype)

@@ -4,13 +4,20 @@
 //! The current device starts as the core's default (`LAZYBUF_DEVICE`, else the first CUDA GPU,
 //! else another GPU, else the host) and can be changed with `Accelerator.select_device`.
 //!
+//! PyDotCompute 0.2.0's names are here too (docs/MIGRATING.md): `get_accelerator()` and
+//! `Accelerator()` return the one accelerator object; a `Device` has PyDotCompute's
+//! `DeviceProperties` fields (`device_id`, `device_type`, `compute_capability`,
+//! `total_memory_gb`...); `get_device(i)`, `set_device(i)`, `cuda_available`,
+//! `metal_available`.
+//!
 //! What does not live here: discovery and memory queries themselves ([`lazybuf::discovery`],
 //! [`lazybuf::Device::memory_info`]).
 
 use std::sync::Mutex;
 
-use pyo3::exceptions::{PyIndexError, PyTypeError};
+use pyo3::exceptions::{PyIndexError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyInt, PyString};
 
 use lazybuf::{BackendKind, Device, MemorySource};
@@ -155,6 +162,53 @@ impl PyDevice {
         self.device.synchronize().or_py()
     }
 
+    // --- PyDotCompute 0.2.0's DeviceProperties fields (docs/MIGRATING.md) -------------------
+
+    /// The device's index in `get_accelerator().devices` (`get_device(device_id)` is it);
+    /// None for a device that is not listed there (`lazybuf.testing.FaultyDevice`).
+    #[getter]
+    fn device_id(&self) -> Option<usize> {
+        lazybuf::devices().iter().position(|d| *d == self.device)
+    }
+
+    /// The kind of device, a `DeviceType` (`CPU` for the host, `CUDA`, `OPENCL`).
+    #[getter]
+    fn device_type(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        static CLASS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+        let class = CLASS.get_or_try_init(py, || {
+            py.import("lazybuf._pydotcompute")?.getattr("DeviceType").map(Bound::unbind)
+        })?;
+        class.bind(py).call1((self.device.backend_kind().name(),)).map(Bound::unbind)
+    }
+
+    /// `(major, minor)` of a CUDA device; None for other devices (they have none).
+    #[getter]
+    fn compute_capability(&self) -> Option<(u32, u32)> {
+        self.device.info().compute_capability
+    }
+
+    /// The compute capability as `"8.9"`, or `"N/A"` where there is none.
+    #[getter]
+    fn compute_capability_str(&self) -> String {
+        match self.device.info().compute_capability {
+            Some((major, minor)) => format!("{major}.{minor}"),
+            None => "N/A".into(),
+        }
+    }
+
+    /// `total_memory` in GiB.
+    #[getter]
+    fn total_memory_gb(&self) -> f64 {
+        self.device.info().total_memory as f64 / (1u64 << 30) as f64
+    }
+
+    /// Whether the device can be used: true for every device lazybuf lists (a device whose
+    /// runtime is missing is not listed; see `Accelerator.backend_status`).
+    #[getter]
+    fn is_available(&self) -> bool {
+        true
+    }
+
     fn __repr__(&self) -> String {
         format!("<lazybuf.Device {} {:?}>", selector(&self.device), self.device.name())
     }
@@ -164,8 +218,34 @@ impl PyDevice {
 #[pyclass(name = "Accelerator", module = "lazybuf", frozen)]
 pub struct Accelerator;
 
+/// The index `device_id` names in `devices`, for `get_device`/`set_device`: a `ValueError`
+/// out of range (as PyDotCompute raised), a `TypeError` for a bool or a non-integer.
+fn device_at(operation: &str, device_id: &Bound<'_, PyAny>) -> PyResult<Device> {
+    let all = lazybuf::devices();
+    let expected = format!("{operation}: expected a device_id, an index 0 <= device_id < {}", all.len());
+    if device_id.is_instance_of::<PyBool>() {
+        return Err(PyTypeError::new_err(format!("{expected}; got the bool {device_id}")));
+    }
+    let Ok(index) = device_id.cast::<PyInt>() else {
+        let kind = device_id.get_type().name().map(|n| n.to_string()).unwrap_or_default();
+        return Err(PyTypeError::new_err(format!("{expected}; got {kind} {}", device_id.repr()?)));
+    };
+    let index: i128 = index.extract()?;
+    usize::try_from(index)
+        .ok()
+        .and_then(|i| all.get(i).cloned())
+        .ok_or_else(|| PyValueError::new_err(format!("{expected}; got {index}")))
+}
+
 #[pymethods]
 impl Accelerator {
+    /// The accelerator: the same object as `get_accelerator()` (as PyDotCompute's
+    /// `Accelerator()` was a singleton).
+    #[new]
+    fn py_new(py: Python<'_>) -> PyResult<Py<Self>> {
+        get_accelerator(py)
+    }
+
     /// Every device of every available backend, the host last.
     #[getter]
     fn devices(&self) -> Vec<PyDevice> {
@@ -262,6 +342,31 @@ impl Accelerator {
         current_device()?.synchronize().or_py()
     }
 
+    /// `devices[device_id]`; `ValueError` when out of range.
+    fn get_device(&self, device_id: &Bound<'_, PyAny>) -> PyResult<PyDevice> {
+        device_at("get_device", device_id).map(PyDevice::new)
+    }
+
+    /// Makes `devices[device_id]` the current device (`select_device`); `ValueError` when out
+    /// of range.
+    fn set_device(&self, device_id: &Bound<'_, PyAny>) -> PyResult<()> {
+        let device = device_at("set_device", device_id)?;
+        *SELECTED.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(device);
+        Ok(())
+    }
+
+    /// Whether lazybuf found a CUDA device.
+    #[getter]
+    fn cuda_available(&self) -> bool {
+        lazybuf::devices().iter().any(|d| d.backend_kind().name() == "cuda")
+    }
+
+    /// Whether lazybuf found a Metal device: False, lazybuf has no Metal backend.
+    #[getter]
+    fn metal_available(&self) -> bool {
+        lazybuf::devices().iter().any(|d| d.backend_kind().name() == "metal")
+    }
+
     fn __repr__(&self) -> PyResult<String> {
         let current = current_device()?;
         Ok(format!(
@@ -272,8 +377,9 @@ impl Accelerator {
     }
 }
 
-/// The accelerator: `lazybuf.get_accelerator()`.
+/// The accelerator: `lazybuf.get_accelerator()`, the same object on every call.
 #[pyfunction]
-pub fn get_accelerator() -> Accelerator {
-    Accelerator
+pub fn get_accelerator(py: Python<'_>) -> PyResult<Py<Accelerator>> {
+    static ACCELERATOR: PyOnceLock<Py<Accelerator>> = PyOnceLock::new();
+    ACCELERATOR.get_or_try_init(py, || Py::new(py, Accelerator)).map(|a| a.clone_ref(py))
 }

@@ -52,7 +52,7 @@ use crate::accelerator::{PyDevice, selector};
 use crate::device_view::{cuda_array_interface, device_object};
 use crate::dlpack::{self, DlpackArgs, Source, dlpack_device};
 use crate::dtype::{self, ElementType, typestr};
-use crate::errors::{BackendUnavailableError, OrPyErr, released};
+use crate::errors::{MetalUnavailableError, OrPyErr, released};
 use crate::streams;
 use crate::transfer::{self, PyTransfer};
 use crate::views::{Storage, export_buffer, release_buffer};
@@ -93,6 +93,9 @@ struct Inner {
     /// Weak references to the writable host arrays handed out (`.host`), keyed by address:
     /// made read-only when the host copy goes stale or the buffer is released.
     writable_views: Vec<(usize, Py<PyWeakrefReference>)>,
+    /// Memory given up by `free()` whose address a consumer holding the buffer object got
+    /// (see `retained`): kept while the buffer object lives.
+    freed_exports: Vec<Arc<Storage>>,
 }
 
 /// What a release takes out of a buffer; [`Released::finish`] it once the buffer's lock is
@@ -212,6 +215,27 @@ impl UnifiedBuffer {
         })
     }
 
+    /// Installs `fresh` in place of the buffer's memory (`free()`) and gives up the old one:
+    /// the caller [`Released::finish`]es the result (the lock is released by then). The old
+    /// memory goes back to where it came from once no view of it remains.
+    fn replace_storage(&self, fresh: Arc<Storage>) -> PyResult<Released> {
+        let mut inner = self.inner();
+        let old = inner.storage.replace(fresh).ok_or_else(released)?;
+        if std::mem::take(&mut inner.untracked_export) {
+            inner.freed_exports.push(Arc::clone(&old));
+        }
+        let views = [
+            inner.host_view.take(),
+            inner.host_readonly_view.take(),
+            inner.device_view.take().map(|(_, v)| v),
+        ];
+        Ok(Released {
+            _storage: old,
+            views: views.into_iter().flatten().collect(),
+            writable: std::mem::take(&mut inner.writable_views),
+        })
+    }
+
     /// Makes the host current for `access` (the GIL released meanwhile).
     fn access_host(&self, py: Python<'_>, access: Access) -> PyResult<()> {
         self.storage()?.host_address_nogil(py, access).map(drop)
@@ -294,10 +318,12 @@ impl UnifiedBuffer {
 }
 
 fn metal_unavailable() -> PyErr {
-    BackendUnavailableError::new_err(
-        "Metal is not available: this lazybuf build has no Metal backend (Metal needs macOS and \
-         Apple silicon); use .device for the buffer's own device",
-    )
+    let reason = "this lazybuf build has no Metal backend (Metal needs macOS and Apple silicon)";
+    MetalUnavailableError::new_err((
+        format!("Metal is not available: {reason}; use .device for the buffer's own device"),
+        "metal",
+        reason,
+    ))
 }
 
 fn numpy_module(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
@@ -533,15 +559,17 @@ impl UnifiedBuffer {
         Err(metal_unavailable())
     }
 
-    /// Sets every element to `value` where the data is current, with no transfer.
-    fn fill(slf: &Bound<'_, Self>, value: &Bound<'_, PyAny>) -> PyResult<()> {
+    /// Sets every element to `value` where the data is current, with no transfer; returns the
+    /// buffer.
+    fn fill<'py>(slf: &Bound<'py, Self>, value: &Bound<'py, PyAny>) -> PyResult<Bound<'py, Self>> {
         let py = slf.py();
         let (storage, descr) = {
             let this = slf.get();
             (this.storage()?, this.descr(py).clone())
         };
         let scalar = dtype::fill_scalar(value, &descr)?;
-        storage.fill_from_scalar(&scalar)
+        storage.fill_from_scalar(&scalar)?;
+        Ok(slf.clone())
     }
 
     /// Copies `data` into the host copy; the device copy becomes stale. `data` has the
@@ -651,6 +679,156 @@ impl UnifiedBuffer {
             self.elem.dtype,
             selector(&self.home)
         ))
+    }
+
+    // --- PyDotCompute 0.2.0 names (docs/MIGRATING.md) --------------------------------------
+
+    /// Makes the named copies exist now, holding the buffer's data, and returns the buffer:
+    /// `host=True` is a host read (`sync_to_host()`), `device=True` a device read
+    /// (`sync_to_device()`). Memory is otherwise taken at first use; a buffer that holds no
+    /// data yet holds zeros after this (HOST_ONLY, DEVICE_ONLY or SYNCHRONIZED). Data already
+    /// there is kept. `ValueError` when neither is asked for.
+    #[pyo3(signature = (*, host=true, device=true))]
+    fn allocate<'py>(slf: &Bound<'py, Self>, host: bool, device: bool) -> PyResult<Bound<'py, Self>> {
+        if !host && !device {
+            return Err(PyValueError::new_err(
+                "allocate: expected host=True, device=True or both; got neither, so there is \
+                 nothing to allocate",
+            ));
+        }
+        let (py, this) = (slf.py(), slf.get());
+        if host {
+            this.access_host(py, Access::Read)?;
+        }
+        if device {
+            let (storage, home) = (this.storage()?, this.home.clone());
+            py.detach(|| storage.lock().sync(Some(&home)).or_py())?;
+        }
+        Ok(slf.clone())
+    }
+
+    /// Gives the buffer's memory back (to the pool it came from, or the device's cache) and
+    /// makes the buffer UNINITIALIZED; it stays usable and takes memory again at its next use.
+    /// The data is gone. Views made earlier keep the old memory alive until they are gone;
+    /// the writable `.host` arrays handed out become read-only (a write through them would be
+    /// lost).
+    fn free(slf: &Bound<'_, Self>) -> PyResult<()> {
+        let this = slf.get();
+        let fresh = {
+            let storage = this.storage()?;
+            let raw = storage.lock();
+            let resource = Arc::clone(raw.resource());
+            Storage::new(RawBuffer::with_resource(raw.nbytes(), this.home.clone(), this.pinned, resource))
+        };
+        this.replace_storage(fresh)?.finish(slf.py())
+    }
+
+    /// Whether the buffer holds memory (host or device) now: false for a new buffer and after
+    /// `free()`, true from its first use or `allocate()`.
+    #[getter]
+    fn is_allocated(&self) -> PyResult<bool> {
+        let storage = self.storage()?;
+        let raw = storage.lock();
+        let held = |at| raw.residency(at) != Residency::Unallocated;
+        Ok(held(Location::Host) || held(Location::Device(self.home.id())))
+    }
+
+    /// `fill(0)`: sets every element to zero where the data is current; returns the buffer.
+    fn zeros<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, Self>> {
+        let zero = 0i32.into_pyobject(slf.py())?.into_any();
+        UnifiedBuffer::fill(slf, &zero)
+    }
+
+    /// Copies the data into `out`, a writable NumPy array of the buffer's shape whose dtype
+    /// the buffer's casts to under NumPy's `same_kind` rule (a host read: syncs from the
+    /// device first if it is newer).
+    fn copy_to(slf: &Bound<'_, Self>, out: &Bound<'_, PyAny>) -> PyResult<()> {
+        let py = slf.py();
+        let this = slf.get();
+        let shape = shape_repr(&this.shape);
+        let Ok(target) = out.cast::<PyUntypedArray>() else {
+            let kind = out.get_type().name().map(|n| n.to_string()).unwrap_or_default();
+            return Err(PyTypeError::new_err(format!(
+                "copy_to: expected a NumPy array of shape {shape} to copy into, got {kind}"
+            )));
+        };
+        if target.shape() != this.shape.as_slice() {
+            return Err(PyValueError::new_err(format!(
+                "copy_to: expected an array of shape {shape}, got shape {}",
+                shape_repr(target.shape())
+            )));
+        }
+        let np = numpy_module(py)?;
+        let kwargs = PyDict::new(py);
+        kwargs.set_item("casting", "same_kind")?;
+        let to = target.dtype();
+        if !np.call_method("can_cast", (this.descr(py), &to), Some(&kwargs))?.is_truthy()? {
+            return Err(PyTypeError::new_err(format!(
+                "copy_to: cannot cast {} to {} under the same_kind rule; expected an array of \
+                 dtype {} or one it casts to safely",
+                this.elem.dtype,
+                to.str()?,
+                this.elem.dtype
+            )));
+        }
+        if !target.getattr("flags")?.getattr("writeable")?.is_truthy()? {
+            return Err(PyValueError::new_err("copy_to: expected a writable array, got a read-only one"));
+        }
+        let source = UnifiedBuffer::host_readonly(slf)?;
+        np.call_method("copyto", (target, source), Some(&kwargs)).map(drop)
+    }
+
+    /// Makes every copy the buffer holds current: a stale host copy is updated from the device
+    /// and a stale device copy from the host (after any asynchronous sync in flight). Copies
+    /// that do not exist are not made (that is `allocate()`).
+    fn synchronize(&self, py: Python<'_>) -> PyResult<()> {
+        let (storage, home) = (self.storage()?, self.home.clone());
+        py.detach(|| {
+            let mut raw = storage.lock();
+            raw.finish().or_py()?;
+            if raw.residency(Location::Host) == Residency::Stale {
+                raw.sync(None).or_py()?;
+            }
+            if raw.residency(Location::Device(home.id())) == Residency::Stale {
+                raw.sync(Some(&home)).or_py()?;
+            }
+            Ok(())
+        })
+    }
+
+    /// A coroutine that makes the device copy current (`await buf.ensure_on_device()`): the
+    /// asynchronous `sync_to_device_async()`, started when the coroutine runs; the event loop
+    /// keeps running while the copy is in flight.
+    fn ensure_on_device<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        ensure(slf, "sync_to_device_async")
+    }
+
+    /// A coroutine that makes the host copy current (`await buf.ensure_on_host()`): the
+    /// asynchronous `sync_to_host_async()` (a host read), started when the coroutine runs.
+    fn ensure_on_host<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        ensure(slf, "sync_to_host_async")
+    }
+
+    /// `UnifiedBuffer[np.float32]` in annotations (PyDotCompute's class was `Generic[T]`): a
+    /// `types.GenericAlias`; the element type is still the `dtype=` argument.
+    #[classmethod]
+    fn __class_getitem__<'py>(
+        cls: &Bound<'py, pyo3::types::PyType>,
+        item: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        cls.py().import("types")?.getattr("GenericAlias")?.call1((cls, item))
+    }
+
+    /// `buf[key]`: indexes the host copy, a host read (syncs from the device first if it is
+    /// newer). Slices are read-only views (take `.host` to write).
+    fn __getitem__<'py>(slf: &Bound<'py, Self>, key: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        UnifiedBuffer::host_readonly(slf)?.get_item(key)
+    }
+
+    /// `buf[key] = value`: assigns into the host copy as NumPy does, a host write (the device
+    /// copy is stale afterwards).
+    fn __setitem__(slf: &Bound<'_, Self>, key: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        UnifiedBuffer::host(slf)?.set_item(key, value)
     }
 
     // --- garbage collector ------------------------------------------------------------
@@ -817,6 +995,15 @@ impl UnifiedBuffer {
         let args = (PyTuple::new(py, &self.shape)?, self.descr(py).clone(), self.pinned, data);
         Ok((rebuild, args.into_pyobject(py)?))
     }
+}
+
+/// The coroutine `_pydotcompute._ensure(buf.<start>)` (python/lazybuf/_pydotcompute.py).
+fn ensure<'py>(slf: &Bound<'py, UnifiedBuffer>, start: &str) -> PyResult<Bound<'py, PyAny>> {
+    let py = slf.py();
+    static ENSURE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    let ensure = ENSURE
+        .get_or_try_init(py, || py.import("lazybuf._pydotcompute")?.getattr("_ensure").map(Bound::unbind))?;
+    ensure.bind(py).call1((slf.getattr(start)?,))
 }
 
 /// A shape as Python prints a tuple: `(3,)`, `(2, 3)`, `()`.

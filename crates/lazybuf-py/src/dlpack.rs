@@ -54,6 +54,8 @@ fn data_type(dtype: DType) -> DLDataType {
         DType::BF16 => (DLDataTypeCode::BFLOAT, 16),
         DType::F32 => (DLDataTypeCode::FLOAT, 32),
         DType::F64 => (DLDataTypeCode::FLOAT, 64),
+        DType::C64 => (DLDataTypeCode::COMPLEX, 64),
+        DType::C128 => (DLDataTypeCode::COMPLEX, 128),
     };
     DLDataType::scalar(code, bits)
 }

@@ -68,6 +68,8 @@ pub fn classify(descr: Bound<'_, PyArrayDescr>) -> PyResult<ElementType> {
         (b'u', 2) => DType::U16,
         (b'u', 4) => DType::U32,
         (b'u', 8) => DType::U64,
+        (b'c', 8) => DType::C64,
+        (b'c', 16) => DType::C128,
         (_, 2) if descr.getattr("name")?.extract::<String>()? == "bfloat16" => DType::BF16,
         _ => {
             let name = descr.getattr("name").map(|n| n.to_string()).unwrap_or_default();
@@ -105,6 +107,8 @@ pub fn buffer_format(dtype: DType) -> Option<&'static std::ffi::CStr> {
         DType::F16 => c"e",
         DType::F32 => c"f",
         DType::F64 => c"d",
+        DType::C64 => c"Zf",
+        DType::C128 => c"Zd",
         DType::BF16 => return None,
     })
 }
@@ -115,6 +119,7 @@ pub fn typestr(dtype: DType) -> Option<String> {
         DType::F16 | DType::F32 | DType::F64 => 'f',
         DType::I8 | DType::I16 | DType::I32 | DType::I64 => 'i',
         DType::U8 | DType::U16 | DType::U32 | DType::U64 => 'u',
+        DType::C64 | DType::C128 => 'c',
         _ => return None,
     };
     let order = if dtype.size() == 1 {

@@ -3,32 +3,35 @@
 //! The mapping follows what NumPy users expect: bad shapes, lengths and arguments raise
 //! `ValueError`, bad element types `TypeError`, memory exhaustion `MemoryError`, and runtime
 //! failures `RuntimeError` (with `BackendUnavailableError`, a `RuntimeError` subclass, for a
-//! runtime that is not installed or has no device). The message is always lazybuf's own, which
+//! runtime that is not installed or has no device, `CUDARuntimeError` for a failed CUDA driver
+//! call). The message is always lazybuf's own, which
 //! names what was expected. A coherence-check failure ([`lazybuf::Error::Coherence`]) raises
 //! `CoherenceError`, a `RuntimeError` subclass whose message names `mark_device_dirty()` and
 //! `.device_writable`; [`set_checking`] and [`checking`] are the checker's switch in Python.
+//!
+//! lazybuf's exception classes are defined in Python (`python/lazybuf/exceptions.py`), where
+//! they also derive from PyDotCompute's classes (`BackendUnavailableError` is a
+//! `BackendNotAvailableError`, `CUDARuntimeError` a `CUDAError`, ...); this module raises them
+//! by importing them from there, lazily: an error made without the GIL (inside a copy) looks
+//! its class up only when Python sees it.
 //!
 //! What does not live here: validation itself (the core validates; [`crate::args`] and
 //! [`crate::dtype`] validate Python arguments before they reach it).
 
 use pyo3::exceptions::{PyMemoryError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::{PyErr, PyResult, create_exception};
+use pyo3::{PyErr, PyResult, import_exception};
 
-create_exception!(
-    lazybuf,
-    BackendUnavailableError,
-    PyRuntimeError,
-    "A backend (Metal, CUDA, OpenCL) is not installed, not compiled in, or has no device."
-);
-
-create_exception!(
-    lazybuf,
-    CoherenceError,
-    PyRuntimeError,
-    "The coherence checker (lazybuf.set_checking(True), or LAZYBUF_CHECK=1) found a device \
-     copy written without mark_device_dirty() after it was handed out by .device."
-);
+// A backend (Metal, CUDA, OpenCL) is not installed, not compiled in, or has no device:
+// `BackendUnavailableError(message, backend_name, reason)`, a RuntimeError.
+import_exception!(lazybuf.exceptions, BackendUnavailableError);
+// Metal is not available (no Metal backend): a BackendUnavailableError and a MetalError.
+import_exception!(lazybuf.exceptions, MetalUnavailableError);
+// A failed CUDA driver call: a RuntimeError and a CUDAError.
+import_exception!(lazybuf.exceptions, CUDARuntimeError);
+// The coherence checker found a device copy written without mark_device_dirty(): a
+// RuntimeError.
+import_exception!(lazybuf.exceptions, CoherenceError);
 
 /// Turns the coherence checker on or off for the whole process. While on, a host read of a
 /// SYNCHRONIZED buffer whose device copy was handed out by `.device` since it was last filled
@@ -56,7 +59,10 @@ pub fn to_py(err: lazybuf::Error) -> PyErr {
         }
         E::DeviceNotFound { .. } => PyValueError::new_err(message),
         E::OutOfMemory { .. } | E::PinningFailed { .. } => PyMemoryError::new_err(message),
-        E::BackendUnavailable { .. } => BackendUnavailableError::new_err(message),
+        E::BackendUnavailable { backend, reason } => {
+            BackendUnavailableError::new_err((message, backend.name(), reason))
+        }
+        E::Runtime { backend, .. } if backend.name() == "cuda" => CUDARuntimeError::new_err(message),
         E::Runtime { .. } => PyRuntimeError::new_err(message),
         E::Coherence { .. } => CoherenceError::new_err(message),
         _ => PyRuntimeError::new_err(message),
@@ -87,7 +93,7 @@ pub fn released() -> PyErr {
 pub fn bad_dtype(detail: impl std::fmt::Display) -> PyErr {
     PyTypeError::new_err(format!(
         "unsupported dtype: {detail}; expected one of float16, float32, float64, int8, int16, \
-         int32, int64, uint8, uint16, uint32, uint64 (native byte order), or bfloat16 with the \
-         ml_dtypes package installed"
+         int32, int64, uint8, uint16, uint32, uint64, complex64, complex128 (native byte order), \
+         or bfloat16 with the ml_dtypes package installed"
     ))
 }

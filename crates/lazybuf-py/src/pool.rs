@@ -8,12 +8,23 @@
 //! buffer is refused with `ValueError`: a buffer already released, or one from another pool
 //! (which is left untouched).
 //!
+//! PyDotCompute 0.2.0's pool API is here too (docs/MIGRATING.md): `get_memory_pool()` returns
+//! the same object on every call for a device (and `MemoryPool()` with no arguments is that
+//! object, as PyDotCompute's singleton was); `get_stats()`/`get_pinned_stats()` return
+//! `PoolStatistics`; `enable()`/`disable()`/`enabled` are caching by default
+//! (`lazybuf.set_caching`), which routes the memory of buffers made without a pool through
+//! their device's process-wide pool; `set_limit` caps what a pool holds.
+//!
 //! What does not live here: caching, size classes, caps and trimming (the core's pool).
 
-use pyo3::exceptions::PyValueError;
-use pyo3::prelude::*;
+use std::sync::{Mutex, PoisonError};
 
-use lazybuf::{MemoryPool, PoolConfig, PoolStats};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBool, PyDict};
+
+use lazybuf::{Device, MemoryKind, MemoryPool, PoolConfig, PoolStats, PoolUsage};
 
 use crate::accelerator::{PyDevice, selector};
 use crate::buffer::UnifiedBuffer;
@@ -24,27 +35,80 @@ use crate::{args, dtype};
 #[pyclass(name = "MemoryPool", module = "lazybuf", frozen)]
 pub struct PyMemoryPool {
     pool: MemoryPool,
+    /// Whether this is a device's process-wide pool (`get_memory_pool()`), where buffers made
+    /// without a pool take their memory while caching by default is on.
+    shared: bool,
+}
+
+/// The one Python object of each device's process-wide pool.
+static SHARED: Mutex<Vec<(Device, Py<PyMemoryPool>)>> = Mutex::new(Vec::new());
+
+/// The Python object of `device`'s process-wide pool: the same object on every call. The
+/// lock is never held while Python code may run (making or dropping an object).
+fn shared_pool(py: Python<'_>, device: Device) -> PyResult<Py<PyMemoryPool>> {
+    let find = |all: &[(Device, Py<PyMemoryPool>)]| {
+        all.iter().find(|(d, _)| *d == device).map(|(_, pool)| pool.clone_ref(py))
+    };
+    if let Some(pool) = find(&SHARED.lock().unwrap_or_else(PoisonError::into_inner)) {
+        return Ok(pool);
+    }
+    let made = Py::new(py, PyMemoryPool { pool: MemoryPool::for_device(&device), shared: true })?;
+    let (kept, spare) = {
+        let mut all = SHARED.lock().unwrap_or_else(PoisonError::into_inner);
+        match find(&all) {
+            // Another thread made it meanwhile: keep theirs.
+            Some(pool) => (pool, Some(made)),
+            None => {
+                all.push((device, made.clone_ref(py)));
+                (made, None)
+            }
+        }
+    };
+    drop(spare);
+    Ok(kept)
+}
+
+/// `PoolStatistics` (python/lazybuf/_pydotcompute.py) of `usage`.
+fn pool_statistics<'py>(py: Python<'py>, usage: PoolUsage) -> PyResult<Bound<'py, PyAny>> {
+    static CLASS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    let class = CLASS.get_or_try_init(py, || {
+        py.import("lazybuf._pydotcompute")?.getattr("PoolStatistics").map(Bound::unbind)
+    })?;
+    let kwargs = PyDict::new(py);
+    kwargs.set_item("used_bytes", usage.bytes_in_use)?;
+    kwargs.set_item("total_bytes", usage.bytes_in_use + usage.bytes_cached)?;
+    kwargs.set_item("n_free_blocks", usage.cached_blocks)?;
+    kwargs.set_item("hits", usage.hits)?;
+    kwargs.set_item("misses", usage.misses)?;
+    class.bind(py).call((), Some(&kwargs))
 }
 
 #[pymethods]
 impl PyMemoryPool {
     /// A new, private pool on `device` (default: the current device). `max_cached_bytes`
     /// caps what it keeps for reuse (default: the device's default pool cap); `zero_reused`
-    /// clears reused memory before handing it out.
+    /// clears reused memory before handing it out. With no arguments (no device, no option),
+    /// the current device's process-wide pool: the object `get_memory_pool()` returns, as
+    /// PyDotCompute's `MemoryPool()` returned its one pool.
     #[new]
     #[pyo3(signature = (device=None, *, max_cached_bytes=None, zero_reused=false))]
     fn py_new(
+        py: Python<'_>,
         device: Option<&Bound<'_, PyAny>>,
         max_cached_bytes: Option<u64>,
         zero_reused: bool,
-    ) -> PyResult<Self> {
+    ) -> PyResult<Py<Self>> {
+        let no_arguments = device.is_none_or(|d| d.is_none()) && max_cached_bytes.is_none() && !zero_reused;
         let device = args::device(device)?;
+        if no_arguments {
+            return shared_pool(py, device);
+        }
         let defaults = PoolConfig::for_device(&device);
         let config = PoolConfig {
             max_cached_bytes: max_cached_bytes.unwrap_or(defaults.max_cached_bytes),
             zero_reused,
         };
-        Ok(PyMemoryPool { pool: MemoryPool::new(&device, config) })
+        Py::new(py, PyMemoryPool { pool: MemoryPool::new(&device, config), shared: false })
     }
 
     /// An UNINITIALIZED buffer whose memory comes from this pool (reused when a released
@@ -126,11 +190,105 @@ impl PyMemoryPool {
         self.pool.config().zero_reused
     }
 
+    // --- PyDotCompute 0.2.0 names (docs/MIGRATING.md) --------------------------------------
+
+    /// The pool's figures as a `PoolStatistics`: bytes in use, bytes held (in use and cached),
+    /// blocks cached, hits and misses, over every kind of memory it holds (device memory and
+    /// the host copies of its device's buffers, pinned or not).
+    fn get_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        pool_statistics(py, self.pool.usage(|_| true))
+    }
+
+    /// As `get_stats()`, for the pinned (page-locked) host memory the pool holds only.
+    fn get_pinned_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        pool_statistics(py, self.pool.usage(|kind| kind == MemoryKind::Host { pinned: true }))
+    }
+
+    /// Whether buffers made without a pool take their memory from this pool: for a device's
+    /// process-wide pool, whether caching by default is on (`lazybuf.caching()`); never for
+    /// a private pool.
+    #[getter]
+    fn enabled(&self) -> bool {
+        self.shared && lazybuf::caching()
+    }
+
+    /// Makes buffers made from now on without a pool take their memory from their device's
+    /// process-wide pool: `lazybuf.set_caching(True)`, for every device. A private pool cannot
+    /// take that role: `ValueError`.
+    fn enable(&self) -> PyResult<()> {
+        if !self.shared {
+            return Err(PyValueError::new_err(format!(
+                "enable: only a device's process-wide pool (get_memory_pool(), or MemoryPool() \
+                 with no arguments) serves buffers made without a pool; this is a private pool on \
+                 {}, which serves only its own acquire()",
+                selector(self.pool.device())
+            )));
+        }
+        lazybuf::set_caching(true);
+        Ok(())
+    }
+
+    /// Makes buffers made from now on without a pool allocate directly from their device
+    /// (`lazybuf.set_caching(False)`, for every device); buffers made earlier keep their
+    /// memory source. Nothing to do for a private pool, which never serves them.
+    fn disable(&self) {
+        if self.shared {
+            lazybuf::set_caching(false);
+        }
+    }
+
+    /// Frees every cached block (`trim()`); returns the bytes freed. Live buffers keep their
+    /// memory.
+    fn free_all_blocks(&self, py: Python<'_>) -> u64 {
+        py.detach(|| self.pool.trim())
+    }
+
+    /// The same as `free_all_blocks()` (PyDotCompute's name for freeing its device blocks;
+    /// lazybuf's pool keeps every kind of memory in one cache).
+    fn free_all_free(&self, py: Python<'_>) -> u64 {
+        py.detach(|| self.pool.trim())
+    }
+
+    /// Sets the most MiB the pool may hold, in use and cached together, over every kind of
+    /// memory (`None`: no limit). A buffer's first use that would pass it, once the pool has
+    /// trimmed its cache, raises `MemoryError`; buffers already holding memory keep it. For a
+    /// device's process-wide pool this limits every buffer made without a pool on the device.
+    #[pyo3(signature = (size_mb))]
+    fn set_limit(&self, size_mb: &Bound<'_, PyAny>) -> PyResult<()> {
+        if size_mb.is_none() {
+            self.pool.set_limit(None);
+            return Ok(());
+        }
+        let expected = "set_limit: expected a whole number of MiB (0 or more) or None";
+        if size_mb.is_instance_of::<PyBool>() {
+            return Err(PyTypeError::new_err(format!("{expected}, got the bool {size_mb}")));
+        }
+        let mb: i128 = size_mb.extract().map_err(|_| {
+            let kind = size_mb.get_type().name().map(|n| n.to_string()).unwrap_or_default();
+            PyTypeError::new_err(format!(
+                "{expected}, got {kind} {}",
+                size_mb.repr().map(|r| r.to_string()).unwrap_or_default()
+            ))
+        })?;
+        let bytes = u64::try_from(mb).ok().and_then(|mb| mb.checked_mul(1 << 20)).ok_or_else(|| {
+            PyValueError::new_err(format!("{expected} that fits in 64 bits of bytes, got {mb}"))
+        })?;
+        self.pool.set_limit(Some(bytes));
+        Ok(())
+    }
+
+    /// The limit `set_limit` set, in bytes, or None.
+    #[getter]
+    fn limit(&self) -> Option<u64> {
+        self.pool.limit()
+    }
+
     fn __repr__(&self) -> String {
         let stats = self.pool.stats();
         format!(
-            "<lazybuf.MemoryPool {} in_use={} cached={} hits={} misses={}>",
+            "<lazybuf.MemoryPool {} enabled={} in_use={} cached={} hits={} misses={}>",
             selector(self.pool.device()),
+            if self.enabled() { "True" } else { "False" },
             stats.bytes_in_use,
             stats.bytes_cached,
             stats.hits,
@@ -205,13 +363,12 @@ impl PyPoolStats {
     }
 }
 
-/// The process-wide pool of `device` (default: the current device): the same pool on every
-/// call.
+/// The process-wide pool of `device` (default: the current device): the same object on every
+/// call for a device.
 #[pyfunction]
 #[pyo3(signature = (device=None))]
-pub fn get_memory_pool(device: Option<&Bound<'_, PyAny>>) -> PyResult<PyMemoryPool> {
-    let device = args::device(device)?;
-    Ok(PyMemoryPool { pool: MemoryPool::for_device(&device) })
+pub fn get_memory_pool(py: Python<'_>, device: Option<&Bound<'_, PyAny>>) -> PyResult<Py<PyMemoryPool>> {
+    shared_pool(py, args::device(device)?)
 }
 
 /// Whether buffers made from now on take their memory from their device's caching pool (the

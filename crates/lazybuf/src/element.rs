@@ -32,11 +32,17 @@ pub enum DType {
     F32,
     /// `f64`
     F64,
+    /// A complex number of two `f32`s, real part first ([`num_complex::Complex32`]; NumPy's
+    /// `complex64`)
+    C64,
+    /// A complex number of two `f64`s, real part first ([`num_complex::Complex64`]; NumPy's
+    /// `complex128`)
+    C128,
 }
 
 impl DType {
     /// Every supported element type.
-    pub const ALL: [DType; 12] = [
+    pub const ALL: [DType; 14] = [
         DType::U8,
         DType::U16,
         DType::U32,
@@ -49,6 +55,8 @@ impl DType {
         DType::BF16,
         DType::F32,
         DType::F64,
+        DType::C64,
+        DType::C128,
     ];
 
     /// The size of one element in bytes.
@@ -57,7 +65,8 @@ impl DType {
             DType::U8 | DType::I8 => 1,
             DType::U16 | DType::I16 | DType::F16 | DType::BF16 => 2,
             DType::U32 | DType::I32 | DType::F32 => 4,
-            DType::U64 | DType::I64 | DType::F64 => 8,
+            DType::U64 | DType::I64 | DType::F64 | DType::C64 => 8,
+            DType::C128 => 16,
         }
     }
 
@@ -76,6 +85,8 @@ impl DType {
             DType::BF16 => "bfloat16",
             DType::F32 => "float32",
             DType::F64 => "float64",
+            DType::C64 => "complex64",
+            DType::C128 => "complex128",
         }
     }
 
@@ -117,6 +128,7 @@ element! {
     u8 => U8, u16 => U16, u32 => U32, u64 => U64,
     i8 => I8, i16 => I16, i32 => I32, i64 => I64,
     half::f16 => F16, half::bf16 => BF16, f32 => F32, f64 => F64,
+    num_complex::Complex32 => C64, num_complex::Complex64 => C128,
 }
 
 #[cfg(test)]
@@ -128,6 +140,18 @@ mod tests {
         assert_eq!(<half::bf16 as Element>::DTYPE.size(), size_of::<half::bf16>());
         assert_eq!(<f64 as Element>::DTYPE.size(), size_of::<f64>());
         assert_eq!(<i16 as Element>::DTYPE.size(), size_of::<i16>());
+        assert_eq!(<num_complex::Complex32 as Element>::DTYPE.size(), size_of::<num_complex::Complex32>());
+        assert_eq!(<num_complex::Complex64 as Element>::DTYPE.size(), size_of::<num_complex::Complex64>());
+    }
+
+    #[test]
+    fn complex_numbers_are_real_part_first() {
+        // The layout NumPy, C99 `float _Complex`, CUDA's cuComplex and OpenCL's float2 use.
+        let z = num_complex::Complex32::new(1.5, -2.0);
+        let bytes = bytemuck::bytes_of(&z);
+        assert_eq!(&bytes[..4], &1.5f32.to_ne_bytes());
+        assert_eq!(&bytes[4..], &(-2.0f32).to_ne_bytes());
+        assert_eq!(align_of::<num_complex::Complex64>(), align_of::<f64>());
     }
 
     #[test]
@@ -135,6 +159,9 @@ mod tests {
         for d in DType::ALL {
             assert_eq!(DType::from_name(d.name()), Some(d));
         }
-        assert_eq!(DType::from_name("complex64"), None);
+        assert_eq!(DType::from_name("complex64"), Some(DType::C64));
+        assert_eq!(DType::from_name("complex128"), Some(DType::C128));
+        assert_eq!(DType::from_name("complex256"), None);
+        assert_eq!(DType::from_name("bool"), None);
     }
 }

@@ -47,10 +47,11 @@ pub use discovery::{backend_status, default_device, devices, select_device};
 pub use element::{DType, Element};
 pub use error::{BackendKind, Error, Result, RuntimeCode};
 pub use half::{bf16, f16};
+pub use num_complex::{Complex, Complex32, Complex64};
 pub use pool::MemoryPool;
 pub use resource::{
-    Block, CachingResource, DirectResource, LimitingResource, MemoryResource, PoolConfig, PoolStats, caching,
-    set_caching, trim,
+    Block, CachingResource, DirectResource, LimitingResource, MemoryResource, PoolConfig, PoolStats,
+    PoolUsage, caching, set_caching, trim,
 };
 
 /// The README's examples, compiled and run as doctests.

@@ -5,7 +5,10 @@
 mod common;
 
 use common::{LENGTHS, pattern};
-use lazybuf::{BufferState, DType, Device, Location, Residency, TransferStats, UnifiedBuffer, bf16, f16};
+use lazybuf::{
+    BufferState, Complex32, Complex64, DType, Device, Location, Residency, TransferStats, UnifiedBuffer,
+    bf16, f16,
+};
 
 /// The transfer expected for one host<->device sync of `bytes` on `device`.
 fn one_sync(device: &Device, bytes: usize) -> (u64, u64) {
@@ -216,8 +219,16 @@ fn every_element_type_round_trips_and_fills() {
         round_trip::<bf16>(&device, [bf16::from_f32(1.5), bf16::from_f32(-2.25), bf16::MIN]);
         round_trip::<f32>(&device, [1.5, -2.25, f32::MAX]);
         round_trip::<f64>(&device, [1.5, -2.25, f64::MIN_POSITIVE]);
+        round_trip::<Complex32>(
+            &device,
+            [Complex32::new(1.5, -2.25), Complex32::new(-0.0, f32::MAX), Complex32::new(3.0, 0.5)],
+        );
+        round_trip::<Complex64>(
+            &device,
+            [Complex64::new(1.5, -2.25), Complex64::new(f64::MIN_POSITIVE, -1e300), Complex64::new(0.0, 7.0)],
+        );
     }
-    assert_eq!(DType::ALL.len(), 12, "every dtype above");
+    assert_eq!(DType::ALL.len(), 14, "every dtype above");
 }
 
 #[test]

@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use lazybuf::testing::FaultyDevice;
 use lazybuf::{
-    BufferOptions, BufferState, Device, DirectResource, Error, LimitingResource, MemoryPool, PoolConfig,
-    PoolStats, UnifiedBuffer,
+    BufferOptions, BufferState, Device, DirectResource, Error, LimitingResource, MemoryKind, MemoryPool,
+    PoolConfig, PoolStats, PoolUsage, UnifiedBuffer,
 };
 
 fn host_pool(config: PoolConfig) -> MemoryPool {
@@ -97,6 +97,59 @@ fn pinned_and_pageable_blocks_are_kept_apart() {
     assert!(c.is_pinned());
     let s = pool.stats();
     assert_eq!((s.hits, s.misses, s.allocations), (1, 2, 2));
+
+    // Each kind's share: `c` holds the pinned block (a hit), `b`'s pageable block is cached.
+    let pinned = pool.usage(|k| k == MemoryKind::Host { pinned: true });
+    assert_eq!(
+        pinned,
+        PoolUsage { hits: 1, misses: 1, bytes_in_use: 4096, bytes_cached: 0, cached_blocks: 0 }
+    );
+    let pageable = pool.usage(|k| k == MemoryKind::Host { pinned: false });
+    assert_eq!(
+        pageable,
+        PoolUsage { hits: 0, misses: 1, bytes_in_use: 0, bytes_cached: 4096, cached_blocks: 1 }
+    );
+    let all = pool.usage(|_| true);
+    assert_eq!(
+        (all.hits, all.misses, all.bytes_in_use, all.bytes_cached),
+        (s.hits, s.misses, s.bytes_in_use, s.bytes_cached)
+    );
+    assert_eq!(all.cached_blocks, 1);
+    assert_eq!(pool.usage(|k| k == MemoryKind::Device), PoolUsage::default());
+    pool.clear();
+    assert_eq!(pool.usage(|_| true), PoolUsage { bytes_in_use: 4096, ..PoolUsage::default() });
+}
+
+#[test]
+fn a_limit_bounds_what_the_pool_holds_after_trimming_its_cache() {
+    let pool = host_pool(PoolConfig::default());
+    assert_eq!(pool.limit(), None);
+    pool.set_limit(Some(10_000));
+    assert_eq!(pool.limit(), Some(10_000));
+    let mut a = pool.acquire::<u8>(&[4096], false).unwrap();
+    a.host_overwrite().unwrap();
+    drop(a); // cached: 4096
+    let mut b = pool.acquire::<u8>(&[8000], false).unwrap();
+    b.host_overwrite().unwrap().fill(5); // a block of 8192 fits only once the cache is trimmed
+    let s = pool.stats();
+    assert_eq!((s.bytes_in_use, s.bytes_cached, s.oom_retries), (8192, 0, 1));
+
+    // 8192 held + 4000 would pass the limit: refused, and the buffer is as it was.
+    let mut c = pool.acquire::<u8>(&[4000], false).unwrap();
+    let err = c.host_overwrite().unwrap_err();
+    assert!(err.is_out_of_memory(), "{err}");
+    assert!(err.to_string().contains("the pool's limit is 10000 bytes; it holds 8192"), "{err}");
+    assert_eq!(c.state(), BufferState::Uninitialized);
+    assert_eq!(pool.stats().bytes_in_use, 8192);
+    let mut empty = pool.acquire::<u8>(&[0], false).unwrap();
+    empty.host_overwrite().unwrap(); // empty blocks cost nothing
+
+    // Lowering the limit takes nothing from live buffers; lifting it lets `c` in.
+    pool.set_limit(Some(100));
+    assert!(b.host().unwrap().iter().all(|&x| x == 5));
+    pool.set_limit(None);
+    c.host_overwrite().unwrap();
+    assert_eq!(pool.stats().bytes_in_use, 8192 + 4096);
 }
 
 #[test]

@@ -33,11 +33,12 @@
 use std::fmt;
 use std::sync::Arc;
 
+use crate::backend::MemoryKind;
 use crate::buffer::{BufferOptions, RawBuffer, UnifiedBuffer};
 use crate::device::Device;
 use crate::element::Element;
 use crate::error::{Error, Result};
-use crate::resource::{CachingResource, DirectResource, MemoryResource, PoolConfig, PoolStats};
+use crate::resource::{CachingResource, DirectResource, MemoryResource, PoolConfig, PoolStats, PoolUsage};
 
 /// A memory pool whose buffers live on one device.
 ///
@@ -146,6 +147,27 @@ impl MemoryPool {
     /// The pool's counters now.
     pub fn stats(&self) -> PoolStats {
         self.resource.stats()
+    }
+
+    /// What the pool holds of the kinds of memory `kinds` accepts (bytes in use, bytes and
+    /// blocks cached), and the hits and misses of requests for them:
+    /// `pool.usage(|k| k == MemoryKind::Host { pinned: true })` for pinned host memory.
+    pub fn usage(&self, kinds: impl Fn(MemoryKind) -> bool) -> PoolUsage {
+        self.resource.usage(kinds)
+    }
+
+    /// Sets the most bytes the pool may hold, handed out and cached together, over every
+    /// kind of memory (`None`: no limit, the default). A request beyond it, once the pool has
+    /// trimmed its cache, fails with [`Error::OutOfMemory`]. For the pool of
+    /// [`MemoryPool::for_device`] this limits every buffer made without a resource on that
+    /// device while caching by default is on.
+    pub fn set_limit(&self, limit: Option<u64>) {
+        self.resource.set_limit(limit);
+    }
+
+    /// The limit set by [`Self::set_limit`], if any.
+    pub fn limit(&self) -> Option<u64> {
+        self.resource.limit()
     }
 
     /// Frees every cached block back upstream; returns the bytes freed. Live buffers keep

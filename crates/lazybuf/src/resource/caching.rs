@@ -14,6 +14,10 @@
 //! - **Out of memory** (or a refused page lock, which cached pinned blocks may be causing):
 //!   trim every cached block, retry once, and if the upstream still refuses, return its error
 //!   as it is (it names the device, the size and the runtime's code).
+//! - **Limit** ([`CachingResource::set_limit`], off by default): the bytes the pool holds,
+//!   handed out and cached together, never pass it. A miss that would pass it is refused
+//!   with [`Error::OutOfMemory`] before the upstream is asked, so the pool trims its cache and
+//!   retries once, as for a full device, and a request that still does not fit fails.
 //! - **Accounting**: every block is counted by its real length, under the key its own length
 //!   and kind give, so a block larger than asked for still balances. A block this resource did
 //!   not hand out (no block of its key is outstanding) goes straight upstream, uncounted.
@@ -29,7 +33,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::hash::{BuildHasherDefault, Hash, Hasher};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::size_class::class_size;
@@ -88,6 +92,41 @@ pub struct PoolStats {
     /// retried once.
     pub oom_retries: u64,
 }
+
+/// What a pool holds of some kinds of memory now ([`CachingResource::usage`]), with the hits
+/// and misses of requests for them since creation or the last reset. Bytes are those of
+/// whole blocks, as in [`PoolStats`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolUsage {
+    /// Requests served from the cache.
+    pub hits: u64,
+    /// Requests the cache could not serve.
+    pub misses: u64,
+    /// Bytes of blocks handed out (held by live buffers).
+    pub bytes_in_use: u64,
+    /// Bytes of blocks cached for reuse.
+    pub bytes_cached: u64,
+    /// The number of blocks cached for reuse.
+    pub cached_blocks: u64,
+}
+
+/// A slot in per-kind tables.
+fn kind_index(kind: MemoryKind) -> usize {
+    match kind {
+        MemoryKind::Device => 0,
+        MemoryKind::Host { pinned: false } => 1,
+        MemoryKind::Host { pinned: true } => 2,
+        MemoryKind::Shared => 3,
+    }
+}
+
+/// The kinds, in [`kind_index`] order.
+const KINDS: [MemoryKind; 4] = [
+    MemoryKind::Device,
+    MemoryKind::Host { pinned: false },
+    MemoryKind::Host { pinned: true },
+    MemoryKind::Shared,
+];
 
 /// One free list's identity: the device, the kind, and the block length.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -176,6 +215,10 @@ type Slots = HashMap<Key, Slot, BuildHasherDefault<KeyHasher>>;
 struct State {
     slots: Slots,
     stats: PoolStats,
+    /// Hits and misses per kind ([`kind_index`]).
+    kind_counts: [(u64, u64); 4],
+    /// Bytes asked of the upstream and not yet counted (under the limit while in flight).
+    pending: u64,
 }
 
 /// Zeroes the first `bytes` of a reused block (its old contents must not show).
@@ -229,13 +272,21 @@ pub struct CachingResource {
     config: PoolConfig,
     /// For messages: the pool's own device.
     name: String,
+    /// The most bytes the pool may hold (in use and cached); `u64::MAX`: no limit.
+    limit: AtomicU64,
     state: Mutex<State>,
 }
 
 impl CachingResource {
     /// A cache with `config` over `upstream`; `name` (the pool's device) shows in messages.
     pub fn new(upstream: Arc<dyn MemoryResource>, config: PoolConfig, name: String) -> Self {
-        CachingResource { upstream, config, name, state: Mutex::new(State::default()) }
+        CachingResource {
+            upstream,
+            config,
+            name,
+            limit: AtomicU64::new(u64::MAX),
+            state: Mutex::new(State::default()),
+        }
     }
 
     /// Where misses go.
@@ -251,6 +302,67 @@ impl CachingResource {
     /// The counters now.
     pub fn stats(&self) -> PoolStats {
         self.lock().stats
+    }
+
+    /// What the pool holds of the kinds `kinds` accepts, and the hits and misses of requests
+    /// for them.
+    pub fn usage(&self, kinds: impl Fn(MemoryKind) -> bool) -> PoolUsage {
+        let state = self.lock();
+        let mut usage = PoolUsage::default();
+        for (kind, (hits, misses)) in KINDS.iter().zip(state.kind_counts) {
+            if kinds(*kind) {
+                usage.hits += hits;
+                usage.misses += misses;
+            }
+        }
+        for (key, slot) in state.slots.iter().filter(|(key, _)| kinds(key.kind)) {
+            let bytes = key.bytes as u64;
+            usage.bytes_in_use += slot.outstanding as u64 * bytes;
+            usage.bytes_cached += slot.free.len() as u64 * bytes;
+            usage.cached_blocks += slot.free.len() as u64;
+        }
+        usage
+    }
+
+    /// Sets the most bytes the pool may hold, handed out and cached together (`None`: no
+    /// limit, the default). A miss that would pass it is refused with
+    /// [`Error::OutOfMemory`] before the upstream is asked (the pool then trims its cache and
+    /// retries once). Lowering it below what live buffers hold takes nothing from them: later
+    /// requests fail until enough is given back.
+    pub fn set_limit(&self, limit: Option<u64>) {
+        self.limit.store(limit.unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    /// The limit set by [`Self::set_limit`], if any.
+    pub fn limit(&self) -> Option<u64> {
+        Some(self.limit.load(Ordering::Relaxed)).filter(|&limit| limit != u64::MAX)
+    }
+
+    /// Asks the upstream for a block of `bytes`, within the limit.
+    fn allocate_upstream(
+        &self,
+        device: &Device,
+        kind: MemoryKind,
+        bytes: usize,
+        stream: &Stream,
+    ) -> Result<Block> {
+        let n = bytes as u64;
+        {
+            let mut state = self.lock();
+            let limit = self.limit.load(Ordering::Relaxed);
+            let held = state.stats.bytes_in_use + state.stats.bytes_cached + state.pending;
+            if held.checked_add(n).is_none_or(|total| total > limit) {
+                return Err(Error::OutOfMemory {
+                    device: format!("{} (the pool's limit is {limit} bytes; it holds {held})", self.name),
+                    requested: bytes,
+                    code: None,
+                });
+            }
+            state.pending += n;
+        }
+        let block = self.upstream.allocate(device, kind, bytes, stream);
+        self.lock().pending -= n;
+        block
     }
 
     /// Frees every cached block upstream; returns their bytes.
@@ -273,6 +385,7 @@ impl CachingResource {
             peak_bytes_in_use: stats.bytes_in_use,
             ..PoolStats::default()
         };
+        state.kind_counts = Default::default();
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -284,7 +397,8 @@ impl CachingResource {
     /// miss.
     fn reuse(&self, key: Key, stream: &Stream) -> Option<Block> {
         let mut state = self.lock();
-        let State { slots, stats } = &mut *state;
+        let State { slots, stats, kind_counts, .. } = &mut *state;
+        let counts = &mut kind_counts[kind_index(key.kind)];
         let found = slots.get_mut(&key).and_then(|slot| {
             // The most recently cached usable block: the warmest in the caches.
             let index = slot.free.iter().rposition(|cached| cached.usable_on(stream))?;
@@ -296,6 +410,7 @@ impl CachingResource {
             Some((block, device)) => {
                 let n = block.len() as u64;
                 stats.hits += 1;
+                counts.0 += 1;
                 stats.bytes_cached -= n;
                 stats.bytes_in_use += n;
                 stats.peak_bytes_in_use = stats.peak_bytes_in_use.max(stats.bytes_in_use);
@@ -304,6 +419,7 @@ impl CachingResource {
             }
             None => {
                 stats.misses += 1;
+                counts.1 += 1;
                 None
             }
         }
@@ -312,7 +428,7 @@ impl CachingResource {
     /// Counts a fresh block from upstream as handed out.
     fn count_fresh(&self, device: &Device, block: &Block) {
         let mut state = self.lock();
-        let State { slots, stats } = &mut *state;
+        let State { slots, stats, .. } = &mut *state;
         let slot = slots
             .entry(Key { device: device.id(), kind: block.kind(), bytes: block.len() })
             .or_insert_with(|| Slot { device: device.clone(), free: Vec::new(), outstanding: 0 });
@@ -349,11 +465,12 @@ impl MemoryResource for CachingResource {
     /// A block of at least `bytes` of `kind` on `device` for `stream`: cached if one of the
     /// class fits and may be used, else fresh from upstream.
     fn allocate(&self, device: &Device, kind: MemoryKind, bytes: usize, stream: &Stream) -> Result<Block> {
-        let fresh = |n: usize| self.upstream.allocate(device, kind, n, stream);
+        let fresh = |n: usize| self.allocate_upstream(device, kind, n, stream);
         let class = match class_size(bytes) {
             Some(class) if class > 0 => class,
-            // Empty blocks cost nothing; sizes without a class cannot be allocated anyway.
-            _ => return fresh(bytes),
+            // Empty blocks cost nothing (nor count against the limit); sizes without a class
+            // cannot be allocated anyway.
+            _ => return self.upstream.allocate(device, kind, bytes, stream),
         };
         if let Some(mut block) = self.reuse(Key { device: device.id(), kind, bytes: class }, stream) {
             if self.config.zero_reused
@@ -395,7 +512,7 @@ impl MemoryResource for CachingResource {
             let n = block.len() as u64;
             let cap = self.config.max_cached_bytes;
             let mut state = self.lock();
-            let State { slots, stats } = &mut *state;
+            let State { slots, stats, .. } = &mut *state;
             match slots.get_mut(&key) {
                 Some(slot) if slot.outstanding > 0 => {
                     slot.outstanding -= 1;
@@ -431,6 +548,7 @@ impl fmt::Debug for CachingResource {
         f.debug_struct("CachingResource")
             .field("pool_of", &self.name)
             .field("config", &self.config)
+            .field("limit", &self.limit())
             .field("upstream", &self.upstream)
             .finish()
     }

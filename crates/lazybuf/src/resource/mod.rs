@@ -36,7 +36,7 @@ mod caching;
 mod limiting;
 pub mod size_class;
 
-pub use caching::{CachingResource, DEFAULT_MAX_CACHED_BYTES, PoolConfig, PoolStats};
+pub use caching::{CachingResource, DEFAULT_MAX_CACHED_BYTES, PoolConfig, PoolStats, PoolUsage};
 pub use limiting::LimitingResource;
 
 use std::collections::HashMap;

@@ -1,0 +1,124 @@
+"""lazybuf's exception classes, with PyDotCompute 0.2.0's hierarchy for the memory layer.
+
+PyDotCompute code catches ``PyDotComputeError``, ``BufferError``, ``BackendError``,
+``BackendNotAvailableError``, ``CUDAError``, ``MetalError``...; the same classes are here (and
+in ``lazybuf``), and lazybuf's own errors derive from them where the meaning matches:
+
+- ``BackendUnavailableError`` (a ``RuntimeError``) is a ``BackendNotAvailableError``: a
+  backend is not installed, not compiled in, or has no device;
+- ``MetalUnavailableError``, raised by ``.metal`` and ``mark_metal_dirty()`` (lazybuf has no
+  Metal backend), is a ``BackendUnavailableError`` and a ``MetalError``;
+- ``CUDARuntimeError`` (a ``RuntimeError``), a failed CUDA driver call, is a ``CUDAError``;
+- ``CoherenceError`` (a ``RuntimeError``), found by the coherence checker, is a
+  ``BufferError``.
+
+``BufferNotAllocatedError`` and ``BufferSyncError`` exist for ``except`` clauses and
+``isinstance`` checks, but lazybuf never raises them: a buffer allocates at first use (the
+seeds write ``buf.host[:] = ...`` on a new buffer), and a failed copy raises the runtime's
+error (``CUDARuntimeError``, ``RuntimeError``, ``MemoryError``) and changes nothing.
+
+``BufferError`` here is *not* Python's builtin ``BufferError`` (PyDotCompute's shadows it the
+same way); ``lazybuf.__all__`` leaves it out so that ``from lazybuf import *`` does not shadow
+the builtin.
+
+The extension module raises the lazybuf classes (``crates/lazybuf-py/src/errors.rs`` imports
+them from here), so this module imports nothing from it.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BackendError",
+    "BackendNotAvailableError",
+    "BackendUnavailableError",
+    "BufferError",
+    "BufferNotAllocatedError",
+    "BufferSyncError",
+    "CUDAError",
+    "CUDARuntimeError",
+    "CoherenceError",
+    "MetalError",
+    "MetalUnavailableError",
+    "PyDotComputeError",
+]
+
+
+# --- PyDotCompute 0.2.0's classes (pydotcompute.exceptions), same names and constructors -------
+
+
+class PyDotComputeError(Exception):
+    """Base of every lazybuf-specific exception (PyDotCompute's base class)."""
+
+
+class BufferError(PyDotComputeError):  # noqa: A001 - PyDotCompute's name, shadowing the builtin
+    """Base of buffer errors. Not the builtin ``BufferError``."""
+
+
+class BufferNotAllocatedError(BufferError):
+    """PyDotCompute raised it for a buffer used before ``allocate()``; lazybuf never raises it
+    (buffers allocate at first use)."""
+
+    def __init__(self) -> None:
+        super().__init__("Buffer has not been allocated. Call allocate() first.")
+
+
+class BufferSyncError(BufferError):
+    """PyDotCompute raised it when a copy between host and device failed; lazybuf never raises
+    it (a failed copy raises the runtime's error and changes nothing)."""
+
+    def __init__(self, direction: str, cause: BaseException) -> None:
+        self.direction = direction
+        self.cause = cause
+        super().__init__(f"Failed to sync buffer {direction}: {cause}")
+
+
+class BackendError(PyDotComputeError):
+    """Base of backend errors."""
+
+
+class BackendNotAvailableError(BackendError):
+    """A backend is not available; ``backend_name`` and ``reason`` say which and why."""
+
+    def __init__(self, backend_name: str, reason: str) -> None:
+        self.backend_name = backend_name
+        self.reason = reason
+        super().__init__(f"Backend '{backend_name}' is not available: {reason}")
+
+
+class CUDAError(BackendError):
+    """A CUDA-specific error."""
+
+
+class MetalError(BackendError):
+    """A Metal-specific error."""
+
+
+# --- lazybuf's own, raised by the extension -------------------------------------------------
+
+
+class BackendUnavailableError(RuntimeError, BackendNotAvailableError):
+    """A backend (Metal, CUDA, OpenCL) is not installed, not compiled in, or has no device.
+
+    A ``RuntimeError`` and PyDotCompute's ``BackendNotAvailableError``: ``backend_name`` is the
+    backend's selector name (``"cuda"``, ``"metal"``), ``reason`` why it cannot be used, and
+    ``str()`` the whole message."""
+
+    def __init__(self, message: str, backend_name: str = "", reason: str = "") -> None:
+        RuntimeError.__init__(self, message)
+        self.backend_name = backend_name
+        self.reason = reason or message
+
+
+class MetalUnavailableError(BackendUnavailableError, MetalError):
+    """Metal is not available: lazybuf has no Metal backend yet (``.metal`` and
+    ``mark_metal_dirty()`` raise it). Also a ``MetalError``, which PyDotCompute raised."""
+
+
+class CUDARuntimeError(RuntimeError, CUDAError):
+    """A CUDA driver call failed; the message names the call and the driver's ``CUresult``."""
+
+
+class CoherenceError(RuntimeError, BufferError):
+    """The coherence checker (``lazybuf.set_checking(True)``, or ``LAZYBUF_CHECK=1``) found a
+    device copy written without ``mark_device_dirty()`` after it was handed out by
+    ``.device``."""
