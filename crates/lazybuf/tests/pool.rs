@@ -138,7 +138,7 @@ fn a_limit_bounds_what_the_pool_holds_after_trimming_its_cache() {
     let mut c = pool.acquire::<u8>(&[4000], false).unwrap();
     let err = c.host_overwrite().unwrap_err();
     assert!(err.is_out_of_memory(), "{err}");
-    assert!(err.to_string().contains("the pool's limit is 10000 bytes; it holds 8192"), "{err}");
+    assert!(err.to_string().contains("the limit is 10000 bytes; 8192 are held"), "{err}");
     assert_eq!(c.state(), BufferState::Uninitialized);
     assert_eq!(pool.stats().bytes_in_use, 8192);
     let mut empty = pool.acquire::<u8>(&[0], false).unwrap();
@@ -297,7 +297,7 @@ fn out_of_memory_trims_and_retries_once_then_errors() {
     let mut c = pool.acquire::<u8>(&[4096], false).unwrap();
     let err = c.host_overwrite().unwrap_err();
     assert!(err.is_out_of_memory(), "{err}");
-    assert!(err.to_string().contains("limited to 8192 bytes"), "{err}");
+    assert!(err.to_string().contains("the limit is 8192 bytes"), "{err}");
     assert_eq!(c.state(), BufferState::Uninitialized);
     let s = pool.stats();
     assert_eq!((s.oom_retries, s.allocations, s.bytes_in_use), (2, 2, 5120));

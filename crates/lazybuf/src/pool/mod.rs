@@ -38,7 +38,9 @@ use crate::buffer::{BufferOptions, RawBuffer, UnifiedBuffer};
 use crate::device::Device;
 use crate::element::Element;
 use crate::error::{Error, Result};
-use crate::resource::{CachingResource, DirectResource, MemoryResource, PoolConfig, PoolStats, PoolUsage};
+use crate::resource::{
+    CachingResource, DirectResource, LimitingResource, MemoryResource, PoolConfig, PoolStats, PoolUsage,
+};
 
 /// A memory pool whose buffers live on one device.
 ///
@@ -60,6 +62,8 @@ use crate::resource::{CachingResource, DirectResource, MemoryResource, PoolConfi
 pub struct MemoryPool {
     device: Device,
     resource: Arc<CachingResource>,
+    /// Between the cache and the upstream: the pool's limit ([`MemoryPool::set_limit`]).
+    limiter: Arc<LimitingResource>,
 }
 
 impl MemoryPool {
@@ -74,8 +78,9 @@ impl MemoryPool {
         config: PoolConfig,
         upstream: Arc<dyn MemoryResource>,
     ) -> MemoryPool {
-        let resource = Arc::new(CachingResource::new(upstream, config, device.to_string()));
-        MemoryPool { device: device.clone(), resource }
+        let limiter = Arc::new(LimitingResource::unlimited(upstream));
+        let resource = Arc::new(CachingResource::new(limiter.clone(), config, device.to_string()));
+        MemoryPool { device: device.clone(), resource, limiter }
     }
 
     /// The process-wide default pool of `device`: the same pool on every call, configured by
@@ -83,7 +88,7 @@ impl MemoryPool {
     /// use while caching by default is on. It lives for the rest of the process and keeps the
     /// device open.
     pub fn for_device(device: &Device) -> MemoryPool {
-        MemoryPool { device: device.clone(), resource: crate::resource::default_pool(device) }
+        crate::resource::default_memory_pool(device)
     }
 
     /// The device whose buffers this pool hands out.
@@ -96,14 +101,20 @@ impl MemoryPool {
         self.resource.config()
     }
 
+    /// The pool's caching resource.
+    pub(crate) fn cache(&self) -> &Arc<CachingResource> {
+        &self.resource
+    }
+
     /// The pool as a memory resource, for [`BufferOptions::resource`].
     pub fn resource(&self) -> Arc<dyn MemoryResource> {
         self.resource.clone()
     }
 
-    /// Where the pool's misses go.
+    /// Where the pool's misses go (the upstream it was made with; the pool's limit sits
+    /// between the two).
     pub fn upstream(&self) -> &Arc<dyn MemoryResource> {
-        self.resource.upstream()
+        self.limiter.upstream()
     }
 
     /// An UNINITIALIZED buffer of `shape` on the pool's device whose memory comes from this
@@ -162,12 +173,12 @@ impl MemoryPool {
     /// [`MemoryPool::for_device`] this limits every buffer made without a resource on that
     /// device while caching by default is on.
     pub fn set_limit(&self, limit: Option<u64>) {
-        self.resource.set_limit(limit);
+        self.limiter.set_limit(limit.unwrap_or(u64::MAX));
     }
 
     /// The limit set by [`Self::set_limit`], if any.
     pub fn limit(&self) -> Option<u64> {
-        self.resource.limit()
+        Some(self.limiter.limit()).filter(|&limit| limit != u64::MAX)
     }
 
     /// Frees every cached block back upstream; returns the bytes freed. Live buffers keep

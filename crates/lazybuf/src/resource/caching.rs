@@ -14,10 +14,6 @@
 //! - **Out of memory** (or a refused page lock, which cached pinned blocks may be causing):
 //!   trim every cached block, retry once, and if the upstream still refuses, return its error
 //!   as it is (it names the device, the size and the runtime's code).
-//! - **Limit** ([`CachingResource::set_limit`], off by default): the bytes the pool holds,
-//!   handed out and cached together, never pass it. A miss that would pass it is refused
-//!   with [`Error::OutOfMemory`] before the upstream is asked, so the pool trims its cache and
-//!   retries once, as for a full device, and a request that still does not fit fails.
 //! - **Accounting**: every block is counted by its real length, under the key its own length
 //!   and kind give, so a block larger than asked for still balances. A block this resource did
 //!   not hand out (no block of its key is outstanding) goes straight upstream, uncounted.
@@ -33,7 +29,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::hash::{BuildHasherDefault, Hash, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::size_class::class_size;
@@ -217,8 +213,6 @@ struct State {
     stats: PoolStats,
     /// Hits and misses per kind ([`kind_index`]).
     kind_counts: [(u64, u64); 4],
-    /// Bytes asked of the upstream and not yet counted (under the limit while in flight).
-    pending: u64,
 }
 
 /// Zeroes the first `bytes` of a reused block (its old contents must not show).
@@ -272,21 +266,13 @@ pub struct CachingResource {
     config: PoolConfig,
     /// For messages: the pool's own device.
     name: String,
-    /// The most bytes the pool may hold (in use and cached); `u64::MAX`: no limit.
-    limit: AtomicU64,
     state: Mutex<State>,
 }
 
 impl CachingResource {
     /// A cache with `config` over `upstream`; `name` (the pool's device) shows in messages.
     pub fn new(upstream: Arc<dyn MemoryResource>, config: PoolConfig, name: String) -> Self {
-        CachingResource {
-            upstream,
-            config,
-            name,
-            limit: AtomicU64::new(u64::MAX),
-            state: Mutex::new(State::default()),
-        }
+        CachingResource { upstream, config, name, state: Mutex::new(State::default()) }
     }
 
     /// Where misses go.
@@ -322,47 +308,6 @@ impl CachingResource {
             usage.cached_blocks += slot.free.len() as u64;
         }
         usage
-    }
-
-    /// Sets the most bytes the pool may hold, handed out and cached together (`None`: no
-    /// limit, the default). A miss that would pass it is refused with
-    /// [`Error::OutOfMemory`] before the upstream is asked (the pool then trims its cache and
-    /// retries once). Lowering it below what live buffers hold takes nothing from them: later
-    /// requests fail until enough is given back.
-    pub fn set_limit(&self, limit: Option<u64>) {
-        self.limit.store(limit.unwrap_or(u64::MAX), Ordering::Relaxed);
-    }
-
-    /// The limit set by [`Self::set_limit`], if any.
-    pub fn limit(&self) -> Option<u64> {
-        Some(self.limit.load(Ordering::Relaxed)).filter(|&limit| limit != u64::MAX)
-    }
-
-    /// Asks the upstream for a block of `bytes`, within the limit.
-    fn allocate_upstream(
-        &self,
-        device: &Device,
-        kind: MemoryKind,
-        bytes: usize,
-        stream: &Stream,
-    ) -> Result<Block> {
-        let n = bytes as u64;
-        {
-            let mut state = self.lock();
-            let limit = self.limit.load(Ordering::Relaxed);
-            let held = state.stats.bytes_in_use + state.stats.bytes_cached + state.pending;
-            if held.checked_add(n).is_none_or(|total| total > limit) {
-                return Err(Error::OutOfMemory {
-                    device: format!("{} (the pool's limit is {limit} bytes; it holds {held})", self.name),
-                    requested: bytes,
-                    code: None,
-                });
-            }
-            state.pending += n;
-        }
-        let block = self.upstream.allocate(device, kind, bytes, stream);
-        self.lock().pending -= n;
-        block
     }
 
     /// Frees every cached block upstream; returns their bytes.
@@ -465,10 +410,10 @@ impl MemoryResource for CachingResource {
     /// A block of at least `bytes` of `kind` on `device` for `stream`: cached if one of the
     /// class fits and may be used, else fresh from upstream.
     fn allocate(&self, device: &Device, kind: MemoryKind, bytes: usize, stream: &Stream) -> Result<Block> {
-        let fresh = |n: usize| self.allocate_upstream(device, kind, n, stream);
+        let fresh = |n: usize| self.upstream.allocate(device, kind, n, stream);
         let class = match class_size(bytes) {
             Some(class) if class > 0 => class,
-            // Empty blocks cost nothing (nor count against the limit); sizes without a class
+            // Empty blocks cost nothing; sizes without a class
             // cannot be allocated anyway.
             _ => return self.upstream.allocate(device, kind, bytes, stream),
         };
@@ -548,7 +493,6 @@ impl fmt::Debug for CachingResource {
         f.debug_struct("CachingResource")
             .field("pool_of", &self.name)
             .field("config", &self.config)
-            .field("limit", &self.limit())
             .field("upstream", &self.upstream)
             .finish()
     }

@@ -4,7 +4,12 @@
 //! (blocks of every kind together, counted by their real length) never pass the
 //! limit; a request that would pass it is an [`Error::OutOfMemory`], as a full device would
 //! answer, so the policies above it (a pool's trim-and-retry) react as they would to the real
-//! thing. Use it to cap a process's use of a device, or to test out-of-memory paths.
+//! thing. Use it to cap a process's use of a device, or to test out-of-memory paths. The limit
+//! can be changed at any time ([`LimitingResource::set_limit`]); lowering it below what is
+//! held takes nothing back, later requests fail until enough is returned. Every
+//! [`crate::MemoryPool`] keeps one between its cache and its upstream, unlimited until
+//! [`crate::MemoryPool::set_limit`] sets it, so a pool's limit counts what it holds, handed out
+//! and cached together.
 //!
 //! What does not live here: caching ([`super::CachingResource`]).
 
@@ -20,14 +25,19 @@ use crate::error::{Error, Result};
 /// Forwards to an upstream resource while the bytes held stay within a limit.
 pub struct LimitingResource {
     upstream: Arc<dyn MemoryResource>,
-    limit: u64,
+    limit: AtomicU64,
     held: AtomicU64,
 }
 
 impl LimitingResource {
     /// Lets `upstream` hand out at most `limit` bytes at a time through this resource.
     pub fn new(upstream: Arc<dyn MemoryResource>, limit: u64) -> LimitingResource {
-        LimitingResource { upstream, limit, held: AtomicU64::new(0) }
+        LimitingResource { upstream, limit: AtomicU64::new(limit), held: AtomicU64::new(0) }
+    }
+
+    /// A resource that forwards everything until a limit is set.
+    pub fn unlimited(upstream: Arc<dyn MemoryResource>) -> LimitingResource {
+        Self::new(upstream, u64::MAX)
     }
 
     /// Where allocations go.
@@ -35,9 +45,15 @@ impl LimitingResource {
         &self.upstream
     }
 
-    /// The limit in bytes.
+    /// The limit in bytes (`u64::MAX`: none).
     pub fn limit(&self) -> u64 {
-        self.limit
+        self.limit.load(Ordering::SeqCst)
+    }
+
+    /// Changes the limit (`u64::MAX`: none). Blocks held beyond a lowered limit stay where
+    /// they are; requests fail until the bytes held are below it again.
+    pub fn set_limit(&self, limit: u64) {
+        self.limit.store(limit, Ordering::SeqCst);
     }
 
     /// The bytes handed out and not yet returned.
@@ -48,13 +64,14 @@ impl LimitingResource {
     /// Reserves `bytes` under the limit, or says why not.
     fn reserve(&self, device: &Device, bytes: usize) -> Result<()> {
         let n = bytes as u64;
+        let limit = self.limit();
         self.held
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |held| {
-                held.checked_add(n).filter(|&total| total <= self.limit)
+                held.checked_add(n).filter(|&total| total <= limit)
             })
             .map(drop)
             .map_err(|held| Error::OutOfMemory {
-                device: format!("{device} (limited to {} bytes, {held} held)", self.limit),
+                device: format!("{device} (the limit is {limit} bytes; {held} are held)"),
                 requested: bytes,
                 code: None,
             })
@@ -98,7 +115,7 @@ impl MemoryResource for LimitingResource {
 impl fmt::Debug for LimitingResource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LimitingResource")
-            .field("limit", &self.limit)
+            .field("limit", &self.limit())
             .field("held", &self.held())
             .field("upstream", &self.upstream)
             .finish()

@@ -203,21 +203,20 @@ pub fn set_caching(on: bool) {
 /// The process-wide caching resource of `device`: the same one on every call, configured by
 /// [`PoolConfig::for_device`]. It lives for the rest of the process and keeps the device open.
 pub fn default_pool(device: &Device) -> Arc<CachingResource> {
+    crate::MemoryPool::for_device(device).cache().clone()
+}
+
+/// The process-wide default pool of `device` (made at the first call).
+pub(crate) fn default_memory_pool(device: &Device) -> crate::MemoryPool {
     let mut pools = default_pools().lock().unwrap_or_else(PoisonError::into_inner);
     pools
         .entry(device.id())
-        .or_insert_with(|| {
-            Arc::new(CachingResource::new(
-                DirectResource::shared(),
-                PoolConfig::for_device(device),
-                device.to_string(),
-            ))
-        })
+        .or_insert_with(|| crate::MemoryPool::new(device, PoolConfig::for_device(device)))
         .clone()
 }
 
-fn default_pools() -> &'static Mutex<HashMap<DeviceId, Arc<CachingResource>>> {
-    static POOLS: OnceLock<Mutex<HashMap<DeviceId, Arc<CachingResource>>>> = OnceLock::new();
+fn default_pools() -> &'static Mutex<HashMap<DeviceId, crate::MemoryPool>> {
+    static POOLS: OnceLock<Mutex<HashMap<DeviceId, crate::MemoryPool>>> = OnceLock::new();
     POOLS.get_or_init(Mutex::default)
 }
 
@@ -232,7 +231,7 @@ pub fn default_resource(device: &Device) -> Arc<dyn MemoryResource> {
 /// buffers keep their memory; pools made with [`crate::MemoryPool::new`] are trimmed by their
 /// own `trim`.
 pub fn trim() -> u64 {
-    let pools: Vec<Arc<CachingResource>> =
+    let pools: Vec<crate::MemoryPool> =
         default_pools().lock().unwrap_or_else(PoisonError::into_inner).values().cloned().collect();
     let freed = pools.iter().map(|pool| pool.trim()).sum();
     for device in crate::discovery::devices() {
