@@ -14,6 +14,8 @@
 //! - [`resource`]: where buffers get memory (the backends directly, caching, limits), and
 //!   caching by default;
 //! - [`buffer`]: the buffer that executes coherence plans over real memory;
+//! - [`memory`]: memory objects of every kind without coherence tracking (typed
+//!   allocations, untyped memory, a resizable device buffer);
 //! - [`pool`]: memory pools (acquire/release with reuse);
 //! - [`checking`]: the coherence checker's switch;
 //! - [`testing`] (feature `testing`): a fault-injecting device wrapper.
@@ -30,6 +32,7 @@ pub mod discovery;
 pub mod element;
 pub mod error;
 pub mod host_memory;
+pub mod memory;
 pub mod pool;
 pub mod resource;
 pub mod shape;
@@ -47,6 +50,7 @@ pub use discovery::{backend_status, default_device, devices, select_device};
 pub use element::{DType, Element};
 pub use error::{BackendKind, Error, Result, RuntimeCode};
 pub use half::{bf16, f16};
+pub use memory::{AllocationOptions, DeviceAllocation, DeviceBuffer, Memory};
 pub use pool::MemoryPool;
 pub use resource::{
     Block, CachingResource, DirectResource, LimitingResource, MemoryResource, PoolConfig, PoolStats, caching,
@@ -76,5 +80,7 @@ mod send_sync {
         assert_send_sync::<crate::Error>();
         assert_send_sync::<crate::MemoryPool>();
         assert_send_sync::<crate::LimitingResource>();
+        assert_send_sync::<crate::DeviceAllocation<f32>>();
+        assert_send_sync::<crate::DeviceBuffer>();
     }
 }

@@ -1,14 +1,15 @@
 //! One suite over every memory resource: the direct one, the pool, the limiting adaptor, and
 //! stacks of them. Each must hand out blocks of at least the requested size, of the requested
-//! kind, that buffers can use on every device, and take every block back.
+//! kind (device, shared, pageable and pinned host), that buffers and memory objects can use on
+//! every device, and take every block back.
 //!
 //! What does not live here: behaviour particular to one resource (`pool.rs`).
 
 use std::sync::Arc;
 
 use lazybuf::{
-    BufferOptions, Device, DirectResource, LimitingResource, MemoryPool, MemoryResource, PoolConfig, Ticket,
-    UnifiedBuffer,
+    AllocationOptions, Block, BufferOptions, Device, DeviceAllocation, DeviceBuffer, DirectResource,
+    LimitingResource, MemoryKind, MemoryPool, MemoryResource, PoolConfig, Ticket, UnifiedBuffer,
 };
 
 const SIZES: [usize; 7] = [0, 1, 100, 4096, 70_000, 1 << 20, (1 << 20) + 3];
@@ -41,7 +42,35 @@ fn blocks(resource: &dyn MemoryResource, device: &Device) {
     let pinned = resource.allocate_host(device, 4096, true).unwrap();
     assert!(pinned.is_pinned(), "{resource:?} on {device}: a pinned request got a pageable block");
     resource.deallocate_host(device, pinned, Ticket::done());
+    kinds(resource, device);
 }
+
+/// Every kind, one after another at one size (a cache keys its blocks by kind, so a block
+/// given back is never handed out as another kind), each of the kind asked for.
+fn kinds(resource: &dyn MemoryResource, device: &Device) {
+    let stream = device.stream();
+    for _ in 0..2 {
+        for kind in KINDS {
+            let block = resource.allocate(device, kind, 1000, &stream).unwrap();
+            assert_eq!(block.kind(), kind, "{resource:?} on {device}");
+            assert!(block.len() >= 1000);
+            if let Block::Device(memory) = &block {
+                assert_eq!(
+                    memory.host_address().is_some(),
+                    kind == MemoryKind::Shared || device.backend_kind() == lazybuf::BackendKind::HOST
+                );
+            }
+            resource.deallocate(device, block, &stream, Ticket::done());
+        }
+    }
+}
+
+const KINDS: [MemoryKind; 4] = [
+    MemoryKind::Device,
+    MemoryKind::Shared,
+    MemoryKind::Host { pinned: false },
+    MemoryKind::Host { pinned: true },
+];
 
 /// Buffers over the resource: data survives a round trip through each device's memory.
 fn buffers(resource: &Arc<dyn MemoryResource>, device: &Device) {
@@ -64,11 +93,27 @@ fn buffers(resource: &Arc<dyn MemoryResource>, device: &Device) {
     }
 }
 
+/// Memory objects over the resource: every kind keeps its bytes, a device buffer grows.
+fn memory_objects(resource: &Arc<dyn MemoryResource>, device: &Device) {
+    let options = || AllocationOptions { resource: Some(resource.clone()), alignment: 0 };
+    for kind in KINDS {
+        let mut memory = DeviceAllocation::<u32>::with_options(device, kind, 1000, options()).unwrap();
+        let data: Vec<u32> = (0..1000).collect();
+        memory.copy_from_host(&data).unwrap();
+        assert_eq!(memory.to_vec().unwrap(), data, "{resource:?} on {device}, {kind:?}");
+    }
+    let mut buffer = DeviceBuffer::with_options(device, MemoryKind::Device, 3, options()).unwrap();
+    buffer.copy_from_host(b"abc").unwrap();
+    buffer.resize(100_000).unwrap();
+    assert_eq!(&buffer.to_vec().unwrap()[..3], b"abc", "{resource:?} on {device}");
+}
+
 fn suite(make: impl Fn() -> Arc<dyn MemoryResource>) {
     for device in devices() {
         let resource = make();
         blocks(&*resource, &device);
         buffers(&resource, &device);
+        memory_objects(&resource, &device);
     }
 }
 

@@ -56,9 +56,6 @@ pub struct OpenClBackend {
     base_align: usize,
 }
 
-/// The alignment lazybuf asks of SVM allocations, as CUDA gives device memory.
-const SVM_ALIGN: usize = 256;
-
 // SAFETY: OpenCL handles may be used from any thread (OpenCL 3.0 appendix A.2: every API call
 // except clSetKernelArg/clCloneKernel is thread-safe); this value owns its context.
 unsafe impl Send for OpenClBackend {}
@@ -216,8 +213,10 @@ impl OpenClBackend {
     /// every buffer operation works on it; the buffer's destructor callback frees the SVM.
     fn create_svm(&self, bytes: usize) -> Result<OpenClMemory> {
         let flags = clmem::CL_MEM_READ_WRITE | clmem::CL_MEM_SVM_FINE_GRAIN_BUFFER;
+        // Aligned to the base address alignment: PoCL refuses alignments beyond its largest
+        // data type, which that alignment covers.
         // SAFETY: context is live; the flags are valid SVM flags.
-        let svm = unsafe { clmem::svm_alloc(self.context, flags, bytes, SVM_ALIGN as u32) }
+        let svm = unsafe { clmem::svm_alloc(self.context, flags, bytes, self.base_align as u32) }
             // clSVMAlloc reports every failure as a null pointer.
             .map_err(|_| Error::OutOfMemory {
                 device: self.info.name.clone(),
@@ -452,8 +451,7 @@ impl Backend for OpenClBackend {
 
     fn alignment(&self, kind: MemoryKind) -> usize {
         match kind {
-            MemoryKind::Device => self.base_align,
-            MemoryKind::Shared => SVM_ALIGN,
+            MemoryKind::Device | MemoryKind::Shared => self.base_align,
             MemoryKind::Host { .. } => crate::host_memory::HEAP_ALIGN,
         }
     }
