@@ -461,6 +461,32 @@ fn shared_memory_prefetches_on_cuda() {
 fn memory_without_a_resource_uses_the_devices_current_one() {
     let device = Device::host();
     let memory = Memory::new(&device, MemoryKind::Device, 10).unwrap();
-    let resource: &Arc<dyn MemoryResource> = memory.resource();
+    let resource: &Arc<dyn MemoryResource> = memory.resource().unwrap();
     assert!(Arc::ptr_eq(resource, &lazybuf::resource::default_resource(&device)));
+}
+
+/// Memory the caller owns (a foreign allocation's raw handle) is copied from and to like any
+/// other, is never freed by lazybuf, and is refused by devices it does not belong to.
+#[test]
+fn borrowed_memory_is_copied_and_never_freed() {
+    let all = devices();
+    for device in &all {
+        let mut owner = Memory::new(device, MemoryKind::Device, 100).unwrap();
+        owner.copy_from_host(&[3; 100]).unwrap();
+        // SAFETY: `owner` outlives the borrowed memory and nothing else uses it meanwhile.
+        let mut borrowed = unsafe { Memory::borrowed(device, owner.raw(), 100) }.unwrap();
+        assert!(borrowed.resource().is_none());
+        assert_eq!(borrowed.to_vec().unwrap(), vec![3; 100], "{device}");
+        borrowed.copy_from_host(&[4; 10]).unwrap();
+        let mut copy = Memory::new(device, MemoryKind::Host { pinned: false }, 100).unwrap();
+        copy.copy_from(&borrowed).unwrap();
+        drop(borrowed);
+        assert_eq!(owner.to_vec().unwrap()[..11], [4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 3], "{device}: still there");
+        assert_eq!(copy.to_vec().unwrap(), owner.to_vec().unwrap());
+        for other in all.iter().filter(|d| *d != device) {
+            // SAFETY: a foreign handle must be refused before any use.
+            let refused = unsafe { Memory::borrowed(other, owner.raw(), 100) };
+            assert!(refused.is_err(), "{other} took memory of {device}");
+        }
+    }
 }

@@ -43,7 +43,8 @@ pub struct DeviceAllocation<T: Element> {
     len: usize,
     alignment: usize,
     block: Block,
-    resource: Arc<dyn MemoryResource>,
+    /// Where the memory goes back; `None` for memory the caller owns ([`Self::borrowed`]).
+    resource: Option<Arc<dyn MemoryResource>>,
     _element: PhantomData<T>,
 }
 
@@ -114,7 +115,32 @@ impl<T: Element> DeviceAllocation<T> {
             len,
             alignment,
             block,
-            resource,
+            resource: Some(resource),
+            _element: PhantomData,
+        })
+    }
+
+    /// `len` elements of device memory at `raw` that the caller owns and lazybuf did not
+    /// allocate (a CUDA pointer into `device`'s memory, a `cl_mem` of its context, host memory
+    /// for the host device), for copies from and to it: its kind is [`MemoryKind::Device`],
+    /// and dropping it frees nothing. An error when `raw` is not `device`'s memory.
+    ///
+    /// # Safety
+    /// `raw` stays valid for `len` elements, and is not freed, while the allocation lives;
+    /// the caller orders its own work on the memory with the allocation's operations.
+    pub unsafe fn borrowed(device: &Device, raw: RawMemory, len: usize) -> Result<Self> {
+        let size = std::mem::size_of::<T>();
+        let bytes =
+            len.checked_mul(size).filter(|&b| b <= isize::MAX as usize).ok_or_else(|| overflow(len, size))?;
+        // SAFETY: forwarded contract.
+        let memory = unsafe { device.backend().borrow(raw, bytes) }?;
+        Ok(DeviceAllocation {
+            device: device.clone(),
+            kind: MemoryKind::Device,
+            len,
+            alignment: 1,
+            block: Block::Device(memory),
+            resource: None,
             _element: PhantomData,
         })
     }
@@ -150,9 +176,9 @@ impl<T: Element> DeviceAllocation<T> {
         self.alignment
     }
 
-    /// The resource the memory goes back to.
-    pub fn resource(&self) -> &Arc<dyn MemoryResource> {
-        &self.resource
+    /// The resource the memory goes back to (`None` for memory the caller owns).
+    pub fn resource(&self) -> Option<&Arc<dyn MemoryResource>> {
+        self.resource.as_ref()
     }
 
     /// The stream every operation runs on: the device's default stream.
@@ -290,7 +316,7 @@ impl<T: Element> DeviceAllocation<T> {
     /// A new allocation of `kind` on `device` (same resource when it is the same device,
     /// else that device's current resource) holding a copy of these elements.
     pub fn to(&self, device: &Device, kind: MemoryKind) -> Result<DeviceAllocation<T>> {
-        let resource = (device == &self.device).then(|| self.resource.clone());
+        let resource = if device == &self.device { self.resource.clone() } else { None };
         let mut copy = DeviceAllocation::with_options(
             device,
             kind,
@@ -415,13 +441,14 @@ fn stage(
 
 impl<T: Element> Drop for DeviceAllocation<T> {
     fn drop(&mut self) {
+        let Some(resource) = &self.resource else { return };
         let Ok(empty) = HostMemory::allocate(0) else { return };
         let block = std::mem::replace(&mut self.block, Block::Host(empty));
         let stream = self.device.stream();
         // The caller's work on the stream may still use the memory: the block is reused or
         // freed after it (a failed marker leaves nothing to wait for).
         let ready = stream.marker().unwrap_or_else(|_| Ticket::done());
-        self.resource.deallocate(&self.device, block, &stream, ready);
+        resource.deallocate(&self.device, block, &stream, ready);
     }
 }
 

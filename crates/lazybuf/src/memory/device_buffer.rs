@@ -129,7 +129,7 @@ impl DeviceBuffer {
     /// new allocation is given back and nothing changes.
     fn reallocate(&mut self, capacity: usize) -> Result<()> {
         let options =
-            AllocationOptions { resource: Some(self.memory.resource().clone()), alignment: self.alignment };
+            AllocationOptions { resource: self.memory.resource().cloned(), alignment: self.alignment };
         let mut memory = Memory::with_options(self.memory.device(), self.memory.kind(), capacity, options)?;
         memory.copy_prefix_from(&self.memory, self.size.min(capacity))?;
         let old = std::mem::replace(&mut self.memory, memory);
@@ -192,7 +192,7 @@ impl DeviceBuffer {
     /// copied on the device.
     pub fn try_clone(&self) -> Result<DeviceBuffer> {
         let options =
-            AllocationOptions { resource: Some(self.memory.resource().clone()), alignment: self.alignment };
+            AllocationOptions { resource: self.memory.resource().cloned(), alignment: self.alignment };
         let mut memory = Memory::with_options(self.memory.device(), self.memory.kind(), self.size, options)?;
         memory.copy_prefix_from(&self.memory, self.size)?;
         Ok(DeviceBuffer { memory, size: self.size, alignment: self.alignment, retained: None })

@@ -16,8 +16,8 @@ use cl3::types::{CL_BLOCKING, CL_NON_BLOCKING, cl_context, cl_device_id, cl_even
 use super::memory::{MappedHostMemory, OpenClEvent, OpenClMemory, OpenClStream, SvmAllocation, free_svm};
 use super::{cl_error, code, is_out_of_memory};
 use crate::backend::{
-    Backend, DeviceInfo, DeviceMemory, HostSpan, MemoryInfo, MemoryKind, MemorySource, RawDevice, RawStream,
-    StreamHandle, Ticket, check_fits,
+    Backend, DeviceInfo, DeviceMemory, HostSpan, MemoryInfo, MemoryKind, MemorySource, RawDevice, RawMemory,
+    RawStream, StreamHandle, Ticket, check_fits,
 };
 use crate::error::{BackendKind, Error, Result};
 use crate::host_memory::{HostMemory, Pinning};
@@ -447,6 +447,44 @@ impl Backend for OpenClBackend {
         }
         let memory = if bytes == 0 { self.create(0, 0, ptr::null_mut())? } else { self.create_svm(bytes)? };
         Ok(DeviceMemory::shared(bytes, Box::new(memory)))
+    }
+
+    unsafe fn borrow(&self, raw: RawMemory, len: usize) -> Result<DeviceMemory> {
+        let RawMemory::OpenCl(mem) = raw else {
+            return Err(Error::invalid("borrow", format!("expected an OpenCL cl_mem, got {raw:?}")));
+        };
+        // A private count: memory the caller owns is not what this process holds here.
+        let held = Arc::new(AtomicU64::new(len as u64));
+        if mem.is_null() {
+            if len > 0 {
+                return Err(Error::invalid("borrow", format!("a null cl_mem for {len} bytes")));
+            }
+            let memory = OpenClMemory { mem, len: 0, host_ptr: ptr::null(), svm: ptr::null_mut(), held };
+            return Ok(DeviceMemory::new(0, false, Box::new(memory)));
+        }
+        let context = match clmem::get_mem_object_info(mem, clmem::CL_MEM_CONTEXT) {
+            Ok(InfoType::Ptr(context)) => context as cl_context,
+            _ => ptr::null_mut(),
+        };
+        let size = match clmem::get_mem_object_info(mem, clmem::CL_MEM_SIZE) {
+            Ok(InfoType::Size(size)) => size,
+            _ => 0,
+        };
+        if context != self.context || size < len {
+            return Err(Error::invalid(
+                "borrow",
+                format!(
+                    "expected a cl_mem of at least {len} bytes in {}'s context (lazybuf's), got {size} bytes of {}",
+                    self.info.name,
+                    if context == self.context { "it" } else { "another context" }
+                ),
+            ));
+        }
+        // SAFETY: mem is a live buffer (the caller's promise); the memory's drop releases this
+        // reference.
+        unsafe { clmem::retain_mem_object(mem) }.map_err(|status| cl_error("clRetainMemObject", status))?;
+        let memory = OpenClMemory { mem, len, host_ptr: ptr::null(), svm: ptr::null_mut(), held };
+        Ok(DeviceMemory::new(len, false, Box::new(memory)))
     }
 
     fn alignment(&self, kind: MemoryKind) -> usize {
