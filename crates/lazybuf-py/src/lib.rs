@@ -13,6 +13,8 @@
 //! - [`dlpack`]: `__dlpack__` through dlpark;
 //! - [`accelerator`]: devices, `get_accelerator()`, the current device;
 //! - [`pool`]: `MemoryPool` and `get_memory_pool()` over the core's pool;
+//! - [`device_buffer`]: RMM's resizable `DeviceBuffer`; [`hostbuf`] and [`foreign`]: the host
+//!   buffers, device sources and exports of memory objects;
 //! - [`transfer`]: `Transfer`, an asynchronous sync in flight (awaitable);
 //! - [`streams`]: lazybuf's stream for the caller, and ordering after the caller's streams;
 //! - [`dtype`], [`args`]: argument validation; [`errors`]: exception mapping; [`state`]:
@@ -28,10 +30,13 @@
 pub mod accelerator;
 pub mod args;
 pub mod buffer;
+pub mod device_buffer;
 pub mod device_view;
 pub mod dlpack;
 pub mod dtype;
 pub mod errors;
+pub mod foreign;
+pub mod hostbuf;
 pub mod pool;
 pub mod state;
 pub mod streams;
@@ -59,6 +64,9 @@ fn _lazybuf(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pool::trim, m)?)?;
     m.add_function(wrap_pyfunction!(accelerator::get_accelerator, m)?)?;
     m.add_function(wrap_pyfunction!(buffer::_rebuild_buffer, m)?)?;
+    m.add_class::<device_buffer::PyDeviceBuffer>()?;
+    m.add_function(wrap_pyfunction!(device_buffer::to_device, m)?)?;
+    m.add_function(wrap_pyfunction!(device_buffer::_rebuild_device_buffer, m)?)?;
     m.add("BackendUnavailableError", m.py().get_type::<errors::BackendUnavailableError>())?;
     #[cfg(feature = "testing")]
     testing::register(m)?;
