@@ -31,7 +31,7 @@ from ._lazybuf import (
 from ._state import BufferState
 
 # Memory objects without coherence tracking (issue 11).
-from ._lazybuf import DeviceBuffer, to_device
+from ._lazybuf import DeviceBuffer, Memory, MemoryDevice, MemoryHost, MemoryShared, to_device
 
 # `lazybuf.testing` exists only in wheels built with the crate feature `testing` (the test
 # wheel); the extension registers it in sys.modules, and this makes it an attribute too.
@@ -59,4 +59,4 @@ __all__ = [
     "set_checking",
     "trim",
 ]
-__all__ += ["DeviceBuffer", "to_device"]
+__all__ += ["DeviceBuffer", "Memory", "MemoryDevice", "MemoryHost", "MemoryShared", "to_device"]

@@ -460,7 +460,16 @@ def _rebuild_buffer(shape: Any, dtype: Any, pinned: bool, data: Any) -> UnifiedB
 
 # --- Memory objects without coherence tracking (issue 11) ----------------------------------
 
-__all__ += ["DeviceBuffer", "to_device", "_rebuild_device_buffer"]
+__all__ += [
+    "DeviceBuffer",
+    "Memory",
+    "MemoryDevice",
+    "MemoryHost",
+    "MemoryShared",
+    "to_device",
+    "_rebuild_device_buffer",
+    "_rebuild_memory",
+]
 
 from typing_extensions import Buffer as _Buffer
 
@@ -547,3 +556,101 @@ def to_device(b: _Buffer, *, device: _DeviceLike = None) -> DeviceBuffer:
     """See ``DeviceBuffer.to_device``."""
 
 def _rebuild_device_buffer(data: Any, device: str) -> DeviceBuffer: ...
+
+@disjoint_base
+class Memory:
+    """An untyped allocation of one memory kind (dpctl's USM memory): the base class of
+    ``MemoryDevice``, ``MemoryHost`` and ``MemoryShared``. Every call is synchronous."""
+
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+    def __len__(self) -> int: ...
+    def __sizeof__(self) -> int:
+        """The object's size, its memory included."""
+
+    def get_usm_type(self) -> str:
+        """``"device"``, ``"host"`` or ``"shared"``."""
+
+    @property
+    def kind(self) -> str:
+        """As ``get_usm_type()``."""
+
+    @property
+    def alignment(self) -> int: ...
+    @property
+    def device(self) -> Device: ...
+    @property
+    def reference_obj(self) -> Any:
+        """The memory object this one shares its memory with (zero-copy), else ``None``."""
+
+    @property
+    def ptr(self) -> int:
+        """Host address (host memory; every kind on the host device), ``CUdeviceptr`` (CUDA)
+        or ``cl_mem`` (OpenCL); 0 when empty."""
+
+    def copy_to_host(self, dest: _Buffer | None = None) -> Any:
+        """Copies into ``dest`` (writable, 1-d bytes, at least ``nbytes``) and returns it; a new
+        uint8 NumPy array without one."""
+
+    def copy_from_host(self, obj: _Buffer) -> None:
+        """Copies ``obj`` (1-d bytes, at most ``nbytes``) into the first bytes."""
+
+    def copy_from_device(self, obj: Any) -> None:
+        """Copies device memory (a memory object, a DeviceBuffer, ``__cuda_array_interface__``
+        or DLPack; C-contiguous, at most ``nbytes``) into the first bytes."""
+
+    def memset(self, value: int = 0) -> None:
+        """Sets every byte to ``value`` (0 to 255)."""
+
+    def tobytes(self) -> bytes: ...
+    def __bytes__(self) -> bytes: ...
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """CUDA array interface v3 (device and shared memory on CUDA devices only)."""
+
+    def __dlpack__(
+        self,
+        *,
+        stream: Any = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> Any: ...
+    def __dlpack_device__(self) -> tuple[int, int]: ...
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]: ...
+
+_MemorySource = SupportsIndex | Memory | DeviceBuffer | Any
+
+@final
+class MemoryDevice(Memory):
+    """Device memory; not host accessible (no buffer protocol)."""
+
+    def __new__(
+        cls, other: _MemorySource, *, alignment: int = 0, device: _DeviceLike = None, copy: bool = False
+    ) -> MemoryDevice:
+        """``other`` bytes, or the memory of the memory object ``other`` (zero-copy when the
+        kind matches, else ``ValueError`` unless ``copy=True``)."""
+
+@final
+class MemoryHost(Memory):
+    """Page-locked host memory, with the buffer protocol."""
+
+    def __new__(
+        cls, other: _MemorySource, *, alignment: int = 0, device: _DeviceLike = None, copy: bool = False
+    ) -> MemoryHost: ...
+
+@final
+class MemoryShared(Memory):
+    """Memory the host and the device both address (CUDA managed memory, OpenCL fine-grained
+    SVM, host memory on the host device), with the buffer protocol."""
+
+    def __new__(
+        cls, other: _MemorySource, *, alignment: int = 0, device: _DeviceLike = None, copy: bool = False
+    ) -> MemoryShared: ...
+    def prefetch(self, to: str = "device") -> None:
+        """Moves the pages to ``"device"`` or ``"host"`` and waits (CUDA managed memory)."""
+
+
+def _rebuild_memory(device: str, kind: str, data: Any) -> Memory: ...

@@ -30,7 +30,7 @@ use dlpark::python::{
 use dlpark::{DlpackFlags, Managed, ManagedTensorBase};
 use pyo3::exceptions::{PyBufferError, PyMemoryError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyInt, PyTuple};
+use pyo3::types::{PyDict, PyInt};
 
 use lazybuf::backend::{RawMemory, RawStream};
 use lazybuf::{BackendKind, Device, Memory, MemoryKind};
@@ -38,9 +38,12 @@ use lazybuf::{BackendKind, Device, Memory, MemoryKind};
 use crate::args::repr;
 use crate::device_buffer::{BufferCell, PyDeviceBuffer};
 use crate::errors::OrPyErr;
+use crate::memory::{MemoryCell, PyMemory};
 
 /// A resolved source of `copy_from_device`.
 pub enum Source {
+    /// A lazybuf memory object.
+    Memory(Arc<MemoryCell>),
     /// A lazybuf device buffer (its first `size` bytes).
     Buffer(Arc<BufferCell>),
     /// Foreign memory, wrapped without owning it.
@@ -60,6 +63,9 @@ pub enum KeepAlive {
 impl Source {
     /// Resolves `obj` (see the module docs); `what` names the call in messages.
     pub fn resolve(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<(Source, KeepAlive)> {
+        if let Ok(memory) = obj.cast::<PyMemory>() {
+            return Ok((Source::Memory(memory.get().cell().clone()), KeepAlive::Nothing));
+        }
         if let Ok(buffer) = obj.cast::<PyDeviceBuffer>() {
             return Ok((Source::Buffer(buffer.get().cell().clone()), KeepAlive::Nothing));
         }
@@ -81,6 +87,11 @@ impl Source {
     /// source's own lock: never call it with that lock held.
     pub fn with<R>(&self, f: impl FnOnce(&Memory, usize) -> R) -> R {
         match self {
+            Source::Memory(cell) => {
+                let memory = cell.lock();
+                let n = memory.len();
+                f(&memory, n)
+            }
             Source::Buffer(cell) => {
                 let buffer = cell.lock();
                 f(buffer.memory(), buffer.size())
@@ -93,9 +104,15 @@ impl Source {
     /// when it is lower); 0 for foreign memory, which has no lock.
     pub fn lock_order(&self) -> usize {
         match self {
+            Source::Memory(cell) => Arc::as_ptr(cell) as usize,
             Source::Buffer(cell) => Arc::as_ptr(cell) as usize,
             Source::Borrowed(_) => 0,
         }
+    }
+
+    /// Whether the source is the memory behind `cell`'s lock (a copy onto itself).
+    pub fn is_memory(&self, cell: &Arc<MemoryCell>) -> bool {
+        matches!(self, Source::Memory(c) if Arc::ptr_eq(c, cell))
     }
 
     /// Whether the source is the device buffer behind `cell`'s lock.
@@ -139,7 +156,9 @@ fn from_cuda_array_interface(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Mem
             .get_item(key)?
             .ok_or_else(|| PyValueError::new_err(format!("{what}: __cuda_array_interface__ has no {key:?}")))
     };
-    let version: i64 = item("version")?.extract()?;
+    let version: i64 = item("version")?.extract().map_err(|_| {
+        PyValueError::new_err(format!("{what}: __cuda_array_interface__['version'] must be an int"))
+    })?;
     if !(0..=3).contains(&version) {
         return Err(PyValueError::new_err(format!(
             "{what}: __cuda_array_interface__ version {version}; expected 0 to 3"
@@ -148,18 +167,36 @@ fn from_cuda_array_interface(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Mem
     let (ptr, _readonly): (usize, bool) = item("data")?.extract().map_err(|_| {
         PyValueError::new_err(format!("{what}: __cuda_array_interface__['data'] must be (pointer, readonly)"))
     })?;
-    let shape: Vec<i64> = item("shape")?.extract()?;
+    let shape: Vec<i64> = item("shape")?.extract().map_err(|_| {
+        PyValueError::new_err(format!("{what}: __cuda_array_interface__['shape'] must be a tuple of ints"))
+    })?;
     if shape.iter().any(|&d| d < 0) {
         return Err(PyValueError::new_err(format!("{what}: negative dimensions in shape {shape:?}")));
     }
     let shape: Vec<usize> = shape.into_iter().map(|d| d as usize).collect();
     let typestr = item("typestr")?;
-    let itemsize: usize =
-        py.import("numpy")?.call_method1("dtype", (typestr,))?.getattr("itemsize")?.extract()?;
+    let bad_typestr = || {
+        PyValueError::new_err(format!(
+            "{what}: __cuda_array_interface__['typestr'] {} is not a numeric type string",
+            repr(&typestr)
+        ))
+    };
+    let dtype = py.import("numpy")?.call_method1("dtype", (&typestr,)).map_err(|_| bad_typestr())?;
+    if dtype.getattr("hasobject")?.is_truthy()? {
+        return Err(bad_typestr());
+    }
+    let itemsize: usize = dtype.getattr("itemsize")?.extract()?;
     let strides: Option<Vec<isize>> = match iface.get_item("strides")? {
-        Some(s) if !s.is_none() => Some(s.extract()?),
+        Some(s) if !s.is_none() => Some(s.extract().map_err(|_| {
+            PyValueError::new_err(format!("{what}: __cuda_array_interface__['strides'] must be None or ints"))
+        })?),
         _ => None,
     };
+    if strides.as_ref().is_some_and(|s| s.len() != shape.len()) {
+        return Err(PyValueError::new_err(format!(
+            "{what}: __cuda_array_interface__['strides'] must have one entry per dimension"
+        )));
+    }
     if let Some(mask) = iface.get_item("mask")?
         && !mask.is_none()
     {
@@ -397,9 +434,4 @@ pub fn raw_address(raw: RawMemory) -> usize {
         RawMemory::Cuda(ptr) => ptr as usize,
         _ => 0,
     }
-}
-
-/// Makes a tuple, for pickling arguments.
-pub fn tuple<'py>(py: Python<'py>, items: Vec<Bound<'py, PyAny>>) -> PyResult<Bound<'py, PyTuple>> {
-    PyTuple::new(py, items)
 }

@@ -13,6 +13,7 @@
 //! - [`dlpack`]: `__dlpack__` through dlpark;
 //! - [`accelerator`]: devices, `get_accelerator()`, the current device;
 //! - [`pool`]: `MemoryPool` and `get_memory_pool()` over the core's pool;
+//! - [`memory`]: dpctl's memory objects (`MemoryDevice`, `MemoryHost`, `MemoryShared`);
 //! - [`device_buffer`]: RMM's resizable `DeviceBuffer`; [`hostbuf`] and [`foreign`]: the host
 //!   buffers, device sources and exports of memory objects;
 //! - [`transfer`]: `Transfer`, an asynchronous sync in flight (awaitable);
@@ -37,6 +38,7 @@ pub mod dtype;
 pub mod errors;
 pub mod foreign;
 pub mod hostbuf;
+pub mod memory;
 pub mod pool;
 pub mod state;
 pub mod streams;
@@ -67,6 +69,11 @@ fn _lazybuf(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<device_buffer::PyDeviceBuffer>()?;
     m.add_function(wrap_pyfunction!(device_buffer::to_device, m)?)?;
     m.add_function(wrap_pyfunction!(device_buffer::_rebuild_device_buffer, m)?)?;
+    m.add_class::<memory::PyMemory>()?;
+    m.add_class::<memory::PyMemoryDevice>()?;
+    m.add_class::<memory::PyMemoryHost>()?;
+    m.add_class::<memory::PyMemoryShared>()?;
+    m.add_function(wrap_pyfunction!(memory::_rebuild_memory, m)?)?;
     m.add("BackendUnavailableError", m.py().get_type::<errors::BackendUnavailableError>())?;
     #[cfg(feature = "testing")]
     testing::register(m)?;
