@@ -48,13 +48,14 @@ pub use coherence::{BufferState, DeviceId, Location, Residency};
 pub use device::{Device, Stream};
 pub use discovery::{backend_status, default_device, devices, select_device};
 pub use element::{DType, Element};
-pub use error::{BackendKind, Error, Result, RuntimeCode};
+pub use error::{BackendKind, CallbackPayload, Error, Result, RuntimeCode};
 pub use half::{bf16, f16};
 pub use memory::{AllocationOptions, DeviceAllocation, DeviceBuffer, Memory};
 pub use pool::MemoryPool;
 pub use resource::{
-    Block, CachingResource, DirectResource, LimitingResource, MemoryResource, PoolConfig, PoolStats, caching,
-    set_caching, trim,
+    Block, CachingResource, DirectResource, FailureCallbackResource, LimitingResource, MemoryResource,
+    PoolConfig, PoolStats, Statistics, StatisticsResource, TrackingResource, caching, current_resource,
+    set_caching, set_current_resource, trim,
 };
 
 /// The README's examples, compiled and run as doctests.
@@ -82,5 +83,8 @@ mod send_sync {
         assert_send_sync::<crate::LimitingResource>();
         assert_send_sync::<crate::DeviceAllocation<f32>>();
         assert_send_sync::<crate::DeviceBuffer>();
+        assert_send_sync::<crate::StatisticsResource>();
+        assert_send_sync::<crate::TrackingResource>();
+        assert_send_sync::<crate::FailureCallbackResource>();
     }
 }
