@@ -33,6 +33,8 @@ from ._state import BufferState
 # Memory objects without coherence tracking (issue 11).
 from ._lazybuf import DeviceBuffer, Memory, MemoryDevice, MemoryHost, MemoryShared, to_device
 
+mr = _sys.modules["lazybuf.mr"]  # memory resources (RMM's rmm.mr), registered by the extension
+
 # `lazybuf.testing` exists only in wheels built with the crate feature `testing` (the test
 # wheel); the extension registers it in sys.modules, and this makes it an attribute too.
 if "lazybuf.testing" in _sys.modules:
@@ -59,4 +61,4 @@ __all__ = [
     "set_checking",
     "trim",
 ]
-__all__ += ["DeviceBuffer", "Memory", "MemoryDevice", "MemoryHost", "MemoryShared", "to_device"]
+__all__ += ["DeviceBuffer", "Memory", "MemoryDevice", "MemoryHost", "MemoryShared", "mr", "to_device"]

@@ -480,12 +480,15 @@ class DeviceBuffer:
     valid until the buffer is gone, even across a reallocation; DLPack tensors keep the memory
     alive themselves."""
 
-    def __new__(cls, *, size: SupportsIndex | None = None, device: _DeviceLike = None) -> DeviceBuffer:
+    def __new__(
+        cls, *, size: SupportsIndex | None = None, device: _DeviceLike = None, mr: Any = None
+    ) -> DeviceBuffer:
         """``size`` uninitialized bytes (``ValueError`` if negative) on ``device`` (default:
-        the current device)."""
+        the current device), from ``mr`` (a ``lazybuf.mr`` resource; default: the device's
+        current resource)."""
 
     @staticmethod
-    def to_device(b: _Buffer, *, device: _DeviceLike = None) -> DeviceBuffer:
+    def to_device(b: _Buffer, *, device: _DeviceLike = None, mr: Any = None) -> DeviceBuffer:
         """A copy of ``b``, a 1-d contiguous buffer of bytes: ``TypeError`` for objects
         without the buffer protocol, ``ValueError`` for another format, more dimensions or
         gaps."""
@@ -552,7 +555,7 @@ class DeviceBuffer:
     def __dlpack_device__(self) -> tuple[int, int]: ...
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]: ...
 
-def to_device(b: _Buffer, *, device: _DeviceLike = None) -> DeviceBuffer:
+def to_device(b: _Buffer, *, device: _DeviceLike = None, mr: Any = None) -> DeviceBuffer:
     """See ``DeviceBuffer.to_device``."""
 
 def _rebuild_device_buffer(data: Any, device: str) -> DeviceBuffer: ...

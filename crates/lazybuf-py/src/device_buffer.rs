@@ -6,7 +6,8 @@
 //! its input ([`crate::hostbuf`]), `copy_to_host(ary=None)`, `copy_from_host(ary)` (a shorter
 //! source fills a prefix), `copy_from_device(obj)` ([`crate::foreign`]), `tobytes()`,
 //! `copy()` on the device, `ptr`, `__cuda_array_interface__` (CUDA devices), DLPack, and
-//! pickling through a host copy; plus `shrink_to_fit()` and `device`. Differences: every call is synchronous (there is no `stream`
+//! pickling through a host copy, `mr=` (a `lazybuf.mr` resource, kept alive with the buffer; default:
+//! the device's current resource); plus `shrink_to_fit()` and `device`. Differences: every call is synchronous (there is no `stream`
 //! argument), a negative size is a `ValueError`, and `__sizeof__` counts the object as well as
 //! its bytes.
 //!
@@ -108,14 +109,21 @@ impl PyDeviceBuffer {
         py.detach(|| f(&mut self.cell.lock()))
     }
 
-    fn options(_py: Python<'_>) -> PyResult<(AllocationOptions, Option<Py<PyAny>>)> {
-        Ok((AllocationOptions::default(), None))
+    fn options(mr: Option<&Bound<'_, PyAny>>) -> PyResult<(AllocationOptions, Option<Py<PyAny>>)> {
+        let resource = crate::mr::resource_arg(mr)?;
+        let keep = mr.filter(|m| !m.is_none()).map(|m| m.clone().unbind());
+        Ok((AllocationOptions { resource, alignment: 0 }, keep))
     }
 
     /// A device buffer on `device` holding a copy of `data`'s bytes (checked as `to_device`).
-    pub fn from_host(py: Python<'_>, data: &Bound<'_, PyAny>, device: Device) -> PyResult<Self> {
+    pub fn from_host(
+        py: Python<'_>,
+        data: &Bound<'_, PyAny>,
+        device: Device,
+        mr: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
         let host = HostBuffer::get(data, false, "to_device: b")?;
-        let (options, keep) = Self::options(py)?;
+        let (options, keep) = Self::options(mr)?;
         let buffer = py
             .detach(|| DeviceBuffer::from_host_with(&device, MemoryKind::Device, host.bytes(), options))
             .or_py()?;
@@ -139,18 +147,19 @@ impl PyDeviceBuffer {
     /// `size` uninitialized bytes of device memory on `device` (default: the current device),
     /// from `mr` (default: the device's current resource).
     #[new]
-    #[pyo3(signature = (*, size=None, device=None))]
+    #[pyo3(signature = (*, size=None, device=None, mr=None))]
     fn py_new(
         py: Python<'_>,
         size: Option<&Bound<'_, PyAny>>,
         device: Option<&Bound<'_, PyAny>>,
+        mr: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let size = match size {
             Some(size) => size_arg(size, "size")?,
             None => 0,
         };
         let device = args::device(device)?;
-        let (options, keep) = Self::options(py)?;
+        let (options, keep) = Self::options(mr)?;
         let buffer =
             py.detach(|| DeviceBuffer::with_options(&device, MemoryKind::Device, size, options)).or_py()?;
         Ok(Self::new_buffer(buffer, keep))
@@ -160,10 +169,15 @@ impl PyDeviceBuffer {
     /// for objects without the buffer protocol, `ValueError` for other formats, more dimensions
     /// or gaps), on `device` (default: the current device).
     #[staticmethod]
-    #[pyo3(signature = (b, *, device=None))]
-    fn to_device(py: Python<'_>, b: &Bound<'_, PyAny>, device: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+    #[pyo3(signature = (b, *, device=None, mr=None))]
+    fn to_device(
+        py: Python<'_>,
+        b: &Bound<'_, PyAny>,
+        device: Option<&Bound<'_, PyAny>>,
+        mr: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
         let device = args::device(device)?;
-        Self::from_host(py, b, device)
+        Self::from_host(py, b, device, mr)
     }
 
     /// The size in bytes.
@@ -381,14 +395,15 @@ impl PyDeviceBuffer {
 
 /// `to_device(b, device=None)`: see `DeviceBuffer.to_device`.
 #[pyfunction]
-#[pyo3(signature = (b, *, device=None))]
+#[pyo3(signature = (b, *, device=None, mr=None))]
 pub fn to_device(
     py: Python<'_>,
     b: &Bound<'_, PyAny>,
     device: Option<&Bound<'_, PyAny>>,
+    mr: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyDeviceBuffer> {
     let device = args::device(device)?;
-    PyDeviceBuffer::from_host(py, b, device)
+    PyDeviceBuffer::from_host(py, b, device, mr)
 }
 
 /// Unpickles a DeviceBuffer (see `__reduce__`).
@@ -399,5 +414,5 @@ pub fn _rebuild_device_buffer(
     device: &str,
 ) -> PyResult<PyDeviceBuffer> {
     let device = pickled_device(py, device)?;
-    PyDeviceBuffer::from_host(py, data, device)
+    PyDeviceBuffer::from_host(py, data, device, None)
 }

@@ -14,6 +14,7 @@
 //! - [`accelerator`]: devices, `get_accelerator()`, the current device;
 //! - [`pool`]: `MemoryPool` and `get_memory_pool()` over the core's pool;
 //! - [`memory`]: dpctl's memory objects (`MemoryDevice`, `MemoryHost`, `MemoryShared`);
+//! - [`mr`]: `lazybuf.mr`, RMM's memory resources (pool, adaptors, the current resource);
 //! - [`device_buffer`]: RMM's resizable `DeviceBuffer`; [`hostbuf`] and [`foreign`]: the host
 //!   buffers, device sources and exports of memory objects;
 //! - [`transfer`]: `Transfer`, an asynchronous sync in flight (awaitable);
@@ -39,6 +40,7 @@ pub mod errors;
 pub mod foreign;
 pub mod hostbuf;
 pub mod memory;
+pub mod mr;
 pub mod pool;
 pub mod state;
 pub mod streams;
@@ -74,6 +76,7 @@ fn _lazybuf(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<memory::PyMemoryHost>()?;
     m.add_class::<memory::PyMemoryShared>()?;
     m.add_function(wrap_pyfunction!(memory::_rebuild_memory, m)?)?;
+    mr::register(m)?;
     m.add("BackendUnavailableError", m.py().get_type::<errors::BackendUnavailableError>())?;
     #[cfg(feature = "testing")]
     testing::register(m)?;
