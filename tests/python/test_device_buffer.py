@@ -420,3 +420,16 @@ def test_buffer_outlives_being_unpickled_with_warnings_as_errors(device):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert pickle.loads(pickle.dumps(db)).tobytes() == b"strict"
+
+
+def test_copies_between_a_buffer_and_a_view_of_itself():
+    """On the host device (the only one whose device memory is host memory) a DeviceBuffer's
+    DLPack export is a view of it: overlapping copies go through a temporary."""
+    db = DeviceBuffer.to_device(bytes(range(10)), device="host")
+    view = np.from_dlpack(db)
+    db.copy_from_host(view[3:8])
+    assert db.tobytes() == bytes([3, 4, 5, 6, 7, 5, 6, 7, 8, 9])
+    db.copy_from_device(np.from_dlpack(db)[5:9])
+    assert db.tobytes() == bytes([5, 6, 7, 8, 7, 5, 6, 7, 8, 9])
+    out = db.copy_to_host(np.from_dlpack(db))
+    assert bytes(out) == db.tobytes()

@@ -424,3 +424,18 @@ def test_unpickling_with_warnings_as_errors_on_a_present_device(device, memory_c
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert pickle.loads(pickle.dumps(m)).tobytes() == b"same"
+
+
+@pytest.mark.parametrize("ctor", [MemoryShared, MemoryHost])
+def test_copies_between_a_memory_and_a_view_of_itself(device, ctor):
+    """Overlapping copies (the memory and a view of it) copy through a temporary."""
+    m = ctor(16)
+    m.copy_from_host(bytes(range(16)))
+    m.copy_from_host(memoryview(m)[4:12])
+    assert m.tobytes() == bytes([4, 5, 6, 7, 8, 9, 10, 11, 8, 9, 10, 11, 12, 13, 14, 15])
+    before = m.tobytes()
+    assert m.copy_to_host(memoryview(m)) is not None
+    assert m.tobytes() == before
+    view = np.from_dlpack(m)[2:6]
+    m.copy_from_device(view)
+    assert m.tobytes()[:4] == before[2:6] and m.tobytes()[4:] == before[4:]

@@ -264,6 +264,12 @@ impl PyDeviceBuffer {
                     b.size()
                 )));
             }
+            if host.overlaps(b.memory()) {
+                // `ary` is a view of this buffer (a DLPack export): copy through the host.
+                let staged = b.to_vec().or_py()?;
+                host.bytes_mut()[..staged.len()].copy_from_slice(&staged);
+                return Ok(());
+            }
             b.copy_to_host(host.bytes_mut()).or_py()
         })?;
         drop(host);
@@ -280,6 +286,10 @@ impl PyDeviceBuffer {
                     host.len(),
                     b.size()
                 )));
+            }
+            if host.overlaps(b.memory()) {
+                let staged = host.bytes().to_vec();
+                return b.copy_from_host(&staged).or_py();
             }
             b.copy_from_host(host.bytes()).or_py()
         })
@@ -298,6 +308,11 @@ impl PyDeviceBuffer {
                         "copy_from_device: the source is too large: {n} bytes; the buffer holds {}",
                         dst.size()
                     )));
+                }
+                if crate::hostbuf::ranges_overlap(dst.memory().host_range(), src.host_range()) {
+                    // Foreign memory that is a view of this buffer: copy through the host.
+                    let staged = src.to_vec().or_py()?;
+                    return dst.copy_from_host(&staged[..n]).or_py();
                 }
                 dst.copy_from_memory(src, n).or_py()
             };

@@ -122,6 +122,19 @@ impl HostBuffer {
         self.len() == 0
     }
 
+    /// The addresses the bytes occupy.
+    pub fn range(&self) -> std::ops::Range<usize> {
+        let start = self.view().buf as usize;
+        start..start + self.len()
+    }
+
+    /// Whether the bytes share any address with `memory`'s host addresses (a view of the
+    /// memory object itself): such copies go through a temporary copy, never between
+    /// overlapping slices.
+    pub fn overlaps(&self, memory: &lazybuf::Memory) -> bool {
+        ranges_overlap(memory.host_range(), Some(self.range()))
+    }
+
     /// The bytes.
     pub fn bytes(&self) -> &[u8] {
         let (ptr, len) = (self.view().buf.cast::<u8>(), self.len());
@@ -159,6 +172,46 @@ impl Drop for HostBuffer {
         // SAFETY: the box came from Box::into_raw in `get`; nothing points into it any more.
         drop(unsafe { Box::from_raw(view) });
     }
+}
+
+/// Whether two optional address ranges share an address.
+pub fn ranges_overlap(a: Option<std::ops::Range<usize>>, b: Option<std::ops::Range<usize>>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => a.start < b.end && b.start < a.end,
+        _ => false,
+    }
+}
+
+/// Copies host bytes into the first bytes of `memory`, through a temporary copy when they
+/// are a view of that memory.
+pub fn copy_in(memory: &mut lazybuf::Memory, host: &HostBuffer) -> lazybuf::Result<()> {
+    if host.overlaps(memory) {
+        let staged = host.bytes().to_vec();
+        return memory.copy_from_host(&staged);
+    }
+    memory.copy_from_host(host.bytes())
+}
+
+/// Copies the first `n` bytes of `memory` into `host`, through a temporary copy when `host`
+/// is a view of that memory.
+pub fn copy_out(memory: &lazybuf::Memory, host: &mut HostBuffer, n: usize) -> lazybuf::Result<()> {
+    if host.overlaps(memory) {
+        let mut staged = vec![0; n];
+        memory.copy_to_host(&mut staged)?;
+        host.bytes_mut()[..n].copy_from_slice(&staged);
+        return Ok(());
+    }
+    memory.copy_to_host(&mut host.bytes_mut()[..n])
+}
+
+/// Copies the first `n` bytes of `src` into `dst`, through a host copy when the two share host
+/// addresses (foreign memory that is a view of `dst`).
+pub fn copy_between(dst: &mut lazybuf::Memory, src: &lazybuf::Memory, n: usize) -> lazybuf::Result<()> {
+    if ranges_overlap(dst.host_range(), src.host_range()) {
+        let staged = src.to_vec()?;
+        return dst.copy_from_host(&staged[..n]);
+    }
+    dst.copy_prefix_from(src, n)
 }
 
 fn type_name(obj: &Bound<'_, PyAny>) -> String {

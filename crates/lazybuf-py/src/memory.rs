@@ -213,7 +213,7 @@ impl PyMemory {
                     dst.len()
                 )));
             }
-            dst.copy_prefix_from(src, n).or_py()
+            crate::hostbuf::copy_between(dst, src, n).or_py()
         };
         let mine = Arc::as_ptr(&self.cell) as usize;
         py.detach(|| {
@@ -387,7 +387,7 @@ impl PyMemory {
             )));
         }
         let n = self.nbytes;
-        self.with(py, |m| m.copy_to_host(&mut host.bytes_mut()[..n])).or_py()?;
+        self.with(py, |m| crate::hostbuf::copy_out(m, &mut host, n)).or_py()?;
         drop(host);
         Ok(dest)
     }
@@ -403,7 +403,7 @@ impl PyMemory {
                 host.len()
             )));
         }
-        self.with(py, |m| m.copy_from_host(host.bytes())).or_py()
+        self.with(py, |m| crate::hostbuf::copy_in(m, &host)).or_py()
     }
 
     /// Copies device memory (a memory object, a DeviceBuffer, an object with

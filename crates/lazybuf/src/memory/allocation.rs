@@ -374,6 +374,17 @@ impl<T: Element> DeviceAllocation<T> {
         }
     }
 
+    /// The host addresses of the memory where the host addresses it (host and shared memory,
+    /// and every kind on the host device); `None` for memory only a device reaches, or when
+    /// empty. For bindings that must not copy between overlapping memory.
+    pub fn host_range(&self) -> Option<std::ops::Range<usize>> {
+        let start = match &self.block {
+            Block::Host(host) => host.as_ptr() as usize,
+            Block::Device(memory) => memory.host_address()?.as_ptr() as usize,
+        };
+        (self.nbytes() > 0).then(|| start..start + self.nbytes())
+    }
+
     /// Moves shared memory's pages to the device (`to_device`) or to the host ahead of use,
     /// and waits for the move; other kinds need nothing.
     pub fn prefetch(&self, to_device: bool) -> Result<()> {
