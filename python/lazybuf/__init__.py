@@ -57,6 +57,11 @@ from ._state import BufferState
 # PyDotCompute's name for what a device reports (lazybuf's Device has its fields).
 DeviceProperties = Device
 
+# Memory objects without coherence tracking (issue 11).
+from ._lazybuf import DeviceBuffer, Memory, MemoryDevice, MemoryHost, MemoryShared, to_device
+
+mr = _sys.modules["lazybuf.mr"]  # memory resources (RMM's rmm.mr), registered by the extension
+
 # `lazybuf.testing` exists only in wheels built with the crate feature `testing` (the test
 # wheel); the extension registers it in sys.modules, and this makes it an attribute too.
 if "lazybuf.testing" in _sys.modules:
@@ -98,3 +103,4 @@ __all__ = [
     "set_checking",
     "trim",
 ]
+__all__ += ["DeviceBuffer", "Memory", "MemoryDevice", "MemoryHost", "MemoryShared", "mr", "to_device"]

@@ -577,3 +577,203 @@ class HostBlock:
     ``.base``, from 1 MiB up); given back to the cache when the array is gone."""
 
 def _rebuild_buffer(shape: Any, dtype: Any, pinned: bool, data: Any) -> UnifiedBuffer: ...
+
+# --- Memory objects without coherence tracking (issue 11) ----------------------------------
+
+__all__ += [
+    "DeviceBuffer",
+    "Memory",
+    "MemoryDevice",
+    "MemoryHost",
+    "MemoryShared",
+    "to_device",
+    "_rebuild_device_buffer",
+    "_rebuild_memory",
+]
+
+from typing_extensions import Buffer as _Buffer
+
+@final
+class DeviceBuffer:
+    """RMM's resizable buffer of device bytes, on every device (CUDA, OpenCL, the host
+    device). Every call is synchronous. ``ptr`` and ``__cuda_array_interface__`` addresses stay
+    valid until the buffer is gone, even across a reallocation; DLPack tensors keep the memory
+    alive themselves."""
+
+    def __new__(
+        cls, *, size: SupportsIndex | None = None, device: _DeviceLike = None, mr: Any = None
+    ) -> DeviceBuffer:
+        """``size`` uninitialized bytes (``ValueError`` if negative) on ``device`` (default:
+        the current device), from ``mr`` (a ``lazybuf.mr`` resource; default: the device's
+        current resource)."""
+
+    @staticmethod
+    def to_device(b: _Buffer, *, device: _DeviceLike = None, mr: Any = None) -> DeviceBuffer:
+        """A copy of ``b``, a 1-d contiguous buffer of bytes: ``TypeError`` for objects
+        without the buffer protocol, ``ValueError`` for another format, more dimensions or
+        gaps."""
+
+    @property
+    def size(self) -> int: ...
+    @property
+    def nbytes(self) -> int: ...
+    def __len__(self) -> int: ...
+    def __sizeof__(self) -> int:
+        """The object's size, its device bytes included."""
+
+    def capacity(self) -> int:
+        """The bytes the allocation holds (at least ``size``)."""
+
+    def reserve(self, new_capacity: SupportsIndex) -> None:
+        """Grows the capacity to exactly ``new_capacity`` if larger (size and contents kept)."""
+
+    def resize(self, new_size: SupportsIndex) -> None:
+        """Sets the size, keeping the contents; within the capacity nothing moves, beyond it
+        the buffer moves to an allocation of exactly ``new_size`` bytes (new bytes
+        uninitialized)."""
+
+    def shrink_to_fit(self) -> None:
+        """Moves the contents to an allocation of exactly ``size`` bytes."""
+
+    @property
+    def device(self) -> Device: ...
+    @property
+    def ptr(self) -> int:
+        """``CUdeviceptr`` (CUDA), ``cl_mem`` (OpenCL) or address (host device); 0 when the
+        capacity is 0."""
+
+    def copy_to_host(self, ary: _Buffer | None = None) -> Any:
+        """Copies into ``ary`` (writable, 1-d bytes, at least ``size`` long) and returns it; a
+        new uint8 NumPy array without one."""
+
+    def copy_from_host(self, ary: _Buffer) -> None:
+        """Copies ``ary`` (1-d bytes, at most ``size`` long) into the first bytes."""
+
+    def copy_from_device(self, cuda_ary: Any) -> None:
+        """Copies device memory (a memory object, a DeviceBuffer, ``__cuda_array_interface__``
+        or DLPack; C-contiguous, at most ``size`` bytes) into the first bytes."""
+
+    def tobytes(self) -> bytes: ...
+    def __bytes__(self) -> bytes: ...
+    def copy(self) -> DeviceBuffer:
+        """A copy made on the device, of capacity ``size``."""
+
+    def __copy__(self) -> DeviceBuffer: ...
+    def __deepcopy__(self, memo: Any) -> DeviceBuffer: ...
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """CUDA array interface v3 of the bytes (CUDA devices only)."""
+
+    def __dlpack__(
+        self,
+        *,
+        stream: Any = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> Any: ...
+    def __dlpack_device__(self) -> tuple[int, int]: ...
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]: ...
+
+def to_device(b: _Buffer, *, device: _DeviceLike = None, mr: Any = None) -> DeviceBuffer:
+    """See ``DeviceBuffer.to_device``."""
+
+def _rebuild_device_buffer(data: Any, device: str) -> DeviceBuffer: ...
+
+@disjoint_base
+class Memory:
+    """An untyped allocation of one memory kind (dpctl's USM memory): the base class of
+    ``MemoryDevice``, ``MemoryHost`` and ``MemoryShared``. Every call is synchronous."""
+
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+    def __len__(self) -> int: ...
+    def __sizeof__(self) -> int:
+        """The object's size, its memory included."""
+
+    def get_usm_type(self) -> str:
+        """``"device"``, ``"host"`` or ``"shared"``."""
+
+    @property
+    def kind(self) -> str:
+        """As ``get_usm_type()``."""
+
+    @property
+    def alignment(self) -> int: ...
+    @property
+    def device(self) -> Device: ...
+    @property
+    def reference_obj(self) -> Any:
+        """The memory object this one shares its memory with (zero-copy), else ``None``."""
+
+    @property
+    def ptr(self) -> int:
+        """Host address (host memory; every kind on the host device), ``CUdeviceptr`` (CUDA)
+        or ``cl_mem`` (OpenCL); 0 when empty."""
+
+    def copy_to_host(self, dest: _Buffer | None = None) -> Any:
+        """Copies into ``dest`` (writable, 1-d bytes, at least ``nbytes``) and returns it; a new
+        uint8 NumPy array without one."""
+
+    def copy_from_host(self, obj: _Buffer) -> None:
+        """Copies ``obj`` (1-d bytes, at most ``nbytes``) into the first bytes."""
+
+    def copy_from_device(self, obj: Any) -> None:
+        """Copies device memory (a memory object, a DeviceBuffer, ``__cuda_array_interface__``
+        or DLPack; C-contiguous, at most ``nbytes``) into the first bytes."""
+
+    def memset(self, value: int = 0) -> None:
+        """Sets every byte to ``value`` (0 to 255)."""
+
+    def tobytes(self) -> bytes: ...
+    def __bytes__(self) -> bytes: ...
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """CUDA array interface v3 (device and shared memory on CUDA devices only)."""
+
+    def __dlpack__(
+        self,
+        *,
+        stream: Any = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> Any: ...
+    def __dlpack_device__(self) -> tuple[int, int]: ...
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]: ...
+
+_MemorySource = SupportsIndex | Memory | DeviceBuffer | Any
+
+@final
+class MemoryDevice(Memory):
+    """Device memory; not host accessible (no buffer protocol)."""
+
+    def __new__(
+        cls, other: _MemorySource, *, alignment: int = 0, device: _DeviceLike = None, copy: bool = False
+    ) -> MemoryDevice:
+        """``other`` bytes, or the memory of the memory object ``other`` (zero-copy when the
+        kind matches, else ``ValueError`` unless ``copy=True``)."""
+
+@final
+class MemoryHost(Memory):
+    """Page-locked host memory, with the buffer protocol."""
+
+    def __new__(
+        cls, other: _MemorySource, *, alignment: int = 0, device: _DeviceLike = None, copy: bool = False
+    ) -> MemoryHost: ...
+
+@final
+class MemoryShared(Memory):
+    """Memory the host and the device both address (CUDA managed memory, OpenCL fine-grained
+    SVM, host memory on the host device), with the buffer protocol."""
+
+    def __new__(
+        cls, other: _MemorySource, *, alignment: int = 0, device: _DeviceLike = None, copy: bool = False
+    ) -> MemoryShared: ...
+    def prefetch(self, to: str = "device") -> None:
+        """Moves the pages to ``"device"`` or ``"host"`` and waits (CUDA managed memory)."""
+
+
+def _rebuild_memory(device: str, kind: str, data: Any) -> Memory: ...

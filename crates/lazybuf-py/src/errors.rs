@@ -65,6 +65,11 @@ pub fn to_py(err: lazybuf::Error) -> PyErr {
         E::Runtime { backend, .. } if backend.name() == "cuda" => CUDARuntimeError::new_err(message),
         E::Runtime { .. } => PyRuntimeError::new_err(message),
         E::Coherence { .. } => CoherenceError::new_err(message),
+        // A Python callback's own exception (a memory resource's failure callback), as raised.
+        E::Callback { payload, .. } => match payload.0.downcast_ref::<PyErr>() {
+            Some(err) => Python::attach(|py| err.clone_ref(py)),
+            None => PyRuntimeError::new_err(message),
+        },
         _ => PyRuntimeError::new_err(message),
     }
 }

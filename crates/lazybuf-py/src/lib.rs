@@ -13,6 +13,10 @@
 //! - [`dlpack`]: `__dlpack__` through dlpark;
 //! - [`accelerator`]: devices, `get_accelerator()`, the current device;
 //! - [`pool`]: `MemoryPool` and `get_memory_pool()` over the core's pool;
+//! - [`memory`]: dpctl's memory objects (`MemoryDevice`, `MemoryHost`, `MemoryShared`);
+//! - [`mr`]: `lazybuf.mr`, RMM's memory resources (pool, adaptors, the current resource);
+//! - [`device_buffer`]: RMM's resizable `DeviceBuffer`; [`hostbuf`] and [`foreign`]: the host
+//!   buffers, device sources and exports of memory objects;
 //! - [`transfer`]: `Transfer`, an asynchronous sync in flight (awaitable);
 //! - [`streams`]: lazybuf's stream for the caller, and ordering after the caller's streams;
 //! - [`dtype`], [`args`]: argument validation; [`errors`]: exception mapping; [`state`]:
@@ -28,10 +32,15 @@
 pub mod accelerator;
 pub mod args;
 pub mod buffer;
+pub mod device_buffer;
 pub mod device_view;
 pub mod dlpack;
 pub mod dtype;
 pub mod errors;
+pub mod foreign;
+pub mod hostbuf;
+pub mod memory;
+pub mod mr;
 pub mod pool;
 pub mod state;
 pub mod streams;
@@ -59,6 +68,15 @@ fn _lazybuf(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pool::trim, m)?)?;
     m.add_function(wrap_pyfunction!(accelerator::get_accelerator, m)?)?;
     m.add_function(wrap_pyfunction!(buffer::_rebuild_buffer, m)?)?;
+    m.add_class::<device_buffer::PyDeviceBuffer>()?;
+    m.add_function(wrap_pyfunction!(device_buffer::to_device, m)?)?;
+    m.add_function(wrap_pyfunction!(device_buffer::_rebuild_device_buffer, m)?)?;
+    m.add_class::<memory::PyMemory>()?;
+    m.add_class::<memory::PyMemoryDevice>()?;
+    m.add_class::<memory::PyMemoryHost>()?;
+    m.add_class::<memory::PyMemoryShared>()?;
+    m.add_function(wrap_pyfunction!(memory::_rebuild_memory, m)?)?;
+    mr::register(m)?;
     m.add("BackendUnavailableError", m.py().get_type::<errors::BackendUnavailableError>())?;
     #[cfg(feature = "testing")]
     testing::register(m)?;

@@ -189,6 +189,18 @@ pub enum Error {
         /// The buffer's size in bytes.
         nbytes: usize,
     },
+    /// A callback of the caller's failed (the callback of a
+    /// [`crate::resource::FailureCallbackResource`]); `payload` carries the callback's own
+    /// error for bindings to raise again (a Python exception).
+    #[error("{operation}: the callback failed: {message}")]
+    Callback {
+        /// The operation that called the callback.
+        operation: &'static str,
+        /// The callback's error, in words.
+        message: String,
+        /// The callback's error itself.
+        payload: CallbackPayload,
+    },
     /// A fault injected by `lazybuf::testing::FaultyDevice` (feature `testing`).
     #[cfg(feature = "testing")]
     #[error("injected fault: {operation} number {count} was told to fail")]
@@ -198,6 +210,16 @@ pub enum Error {
         /// Its number, counted from 1.
         count: u64,
     },
+}
+
+/// A callback's own error, carried through [`Error::Callback`] unchanged.
+#[derive(Clone)]
+pub struct CallbackPayload(pub std::sync::Arc<dyn std::any::Any + Send + Sync>);
+
+impl fmt::Debug for CallbackPayload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("CallbackPayload(..)")
+    }
 }
 
 fn code_suffix(code: &Option<RuntimeCode>) -> String {

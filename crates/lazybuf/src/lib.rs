@@ -14,6 +14,8 @@
 //! - [`resource`]: where buffers get memory (the backends directly, caching, limits), and
 //!   caching by default;
 //! - [`buffer`]: the buffer that executes coherence plans over real memory;
+//! - [`memory`]: memory objects of every kind without coherence tracking (typed
+//!   allocations, untyped memory, a resizable device buffer);
 //! - [`pool`]: memory pools (acquire/release with reuse);
 //! - [`checking`]: the coherence checker's switch;
 //! - [`testing`] (feature `testing`): a fault-injecting device wrapper.
@@ -30,6 +32,7 @@ pub mod discovery;
 pub mod element;
 pub mod error;
 pub mod host_memory;
+pub mod memory;
 pub mod pool;
 pub mod resource;
 pub mod shape;
@@ -45,13 +48,15 @@ pub use coherence::{BufferState, DeviceId, Location, Residency};
 pub use device::{Device, Stream};
 pub use discovery::{backend_status, default_device, devices, select_device};
 pub use element::{DType, Element};
-pub use error::{BackendKind, Error, Result, RuntimeCode};
+pub use error::{BackendKind, CallbackPayload, Error, Result, RuntimeCode};
 pub use half::{bf16, f16};
+pub use memory::{AllocationOptions, DeviceAllocation, DeviceBuffer, Memory};
 pub use num_complex::{Complex, Complex32, Complex64};
 pub use pool::MemoryPool;
 pub use resource::{
-    Block, CachingResource, DirectResource, LimitingResource, MemoryResource, PoolConfig, PoolStats,
-    PoolUsage, caching, set_caching, trim,
+    Block, CachingResource, DirectResource, FailureCallbackResource, LimitingResource, MemoryResource,
+    PoolConfig, PoolStats, PoolUsage, Statistics, StatisticsResource, TrackingResource, caching,
+    current_resource, set_caching, set_current_resource, trim,
 };
 
 /// The README's examples, compiled and run as doctests.
@@ -77,5 +82,10 @@ mod send_sync {
         assert_send_sync::<crate::Error>();
         assert_send_sync::<crate::MemoryPool>();
         assert_send_sync::<crate::LimitingResource>();
+        assert_send_sync::<crate::DeviceAllocation<f32>>();
+        assert_send_sync::<crate::DeviceBuffer>();
+        assert_send_sync::<crate::StatisticsResource>();
+        assert_send_sync::<crate::TrackingResource>();
+        assert_send_sync::<crate::FailureCallbackResource>();
     }
 }

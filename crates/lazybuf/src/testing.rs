@@ -249,6 +249,11 @@ impl Backend for FaultyDevice {
         self.backend().allocate_shared(bytes)
     }
 
+    unsafe fn borrow(&self, raw: crate::backend::RawMemory, len: usize) -> Result<DeviceMemory> {
+        // SAFETY: forwarded contract.
+        unsafe { self.backend().borrow(raw, len) }
+    }
+
     fn alignment(&self, kind: crate::backend::MemoryKind) -> usize {
         self.backend().alignment(kind)
     }

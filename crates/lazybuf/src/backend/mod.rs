@@ -105,6 +105,21 @@ pub trait Backend: Any + Send + Sync + fmt::Debug {
         ))
     }
 
+    /// Device memory over `len` bytes at `raw` that the caller owns and lazybuf did not
+    /// allocate (a CUDA pointer into this device's memory, a `cl_mem` of this device's
+    /// context, host memory on the host device), for copies to and from it; dropping it frees
+    /// nothing. An error naming what was expected when `raw` is not this device's memory.
+    ///
+    /// # Safety
+    /// `raw` stays valid for `len` bytes, and is not freed, while the returned memory lives.
+    unsafe fn borrow(&self, raw: RawMemory, len: usize) -> Result<DeviceMemory> {
+        let _ = len;
+        Err(crate::Error::invalid(
+            "borrow",
+            format!("{} cannot use memory it did not allocate; got {raw:?}", self.info().name),
+        ))
+    }
+
     /// The alignment in bytes every allocation of `kind` on this device is guaranteed to have
     /// (a power of two): of the address where the host or the device addresses it, of the
     /// `cl_mem`'s device address for OpenCL device memory. Pageable host memory: 64.

@@ -20,12 +20,19 @@
 //! - [`DirectResource`]: the backends themselves (a source);
 //! - [`CachingResource`] (`caching.rs`): keeps freed blocks by device, kind and size class
 //!   and hands them out again (the memory of a [`crate::MemoryPool`]);
-//! - [`LimitingResource`] (`limiting.rs`): refuses allocations beyond a byte limit.
+//! - [`LimitingResource`] (`limiting.rs`): refuses allocations beyond a byte limit;
+//! - [`StatisticsResource`] (`statistics.rs`): counts bytes and allocations (current, peak,
+//!   total) on a stack of counters, as RMM's statistics adaptor;
+//! - [`TrackingResource`] (`tracking.rs`): records every outstanding allocation, for leak
+//!   hunting;
+//! - [`FailureCallbackResource`] (`failure_callback.rs`): asks a callback whether to retry an
+//!   allocation that ran out of memory.
 //!
-//! **Caching by default.** Buffers made without a resource take theirs from
-//! [`default_resource`]: the process-wide caching resource of their device (the one
-//! [`crate::MemoryPool::for_device`] shows) while caching is on (the default), else
-//! [`DirectResource`]. Turn caching off with `LAZYBUF_CACHE=0` or [`set_caching`]; give cached
+//! **Caching by default.** Buffers and memory objects made without a resource take theirs
+//! from [`default_resource`]: the device's current resource when one was set
+//! ([`set_current_resource`], RMM's "current device resource"), else the process-wide caching
+//! resource of their device (the one [`crate::MemoryPool::for_device`] shows) while caching is
+//! on (the default), else [`DirectResource`]. Turn caching off with `LAZYBUF_CACHE=0` or [`set_caching`]; give cached
 //! memory back with [`trim`]. Cached device memory is reported by
 //! [`crate::Device::memory_info`] as `cached`.
 //!
@@ -33,15 +40,21 @@
 //! out buffers ([`crate::pool`]).
 
 mod caching;
+mod failure_callback;
 mod limiting;
 pub mod size_class;
+mod statistics;
+mod tracking;
 
 pub use caching::{CachingResource, DEFAULT_MAX_CACHED_BYTES, PoolConfig, PoolStats, PoolUsage};
+pub use failure_callback::{FailureCallback, FailureCallbackResource};
 pub use limiting::LimitingResource;
+pub use statistics::{Statistics, StatisticsResource};
+pub use tracking::{Outstanding, TrackingResource};
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use crate::backend::{DeviceMemory, MemoryKind, Ticket};
@@ -220,10 +233,46 @@ fn default_pools() -> &'static Mutex<HashMap<DeviceId, crate::MemoryPool>> {
     POOLS.get_or_init(Mutex::default)
 }
 
-/// The resource a buffer on `device` made without one uses: the device's default caching
+/// The resource a buffer or memory object on `device` made without one uses: the device's
+/// current resource if one was set ([`set_current_resource`]), else its default caching
 /// resource while caching is on, else [`DirectResource`].
 pub fn default_resource(device: &Device) -> Arc<dyn MemoryResource> {
+    if let Some(current) = current_resource(device) {
+        return current;
+    }
     if caching() { default_pool(device) } else { DirectResource::shared() }
+}
+
+/// Whether any device has a current resource (so the common case skips the lock).
+static ANY_CURRENT: AtomicBool = AtomicBool::new(false);
+
+fn current_resources() -> &'static Mutex<HashMap<DeviceId, Arc<dyn MemoryResource>>> {
+    static CURRENT: OnceLock<Mutex<HashMap<DeviceId, Arc<dyn MemoryResource>>>> = OnceLock::new();
+    CURRENT.get_or_init(Mutex::default)
+}
+
+/// The resource set for `device` with [`set_current_resource`], if any.
+pub fn current_resource(device: &Device) -> Option<Arc<dyn MemoryResource>> {
+    if !ANY_CURRENT.load(Ordering::Acquire) {
+        return None;
+    }
+    current_resources().lock().unwrap_or_else(PoisonError::into_inner).get(&device.id()).cloned()
+}
+
+/// Makes `resource` the one buffers and memory objects on `device` made from now on take
+/// their memory from when given none (`None`: back to the default); returns the one set
+/// before. Existing buffers keep the resource they were made with.
+pub fn set_current_resource(
+    device: &Device,
+    resource: Option<Arc<dyn MemoryResource>>,
+) -> Option<Arc<dyn MemoryResource>> {
+    let mut current = current_resources().lock().unwrap_or_else(PoisonError::into_inner);
+    let previous = match resource {
+        Some(resource) => current.insert(device.id(), resource),
+        None => current.remove(&device.id()),
+    };
+    ANY_CURRENT.store(!current.is_empty(), Ordering::Release);
+    previous
 }
 
 /// Gives back everything lazybuf keeps for reuse: the cached blocks of every device's default

@@ -886,6 +886,22 @@ EXPORT CUresult cuMemHostGetFlags(unsigned *flags, void *ptr) {
     return status;
 }
 
+/* Only CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL (9) and CU_POINTER_ATTRIBUTE_IS_MANAGED (8), the
+ * attributes lazybuf asks; a pointer into no device allocation is CUDA_ERROR_INVALID_VALUE, as
+ * the driver answers for memory it does not know. */
+EXPORT CUresult cuPointerGetAttribute(void *data, int attribute, CUdeviceptr ptr) {
+    if (data == NULL) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    GUARD(need_init());
+    struct allocation *a = find_allocation((const void *)(uintptr_t)ptr);
+    if (a == NULL || a->device < 0) GUARD(CUDA_ERROR_INVALID_VALUE);
+    if (attribute == 9) *(int *)data = a->device;
+    else if (attribute == 8) *(unsigned *)data = (unsigned)a->managed;
+    else GUARD(CUDA_ERROR_INVALID_VALUE);
+    pthread_mutex_unlock(&lock);
+    return CUDA_SUCCESS;
+}
+
 /* ---- Copies and fills: checked at the call, run by the stream ---- */
 
 EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream stream) {

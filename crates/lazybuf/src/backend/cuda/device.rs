@@ -32,8 +32,8 @@ use super::memory::{CudaEvent, CudaMemory, CudaStream, PageRegistration, PinnedB
 use super::staging::{PIPELINE_MIN, Staging};
 use super::{Context, cuda_error};
 use crate::backend::{
-    Backend, DeviceInfo, DeviceMemory, HostSpan, MemoryInfo, MemoryKind, MemorySource, RawDevice, RawStream,
-    StreamHandle, Ticket, check_fits,
+    Backend, DeviceInfo, DeviceMemory, HostSpan, MemoryInfo, MemoryKind, MemorySource, RawDevice, RawMemory,
+    RawStream, StreamHandle, Ticket, check_fits,
 };
 use crate::error::{BackendKind, Error, Result};
 use crate::host_memory::{HostMemory, Pinning};
@@ -214,6 +214,31 @@ impl Backend for CudaBackend {
         let _bound = self.context.bind()?;
         let memory = CudaMemory::allocate_managed(&self.context, &self.shared, bytes, &self.info.name)?;
         Ok(DeviceMemory::shared(bytes, Box::new(memory)))
+    }
+
+    unsafe fn borrow(&self, raw: RawMemory, len: usize) -> Result<DeviceMemory> {
+        let RawMemory::Cuda(ptr) = raw else {
+            return Err(Error::invalid("borrow", format!("expected a CUDA device pointer, got {raw:?}")));
+        };
+        if len > 0 {
+            let mut ordinal: std::ffi::c_int = -1;
+            let attribute = sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL;
+            let _bound = self.context.bind()?;
+            // SAFETY: `ordinal` is a valid out-pointer of the attribute's type (int).
+            let status = unsafe { sys::cuPointerGetAttribute((&raw mut ordinal).cast(), attribute, ptr) };
+            if status.result().is_err() || ordinal != self.context.device() {
+                return Err(Error::invalid(
+                    "borrow",
+                    format!(
+                        "{ptr:#x} is not memory of {} (CUDA device {})",
+                        self.info.name,
+                        self.context.device()
+                    ),
+                ));
+            }
+        }
+        let memory = CudaMemory::borrowed(&self.context, &self.shared, ptr);
+        Ok(DeviceMemory::new(len, false, Box::new(memory)))
     }
 
     fn alignment(&self, kind: MemoryKind) -> usize {

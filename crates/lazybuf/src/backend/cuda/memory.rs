@@ -41,6 +41,8 @@ pub struct CudaMemory {
     pub(super) context: Arc<Context>,
     /// Managed memory (`cuMemAllocManaged`), whose address the host uses as it is.
     pub(super) managed: bool,
+    /// Memory the caller owns (`borrow`): never freed here, not counted as an allocation.
+    borrowed: bool,
     shared: Arc<Shared>,
 }
 
@@ -60,7 +62,22 @@ impl CudaMemory {
                 .map_err(|err| allocation_error("cuMemAlloc", err, device_name, len))?
         };
         shared.live.fetch_add(1, Ordering::SeqCst);
-        Ok(CudaMemory { ptr, context: context.clone(), managed: false, shared: shared.clone() })
+        Ok(CudaMemory {
+            ptr,
+            context: context.clone(),
+            managed: false,
+            borrowed: false,
+            shared: shared.clone(),
+        })
+    }
+
+    /// Memory at `ptr` that the caller owns, on `context`'s device (checked by the caller).
+    pub(super) fn borrowed(
+        context: &Arc<Context>,
+        shared: &Arc<Shared>,
+        ptr: sys::CUdeviceptr,
+    ) -> CudaMemory {
+        CudaMemory { ptr, context: context.clone(), managed: false, borrowed: true, shared: shared.clone() }
     }
 
     /// Allocates `len` bytes of managed memory, attached globally (any stream and the host
@@ -84,7 +101,13 @@ impl CudaMemory {
             ptr
         };
         shared.live.fetch_add(1, Ordering::SeqCst);
-        Ok(CudaMemory { ptr, context: context.clone(), managed: true, shared: shared.clone() })
+        Ok(CudaMemory {
+            ptr,
+            context: context.clone(),
+            managed: true,
+            borrowed: false,
+            shared: shared.clone(),
+        })
     }
 }
 
@@ -104,6 +127,9 @@ impl MemoryHandle for CudaMemory {
 
 impl Drop for CudaMemory {
     fn drop(&mut self) {
+        if self.borrowed {
+            return;
+        }
         if self.ptr != 0 {
             // SAFETY: ptr was allocated by cuMemAlloc in this context and is freed once;
             // cuMemFree waits for work still using it. Statuses are ignored: drop must not

@@ -1,11 +1,12 @@
 //! The host device's [`Backend`] implementation: every operation is a memcpy or memset done
 //! before the call returns, so every ticket is complete.
 
+use std::ptr::NonNull;
 use std::sync::Arc;
 
 use super::memory::{HostDeviceMemory, HostStream};
 use crate::backend::{
-    Backend, DeviceInfo, DeviceMemory, HostSpan, MemoryInfo, MemorySource, RawDevice, RawStream,
+    Backend, DeviceInfo, DeviceMemory, HostSpan, MemoryInfo, MemorySource, RawDevice, RawMemory, RawStream,
     StreamHandle, Ticket, check_fits,
 };
 use crate::error::{BackendKind, Error, Result};
@@ -81,6 +82,20 @@ impl Backend for HostBackend {
     fn allocate_shared(&self, bytes: usize) -> Result<DeviceMemory> {
         let block = HostMemory::allocate(bytes)?;
         Ok(DeviceMemory::shared(bytes, Box::new(HostDeviceMemory::owned(block))))
+    }
+
+    unsafe fn borrow(&self, raw: RawMemory, len: usize) -> Result<DeviceMemory> {
+        let RawMemory::Host(ptr) = raw else {
+            return Err(Error::invalid("borrow", format!("expected host memory, got {raw:?}")));
+        };
+        let ptr = match NonNull::new(ptr) {
+            Some(ptr) => ptr,
+            None if len == 0 => NonNull::dangling(),
+            None => return Err(Error::invalid("borrow", format!("a null address for {len} bytes"))),
+        };
+        // SAFETY: the caller's promise: ptr is valid for len bytes while the memory lives.
+        let memory = unsafe { HostDeviceMemory::borrowed(ptr, len) };
+        Ok(DeviceMemory::new(len, false, Box::new(memory)))
     }
 
     fn zero_copy(&self, _bytes: usize) -> bool {

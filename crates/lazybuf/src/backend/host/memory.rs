@@ -7,18 +7,20 @@ use std::sync::{Arc, OnceLock};
 use crate::backend::{MemoryHandle, RawMemory, RawStream, StreamHandle};
 use crate::host_memory::HostMemory;
 
-/// Host-device memory: a pointer to `len` bytes, owned or aliased.
+/// Host-device memory: a pointer to `len` bytes, owned, aliased or borrowed.
 #[derive(Debug)]
 pub struct HostDeviceMemory {
     ptr: NonNull<u8>,
     len: usize,
-    /// The block, when this memory owns one; `None` for an alias of a buffer's host block.
+    /// The block, when this memory owns one; `None` for an alias of a buffer's host block or
+    /// memory borrowed from the caller.
     _owned: Option<HostMemory>,
 }
 
-// SAFETY: the pointer is either into `owned` (moved with it) or into the host block of the
-// buffer that holds both this alias and that block; the buffer serializes all access through
-// &mut self, so no unsynchronized access can happen across threads.
+// SAFETY: the pointer is into `owned` (moved with it), into the host block of the buffer
+// that holds both this alias and that block (the buffer serializes all access through
+// &mut self, so no unsynchronized access can happen across threads), or into memory whose
+// owner promised (`borrowed`) that it stays valid, ordering its own accesses.
 unsafe impl Send for HostDeviceMemory {}
 // SAFETY: see Send; shared references only read.
 unsafe impl Sync for HostDeviceMemory {}
@@ -33,6 +35,14 @@ impl HostDeviceMemory {
     pub(super) fn alias(block: &mut HostMemory, len: usize) -> Self {
         let ptr = NonNull::new(block.as_mut_ptr()).unwrap_or(NonNull::dangling());
         HostDeviceMemory { ptr, len: len.min(block.len()), _owned: None }
+    }
+
+    /// `len` bytes at `ptr` that someone else owns.
+    ///
+    /// # Safety
+    /// `ptr` is valid for reads and writes of `len` bytes while the value lives.
+    pub(super) unsafe fn borrowed(ptr: NonNull<u8>, len: usize) -> Self {
+        HostDeviceMemory { ptr, len, _owned: None }
     }
 
     pub(super) fn ptr(&self) -> *mut u8 {

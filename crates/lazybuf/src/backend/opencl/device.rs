@@ -16,8 +16,8 @@ use cl3::types::{CL_BLOCKING, CL_NON_BLOCKING, cl_context, cl_device_id, cl_even
 use super::memory::{MappedHostMemory, OpenClEvent, OpenClMemory, OpenClStream, SvmAllocation, free_svm};
 use super::{cl_error, code, is_out_of_memory};
 use crate::backend::{
-    Backend, DeviceInfo, DeviceMemory, HostSpan, MemoryInfo, MemoryKind, MemorySource, RawDevice, RawStream,
-    StreamHandle, Ticket, check_fits,
+    Backend, DeviceInfo, DeviceMemory, HostSpan, MemoryInfo, MemoryKind, MemorySource, RawDevice, RawMemory,
+    RawStream, StreamHandle, Ticket, check_fits,
 };
 use crate::error::{BackendKind, Error, Result};
 use crate::host_memory::{HostMemory, Pinning};
@@ -55,9 +55,6 @@ pub struct OpenClBackend {
     /// `CL_DEVICE_MEM_BASE_ADDR_ALIGN`, in bytes.
     base_align: usize,
 }
-
-/// The alignment lazybuf asks of SVM allocations, as CUDA gives device memory.
-const SVM_ALIGN: usize = 256;
 
 // SAFETY: OpenCL handles may be used from any thread (OpenCL 3.0 appendix A.2: every API call
 // except clSetKernelArg/clCloneKernel is thread-safe); this value owns its context.
@@ -216,8 +213,10 @@ impl OpenClBackend {
     /// every buffer operation works on it; the buffer's destructor callback frees the SVM.
     fn create_svm(&self, bytes: usize) -> Result<OpenClMemory> {
         let flags = clmem::CL_MEM_READ_WRITE | clmem::CL_MEM_SVM_FINE_GRAIN_BUFFER;
+        // Aligned to the base address alignment: PoCL refuses alignments beyond its largest
+        // data type, which that alignment covers.
         // SAFETY: context is live; the flags are valid SVM flags.
-        let svm = unsafe { clmem::svm_alloc(self.context, flags, bytes, SVM_ALIGN as u32) }
+        let svm = unsafe { clmem::svm_alloc(self.context, flags, bytes, self.base_align as u32) }
             // clSVMAlloc reports every failure as a null pointer.
             .map_err(|_| Error::OutOfMemory {
                 device: self.info.name.clone(),
@@ -450,10 +449,47 @@ impl Backend for OpenClBackend {
         Ok(DeviceMemory::shared(bytes, Box::new(memory)))
     }
 
+    unsafe fn borrow(&self, raw: RawMemory, len: usize) -> Result<DeviceMemory> {
+        let RawMemory::OpenCl(mem) = raw else {
+            return Err(Error::invalid("borrow", format!("expected an OpenCL cl_mem, got {raw:?}")));
+        };
+        // A private count: memory the caller owns is not what this process holds here.
+        let held = Arc::new(AtomicU64::new(len as u64));
+        if mem.is_null() {
+            if len > 0 {
+                return Err(Error::invalid("borrow", format!("a null cl_mem for {len} bytes")));
+            }
+            let memory = OpenClMemory { mem, len: 0, host_ptr: ptr::null(), svm: ptr::null_mut(), held };
+            return Ok(DeviceMemory::new(0, false, Box::new(memory)));
+        }
+        let context = match clmem::get_mem_object_info(mem, clmem::CL_MEM_CONTEXT) {
+            Ok(InfoType::Ptr(context)) => context as cl_context,
+            _ => ptr::null_mut(),
+        };
+        let size = match clmem::get_mem_object_info(mem, clmem::CL_MEM_SIZE) {
+            Ok(InfoType::Size(size)) => size,
+            _ => 0,
+        };
+        if context != self.context || size < len {
+            return Err(Error::invalid(
+                "borrow",
+                format!(
+                    "expected a cl_mem of at least {len} bytes in {}'s context (lazybuf's), got {size} bytes of {}",
+                    self.info.name,
+                    if context == self.context { "it" } else { "another context" }
+                ),
+            ));
+        }
+        // SAFETY: mem is a live buffer (the caller's promise); the memory's drop releases this
+        // reference.
+        unsafe { clmem::retain_mem_object(mem) }.map_err(|status| cl_error("clRetainMemObject", status))?;
+        let memory = OpenClMemory { mem, len, host_ptr: ptr::null(), svm: ptr::null_mut(), held };
+        Ok(DeviceMemory::new(len, false, Box::new(memory)))
+    }
+
     fn alignment(&self, kind: MemoryKind) -> usize {
         match kind {
-            MemoryKind::Device => self.base_align,
-            MemoryKind::Shared => SVM_ALIGN,
+            MemoryKind::Device | MemoryKind::Shared => self.base_align,
             MemoryKind::Host { .. } => crate::host_memory::HEAP_ALIGN,
         }
     }

@@ -1,0 +1,433 @@
+//! `lazybuf.DeviceBuffer`: RMM's resizable buffer of device bytes over the core's
+//! [`lazybuf::DeviceBuffer`], on every device (CUDA, OpenCL, the host device).
+//!
+//! As in RMM: `size`/`nbytes`/`len()`, `capacity()`, `reserve(n)`, `resize(n)` (keeps the
+//! contents; within the capacity nothing moves), `to_device(host_bytes)` with strict checks of
+//! its input ([`crate::hostbuf`]), `copy_to_host(ary=None)`, `copy_from_host(ary)` (a shorter
+//! source fills a prefix), `copy_from_device(obj)` ([`crate::foreign`]), `tobytes()`,
+//! `copy()` on the device, `ptr`, `__cuda_array_interface__` (CUDA devices), DLPack, and
+//! pickling through a host copy, `mr=` (a `lazybuf.mr` resource, kept alive with the buffer; default:
+//! the device's current resource); plus `shrink_to_fit()` and `device`. Differences: every call is synchronous (there is no `stream`
+//! argument), a negative size is a `ValueError`, and `__sizeof__` counts the object as well as
+//! its bytes.
+//!
+//! Raw addresses handed out (`ptr`, `__cuda_array_interface__`) stay valid until the buffer is
+//! gone, even across a reallocation: once one was handed out, memory a reallocation replaces is
+//! kept until then ([`lazybuf::DeviceBuffer::retain_replaced`]). DLPack tensors hold the
+//! buffer's memory themselves.
+//!
+//! Threads: the buffer is locked for each call, always with the GIL released (so a memory
+//! resource's Python callback can run meanwhile); two buffers are locked in a fixed order.
+//!
+//! What does not live here: host-buffer checks ([`crate::hostbuf`]), foreign sources and
+//! exports ([`crate::foreign`]).
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use numpy::PyArray1;
+use pyo3::exceptions::{PyAttributeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyTuple};
+
+use lazybuf::{AllocationOptions, BackendKind, Device, DeviceBuffer, MemoryKind};
+
+use crate::accelerator::{PyDevice, selector};
+use crate::args;
+use crate::errors::OrPyErr;
+use crate::foreign::{self, Source};
+use crate::hostbuf::HostBuffer;
+
+/// A device buffer shared by its Python object and the DLPack tensors made from it.
+pub struct BufferCell {
+    buffer: Mutex<DeviceBuffer>,
+}
+
+impl BufferCell {
+    /// The buffer. Taken only with the GIL released.
+    pub fn lock(&self) -> MutexGuard<'_, DeviceBuffer> {
+        // Nothing panics while holding the lock; a poisoned buffer is still consistent (each
+        // operation changes it only once it has succeeded).
+        self.buffer.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// A resizable buffer of bytes in device memory.
+#[pyclass(name = "DeviceBuffer", module = "lazybuf", frozen, weakref)]
+pub struct PyDeviceBuffer {
+    cell: Arc<BufferCell>,
+    device: Device,
+    /// The Python resource the memory comes from, kept alive with the buffer.
+    resource: Option<Py<PyAny>>,
+}
+
+/// A size argument: an int (`__index__`), not negative.
+pub fn size_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<usize> {
+    let value: i128 = obj.call_method0("__index__").and_then(|v| v.extract()).map_err(|_| {
+        pyo3::exceptions::PyTypeError::new_err(format!("{what} must be an int, got {}", args::repr(obj)))
+    })?;
+    if value < 0 {
+        return Err(PyValueError::new_err(format!("{what} must not be negative, got {value}")));
+    }
+    usize::try_from(value)
+        .ok()
+        .filter(|&n| n <= isize::MAX as usize)
+        .ok_or_else(|| PyValueError::new_err(format!("{what} is too large: {value} bytes")))
+}
+
+/// The device recorded in a pickle: `selector` if this process has it, else the current device,
+/// with a `RuntimeWarning` that says so (the data is kept either way).
+pub fn pickled_device(py: Python<'_>, selector: &str) -> PyResult<Device> {
+    match lazybuf::select_device(selector) {
+        Ok(device) => Ok(device),
+        Err(err) => {
+            let current = crate::accelerator::current_device()?;
+            let message = format!(
+                "the pickled memory was on {selector:?}, which this process does not have ({err}); \
+                 it is unpickled on the current device, {}",
+                crate::accelerator::selector(&current)
+            );
+            let warning = py.get_type::<pyo3::exceptions::PyRuntimeWarning>();
+            PyErr::warn(py, &warning, &std::ffi::CString::new(message).unwrap_or_default(), 1)?;
+            Ok(current)
+        }
+    }
+}
+
+impl PyDeviceBuffer {
+    /// The shared buffer.
+    pub fn cell(&self) -> &Arc<BufferCell> {
+        &self.cell
+    }
+
+    fn new_buffer(buffer: DeviceBuffer, resource: Option<Py<PyAny>>) -> Self {
+        let device = buffer.device().clone();
+        PyDeviceBuffer { cell: Arc::new(BufferCell { buffer: Mutex::new(buffer) }), device, resource }
+    }
+
+    /// Runs `f` on the buffer with the GIL released.
+    fn with<R: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut DeviceBuffer) -> R + Send) -> R {
+        py.detach(|| f(&mut self.cell.lock()))
+    }
+
+    fn options(mr: Option<&Bound<'_, PyAny>>) -> PyResult<(AllocationOptions, Option<Py<PyAny>>)> {
+        let resource = crate::mr::resource_arg(mr)?;
+        let keep = mr.filter(|m| !m.is_none()).map(|m| m.clone().unbind());
+        Ok((AllocationOptions { resource, alignment: 0 }, keep))
+    }
+
+    /// A device buffer on `device` holding a copy of `data`'s bytes (checked as `to_device`).
+    pub fn from_host(
+        py: Python<'_>,
+        data: &Bound<'_, PyAny>,
+        device: Device,
+        mr: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let host = HostBuffer::get(data, false, "to_device: b")?;
+        let (options, keep) = Self::options(mr)?;
+        let buffer = py
+            .detach(|| DeviceBuffer::from_host_with(&device, MemoryKind::Device, host.bytes(), options))
+            .or_py()?;
+        Ok(Self::new_buffer(buffer, keep))
+    }
+
+    fn raw_address(&self, py: Python<'_>, retain: bool) -> usize {
+        self.with(py, |buffer| {
+            if retain {
+                buffer.retain_replaced();
+            }
+            // SAFETY: the address is only handed to Python as an int; with `retain` the memory
+            // stays allocated until the buffer is gone.
+            foreign::raw_address(unsafe { buffer.raw() })
+        })
+    }
+}
+
+#[pymethods]
+impl PyDeviceBuffer {
+    /// `size` uninitialized bytes of device memory on `device` (default: the current device),
+    /// from `mr` (default: the device's current resource).
+    #[new]
+    #[pyo3(signature = (*, size=None, device=None, mr=None))]
+    fn py_new(
+        py: Python<'_>,
+        size: Option<&Bound<'_, PyAny>>,
+        device: Option<&Bound<'_, PyAny>>,
+        mr: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let size = match size {
+            Some(size) => size_arg(size, "size")?,
+            None => 0,
+        };
+        let device = args::device(device)?;
+        let (options, keep) = Self::options(mr)?;
+        let buffer =
+            py.detach(|| DeviceBuffer::with_options(&device, MemoryKind::Device, size, options)).or_py()?;
+        Ok(Self::new_buffer(buffer, keep))
+    }
+
+    /// A new device buffer holding a copy of `b`, a 1-d contiguous buffer of bytes (`TypeError`
+    /// for objects without the buffer protocol, `ValueError` for other formats, more dimensions
+    /// or gaps), on `device` (default: the current device).
+    #[staticmethod]
+    #[pyo3(signature = (b, *, device=None, mr=None))]
+    fn to_device(
+        py: Python<'_>,
+        b: &Bound<'_, PyAny>,
+        device: Option<&Bound<'_, PyAny>>,
+        mr: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let device = args::device(device)?;
+        Self::from_host(py, b, device, mr)
+    }
+
+    /// The size in bytes.
+    #[getter]
+    fn size(&self, py: Python<'_>) -> usize {
+        self.with(py, |b| b.size())
+    }
+
+    /// The size in bytes.
+    #[getter]
+    fn nbytes(&self, py: Python<'_>) -> usize {
+        self.with(py, |b| b.size())
+    }
+
+    fn __len__(&self, py: Python<'_>) -> usize {
+        self.with(py, |b| b.size())
+    }
+
+    /// The object's size in bytes, its device bytes included.
+    fn __sizeof__(&self, py: Python<'_>) -> usize {
+        std::mem::size_of::<Self>() + 2 * std::mem::size_of::<usize>() + self.with(py, |b| b.size())
+    }
+
+    /// The bytes the allocation holds (at least `size`).
+    fn capacity(&self, py: Python<'_>) -> usize {
+        self.with(py, |b| b.capacity())
+    }
+
+    /// Grows the capacity to exactly `new_capacity` bytes if it is larger (keeping the size and
+    /// the contents); never shrinks.
+    fn reserve(&self, py: Python<'_>, new_capacity: &Bound<'_, PyAny>) -> PyResult<()> {
+        let n = size_arg(new_capacity, "new_capacity")?;
+        self.with(py, |b| b.reserve(n)).or_py()
+    }
+
+    /// Sets the size to `new_size` bytes, keeping the contents up to the smaller size; within
+    /// the capacity nothing is allocated or moved, beyond it the buffer moves to an allocation
+    /// of exactly `new_size` bytes. New bytes are uninitialized.
+    fn resize(&self, py: Python<'_>, new_size: &Bound<'_, PyAny>) -> PyResult<()> {
+        let n = size_arg(new_size, "new_size")?;
+        self.with(py, |b| b.resize(n)).or_py()
+    }
+
+    /// Moves the contents to an allocation of exactly `size` bytes if the capacity is larger.
+    fn shrink_to_fit(&self, py: Python<'_>) -> PyResult<()> {
+        self.with(py, |b| b.shrink_to_fit()).or_py()
+    }
+
+    /// The device.
+    #[getter]
+    fn device(&self) -> PyDevice {
+        PyDevice::new(self.device.clone())
+    }
+
+    /// The memory's raw handle as an int: the `CUdeviceptr` on CUDA, the `cl_mem` on OpenCL,
+    /// the address on the host device; 0 when the buffer has no capacity.
+    #[getter]
+    fn ptr(&self, py: Python<'_>) -> usize {
+        self.raw_address(py, true)
+    }
+
+    /// Copies the buffer into `ary` (a writable 1-d buffer of at least `size` bytes) and
+    /// returns it; with no argument, into a new uint8 NumPy array.
+    #[pyo3(signature = (ary=None))]
+    fn copy_to_host<'py>(
+        &self,
+        py: Python<'py>,
+        ary: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let ary = match ary.filter(|a| !a.is_none()) {
+            Some(ary) => ary.clone(),
+            None => {
+                let size = self.with(py, |b| b.size());
+                // SAFETY: every byte is written by the copy below before the array is returned.
+                unsafe { PyArray1::<u8>::new(py, [size], false) }.into_any()
+            }
+        };
+        let mut host = HostBuffer::get(&ary, true, "copy_to_host: ary")?;
+        self.with(py, |b| {
+            if host.len() < b.size() {
+                return Err(PyValueError::new_err(format!(
+                    "copy_to_host: ary is too small: {} bytes; need space for {} bytes",
+                    host.len(),
+                    b.size()
+                )));
+            }
+            if host.overlaps(b.memory()) {
+                // `ary` is a view of this buffer (a DLPack export): copy through the host.
+                let staged = b.to_vec().or_py()?;
+                host.bytes_mut()[..staged.len()].copy_from_slice(&staged);
+                return Ok(());
+            }
+            b.copy_to_host(host.bytes_mut()).or_py()
+        })?;
+        drop(host);
+        Ok(ary)
+    }
+
+    /// Copies `ary` (a 1-d buffer of bytes, read-only is fine) into the first `len(ary)` bytes.
+    fn copy_from_host(&self, py: Python<'_>, ary: &Bound<'_, PyAny>) -> PyResult<()> {
+        let host = HostBuffer::get(ary, false, "copy_from_host: ary")?;
+        self.with(py, |b| {
+            if host.len() > b.size() {
+                return Err(PyValueError::new_err(format!(
+                    "copy_from_host: ary is too large: {} bytes; the buffer holds {}",
+                    host.len(),
+                    b.size()
+                )));
+            }
+            if host.overlaps(b.memory()) {
+                let staged = host.bytes().to_vec();
+                return b.copy_from_host(&staged).or_py();
+            }
+            b.copy_from_host(host.bytes()).or_py()
+        })
+    }
+
+    /// Copies device memory (a lazybuf memory object or DeviceBuffer, an object with
+    /// `__cuda_array_interface__`, or a DLPack producer; C-contiguous) into the first bytes.
+    fn copy_from_device(&self, py: Python<'_>, cuda_ary: &Bound<'_, PyAny>) -> PyResult<()> {
+        let (source, keep) = Source::resolve(cuda_ary, "copy_from_device")?;
+        let result = if source.is_buffer(&self.cell) {
+            Ok(()) // a buffer onto itself: every byte stays
+        } else {
+            let copy = |dst: &mut DeviceBuffer, src: &lazybuf::Memory, n: usize| {
+                if n > dst.size() {
+                    return Err(PyValueError::new_err(format!(
+                        "copy_from_device: the source is too large: {n} bytes; the buffer holds {}",
+                        dst.size()
+                    )));
+                }
+                if crate::hostbuf::ranges_overlap(dst.memory().host_range(), src.host_range()) {
+                    // Foreign memory that is a view of this buffer: copy through the host.
+                    let staged = src.to_vec().or_py()?;
+                    return dst.copy_from_host(&staged[..n]).or_py();
+                }
+                dst.copy_from_memory(src, n).or_py()
+            };
+            let mine = Arc::as_ptr(&self.cell) as usize;
+            py.detach(|| {
+                if source.lock_order() < mine {
+                    source.with(|src, n| copy(&mut self.cell.lock(), src, n))
+                } else {
+                    let mut dst = self.cell.lock();
+                    source.with(|src, n| copy(&mut dst, src, n))
+                }
+            })
+        };
+        drop(keep);
+        result
+    }
+
+    /// The contents as `bytes`.
+    fn tobytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        let data = self.with(py, |b| b.to_vec()).or_py()?;
+        Ok(PyBytes::new(py, &data))
+    }
+
+    fn __bytes__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        self.tobytes(py)
+    }
+
+    /// A new buffer with the same contents (copied on the device), of capacity `size`.
+    fn copy(&self, py: Python<'_>) -> PyResult<Self> {
+        let copy = self.with(py, |b| b.try_clone()).or_py()?;
+        Ok(Self::new_buffer(copy, self.resource.as_ref().map(|r| r.clone_ref(py))))
+    }
+
+    fn __copy__(&self, py: Python<'_>) -> PyResult<Self> {
+        self.copy(py)
+    }
+
+    fn __deepcopy__(&self, py: Python<'_>, _memo: &Bound<'_, PyAny>) -> PyResult<Self> {
+        self.copy(py)
+    }
+
+    /// The CUDA Array Interface (version 3) of the bytes, on a CUDA device
+    /// (`AttributeError` elsewhere). The address stays valid until the buffer is gone.
+    #[getter]
+    fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        if self.device.backend_kind() != BackendKind::CUDA {
+            return Err(PyAttributeError::new_err(format!(
+                "__cuda_array_interface__ exists only for memory on a CUDA device; this DeviceBuffer is on {}",
+                selector(&self.device)
+            )));
+        }
+        let address = self.raw_address(py, true);
+        let size = self.with(py, |b| b.size());
+        foreign::cuda_array_interface(py, address, size)
+    }
+
+    /// DLPack export of the bytes as a 1-d uint8 tensor (CUDA devices: kDLCUDA; the host
+    /// device: the CPU; OpenCL: `BufferError`).
+    #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
+    fn __dlpack__<'py>(
+        &self,
+        py: Python<'py>,
+        stream: Option<Bound<'py, PyAny>>,
+        max_version: Option<(u32, u32)>,
+        dl_device: Option<(u32, i32)>,
+        copy: Option<bool>,
+    ) -> PyResult<Py<PyAny>> {
+        let address = self.raw_address(py, true);
+        let size = self.with(py, |b| b.size());
+        let device = foreign::dlpack_device(&self.device, MemoryKind::Device);
+        let owner: Arc<dyn std::any::Any + Send + Sync> = self.cell.clone();
+        foreign::export_dlpack(py, address, size, device, owner, stream, max_version, dl_device, copy)
+    }
+
+    /// `(device_type, device_id)` of the DLPack export.
+    fn __dlpack_device__(&self) -> PyResult<(u32, i32)> {
+        foreign::dlpack_device_tuple(foreign::dlpack_device(&self.device, MemoryKind::Device))
+    }
+
+    /// Pickles the contents (one NumPy array, so protocol 5 takes it out of band) and the
+    /// device; unpickling puts them on that device, or on the current device with a
+    /// `RuntimeWarning` when this process does not have it.
+    fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
+        let data = self.copy_to_host(py, None)?;
+        let rebuild = py.import("lazybuf._lazybuf")?.getattr("_rebuild_device_buffer")?;
+        let args = (data, selector(&self.device)).into_pyobject(py)?;
+        Ok((rebuild, args))
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> String {
+        let (size, capacity) = self.with(py, |b| (b.size(), b.capacity()));
+        format!("<lazybuf.DeviceBuffer size={size} capacity={capacity} on {}>", selector(&self.device))
+    }
+}
+
+/// `to_device(b, device=None)`: see `DeviceBuffer.to_device`.
+#[pyfunction]
+#[pyo3(signature = (b, *, device=None, mr=None))]
+pub fn to_device(
+    py: Python<'_>,
+    b: &Bound<'_, PyAny>,
+    device: Option<&Bound<'_, PyAny>>,
+    mr: Option<&Bound<'_, PyAny>>,
+) -> PyResult<PyDeviceBuffer> {
+    let device = args::device(device)?;
+    PyDeviceBuffer::from_host(py, b, device, mr)
+}
+
+/// Unpickles a DeviceBuffer (see `__reduce__`).
+#[pyfunction]
+pub fn _rebuild_device_buffer(
+    py: Python<'_>,
+    data: &Bound<'_, PyAny>,
+    device: &str,
+) -> PyResult<PyDeviceBuffer> {
+    let device = pickled_device(py, device)?;
+    PyDeviceBuffer::from_host(py, data, device, None)
+}

@@ -1,0 +1,634 @@
+//! dpctl's USM memory objects as `lazybuf.MemoryDevice`, `lazybuf.MemoryHost` and
+//! `lazybuf.MemoryShared` (base class `lazybuf.Memory`): untyped allocations of one kind over
+//! the core's [`lazybuf::Memory`].
+//!
+//! - `MemoryDevice`: device memory, not host accessible (no buffer protocol);
+//! - `MemoryHost`: page-locked host memory (the device's pinned memory), with the buffer
+//!   protocol;
+//! - `MemoryShared`: memory the host and the device both address (CUDA managed memory, with
+//!   `prefetch`; OpenCL fine-grained SVM; host memory on the host device; a `ValueError` on a
+//!   device without it), with the buffer protocol.
+//!
+//! `Kind(nbytes, *, alignment=0, device=None, copy=False)` allocates; `Kind(other)` with
+//! another memory object shares its memory (zero-copy, keeping `other` alive as
+//! `reference_obj`) when the kind matches, else raises `ValueError` unless `copy=True`, which
+//! copies (as it does for a `DeviceBuffer`, a `__cuda_array_interface__` or a DLPack source).
+//! `nbytes`/`size`/`len()`, `get_usm_type()` (`"device"`, `"host"`, `"shared"`), `alignment`,
+//! `device`, `ptr`, `copy_to_host(dest=None)`, `copy_from_host(obj)` (a shorter source fills a
+//! prefix), `copy_from_device(obj)` ([`crate::foreign`]), `memset(value=0)`, `tobytes()`,
+//! `__sizeof__` (the data counted), CUDA array interface and DLPack exports, and pickling that
+//! records the kind and the device (unpickling checks the kind; a device this process lacks
+//! falls back to the current device with a `RuntimeWarning`).
+//!
+//! Differences from dpctl: `device=` in place of `queue=`; size 0 is allowed; zero-copy
+//! wrapping of foreign memory is not offered (construct with `copy=True`); `reference_obj` is
+//! the memory object shared from (dpctl: `None` for its own objects); the value of `memset` must
+//! be a byte (0..255).
+//!
+//! Threads: as [`crate::device_buffer`]: each call locks the memory with the GIL released.
+
+use std::ffi::c_int;
+use std::ptr;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use numpy::PyArray1;
+use pyo3::exceptions::{PyAttributeError, PyBufferError, PyValueError};
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyBytes, PyDict, PyTuple};
+
+use lazybuf::{AllocationOptions, BackendKind, Device, Memory, MemoryKind};
+
+use crate::accelerator::{PyDevice, selector};
+use crate::args;
+use crate::device_buffer::{pickled_device, size_arg};
+use crate::errors::OrPyErr;
+use crate::foreign::{self, Source};
+use crate::hostbuf::HostBuffer;
+
+/// A memory object's allocation, shared by the objects made zero-copy from it and by the
+/// exports (buffer protocol, DLPack) of it.
+pub struct MemoryCell {
+    memory: Mutex<Memory>,
+}
+
+impl MemoryCell {
+    /// The memory. Taken only with the GIL released.
+    pub fn lock(&self) -> MutexGuard<'_, Memory> {
+        // Nothing panics while holding the lock; a poisoned memory is still consistent.
+        self.memory.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// An untyped allocation of one memory kind (the base class of `MemoryDevice`, `MemoryHost`
+/// and `MemoryShared`).
+#[pyclass(name = "Memory", module = "lazybuf", frozen, subclass, weakref)]
+pub struct PyMemory {
+    cell: Arc<MemoryCell>,
+    device: Device,
+    kind: MemoryKind,
+    nbytes: usize,
+    alignment: usize,
+    /// The memory object this one shares its memory with (zero-copy construction).
+    reference: Option<Py<PyAny>>,
+}
+
+/// The kind a `kind` name means (`"device"`, `"host"` or `"shared"`); host memory is pinned.
+fn kind_named(name: &str) -> Option<MemoryKind> {
+    match name {
+        "device" => Some(MemoryKind::Device),
+        "host" => Some(MemoryKind::Host { pinned: true }),
+        "shared" => Some(MemoryKind::Shared),
+        _ => None,
+    }
+}
+
+fn class_name(kind: MemoryKind) -> &'static str {
+    match kind {
+        MemoryKind::Device => "MemoryDevice",
+        MemoryKind::Host { .. } => "MemoryHost",
+        MemoryKind::Shared => "MemoryShared",
+    }
+}
+
+impl PyMemory {
+    /// The shared allocation.
+    pub fn cell(&self) -> &Arc<MemoryCell> {
+        &self.cell
+    }
+
+    fn with<R: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut Memory) -> R + Send) -> R {
+        py.detach(|| f(&mut self.cell.lock()))
+    }
+
+    fn from_memory(memory: Memory, reference: Option<Py<PyAny>>) -> PyMemory {
+        PyMemory {
+            device: memory.device().clone(),
+            kind: memory.kind(),
+            nbytes: memory.len(),
+            alignment: memory.alignment(),
+            cell: Arc::new(MemoryCell { memory: Mutex::new(memory) }),
+            reference,
+        }
+    }
+
+    fn allocate(
+        py: Python<'_>,
+        kind: MemoryKind,
+        nbytes: usize,
+        alignment: usize,
+        device: Device,
+    ) -> PyResult<Self> {
+        let options = AllocationOptions { resource: None, alignment };
+        let memory = py.detach(|| Memory::with_options(&device, kind, nbytes, options)).or_py()?;
+        Ok(Self::from_memory(memory, None))
+    }
+
+    /// dpctl's constructor (see the module docs).
+    fn construct(
+        py: Python<'_>,
+        kind: MemoryKind,
+        other: &Bound<'_, PyAny>,
+        alignment: i64,
+        device: Option<&Bound<'_, PyAny>>,
+        copy: bool,
+    ) -> PyResult<Self> {
+        // Non-positive alignments ask for the kind's own, as in dpctl.
+        let alignment = usize::try_from(alignment.max(0)).unwrap_or(0);
+        let is_int = !other.is_instance_of::<PyBool>() && other.hasattr("__index__")?;
+        if is_int {
+            let nbytes = size_arg(other, "nbytes")?;
+            return Self::allocate(py, kind, nbytes, alignment, args::device(device)?);
+        }
+        let device = match device.filter(|d| !d.is_none()) {
+            Some(device) => Some(args::device(Some(device))?),
+            None => None,
+        };
+        if let Ok(source) = other.cast::<PyMemory>() {
+            let src = source.get();
+            let same_device = device.as_ref().is_none_or(|d| d == &src.device);
+            if src.kind == kind && same_device && src.alignment >= alignment {
+                return Ok(PyMemory {
+                    cell: src.cell.clone(),
+                    device: src.device.clone(),
+                    kind,
+                    nbytes: src.nbytes,
+                    alignment: src.alignment,
+                    reference: Some(other.clone().unbind()),
+                });
+            }
+            if !copy {
+                let why = if src.kind != kind {
+                    format!(
+                        "it is {} memory, not {} memory; use copy=True, or {}",
+                        src.kind.name(),
+                        kind.name(),
+                        class_name(src.kind)
+                    )
+                } else if !same_device {
+                    format!("it is on {}, not on the device asked for; use copy=True", selector(&src.device))
+                } else {
+                    format!("it is aligned to {} bytes, not {alignment}; use copy=True", src.alignment)
+                };
+                return Err(PyValueError::new_err(format!(
+                    "{}: zero-copy construction from {} is not possible: {why}",
+                    class_name(kind),
+                    args::repr(other)
+                )));
+            }
+            let device = device.unwrap_or_else(|| src.device.clone());
+            let memory = Self::allocate(py, kind, src.nbytes, alignment, device)?;
+            memory.copy_from_device(py, other)?;
+            return Ok(memory);
+        }
+        let what = format!("{}(other)", class_name(kind));
+        let (source, keep) = Source::resolve(other, &what).map_err(|err| {
+            PyValueError::new_err(format!(
+                "{what}: expected a number of bytes or a memory object (or, with copy=True, device \
+                 memory to copy: a DeviceBuffer, __cuda_array_interface__ or DLPack); {err}"
+            ))
+        })?;
+        if !copy {
+            return Err(PyValueError::new_err(format!(
+                "{what}: lazybuf does not wrap foreign memory without copying; pass copy=True to copy {}",
+                args::repr(other)
+            )));
+        }
+        let (nbytes, home) = py.detach(|| source.with(|m, n| (n, m.device().clone())));
+        let memory = Self::allocate(py, kind, nbytes, alignment, device.unwrap_or(home))?;
+        memory.copy_from(py, &source)?;
+        drop(keep);
+        Ok(memory)
+    }
+
+    /// Copies a resolved source into the first bytes, locking the two in address order.
+    fn copy_from(&self, py: Python<'_>, source: &Source) -> PyResult<()> {
+        if source.is_memory(&self.cell) {
+            return Ok(()); // the memory onto itself: every byte stays
+        }
+        let copy = |dst: &mut Memory, src: &Memory, n: usize| {
+            if n > dst.len() {
+                return Err(PyValueError::new_err(format!(
+                    "copy_from_device: the source is too large to be accommodated: {n} bytes into {}",
+                    dst.len()
+                )));
+            }
+            crate::hostbuf::copy_between(dst, src, n).or_py()
+        };
+        let mine = Arc::as_ptr(&self.cell) as usize;
+        py.detach(|| {
+            if source.lock_order() < mine {
+                source.with(|src, n| copy(&mut self.cell.lock(), src, n))
+            } else {
+                let mut dst = self.cell.lock();
+                source.with(|src, n| copy(&mut dst, src, n))
+            }
+        })
+    }
+
+    /// The address of the bytes for the host, for the buffer protocol (host and shared).
+    fn host_address(&self, py: Python<'_>) -> PyResult<*mut u8> {
+        let address = self.with(py, |m| m.host_slice_mut().map(|s| s.as_mut_ptr() as usize)).or_py()?;
+        Ok(address as *mut u8)
+    }
+
+    fn raw_address(&self, py: Python<'_>) -> usize {
+        // SAFETY: the address is only handed to Python as an int; the memory never moves.
+        self.with(py, |m| foreign::raw_address(unsafe { m.raw() }))
+    }
+
+    /// Buffer protocol over all the bytes: 1-d unsigned bytes, always writable (as dpctl's;
+    /// a memory object tracks no reads or writes, so a read-only request needs nothing else).
+    ///
+    /// # Safety
+    /// `view` must be the `Py_buffer` CPython passed to `bf_getbuffer`.
+    unsafe fn export(slf: Bound<'_, PyAny>, view: *mut ffi::Py_buffer, flags: c_int) -> PyResult<()> {
+        if view.is_null() {
+            return Err(PyBufferError::new_err("the buffer protocol passed a null Py_buffer"));
+        }
+        // SAFETY: view is valid (checked); obj must be NULL on error.
+        unsafe { (*view).obj = ptr::null_mut() };
+        let (address, nbytes, cell) = {
+            let memory = slf.cast::<PyMemory>()?.get();
+            (memory.host_address(slf.py())?, memory.nbytes, memory.cell.clone())
+        };
+        let export = Box::new(Export { _cell: cell, shape: [nbytes as isize], strides: [1] });
+        let export = Box::into_raw(export);
+        // SAFETY: view is valid; shape and strides live in the boxed export, freed only in
+        // `release`; address is valid for nbytes while the export's cell clone lives; obj
+        // takes a new reference to the exporter.
+        unsafe {
+            (*view).buf = address.cast();
+            (*view).len = nbytes as isize;
+            (*view).readonly = 0;
+            (*view).itemsize = 1;
+            (*view).format =
+                if flags & ffi::PyBUF_FORMAT != 0 { c"B".as_ptr().cast_mut() } else { ptr::null_mut() };
+            (*view).ndim = 1;
+            (*view).shape =
+                if flags & ffi::PyBUF_ND != 0 { (*export).shape.as_mut_ptr() } else { ptr::null_mut() };
+            (*view).strides = if flags & ffi::PyBUF_STRIDES == ffi::PyBUF_STRIDES {
+                (*export).strides.as_mut_ptr()
+            } else {
+                ptr::null_mut()
+            };
+            (*view).suboffsets = ptr::null_mut();
+            (*view).internal = export.cast();
+            (*view).obj = slf.into_ptr();
+        }
+        Ok(())
+    }
+
+    /// Frees what [`Self::export`] attached.
+    ///
+    /// # Safety
+    /// `view` must be a `Py_buffer` filled by [`Self::export`], released once.
+    unsafe fn release(view: *mut ffi::Py_buffer) {
+        if view.is_null() {
+            return;
+        }
+        // SAFETY: internal is the boxed export set by `export` (or null); taken once.
+        unsafe {
+            let internal = (*view).internal;
+            if !internal.is_null() {
+                (*view).internal = ptr::null_mut();
+                drop(Box::from_raw(internal.cast::<Export>()));
+            }
+        }
+    }
+}
+
+/// What a buffer-protocol export holds: the memory and its shape and strides arrays.
+struct Export {
+    _cell: Arc<MemoryCell>,
+    shape: [isize; 1],
+    strides: [isize; 1],
+}
+
+#[pymethods]
+impl PyMemory {
+    /// The size in bytes.
+    #[getter]
+    fn nbytes(&self) -> usize {
+        self.nbytes
+    }
+
+    /// The size in bytes.
+    #[getter]
+    fn size(&self) -> usize {
+        self.nbytes
+    }
+
+    fn __len__(&self) -> usize {
+        self.nbytes
+    }
+
+    /// The object's size in bytes, its memory included.
+    fn __sizeof__(&self) -> usize {
+        std::mem::size_of::<Self>() + 2 * std::mem::size_of::<usize>() + self.nbytes
+    }
+
+    /// `"device"`, `"host"` or `"shared"`.
+    fn get_usm_type(&self) -> &'static str {
+        self.kind.name()
+    }
+
+    /// `"device"`, `"host"` or `"shared"` (as `get_usm_type()`).
+    #[getter]
+    fn kind(&self) -> &'static str {
+        self.kind.name()
+    }
+
+    /// The alignment in bytes the memory's address is guaranteed to have.
+    #[getter]
+    fn alignment(&self) -> usize {
+        self.alignment
+    }
+
+    /// The device.
+    #[getter]
+    fn device(&self) -> PyDevice {
+        PyDevice::new(self.device.clone())
+    }
+
+    /// The memory object this one shares its memory with, or `None` when it made its own.
+    #[getter]
+    fn reference_obj(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        self.reference.as_ref().map(|r| r.clone_ref(py))
+    }
+
+    /// The raw handle as an int: the address of host memory (and of every kind on the host
+    /// device), the `CUdeviceptr` on CUDA, the `cl_mem` on OpenCL (for shared memory there,
+    /// the buffer over the SVM allocation); 0 when empty.
+    #[getter]
+    fn ptr(&self, py: Python<'_>) -> usize {
+        self.raw_address(py)
+    }
+
+    /// Copies the memory into `dest` (a writable 1-d buffer of at least `nbytes` bytes) and
+    /// returns it; without one, into a new uint8 NumPy array.
+    #[pyo3(signature = (dest=None))]
+    fn copy_to_host<'py>(
+        &self,
+        py: Python<'py>,
+        dest: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let dest = match dest.filter(|d| !d.is_none()) {
+            Some(dest) => dest.clone(),
+            // SAFETY: every byte is written by the copy below before the array is returned.
+            None => unsafe { PyArray1::<u8>::new(py, [self.nbytes], false) }.into_any(),
+        };
+        let mut host = HostBuffer::get(&dest, true, "copy_to_host: dest")?;
+        if host.len() < self.nbytes {
+            return Err(PyValueError::new_err(format!(
+                "copy_to_host: destination object is too small to accommodate {} bytes (it has {})",
+                self.nbytes,
+                host.len()
+            )));
+        }
+        let n = self.nbytes;
+        self.with(py, |m| crate::hostbuf::copy_out(m, &mut host, n)).or_py()?;
+        drop(host);
+        Ok(dest)
+    }
+
+    /// Copies `obj` (any 1-d buffer of bytes, read-only is fine; at most `nbytes` long) into
+    /// the first `len(obj)` bytes.
+    fn copy_from_host(&self, py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<()> {
+        let host = HostBuffer::get(obj, false, "copy_from_host: obj")?;
+        if host.len() > self.nbytes {
+            return Err(PyValueError::new_err(format!(
+                "copy_from_host: source object is too large to be accommodated in {} bytes buffer ({} bytes)",
+                self.nbytes,
+                host.len()
+            )));
+        }
+        self.with(py, |m| crate::hostbuf::copy_in(m, &host)).or_py()
+    }
+
+    /// Copies device memory (a memory object, a DeviceBuffer, an object with
+    /// `__cuda_array_interface__`, or a DLPack producer; C-contiguous, at most `nbytes`) into
+    /// the first bytes: on the device, peer to peer between devices, else through the host.
+    fn copy_from_device(&self, py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<()> {
+        let (source, keep) = Source::resolve(obj, "copy_from_device")?;
+        let result = self.copy_from(py, &source);
+        drop(keep);
+        result
+    }
+
+    /// Sets every byte to `value` (0 to 255).
+    #[pyo3(signature = (value=0))]
+    fn memset(&self, py: Python<'_>, value: i64) -> PyResult<()> {
+        let byte = u8::try_from(value).map_err(|_| {
+            PyValueError::new_err(format!("memset: value must be a byte, 0 to 255; got {value}"))
+        })?;
+        self.with(py, |m| m.fill(byte)).or_py()
+    }
+
+    /// The memory's bytes, copied.
+    fn tobytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        let data = self.with(py, |m| m.to_vec()).or_py()?;
+        Ok(PyBytes::new(py, &data))
+    }
+
+    fn __bytes__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        self.tobytes(py)
+    }
+
+    /// The CUDA Array Interface (version 3) of device and shared memory on a CUDA device
+    /// (`AttributeError` elsewhere).
+    #[getter]
+    fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        if self.device.backend_kind() != BackendKind::CUDA || matches!(self.kind, MemoryKind::Host { .. }) {
+            return Err(PyAttributeError::new_err(format!(
+                "__cuda_array_interface__ exists only for device and shared memory on a CUDA device; this is {} \
+                 memory on {}",
+                self.kind.name(),
+                selector(&self.device)
+            )));
+        }
+        foreign::cuda_array_interface(py, self.raw_address(py), self.nbytes)
+    }
+
+    /// DLPack export as a 1-d uint8 tensor: the CPU for host memory (and every kind on the host
+    /// device, and OpenCL shared memory), kDLCUDA or kDLCUDAManaged on CUDA; OpenCL device
+    /// memory raises `BufferError`.
+    #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
+    fn __dlpack__<'py>(
+        &self,
+        py: Python<'py>,
+        stream: Option<Bound<'py, PyAny>>,
+        max_version: Option<(u32, u32)>,
+        dl_device: Option<(u32, i32)>,
+        copy: Option<bool>,
+    ) -> PyResult<Py<PyAny>> {
+        let device = foreign::dlpack_device(&self.device, self.kind);
+        let address = if device == Some(dlpark::ffi::DLDevice::CPU) {
+            self.host_address_any(py)?
+        } else {
+            self.raw_address(py)
+        };
+        let owner: Arc<dyn std::any::Any + Send + Sync> = self.cell.clone();
+        foreign::export_dlpack(py, address, self.nbytes, device, owner, stream, max_version, dl_device, copy)
+    }
+
+    /// `(device_type, device_id)` of the DLPack export.
+    fn __dlpack_device__(&self) -> PyResult<(u32, i32)> {
+        foreign::dlpack_device_tuple(foreign::dlpack_device(&self.device, self.kind))
+    }
+
+    /// Pickles the kind, the device and the bytes (one NumPy array: protocol 5 takes it out of
+    /// band).
+    fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
+        let data = self.copy_to_host(py, None)?;
+        let rebuild = py.import("lazybuf._lazybuf")?.getattr("_rebuild_memory")?;
+        // The kind last: it is the last string in the pickle (dpctl's corruption test edits it).
+        let args = (selector(&self.device), self.kind.name(), data).into_pyobject(py)?;
+        Ok((rebuild, args))
+    }
+
+    fn __repr__(&self) -> String {
+        format!("<lazybuf.{} of {} bytes on {}>", class_name(self.kind), self.nbytes, selector(&self.device))
+    }
+}
+
+impl PyMemory {
+    /// The host address of the bytes for a CPU export: host and shared memory through their
+    /// host view, every kind on the host device through its raw address (host memory).
+    fn host_address_any(&self, py: Python<'_>) -> PyResult<usize> {
+        if self.kind.host_accessible() {
+            return Ok(self.host_address(py)? as usize);
+        }
+        Ok(self.raw_address(py))
+    }
+}
+
+/// Device memory: not host accessible (`memoryview()` raises `TypeError`).
+#[pyclass(name = "MemoryDevice", module = "lazybuf", extends = PyMemory, frozen)]
+pub struct PyMemoryDevice;
+
+#[pymethods]
+impl PyMemoryDevice {
+    /// `nbytes` bytes of device memory on `device`, or the memory of `other` (see the module
+    /// docs).
+    #[new]
+    #[pyo3(signature = (other, *, alignment=0, device=None, copy=false))]
+    fn py_new(
+        py: Python<'_>,
+        other: &Bound<'_, PyAny>,
+        alignment: i64,
+        device: Option<&Bound<'_, PyAny>>,
+        copy: bool,
+    ) -> PyResult<PyClassInitializer<Self>> {
+        let memory = PyMemory::construct(py, MemoryKind::Device, other, alignment, device, copy)?;
+        Ok(PyClassInitializer::from(memory).add_subclass(PyMemoryDevice))
+    }
+}
+
+/// Page-locked host memory, with the buffer protocol.
+#[pyclass(name = "MemoryHost", module = "lazybuf", extends = PyMemory, frozen)]
+pub struct PyMemoryHost;
+
+#[pymethods]
+impl PyMemoryHost {
+    /// `nbytes` bytes of page-locked host memory for `device`, or the memory of `other` (see
+    /// the module docs).
+    #[new]
+    #[pyo3(signature = (other, *, alignment=0, device=None, copy=false))]
+    fn py_new(
+        py: Python<'_>,
+        other: &Bound<'_, PyAny>,
+        alignment: i64,
+        device: Option<&Bound<'_, PyAny>>,
+        copy: bool,
+    ) -> PyResult<PyClassInitializer<Self>> {
+        let kind = MemoryKind::Host { pinned: true };
+        let memory = PyMemory::construct(py, kind, other, alignment, device, copy)?;
+        Ok(PyClassInitializer::from(memory).add_subclass(PyMemoryHost))
+    }
+
+    unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut ffi::Py_buffer, flags: c_int) -> PyResult<()> {
+        // SAFETY: forwarded contract.
+        unsafe { PyMemory::export(slf.into_any(), view, flags) }
+    }
+
+    unsafe fn __releasebuffer__(&self, view: *mut ffi::Py_buffer) {
+        // SAFETY: forwarded contract.
+        unsafe { PyMemory::release(view) }
+    }
+}
+
+/// Memory the host and the device both address, with the buffer protocol.
+#[pyclass(name = "MemoryShared", module = "lazybuf", extends = PyMemory, frozen)]
+pub struct PyMemoryShared;
+
+#[pymethods]
+impl PyMemoryShared {
+    /// `nbytes` bytes of shared memory on `device` (`ValueError` on a device without it), or
+    /// the memory of `other` (see the module docs).
+    #[new]
+    #[pyo3(signature = (other, *, alignment=0, device=None, copy=false))]
+    fn py_new(
+        py: Python<'_>,
+        other: &Bound<'_, PyAny>,
+        alignment: i64,
+        device: Option<&Bound<'_, PyAny>>,
+        copy: bool,
+    ) -> PyResult<PyClassInitializer<Self>> {
+        let memory = PyMemory::construct(py, MemoryKind::Shared, other, alignment, device, copy)?;
+        Ok(PyClassInitializer::from(memory).add_subclass(PyMemoryShared))
+    }
+
+    /// Moves the pages to the device (`to="device"`) or to the host (`to="host"`) ahead of
+    /// use, and waits for the move (CUDA managed memory; nothing to do elsewhere).
+    #[pyo3(signature = (to="device"))]
+    fn prefetch(slf: &Bound<'_, Self>, to: &str) -> PyResult<()> {
+        let to_device = match to {
+            "device" => true,
+            "host" => false,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "prefetch: to must be \"device\" or \"host\", got {other:?}"
+                )));
+            }
+        };
+        slf.as_super().get().with(slf.py(), |m| m.prefetch(to_device)).or_py()
+    }
+
+    unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut ffi::Py_buffer, flags: c_int) -> PyResult<()> {
+        // SAFETY: forwarded contract.
+        unsafe { PyMemory::export(slf.into_any(), view, flags) }
+    }
+
+    unsafe fn __releasebuffer__(&self, view: *mut ffi::Py_buffer) {
+        // SAFETY: forwarded contract.
+        unsafe { PyMemory::release(view) }
+    }
+}
+
+/// Unpickles a memory object (see `__reduce__`): checks the kind (`ValueError` for one it does
+/// not know), then allocates it on the recorded device (or the current one, with a
+/// `RuntimeWarning`, when this process lacks it) and copies the bytes in.
+#[pyfunction]
+pub fn _rebuild_memory(
+    py: Python<'_>,
+    device: &str,
+    kind: &str,
+    data: &Bound<'_, PyAny>,
+) -> PyResult<Py<PyAny>> {
+    let mem_kind = kind_named(kind).ok_or_else(|| {
+        PyValueError::new_err(format!(
+            "Unrecognized memory kind {kind:?} stored in the pickle; expected \"device\", \"host\" or \"shared\""
+        ))
+    })?;
+    let device = pickled_device(py, device)?;
+    let host = HostBuffer::get(data, false, "unpickling: data")?;
+    let memory = PyMemory::allocate(py, mem_kind, host.len(), 0, device)?;
+    memory.with(py, |m| m.copy_from_host(host.bytes())).or_py()?;
+    let init = PyClassInitializer::from(memory);
+    Ok(match mem_kind {
+        MemoryKind::Device => Py::new(py, init.add_subclass(PyMemoryDevice))?.into_any(),
+        MemoryKind::Host { .. } => Py::new(py, init.add_subclass(PyMemoryHost))?.into_any(),
+        MemoryKind::Shared => Py::new(py, init.add_subclass(PyMemoryShared))?.into_any(),
+    })
+}

@@ -1,0 +1,482 @@
+//! `lazybuf.mr`: memory resources in Python, as RMM's `rmm.mr` has them, over the core's
+//! resources ([`lazybuf::resource`]).
+//!
+//! - sources: `DirectMemoryResource()` (the runtimes themselves) and
+//!   `PoolMemoryResource(upstream_mr=None, *, maximum_pool_size=None, max_cached_bytes=None)`
+//!   (lazybuf's caching pool; `maximum_pool_size` caps what it holds, in use and cached, by a
+//!   limit below it);
+//! - adaptors, each one concern over an upstream it keeps alive: `LimitingResourceAdaptor`,
+//!   `StatisticsResourceAdaptor` (a stack of counters, `Statistics`), `TrackingResourceAdaptor`
+//!   (outstanding allocations, for leak hunting), `FailureCallbackResourceAdaptor` (a Python
+//!   callback decides whether to retry an allocation that ran out of memory; an exception it
+//!   raises propagates to the caller that allocated);
+//! - `get_current_device_resource(device=None)` / `set_current_device_resource(mr,
+//!   device=None)`: the resource buffers, memory objects and device buffers on a device take
+//!   their memory from when given none (`UnifiedBuffer` included).
+//!
+//! Every resource also has RMM's raw `allocate(nbytes)` (device memory; returns its handle as
+//! an int) and `deallocate(ptr, nbytes)`. Resources are device-independent: one resource can
+//! serve several devices.
+//!
+//! A failure callback runs with the GIL taken back, from inside the allocation; it must not
+//! use the object whose allocation failed.
+//!
+//! What does not live here: the policies themselves (the core's resources).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use pyo3::exceptions::{PyIndexError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyString;
+
+use lazybuf::resource::{FailureCallback, default_pool, default_resource};
+use lazybuf::{
+    Block, CachingResource, CallbackPayload, Device, DeviceId, DirectResource, FailureCallbackResource,
+    LimitingResource, MemoryKind, MemoryResource, PoolConfig, Statistics, StatisticsResource, Ticket,
+    TrackingResource,
+};
+
+use crate::args;
+use crate::errors::OrPyErr;
+
+/// A memory resource (the base class of every resource in `lazybuf.mr`).
+#[pyclass(name = "MemoryResource", module = "lazybuf.mr", subclass, frozen)]
+pub struct PyResource {
+    resource: Arc<dyn MemoryResource>,
+    upstream: Option<Py<PyAny>>,
+    /// Blocks handed out by `allocate`, by their handle, until `deallocate`.
+    raw: Mutex<HashMap<usize, (Device, Block)>>,
+}
+
+impl PyResource {
+    fn new(resource: Arc<dyn MemoryResource>, upstream: Option<Py<PyAny>>) -> Self {
+        PyResource { resource, upstream, raw: Mutex::default() }
+    }
+
+    /// The core resource.
+    pub fn resource(&self) -> &Arc<dyn MemoryResource> {
+        &self.resource
+    }
+
+    fn raw(&self) -> MutexGuard<'_, HashMap<usize, (Device, Block)>> {
+        self.raw.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Drop for PyResource {
+    fn drop(&mut self) {
+        let blocks: Vec<(Device, Block)> = self.raw().drain().map(|(_, b)| b).collect();
+        for (device, block) in blocks {
+            self.resource.deallocate(&device, block, &device.stream(), Ticket::done());
+        }
+    }
+}
+
+/// The handle of a block as an int (its address, device pointer or `cl_mem`).
+fn handle(block: &Block) -> usize {
+    match block {
+        Block::Host(host) => host.as_ptr() as usize,
+        // SAFETY: the handle is only turned into an int.
+        Block::Device(memory) => crate::foreign::raw_address(unsafe { memory.raw() }),
+    }
+}
+
+#[pymethods]
+impl PyResource {
+    /// The resource this one forwards to (`None` for sources).
+    fn get_upstream(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        self.upstream.as_ref().map(|u| u.clone_ref(py))
+    }
+
+    /// `nbytes` of device memory on `device` (default: the current device), outside any
+    /// buffer; returns its handle as an int (the `CUdeviceptr`, the `cl_mem`, the address on
+    /// the host device). Give it back with `deallocate`; what is not given back returns when
+    /// the resource object is gone.
+    #[pyo3(signature = (nbytes, *, device=None))]
+    fn allocate(
+        &self,
+        py: Python<'_>,
+        nbytes: &Bound<'_, PyAny>,
+        device: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<usize> {
+        let nbytes = crate::device_buffer::size_arg(nbytes, "nbytes")?;
+        if nbytes == 0 {
+            return Err(PyValueError::new_err(
+                "allocate: nbytes must be positive (an empty block has no handle)",
+            ));
+        }
+        let device = args::device(device)?;
+        let block = py
+            .detach(|| self.resource.allocate(&device, MemoryKind::Device, nbytes, &device.stream()))
+            .or_py()?;
+        let key = handle(&block);
+        self.raw().insert(key, (device, block));
+        Ok(key)
+    }
+
+    /// Gives back what `allocate` returned (`ValueError` for a handle it did not return).
+    fn deallocate(&self, py: Python<'_>, ptr: usize, nbytes: usize) -> PyResult<()> {
+        let (device, block) = self.raw().remove(&ptr).ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "deallocate: {ptr:#x} was not allocated by this resource (or was given back)"
+            ))
+        })?;
+        if nbytes > block.len() {
+            let message = format!("deallocate: {ptr:#x} holds {} bytes, not {nbytes}", block.len());
+            self.raw().insert(ptr, (device, block));
+            return Err(PyValueError::new_err(message));
+        }
+        py.detach(|| self.resource.deallocate(&device, block, &device.stream(), Ticket::done()));
+        Ok(())
+    }
+
+    fn __repr__(&self) -> String {
+        format!("<lazybuf.mr resource {:?}>", self.resource)
+    }
+}
+
+/// The core resource of a Python resource object.
+fn resource_of(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Arc<dyn MemoryResource>> {
+    obj.cast::<PyResource>().map(|r| r.get().resource.clone()).map_err(|_| {
+        PyTypeError::new_err(format!("{what} must be a lazybuf.mr memory resource, got {}", args::repr(obj)))
+    })
+}
+
+/// An optional `mr=` argument: `None` for the default.
+pub fn resource_arg(mr: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Arc<dyn MemoryResource>>> {
+    mr.filter(|m| !m.is_none()).map(|m| resource_of(m, "mr")).transpose()
+}
+
+fn upstream(upstream_mr: &Bound<'_, PyAny>) -> PyResult<(Arc<dyn MemoryResource>, Py<PyAny>)> {
+    if upstream_mr.is_none() {
+        return Err(PyTypeError::new_err("upstream_mr must be a lazybuf.mr memory resource, not None"));
+    }
+    Ok((resource_of(upstream_mr, "upstream_mr")?, upstream_mr.clone().unbind()))
+}
+
+/// The runtimes themselves: every allocation is the runtime's, every free frees.
+#[pyclass(name = "DirectMemoryResource", module = "lazybuf.mr", extends = PyResource, frozen)]
+pub struct PyDirect;
+
+#[pymethods]
+impl PyDirect {
+    #[new]
+    fn py_new() -> PyClassInitializer<Self> {
+        PyClassInitializer::from(PyResource::new(DirectResource::shared(), None)).add_subclass(PyDirect)
+    }
+}
+
+/// lazybuf's caching pool (size classes, reuse by kind and device, trim and retry on
+/// out-of-memory) over `upstream_mr` (default: the runtimes).
+#[pyclass(name = "PoolMemoryResource", module = "lazybuf.mr", extends = PyResource, frozen)]
+pub struct PyPool {
+    pool: Arc<CachingResource>,
+    limit: Option<Arc<LimitingResource>>,
+}
+
+#[pymethods]
+impl PyPool {
+    /// `maximum_pool_size` caps the bytes the pool holds (in use and cached) with a limit
+    /// below it (`MemoryError` beyond); `max_cached_bytes` caps what it keeps for reuse
+    /// (default 1 GiB).
+    #[new]
+    #[pyo3(signature = (upstream_mr=None, *, maximum_pool_size=None, max_cached_bytes=None))]
+    fn py_new(
+        upstream_mr: Option<&Bound<'_, PyAny>>,
+        maximum_pool_size: Option<u64>,
+        max_cached_bytes: Option<u64>,
+    ) -> PyResult<PyClassInitializer<Self>> {
+        let (mut below, keep) = match upstream_mr.filter(|u| !u.is_none()) {
+            Some(u) => {
+                let (r, keep) = upstream(u)?;
+                (r, Some(keep))
+            }
+            None => (DirectResource::shared(), None),
+        };
+        let limit = maximum_pool_size.map(|max| Arc::new(LimitingResource::new(below.clone(), max)));
+        if let Some(limit) = &limit {
+            below = limit.clone();
+        }
+        let config = PoolConfig {
+            max_cached_bytes: max_cached_bytes.unwrap_or(lazybuf::resource::DEFAULT_MAX_CACHED_BYTES),
+            zero_reused: false,
+        };
+        let pool = Arc::new(CachingResource::new(below, config, "lazybuf.mr.PoolMemoryResource".into()));
+        Ok(PyClassInitializer::from(PyResource::new(pool.clone(), keep)).add_subclass(PyPool { pool, limit }))
+    }
+
+    /// The bytes the pool holds: in use and cached.
+    fn pool_size(&self) -> u64 {
+        let stats = self.pool.stats();
+        stats.bytes_in_use + stats.bytes_cached
+    }
+
+    /// The bytes cached for reuse.
+    fn cached_bytes(&self) -> u64 {
+        self.pool.stats().bytes_cached
+    }
+
+    /// The cap given as `maximum_pool_size`, or `None`.
+    fn maximum_pool_size(&self) -> Option<u64> {
+        self.limit.as_ref().map(|l| l.limit())
+    }
+
+    /// Frees every cached block; returns the bytes freed.
+    fn trim(&self, py: Python<'_>) -> u64 {
+        py.detach(|| self.pool.trim())
+    }
+}
+
+/// Refuses allocations beyond `allocation_limit` bytes outstanding (`MemoryError`).
+#[pyclass(name = "LimitingResourceAdaptor", module = "lazybuf.mr", extends = PyResource, frozen)]
+pub struct PyLimiting {
+    limit: Arc<LimitingResource>,
+}
+
+#[pymethods]
+impl PyLimiting {
+    #[new]
+    fn py_new(upstream_mr: &Bound<'_, PyAny>, allocation_limit: u64) -> PyResult<PyClassInitializer<Self>> {
+        let (upstream, keep) = upstream(upstream_mr)?;
+        let limit = Arc::new(LimitingResource::new(upstream, allocation_limit));
+        Ok(PyClassInitializer::from(PyResource::new(limit.clone(), Some(keep)))
+            .add_subclass(PyLimiting { limit }))
+    }
+
+    /// The bytes outstanding through this adaptor (whole blocks).
+    fn get_allocated_bytes(&self) -> u64 {
+        self.limit.held()
+    }
+
+    /// The limit.
+    fn get_allocation_limit(&self) -> u64 {
+        self.limit.limit()
+    }
+}
+
+/// One level of a statistics adaptor's counters (RMM's `rmm.statistics.Statistics`).
+#[pyclass(name = "Statistics", module = "lazybuf.mr", frozen, eq)]
+#[derive(PartialEq)]
+pub struct PyStatistics {
+    stats: Statistics,
+}
+
+#[pymethods]
+impl PyStatistics {
+    /// Bytes outstanding (negative in a level that freed older memory).
+    #[getter]
+    fn current_bytes(&self) -> i64 {
+        self.stats.current_bytes
+    }
+    /// Allocations outstanding.
+    #[getter]
+    fn current_count(&self) -> i64 {
+        self.stats.current_count
+    }
+    /// The most bytes outstanding at once.
+    #[getter]
+    fn peak_bytes(&self) -> i64 {
+        self.stats.peak_bytes
+    }
+    /// The most allocations outstanding at once.
+    #[getter]
+    fn peak_count(&self) -> i64 {
+        self.stats.peak_count
+    }
+    /// Bytes allocated in all.
+    #[getter]
+    fn total_bytes(&self) -> i64 {
+        self.stats.total_bytes
+    }
+    /// Allocations in all.
+    #[getter]
+    fn total_count(&self) -> i64 {
+        self.stats.total_count
+    }
+
+    fn __repr__(&self) -> String {
+        let s = &self.stats;
+        format!(
+            "Statistics(current_bytes={}, current_count={}, peak_bytes={}, peak_count={}, total_bytes={}, total_count={})",
+            s.current_bytes, s.current_count, s.peak_bytes, s.peak_count, s.total_bytes, s.total_count
+        )
+    }
+}
+
+/// Counts the bytes asked for and the allocations made through it (current, peak, total) on
+/// a stack of counter levels.
+#[pyclass(name = "StatisticsResourceAdaptor", module = "lazybuf.mr", extends = PyResource, frozen)]
+pub struct PyStatisticsAdaptor {
+    stats: Arc<StatisticsResource>,
+}
+
+#[pymethods]
+impl PyStatisticsAdaptor {
+    #[new]
+    fn py_new(upstream_mr: &Bound<'_, PyAny>) -> PyResult<PyClassInitializer<Self>> {
+        let (upstream, keep) = upstream(upstream_mr)?;
+        let stats = Arc::new(StatisticsResource::new(upstream));
+        Ok(PyClassInitializer::from(PyResource::new(stats.clone(), Some(keep)))
+            .add_subclass(PyStatisticsAdaptor { stats }))
+    }
+
+    /// The counters of the current level.
+    #[getter]
+    fn allocation_counts(&self) -> PyStatistics {
+        PyStatistics { stats: self.stats.statistics() }
+    }
+
+    /// Starts a new level of zeroed counters; returns the level below as it was.
+    fn push_counters(&self) -> PyStatistics {
+        PyStatistics { stats: self.stats.push_counters() }
+    }
+
+    /// Ends the current level, folds it into the one below and returns it (`IndexError` for
+    /// the last level).
+    fn pop_counters(&self) -> PyResult<PyStatistics> {
+        self.stats
+            .pop_counters()
+            .map(|stats| PyStatistics { stats })
+            .ok_or_else(|| PyIndexError::new_err("cannot pop the last counter pair"))
+    }
+}
+
+/// Records every allocation outstanding through it (address, size, kind, device, and the
+/// call stack with `capture_stacks`), for leak hunting.
+#[pyclass(name = "TrackingResourceAdaptor", module = "lazybuf.mr", extends = PyResource, frozen)]
+pub struct PyTrackingAdaptor {
+    tracking: Arc<TrackingResource>,
+}
+
+#[pymethods]
+impl PyTrackingAdaptor {
+    #[new]
+    #[pyo3(signature = (upstream_mr, capture_stacks=false))]
+    fn py_new(upstream_mr: &Bound<'_, PyAny>, capture_stacks: bool) -> PyResult<PyClassInitializer<Self>> {
+        let (upstream, keep) = upstream(upstream_mr)?;
+        let tracking = Arc::new(TrackingResource::new(upstream, capture_stacks));
+        Ok(PyClassInitializer::from(PyResource::new(tracking.clone(), Some(keep)))
+            .add_subclass(PyTrackingAdaptor { tracking }))
+    }
+
+    /// The bytes outstanding (as asked for).
+    fn get_allocated_bytes(&self) -> u64 {
+        self.tracking.allocated_bytes()
+    }
+
+    /// One line per outstanding allocation (`0x...: N B (kind on device)`), with its call
+    /// stack when captured; empty when nothing is outstanding.
+    fn get_outstanding_allocations_str(&self) -> String {
+        self.tracking.report()
+    }
+
+    /// Logs the outstanding allocations (logger `lazybuf.mr`, level DEBUG).
+    fn log_outstanding_allocations(&self, py: Python<'_>) -> PyResult<()> {
+        let logger = py.import("logging")?.call_method1("getLogger", ("lazybuf.mr",))?;
+        logger.call_method1("debug", (self.tracking.report(),))?;
+        Ok(())
+    }
+}
+
+/// Calls `callback(nbytes)` when an allocation runs out of memory: a true result retries it,
+/// a false one raises the `MemoryError`; an exception from the callback propagates.
+#[pyclass(name = "FailureCallbackResourceAdaptor", module = "lazybuf.mr", extends = PyResource, frozen)]
+pub struct PyFailureCallbackAdaptor;
+
+#[pymethods]
+impl PyFailureCallbackAdaptor {
+    #[new]
+    fn py_new(
+        upstream_mr: &Bound<'_, PyAny>,
+        callback: &Bound<'_, PyAny>,
+    ) -> PyResult<PyClassInitializer<Self>> {
+        let (upstream, keep) = upstream(upstream_mr)?;
+        if !callback.is_callable() {
+            return Err(PyTypeError::new_err(format!(
+                "callback must be callable, got {}",
+                args::repr(callback)
+            )));
+        }
+        let function = callback.clone().unbind();
+        let call: Arc<FailureCallback> = Arc::new(move |bytes, _err| {
+            Python::attach(|py| {
+                let outcome = function.call1(py, (bytes,)).and_then(|result| result.bind(py).is_truthy());
+                outcome.map_err(|err| lazybuf::Error::Callback {
+                    operation: "allocate",
+                    message: err.to_string(),
+                    payload: CallbackPayload(Arc::new(err)),
+                })
+            })
+        });
+        let resource = Arc::new(FailureCallbackResource::new(upstream, call));
+        Ok(PyClassInitializer::from(PyResource::new(resource, Some(keep)))
+            .add_subclass(PyFailureCallbackAdaptor))
+    }
+}
+
+/// The Python objects set as current resources, by device (so `get` returns what `set` set).
+static CURRENT: Mutex<Option<HashMap<DeviceId, Py<PyAny>>>> = Mutex::new(None);
+
+fn current() -> MutexGuard<'static, Option<HashMap<DeviceId, Py<PyAny>>>> {
+    CURRENT.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The resource buffers on `device` (default: the current device) take their memory from:
+/// the one set with `set_current_device_resource`, else the device's default pool (a
+/// `PoolMemoryResource`), or `DirectMemoryResource` while caching is off.
+#[pyfunction]
+#[pyo3(signature = (device=None))]
+pub fn get_current_device_resource(py: Python<'_>, device: Option<&Bound<'_, PyAny>>) -> PyResult<Py<PyAny>> {
+    let device = args::device(device)?;
+    if let Some(set) = current().as_ref().and_then(|m| m.get(&device.id())) {
+        return Ok(set.clone_ref(py));
+    }
+    let resource = default_resource(&device);
+    let pool = default_pool(&device);
+    if Arc::ptr_eq(&resource, &(pool.clone() as Arc<dyn MemoryResource>)) {
+        let init = PyClassInitializer::from(PyResource::new(resource, None))
+            .add_subclass(PyPool { pool, limit: None });
+        return Ok(Py::new(py, init)?.into_any());
+    }
+    let init = PyClassInitializer::from(PyResource::new(resource, None)).add_subclass(PyDirect);
+    Ok(Py::new(py, init)?.into_any())
+}
+
+/// Makes `mr` the resource buffers, memory objects and device buffers on `device` (default:
+/// the current device) made from now on take their memory from when given none; `None` goes
+/// back to the default. Existing buffers keep theirs.
+#[pyfunction]
+#[pyo3(signature = (mr, device=None))]
+pub fn set_current_device_resource(mr: &Bound<'_, PyAny>, device: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+    let device = args::device(device)?;
+    let mut current = current();
+    let map = current.get_or_insert_with(HashMap::new);
+    if mr.is_none() {
+        lazybuf::set_current_resource(&device, None);
+        map.remove(&device.id());
+    } else {
+        lazybuf::set_current_resource(&device, Some(resource_of(mr, "mr")?));
+        map.insert(device.id(), mr.clone().unbind());
+    }
+    Ok(())
+}
+
+/// Builds `lazybuf.mr` and registers it in `sys.modules` (`import lazybuf.mr` works).
+pub fn register(parent: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = parent.py();
+    let module = PyModule::new(py, "mr")?;
+    module.setattr("__doc__", PyString::new(py, "Memory resources, as RMM's rmm.mr has them."))?;
+    module.add_class::<PyResource>()?;
+    module.add_class::<PyDirect>()?;
+    module.add_class::<PyPool>()?;
+    module.add_class::<PyLimiting>()?;
+    module.add_class::<PyStatistics>()?;
+    module.add_class::<PyStatisticsAdaptor>()?;
+    module.add_class::<PyTrackingAdaptor>()?;
+    module.add_class::<PyFailureCallbackAdaptor>()?;
+    module.add_function(wrap_pyfunction!(get_current_device_resource, &module)?)?;
+    module.add_function(wrap_pyfunction!(set_current_device_resource, &module)?)?;
+    py.import("sys")?.getattr("modules")?.set_item("lazybuf.mr", &module)?;
+    Ok(())
+}

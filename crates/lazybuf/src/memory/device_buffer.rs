@@ -1,0 +1,228 @@
+//! [`DeviceBuffer`]: RMM's resizable device buffer, an allocation with a size and a capacity.
+//!
+//! Semantics (RMM's `device_buffer`): `resize(n)` within the capacity only changes the size
+//! (nothing is allocated, copied or freed); beyond it, a new allocation of exactly `n` bytes
+//! takes the first `size` bytes and the old one is given back. `reserve(n)` grows the capacity
+//! to exactly `n` (never shrinks it) and keeps the size; `shrink_to_fit()` moves the contents
+//! into an allocation of exactly `size` bytes. Bytes past the old size after a growth are
+//! unspecified. A reallocation that fails (allocation or copy) changes nothing.
+
+use std::fmt;
+
+use super::allocation::{AllocationOptions, Memory};
+use crate::backend::{MemoryKind, RawMemory};
+use crate::device::Device;
+use crate::error::{Error, Result};
+
+/// A resizable buffer of bytes in one allocation of device memory (or of another kind).
+pub struct DeviceBuffer {
+    memory: Memory,
+    size: usize,
+    alignment: usize,
+    /// Allocations replaced by a reallocation while raw handles were out: kept until the
+    /// buffer is dropped (see [`DeviceBuffer::retain_replaced`]).
+    retained: Option<Vec<Memory>>,
+}
+
+impl DeviceBuffer {
+    /// `size` bytes of device memory on `device` (unspecified contents), from the device's
+    /// current resource.
+    pub fn new(device: &Device, size: usize) -> Result<DeviceBuffer> {
+        Self::with_options(device, MemoryKind::Device, size, AllocationOptions::default())
+    }
+
+    /// `size` bytes of `kind` memory on `device`, made as `options` say; reallocations use
+    /// the same resource and alignment.
+    pub fn with_options(
+        device: &Device,
+        kind: MemoryKind,
+        size: usize,
+        options: AllocationOptions,
+    ) -> Result<DeviceBuffer> {
+        let alignment = options.alignment;
+        let memory = Memory::with_options(device, kind, size, options)?;
+        Ok(DeviceBuffer { memory, size, alignment, retained: None })
+    }
+
+    /// A buffer of device memory on `device` holding a copy of `bytes` (RMM's `to_device`).
+    pub fn from_host(device: &Device, bytes: &[u8]) -> Result<DeviceBuffer> {
+        Self::from_host_with(device, MemoryKind::Device, bytes, AllocationOptions::default())
+    }
+
+    /// A buffer of `kind` memory on `device`, made as `options` say, holding a copy of
+    /// `bytes`.
+    pub fn from_host_with(
+        device: &Device,
+        kind: MemoryKind,
+        bytes: &[u8],
+        options: AllocationOptions,
+    ) -> Result<DeviceBuffer> {
+        let mut buffer = Self::with_options(device, kind, bytes.len(), options)?;
+        buffer.memory.copy_from_host(bytes)?;
+        Ok(buffer)
+    }
+
+    /// The size in bytes.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// The size in bytes (as [`Self::size`]).
+    pub fn len(&self) -> usize {
+        self.size
+    }
+
+    /// Whether the size is 0.
+    pub fn is_empty(&self) -> bool {
+        self.size == 0
+    }
+
+    /// The bytes the allocation holds: at least the size.
+    pub fn capacity(&self) -> usize {
+        self.memory.len()
+    }
+
+    /// The kind of memory.
+    pub fn kind(&self) -> MemoryKind {
+        self.memory.kind()
+    }
+
+    /// The device.
+    pub fn device(&self) -> &Device {
+        self.memory.device()
+    }
+
+    /// The allocation (all of its capacity; the first [`Self::size`] bytes are the buffer's).
+    pub fn memory(&self) -> &Memory {
+        &self.memory
+    }
+
+    /// Makes the capacity at least `capacity` bytes, keeping the size and the contents: a
+    /// new allocation of exactly `capacity` bytes when it grows, nothing otherwise.
+    pub fn reserve(&mut self, capacity: usize) -> Result<()> {
+        if capacity > self.capacity() {
+            self.reallocate(capacity)?;
+        }
+        Ok(())
+    }
+
+    /// Sets the size to `size` bytes, keeping the first `min(size, old size)` bytes: within
+    /// the capacity nothing moves; beyond it the buffer moves to an allocation of exactly
+    /// `size` bytes. New bytes are unspecified.
+    pub fn resize(&mut self, size: usize) -> Result<()> {
+        if size > self.capacity() {
+            self.reallocate(size)?;
+        }
+        self.size = size;
+        Ok(())
+    }
+
+    /// Moves the contents to an allocation of exactly the size, if the capacity is larger.
+    pub fn shrink_to_fit(&mut self) -> Result<()> {
+        if self.capacity() > self.size {
+            self.reallocate(self.size)?;
+        }
+        Ok(())
+    }
+
+    /// Moves the first `size` bytes to a new allocation of `capacity` bytes; on failure the
+    /// new allocation is given back and nothing changes.
+    fn reallocate(&mut self, capacity: usize) -> Result<()> {
+        let options =
+            AllocationOptions { resource: self.memory.resource().cloned(), alignment: self.alignment };
+        let mut memory = Memory::with_options(self.memory.device(), self.memory.kind(), capacity, options)?;
+        memory.copy_prefix_from(&self.memory, self.size.min(capacity))?;
+        let old = std::mem::replace(&mut self.memory, memory);
+        if let Some(retained) = &mut self.retained {
+            retained.push(old);
+        }
+        Ok(())
+    }
+
+    /// From now on, allocations a reallocation replaces are kept until the buffer is dropped,
+    /// so raw handles handed out earlier ([`Self::raw`]) stay valid (reading old contents).
+    /// For bindings that give out addresses with no lifetime of their own (the CUDA array
+    /// interface).
+    pub fn retain_replaced(&mut self) {
+        self.retained.get_or_insert_with(Vec::new);
+    }
+
+    /// Copies `src` into the first `src.len()` bytes (at most the size).
+    pub fn copy_from_host(&mut self, src: &[u8]) -> Result<()> {
+        self.check("copy_from_host", src.len())?;
+        self.memory.copy_from_host(src)
+    }
+
+    /// Copies the whole buffer into the first `size` bytes of `dst` (which may be longer).
+    pub fn copy_to_host(&self, dst: &mut [u8]) -> Result<()> {
+        if dst.len() < self.size {
+            return Err(Error::invalid(
+                "copy_to_host",
+                format!("destination of {} bytes is too small; expected at least {}", dst.len(), self.size),
+            ));
+        }
+        self.memory.copy_to_host(&mut dst[..self.size])
+    }
+
+    /// The contents, copied to a new vector.
+    pub fn to_vec(&self) -> Result<Vec<u8>> {
+        let mut out = vec![0; self.size];
+        self.memory.copy_to_host(&mut out)?;
+        Ok(out)
+    }
+
+    /// Copies the first `count` bytes of `src` (memory of any kind on any device) into the
+    /// first `count` bytes of this buffer; `count` is at most both sizes.
+    pub fn copy_from_memory(&mut self, src: &Memory, count: usize) -> Result<()> {
+        self.check("copy_from_device", count)?;
+        self.memory.copy_prefix_from(src, count)
+    }
+
+    /// Copies all of `src` into the first `src.size()` bytes of this buffer.
+    pub fn copy_from(&mut self, src: &DeviceBuffer) -> Result<()> {
+        self.copy_from_memory(&src.memory, src.size)
+    }
+
+    /// Sets every byte of the buffer (up to its size) to `value`.
+    pub fn fill(&mut self, value: u8) -> Result<()> {
+        self.memory.fill_prefix(self.size, value)
+    }
+
+    /// A new buffer with the same contents, size (as capacity), kind, device and resource,
+    /// copied on the device.
+    pub fn try_clone(&self) -> Result<DeviceBuffer> {
+        let options =
+            AllocationOptions { resource: self.memory.resource().cloned(), alignment: self.alignment };
+        let mut memory = Memory::with_options(self.memory.device(), self.memory.kind(), self.size, options)?;
+        memory.copy_prefix_from(&self.memory, self.size)?;
+        Ok(DeviceBuffer { memory, size: self.size, alignment: self.alignment, retained: None })
+    }
+
+    /// The runtime's handle to the allocation (see [`crate::DeviceAllocation::raw`]).
+    ///
+    /// # Safety
+    /// Valid until the buffer is dropped or reallocates (unless [`Self::retain_replaced`]
+    /// keeps replaced memory), and ordered as [`crate::DeviceAllocation::raw`] says.
+    pub unsafe fn raw(&self) -> RawMemory {
+        // SAFETY: forwarded contract.
+        unsafe { self.memory.raw() }
+    }
+
+    fn check(&self, operation: &'static str, count: usize) -> Result<()> {
+        if count > self.size {
+            return Err(Error::LengthMismatch { operation, expected: self.size, actual: count });
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for DeviceBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeviceBuffer")
+            .field("size", &self.size)
+            .field("capacity", &self.capacity())
+            .field("kind", &self.kind())
+            .field("device", self.device())
+            .finish()
+    }
+}
