@@ -35,6 +35,12 @@ from ._state import BufferState
 if "lazybuf.testing" in _sys.modules:
     testing = _sys.modules["lazybuf.testing"]
 
+# Dask integration (python/lazybuf/_dask.py): sizes and serializers, registered with dask and
+# distributed when they are imported (before or after lazybuf); never imports them itself.
+from . import _dask
+
+_dask.install()
+
 __all__ = [
     "Accelerator",
     "BackendUnavailableError",
