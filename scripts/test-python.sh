@@ -9,7 +9,9 @@
 # alone (`pip install .`, releases) do not have it. Passes, in order: the release wheel; again
 # with the CUDA driver test double; again with the coherence checker on (LAZYBUF_CHECK=1); and
 # once with a debug build (overflow checks and debug assertions on), after which the release
-# wheel is put back.
+# wheel is put back. dask[distributed] is installed for tests/python/test_dask.py; its two
+# LocalCluster tests (worker processes, ~10 s) run in the first pass only
+# (LAZYBUF_SKIP_CLUSTER=1 in the others).
 #
 # Usage: bash scripts/test-python.sh [pytest args...]
 #   LAZYBUF_PY_VENV   the virtual environment to use or create (default: .venv)
@@ -28,7 +30,8 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 step "installing build and test dependencies into $venv"
 "$venv/bin/python" -m pip install -q --disable-pip-version-check \
-  maturin==1.16.0 numpy==2.4.6 pytest==9.2.0 pyopencl==2026.1.4 ml_dtypes==0.5.4 mypy==2.4.1
+  maturin==1.16.0 numpy==2.4.6 pytest==9.2.0 pyopencl==2026.1.4 ml_dtypes==0.5.4 mypy==2.4.1 \
+  "dask[distributed]==2026.8.0"
 
 # `--features testing`: the test wheel has lazybuf.testing (see above).
 step "building the wheel (maturin, release, feature testing)"
@@ -38,8 +41,8 @@ rm -rf "$wheels"
 install() { "$venv/bin/python" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps "$1"/lazybuf-*.whl; }
 install "$wheels"
 
-# The wheel has lazybuf.testing: its tests must run, not skip.
-export LAZYBUF_REQUIRE="${LAZYBUF_REQUIRE:+$LAZYBUF_REQUIRE,}testing"
+# The wheel has lazybuf.testing, and dask[distributed] is installed: their tests must run, not skip.
+export LAZYBUF_REQUIRE="${LAZYBUF_REQUIRE:+$LAZYBUF_REQUIRE,}testing,dask"
 
 # Run from the tests folder so `import lazybuf` is the installed wheel, not the source tree.
 py="$venv/bin/python"
@@ -55,7 +58,7 @@ if [ -f scripts/build-cuda-double.sh ] && command -v gcc >/dev/null; then
   step "pytest tests/python with the CUDA driver test double"
   double="$PWD/target/cuda-double"
   bash scripts/build-cuda-double.sh "$double" >/dev/null
-  (cd tests/python && LD_LIBRARY_PATH="$double${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+  (cd tests/python && LD_LIBRARY_PATH="$double${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" LAZYBUF_SKIP_CLUSTER=1 \
     LAZYBUF_REQUIRE="${LAZYBUF_REQUIRE:+$LAZYBUF_REQUIRE,}cuda" "$py" -m pytest -q -p no:cacheprovider "$@" .)
 fi
 
@@ -63,7 +66,7 @@ fi
 # that reads a buffer back must hold with the check, so no test relies on a missing
 # mark_device_dirty(). Without the CUDA double, to keep it cheap (about 3 s).
 step "pytest tests/python with LAZYBUF_CHECK=1"
-(cd tests/python && LAZYBUF_CHECK=1 "$py" -m pytest -q -p no:cacheprovider "$@" .)
+(cd tests/python && LAZYBUF_CHECK=1 LAZYBUF_SKIP_CLUSTER=1 "$py" -m pytest -q -p no:cacheprovider "$@" .)
 
 # Once with a debug build of the extension (no --release: overflow checks and debug
 # assertions on), so arithmetic on sizes from Python that would wrap in release panics here
@@ -75,5 +78,5 @@ debug_wheels=target/wheels-python-debug
 rm -rf "$debug_wheels"
 "$venv/bin/maturin" build --quiet --features testing --out "$debug_wheels" --interpreter "$venv/bin/python"
 install "$debug_wheels"
-(cd tests/python && "$py" -m pytest -q -p no:cacheprovider "$@" .)
+(cd tests/python && LAZYBUF_SKIP_CLUSTER=1 "$py" -m pytest -q -p no:cacheprovider "$@" .)
 install "$wheels"

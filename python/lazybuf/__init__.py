@@ -67,6 +67,12 @@ mr = _sys.modules["lazybuf.mr"]  # memory resources (RMM's rmm.mr), registered b
 if "lazybuf.testing" in _sys.modules:
     testing = _sys.modules["lazybuf.testing"]
 
+# Dask integration (python/lazybuf/_dask.py): sizes and serializers, registered with dask and
+# distributed when they are imported (before or after lazybuf); never imports them itself.
+from . import _dask
+
+_dask.install()
+
 __all__ = [
     "Accelerator",
     "BackendError",

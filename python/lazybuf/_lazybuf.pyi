@@ -53,6 +53,11 @@ __all__ = [
     "set_checking",
     "trim",
     "_rebuild_buffer",
+    "DeviceFrame",
+    "_rebuild_buffer_from_bytes",
+    "_host_frame",
+    "_device_frame",
+    "_fill_from_device_pointer",
 ]
 
 _ShapeLike = SupportsIndex | Sequence[SupportsIndex]
@@ -302,6 +307,12 @@ class UnifiedBuffer:
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         """Pickling copies the data through the host; unpickling makes the buffer on the
         current device."""
+
+    def __reduce_ex__(self, protocol: SupportsIndex, /) -> tuple[Any, tuple[Any, ...]]:
+        """Protocol 5 and later: the host copy goes out of band as a ``pickle.PickleBuffer``
+        over the buffer's own memory (zero-copy; synced from the device first if only the
+        device copy is current, counted in ``transfer_stats()``). Older protocols: as
+        ``__reduce__``. Unpickling makes the buffer on the current device (HOST_ONLY)."""
 
 @disjoint_base
 class Device:
@@ -777,3 +788,44 @@ class MemoryShared(Memory):
 
 
 def _rebuild_memory(device: str, kind: str, data: Any) -> Memory: ...
+
+# --- pickling protocol 5 and Dask frames (crates/lazybuf-py/src/wire.rs, lazybuf/_dask.py) ---
+
+@final
+class DeviceFrame:
+    """A CUDA buffer's device copy as one frame of bytes (Dask's ``cuda`` serializer family);
+    keeps the memory alive."""
+
+    @property
+    def ptr(self) -> int:
+        """The ``CUdeviceptr`` of the first byte (0 when empty)."""
+
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def owner(self) -> MemoryOwner: ...
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """CUDA array interface v3: shape ``(nbytes,)``, ``|u1``, read-only."""
+
+    def __len__(self) -> int: ...
+
+def _rebuild_buffer_from_bytes(
+    shape: Any, dtype: Any, pinned: bool, data: Any, device: _DeviceLike = None
+) -> UnifiedBuffer:
+    """Unpickles (protocol 5) or deserializes a buffer: a copy of ``data`` (C-contiguous
+    bytes of exactly ``nbytes``, else ValueError) as its host copy, or UNINITIALIZED for
+    ``None``."""
+
+def _host_frame(buf: UnifiedBuffer) -> memoryview | None:
+    """A read-only memoryview over the host copy's bytes (a host read), None without data."""
+
+def _device_frame(buf: UnifiedBuffer) -> DeviceFrame | None:
+    """The device copy of a CUDA buffer as a frame (a device read), None without data."""
+
+def _fill_from_device_pointer(
+    buf: UnifiedBuffer, ptr: int, nbytes: int, stream: int | None = None
+) -> None:
+    """Copies ``nbytes`` of device memory at ``ptr`` into an UNINITIALIZED CUDA buffer's device
+    copy (device-to-device, after the work enqueued on ``stream`` so far); the buffer is then
+    DEVICE_ONLY."""

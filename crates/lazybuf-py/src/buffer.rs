@@ -56,7 +56,7 @@ use crate::errors::{MetalUnavailableError, OrPyErr, released};
 use crate::streams;
 use crate::transfer::{self, PyTransfer};
 use crate::views::{Storage, export_buffer, release_buffer};
-use crate::{args, state};
+use crate::{args, state, wire};
 
 /// A host/device buffer with lazy synchronization (see the module docs for the access rules).
 ///
@@ -985,6 +985,20 @@ impl UnifiedBuffer {
         (device.device_type.0, device.device_id)
     }
 
+    /// Pickling with protocol 5 and later (what Dask and other transports with out-of-band
+    /// buffers use): the host copy goes out as a `pickle.PickleBuffer`, zero-copy (synced from
+    /// the device first if only the device copy is current); see [`crate::wire`]. Older
+    /// protocols pickle as `__reduce__` does.
+    fn __reduce_ex__<'py>(
+        slf: &Bound<'py, Self>,
+        protocol: i64,
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
+        if protocol >= 5 {
+            return wire::reduce_out_of_band(slf);
+        }
+        slf.get().__reduce__(slf.py())
+    }
+
     /// Pickling copies the data through the host; the copy is made on the unpickling
     /// process's current device.
     fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
@@ -1004,6 +1018,34 @@ fn ensure<'py>(slf: &Bound<'py, UnifiedBuffer>, start: &str) -> PyResult<Bound<'
     let ensure = ENSURE
         .get_or_try_init(py, || py.import("lazybuf._pydotcompute")?.getattr("_ensure").map(Bound::unbind))?;
     ensure.bind(py).call1((slf.getattr(start)?,))
+}
+
+/// Read-only access for the other binding modules (pickling and Dask frames, [`crate::wire`]).
+impl UnifiedBuffer {
+    /// The dimensions.
+    pub fn dims(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// The size in bytes.
+    pub fn byte_len(&self) -> usize {
+        self.nbytes()
+    }
+
+    /// The NumPy dtype of the elements.
+    pub fn descr_of<'py>(&self, py: Python<'py>) -> &Bound<'py, PyArrayDescr> {
+        self.descr(py)
+    }
+
+    /// Whether page-locked host memory was requested.
+    pub fn pinned_requested(&self) -> bool {
+        self.pinned
+    }
+
+    /// The buffer's own device.
+    pub fn home_device(&self) -> &Device {
+        &self.home
+    }
 }
 
 /// A shape as Python prints a tuple: `(3,)`, `(2, 3)`, `()`.

@@ -19,6 +19,8 @@
 //!   buffers, device sources and exports of memory objects;
 //! - [`transfer`]: `Transfer`, an asynchronous sync in flight (awaitable);
 //! - [`streams`]: lazybuf's stream for the caller, and ordering after the caller's streams;
+//! - [`wire`]: pickling with out-of-band buffers (protocol 5) and the frames of the Dask
+//!   serializers (`python/lazybuf/_dask.py`);
 //! - [`dtype`], [`args`]: argument validation; [`errors`]: exception mapping; [`state`]:
 //!   `BufferState` members;
 //! - `testing` (crate feature `testing`): `lazybuf.testing`, the fault-injecting device.
@@ -48,6 +50,7 @@ pub mod streams;
 pub mod testing;
 pub mod transfer;
 pub mod views;
+pub mod wire;
 
 use pyo3::prelude::*;
 
@@ -77,6 +80,11 @@ fn _lazybuf(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<memory::PyMemoryShared>()?;
     m.add_function(wrap_pyfunction!(memory::_rebuild_memory, m)?)?;
     mr::register(m)?;
+    m.add_class::<wire::DeviceFrame>()?;
+    m.add_function(wrap_pyfunction!(wire::_rebuild_buffer_from_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(wire::_host_frame, m)?)?;
+    m.add_function(wrap_pyfunction!(wire::_device_frame, m)?)?;
+    m.add_function(wrap_pyfunction!(wire::_fill_from_device_pointer, m)?)?;
     m.add("BackendUnavailableError", m.py().get_type::<errors::BackendUnavailableError>())?;
     #[cfg(feature = "testing")]
     testing::register(m)?;

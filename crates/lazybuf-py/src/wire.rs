@@ -1,0 +1,364 @@
+//! What crosses a process boundary: pickling with out-of-band buffers (protocol 5) and the
+//! frames of lazybuf's Dask serializers (`python/lazybuf/_dask.py`).
+//!
+//! - **Pickle protocol 5** (`UnifiedBuffer.__reduce_ex__`, [`reduce_out_of_band`]): the data
+//!   travels as one `pickle.PickleBuffer` over a read-only 1-d `uint8` view of the buffer's
+//!   own host copy, so `pickle.dumps(buf, protocol=5, buffer_callback=...)` hands the
+//!   transport the host memory itself, not a copy (without a callback pickle copies it
+//!   in-band, as for any `PickleBuffer`). Taking the view is a host *read*: when only the
+//!   device copy is current it is synced to the host first (counted in `transfer_stats()`),
+//!   and the buffer is SYNCHRONIZED afterwards. Protocols 0 to 4 keep `__reduce__` (the data
+//!   as a NumPy array copy, in-band).
+//! - **Unpickling** ([`_rebuild_buffer_from_bytes`]) makes a new buffer on the unpickling
+//!   process's current device (as `UnifiedBuffer(shape, dtype)` there would) and copies the
+//!   bytes once, straight into its host block (HOST_ONLY). Any C-contiguous bytes-like
+//!   object is accepted as the data; one of the wrong size (a truncated or tampered payload)
+//!   raises `ValueError` and no buffer is made.
+//! - **Dask frames**: [`_host_frame`] is the same host view for the `dask` serializer family;
+//!   [`_device_frame`] is a [`DeviceFrame`] over a CUDA buffer's device copy (a device read)
+//!   for the `cuda` family, and [`_fill_from_device_pointer`] copies a received device frame
+//!   into a new buffer's device copy with one device-to-device copy, never through the host.
+//!
+//! What does not live here: the Dask registration and headers (`python/lazybuf/_dask.py`),
+//! raw host memory sharing ([`crate::views`]).
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use numpy::PyUntypedArray;
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyMemoryView, PyTuple};
+
+use lazybuf::backend::{RawDevice, RawMemory, RawStream};
+use lazybuf::coherence::Access;
+use lazybuf::{BackendKind, BufferState, DType, Device};
+
+use crate::accelerator::selector;
+use crate::buffer::{UnifiedBuffer, shape_repr};
+use crate::device_view::cuda_array_interface;
+use crate::errors::OrPyErr;
+use crate::views::{MemoryOwner, device_handles};
+use crate::{args, dtype};
+
+/// `pickle.PickleBuffer`, looked up once.
+fn pickle_buffer_type(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
+    static TYPE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    TYPE.get_or_try_init(py, || Ok::<_, PyErr>(py.import("pickle")?.getattr("PickleBuffer")?.unbind()))
+        .map(|t| t.bind(py))
+}
+
+/// A read-only 1-d `uint8` NumPy view of the buffer's host copy (zero-copy; its base keeps
+/// the memory alive), or `None` when the buffer holds no data. A host read: syncs from the
+/// device first when only the device copy is current.
+fn host_bytes<'py>(buf: &Bound<'py, UnifiedBuffer>) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let py = buf.py();
+    let this = buf.get();
+    let storage = this.storage()?;
+    if storage.lock().state() == BufferState::Uninitialized {
+        return Ok(None);
+    }
+    let bytes = numpy::dtype::<u8>(py);
+    storage.host_array(py, Access::Read, &[this.byte_len()], &bytes, None).map(Some)
+}
+
+/// `__reduce_ex__(protocol)` for protocol 5 and later (see the module docs): the rebuild
+/// function and `(shape, dtype name, pinned, PickleBuffer or None)`.
+pub fn reduce_out_of_band<'py>(
+    buf: &Bound<'py, UnifiedBuffer>,
+) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
+    let py = buf.py();
+    let this = buf.get();
+    let data = match host_bytes(buf)? {
+        Some(view) => Some(pickle_buffer_type(py)?.call1((view,))?),
+        None => None,
+    };
+    let rebuild = py.import("lazybuf._lazybuf")?.getattr("_rebuild_buffer_from_bytes")?;
+    let dtype_name = this.descr_of(py).getattr("name")?;
+    let args = (PyTuple::new(py, this.dims())?, dtype_name, this.pinned_requested(), data);
+    Ok((rebuild, args.into_pyobject(py)?))
+}
+
+/// Copies `data`, a C-contiguous bytes-like object of exactly the buffer's `nbytes`, into the
+/// host copy of `buf` (one copy; the host becomes the only valid copy).
+fn copy_raw_bytes(buf: &Bound<'_, UnifiedBuffer>, data: &Bound<'_, PyAny>) -> PyResult<()> {
+    let py = buf.py();
+    let this = buf.get();
+    let expected = this.byte_len();
+    let what = || {
+        format!(
+            "shape {}, dtype {}",
+            shape_repr(this.dims()),
+            this.descr_of(py).str().map(|s| s.to_string()).unwrap_or_default()
+        )
+    };
+    let view = PyMemoryView::from(data).map_err(|err| {
+        PyTypeError::new_err(format!(
+            "expected the buffer's data as a bytes-like object ({expected} bytes for {}), got {} ({err})",
+            what(),
+            args::repr(data)
+        ))
+    })?;
+    if !view.getattr("c_contiguous")?.is_truthy()? {
+        return Err(PyValueError::new_err(format!(
+            "expected the buffer's data as C-contiguous bytes ({expected} bytes for {}), got a \
+             non-contiguous buffer",
+            what()
+        )));
+    }
+    let flat = view.call_method1("cast", ("B",))?;
+    let got = flat.len()?;
+    if got != expected {
+        return Err(PyValueError::new_err(format!(
+            "the data of a pickled or serialized UnifiedBuffer has the wrong size: expected {expected} \
+             bytes ({}), got {got}; the payload is truncated or was altered",
+            what()
+        )));
+    }
+    let kwargs = PyDict::new(py);
+    kwargs.set_item("dtype", numpy::dtype::<u8>(py))?;
+    let array = py.import("numpy")?.call_method("frombuffer", (flat,), Some(&kwargs))?;
+    this.storage()?.copy_from_array(array.cast::<PyUntypedArray>()?)
+}
+
+/// A new buffer of `shape` and `dtype` on the current device (nothing allocated yet).
+fn new_buffer<'py>(
+    py: Python<'py>,
+    shape: &Bound<'py, PyAny>,
+    dtype: &Bound<'py, PyAny>,
+    pinned: bool,
+    device: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, UnifiedBuffer>> {
+    let dims = args::shape(shape)?;
+    let elem = dtype::resolve(py, Some(dtype))?;
+    let home = args::device(device)?;
+    Bound::new(py, UnifiedBuffer::create(dims, elem, home, pinned, None, None)?)
+}
+
+/// Unpickles a buffer pickled with protocol 5 (see `UnifiedBuffer.__reduce_ex__`): a new
+/// buffer on the current device holding a copy of `data` (any C-contiguous bytes-like
+/// object: a `PickleBuffer`, a `memoryview`, `bytes`) as its host copy, or UNINITIALIZED when
+/// `data` is `None`. `ValueError` when `data` does not hold exactly the buffer's `nbytes`.
+#[pyfunction]
+#[pyo3(signature = (shape, dtype, pinned, data, device=None))]
+pub fn _rebuild_buffer_from_bytes<'py>(
+    py: Python<'py>,
+    shape: &Bound<'py, PyAny>,
+    dtype: &Bound<'py, PyAny>,
+    pinned: bool,
+    data: Option<&Bound<'py, PyAny>>,
+    device: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, UnifiedBuffer>> {
+    let buffer = new_buffer(py, shape, dtype, pinned, device)?;
+    if let Some(data) = data {
+        copy_raw_bytes(&buffer, data)?;
+    }
+    Ok(buffer)
+}
+
+/// The host frame of the `dask` serializer family: a read-only `memoryview` of the bytes of
+/// the buffer's host copy (zero-copy; a host read, which syncs first when only the device
+/// copy is current), or `None` when the buffer holds no data.
+#[pyfunction]
+pub fn _host_frame<'py>(buf: &Bound<'py, UnifiedBuffer>) -> PyResult<Option<Bound<'py, PyMemoryView>>> {
+    host_bytes(buf)?.map(|view| PyMemoryView::from(&view)).transpose()
+}
+
+/// A CUDA buffer's device copy as one frame of bytes, for Dask's `cuda` serializer family
+/// (as distributed's CuPy serializer sends a CuPy array's memory): `__cuda_array_interface__`
+/// (version 3, shape `(nbytes,)`, `|u1`, read-only) and `nbytes`. Keeps the buffer's memory
+/// alive while it exists.
+#[pyclass(name = "DeviceFrame", module = "lazybuf", frozen)]
+pub struct DeviceFrame {
+    device: Device,
+    ptr: u64,
+    nbytes: usize,
+    owner: Py<MemoryOwner>,
+}
+
+#[pymethods]
+impl DeviceFrame {
+    /// The `CUdeviceptr` of the first byte, as an int (0 for an empty buffer).
+    #[getter]
+    fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// The size in bytes.
+    #[getter]
+    fn nbytes(&self) -> usize {
+        self.nbytes
+    }
+
+    /// The object that keeps the memory alive.
+    #[getter]
+    fn owner(&self, py: Python<'_>) -> Py<MemoryOwner> {
+        self.owner.clone_ref(py)
+    }
+
+    /// CUDA Array Interface version 3: the frame's bytes, read-only.
+    #[getter]
+    fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        cuda_array_interface(py, self.ptr as usize, &[self.nbytes], DType::U8, true)
+    }
+
+    fn __len__(&self) -> usize {
+        self.nbytes
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<lazybuf.DeviceFrame {} ptr=0x{:x} nbytes={}>",
+            selector(&self.device),
+            self.ptr,
+            self.nbytes
+        )
+    }
+}
+
+/// The error for a CUDA-only operation on a buffer of another device.
+fn not_cuda(what: &str, device: &Device) -> PyErr {
+    PyTypeError::new_err(format!(
+        "{what} needs a buffer on a CUDA device; this one is on {}",
+        selector(device)
+    ))
+}
+
+/// The `cuda` family's frame of a CUDA buffer: a [`DeviceFrame`] over its device copy (a
+/// device read: uploads first if only the host copy is current; the serializer avoids that by
+/// sending such buffers' host frame instead), or `None` when the buffer holds no data.
+#[pyfunction]
+pub fn _device_frame(buf: &Bound<'_, UnifiedBuffer>) -> PyResult<Option<DeviceFrame>> {
+    let py = buf.py();
+    let this = buf.get();
+    let home = this.home_device();
+    if home.backend_kind() != BackendKind::CUDA {
+        return Err(not_cuda("a device frame", home));
+    }
+    let storage = this.storage()?;
+    if storage.lock().state() == BufferState::Uninitialized {
+        return Ok(None);
+    }
+    let ptr = match storage.device_handle_nogil(py, home, Access::Read)? {
+        RawMemory::Cuda(ptr) => ptr,
+        other => return Err(PyValueError::new_err(format!("unexpected memory {other:?} on a CUDA device"))),
+    };
+    let owner = Py::new(py, MemoryOwner::new(&storage))?;
+    Ok(Some(DeviceFrame { device: home.clone(), ptr, nbytes: this.byte_len(), owner }))
+}
+
+/// Fills `buf`, a CUDA buffer that holds no data (UNINITIALIZED, as made by the `cuda`
+/// deserializer), with `nbytes` bytes of device memory at `ptr` (a `CUdeviceptr` from a
+/// `__cuda_array_interface__`, of this device or one the driver can address from it): one
+/// device-to-device copy on the buffer's stream, waited for, after which the buffer is
+/// DEVICE_ONLY. `stream` is the interface's stream, if it names one: the copy runs after the
+/// work enqueued there so far. `ValueError` when `nbytes` is not the buffer's size or the buffer
+/// holds data; a failed copy raises and leaves the buffer UNINITIALIZED.
+///
+/// The caller vouches for `ptr` and `stream`, as every consumer of `__cuda_array_interface__`
+/// must: `ptr` is valid device memory of at least `nbytes` bytes that nothing writes during
+/// the call, and `stream` a live stream of the buffer's device.
+#[pyfunction]
+#[pyo3(signature = (buf, ptr, nbytes, stream=None))]
+pub fn _fill_from_device_pointer(
+    buf: &Bound<'_, UnifiedBuffer>,
+    ptr: u64,
+    nbytes: usize,
+    stream: Option<usize>,
+) -> PyResult<()> {
+    let py = buf.py();
+    let this = buf.get();
+    let home = this.home_device().clone();
+    if home.backend_kind() != BackendKind::CUDA {
+        return Err(not_cuda("a copy from device memory", &home));
+    }
+    let expected = this.byte_len();
+    if nbytes != expected {
+        return Err(PyValueError::new_err(format!(
+            "the device frame of a serialized UnifiedBuffer has the wrong size: expected {expected} \
+             bytes (shape {}), got {nbytes}; the payload is truncated or was altered",
+            shape_repr(this.dims())
+        )));
+    }
+    let RawDevice::Cuda { context, .. } = device_handles(&home) else {
+        return Err(not_cuda("a copy from device memory", &home));
+    };
+    let (context, storage) = (context as usize, this.storage()?);
+    py.detach(|| {
+        let mut raw = storage.lock();
+        if raw.state() != BufferState::Uninitialized {
+            return Err(PyValueError::new_err(
+                "_fill_from_device_pointer fills only a buffer that holds no data (UNINITIALIZED)",
+            ));
+        }
+        if let Some(producer) = stream {
+            // SAFETY: the caller vouches that `producer` is a live stream of this device's
+            // context (the __cuda_array_interface__ contract); it only records a marker here,
+            // which lazybuf's stream then waits for (no copy has touched the buffer yet).
+            let wrapped =
+                unsafe { home.wrap_stream(RawStream::Cuda(producer as *mut std::ffi::c_void)) }.or_py()?;
+            let ticket = wrapped.marker().or_py()?;
+            raw.stream().wait_for(&ticket).or_py()?;
+        }
+        if expected == 0 {
+            return raw.device_access(&home, Access::Overwrite).map(drop).or_py();
+        }
+        // SAFETY: the handles are only passed to the driver below, while the buffer (and so its
+        // device, stream and memory) is locked and alive.
+        let (dst, stream) =
+            unsafe { (raw.device_access(&home, Access::Overwrite).or_py()?.raw(), raw.stream().raw()) };
+        let (RawMemory::Cuda(dst), RawStream::Cuda(stream)) = (dst, stream) else {
+            raw.invalidate();
+            return Err(PyValueError::new_err("unexpected memory or stream handles on a CUDA device"));
+        };
+        let copied = device_to_device(context as *mut _, stream as usize, dst, ptr, expected);
+        if copied.is_err() {
+            // Nothing was valid before: the buffer holds no data again.
+            raw.invalidate();
+        }
+        copied
+    })
+}
+
+/// One device-to-device copy of `bytes` from `src` to `dst` on `stream`, waited for, with
+/// `context` current for the call only (the thread's previous context is restored).
+fn device_to_device(
+    context: *mut std::ffi::c_void,
+    stream: usize,
+    dst: u64,
+    src: u64,
+    bytes: usize,
+) -> PyResult<()> {
+    use cudarc::driver::{result, sys};
+    let context: sys::CUcontext = context.cast();
+    let stream: sys::CUstream = stream as sys::CUstream;
+    let driver_error = |call: &str, err: result::DriverError| {
+        PyRuntimeError::new_err(format!("{call} failed: {:?} (copying a received device frame)", err.0))
+    };
+    // cudarc panics on a symbol the driver lacks; every call here is one lazybuf's CUDA backend
+    // checked for before it opened this device (backend::cuda::REQUIRED_SYMBOLS), and this
+    // catch_unwind keeps any panic from reaching Python all the same.
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        let previous = result::ctx::get_current().map_err(|e| driver_error("cuCtxGetCurrent", e))?;
+        // SAFETY: context is the retained primary context of the buffer's open CUDA device,
+        // alive while the device is (for the whole process).
+        unsafe { result::ctx::set_current(context) }.map_err(|e| driver_error("cuCtxSetCurrent", e))?;
+        // SAFETY: dst is the buffer's own device allocation of at least `bytes` (the buffer is
+        // locked, so nothing else uses it); src is valid device memory of `bytes` bytes for the
+        // length of this call (the caller's contract); stream is the buffer's stream of that
+        // context. The copy is waited for before the function returns, so neither outlives it.
+        let enqueued = unsafe { result::memcpy_dtod_async(dst, src, bytes, stream) }
+            .map_err(|e| driver_error("cuMemcpyDtoDAsync", e));
+        let copied = enqueued.and_then(|()| {
+            // SAFETY: stream is a live stream of the current context.
+            unsafe { result::stream::synchronize(stream) }.map_err(|e| driver_error("cuStreamSynchronize", e))
+        });
+        // SAFETY: previous was the thread's current context (or none) a moment ago.
+        let restored = unsafe { result::ctx::set_current(previous.unwrap_or(std::ptr::null_mut())) }
+            .map_err(|e| driver_error("cuCtxSetCurrent", e));
+        copied.and(restored)
+    }));
+    outcome.unwrap_or_else(|_| {
+        Err(PyRuntimeError::new_err("the CUDA driver could not be called (cudarc panicked)"))
+    })
+}
