@@ -85,6 +85,7 @@ pub const REQUIRED_SYMBOLS: &[&str] = &[
     "cuMemsetD16Async",
     "cuMemsetD32Async",
     "cuMemsetD2D32Async",
+    "cuPointerGetAttribute",
 ];
 
 /// Opens every CUDA device, or says why CUDA is unavailable. Never panics.

@@ -416,3 +416,32 @@ fn pageable_blocks_moved_twice_are_registered_with_the_driver() {
         assert_eq!(pinned.pinning(), Pinning::Runtime(BackendKind::CUDA), "pinned blocks stay what they are");
     }
 }
+
+/// cudarc panics when a driver lacks an entry point it is asked to call, so every entry point
+/// the backend calls directly must be in [`super::REQUIRED_SYMBOLS`], which the probe checks
+/// before any call (a missing one then reports CUDA absent instead of panicking later).
+#[test]
+fn every_driver_entry_point_called_directly_is_checked_by_the_probe() {
+    let sources = [
+        include_str!("mod.rs"),
+        include_str!("device.rs"),
+        include_str!("memory.rs"),
+        include_str!("staging.rs"),
+    ];
+    let mut called: Vec<&str> = sources
+        .iter()
+        .flat_map(|source| source.split("sys::").skip(1))
+        .filter_map(|rest| {
+            let name =
+                &rest[..rest.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(rest.len())];
+            (name.starts_with("cu") && name.as_bytes().get(2).is_some_and(u8::is_ascii_uppercase))
+                .then_some(name)
+        })
+        .collect();
+    called.sort_unstable();
+    called.dedup();
+    assert!(called.len() >= 10, "the scan found too few calls to mean anything: {called:?}");
+    let unchecked: Vec<&str> =
+        called.into_iter().filter(|name| !super::REQUIRED_SYMBOLS.contains(name)).collect();
+    assert!(unchecked.is_empty(), "called but not in REQUIRED_SYMBOLS: {unchecked:?}");
+}
