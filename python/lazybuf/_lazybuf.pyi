@@ -49,6 +49,7 @@ __all__ = [
     "set_caching",
     "set_checking",
     "trim",
+    "_cli_main",
     "_rebuild_buffer",
 ]
 
@@ -457,3 +458,6 @@ class HostBlock:
     ``.base``, from 1 MiB up); given back to the cache when the array is gone."""
 
 def _rebuild_buffer(shape: Any, dtype: Any, pinned: bool, data: Any) -> UnifiedBuffer: ...
+def _cli_main(argv: list[str]) -> int:
+    """Runs the ``lazybuf`` command-line tool with ``argv`` (program name first); returns its
+    exit status. ``python -m lazybuf`` calls it."""
