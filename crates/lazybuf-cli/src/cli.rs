@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{ArgAction, Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 
 use crate::output::{parse_duration, parse_size};
 
@@ -192,12 +192,9 @@ pub struct CheckArgs {
     /// Test suites only: run on a deliberately broken device (lazybuf's FaultyDevice) whose
     /// N-th copy or allocation fails: `copy:N` or `allocation:N`.
     #[cfg(feature = "testing")]
-    #[arg(long, value_name = "KIND:N", hide = true, action = ArgAction::Set)]
+    #[arg(long, value_name = "KIND:N", hide = true)]
     pub inject_fault: Option<String>,
 }
-
-// Keeps the import used when the `testing` feature is off.
-const _: ArgAction = ArgAction::Set;
 
 #[cfg(test)]
 mod tests {

@@ -3,7 +3,7 @@
 //!
 //! Also the device selection every other subcommand shares ([`select`], [`selector_of`]).
 
-use lazybuf::{BackendKind, Device, MemorySource};
+use lazybuf::{Device, MemorySource};
 use serde::Serialize;
 
 use crate::Result;
@@ -169,12 +169,10 @@ pub fn zero_copy_threshold(device: &Device) -> Option<u64> {
     Some(yes as u64)
 }
 
-/// The selector that names `device` among `devices`: `host`, or `backend:index`.
+/// The selector that names `device` among `devices`: `backend:index` (`host:0` for the
+/// host), as the Python package's `Device.selector` says.
 pub fn selector_of(device: &Device, devices: &[Device]) -> String {
     let kind = device.backend_kind();
-    if kind == BackendKind::HOST {
-        return "host".into();
-    }
     let index = devices.iter().filter(|d| d.backend_kind() == kind).position(|d| d == device).unwrap_or(0);
     format!("{}:{index}", kind.name())
 }
@@ -240,7 +238,7 @@ mod tests {
     fn the_host_is_listed_with_its_selector_and_always_zero_copy() {
         let report = report();
         let host = report.devices.last().unwrap();
-        assert_eq!((host.selector.as_str(), host.backend), ("host", "host"));
+        assert_eq!((host.selector.as_str(), host.backend), ("host:0", "host"));
         assert_eq!(host.zero_copy_min_bytes, Some(0));
         assert!(host.shares_host_memory && host.total_bytes > 0);
         assert_eq!(host.free_source, Some("system"));

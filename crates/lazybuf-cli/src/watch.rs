@@ -36,6 +36,10 @@ pub fn run(args: &WatchArgs, context: &Context) -> Result<i32> {
         for (device, name) in watched.iter().zip(&names) {
             let line = row(&sample(device, name, start.elapsed()));
             if terminal.stdout {
+                // A row that wrapped would break moving back up over the rows: cut it to fit.
+                let width =
+                    console::Term::stdout().size_checked().map_or(usize::MAX, |(_, w)| usize::from(w));
+                let line: String = line.chars().take(width.saturating_sub(1).max(20)).collect();
                 writeln!(out, "\x1b[2K{line}")?;
             } else {
                 writeln!(out, "{line}")?;

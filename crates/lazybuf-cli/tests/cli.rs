@@ -128,7 +128,7 @@ fn devices_json_follows_the_documented_schema() {
     let host = devices.last().unwrap();
     assert_eq!(
         (&host["selector"], &host["free_source"], &host["zero_copy_min_bytes"]),
-        (&"host".into(), &"system".into(), &0.into())
+        (&"host:0".into(), &"system".into(), &0.into())
     );
     for d in devices.iter().filter(|d| d["backend"] == "opencl" && d["shares_host_memory"] == true) {
         assert_eq!(d["free_source"], "total_minus_process_held");
@@ -396,8 +396,8 @@ fn bandwidth_json_can_go_to_stdout_with_the_table_on_stderr() {
     ]);
     assert!(output.status.success(), "{}", stderr(&output));
     let report: Value = serde_json::from_str(&stdout(&output)).expect("stdout is JSON only");
-    assert_bandwidth_json(&report, "host", &[false, true]);
-    assert!(stderr(&output).contains("lazybuf bandwidth on host"), "{}", stderr(&output));
+    assert_bandwidth_json(&report, "host:0", &[false, true]);
+    assert!(stderr(&output).contains("lazybuf bandwidth on host:0 ("), "{}", stderr(&output));
 }
 
 #[test]

@@ -358,7 +358,8 @@ fn warm_buffer(device: &Device, len: usize, pinned: bool) -> Result<UnifiedBuffe
 /// The host side of the raw copies.
 enum HostSide {
     Pageable(Vec<u8>),
-    Pinned(lazybuf::host_memory::HostMemory),
+    /// A page-locked block (possibly longer than asked) and the length used.
+    Pinned(lazybuf::host_memory::HostMemory, usize),
 }
 
 impl HostSide {
@@ -372,21 +373,26 @@ impl HostSide {
         if !block.is_pinned() {
             return Err(CliError::new(format!("{device} could not pin {len} bytes of host memory")));
         }
-        block.as_mut_slice()[..len].fill(1);
-        Ok(HostSide::Pinned(block))
+        let have = block.len();
+        let bytes = block
+            .as_mut_slice()
+            .get_mut(..len)
+            .ok_or_else(|| CliError::new(format!("{device} gave a host block of {have} bytes for {len}")))?;
+        bytes.fill(1);
+        Ok(HostSide::Pinned(block, len))
     }
 
     fn bytes(&self) -> &[u8] {
         match self {
             HostSide::Pageable(v) => v,
-            HostSide::Pinned(block) => block.as_slice(),
+            HostSide::Pinned(block, len) => &block.as_slice()[..*len],
         }
     }
 
     fn bytes_mut(&mut self) -> &mut [u8] {
         match self {
             HostSide::Pageable(v) => v,
-            HostSide::Pinned(block) => block.as_mut_slice(),
+            HostSide::Pinned(block, len) => &mut block.as_mut_slice()[..*len],
         }
     }
 }
