@@ -431,7 +431,7 @@ pub fn transitions(device: &Device, context: &Context) -> Result<Checked<usize>>
                 }
                 let outcome = Subject::in_state(device, len, state, recipe).and_then(|mut s| s.apply(op));
                 if let Err(d) = outcome {
-                    return Ok(diverged(format!("{state}, {len} elements: {d}")));
+                    return Ok(diverged(format!("{len} elements: {d}")));
                 }
                 count += 1;
             }
@@ -503,7 +503,7 @@ pub fn fault_injection(device: &Device, context: &Context) -> Result<Checked<(u6
                     }
                     let outcome = one_fault(device, len, state, recipe, op, n, needed);
                     if let Err(d) = outcome {
-                        return Ok(diverged(format!("{state}, {len} elements: {d}")));
+                        return Ok(diverged(format!("from {state}, {len} elements: {d}")));
                     }
                     if n <= needed { injected += 1 } else { exact += 1 }
                 }
