@@ -147,30 +147,35 @@ where
             .build_cartesian_2d((x_min..x_max).log_scale().base(2.0), rate_range.clone().log_scale())
             .map_err(e)?;
         mesh(&mut rates, text, "GB/s").map_err(e)?;
-        for pinned in report.memory_kinds() {
-            for method in [Method::Lazybuf, Method::Raw] {
-                let colour = colour_of(method, pinned);
-                let points: Vec<(f64, f64)> = report
-                    .measurements
-                    .iter()
-                    .filter(|m| m.direction == direction && m.method == method && m.pinned == pinned)
-                    .map(|m| (m.bytes as f64, m.gb_per_s))
-                    .collect();
-                let zero_copy_from = report
-                    .measurements
-                    .iter()
-                    .filter(|m| {
-                        m.direction == direction && m.method == method && m.pinned == pinned && m.zero_copy
-                    })
-                    .map(|m| m.bytes)
-                    .min();
-                let memory = if pinned { "pinned" } else { "pageable" };
-                let note = zero_copy_from
-                    .map(|b| format!(" (zero-copy from {}: no bytes moved)", format_bytes(b)))
-                    .unwrap_or_default();
-                let label = format!("{} {memory}{note}", method.name());
-                series(&mut rates, points, colour, !pinned, text.then_some(label)).map_err(e)?;
+        // Bottom to top, each narrower than the one below, so that every curve stays visible
+        // where curves coincide (as raw and lazybuf do when both are one memcpy).
+        let layers =
+            [(Method::Raw, false), (Method::Lazybuf, false), (Method::Raw, true), (Method::Lazybuf, true)];
+        for (layer, (method, pinned)) in layers.into_iter().enumerate() {
+            if !report.memory_kinds().contains(&pinned) {
+                continue;
             }
+            let colour = colour_of(method, pinned);
+            let points: Vec<(f64, f64)> = report
+                .measurements
+                .iter()
+                .filter(|m| m.direction == direction && m.method == method && m.pinned == pinned)
+                .map(|m| (m.bytes as f64, m.gb_per_s))
+                .collect();
+            let zero_copy_from = report
+                .measurements
+                .iter()
+                .filter(|m| {
+                    m.direction == direction && m.method == method && m.pinned == pinned && m.zero_copy
+                })
+                .map(|m| m.bytes)
+                .min();
+            let memory = if pinned { "pinned" } else { "pageable" };
+            let note = zero_copy_from
+                .map(|b| format!(" (zero-copy from {}: no bytes moved)", format_bytes(b)))
+                .unwrap_or_default();
+            let label = format!("{} {memory}{note}", method.name());
+            series(&mut rates, points, colour, layer, text.then_some(label)).map_err(e)?;
         }
         legend(&mut rates, text).map_err(e)?;
 
@@ -190,7 +195,14 @@ where
                 .map(|r| (r.bytes as f64, r.ratio))
                 .collect();
             let label = format!("{} lazybuf / raw", if pinned { "pinned" } else { "pageable" });
-            series(&mut ratios, points, ratio_colour(pinned), !pinned, text.then_some(label)).map_err(e)?;
+            series(
+                &mut ratios,
+                points,
+                ratio_colour(pinned),
+                if pinned { 3 } else { 1 },
+                text.then_some(label),
+            )
+            .map_err(e)?;
         }
         legend(&mut ratios, text).map_err(e)?;
     }
@@ -219,7 +231,7 @@ fn chart<'a, 'b, DB: DrawingBackend>(
     caption: &str,
 ) -> ChartBuilder<'a, 'b, DB> {
     let mut builder = ChartBuilder::on(area);
-    builder.margin(12);
+    builder.margin(12).margin_right(34);
     if text {
         builder.caption(caption, ("sans-serif", 17)).x_label_area_size(34).y_label_area_size(58);
     }
@@ -254,15 +266,17 @@ fn series<'a, DB: DrawingBackend + 'a>(
     chart: &mut ChartContext<'a, DB, LogLog>,
     points: Vec<(f64, f64)>,
     colour: RGBColor,
-    wide: bool,
+    layer: usize,
     label: Option<String>,
 ) -> std::result::Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
     if points.is_empty() {
         return Ok(());
     }
-    // Pageable curves are drawn wide with round markers, pinned ones thin with square
-    // markers on top, so both stay visible where they coincide.
-    let (width, marker) = if wide { (4, 5) } else { (1, 3) };
+    // Line width and marker size by layer (0: bottom): each 2 pixels narrower than the one
+    // below it, so a curve drawn over another leaves a pixel of it visible on each side.
+    // Pageable curves (layers 0, 1) have round markers, pinned ones square markers.
+    let (width, marker) = [(7, 6), (5, 4), (3, 3), (1, 2)][layer.min(3)];
+    let wide = layer < 2;
     let drawn = chart.draw_series(LineSeries::new(points.clone(), colour.stroke_width(width)))?;
     if let Some(label) = label {
         drawn
@@ -319,6 +333,67 @@ mod tests {
         colours.sort_by_key(|c| (c.0, c.1, c.2));
         colours.dedup();
         assert_eq!(colours.len(), n);
+    }
+
+    /// A report whose four rate curves coincide, and so do its two ratio curves.
+    fn coinciding() -> BandwidthReport {
+        use super::super::{DeviceRef, Measurement, Ratio};
+        let sizes = vec![1024, 4096, 16384, 65536];
+        let mut measurements = Vec::new();
+        let mut ratios = Vec::new();
+        for &bytes in &sizes {
+            for direction in Direction::ALL {
+                for pinned in [false, true] {
+                    for method in [Method::Lazybuf, Method::Raw] {
+                        let seconds = bytes as f64 / 1e9;
+                        measurements.push(Measurement {
+                            direction,
+                            method,
+                            pinned,
+                            bytes,
+                            seconds,
+                            iterations: 3,
+                            gb_per_s: 1.0,
+                            zero_copy: false,
+                        });
+                    }
+                    ratios.push(Ratio { direction, pinned, bytes, ratio: 1.0 });
+                }
+            }
+        }
+        let device = DeviceRef { selector: "host:0".into(), backend: "host".into(), name: "test".into() };
+        BandwidthReport { schema: super::super::SCHEMA.into(), device, sizes, measurements, ratios }
+    }
+
+    #[test]
+    fn coinciding_curves_all_stay_visible_across_their_panels() {
+        let (w, h) = (800u32, 600u32);
+        let mut pixels = vec![0u8; (w * h * 3) as usize];
+        {
+            let root = BitMapBackend::with_buffer(&mut pixels, (w, h)).into_drawing_area();
+            draw(&root, &coinciding(), false).unwrap();
+            root.present().unwrap();
+        }
+        let span = |colour: RGBColor, column: u32, row: u32| {
+            let xs: Vec<u32> = pixels
+                .chunks_exact(3)
+                .enumerate()
+                .filter(|(_, p)| (p[0], p[1], p[2]) == (colour.0, colour.1, colour.2))
+                .map(|(i, _)| (i as u32 % w, i as u32 / w))
+                .filter(|&(x, y)| x / (w / 2) == column && y / (h / 2) == row)
+                .map(|(x, _)| x)
+                .collect();
+            xs.iter().max().unwrap_or(&0) - xs.iter().min().unwrap_or(&0)
+        };
+        for column in 0..2 {
+            for pinned in [false, true] {
+                for method in [Method::Lazybuf, Method::Raw] {
+                    let s = span(colour_of(method, pinned), column, 0);
+                    assert!(s > w / 4, "{method:?} pinned={pinned}: {s}");
+                }
+                assert!(span(ratio_colour(pinned), column, 1) > w / 4, "ratio pinned={pinned}");
+            }
+        }
     }
 
     #[test]
