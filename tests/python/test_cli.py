@@ -118,4 +118,4 @@ def test_watch_runs_in_process_and_returns_its_status(capfd):
     assert status == 0
     lines = capfd.readouterr().out.splitlines()
     assert lines[0].startswith("TIME") and len(lines) == 3
-    assert all(line.split()[1] == "host" for line in lines[1:])
+    assert all(line.split()[1] == "host:0" for line in lines[1:])
