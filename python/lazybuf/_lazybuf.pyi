@@ -52,6 +52,7 @@ __all__ = [
     "set_caching",
     "set_checking",
     "trim",
+    "_cli_main",
     "_rebuild_buffer",
     "DeviceFrame",
     "_rebuild_buffer_from_bytes",
@@ -588,6 +589,9 @@ class HostBlock:
     ``.base``, from 1 MiB up); given back to the cache when the array is gone."""
 
 def _rebuild_buffer(shape: Any, dtype: Any, pinned: bool, data: Any) -> UnifiedBuffer: ...
+def _cli_main(argv: list[str]) -> int:
+    """Runs the ``lazybuf`` command-line tool with ``argv`` (program name first); returns its
+    exit status. ``python -m lazybuf`` calls it."""
 
 # --- Memory objects without coherence tracking (issue 11) ----------------------------------
 

@@ -91,5 +91,15 @@ fn _lazybuf(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("CoherenceError", m.py().get_type::<errors::CoherenceError>())?;
     m.add_function(wrap_pyfunction!(errors::set_checking, m)?)?;
     m.add_function(wrap_pyfunction!(errors::checking, m)?)?;
+    m.add_function(wrap_pyfunction!(_cli_main, m)?)?;
     Ok(())
+}
+
+/// Runs the `lazybuf` command-line tool (`python -m lazybuf`) with `argv` (the program name
+/// first) and returns its exit status. The GIL is released while it runs; Ctrl-C is Python's
+/// (checked between refreshes and measurements), so the interpreter's own handler stays.
+#[pyfunction]
+fn _cli_main(py: Python<'_>, argv: Vec<String>) -> i32 {
+    let context = lazybuf_cli::Context::new(|| Python::attach(|py| py.check_signals().is_err()));
+    py.detach(|| lazybuf_cli::run(argv, &context))
 }

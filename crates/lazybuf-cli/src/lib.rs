@@ -1,0 +1,120 @@
+//! # lazybuf-cli: the `lazybuf` command-line tool
+//!
+//! What `clinfo`, `nvidia-smi` and CUDA's `bandwidthTest` answer for one runtime each, for
+//! every backend lazybuf knows:
+//! - [`devices`]: every device, what it reports, and why a backend found nothing;
+//! - [`bandwidth`]: host-to-device and device-to-host rates of lazybuf's syncs next to the
+//!   runtime's raw copy, as a table, JSON and a log-log plot;
+//! - [`watch`]: memory in use, cached by lazybuf's pool, and free, refreshed until Ctrl-C;
+//! - [`check`]: a short run of the coherence contract on each device.
+//!
+//! The crate is a library and a binary: `src/main.rs` is the `lazybuf` executable, and the
+//! Python package runs the same [`run`] (`python -m lazybuf`), so both print the same output.
+//!
+//! Layout: [`cli`] (the arguments, parsed by clap), [`output`] (terminal detection, tables,
+//! sizes and durations), one module per subcommand, and [`error`] (the one-line error that
+//! ends a run).
+
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(missing_docs, clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
+
+/// `println!` that returns write errors (a closed pipe) instead of panicking: `?` passes them
+/// up as a [`CliError`].
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout(), $($arg)*)?
+    }};
+}
+
+/// `eprintln!` that ignores write errors: a message to a closed stderr has nowhere to go.
+macro_rules! errln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
+pub mod bandwidth;
+pub mod check;
+pub mod cli;
+pub mod devices;
+pub mod error;
+pub mod output;
+pub mod watch;
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use clap::Parser;
+
+pub use error::{CliError, Result};
+
+/// How a run is told that the user asked it to stop (Ctrl-C).
+///
+/// The binary installs a SIGINT handler that sets a flag ([`Context::with_signal_flag`]); the
+/// Python package asks the interpreter instead, so `python -m lazybuf` keeps Python's own
+/// handler.
+#[derive(Clone)]
+pub struct Context {
+    interrupted: Arc<dyn Fn() -> bool + Send + Sync>,
+}
+
+impl Context {
+    /// A context whose interruption is whatever `interrupted` says when asked.
+    pub fn new(interrupted: impl Fn() -> bool + Send + Sync + 'static) -> Context {
+        Context { interrupted: Arc::new(interrupted) }
+    }
+
+    /// A context interrupted when `flag` is set (by a signal handler).
+    pub fn with_signal_flag(flag: &'static AtomicBool) -> Context {
+        Context::new(move || flag.load(Ordering::SeqCst))
+    }
+
+    /// A context that is never interrupted.
+    pub fn uninterruptible() -> Context {
+        Context::new(|| false)
+    }
+
+    /// Whether the user asked the run to stop.
+    pub fn interrupted(&self) -> bool {
+        (self.interrupted)()
+    }
+}
+
+/// Runs the tool with `args` (the first one is the program's name, as in `std::env::args`)
+/// and returns the process exit status: 0 on success, 1 on an error (one line on stderr) or a
+/// failed `check`, 2 on bad arguments (clap's message), 130 for a run stopped by Ctrl-C
+/// (`watch` stops cleanly with 0 instead: stopping is how it ends).
+pub fn run<I, T>(args: I, context: &Context) -> i32
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let cli = match cli::Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(err) => {
+            // --help and --version are "errors" that print to stdout and exit 0.
+            let _ = err.print();
+            return err.exit_code();
+        }
+    };
+    let status = match cli.command {
+        cli::Command::Devices(args) => devices::run(&args),
+        cli::Command::Bandwidth(args) => bandwidth::run(&args, context),
+        cli::Command::Watch(args) => watch::run(&args, context),
+        cli::Command::Check(args) => check::run(&args, context),
+    };
+    let status = status.and_then(|code| std::io::stdout().flush().map(|()| code).map_err(CliError::from));
+    match status {
+        Ok(code) => code,
+        // A reader that went away (`lazybuf devices | head -1`) is not an error of ours.
+        Err(err) if err.is_broken_pipe() => 0,
+        Err(err) => {
+            let _ = writeln!(std::io::stderr(), "lazybuf: error: {err}");
+            err.exit_code()
+        }
+    }
+}
