@@ -64,7 +64,10 @@ fn kernel_write(view: &lazybuf::DeviceView<'_, u32>, value: u32) {
         #[cfg(feature = "wgpu")]
         (RawMemory::Wgpu(buffer), RawStream::Wgpu(queue)) => {
             // SAFETY (test): the view's buffer and the device's queue are live while the view is.
-            let (buffer, queue) = unsafe { (&*buffer, &*queue) };
+            let (buffer, queue): (
+                &lazybuf::backend::wgpu::wgpu::Buffer,
+                &lazybuf::backend::wgpu::wgpu::Queue,
+            ) = unsafe { (&*buffer, &*queue) };
             let words = vec![value; view.len()];
             queue.write_buffer(buffer, 0, bytemuck::cast_slice(&words));
             queue.submit([]);
@@ -85,7 +88,10 @@ fn kernel_write(view: &lazybuf::DeviceView<'_, u32>, value: u32) {
         #[cfg(feature = "wgpu")]
         (RawMemory::Wgpu(buffer), RawStream::Wgpu(queue)) => {
             // SAFETY (test): the view's buffer and the device's queue are live while the view is.
-            let (buffer, queue) = unsafe { (&*buffer, &*queue) };
+            let (buffer, queue): (
+                &lazybuf::backend::wgpu::wgpu::Buffer,
+                &lazybuf::backend::wgpu::wgpu::Queue,
+            ) = unsafe { (&*buffer, &*queue) };
             let words = vec![value; view.len()];
             queue.write_buffer(buffer, 0, bytemuck::cast_slice(&words));
             queue.submit([]);

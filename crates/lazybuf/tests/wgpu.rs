@@ -16,6 +16,7 @@
 
 mod common;
 
+use lazybuf::backend::wgpu::wgpu;
 use lazybuf::backend::{RawDevice, RawMemory, RawStream};
 use lazybuf::{BackendKind, BufferOptions, BufferState, Device, DirectResource, Error, UnifiedBuffer};
 
@@ -107,7 +108,9 @@ fn a_wgsl_shader_writes_the_device_copy_and_the_host_reads_it() {
 
 #[test]
 fn devices_report_what_they_are_and_answer_to_their_selectors() {
-    let devices = wgpu_devices();
+    // The devices discovery opened (not the staging twins the other tests add).
+    let devices: Vec<Device> =
+        lazybuf::devices().into_iter().filter(|d| d.backend_kind() == BackendKind::WGPU).collect();
     for (index, device) in devices.iter().enumerate() {
         let info = device.info();
         assert!(!info.name.is_empty() && !info.vendor.is_empty(), "{info:?}");

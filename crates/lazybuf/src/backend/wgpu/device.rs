@@ -2,14 +2,19 @@
 //! and one submission per operation, staging buffers for the host's side of transfers, and
 //! tickets finished by wgpu's callbacks.
 //!
-//! **Zero-copy is not used.** A wgpu buffer is either usable by the GPU or mapped for the
-//! host, never both at once, and a mapping is granted only asynchronously after every
-//! submission that uses the buffer; a device copy that aliased the host copy (as OpenCL's
-//! `CL_MEM_USE_HOST_PTR` does) cannot be built on that. Mapping the storage buffer itself
-//! instead of a staging buffer (wgpu's `MAPPABLE_PRIMARY_BUFFERS`, on adapters whose memory
-//! the host shares) would save one copy per transfer but would make the buffer unusable by
-//! work enqueued after the transfer until its mapping callback ran, breaking stream order;
-//! docs/BENCHMARKS.md has the measurement.
+//! **Transfers.** On an adapter whose memory the host shares (a CPU adapter such as lavapipe,
+//! an integrated GPU, Apple silicon) and that can map storage buffers themselves
+//! (`MAPPABLE_PRIMARY_BUFFERS`), a transfer maps the buffer and copies straight between it and
+//! the host memory: one copy, done before the call returns (the mapping waits for the work
+//! already submitted that uses the buffer, so stream order holds). Elsewhere, and with
+//! [`WgpuOptions::mapped_transfers`] off, bytes go through staging buffers (`staging.rs`) and a
+//! GPU copy, asynchronously. docs/BENCHMARKS.md has the measurements (on lavapipe the mapped
+//! path is 2-50 times faster than staging).
+//!
+//! **No zero-copy aliasing.** A wgpu buffer is either usable by the GPU or mapped for the host,
+//! never both, and a mapping is granted only after every submission that uses the buffer; so a
+//! device copy that *is* the host copy (OpenCL's `CL_MEM_USE_HOST_PTR`) cannot be built, and
+//! [`Backend::zero_copy`] is false: every sync moves its bytes once.
 
 use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,6 +31,20 @@ use crate::backend::{
 use crate::error::{BackendKind, Error, Result};
 use crate::host_memory::HostMemory;
 
+/// How a wgpu adapter is opened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WgpuOptions {
+    /// On an adapter whose memory the host shares and that can map storage buffers, transfer by
+    /// mapping the buffer itself rather than through a staging buffer (see the module docs).
+    pub mapped_transfers: bool,
+}
+
+impl Default for WgpuOptions {
+    fn default() -> Self {
+        WgpuOptions { mapped_transfers: true }
+    }
+}
+
 /// One wgpu adapter, opened: its device, queue and default stream.
 pub struct WgpuBackend {
     info: DeviceInfo,
@@ -37,6 +56,8 @@ pub struct WgpuBackend {
     kernels: Mutex<Option<Arc<Kernels>>>,
     held: Arc<AtomicU64>,
     max_buffer: u64,
+    /// Transfers map the storage buffer itself (see the module docs).
+    mapped: bool,
 }
 
 impl std::fmt::Debug for WgpuBackend {
@@ -51,13 +72,25 @@ fn padded(bytes: usize) -> u64 {
 }
 
 impl WgpuBackend {
+    /// Opens `adapter` with the default options.
+    pub fn open(adapter: wgpu::Adapter) -> Result<WgpuBackend> {
+        Self::open_with(adapter, WgpuOptions::default())
+    }
+
     /// Opens `adapter`: a device with the adapter's own limits (wgpu's defaults would cap
     /// buffers at 256 MiB) and its queue.
-    pub fn open(adapter: wgpu::Adapter) -> Result<WgpuBackend> {
+    pub fn open_with(adapter: wgpu::Adapter, options: WgpuOptions) -> Result<WgpuBackend> {
         let adapter_info = adapter.get_info();
         let limits = adapter.limits();
+        let shares_host_memory =
+            matches!(adapter_info.device_type, wgpu::DeviceType::IntegratedGpu | wgpu::DeviceType::Cpu);
+        let can_map = adapter.features().contains(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS);
+        let mapped = options.mapped_transfers && shares_host_memory && can_map;
+        let features =
+            if mapped { wgpu::Features::MAPPABLE_PRIMARY_BUFFERS } else { wgpu::Features::empty() };
         let descriptor = wgpu::DeviceDescriptor {
             label: Some("lazybuf"),
+            required_features: features,
             required_limits: limits.clone(),
             ..Default::default()
         };
@@ -67,16 +100,20 @@ impl WgpuBackend {
                 reason: format!("{} could not be opened: {err}", adapter_info.name),
             }
         })?;
-        let shares_host_memory =
-            matches!(adapter_info.device_type, wgpu::DeviceType::IntegratedGpu | wgpu::DeviceType::Cpu);
         let total_memory = match native::total_memory(&adapter) {
             Some(total) => total,
             // Unified memory without an API figure: the system's memory is the device's.
             None if shares_host_memory => crate::backend::host::backend().info().total_memory,
             None => 0,
         };
+        // A device opened without the path the adapter allows says so in its name.
+        let name = if shares_host_memory && can_map && !mapped {
+            format!("{} (staging transfers)", adapter_info.name)
+        } else {
+            adapter_info.name.clone()
+        };
         let info = DeviceInfo {
-            name: adapter_info.name.clone(),
+            name: name.clone(),
             backend: BackendKind::WGPU,
             vendor: vendor_name(&adapter_info),
             shares_host_memory,
@@ -89,7 +126,7 @@ impl WgpuBackend {
             total_memory,
             compute_capability: None,
         };
-        let context = Context::new(device, queue, adapter_info.name.clone());
+        let context = Context::new(device, queue, name);
         Ok(WgpuBackend {
             info,
             api: adapter_info.backend,
@@ -100,7 +137,18 @@ impl WgpuBackend {
             kernels: Mutex::new(None),
             held: Arc::new(AtomicU64::new(0)),
             max_buffer: limits.max_buffer_size,
+            mapped,
         })
+    }
+
+    /// The adapter the device was opened on (to open it again with other options).
+    pub fn adapter(&self) -> &wgpu::Adapter {
+        &self.adapter
+    }
+
+    /// Whether transfers map the storage buffer itself (else they go through staging buffers).
+    pub fn maps_for_transfers(&self) -> bool {
+        self.mapped
     }
 
     /// The graphics API wgpu drives this device through.
@@ -160,9 +208,10 @@ impl WgpuBackend {
         self.context.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("lazybuf") })
     }
 
-    /// A ticket that completes when the work submitted so far is done.
-    fn submitted(&self, submission: wgpu::SubmissionIndex) -> Ticket {
-        let completion = WgpuCompletion::new(self.context.clone(), Some(submission));
+    /// A ticket that completes when the work submitted so far is done (call it right after
+    /// the submission it stands for).
+    fn submitted(&self) -> Ticket {
+        let completion = WgpuCompletion::new(self.context.clone());
         let done = completion.clone();
         self.context.queue.on_submitted_work_done(move || done.finish(Ok(())));
         Ticket::new(completion)
@@ -176,12 +225,12 @@ impl WgpuBackend {
         bytes: usize,
         record: impl FnOnce(&mut wgpu::CommandEncoder),
     ) -> Result<Ticket> {
-        let submission = self.context.scoped(call, bytes, || {
+        self.context.scoped(call, bytes, || {
             let mut encoder = self.encoder();
             record(&mut encoder);
-            self.context.queue.submit([encoder.finish()])
+            self.context.queue.submit([encoder.finish()]);
         })?;
-        Ok(self.submitted(submission))
+        Ok(self.submitted())
     }
 
     fn check_size(&self, bytes: usize) -> Result<()> {
@@ -286,9 +335,7 @@ impl Backend for WgpuBackend {
             self.context.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("lazybuf"),
                 size,
-                usage: wgpu::BufferUsages::STORAGE
-                    | wgpu::BufferUsages::COPY_SRC
-                    | wgpu::BufferUsages::COPY_DST,
+                usage: self.storage_usage(),
                 mapped_at_creation: false,
             })
         })?;
@@ -315,6 +362,12 @@ impl Backend for WgpuBackend {
             return Ok(Ticket::done());
         }
         let dst = self.buffer(dst)?;
+        if self.mapped {
+            // SAFETY: the caller keeps src valid and unwritten until the ticket completes; it
+            // is read only here, before this call returns.
+            self.write_mapped(dst, unsafe { src.bytes() })?;
+            return Ok(Ticket::done());
+        }
         let kernels = if !src.len().is_multiple_of(4) { Some(self.kernels()?) } else { None };
         // SAFETY: the caller keeps src valid and unwritten until the ticket completes; it is
         // read only here, before this call returns.
@@ -322,7 +375,7 @@ impl Backend for WgpuBackend {
         let n = bytes.len();
         let whole = n - n % 4;
         let context = &*self.context;
-        let submission = context.scoped("upload", n, || -> Result<wgpu::SubmissionIndex> {
+        context.scoped("upload", n, || -> Result<()> {
             let staging = match self.staging.take(Direction::Upload, whole as u64) {
                 Some(staging) => staging,
                 None if whole > 0 => Staging::create(context, Direction::Upload, whole as u64),
@@ -336,11 +389,11 @@ impl Backend for WgpuBackend {
                 view.copy_from_slice(&bytes[..whole]);
             }
             staging.unmap();
-            let index = self.upload_tail(kernels.as_deref(), dst, bytes, Some(&staging))?;
+            self.upload_tail(kernels.as_deref(), dst, bytes, Some(&staging))?;
             self.staging.recycle_upload(staging);
-            Ok(index)
+            Ok(())
         })??;
-        Ok(self.submitted(submission))
+        Ok(self.submitted())
     }
 
     unsafe fn download(
@@ -355,6 +408,12 @@ impl Backend for WgpuBackend {
             return Ok(Ticket::done());
         }
         let src = self.buffer(src)?;
+        if self.mapped {
+            // SAFETY: the caller keeps dst valid, and untouched by anyone else, until the
+            // ticket completes; it is written only here, before this call returns.
+            self.read_mapped(src, unsafe { dst.bytes_mut() })?;
+            return Ok(Ticket::done());
+        }
         let (n, size) = (dst.len(), padded(dst.len()));
         let context = &*self.context;
         let completion = context.scoped("download", n, || {
@@ -364,8 +423,8 @@ impl Backend for WgpuBackend {
                 .unwrap_or_else(|| Staging::create(context, Direction::Download, size));
             let mut encoder = self.encoder();
             encoder.copy_buffer_to_buffer(src, 0, &staging, 0, size);
-            let submission = context.queue.submit([encoder.finish()]);
-            let completion = WgpuCompletion::new(self.context.clone(), Some(submission));
+            context.queue.submit([encoder.finish()]);
+            let completion = WgpuCompletion::new(self.context.clone());
             let (done, pool, mapped_buffer) =
                 (completion.clone(), Arc::downgrade(&self.staging), staging.clone());
             staging.map_async(wgpu::MapMode::Read, ..size, move |mapped| {
@@ -485,9 +544,11 @@ impl Backend for WgpuBackend {
 
     fn marker(&self, stream: &dyn StreamHandle) -> Result<Ticket> {
         let stream = self.stream(stream)?;
-        let submission = self.context.scoped("Queue::submit", 0, || self.context.queue.submit([]))?;
+        self.context.scoped("Queue::submit", 0, || {
+            self.context.queue.submit([]);
+        })?;
         let mut parts = stream.pending();
-        parts.push(self.submitted(submission));
+        parts.push(self.submitted());
         Ok(Ticket::all(parts))
     }
 
@@ -509,6 +570,56 @@ impl Backend for WgpuBackend {
 }
 
 impl WgpuBackend {
+    fn storage_usage(&self) -> wgpu::BufferUsages {
+        let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
+        if self.mapped { usage | wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::MAP_WRITE } else { usage }
+    }
+
+    /// Maps the first `size` bytes of `buffer` and waits for the mapping: wgpu grants it once
+    /// the work submitted so far that uses the buffer is done.
+    fn map(&self, buffer: &wgpu::Buffer, mode: wgpu::MapMode, size: u64) -> Result<()> {
+        let completion = WgpuCompletion::new(self.context.clone());
+        let done = completion.clone();
+        self.context.scoped("Buffer::map_async", 0, || {
+            buffer.map_async(mode, ..size, move |mapped| {
+                done.finish(mapped.map_err(|_| wgpu_error("Buffer::map_async", Status::MapFailed)))
+            })
+        })?;
+        crate::backend::Completion::wait(&*completion)
+    }
+
+    /// Copies `bytes` into the start of `buffer` through a mapping of the buffer itself; the
+    /// bytes after them (to the next word) are left as they were.
+    fn write_mapped(&self, buffer: &wgpu::Buffer, bytes: &[u8]) -> Result<()> {
+        let size = padded(bytes.len());
+        self.map(buffer, wgpu::MapMode::Write, size)?;
+        self.context
+            .scoped("BufferSlice::get_mapped_range_mut", bytes.len(), || {
+                let copied = buffer.slice(..size).get_mapped_range_mut().map(|mut view| {
+                    view.slice(..bytes.len()).copy_from_slice(bytes);
+                });
+                buffer.unmap();
+                copied.map_err(|_| wgpu_error("BufferSlice::get_mapped_range_mut", Status::MapFailed))
+            })
+            .and_then(|copied| copied)
+    }
+
+    /// Copies the first `out.len()` bytes of `buffer` into `out` through a mapping of the
+    /// buffer itself.
+    fn read_mapped(&self, buffer: &wgpu::Buffer, out: &mut [u8]) -> Result<()> {
+        let size = padded(out.len());
+        self.map(buffer, wgpu::MapMode::Read, size)?;
+        self.context
+            .scoped("BufferSlice::get_mapped_range", out.len(), || {
+                let copied = buffer.slice(..size).get_mapped_range().map(|view| {
+                    crate::host_memory::copy_bytes(out, &view[..out.len()]);
+                });
+                buffer.unmap();
+                copied.map_err(|_| wgpu_error("BufferSlice::get_mapped_range", Status::MapFailed))
+            })
+            .and_then(|copied| copied)
+    }
+
     /// Inside the upload's error scope: records the copy of the whole words from `staging`
     /// and the merge of the last partial word of `bytes`, and submits them.
     fn upload_tail(
@@ -517,7 +628,7 @@ impl WgpuBackend {
         dst: &wgpu::Buffer,
         bytes: &[u8],
         staging: Option<&wgpu::Buffer>,
-    ) -> Result<wgpu::SubmissionIndex> {
+    ) -> Result<()> {
         let n = bytes.len();
         let whole = n - n % 4;
         let mut encoder = self.encoder();
@@ -536,6 +647,7 @@ impl WgpuBackend {
                 kernels::mask(n - whole),
             );
         }
-        Ok(self.context.queue.submit([encoder.finish()]))
+        self.context.queue.submit([encoder.finish()]);
+        Ok(())
     }
 }

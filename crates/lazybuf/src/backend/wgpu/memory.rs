@@ -23,6 +23,8 @@ pub(crate) struct Context {
     lost: Mutex<Option<String>>,
     /// The last error wgpu reported outside lazybuf's error scopes (a user's own work).
     uncaptured: Mutex<Option<String>>,
+    /// Held while lazybuf polls the device (see [`Context::poll`]).
+    polling: Mutex<()>,
 }
 
 impl std::fmt::Debug for Context {
@@ -40,8 +42,14 @@ impl Context {
     /// Takes over an opened device and queue, and installs handlers so that wgpu never
     /// panics on an error: uncaptured errors are recorded, a lost device is remembered.
     pub(crate) fn new(device: wgpu::Device, queue: wgpu::Queue, name: String) -> Arc<Context> {
-        let context =
-            Arc::new(Context { device, queue, name, lost: Mutex::new(None), uncaptured: Mutex::new(None) });
+        let context = Arc::new(Context {
+            device,
+            queue,
+            name,
+            lost: Mutex::new(None),
+            uncaptured: Mutex::new(None),
+            polling: Mutex::new(()),
+        });
         let weak = Arc::downgrade(&context);
         context.device.on_uncaptured_error(Arc::new(move |error: wgpu::Error| {
             if let Some(context) = weak.upgrade() {
@@ -92,7 +100,7 @@ impl Context {
     pub(crate) fn scoped<T>(&self, call: &'static str, bytes: usize, f: impl FnOnce() -> T) -> Result<T> {
         // A destroyed device is reported lost only by a poll (wgpu then runs the device-lost
         // callback), and calls on it raise no error at all: poll first, so they are refused.
-        self.poll(None)?;
+        self.poll()?;
         let memory = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let internal = self.device.push_error_scope(wgpu::ErrorFilter::Internal);
@@ -133,20 +141,26 @@ impl Context {
         }
     }
 
-    /// Polls the device: runs the callbacks of finished work. With `wait`, first waits up to
-    /// that long for `submission` (or all submitted work). A lost device, or a poll that
-    /// panics (wgpu does on some device errors), is an error and marks the device lost.
-    pub(crate) fn poll(&self, wait: Option<(Option<wgpu::SubmissionIndex>, Duration)>) -> Result<()> {
+    /// Polls the device without waiting: runs the callbacks of finished work. A lost device,
+    /// or a poll that panics (wgpu does on some device errors), is an error and marks the
+    /// device lost.
+    ///
+    /// lazybuf never asks wgpu to wait (`PollType::Wait`): a waiting poll that overlaps another
+    /// thread's poll or submit can trip an assertion in wgpu-core 30 (a stale fence value
+    /// against a queue the other thread emptied; fixed upstream after 30.0.1, gfx-rs/wgpu#9958),
+    /// which would surface here as a lost device. Waiting is done by [`WgpuCompletion::wait`],
+    /// polling with a growing pause. A poll that finds another of lazybuf's running does
+    /// nothing: that one runs the callbacks.
+    pub(crate) fn poll(&self) -> Result<()> {
         self.check_alive()?;
-        let poll_type = match wait {
-            None => wgpu::PollType::Poll,
-            Some((submission_index, timeout)) => {
-                wgpu::PollType::Wait { submission_index, timeout: Some(timeout) }
-            }
+        let _turn = match self.polling.try_lock() {
+            Ok(turn) => turn,
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return Ok(()),
         };
         // Unwind safety: after a panic the device is marked lost and not polled again.
-        match std::panic::catch_unwind(AssertUnwindSafe(|| self.device.poll(poll_type))) {
-            Ok(Ok(_)) | Ok(Err(wgpu::PollError::Timeout)) => self.check_alive(),
+        match std::panic::catch_unwind(AssertUnwindSafe(|| self.device.poll(wgpu::PollType::Poll))) {
+            Ok(Ok(_)) => self.check_alive(),
             Ok(Err(_)) => Err(wgpu_error("Device::poll", Status::PollFailed)),
             Err(payload) => {
                 Err(self.mark_lost(format!("Device::poll panicked: {}", panic_message(&*payload))))
@@ -199,7 +213,11 @@ impl WgpuStream {
     /// Remembers a download's ticket until it completes.
     pub(super) fn track(&self, ticket: &Ticket) {
         let mut pending = lock(&self.pending);
-        pending.retain(|t| !matches!(t.completion().map(|c| c.poll()), Some(Ok(true))));
+        pending.retain(|t| {
+            t.completion()
+                .and_then(|c| (&**c as &dyn std::any::Any).downcast_ref::<WgpuCompletion>())
+                .is_none_or(|c| c.outcome().is_none())
+        });
         pending.push(ticket.clone());
     }
 
@@ -218,11 +236,10 @@ impl StreamHandle for WgpuStream {
 
 /// Work that completes when a wgpu callback says so (`on_submitted_work_done`, a mapping's
 /// callback). Polling it polls the device, which is where wgpu runs callbacks; waiting polls
-/// until its submission is done, then waits for the callback (which another thread's poll may
-/// be running).
+/// with a growing pause (10 to 250 µs) until the callback has run, here or on the thread whose
+/// poll picked it up.
 pub struct WgpuCompletion {
     context: Arc<Context>,
-    submission: Option<wgpu::SubmissionIndex>,
     outcome: Mutex<Option<Result<()>>>,
     finished: Condvar,
 }
@@ -238,17 +255,15 @@ impl std::fmt::Debug for WgpuCompletion {
     }
 }
 
-/// How long one wait on the device lasts before the completion looks again (and notices a
-/// lost device).
-const WAIT_SLICE: Duration = Duration::from_millis(100);
+/// The first and the longest pause between two polls of a wait. A callback that another
+/// thread's poll runs ends the pause at once.
+const FIRST_PAUSE: Duration = Duration::from_micros(10);
+const LONGEST_PAUSE: Duration = Duration::from_micros(250);
 
 impl WgpuCompletion {
-    /// A completion of work in `submission` (or of the last submission), not finished yet.
-    pub(super) fn new(
-        context: Arc<Context>,
-        submission: Option<wgpu::SubmissionIndex>,
-    ) -> Arc<WgpuCompletion> {
-        Arc::new(WgpuCompletion { context, submission, outcome: Mutex::new(None), finished: Condvar::new() })
+    /// A completion that a callback of `context`'s device will finish.
+    pub(super) fn new(context: Arc<Context>) -> Arc<WgpuCompletion> {
+        Arc::new(WgpuCompletion { context, outcome: Mutex::new(None), finished: Condvar::new() })
     }
 
     /// Records the outcome (the first one counts) and wakes every waiter.
@@ -275,30 +290,25 @@ impl Completion for WgpuCompletion {
         if let Some(outcome) = self.outcome() {
             return outcome.map(|()| true);
         }
-        if let Err(err) = self.context.poll(None) {
+        if let Err(err) = self.context.poll() {
             self.finish(Err(err));
         }
         self.outcome().map_or(Ok(false), |outcome| outcome.map(|()| true))
     }
 
     fn wait(&self) -> Result<()> {
+        let mut pause = FIRST_PAUSE;
         loop {
-            if let Some(outcome) = self.outcome() {
-                return outcome;
-            }
-            if let Err(err) = self.context.poll(Some((self.submission.clone(), WAIT_SLICE))) {
+            if let Err(err) = self.context.poll() {
                 self.finish(Err(err));
-                continue;
             }
-            // The submission is done (or the slice is over); the callback has run, or is
-            // running on the thread whose poll picked it up.
             let slot = lock(&self.outcome);
-            if slot.is_none() {
-                let _ = self
-                    .finished
-                    .wait_timeout(slot, Duration::from_millis(1))
-                    .unwrap_or_else(PoisonError::into_inner);
+            if let Some(outcome) = &*slot {
+                return outcome.clone();
             }
+            // Until the next poll, a callback run by another thread's poll wakes this one.
+            drop(self.finished.wait_timeout(slot, pause).unwrap_or_else(PoisonError::into_inner));
+            pause = (pause * 2).min(LONGEST_PAUSE);
         }
     }
 }

@@ -32,7 +32,10 @@ mod kernels;
 mod memory;
 mod staging;
 
-pub use device::WgpuBackend;
+/// The `wgpu` crate lazybuf is built with, for work on lazybuf's devices and buffers
+/// ([`crate::backend::RawMemory::Wgpu`] is a `wgpu::Buffer` of this version).
+pub use ::wgpu;
+pub use device::{WgpuBackend, WgpuOptions};
 pub use memory::{WgpuCompletion, WgpuMemory, WgpuStream};
 
 use std::panic::AssertUnwindSafe;
@@ -110,6 +113,19 @@ fn open_adapters() -> Result<Vec<Arc<dyn Backend>>> {
         return Err(unavailable(format!("no wgpu adapter could be opened: {}", failures.join("; "))));
     }
     Ok(devices)
+}
+
+/// The graphics API's own handle of the buffer behind `memory` (a `RawMemory::Wgpu`), as an
+/// integer: the `VkBuffer` on Vulkan; `None` for an empty allocation and on other APIs. For
+/// bindings that hand buffers to code outside Rust (the Python package's `DeviceMemoryView`).
+///
+/// # Safety
+/// `memory` is a `RawMemory::Wgpu` of a live allocation (from a device view, while it lives).
+pub unsafe fn native_buffer_handle(memory: crate::backend::RawMemory) -> Option<u64> {
+    let crate::backend::RawMemory::Wgpu(buffer) = memory else { return None };
+    // SAFETY: the caller's promise: the pointer is null or a live wgpu::Buffer.
+    let buffer = unsafe { buffer.as_ref() }?;
+    native::buffer_handle(buffer)
 }
 
 /// What a caught panic said.
@@ -196,6 +212,12 @@ pub(crate) mod native {
             .sum()
     }
 
+    /// The graphics API's own handle of `buffer` as an integer: the `VkBuffer` on Vulkan;
+    /// `None` on other APIs (lazybuf has not run on them).
+    pub(crate) fn buffer_handle(buffer: &wgpu::Buffer) -> Option<u64> {
+        vulkan::buffer_handle(buffer)
+    }
+
     /// One device-local heap: its size, and (budget, usage) where the driver reports them.
     pub(crate) struct Heap {
         pub(crate) size: u64,
@@ -205,8 +227,17 @@ pub(crate) mod native {
     #[cfg(not(target_arch = "wasm32"))]
     mod vulkan {
         use ash::vk;
+        use ash::vk::Handle;
 
         use super::Heap;
+
+        pub(crate) fn buffer_handle(buffer: &wgpu::Buffer) -> Option<u64> {
+            // SAFETY: the hal buffer is only read (its handle, returned as a number); nothing
+            // is destroyed through it, and the guard is dropped before returning.
+            let hal = unsafe { buffer.as_hal::<wgpu::hal::api::Vulkan>() }?;
+            // SAFETY: the handle is not destroyed here (raw_handle's only requirement).
+            Some(unsafe { hal.raw_handle() }.as_raw())
+        }
 
         /// The device-local heaps of a Vulkan adapter; `None` for other APIs.
         pub(crate) fn heaps(adapter: &wgpu::Adapter) -> Option<Vec<Heap>> {
@@ -247,6 +278,10 @@ pub(crate) mod native {
     #[cfg(target_arch = "wasm32")]
     mod vulkan {
         pub(crate) fn heaps(_: &wgpu::Adapter) -> Option<Vec<super::Heap>> {
+            None
+        }
+
+        pub(crate) fn buffer_handle(_: &wgpu::Buffer) -> Option<u64> {
             None
         }
     }
