@@ -6,12 +6,15 @@
 //!   buffer, submitted and waited for; to the host, a copy into a `MAP_READ` staging buffer
 //!   (made once, reused), `map_async`, a wait, and a copy out of the mapping into the host
 //!   vector; on lazybuf's own device and queue;
-//! - `lazybuf`: lazybuf's sync of a buffer whose host and device memory are allocated and
-//!   touched before measuring (each iteration first marks the other side dirty, a state change,
-//!   so the sync really moves the bytes);
-//! - `mapped` (the zero-copy question): on a second device opened with
-//!   `MAPPABLE_PRIMARY_BUFFERS` where the adapter has it, the storage buffer itself is mapped
-//!   (`map_async`, a wait, a copy, `unmap`): what syncing without a staging buffer would cost.
+//! - `lazybuf`: lazybuf's sync as it runs by default, of a buffer whose host and device memory
+//!   are allocated and touched before measuring (each iteration first marks the other side
+//!   dirty, a state change, so the sync really moves the bytes); on a host-sharing adapter with
+//!   `MAPPABLE_PRIMARY_BUFFERS` (lavapipe) that maps the storage buffer itself;
+//! - `staging`: the same on the adapter opened with `WgpuOptions { mapped_transfers: false }`,
+//!   the staging-buffer path every other adapter takes;
+//! - `mapped`: the raw counterpart of lazybuf's default path where the adapter allows it: on a
+//!   device opened with `MAPPABLE_PRIMARY_BUFFERS`, the storage buffer itself is mapped
+//!   (`map_async`, a wait, a copy, `unmap`).
 //!
 //! After the measurements the bench prints, for each size, raw time / variant time: 1.0 means
 //! the same speed, above 1 faster than raw.
@@ -24,7 +27,7 @@ use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput};
 use lazybuf::backend::RawDevice;
-use lazybuf::backend::wgpu::wgpu;
+use lazybuf::backend::wgpu::{WgpuBackend, WgpuOptions, wgpu};
 use lazybuf::{BackendKind, Device, UnifiedBuffer};
 
 const KIB: usize = 1024;
@@ -164,12 +167,24 @@ fn warm_buffer(device: &Device, bytes: usize) -> UnifiedBuffer<u8> {
     buf
 }
 
+/// The same adapter opened with staging transfers (`None` where that is already the default).
+fn staging_twin(device: &Device) -> Option<Device> {
+    let backend = (device.backend() as &dyn std::any::Any).downcast_ref::<WgpuBackend>()?;
+    if !backend.maps_for_transfers() {
+        return None;
+    }
+    let twin =
+        WgpuBackend::open_with(backend.adapter().clone(), WgpuOptions { mapped_transfers: false }).ok()?;
+    Some(Device::from_backend(std::sync::Arc::new(twin)))
+}
+
 fn bench_device(c: &mut Criterion, name: &str, device: &Device) -> Vec<String> {
     // SAFETY (bench): lazybuf's device and queue stay valid while `device` lives.
     let RawDevice::Wgpu { device: gpu, queue } = (unsafe { device.raw() }) else { unreachable!() };
     // SAFETY (bench): see above.
     let (gpu, queue) = unsafe { (&*gpu, &*queue) };
     let mappable = mappable_device(device.name());
+    let staging = staging_twin(device);
     let mut groups = Vec::new();
     for (direction, to_device) in [("to_device", true), ("to_host", false)] {
         let group_name = format!("wgpu_sync_{direction}/{name}");
@@ -189,9 +204,10 @@ fn bench_device(c: &mut Criterion, name: &str, device: &Device) -> Vec<String> {
                     if to_device { b.iter(|| raw.write(&host)) } else { b.iter(|| raw.read(&mut host)) }
                 });
             }
-            {
+            for (variant, device) in [("lazybuf", Some(device)), ("staging", staging.as_ref())] {
+                let Some(device) = device else { continue };
                 let mut buf = warm_buffer(device, bytes);
-                group.bench_function(BenchmarkId::new("lazybuf", label(bytes)), |b| {
+                group.bench_function(BenchmarkId::new(variant, label(bytes)), |b| {
                     if to_device {
                         b.iter(|| {
                             buf.mark_host_dirty().unwrap();
@@ -250,15 +266,17 @@ fn main() {
     for (device, groups) in report {
         for group in groups {
             println!(
-                "\n{device}: {group}\n\n| size | raw | lazybuf | ratio | mapped | ratio |\n|---|---|---|---|---|---|"
+                "\n{device}: {group}\n\n| size | raw | lazybuf | ratio | staging path | ratio | raw mapped | ratio |\n|---|---|---|---|---|---|---|---|"
             );
             for bytes in sizes() {
                 let l = label(bytes);
                 let get = |f: &str| median_ns(&out, &group, f, &l);
                 let (Some(raw), Some(lazy)) = (get("raw"), get("lazybuf")) else { continue };
-                let mapped = get("mapped")
-                    .map_or_else(|| "n/a | n/a".to_string(), |m| format!("{} | {:.2}", fmt(m), raw / m));
-                println!("| {l} | {} | {} | {:.3} | {mapped} |", fmt(raw), fmt(lazy), raw / lazy);
+                let other = |f: &str| {
+                    get(f).map_or_else(|| "n/a | n/a".to_string(), |t| format!("{} | {:.3}", fmt(t), raw / t))
+                };
+                let (staging, mapped) = (other("staging"), other("mapped"));
+                println!("| {l} | {} | {} | {:.3} | {staging} | {mapped} |", fmt(raw), fmt(lazy), raw / lazy);
             }
         }
     }

@@ -110,9 +110,12 @@ pub fn select_device(selector: &str) -> Result<Device> {
     // answer to it.
     let alias = SELECTOR_ALIASES.iter().find(|(alias, _)| *alias == name).map(|&(_, kind)| kind);
     let backend = crate::backend::kinds().find(|b| b.name() == name).or(alias).ok_or_else(|| {
+        // Each backend's name, then the aliases of its devices.
         let names: Vec<String> = crate::backend::kinds()
-            .map(|b| b.name())
-            .chain(SELECTOR_ALIASES.iter().map(|(alias, _)| *alias))
+            .flat_map(|kind| {
+                std::iter::once(kind.name())
+                    .chain(SELECTOR_ALIASES.iter().filter(move |(_, k)| *k == kind).map(|(alias, _)| *alias))
+            })
             .map(|b| format!("{b}[:N]"))
             .collect();
         not_found(format!("expected one of gpu, {}; got {name:?}", names.join(", ")))

@@ -14,7 +14,8 @@
 //!   and puts it back.
 //!
 //! Buffers are kept per size class (powers of two from [`MIN_CLASS`]), at most
-//! [`MAX_CACHED`] bytes per direction; [`Staging::trim`] drops them all.
+//! [`MAX_CACHED`] bytes per direction (the longest kept go first); [`Staging::trim`] drops them
+//! all.
 //!
 //! What does not live here: the copies themselves (`device.rs`).
 
@@ -61,17 +62,22 @@ impl Staging {
         let class = class(bytes);
         let mut list = self.list(direction).lock().unwrap_or_else(PoisonError::into_inner);
         let at = list.iter().position(|b| b.size() == class)?;
-        Some(list.swap_remove(at))
+        Some(list.remove(at))
     }
 
     /// Keeps `buffer` (mapped for an upload, unmapped for a download) for the next transfer,
-    /// unless that would keep more than [`MAX_CACHED`] bytes.
+    /// dropping the buffers kept longest as needed to stay within [`MAX_CACHED`] bytes (a
+    /// buffer larger than that is not kept).
     pub(super) fn give_back(&self, direction: Direction, buffer: wgpu::Buffer) {
-        let mut list = self.list(direction).lock().unwrap_or_else(PoisonError::into_inner);
-        let kept: u64 = list.iter().map(wgpu::Buffer::size).sum();
-        if kept + buffer.size() <= MAX_CACHED {
-            list.push(buffer);
+        if buffer.size() > MAX_CACHED {
+            return;
         }
+        let mut list = self.list(direction).lock().unwrap_or_else(PoisonError::into_inner);
+        let mut kept: u64 = list.iter().map(wgpu::Buffer::size).sum();
+        while kept + buffer.size() > MAX_CACHED && !list.is_empty() {
+            kept -= list.remove(0).size();
+        }
+        list.push(buffer);
     }
 
     /// Drops every kept buffer.
