@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what is missing, then runs every lazybuf test: formatting and lints, the Rust suites
-# on the host device and on a real OpenCL runtime (PoCL's CPU device), the CUDA backend
-# through the CUDA driver test double, and the Python package's tests. Fails on any failure.
+# on the host device, on a real OpenCL runtime (PoCL's CPU device) and on a real Vulkan driver
+# through wgpu (Mesa's lavapipe), the CUDA backend through the CUDA driver test double, and the
+# Python package's tests. Fails on any failure.
 #
 # Usage: bash scripts/test.sh        (from anywhere; needs no input)
 set -euo pipefail
@@ -9,9 +10,10 @@ cd "$(dirname "$0")/.."
 
 step() { printf '\n==> %s\n' "$*"; }
 
-# --- system packages: PoCL (OpenCL on the CPU), the ICD loader, valgrind ----------------------
+# --- system packages: PoCL (OpenCL on the CPU), the ICD loader, lavapipe (Vulkan on the CPU) and
+# the Vulkan loader, valgrind --------------------------------------------------------------------
 missing=()
-for pkg in pocl-opencl-icd ocl-icd-opencl-dev clinfo valgrind; do
+for pkg in pocl-opencl-icd ocl-icd-opencl-dev clinfo mesa-vulkan-drivers libvulkan1 valgrind; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
 done
 if [ "${#missing[@]}" -gt 0 ]; then
@@ -22,10 +24,16 @@ if [ "${#missing[@]}" -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 clinfo -l
+ls /usr/share/vulkan/icd.d/
+# Mesa's Vulkan drivers complain on stderr when XDG_RUNTIME_DIR is unset (harmless).
+if [ -z "${XDG_RUNTIME_DIR:-}" ]; then
+  XDG_RUNTIME_DIR="$(mktemp -d)"
+  export XDG_RUNTIME_DIR
+fi
 
 # --- Rust: lints, one build, then the test binaries from that build ---------------------------
-# A missing OpenCL device is a failure here, not a smaller test run.
-export LAZYBUF_REQUIRE=opencl
+# A missing OpenCL or wgpu (lavapipe) device is a failure here, not a smaller test run.
+export LAZYBUF_REQUIRE=opencl,wgpu
 export PROPTEST_CASES="${PROPTEST_CASES:-2000}"
 
 step "cargo fmt --check"
@@ -34,13 +42,14 @@ step "cargo clippy (all targets, all features)"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 step "build the tests once"
 cargo test --workspace --all-features --no-run
-step "Rust tests: host and OpenCL (PoCL)"
+step "Rust tests: host, OpenCL (PoCL) and wgpu (lavapipe)"
 cargo test --workspace --all-features
 
 step "scripts/test-cuda-double.sh: the Rust suite again on the CUDA driver test double"
 bash scripts/test-cuda-double.sh
 
-# --- valgrind: the contract, fault and pool suites, with the host, PoCL and the CUDA double ---
+# --- valgrind: the contract, fault and pool suites, with the host, PoCL, lavapipe and the CUDA double
+# With lavapipe too (about 25 s more on 2 cores; one suppression for a leak inside the driver).
 step "valgrind: contract, faults, pool (0 errors; definite leaks count as errors)"
 double="$PWD/target/cuda-double"
 binaries=$(cargo test -p lazybuf --all-features --no-run --message-format=json 2>/dev/null | python3 -c '
@@ -52,7 +61,7 @@ for line in sys.stdin:
         print(m["executable"])')
 for binary in $binaries; do
   echo "valgrind $(basename "$binary")"
-  LD_LIBRARY_PATH="$double${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" LAZYBUF_REQUIRE=opencl,cuda \
+  LD_LIBRARY_PATH="$double${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" LAZYBUF_REQUIRE=opencl,cuda,wgpu \
     valgrind -q --suppressions=scripts/valgrind.supp --error-exitcode=1 --leak-check=full \
     --errors-for-leak-kinds=definite "$binary" --test-threads=1 -q
 done

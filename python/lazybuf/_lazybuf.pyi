@@ -134,7 +134,9 @@ class UnifiedBuffer:
 
     @property
     def metal(self) -> Any:
-        """Raises ``BackendUnavailableError``: this build has no Metal backend."""
+        """The buffer on a Metal device (a wgpu device on Metal), synced there: what ``device``
+        gives on that device; a device read. Raises ``BackendUnavailableError`` where there is
+        no Metal device (anywhere but macOS)."""
 
     @property
     def shape(self) -> tuple[int, ...]: ...
@@ -194,8 +196,9 @@ class UnifiedBuffer:
         """Declare a device write (after a kernel): the host copy becomes stale."""
 
     def mark_metal_dirty(self) -> None:
-        """Raises ``MetalUnavailableError`` (a ``BackendUnavailableError`` and a
-        ``MetalError``): this build has no Metal backend, so there is no Metal copy to mark."""
+        """Declare a write on the Metal device ``metal`` uses: every other copy becomes stale.
+        Raises ``MetalUnavailableError`` (a ``BackendUnavailableError`` and PyDotCompute's
+        ``MetalError``) where there is no Metal device."""
 
     def fill(self, value: Any) -> UnifiedBuffer:
         """Set every element to ``value`` where the data is current, with no transfer (a
@@ -323,7 +326,7 @@ class Device:
     def name(self) -> str: ...
     @property
     def backend(self) -> str:
-        """``"host"``, ``"opencl"`` or ``"cuda"``."""
+        """``"host"``, ``"opencl"``, ``"cuda"`` or ``"wgpu"``."""
 
     @property
     def vendor(self) -> str: ...
@@ -549,8 +552,8 @@ def trim() -> int:
 
 @final
 class DeviceMemoryView:
-    """A buffer's device copy as raw handles (when no array library fits); keeps the memory
-    alive."""
+    """A buffer's device copy as raw handles (when no array library fits; always on wgpu
+    devices, where ``ptr`` is the ``VkBuffer`` on Vulkan); keeps the memory alive."""
 
     @property
     def backend(self) -> str: ...

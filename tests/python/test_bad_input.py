@@ -94,7 +94,11 @@ def test_bfloat16_without_ml_dtypes_is_a_clear_type_error():
 @pytest.mark.parametrize(
     "device,match",
     [
-        ("tpu", r"expected one of gpu, cuda\[:N\], opencl\[:N\], host\[:N\]"),
+        (
+            "tpu",
+            r"expected one of gpu, cuda\[:N\], opencl\[:N\], "
+            r"(wgpu\[:N\], vulkan\[:N\], metal\[:N\], dx12\[:N\], )?host\[:N\]",
+        ),
         ("host:7", "out of range"),
         ("host:x", "non-negative integer"),
         ("cuda", "cuda has no device"),

@@ -20,7 +20,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyInt, PyString};
 
-use lazybuf::{BackendKind, Device, MemorySource};
+use lazybuf::{Device, MemorySource};
 
 use crate::errors::OrPyErr;
 
@@ -100,7 +100,7 @@ impl PyDevice {
         self.device.name()
     }
 
-    /// `"host"`, `"opencl"` or `"cuda"`.
+    /// `"host"`, `"opencl"`, `"cuda"` or `"wgpu"`.
     #[getter]
     fn backend(&self) -> &'static str {
         self.device.backend_kind().name()
@@ -326,15 +326,13 @@ impl Accelerator {
             .collect()
     }
 
-    /// Whether a backend has at least one device: `"cuda"`, `"opencl"`, `"host"`, `"metal"`.
+    /// Whether a backend has at least one device: `"cuda"`, `"opencl"`, `"wgpu"`, `"host"`,
+    /// or a graphics API under wgpu (`"vulkan"`, `"metal"`, `"dx12"`).
     fn is_available(&self, backend: &str) -> bool {
-        let kind = match backend.trim().to_ascii_lowercase().as_str() {
-            "host" => BackendKind::HOST,
-            "opencl" => BackendKind::OPENCL,
-            "cuda" => BackendKind::CUDA,
-            _ => return false,
-        };
-        lazybuf::devices().iter().any(|d| d.backend_kind() == kind)
+        let name = backend.trim().to_ascii_lowercase();
+        let known = lazybuf::backend::kinds().any(|kind| kind.name() == name)
+            || lazybuf::backend::SELECTOR_ALIASES.iter().any(|(alias, _)| *alias == name);
+        known && lazybuf::select_device(&name).is_ok()
     }
 
     /// Waits for all work queued on the current device.

@@ -317,12 +317,33 @@ impl UnifiedBuffer {
     }
 }
 
-fn metal_unavailable() -> PyErr {
-    let reason = "this lazybuf build has no Metal backend (Metal needs macOS and Apple silicon)";
+/// The Metal device `.metal` and `mark_metal_dirty()` use: the buffer's own device when it is
+/// a wgpu device on Metal, else the first Metal device lazybuf found; a clear
+/// `MetalUnavailableError` (a `BackendUnavailableError`, and PyDotCompute's `MetalError`)
+/// where there is none.
+fn metal_device(home: &Device) -> PyResult<Device> {
+    if home.backend().answers_to("metal") {
+        return Ok(home.clone());
+    }
+    if !lazybuf::backend::SELECTOR_ALIASES.iter().any(|(name, _)| *name == "metal") {
+        return Err(metal_unavailable(
+            "this lazybuf build has no Metal backend (it comes with the wgpu feature, on macOS)",
+        ));
+    }
+    lazybuf::select_device("metal").map_err(|err| {
+        let why = match err {
+            lazybuf::Error::DeviceNotFound { reason, .. } => reason,
+            other => other.to_string(),
+        };
+        metal_unavailable(&format!("{why} (Metal needs macOS)"))
+    })
+}
+
+fn metal_unavailable(reason: &str) -> PyErr {
     MetalUnavailableError::new_err((
         format!("Metal is not available: {reason}; use .device for the buffer's own device"),
         "metal",
-        reason,
+        reason.to_string(),
     ))
 }
 
@@ -359,6 +380,8 @@ fn device_access<'py>(slf: &Bound<'py, UnifiedBuffer>, access: Access) -> PyResu
     let key = match handle {
         RawMemory::OpenCl(mem) => mem as usize,
         RawMemory::Cuda(ptr) => ptr as usize,
+        #[cfg(feature = "wgpu")]
+        RawMemory::Wgpu(buffer) => buffer as usize,
         _ => 0,
     };
     let cached = {
@@ -437,11 +460,21 @@ impl UnifiedBuffer {
         device_access(slf, Access::Write)
     }
 
-    /// Metal arrays: raises `BackendUnavailableError` (no Metal backend in this build).
+    /// The buffer on a Metal device (a wgpu device on Metal: this buffer's own device, else
+    /// the first Metal device), synced there: the same object `.device` gives on that device,
+    /// and a device read like `.device` (after a kernel writes it, call `mark_metal_dirty()`).
+    /// Raises `MetalUnavailableError` (a `BackendUnavailableError`) where there is no Metal device.
     #[getter]
-    fn metal(&self) -> PyResult<Py<PyAny>> {
-        self.storage()?;
-        Err(metal_unavailable())
+    fn metal<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        let this = slf.get();
+        let storage = this.storage()?;
+        let metal = metal_device(&this.home)?;
+        if metal == this.home {
+            return device_access(slf, Access::Read);
+        }
+        let handle = storage.device_handle_nogil(py, &metal, Access::Read)?;
+        device_object(py, &storage, &metal, handle, &this.shape, this.elem.dtype, this.descr(py))
     }
 
     /// The dimensions.
@@ -553,10 +586,14 @@ impl UnifiedBuffer {
         self.access_device(py, Access::Write)
     }
 
-    /// Metal writes: raises `BackendUnavailableError` (no Metal backend in this build).
-    fn mark_metal_dirty(&self) -> PyResult<()> {
-        self.storage()?;
-        Err(metal_unavailable())
+    /// Declares a write on the Metal device `.metal` uses (by a Metal kernel): that copy is
+    /// made current, then every other copy is stale. Raises `MetalUnavailableError` where
+    /// there is no Metal device.
+    fn mark_metal_dirty(&self, py: Python<'_>) -> PyResult<()> {
+        let storage = self.storage()?;
+        let metal = metal_device(&self.home)?;
+        storage.device_handle_nogil(py, &metal, Access::Write)?;
+        self.freeze_if_host_stale(py)
     }
 
     /// Sets every element to `value` where the data is current, with no transfer; returns the

@@ -62,12 +62,18 @@ pub fn device_object<'py>(
     Ok(Bound::new(py, view)?.into_any())
 }
 
-/// The address or handle as an integer.
+/// The address or handle as an integer (for wgpu, the graphics API's own buffer handle).
 fn raw_address(handle: RawMemory) -> usize {
     match handle {
         RawMemory::Host(ptr) => ptr as usize,
         RawMemory::OpenCl(mem) => mem as usize,
         RawMemory::Cuda(ptr) => ptr as usize,
+        #[cfg(feature = "wgpu")]
+        RawMemory::Wgpu(_) => {
+            // SAFETY: `handle` is a live allocation's: device_object's caller holds the storage.
+            let native = unsafe { lazybuf::backend::wgpu::native_buffer_handle(handle) };
+            native.unwrap_or(0) as usize
+        }
         _ => 0,
     }
 }
@@ -154,7 +160,8 @@ fn cupy_array<'py>(
 }
 
 /// A buffer's copy on a device, for code that takes raw handles: `ptr` is the `CUdeviceptr`
-/// (CUDA) or `cl_mem` (OpenCL) as an int. Keeps the buffer's memory alive while it lives.
+/// (CUDA), `cl_mem` (OpenCL) or the graphics API's buffer handle (wgpu: a `VkBuffer` on
+/// Vulkan) as an int. Keeps the buffer's memory alive while it lives.
 #[pyclass(name = "DeviceMemoryView", module = "lazybuf", frozen)]
 pub struct DeviceMemoryView {
     device: Device,
@@ -168,14 +175,14 @@ pub struct DeviceMemoryView {
 
 #[pymethods]
 impl DeviceMemoryView {
-    /// `"opencl"` or `"cuda"` (or `"host"`).
+    /// `"opencl"`, `"cuda"` or `"wgpu"` (or `"host"`).
     #[getter]
     fn backend(&self) -> &'static str {
         self.device.backend_kind().name()
     }
 
-    /// The runtime handle as an int: a `CUdeviceptr` (CUDA) or a `cl_mem` (OpenCL); 0 when
-    /// the buffer is empty.
+    /// The runtime handle as an int: a `CUdeviceptr` (CUDA), a `cl_mem` (OpenCL), a `VkBuffer`
+    /// (wgpu on Vulkan; 0 on other graphics APIs); 0 when the buffer is empty.
     #[getter]
     fn ptr(&self) -> usize {
         self.handle
@@ -205,7 +212,8 @@ impl DeviceMemoryView {
         PyDevice::new(self.device.clone())
     }
 
-    /// The runtime's context handle as an int (`cl_context` or `CUcontext`; 0 on the host).
+    /// The runtime's context handle as an int (`cl_context` or `CUcontext`; 0 on the host and
+    /// on wgpu).
     #[getter]
     fn context(&self) -> usize {
         match device_handles(&self.device) {
@@ -216,7 +224,7 @@ impl DeviceMemoryView {
     }
 
     /// The queue lazybuf copies on, as an int (`cl_command_queue` or `CUstream`; 0 on the
-    /// host): enqueue kernels there to order them with lazybuf's copies.
+    /// host and on wgpu): enqueue kernels there to order them with lazybuf's copies.
     #[getter]
     fn queue(&self) -> usize {
         match device_handles(&self.device) {

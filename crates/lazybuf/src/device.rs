@@ -79,6 +79,12 @@ impl Device {
         self.inner.backend.zero_copy(bytes)
     }
 
+    /// Whether the device's buffers can have pinned (page-locked) host copies
+    /// (`BufferOptions::pinned`); where not (wgpu devices), asking for one is an error.
+    pub fn can_pin_host_memory(&self) -> bool {
+        self.inner.backend.pins_host_memory()
+    }
+
     /// Whether a buffer's copy on `source` can fill this device's copy directly (CUDA peer
     /// access), without staging through the host.
     pub fn can_copy_from(&self, source: &Device) -> bool {

@@ -6,11 +6,13 @@
 //! by `LAZYBUF_DEVICE`, the first GPU (in the table's order, so CUDA first), the host.
 //!
 //! Selectors (`LAZYBUF_DEVICE`, [`select_device`]): `host`, `gpu`, a backend name (`opencl`,
-//! `cuda`: its first device), or a backend and an index (`opencl:1`).
+//! `cuda`, `wgpu`: its first device), or a backend and an index (`opencl:1`). wgpu devices also
+//! answer to the graphics API under them (`vulkan`, `metal`, `dx12`, with an index among the
+//! devices of that API: [`crate::backend::SELECTOR_ALIASES`]).
 
 use std::sync::OnceLock;
 
-use crate::backend::REGISTERED;
+use crate::backend::{REGISTERED, SELECTOR_ALIASES};
 use crate::device::Device;
 use crate::error::{BackendKind, Error, Result};
 
@@ -104,22 +106,39 @@ pub fn select_device(selector: &str) -> Result<Device> {
         }
         None => (wanted.clone(), 0),
     };
-    let backend = crate::backend::kinds().find(|b| b.name() == name).ok_or_else(|| {
-        let names: Vec<String> = crate::backend::kinds().map(|b| format!("{b}[:N]")).collect();
+    // A backend's name picks its devices; an alias (`vulkan`) the devices of its backend that
+    // answer to it.
+    let alias = SELECTOR_ALIASES.iter().find(|(alias, _)| *alias == name).map(|&(_, kind)| kind);
+    let backend = crate::backend::kinds().find(|b| b.name() == name).or(alias).ok_or_else(|| {
+        // Each backend's name, then the aliases of its devices.
+        let names: Vec<String> = crate::backend::kinds()
+            .flat_map(|kind| {
+                std::iter::once(kind.name())
+                    .chain(SELECTOR_ALIASES.iter().filter(move |(_, k)| *k == kind).map(|(alias, _)| *alias))
+            })
+            .map(|b| format!("{b}[:N]"))
+            .collect();
         not_found(format!("expected one of gpu, {}; got {name:?}", names.join(", ")))
     })?;
-    let of_backend: Vec<&Device> = registry.devices.iter().filter(|d| d.backend_kind() == backend).collect();
+    let of_backend: Vec<&Device> = registry
+        .devices
+        .iter()
+        .filter(|d| d.backend_kind() == backend && (alias.is_none() || d.backend().answers_to(&name)))
+        .collect();
     if of_backend.is_empty() {
         let why = registry
             .status
             .iter()
             .find(|s| s.backend == backend)
             .and_then(|s| s.devices.clone().err())
-            .unwrap_or_else(|| "no device found".into());
-        return Err(not_found(format!("{backend} has no device: {why}")));
+            .unwrap_or_else(|| match alias {
+                Some(_) => format!("none of {backend}'s devices runs on {name}; devices: {}", known()),
+                None => "no device found".into(),
+            });
+        return Err(not_found(format!("{name} has no device: {why}")));
     }
     of_backend.get(index).map(|d| (*d).clone()).ok_or_else(|| {
-        not_found(format!("{backend} has {} device(s), index {index} is out of range", of_backend.len()))
+        not_found(format!("{name} has {} device(s), index {index} is out of range", of_backend.len()))
     })
 }
 

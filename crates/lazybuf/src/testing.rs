@@ -239,6 +239,10 @@ impl Backend for FaultyDevice {
         self.backend().allocate_host(bytes, pinned)
     }
 
+    fn pins_host_memory(&self) -> bool {
+        self.backend().pins_host_memory()
+    }
+
     fn allocate(&self, bytes: usize) -> Result<DeviceMemory> {
         self.allocation()?;
         self.backend().allocate(bytes)
@@ -398,6 +402,10 @@ impl Backend for FaultyDevice {
 
     fn prepare_host(&self, host: &mut HostMemory) {
         self.backend().prepare_host(host);
+    }
+
+    fn answers_to(&self, selector: &str) -> bool {
+        self.backend().answers_to(selector)
     }
 
     fn trim(&self) {

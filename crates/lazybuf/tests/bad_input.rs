@@ -74,7 +74,7 @@ fn device_allocations_larger_than_the_device_fail_cleanly() {
 fn device_selectors_that_name_nothing() {
     let err = lazybuf::select_device("cuda:7").unwrap_err();
     assert!(matches!(err, Error::DeviceNotFound { .. }), "{err}");
-    let err = lazybuf::select_device("metal").unwrap_err();
+    let err = lazybuf::select_device("tpu").unwrap_err();
     let text = err.to_string();
     assert!(text.contains("expected one of gpu,") && text.contains("host[:N]"), "{err}");
     #[cfg(feature = "cuda")]

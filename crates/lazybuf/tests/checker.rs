@@ -5,7 +5,8 @@
 //!
 //! The "kernel" is the caller's own write of the device memory on the view's stream: a fill
 //! enqueued on lazybuf's OpenCL queue (PoCL, below the zero-copy size), a `cuMemsetD32Async`
-//! on the view's CUDA stream (a GPU, or the driver test double). The switch is process-wide, so the tests hold [`LOCK`].
+//! on the view's CUDA stream (a GPU, or the driver test double), a `Queue::write_buffer` on a
+//! wgpu device's queue (lavapipe). The switch is process-wide, so the tests hold [`LOCK`].
 
 mod common;
 #[cfg(feature = "cuda")]
@@ -60,6 +61,18 @@ fn kernel_write(view: &lazybuf::DeviceView<'_, u32>, value: u32) {
         (RawMemory::Cuda(ptr), RawStream::Cuda(stream)) => {
             cuda_common::kernel_fill_u32(view.device(), ptr, view.len(), value, stream)
         }
+        #[cfg(feature = "wgpu")]
+        (RawMemory::Wgpu(buffer), RawStream::Wgpu(queue)) => {
+            // SAFETY (test): the view's buffer and the device's queue are live while the view is.
+            let (buffer, queue): (
+                &lazybuf::backend::wgpu::wgpu::Buffer,
+                &lazybuf::backend::wgpu::wgpu::Queue,
+            ) = unsafe { (&*buffer, &*queue) };
+            let words = vec![value; view.len()];
+            queue.write_buffer(buffer, 0, bytemuck::cast_slice(&words));
+            queue.submit([]);
+            view.stream().synchronize().unwrap();
+        }
         (other, _) => panic!("no kernel for {other:?}"),
     }
 }
@@ -71,6 +84,18 @@ fn kernel_write(view: &lazybuf::DeviceView<'_, u32>, value: u32) {
     match unsafe { (view.raw(), view.stream().raw()) } {
         (RawMemory::Cuda(ptr), RawStream::Cuda(stream)) => {
             cuda_common::kernel_fill_u32(view.device(), ptr, view.len(), value, stream)
+        }
+        #[cfg(feature = "wgpu")]
+        (RawMemory::Wgpu(buffer), RawStream::Wgpu(queue)) => {
+            // SAFETY (test): the view's buffer and the device's queue are live while the view is.
+            let (buffer, queue): (
+                &lazybuf::backend::wgpu::wgpu::Buffer,
+                &lazybuf::backend::wgpu::wgpu::Queue,
+            ) = unsafe { (&*buffer, &*queue) };
+            let words = vec![value; view.len()];
+            queue.write_buffer(buffer, 0, bytemuck::cast_slice(&words));
+            queue.submit([]);
+            view.stream().synchronize().unwrap();
         }
         (other, _) => panic!("no kernel for {other:?}"),
     }

@@ -10,7 +10,7 @@
 //! Each sequence also draws a configuration:
 //! - where memory comes from: the backends directly, the device's default pool (caching by
 //!   default), a private pool that zeroes reused blocks, or a limiting adaptor over a pool;
-//!   host copies pinned or not;
+//!   host copies pinned or not (where the device has pinned host memory);
 //! - whether copy faults fail at the call or, as a runtime reports failures during execution,
 //!   only when their transfer is waited on;
 //! - whether copies complete at once or only when the sequence says so (`Complete`), in any
@@ -618,7 +618,8 @@ fn run(base: &[Device], len: usize, config: Config, ops: &[Op]) -> Result<(), Te
     let mut h = Harness { devices, plans, armed: None, config };
     let options = BufferOptions {
         device: Some(h.devices[0].clone()),
-        pinned: config.pinned,
+        // Pinned host copies on devices that have them (wgpu refuses; `wgpu.rs` tests that).
+        pinned: config.pinned && h.devices[0].can_pin_host_memory(),
         resource: resource(config, &h.devices[0]),
         ..BufferOptions::default()
     };

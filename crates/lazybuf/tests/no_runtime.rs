@@ -1,40 +1,46 @@
 //! A binary built with every backend starts and works where their runtimes are missing:
 //! absent runtimes are reported, never panicked on.
 //!
-//! The parent test re-runs this test binary as a child process in two situations:
+//! The parent tests re-run this test binary as a child process in these situations:
 //! - the OpenCL ICD loader present but no platform (`OCL_ICD_VENDORS` pointing nowhere,
 //!   `OCL_ICD_FILENAMES` cleared, and /etc/OpenCL/vendors hidden where root);
 //! - no loadable libOpenCL at all: a private mount namespace (`unshare -m`, needs root) hides
 //!   every libOpenCL the dynamic loader could open (its cache, `LD_LIBRARY_PATH`, the default
 //!   directories, CUDA toolkits, which ship a copy of their own) behind /dev/null. Where that is
-//!   impossible, or a copy still loads, the case says so and is skipped.
+//!   impossible, or a copy still loads, the case says so and is skipped;
+//! - (feature `wgpu`) the Vulkan loader present but no driver (`VK_DRIVER_FILES` and
+//!   `VK_ICD_FILENAMES` pointing nowhere, the ICD directories hidden where root), and no
+//!   loadable libvulkan at all (hidden the same way as libOpenCL).
 //!
-//! The child asserts that OpenCL is reported unavailable with a reason, that selecting it is a
-//! clear error, and that buffers work on the default device.
+//! The child asserts that the backend is reported unavailable with a reason, that selecting it
+//! is a clear error, and that buffers work on the default device.
 
 use std::path::PathBuf;
 use std::process::Command;
 
-use lazybuf::{BackendKind, BufferState, Error, UnifiedBuffer};
+use lazybuf::{BufferState, Error, UnifiedBuffer};
 
 const CHILD_ENV: &str = "LAZYBUF_NO_RUNTIME_CHILD";
+/// The backend the child must find missing (default `opencl`).
+const BACKEND_ENV: &str = "LAZYBUF_NO_RUNTIME_BACKEND";
 /// Set when the child may find that OpenCL still loads (a copy of libOpenCL nobody could hide).
 const MAY_SKIP_ENV: &str = "LAZYBUF_NO_RUNTIME_MAY_SKIP";
 
 /// Runs only as the child of the tests below.
 #[test]
-fn child_without_opencl() {
+fn child_without_the_runtime() {
     let Ok(expected) = std::env::var(CHILD_ENV) else { return };
+    let name = std::env::var(BACKEND_ENV).unwrap_or_else(|_| "opencl".into());
     let status = lazybuf::backend_status();
-    let opencl = status.iter().find(|s| s.backend == BackendKind::OPENCL).expect("OpenCL is compiled in");
-    if opencl.devices.is_ok() && std::env::var_os(MAY_SKIP_ENV).is_some() {
-        println!("child skipped: a libOpenCL still loads despite the hiding: {opencl:?}");
+    let backend = status.iter().find(|s| s.backend.name() == name).expect("the backend is compiled in");
+    if backend.devices.is_ok() && std::env::var_os(MAY_SKIP_ENV).is_some() {
+        println!("child skipped: {name} still loads despite the hiding: {backend:?}");
         return;
     }
-    let reason = opencl.devices.clone().expect_err("OpenCL must be unavailable in this child");
+    let reason = backend.devices.clone().expect_err("the backend must be unavailable in this child");
     assert!(reason.contains(&expected), "expected {expected:?} in {reason:?}");
-    assert!(lazybuf::devices().iter().all(|d| d.backend_kind() != BackendKind::OPENCL));
-    let err = lazybuf::select_device("opencl").unwrap_err();
+    assert!(lazybuf::devices().iter().all(|d| d.backend_kind() != backend.backend));
+    let err = lazybuf::select_device(&name).unwrap_err();
     assert!(matches!(err, Error::DeviceNotFound { .. }), "{err}");
     let mut buf = UnifiedBuffer::<f32>::new(&[16]).unwrap();
     buf.host_mut().unwrap().fill(2.0);
@@ -46,7 +52,7 @@ fn child_without_opencl() {
 
 fn child(command: &mut Command, expected: &str) {
     let out = command
-        .args(["--exact", "child_without_opencl", "--nocapture", "--test-threads=1"])
+        .args(["--exact", "child_without_the_runtime", "--nocapture", "--test-threads=1"])
         .env(CHILD_ENV, expected)
         .env_remove("LAZYBUF_REQUIRE")
         .env_remove("LAZYBUF_DEVICE")
@@ -100,6 +106,12 @@ fn no_opencl_platform_is_reported_not_panicked_on() {
 /// every name that links to it): the loader's cache, `LD_LIBRARY_PATH`, the default
 /// directories, and CUDA toolkits.
 fn opencl_libraries() -> Vec<PathBuf> {
+    libraries("libOpenCL.so")
+}
+
+/// Every library whose file name starts with `prefix` that the dynamic loader could open (see
+/// [`opencl_libraries`]).
+fn libraries(prefix: &str) -> Vec<PathBuf> {
     let mut dirs: Vec<PathBuf> = [
         "/usr/lib/x86_64-linux-gnu",
         "/usr/lib/aarch64-linux-gnu",
@@ -128,7 +140,7 @@ fn opencl_libraries() -> Vec<PathBuf> {
     let mut found: Vec<PathBuf> = dirs
         .iter()
         .flat_map(|dir| std::fs::read_dir(dir).into_iter().flatten().flatten())
-        .filter(|entry| entry.file_name().to_string_lossy().starts_with("libOpenCL.so"))
+        .filter(|entry| entry.file_name().to_string_lossy().starts_with(prefix))
         .map(|entry| entry.path())
         .collect();
     if let Ok(cache) = Command::new("ldconfig").arg("-p").output() {
@@ -136,7 +148,7 @@ fn opencl_libraries() -> Vec<PathBuf> {
         found.extend(
             listing
                 .lines()
-                .filter(|line| line.trim_start().starts_with("libOpenCL.so"))
+                .filter(|line| line.trim_start().starts_with(prefix))
                 .filter_map(|line| line.split("=>").nth(1))
                 .map(|path| PathBuf::from(path.trim())),
         );
@@ -159,11 +171,71 @@ fn no_opencl_library_is_reported_not_panicked_on() {
         eprintln!("SKIPPED: cannot hide {libraries:?} (needs `unshare -m`, i.e. root)");
         return;
     }
+    child_hiding(&libraries, "opencl", "libOpenCL could not be loaded");
+}
+
+/// Runs the child in a private mount namespace with `libraries` hidden behind /dev/null.
+fn child_hiding(libraries: &[PathBuf], backend: &str, expected: &str) {
+    let exe = std::env::current_exe().unwrap();
     let binds: Vec<String> =
         libraries.iter().map(|library| format!("mount --bind /dev/null '{}'", library.display())).collect();
     let script = format!("{} && exec \"$0\" \"$@\"", binds.join(" && "));
     child(
-        Command::new("unshare").args(["-m", "sh", "-c", &script]).arg(exe).env(MAY_SKIP_ENV, "1"),
-        "libOpenCL could not be loaded",
+        Command::new("unshare")
+            .args(["-m", "sh", "-c", &script])
+            .arg(exe)
+            .env(MAY_SKIP_ENV, "1")
+            .env(BACKEND_ENV, backend),
+        expected,
     );
+}
+
+#[cfg(feature = "wgpu")]
+#[test]
+fn no_vulkan_library_is_reported_not_panicked_on() {
+    let libraries = libraries("libvulkan.so");
+    let exe = std::env::current_exe().unwrap();
+    if libraries.is_empty() {
+        return child(Command::new(exe).env(BACKEND_ENV, "wgpu"), "no Vulkan, Metal or DX12 adapter");
+    }
+    if !can_unshare() {
+        eprintln!("SKIPPED: cannot hide {libraries:?} (needs `unshare -m`, i.e. root)");
+        return;
+    }
+    child_hiding(&libraries, "wgpu", "no Vulkan, Metal or DX12 adapter");
+}
+
+#[cfg(feature = "wgpu")]
+#[test]
+fn no_vulkan_driver_is_reported_not_panicked_on() {
+    let exe = std::env::current_exe().unwrap();
+    if libraries("libvulkan.so").is_empty() {
+        eprintln!(
+            "SKIPPED: no libvulkan on this machine, so no loader to find no driver (the no-library case covers it)"
+        );
+        return;
+    }
+    // The loader finds drivers through `VK_DRIVER_FILES`/`VK_ICD_FILENAMES` (pointed nowhere
+    // here) and the ICD directories, hidden behind empty tmpfs mounts where possible.
+    let dirs: Vec<&str> = ["/usr/share/vulkan/icd.d", "/etc/vulkan/icd.d", "/usr/local/share/vulkan/icd.d"]
+        .into_iter()
+        .filter(|dir| std::path::Path::new(dir).is_dir())
+        .collect();
+    let mut command = if can_unshare() && !dirs.is_empty() {
+        let mounts: Vec<String> = dirs.iter().map(|dir| format!("mount -t tmpfs none {dir}")).collect();
+        let script = format!("{} && exec \"$0\" \"$@\"", mounts.join(" && "));
+        let mut command = Command::new("unshare");
+        command.args(["-m", "sh", "-c", &script]).arg(exe);
+        command
+    } else {
+        let mut command = Command::new(exe);
+        command.env(MAY_SKIP_ENV, "1");
+        command
+    };
+    command
+        .env(BACKEND_ENV, "wgpu")
+        .env("VK_DRIVER_FILES", "/nonexistent-lazybuf-test.json")
+        .env("VK_ICD_FILENAMES", "/nonexistent-lazybuf-test.json")
+        .env_remove("VK_ADD_DRIVER_FILES");
+    child(&mut command, "no Vulkan, Metal or DX12 adapter");
 }

@@ -74,6 +74,14 @@ pub enum RawDevice {
         /// `CUstream`
         stream: *mut c_void,
     },
+    /// wgpu: the device and its queue (every lazybuf stream of the device is this queue).
+    #[cfg(feature = "wgpu")]
+    Wgpu {
+        /// The `wgpu::Device`.
+        device: *const wgpu::Device,
+        /// The `wgpu::Queue`.
+        queue: *const wgpu::Queue,
+    },
 }
 
 /// A runtime's raw handle to one stream (in-order queue) of a device.
@@ -86,6 +94,9 @@ pub enum RawStream {
     OpenCl(*mut c_void),
     /// A CUDA `CUstream`.
     Cuda(*mut c_void),
+    /// A `wgpu::Queue` (a wgpu device's one queue).
+    #[cfg(feature = "wgpu")]
+    Wgpu(*const wgpu::Queue),
 }
 
 /// A runtime's raw handle to a device allocation.
@@ -98,4 +109,8 @@ pub enum RawMemory {
     OpenCl(*mut c_void),
     /// A CUDA `CUdeviceptr`; 0 when empty.
     Cuda(u64),
+    /// A `wgpu::Buffer` (a storage buffer, at least as long as the allocation rounded up to 4
+    /// bytes); null when the allocation is empty.
+    #[cfg(feature = "wgpu")]
+    Wgpu(*const wgpu::Buffer),
 }

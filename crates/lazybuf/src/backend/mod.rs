@@ -28,6 +28,8 @@ pub mod cuda;
 pub mod host;
 #[cfg(feature = "opencl")]
 pub mod opencl;
+#[cfg(feature = "wgpu")]
+pub mod wgpu;
 
 use std::any::Any;
 use std::fmt;
@@ -86,6 +88,12 @@ pub trait Backend: Any + Send + Sync + fmt::Debug {
     /// error if that is impossible, never a silent pageable fallback).
     fn allocate_host(&self, bytes: usize, pinned: bool) -> Result<HostMemory> {
         if pinned { HostMemory::allocate_locked(bytes) } else { HostMemory::allocate(bytes) }
+    }
+
+    /// Whether [`Backend::allocate_host`] can give page-locked memory (false where pinned host
+    /// memory has no meaning, as for wgpu: asking for it there is an error).
+    fn pins_host_memory(&self) -> bool {
+        true
     }
 
     /// Allocates `bytes` of device memory with unspecified contents.
@@ -229,6 +237,13 @@ pub trait Backend: Any + Send + Sync + fmt::Debug {
     /// own kernels.
     fn raw(&self) -> RawDevice;
 
+    /// Whether a selector name other than the backend's own picks this device (wgpu's
+    /// `vulkan`, `metal`, `dx12`: the graphics API under it). See [`SELECTOR_ALIASES`].
+    fn answers_to(&self, selector: &str) -> bool {
+        let _ = selector;
+        false
+    }
+
     /// Lets the backend prepare a host block that is about to take part in a transfer (CUDA
     /// registers large, often-transferred pageable blocks with the driver; see its docs).
     fn prepare_host(&self, host: &mut HostMemory) {
@@ -255,6 +270,20 @@ pub static REGISTERED: &[Registration] = &[
     cuda::REGISTRATION,
     #[cfg(feature = "opencl")]
     opencl::REGISTRATION,
+    #[cfg(feature = "wgpu")]
+    wgpu::REGISTRATION,
+];
+
+/// Selector names that pick a subset of one backend's devices, each with that backend: its
+/// devices answer to them through [`Backend::answers_to`] (`vulkan:1` is the second wgpu
+/// device on Vulkan).
+pub static SELECTOR_ALIASES: &[(&str, BackendKind)] = &[
+    #[cfg(feature = "wgpu")]
+    ("vulkan", BackendKind::WGPU),
+    #[cfg(feature = "wgpu")]
+    ("metal", BackendKind::WGPU),
+    #[cfg(feature = "wgpu")]
+    ("dx12", BackendKind::WGPU),
 ];
 
 /// Every backend kind this build knows, the host's included.

@@ -1,16 +1,22 @@
 //! Shared helpers for the integration tests: the devices under test and data patterns.
 //!
-//! Every suite runs on every device lazybuf finds (the host, PoCL's OpenCL device, CUDA when a
-//! driver or the CUDA test double is loaded). `LAZYBUF_REQUIRE=opencl,cuda` makes a missing
-//! backend a failure instead of a smaller run, so CI cannot pass by finding nothing.
+//! Every suite runs on every device lazybuf finds (the host, PoCL's OpenCL device, lavapipe's
+//! Vulkan device through wgpu, CUDA when a driver or the CUDA test double is loaded).
+//! `LAZYBUF_REQUIRE=opencl,wgpu,cuda` makes a missing backend a failure instead of a smaller
+//! run, so CI cannot pass by finding nothing.
 
 #![allow(dead_code)]
 
 use lazybuf::{BackendKind, BufferOptions, Device, DirectResource, UnifiedBuffer};
 
-/// Every device to test, after checking `LAZYBUF_REQUIRE`.
+/// Every device to test, after checking `LAZYBUF_REQUIRE`: every device lazybuf found, and,
+/// for each wgpu device that transfers by mapping its buffers, the same adapter opened with
+/// staging transfers (so both wgpu paths run every suite). The host stays last.
 pub fn devices() -> Vec<Device> {
-    let devices = lazybuf::devices();
+    let mut devices = lazybuf::devices();
+    let host = devices.pop();
+    devices.extend(staging_twins());
+    devices.extend(host);
     if let Ok(required) = std::env::var("LAZYBUF_REQUIRE") {
         // Backend names; `cuda-double` (the CUDA test double itself) is checked where it matters.
         for name in required.split(',').map(str::trim).filter(|n| !n.is_empty() && *n != "cuda-double") {
@@ -47,4 +53,31 @@ pub fn direct(device: &Device, len: usize) -> UnifiedBuffer<u32> {
         ..BufferOptions::default()
     };
     UnifiedBuffer::with_options(&[len], options).unwrap()
+}
+
+/// For each wgpu device that transfers by mapping its buffers, the same adapter opened with
+/// staging transfers: one device per adapter for the whole test binary.
+#[cfg(feature = "wgpu")]
+pub fn staging_twins() -> Vec<Device> {
+    use lazybuf::backend::wgpu::{WgpuBackend, WgpuOptions};
+    static TWINS: std::sync::OnceLock<Vec<Device>> = std::sync::OnceLock::new();
+    TWINS
+        .get_or_init(|| {
+            lazybuf::devices()
+                .iter()
+                .filter_map(|d| (d.backend() as &dyn std::any::Any).downcast_ref::<WgpuBackend>())
+                .filter(|backend| backend.maps_for_transfers())
+                .map(|backend| {
+                    let options = WgpuOptions { mapped_transfers: false };
+                    let twin = WgpuBackend::open_with(backend.adapter().clone(), options).unwrap();
+                    Device::from_backend(std::sync::Arc::new(twin))
+                })
+                .collect()
+        })
+        .clone()
+}
+
+#[cfg(not(feature = "wgpu"))]
+pub fn staging_twins() -> Vec<Device> {
+    Vec::new()
 }
