@@ -31,6 +31,15 @@ if [ -z "${XDG_RUNTIME_DIR:-}" ]; then
   export XDG_RUNTIME_DIR
 fi
 
+# Mesa's Vulkan driver (lavapipe) prints "error: XDG_RUNTIME_DIR is invalid or not set" on
+# stderr whenever a process opens it without that variable, as on a CI machine; give it a
+# private runtime directory, as a login session would, so tools' stderr is their own.
+if [ -z "${XDG_RUNTIME_DIR:-}" ]; then
+  XDG_RUNTIME_DIR="$(mktemp -d)"
+  chmod 700 "$XDG_RUNTIME_DIR"
+  export XDG_RUNTIME_DIR
+fi
+
 # --- Rust: lints, one build, then the test binaries from that build ---------------------------
 # A missing OpenCL or wgpu (lavapipe) device is a failure here, not a smaller test run.
 export LAZYBUF_REQUIRE=opencl,wgpu

@@ -443,11 +443,15 @@ def test_ensure_on_a_released_buffer_raises_when_awaited(current):
 
 
 def test_metal_is_not_available(current):
+    if lazybuf.get_accelerator().is_available("metal"):
+        pytest.skip("this machine has a Metal device")
     buf = UnifiedBuffer(100).fill(1.0)
     with pytest.raises(MetalError) as err:
         buf.metal  # noqa: B018
     assert isinstance(err.value, BackendUnavailableError) and isinstance(err.value, RuntimeError)
-    assert err.value.backend_name == "metal" and "no Metal backend" in err.value.reason
+    # Why: no Metal backend in this build, or (with wgpu) no device that runs on Metal.
+    assert err.value.backend_name == "metal"
+    assert "no Metal backend" in err.value.reason or "runs on metal" in err.value.reason, err.value.reason
     with pytest.raises(MetalUnavailableError):
         buf.mark_metal_dirty()  # no Metal copy to mark; PyDotCompute set DEVICE_DIRTY anyway
     assert buf.state == BufferState.HOST_ONLY

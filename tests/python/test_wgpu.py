@@ -104,3 +104,41 @@ def test_metal_is_the_buffer_on_the_metal_device():
     assert any(d == view.device for d in metal)
     buf.mark_metal_dirty()
     np.testing.assert_array_equal(buf.to_numpy(), np.full(16, 3.0, np.float32))
+
+
+def test_memory_objects_on_wgpu_device_memory_only(wgpu_device):
+    """Device memory objects and DeviceBuffers work on wgpu; page-locked host and shared memory,
+    which wgpu does not have, are refused with errors that say so."""
+    m = lazybuf.MemoryDevice(10, device=wgpu_device)
+    assert m.get_usm_type() == "device" and m.ptr != 0, "the VkBuffer handle on Vulkan"
+    m.memset(ord("."))
+    m.copy_from_host(b"abc")
+    assert m.tobytes() == b"abc......."
+    other = lazybuf.MemoryDevice(10, device=wgpu_device)
+    other.copy_from_device(m)
+    assert other.copy_to_host().tobytes() == b"abc......."
+    buf = lazybuf.DeviceBuffer.to_device(b"0123456789", device=wgpu_device)
+    assert buf.ptr != 0
+    buf.resize(20)
+    assert buf.tobytes()[:10] == b"0123456789" and buf.capacity() == 20
+    buf.shrink_to_fit()
+    assert buf.copy().tobytes()[:10] == b"0123456789"
+    with pytest.raises(MemoryError, match="no pinned host memory"):
+        lazybuf.MemoryHost(10, device=wgpu_device)
+    with pytest.raises(ValueError, match="has no shared memory"):
+        lazybuf.MemoryShared(10, device=wgpu_device)
+
+
+def test_memory_resource_statistics_balance_on_wgpu(wgpu_device):
+    """The statistics adaptor counts wgpu allocations in and out (their handles are told apart
+    like every backend's)."""
+    import gc
+
+    import lazybuf.mr as lmr
+
+    mr = lmr.StatisticsResourceAdaptor(lmr.get_current_device_resource(wgpu_device))
+    buffers = [lazybuf.DeviceBuffer(size=20, device=wgpu_device, mr=mr) for _ in range(10)]
+    assert (mr.allocation_counts.current_bytes, mr.allocation_counts.current_count) == (200, 10)
+    del buffers
+    gc.collect()
+    assert (mr.allocation_counts.current_bytes, mr.allocation_counts.current_count) == (0, 0)

@@ -63,7 +63,7 @@ pub fn device_object<'py>(
 }
 
 /// The address or handle as an integer (for wgpu, the graphics API's own buffer handle).
-fn raw_address(handle: RawMemory) -> usize {
+pub fn raw_address(handle: RawMemory) -> usize {
     match handle {
         RawMemory::Host(ptr) => ptr as usize,
         RawMemory::OpenCl(mem) => mem as usize,

@@ -426,12 +426,7 @@ pub fn cuda_array_interface<'py>(
 }
 
 /// An int from a raw handle, for `ptr` properties: the address of host (and host-device)
-/// memory, the `CUdeviceptr`, the `cl_mem`; 0 when empty.
+/// memory, the `CUdeviceptr`, the `cl_mem`, wgpu's native buffer handle; 0 when empty.
 pub fn raw_address(raw: RawMemory) -> usize {
-    match raw {
-        RawMemory::Host(p) => p as usize,
-        RawMemory::OpenCl(mem) => mem as usize,
-        RawMemory::Cuda(ptr) => ptr as usize,
-        _ => 0,
-    }
+    crate::device_view::raw_address(raw)
 }

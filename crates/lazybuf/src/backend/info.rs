@@ -114,3 +114,18 @@ pub enum RawMemory {
     #[cfg(feature = "wgpu")]
     Wgpu(*const wgpu::Buffer),
 }
+
+impl RawMemory {
+    /// The handle as a number that tells live allocations of one device apart (the address,
+    /// `cl_mem`, `CUdeviceptr`, or the address of the `wgpu::Buffer`), for bookkeeping keyed
+    /// by allocation; 0 when empty. Never a way to reach the memory.
+    pub fn identity(&self) -> usize {
+        match *self {
+            RawMemory::Host(p) => p as usize,
+            RawMemory::OpenCl(mem) => mem as usize,
+            RawMemory::Cuda(ptr) => ptr as usize,
+            #[cfg(feature = "wgpu")]
+            RawMemory::Wgpu(buffer) => buffer as usize,
+        }
+    }
+}

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::{Block, MemoryResource};
-use crate::backend::{MemoryKind, RawMemory, Ticket};
+use crate::backend::{MemoryKind, Ticket};
 use crate::coherence::DeviceId;
 use crate::device::{Device, Stream};
 use crate::error::Result;
@@ -29,17 +29,10 @@ pub(super) fn block_key(device: &Device, block: &Block) -> Option<(DeviceId, usi
     if block.is_empty() {
         return None;
     }
-    // Backends may add handle kinds: those blocks are simply not tracked.
-    #[allow(unreachable_patterns)]
     let address = match block {
         Block::Host(host) => host.as_ptr() as usize,
         // SAFETY: the handle is only read as a number, never used to reach the memory.
-        Block::Device(memory) => match unsafe { memory.raw() } {
-            RawMemory::Host(p) => p as usize,
-            RawMemory::OpenCl(mem) => mem as usize,
-            RawMemory::Cuda(ptr) => ptr as usize,
-            _ => return None,
-        },
+        Block::Device(memory) => unsafe { memory.raw() }.identity(),
     };
     Some((device.id(), address))
 }
