@@ -57,7 +57,7 @@ fn every_device_in_ci_but_wgpu_has_shared_memory() {
     for device in devices() {
         let memory = DeviceAllocation::<u8>::new(&device, MemoryKind::Shared, 64);
         if device.backend_kind() == BackendKind::WGPU {
-            let err = memory.err().expect("wgpu has no shared memory");
+            let err = memory.expect_err("wgpu has no shared memory");
             assert!(lacks(&device, MemoryKind::Shared, &err), "{device}: {err}");
         } else {
             assert!(memory.is_ok(), "{device}: {:?}", memory.err());
