@@ -310,19 +310,30 @@ fn bandwidth_on_every_device_writes_json_and_a_png_with_every_curve() {
             text.contains("SIZE    HOST MEMORY  H2D LAZYBUF  H2D RAW  RATIO  D2H LAZYBUF  D2H RAW  RATIO"),
             "{text}"
         );
+        // Pageable and pinned host memory, where the device has pinned memory (not wgpu's).
+        let kinds: &[bool] = if selector.starts_with("wgpu") { &[false] } else { &[false, true] };
         for size in ["1 KiB ", "64 KiB"] {
-            assert_eq!(text.lines().filter(|l| l.starts_with(size)).count(), 2, "{size}: {text}");
+            assert_eq!(text.lines().filter(|l| l.starts_with(size)).count(), kinds.len(), "{size}: {text}");
         }
         assert!(text.contains(&format!("wrote {}", plot.display())), "{text}");
         let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-        assert_bandwidth_json(&report, &selector, &[false, true]);
+        assert_bandwidth_json(&report, &selector, kinds);
         // Round trip through the library's own types.
         let typed: lazybuf_cli::bandwidth::BandwidthReport = serde_json::from_value(report).unwrap();
-        assert_eq!(typed.memory_kinds(), vec![false, true]);
+        assert_eq!(typed.memory_kinds(), kinds.to_vec());
 
         let image = decode_png(&plot);
         assert_eq!((image.0, image.1), (1200, 800));
-        assert_curves(&image, &[false, true]);
+        assert_curves(&image, kinds);
+    }
+}
+
+#[test]
+fn pinned_bandwidth_on_a_device_without_pinned_memory_is_a_clear_error() {
+    for selector in selectors().into_iter().filter(|s| s.starts_with("wgpu")) {
+        let output = lazybuf(&["bandwidth", "--device", &selector, "--pinned", "--max", "4KiB"]);
+        assert_eq!(output.status.code(), Some(1));
+        assert!(stderr(&output).contains("has no pinned host memory; use --pageable"), "{}", stderr(&output));
     }
 }
 

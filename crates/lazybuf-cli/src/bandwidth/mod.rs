@@ -182,7 +182,14 @@ pub fn run(args: &BandwidthArgs, context: &Context) -> Result<i32> {
     if let Some(path) = &args.plot {
         plot::format_of(path)?;
     }
-    let (pageable, pinned) = args.memory();
+    let (pageable, mut pinned) = args.memory();
+    if pinned && !device.can_pin_host_memory() {
+        // wgpu devices have no pinned host memory: `--both` measures pageable memory only.
+        if !pageable {
+            return Err(CliError::new(format!("{device} has no pinned host memory; use --pageable")));
+        }
+        pinned = false;
+    }
     let kinds: Vec<bool> =
         [(pageable, false), (pinned, true)].into_iter().filter(|k| k.0).map(|k| k.1).collect();
     let terminal = Terminal::detect();

@@ -6,6 +6,9 @@
 //!   `clEnqueueReadBuffer` on lazybuf's in-order queue (through cl3);
 //! - CUDA: `cuMemAlloc` in lazybuf's context, `cuMemcpyHtoDAsync` / `cuMemcpyDtoHAsync` on
 //!   lazybuf's stream followed by `cuStreamSynchronize` (through cudarc's result layer);
+//! - wgpu: a storage buffer on lazybuf's device, `Queue::write_buffer` and a wait for the
+//!   submitted work; a copy to a reused read-back buffer, `map_async` and a copy out of the
+//!   mapping (as wgpu's own examples read results back); waits poll without blocking;
 //! - the host device: `memcpy` into a second host block (it has no device memory of its own).
 //!
 //! This is the only module of the crate with `unsafe` code: the runtime calls cannot be made
@@ -36,6 +39,8 @@ enum Target {
         stream: cudarc::driver::sys::CUstream,
         ptr: cudarc::driver::sys::CUdeviceptr,
     },
+    #[cfg(feature = "wgpu")]
+    Wgpu(WgpuTarget),
 }
 
 impl RawCopy {
@@ -74,6 +79,13 @@ impl RawCopy {
                 }
                 .map_err(|err| cuda_error("cuMemAlloc", err))?;
                 Target::Cuda { context, stream: stream.cast(), ptr }
+            }
+            #[cfg(feature = "wgpu")]
+            RawDevice::Wgpu { device: wgpu_device, queue } => {
+                // SAFETY: both point at lazybuf's live device and queue (kept alive by the
+                // `Device` this RawCopy holds); cloning takes wgpu's own reference counts.
+                let (wgpu_device, queue) = unsafe { ((*wgpu_device).clone(), (*queue).clone()) };
+                Target::Wgpu(WgpuTarget::new(wgpu_device, queue, len))
             }
             #[allow(unreachable_patterns)]
             other => return Err(CliError::new(format!("no raw baseline for {device} ({other:?})"))),
@@ -118,6 +130,8 @@ impl RawCopy {
                 }
                 .map_err(|err| cuda_error("cuMemcpyHtoDAsync", err))?;
             }
+            #[cfg(feature = "wgpu")]
+            Target::Wgpu(target) => target.upload(src)?,
         }
         Ok(())
     }
@@ -159,6 +173,8 @@ impl RawCopy {
                 }
                 .map_err(|err| cuda_error("cuMemcpyDtoHAsync", err))?;
             }
+            #[cfg(feature = "wgpu")]
+            Target::Wgpu(target) => target.download(dst)?,
         }
         Ok(())
     }
@@ -190,7 +206,104 @@ impl Drop for RawCopy {
                         .and_then(|()| cudarc::driver::result::free_sync(*ptr))
                 };
             }
+            // wgpu frees its buffers when the last reference is dropped.
+            #[cfg(feature = "wgpu")]
+            Target::Wgpu(_) => {}
         }
+    }
+}
+
+#[cfg(feature = "wgpu")]
+use lazybuf::backend::wgpu::wgpu;
+
+/// The wgpu baseline: a storage buffer and a reused read-back buffer on lazybuf's device.
+#[cfg(feature = "wgpu")]
+struct WgpuTarget {
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    storage: wgpu::Buffer,
+    readback: wgpu::Buffer,
+}
+
+#[cfg(feature = "wgpu")]
+impl WgpuTarget {
+    fn new(device: wgpu::Device, queue: wgpu::Queue, len: usize) -> WgpuTarget {
+        // Buffer sizes and copies are whole 4-byte words in wgpu.
+        let size = len.next_multiple_of(4) as u64;
+        let storage = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("lazybuf-cli raw storage"),
+            size,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        let readback = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("lazybuf-cli raw read-back"),
+            size,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        WgpuTarget { device, queue, storage, readback }
+    }
+
+    /// Polls the device without blocking until `done` is set (lazybuf's backend waits the same
+    /// way: a waiting poll that overlaps a submit can trip a wgpu-core assertion).
+    fn wait(&self, done: &std::sync::atomic::AtomicBool) -> Result<()> {
+        use std::sync::atomic::Ordering;
+        while !done.load(Ordering::Acquire) {
+            self.device
+                .poll(wgpu::PollType::Poll)
+                .map_err(|err| CliError::new(format!("raw baseline: wgpu poll failed: {err}")))?;
+            std::thread::yield_now();
+        }
+        Ok(())
+    }
+
+    fn upload(&mut self, src: &[u8]) -> Result<()> {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let words = src.len() / 4 * 4;
+        self.queue.write_buffer(&self.storage, 0, &src[..words]);
+        if words < src.len() {
+            // The last partial word, padded (the bytes past `src` are not compared).
+            let mut tail = [0u8; 4];
+            tail[..src.len() - words].copy_from_slice(&src[words..]);
+            self.queue.write_buffer(&self.storage, words as u64, &tail);
+        }
+        self.queue.submit([]);
+        let done = Arc::new(AtomicBool::new(false));
+        let flag = done.clone();
+        self.queue.on_submitted_work_done(move || flag.store(true, Ordering::Release));
+        self.wait(&done)
+    }
+
+    fn download(&mut self, dst: &mut [u8]) -> Result<()> {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let size = dst.len().next_multiple_of(4) as u64;
+        let mut encoder = self.device.create_command_encoder(&Default::default());
+        encoder.copy_buffer_to_buffer(&self.storage, 0, &self.readback, 0, size);
+        self.queue.submit([encoder.finish()]);
+        let done = Arc::new(AtomicBool::new(false));
+        let mapped = Arc::new(std::sync::Mutex::new(None));
+        let (flag, result) = (done.clone(), mapped.clone());
+        self.readback.slice(..size).map_async(wgpu::MapMode::Read, move |outcome| {
+            *result.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(outcome);
+            flag.store(true, Ordering::Release);
+        });
+        self.wait(&done)?;
+        let outcome = mapped.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+        if let Some(Err(err)) = outcome {
+            return Err(CliError::new(format!("raw baseline: wgpu map_async failed: {err}")));
+        }
+        let copied = match self.readback.slice(..size).get_mapped_range() {
+            Ok(view) => {
+                dst.copy_from_slice(&view[..dst.len()]);
+                Ok(())
+            }
+            Err(err) => Err(CliError::new(format!("raw baseline: wgpu mapped range: {err}"))),
+        };
+        self.readback.unmap();
+        copied
     }
 }
 
