@@ -9,7 +9,7 @@
 //! already submitted that uses the buffer, so stream order holds). Elsewhere, and with
 //! [`WgpuOptions::mapped_transfers`] off, bytes go through staging buffers (`staging.rs`) and a
 //! GPU copy, asynchronously. docs/BENCHMARKS.md has the measurements (on lavapipe the mapped
-//! path is 2-50 times faster than staging).
+//! path is 2-60 times faster than staging).
 //!
 //! **No zero-copy aliasing.** A wgpu buffer is either usable by the GPU or mapped for the host,
 //! never both, and a mapping is granted only after every submission that uses the buffer; so a
