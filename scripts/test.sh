@@ -25,12 +25,6 @@ if [ "${#missing[@]}" -gt 0 ]; then
 fi
 clinfo -l
 ls /usr/share/vulkan/icd.d/
-# Mesa's Vulkan drivers complain on stderr when XDG_RUNTIME_DIR is unset (harmless).
-if [ -z "${XDG_RUNTIME_DIR:-}" ]; then
-  XDG_RUNTIME_DIR="$(mktemp -d)"
-  export XDG_RUNTIME_DIR
-fi
-
 # Mesa's Vulkan driver (lavapipe) prints "error: XDG_RUNTIME_DIR is invalid or not set" on
 # stderr whenever a process opens it without that variable, as on a CI machine; give it a
 # private runtime directory, as a login session would, so tools' stderr is their own.
@@ -57,16 +51,16 @@ cargo test --workspace --all-features
 step "scripts/test-cuda-double.sh: the Rust suite again on the CUDA driver test double"
 bash scripts/test-cuda-double.sh
 
-# --- valgrind: the contract, fault and pool suites, with the host, PoCL, lavapipe and the CUDA double
+# --- valgrind: the contract, fault, pool and adopted-memory suites, with the host, PoCL, lavapipe and the CUDA double
 # With lavapipe too (about 25 s more on 2 cores; one suppression for a leak inside the driver).
-step "valgrind: contract, faults, pool (0 errors; definite leaks count as errors)"
+step "valgrind: contract, faults, pool, adopted (0 errors; definite leaks count as errors)"
 double="$PWD/target/cuda-double"
 binaries=$(cargo test -p lazybuf --all-features --no-run --message-format=json 2>/dev/null | python3 -c '
 import json, sys
 for line in sys.stdin:
     try: m = json.loads(line)
     except ValueError: continue
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("contract", "faults", "pool"):
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("contract", "faults", "pool", "adopted"):
         print(m["executable"])')
 for binary in $binaries; do
   echo "valgrind $(basename "$binary")"

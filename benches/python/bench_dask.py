@@ -5,8 +5,8 @@ A ``distributed.LocalCluster`` with 2 worker processes (one thread each) on 127.
 Each repetition makes a fresh buffer (and a fresh NumPy array) on worker A, waits for it, then
 times a task on worker B that depends on it, so B fetches it from A: A serializes it (lazybuf:
 a memoryview over the host copy, no copy), the bytes cross the loopback, B deserializes it
-(NumPy: an array over the received frame; lazybuf: one copy into the new buffer's host block)
-and runs a task that reads ``nbytes``. Two figures per kind, each as the median and the fastest
+(NumPy: an array over the received frame; lazybuf: a buffer whose host copy is the received
+frame, adopted without a copy) and runs a task that reads ``nbytes``. Two figures per kind, each as the median and the fastest
 of the repetitions (on a shared machine the fastest is the least disturbed), the two kinds
 interleaved (alternating which goes first) so load drifts hit both alike:
 

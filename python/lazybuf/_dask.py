@@ -8,7 +8,9 @@ What is registered (docs/DISTRIBUTED.md has the user's view):
   it holds data) and one frame, a read-only ``memoryview`` over the buffer's own host copy
   (zero-copy; a host read, so a buffer whose device copy alone is current is synced to the
   host first, counted in ``transfer_stats()``). The receiver makes a buffer on its current
-  device and copies the frame once into its host block (HOST_ONLY).
+  device whose host copy is the received frame itself (HOST_ONLY): distributed hands each
+  received frame, writable, to one deserializer, as its NumPy deserializer relies on too.
+  Small, read-only or pinned frames are copied.
 - distributed's ``cuda`` family (used by GPU comms such as UCX, as for CuPy arrays): a CUDA
   buffer whose device copy is current is sent as one frame over its device memory (a
   ``DeviceFrame`` with ``__cuda_array_interface__``), with no host round trip; the receiver
@@ -96,9 +98,11 @@ def dask_dumps(buf: UnifiedBuffer) -> tuple[dict[str, Any], list[memoryview]]:
 
 
 def dask_loads(header: dict[str, Any], frames: Sequence[Any]) -> UnifiedBuffer:
-    """A new buffer on the current device holding a copy of the frame (HOST_ONLY)."""
+    """A new buffer on the current device whose host copy is the received frame itself when
+    distributed handed a writable one (as its NumPy deserializer makes an array over it), else
+    a copy of it (HOST_ONLY either way)."""
     shape, dtype, pinned, data = _parse_header(header, frames)
-    return _lazybuf._rebuild_buffer_from_bytes(shape, dtype, pinned, data)
+    return _lazybuf._rebuild_buffer_from_bytes(shape, dtype, pinned, data, adopt=True)
 
 
 # --- the cuda family: the device frame ----------------------------------------------------

@@ -818,11 +818,17 @@ class DeviceFrame:
     def __len__(self) -> int: ...
 
 def _rebuild_buffer_from_bytes(
-    shape: Any, dtype: Any, pinned: bool, data: Any, device: _DeviceLike = None
+    shape: Any,
+    dtype: Any,
+    pinned: bool,
+    data: Any,
+    device: _DeviceLike = None,
+    adopt: bool = False,
 ) -> UnifiedBuffer:
     """Unpickles (protocol 5) or deserializes a buffer: a copy of ``data`` (C-contiguous
     bytes of exactly ``nbytes``, else ValueError) as its host copy, or UNINITIALIZED for
-    ``None``."""
+    ``None``. ``adopt=True``: a writable frame of 64 KiB or more, at least half of the memory
+    it lies in, becomes the host copy itself (no copy; nothing else may write it after)."""
 
 def _host_frame(buf: UnifiedBuffer) -> memoryview | None:
     """A read-only memoryview over the host copy's bytes (a host read), None without data."""

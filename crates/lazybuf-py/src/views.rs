@@ -15,10 +15,16 @@
 //! (the binding never calls `release_memory`), and an access that fails frees only blocks it
 //! allocated itself, which no view can have seen.
 //!
+//! A host block may also be a frame Dask received, adopted as the host copy
+//! ([`Storage::adopt_frame`]): the buffer then holds that frame's memoryview until it is
+//! dropped, and no two buffers ever adopt overlapping bytes.
+//!
 //! What does not live here: coherence (each function makes one access on the core buffer and
 //! lets it decide what moves) and the choice of access (the `UnifiedBuffer` methods).
 
+use std::collections::BTreeMap;
 use std::ffi::{c_int, c_void};
+use std::ops::Range;
 use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -31,12 +37,13 @@ use pyo3::prelude::*;
 
 use lazybuf::backend::RawMemory;
 use lazybuf::coherence::Access;
-use lazybuf::host_memory::{HostMemory, copy_bytes};
+use lazybuf::host_memory::{ForeignHostMemory, HostMemory, copy_bytes};
 use lazybuf::resource::{MemoryResource, default_resource};
 use lazybuf::{DType, Device, RawBuffer, Ticket};
 
 use crate::dtype::buffer_format;
 use crate::errors::OrPyErr;
+use crate::hostbuf::HostBuffer;
 
 /// A buffer's memory, shared by the buffer and every view of it.
 pub struct Storage {
@@ -94,6 +101,29 @@ impl Drop for HostBlock {
         if let Some(block) = self.block.take() {
             self.resource.deallocate_host(&self.device, block, Ticket::done());
         }
+    }
+}
+
+/// The address ranges of the frames buffers have adopted (start -> end), so that no two
+/// buffers ever adopt the same bytes.
+fn adopted_frames() -> MutexGuard<'static, BTreeMap<usize, usize>> {
+    static FRAMES: Mutex<BTreeMap<usize, usize>> = Mutex::new(BTreeMap::new());
+    FRAMES.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// A frame lent to a buffer as its host copy: the buffer's own memoryview over it (which holds
+/// the frame's export, so the bytes stay where they are) and the addresses it covers.
+struct LentFrame {
+    /// Dropped without the GIL too: pyo3 then defers the reference's release.
+    _view: Py<PyAny>,
+    range: Range<usize>,
+}
+
+impl ForeignHostMemory for LentFrame {}
+
+impl Drop for LentFrame {
+    fn drop(&mut self) {
+        adopted_frames().remove(&self.range.start);
     }
 }
 
@@ -226,6 +256,39 @@ impl Storage {
         // nbytes = prod(shape) * itemsize bytes for as long as the storage lives; `owner`
         // keeps the storage alive and becomes the array's base.
         unsafe { ndarray(py, address, shape, descr, writeable, owner) }
+    }
+
+    /// Makes the bytes of `frame`, a writable, contiguous 1-d memoryview of bytes of the
+    /// buffer's exact size that only this call holds (the caller made it), the buffer's host
+    /// copy without copying them (HOST_ONLY): the buffer keeps `frame` until it is dropped.
+    /// `Ok(false)`, with nothing changed, when the bytes cannot be adopted: the buffer holds
+    /// memory already, the frame is read-only or of another size, or another buffer adopted
+    /// some of these bytes already. The caller vouches that nothing else writes the frame's
+    /// bytes from now on (a frame distributed received is deserialized once).
+    pub fn adopt_frame(&self, frame: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let range = match HostBuffer::get(frame, true, "a received frame") {
+            Ok(export) => export.range(),
+            Err(_) => return Ok(false),
+        };
+        let Some(start) = NonNull::new(range.start as *mut u8) else { return Ok(false) };
+        let mut raw = self.lock();
+        if range.len() != raw.nbytes() || range.is_empty() {
+            return Ok(false);
+        }
+        let mut frames = adopted_frames();
+        if frames.range(..range.end).next_back().is_some_and(|(_, &end)| end > range.start) {
+            return Ok(false);
+        }
+        frames.insert(range.start, range.end);
+        drop(frames);
+        let lent = LentFrame { _view: frame.clone().unbind(), range: range.clone() };
+        // SAFETY: the frame's memoryview keeps its export, and so the bytes at
+        // [start, start + len), valid and initialized, until `lent` drops it; it is this
+        // call's own memoryview, which nobody can release; the registry above keeps every
+        // other buffer off these bytes, and the caller vouches that nothing else writes them.
+        let block = unsafe { HostMemory::adopt(start, range.len(), Box::new(lent)) };
+        // A refused block drops here: its bytes go back to the frame and leave the registry.
+        Ok(raw.adopt_host(block).is_ok())
     }
 
     /// Overwrites the host copy with the bytes of `src`, a C-contiguous array of the buffer's

@@ -13,7 +13,8 @@
 //!   process's current device (as `UnifiedBuffer(shape, dtype)` there would) and copies the
 //!   bytes once, straight into its host block (HOST_ONLY). Any C-contiguous bytes-like
 //!   object is accepted as the data; one of the wrong size (a truncated or tampered payload)
-//!   raises `ValueError` and no buffer is made.
+//!   raises `ValueError` and no buffer is made. The `dask` family's receiver asks it to adopt
+//!   a large, writable received frame as the host copy instead of copying it.
 //! - **Dask frames**: [`_host_frame`] is the same host view for the `dask` serializer family;
 //!   [`_device_frame`] is a [`DeviceFrame`] over a CUDA buffer's device copy (a device read)
 //!   for the `cuda` family, and [`_fill_from_device_pointer`] copies a received device frame
@@ -79,9 +80,12 @@ pub fn reduce_out_of_band<'py>(
     Ok((rebuild, args.into_pyobject(py)?))
 }
 
-/// Copies `data`, a C-contiguous bytes-like object of exactly the buffer's `nbytes`, into the
-/// host copy of `buf` (one copy; the host becomes the only valid copy).
-fn copy_raw_bytes(buf: &Bound<'_, UnifiedBuffer>, data: &Bound<'_, PyAny>) -> PyResult<()> {
+/// `data`, a C-contiguous bytes-like object of exactly the buffer's `nbytes`, as a new 1-d
+/// memoryview of its bytes (only the caller holds it); a clear error for anything else.
+fn checked_bytes<'py>(
+    buf: &Bound<'py, UnifiedBuffer>,
+    data: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
     let py = buf.py();
     let this = buf.get();
     let expected = this.byte_len();
@@ -115,10 +119,42 @@ fn copy_raw_bytes(buf: &Bound<'_, UnifiedBuffer>, data: &Bound<'_, PyAny>) -> Py
             what()
         )));
     }
+    Ok(flat)
+}
+
+/// Copies `flat` (from [`checked_bytes`]) into the host copy of `buf` (one copy; the host
+/// becomes the only valid copy).
+fn copy_raw_bytes(buf: &Bound<'_, UnifiedBuffer>, flat: &Bound<'_, PyAny>) -> PyResult<()> {
+    let py = buf.py();
     let kwargs = PyDict::new(py);
     kwargs.set_item("dtype", numpy::dtype::<u8>(py))?;
     let array = py.import("numpy")?.call_method("frombuffer", (flat,), Some(&kwargs))?;
-    this.storage()?.copy_from_array(array.cast::<PyUntypedArray>()?)
+    buf.get().storage()?.copy_from_array(array.cast::<PyUntypedArray>()?)
+}
+
+/// Received frames of this many bytes and more are adopted as the host copy (see
+/// [`_rebuild_buffer_from_bytes`]); smaller ones are copied, which costs less than keeping
+/// their message alive.
+pub const ADOPT_MIN_BYTES: usize = 64 << 10;
+
+/// Makes `flat` (from [`checked_bytes`]) the host copy of `buf` without a copy, when that is
+/// safe and worth it: a pageable buffer, a writable frame of [`ADOPT_MIN_BYTES`] or more that
+/// is at least half of the memory it lies in (so the buffer never keeps a much larger
+/// message alive), bytes no other buffer adopted. `Ok(false)`: copy instead.
+fn adopt_raw_bytes(buf: &Bound<'_, UnifiedBuffer>, flat: &Bound<'_, PyAny>, pinned: bool) -> PyResult<bool> {
+    let view = flat.cast::<PyMemoryView>()?;
+    let nbytes = buf.get().byte_len();
+    if pinned || nbytes < ADOPT_MIN_BYTES || view.getattr("readonly")?.is_truthy()? {
+        return Ok(false);
+    }
+    let whole = match view.getattr("obj").and_then(|obj| PyMemoryView::from(&obj)) {
+        Ok(whole) => whole.getattr("nbytes")?.extract::<usize>()?,
+        Err(_) => return Ok(false),
+    };
+    if whole > nbytes.saturating_mul(2) {
+        return Ok(false);
+    }
+    buf.get().storage()?.adopt_frame(flat)
 }
 
 /// A new buffer of `shape` and `dtype` on the current device (nothing allocated yet).
@@ -139,8 +175,14 @@ fn new_buffer<'py>(
 /// buffer on the current device holding a copy of `data` (any C-contiguous bytes-like
 /// object: a `PickleBuffer`, a `memoryview`, `bytes`) as its host copy, or UNINITIALIZED when
 /// `data` is `None`. `ValueError` when `data` does not hold exactly the buffer's `nbytes`.
+///
+/// `adopt=True` (the `dask` family's receiver): a writable frame of 64 KiB or more that is at
+/// least half of the memory it lies in becomes the host copy itself, with no copy, as
+/// distributed's NumPy deserializer makes an array over such a frame; the buffer keeps the
+/// frame alive, at whatever alignment it arrived. The caller vouches that nothing else writes
+/// the frame from then on. Any other frame is copied.
 #[pyfunction]
-#[pyo3(signature = (shape, dtype, pinned, data, device=None))]
+#[pyo3(signature = (shape, dtype, pinned, data, device=None, adopt=false))]
 pub fn _rebuild_buffer_from_bytes<'py>(
     py: Python<'py>,
     shape: &Bound<'py, PyAny>,
@@ -148,10 +190,14 @@ pub fn _rebuild_buffer_from_bytes<'py>(
     pinned: bool,
     data: Option<&Bound<'py, PyAny>>,
     device: Option<&Bound<'py, PyAny>>,
+    adopt: bool,
 ) -> PyResult<Bound<'py, UnifiedBuffer>> {
     let buffer = new_buffer(py, shape, dtype, pinned, device)?;
     if let Some(data) = data {
-        copy_raw_bytes(&buffer, data)?;
+        let flat = checked_bytes(&buffer, data)?;
+        if !(adopt && adopt_raw_bytes(&buffer, &flat, pinned)?) {
+            copy_raw_bytes(&buffer, &flat)?;
+        }
     }
     Ok(buffer)
 }

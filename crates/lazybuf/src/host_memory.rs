@@ -11,6 +11,11 @@
 //! [`HostMemory::from_foreign`]. A backend may also register a block's pages with its driver
 //! later ([`HostMemory::register`]).
 //!
+//! **Adopted memory.** [`HostMemory::adopt`] wraps bytes another owner lends for the block's
+//! lifetime (a frame distributed received off the wire): no copy, any alignment. Such a block
+//! is never pooled for reuse ([`HostMemory::is_adopted`]); it goes back to its owner when
+//! dropped, and no runtime page-locks it (its pages may hold the owner's other data).
+//!
 //! **Requests larger than the machine.** A request for more bytes than the machine's physical
 //! memory plus swap is refused up front with [`Error::OutOfMemory`], whatever the kernel's
 //! overcommit setting: with overcommit a huge `mmap` succeeds and the process dies later,
@@ -79,6 +84,8 @@ enum Owner {
     Mapped(usize),
     /// Owned by a runtime; dropping the box frees it.
     Foreign(#[allow(dead_code)] Box<dyn ForeignHostMemory>),
+    /// Lent by another owner for the block's lifetime; dropping the box gives it back.
+    Adopted(#[allow(dead_code)] Box<dyn ForeignHostMemory>),
 }
 
 /// A block of host memory, zero-initialized when new.
@@ -219,6 +226,30 @@ impl HostMemory {
         block
     }
 
+    /// Adopts `len` pageable bytes at `ptr` that `owner` lends until it is dropped (see the
+    /// module docs): no copy, at any alignment. The block is never pooled for reuse.
+    ///
+    /// # Safety
+    /// 1. `ptr` is valid for reads and writes of `len` bytes, all initialized, until `owner`
+    ///    is dropped.
+    /// 2. Nothing else reads or writes those bytes while the `HostMemory` exists.
+    pub unsafe fn adopt(ptr: NonNull<u8>, len: usize, owner: Box<dyn ForeignHostMemory>) -> HostMemory {
+        let mut block = Self::new(ptr, len, Pinning::Pageable, Owner::Adopted(owner));
+        block.known_zero = false;
+        block
+    }
+
+    /// Whether the block is adopted memory ([`HostMemory::adopt`]): lent by another owner,
+    /// at any alignment, never pooled for reuse and never page-locked by a runtime.
+    pub fn is_adopted(&self) -> bool {
+        matches!(self.owner, Owner::Adopted(_))
+    }
+
+    /// Whether the first byte's address is a multiple of `align` (a power of two).
+    pub fn is_aligned_to(&self, align: usize) -> bool {
+        (self.ptr.as_ptr() as usize).is_multiple_of(align)
+    }
+
     /// Records that a device runtime registered this block's pages (page-locked them for its
     /// DMA engines); `registration` undoes that when dropped, before the memory is freed.
     ///
@@ -303,7 +334,7 @@ impl Drop for HostMemory {
         // Unregister the pages while the memory is still mapped.
         drop(self.registration.take());
         match self.owner {
-            Owner::Empty | Owner::Foreign(_) => {}
+            Owner::Empty | Owner::Foreign(_) | Owner::Adopted(_) => {}
             // SAFETY: ptr came from alloc_zeroed with exactly this layout.
             Owner::Heap(layout) => unsafe { alloc::dealloc(self.ptr.as_ptr(), layout) },
             Owner::Mapped(len) => {
@@ -461,6 +492,33 @@ mod tests {
             assert!(m.as_slice().iter().all(|&b| b == 7));
             assert!(!m.is_pinned());
         }
+    }
+
+    struct Lender(Vec<u8>, std::sync::Arc<std::sync::atomic::AtomicBool>);
+    impl ForeignHostMemory for Lender {}
+    impl Drop for Lender {
+        fn drop(&mut self) {
+            self.1.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn adopted_memory_is_the_lenders_bytes_at_any_alignment_until_dropped() {
+        let returned = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut lender = Lender((0..100u8).collect(), returned.clone());
+        let ptr = NonNull::new(lender.0.as_mut_ptr().wrapping_add(3)).unwrap();
+        // SAFETY: the 90 bytes at offset 3 live in the lender's Vec, which the block owns (the
+        // Vec's heap buffer does not move when the lender does) and nothing else touches.
+        let mut block = unsafe { HostMemory::adopt(ptr, 90, Box::new(lender)) };
+        assert!(block.is_adopted() && !block.is_known_zero() && !block.is_pinned());
+        assert_eq!(block.pinning(), Pinning::Pageable);
+        assert_eq!(block.as_slice()[0], 3, "no copy: the lender's bytes");
+        assert_eq!(block.is_aligned_to(2), ptr.as_ptr() as usize % 2 == 0);
+        block.as_mut_slice()[89] = 7;
+        assert!(!returned.load(std::sync::atomic::Ordering::SeqCst));
+        drop(block);
+        assert!(returned.load(std::sync::atomic::Ordering::SeqCst), "dropping gives the bytes back");
+        assert!(!HostMemory::allocate(10).unwrap().is_adopted());
     }
 
     #[test]

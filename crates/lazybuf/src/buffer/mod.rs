@@ -198,23 +198,24 @@ impl<T: Element> UnifiedBuffer<T> {
 
     /// Reads on the host: syncs from a device if the host is stale.
     pub fn host(&mut self) -> Result<&[T]> {
-        Ok(bytemuck::cast_slice(self.raw.host_access(Access::Read)?))
+        typed("host", self.raw.host_access(Access::Read)?).map(|s| &*s)
     }
 
     /// Writes on the host: syncs first, then every device copy is stale.
     pub fn host_mut(&mut self) -> Result<&mut [T]> {
-        Ok(bytemuck::cast_slice_mut(self.raw.host_access(Access::Write)?))
+        typed("host_mut", self.raw.host_access(Access::Write)?)
     }
 
     /// Writes every element on the host without syncing first: contents are unspecified
     /// until you overwrite them; then every device copy is stale.
     pub fn host_overwrite(&mut self) -> Result<&mut [T]> {
-        Ok(bytemuck::cast_slice_mut(self.raw.host_access(Access::Overwrite)?))
+        typed("host_overwrite", self.raw.host_access(Access::Overwrite)?)
     }
 
-    /// The host data if it is current, with no sync (and without `&mut self`).
+    /// The host data if it is current, with no sync (and without `&mut self`); `None` also
+    /// for a host copy misaligned for `T` (adopted memory, see [`RawBuffer::adopt_host`]).
     pub fn host_if_valid(&self) -> Option<&[T]> {
-        self.raw.host_if_valid().map(bytemuck::cast_slice)
+        self.raw.host_if_valid().and_then(|bytes| bytemuck::try_cast_slice(bytes).ok())
     }
 
     /// Reads on the buffer's own device.
@@ -339,10 +340,8 @@ impl<T: Element> UnifiedBuffer<T> {
                 actual: data.len(),
             });
         }
-        crate::host_memory::copy_bytes(
-            bytemuck::cast_slice_mut(self.host_overwrite()?),
-            bytemuck::cast_slice(data),
-        );
+        // Bytes, not elements: works for a host copy at any alignment (adopted memory).
+        crate::host_memory::copy_bytes(self.raw.host_access(Access::Overwrite)?, bytemuck::cast_slice(data));
         Ok(())
     }
 
@@ -355,7 +354,7 @@ impl<T: Element> UnifiedBuffer<T> {
                 actual: out.len(),
             });
         }
-        crate::host_memory::copy_bytes(bytemuck::cast_slice_mut(out), bytemuck::cast_slice(self.host()?));
+        crate::host_memory::copy_bytes(bytemuck::cast_slice_mut(out), self.raw.host_access(Access::Read)?);
         Ok(())
     }
 
@@ -403,6 +402,23 @@ impl<T: Element> UnifiedBuffer<T> {
     pub fn raw_mut(&mut self) -> &mut RawBuffer {
         &mut self.raw
     }
+}
+
+/// The host bytes as elements; an error for bytes misaligned for `T` (a host copy adopted
+/// from another owner, see [`RawBuffer::adopt_host`]): lazybuf's own blocks are aligned.
+fn typed<'a, T: Element>(operation: &'static str, bytes: &'a mut [u8]) -> Result<&'a mut [T]> {
+    let address = bytes.as_ptr() as usize;
+    bytemuck::try_cast_slice_mut(bytes).map_err(|_| {
+        Error::invalid(
+            operation,
+            format!(
+                "the host copy at 0x{address:x} is not aligned for {} ({}-byte alignment expected); \
+                 it is adopted memory: use the untyped RawBuffer",
+                T::DTYPE.name(),
+                align_of::<T>()
+            ),
+        )
+    })
 }
 
 impl<T: Element> fmt::Debug for UnifiedBuffer<T> {

@@ -401,9 +401,42 @@ impl RawBuffer {
             give_back(&*self.resource, copy);
         }
         if let Some(block) = self.host.take() {
-            self.resource.deallocate_host(&self.home, block, Ticket::all(host_ready));
+            give_back_host(&*self.resource, &self.home, block, Ticket::all(host_ready));
         }
         self.coherence.clear();
+    }
+
+    /// Makes `block`, whose first `nbytes` bytes are the buffer's data, the buffer's host
+    /// copy without copying them: the buffer becomes HOST_ONLY and allocates no host block of
+    /// its own. For a buffer that holds no memory yet (new, or after
+    /// [`Self::release_memory`]) and a block of at least `nbytes` bytes, typically adopted
+    /// memory ([`HostMemory::adopt`]); anything else is refused and `block` comes back in the
+    /// error's place, untouched. An adopted block is never handed to the buffer's resource:
+    /// when the buffer frees its memory the block goes back to its lender, after the work that
+    /// used it. Adopted blocks may be unaligned: the typed accessors of
+    /// [`super::UnifiedBuffer`] refuse a host copy misaligned for their element type.
+    pub fn adopt_host(&mut self, block: HostMemory) -> std::result::Result<(), (Error, HostMemory)> {
+        let refuse = |why: String| Error::invalid("adopt_host", why);
+        if self.host.is_some() || !self.copies.is_empty() || !self.inflight.is_empty() {
+            return Err((refuse("expected a buffer that holds no memory yet".into()), block));
+        }
+        if self.pinned && !block.is_pinned() {
+            return Err((
+                refuse("expected page-locked memory for a pinned buffer, got pageable memory".into()),
+                block,
+            ));
+        }
+        if block.len() < self.nbytes {
+            let why = format!("expected a block of at least {} bytes, got {}", self.nbytes, block.len());
+            return Err((refuse(why), block));
+        }
+        self.host = Some(block);
+        if let Err(err) = self.access(Location::Host, None, Access::Overwrite) {
+            let block = self.host.take().expect("the adopted block is still in place");
+            self.coherence.clear();
+            return Err((err, block));
+        }
+        Ok(())
     }
 
     /// Forgets the contents (state UNINITIALIZED) but keeps every allocation for reuse.
@@ -746,7 +779,7 @@ impl RawBuffer {
         if undo.host_block
             && let Some(block) = self.host.take()
         {
-            self.resource.deallocate_host(&self.home, block, ready);
+            give_back_host(&*self.resource, &self.home, block, ready);
         }
     }
 
@@ -807,6 +840,18 @@ fn give_back(resource: &dyn MemoryResource, mut copy: DeviceCopy) {
     }
     let ready = copy.last_use().unwrap_or_else(|_| synchronized(&copy.stream));
     resource.deallocate_device(&copy.device, copy.memory, &copy.stream, ready);
+}
+
+/// Gives a host block back to the resource it came from once `ready` completes; an adopted
+/// block, which no resource allocated, goes back to its lender instead, after `ready`.
+fn give_back_host(resource: &dyn MemoryResource, home: &Device, block: HostMemory, ready: Ticket) {
+    if block.is_adopted() {
+        // Its lender may reuse the bytes at once: nothing may still read or write them.
+        let _ = ready.wait();
+        drop(block);
+        return;
+    }
+    resource.deallocate_host(home, block, ready);
 }
 
 fn short_block(resource: &dyn MemoryResource, what: &str, wanted: usize, got: usize) -> Error {

@@ -48,7 +48,9 @@ fn read(copy: &DeviceCopy, out: &mut [u8]) -> Result<()> {
 /// The elements of a copy the host can address, `len` of them.
 fn host_slice<T: Element>(copy: &DeviceCopy, len: usize) -> Option<(*mut T, usize)> {
     let address = copy.memory.host_address()?;
-    Some((address.as_ptr().cast::<T>(), len))
+    // An alias of adopted host memory may be misaligned for T: no slice then.
+    let ptr = address.as_ptr().cast::<T>();
+    ptr.is_aligned().then_some((ptr, len))
 }
 
 impl<'a, T: Element> DeviceView<'a, T> {
@@ -106,7 +108,8 @@ impl<'a, T: Element> DeviceView<'a, T> {
     }
 
     /// On a device whose memory the host addresses directly (the host device), the view's
-    /// elements themselves.
+    /// elements themselves; `None` elsewhere, and where that memory is misaligned for `T` (an
+    /// alias of adopted host memory, see [`crate::RawBuffer::adopt_host`]).
     pub fn as_host_slice(&self) -> Option<&[T]> {
         let (ptr, len) = host_slice::<T>(self.copy, self.len)?;
         // SAFETY: the memory holds at least the buffer's len elements (blocks may be longer;
@@ -182,7 +185,7 @@ impl<'a, T: Element> DeviceViewMut<'a, T> {
     }
 
     /// On a device whose memory the host addresses directly (the host device), the view's
-    /// elements themselves, for writing.
+    /// elements themselves, for writing; `None` as for [`DeviceView::as_host_slice`].
     pub fn as_host_slice_mut(&mut self) -> Option<&mut [T]> {
         let (ptr, len) = host_slice::<T>(self.copy, self.len)?;
         // SAFETY: the memory holds at least the buffer's len elements, initialized; the view

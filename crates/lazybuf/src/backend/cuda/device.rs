@@ -468,7 +468,12 @@ impl Backend for CudaBackend {
     }
 
     fn prepare_host(&self, host: &mut HostMemory) {
-        if host.pinning() != Pinning::Pageable || host.len() < REGISTER_MIN_BYTES || host.count_transfer() < 2
+        // Adopted memory is lent: its pages may hold the lender's other data, not for lazybuf
+        // to page-lock.
+        if host.pinning() != Pinning::Pageable
+            || host.is_adopted()
+            || host.len() < REGISTER_MIN_BYTES
+            || host.count_transfer() < 2
         {
             return;
         }
