@@ -50,6 +50,12 @@ for line in sys.stdin:
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
         --platform any -d "$dir/deps" pyopencl platformdirs pytools siphash24 2>/dev/null ||
         echo "   (could not download PyOpenCL: its interop tests will be skipped there)"
+    echo "==> dask[distributed] and its dependencies for Python 3.12, for tests/python/test_dask.py"
+    mkdir -p "$dir/dask"
+    python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+        --platform any -d "$dir/dask" "dask[distributed]==2026.8.0" 2>/dev/null ||
+        echo "   (could not download dask: its tests will be skipped there)"
     git -C "$root" rev-parse --short HEAD >"$dir/commit"
     du -sh "$dir"
     set +e
@@ -93,6 +99,12 @@ run() {
     if ! python3 -c 'import pyopencl' 2>/dev/null && ls deps/*.whl >/dev/null 2>&1; then
         python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" deps/*.whl ||
             note "pytest" "note" "PyOpenCL wheels did not install"
+    fi
+    # dask[distributed] (carried as wheels) where the machine lacks it: the Dask serializers,
+    # the cuda family with real device memory, and the LocalCluster tests.
+    if ! python3 -c 'import distributed' 2>/dev/null && ls dask/*.whl >/dev/null 2>&1; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" dask/*.whl ||
+            note "pytest" "note" "dask wheels did not install: test_dask.py skipped"
     fi
     # Twice: as it is, and with the coherence checker on (as scripts/test.sh does on the CPU).
     for check in 0 1; do

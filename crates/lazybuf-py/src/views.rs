@@ -287,7 +287,7 @@ impl Storage {
         // call's own memoryview, which nobody can release; the registry above keeps every
         // other buffer off these bytes, and the caller vouches that nothing else writes them.
         let block = unsafe { HostMemory::adopt(start, range.len(), Box::new(lent)) };
-        // A refused block drops here: its bytes go back to the frame and leave the registry.
+        // A refused block is dropped: its bytes go back to the frame and leave the registry.
         Ok(raw.adopt_host(block).is_ok())
     }
 

@@ -245,11 +245,6 @@ impl HostMemory {
         matches!(self.owner, Owner::Adopted(_))
     }
 
-    /// Whether the first byte's address is a multiple of `align` (a power of two).
-    pub fn is_aligned_to(&self, align: usize) -> bool {
-        (self.ptr.as_ptr() as usize).is_multiple_of(align)
-    }
-
     /// Records that a device runtime registered this block's pages (page-locked them for its
     /// DMA engines); `registration` undoes that when dropped, before the memory is freed.
     ///
@@ -513,7 +508,7 @@ mod tests {
         assert!(block.is_adopted() && !block.is_known_zero() && !block.is_pinned());
         assert_eq!(block.pinning(), Pinning::Pageable);
         assert_eq!(block.as_slice()[0], 3, "no copy: the lender's bytes");
-        assert_eq!(block.is_aligned_to(2), ptr.as_ptr() as usize % 2 == 0);
+        assert_eq!(block.as_ptr(), ptr.as_ptr().cast_const());
         block.as_mut_slice()[89] = 7;
         assert!(!returned.load(std::sync::atomic::Ordering::SeqCst));
         drop(block);

@@ -18,7 +18,7 @@ use lazybuf::{
 
 /// Lends the bytes of a Vec; records when it gets them back.
 struct Lender {
-    bytes: Vec<u8>,
+    _bytes: Vec<u8>,
     returned: Arc<AtomicBool>,
 }
 
@@ -37,7 +37,7 @@ fn lent(data: &[u8], offset: usize) -> (HostMemory, Arc<AtomicBool>) {
     let mut bytes = vec![0xEE; offset + data.len() + 1];
     bytes[offset..offset + data.len()].copy_from_slice(data);
     let ptr = NonNull::new(bytes.as_mut_ptr().wrapping_add(offset)).unwrap();
-    let lender = Lender { bytes, returned: returned.clone() };
+    let lender = Lender { _bytes: bytes, returned: returned.clone() };
     // SAFETY: ptr addresses data.len() initialized bytes of the Vec's heap buffer, which does
     // not move when the lender does, lives as long as the lender, and only the block uses.
     let block = unsafe { HostMemory::adopt(ptr, data.len(), Box::new(lender)) };
@@ -60,7 +60,7 @@ fn an_adopted_block_is_the_host_copy_without_a_copy_on_every_device() {
             let mut raw = RawBuffer::with_resource(nbytes, device.clone(), false, resource);
             let (block, returned) = lent(&data, offset);
             let address = block.as_ptr();
-            raw.adopt_host(block).map_err(|(err, _)| err).unwrap();
+            raw.adopt_host(block).unwrap();
             assert_eq!(raw.state(), BufferState::HostOnly, "{device}");
             assert_eq!(raw.transfer_stats().bytes_moved(), 0);
             assert_eq!(raw.transfer_stats().allocations, 0, "adopting allocates nothing");
@@ -96,7 +96,7 @@ fn release_memory_gives_the_block_back_and_the_buffer_allocates_its_own_afterwar
         let data = bytes_of(&pattern(9, 4096));
         let mut raw = RawBuffer::new(data.len(), device.clone(), false);
         let (block, returned) = lent(&data, 5);
-        raw.adopt_host(block).map_err(|(err, _)| err).unwrap();
+        raw.adopt_host(block).unwrap();
         raw.sync(Some(&device)).unwrap();
         raw.release_memory();
         assert!(returned.load(Ordering::SeqCst), "{device}");
@@ -105,7 +105,7 @@ fn release_memory_gives_the_block_back_and_the_buffer_allocates_its_own_afterwar
         // A second adoption after releasing is allowed.
         raw.release_memory();
         let (block, _) = lent(&data, 2);
-        raw.adopt_host(block).map_err(|(err, _)| err).unwrap();
+        raw.adopt_host(block).unwrap();
         assert!(raw.host_if_valid().unwrap() == &data[..]);
     }
 }
@@ -116,7 +116,7 @@ fn typed_access_refuses_a_misaligned_host_copy_with_an_error() {
         let data = bytes_of(&pattern(3, 256));
         let mut raw = RawBuffer::new(data.len(), device.clone(), false);
         let (block, _) = lent(&data, 1);
-        raw.adopt_host(block).map_err(|(err, _)| err).unwrap();
+        raw.adopt_host(block).unwrap();
         let mut buf = UnifiedBuffer::<u32>::from_raw(&[256], raw).unwrap();
         assert!(buf.host_if_valid().is_none(), "no misaligned slice");
         let err = buf.host().unwrap_err().to_string();
@@ -130,35 +130,35 @@ fn typed_access_refuses_a_misaligned_host_copy_with_an_error() {
         if device.is_zero_copy(data.len()) {
             assert!(view.as_host_slice().is_none(), "{device}: an alias of misaligned memory");
         }
-        drop(view);
         assert_eq!(buf.to_vec().unwrap(), pattern(3, 256));
     }
 }
 
 #[test]
-fn adoption_is_refused_with_the_block_given_back_untouched() {
+fn adoption_is_refused_with_a_clear_error_and_the_bytes_given_back() {
     let device: Device = lazybuf::default_device().unwrap();
     let data = vec![7u8; 64];
+    let given_back = |returned: &AtomicBool| returned.load(Ordering::SeqCst);
 
     let mut short = RawBuffer::new(65, device.clone(), false);
     let (block, returned) = lent(&data, 1);
-    let (err, block) = short.adopt_host(block).unwrap_err();
-    assert!(err.to_string().contains("at least 65 bytes, got 64"), "{err}");
-    assert_eq!(block.as_slice(), &data[..]);
+    let err = short.adopt_host(block).unwrap_err().to_string();
+    assert!(err.contains("at least 65 bytes, got 64"), "{err}");
+    assert!(given_back(&returned), "a refused block goes back to its lender");
     assert_eq!(short.state(), BufferState::Uninitialized);
 
     let mut holding = RawBuffer::new(64, device.clone(), false);
     holding.fill(&[1]).unwrap();
-    let (err, block) = holding.adopt_host(block).unwrap_err();
-    assert!(err.to_string().contains("holds no memory yet"), "{err}");
+    let (block, returned) = lent(&data, 1);
+    let err = holding.adopt_host(block).unwrap_err().to_string();
+    assert!(err.contains("holds no memory yet"), "{err}");
+    assert!(given_back(&returned));
     assert!(holding.host_if_valid().unwrap().iter().all(|&b| b == 1), "its own data untouched");
 
     let mut pinned = RawBuffer::new(64, device.clone(), true);
-    let (err, block) = pinned.adopt_host(block).unwrap_err();
-    assert!(err.to_string().contains("page-locked memory for a pinned buffer"), "{err}");
+    let (block, returned) = lent(&data, 1);
+    let err = pinned.adopt_host(block).unwrap_err().to_string();
+    assert!(err.contains("page-locked memory for a pinned buffer"), "{err}");
+    assert!(given_back(&returned));
     assert_eq!(pinned.state(), BufferState::Uninitialized);
-
-    assert!(!returned.load(Ordering::SeqCst));
-    drop(block);
-    assert!(returned.load(Ordering::SeqCst));
 }

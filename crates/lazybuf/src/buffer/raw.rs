@@ -410,33 +410,34 @@ impl RawBuffer {
     /// copy without copying them: the buffer becomes HOST_ONLY and allocates no host block of
     /// its own. For a buffer that holds no memory yet (new, or after
     /// [`Self::release_memory`]) and a block of at least `nbytes` bytes, typically adopted
-    /// memory ([`HostMemory::adopt`]); anything else is refused and `block` comes back in the
-    /// error's place, untouched. An adopted block is never handed to the buffer's resource:
-    /// when the buffer frees its memory the block goes back to its lender, after the work that
-    /// used it. Adopted blocks may be unaligned: the typed accessors of
-    /// [`super::UnifiedBuffer`] refuse a host copy misaligned for their element type.
-    pub fn adopt_host(&mut self, block: HostMemory) -> std::result::Result<(), (Error, HostMemory)> {
-        let refuse = |why: String| Error::invalid("adopt_host", why);
+    /// memory ([`HostMemory::adopt`]); anything else is refused with an error, the buffer left
+    /// as it was and `block` dropped (adopted bytes go back to their lender untouched). An
+    /// adopted block is never handed to the buffer's resource: when the buffer frees its
+    /// memory the block goes back to its lender, after the work that used it. Adopted blocks
+    /// may be unaligned: the typed accessors of [`super::UnifiedBuffer`] refuse a host copy
+    /// misaligned for their element type.
+    pub fn adopt_host(&mut self, block: HostMemory) -> Result<()> {
+        let refuse = |why: String| Err(Error::invalid("adopt_host", why));
         if self.host.is_some() || !self.copies.is_empty() || !self.inflight.is_empty() {
-            return Err((refuse("expected a buffer that holds no memory yet".into()), block));
+            return refuse("expected a buffer that holds no memory yet".into());
         }
         if self.pinned && !block.is_pinned() {
-            return Err((
-                refuse("expected page-locked memory for a pinned buffer, got pageable memory".into()),
-                block,
-            ));
+            return refuse("expected page-locked memory for a pinned buffer, got pageable memory".into());
         }
         if block.len() < self.nbytes {
-            let why = format!("expected a block of at least {} bytes, got {}", self.nbytes, block.len());
-            return Err((refuse(why), block));
+            return refuse(format!(
+                "expected a block of at least {} bytes, got {}",
+                self.nbytes,
+                block.len()
+            ));
         }
         self.host = Some(block);
-        if let Err(err) = self.access(Location::Host, None, Access::Overwrite) {
-            let block = self.host.take().expect("the adopted block is still in place");
+        let adopted = self.access(Location::Host, None, Access::Overwrite);
+        if adopted.is_err() {
+            self.host = None;
             self.coherence.clear();
-            return Err((err, block));
         }
-        Ok(())
+        adopted
     }
 
     /// Forgets the contents (state UNINITIALIZED) but keeps every allocation for reuse.
