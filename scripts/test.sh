@@ -25,8 +25,8 @@ if [ "${#missing[@]}" -gt 0 ]; then
 fi
 clinfo -l
 ls /usr/share/vulkan/icd.d/
-# Mesa's Vulkan driver (lavapipe) prints "error: XDG_RUNTIME_DIR is invalid or not set" on
-# stderr whenever a process opens it without that variable, as on a CI machine; give it a
+# Mesa's device-select Vulkan layer prints "error: XDG_RUNTIME_DIR is invalid or not set" on
+# stderr whenever a process opens Vulkan without that variable, as on a CI machine; give it a
 # private runtime directory, as a login session would, so tools' stderr is their own.
 if [ -z "${XDG_RUNTIME_DIR:-}" ]; then
   XDG_RUNTIME_DIR="$(mktemp -d)"
