@@ -186,3 +186,45 @@ fn a_dimension_beyond_isize_is_refused_even_next_to_a_zero() {
     let err = UnifiedBuffer::<f32>::on(&[0, 1 << 63], &Device::host()).unwrap_err();
     assert!(matches!(err, Error::InvalidShape { .. }) && err.to_string().contains("fit isize"), "{err}");
 }
+
+/// Every device, plus a second opening of each OpenCL device (the same hardware in a context
+/// of its own), so that two devices of one backend are always among the pairs.
+fn devices_and_opencl_twins() -> Vec<Device> {
+    use lazybuf::backend::RawDevice;
+    use lazybuf::backend::opencl::{OpenClBackend, OpenClOptions};
+    let mut devices = common::devices();
+    for device in common::devices_of(BackendKind::OPENCL) {
+        // SAFETY (test): reading the device id of a live device.
+        let RawDevice::OpenCl { device: id, .. } = (unsafe { device.raw() }) else { continue };
+        // SAFETY (test): `id` is the device id of a live OpenCL device.
+        let twin = unsafe { OpenClBackend::open_with(id, OpenClOptions::default()) }.unwrap();
+        devices.push(Device::from_backend(std::sync::Arc::new(twin)));
+    }
+    devices
+}
+
+/// A backend handed memory or a stream of another device (another backend, or another
+/// context of its own backend) refuses it with an error naming what it expected, before any
+/// runtime call.
+#[test]
+fn a_backend_refuses_memory_and_streams_of_another_device() {
+    let devices = devices_and_opencl_twins();
+    for ours in &devices {
+        let backend = ours.backend();
+        let stream = ours.stream();
+        let (mine, mut other) = (backend.allocate(64).unwrap(), backend.allocate(64).unwrap());
+        for theirs in devices.iter().filter(|d| d.id() != ours.id()) {
+            let foreign = theirs.backend().allocate(64).unwrap();
+            let err = backend.copy(stream.handle(), &foreign, &mut other, 64).unwrap_err();
+            assert!(matches!(err, Error::InvalidArgument { .. }), "{ours} given memory of {theirs}: {err}");
+            assert!(err.to_string().contains("expected memory of"), "{ours} given memory of {theirs}: {err}");
+            let their_stream = theirs.stream();
+            let err = backend.copy(their_stream.handle(), &mine, &mut other, 64).unwrap_err();
+            assert!(matches!(err, Error::InvalidArgument { .. }), "{ours} given a stream of {theirs}: {err}");
+            assert!(
+                err.to_string().contains("expected a stream of"),
+                "{ours} given a stream of {theirs}: {err}"
+            );
+        }
+    }
+}

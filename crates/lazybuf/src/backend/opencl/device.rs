@@ -153,9 +153,13 @@ impl OpenClBackend {
     }
 
     fn memory<'m>(&self, memory: &'m DeviceMemory) -> Result<&'m OpenClMemory> {
-        memory.handle::<OpenClMemory>().ok_or_else(|| {
-            Error::invalid("OpenCL device", format!("expected memory of an OpenCL device, got {memory:?}"))
-        })
+        match memory.handle::<OpenClMemory>() {
+            Some(m) if m.context == self.context => Ok(m),
+            _ => Err(Error::invalid(
+                "OpenCL device",
+                format!("expected memory of {}, got {memory:?}", self.info.name),
+            )),
+        }
     }
 
     fn stream<'s>(&self, stream: &'s dyn StreamHandle) -> Result<&'s OpenClStream> {
@@ -187,6 +191,7 @@ impl OpenClBackend {
         if bytes == 0 {
             return Ok(OpenClMemory {
                 mem: ptr::null_mut(),
+                context: self.context,
                 len: 0,
                 host_ptr: ptr::null(),
                 svm: ptr::null_mut(),
@@ -201,6 +206,7 @@ impl OpenClBackend {
         held.fetch_add(bytes as u64, Ordering::Relaxed);
         Ok(OpenClMemory {
             mem,
+            context: self.context,
             len: bytes,
             host_ptr: host_ptr.cast_const().cast(),
             svm: ptr::null_mut(),
@@ -459,7 +465,14 @@ impl Backend for OpenClBackend {
             if len > 0 {
                 return Err(Error::invalid("borrow", format!("a null cl_mem for {len} bytes")));
             }
-            let memory = OpenClMemory { mem, len: 0, host_ptr: ptr::null(), svm: ptr::null_mut(), held };
+            let memory = OpenClMemory {
+                mem,
+                context: self.context,
+                len: 0,
+                host_ptr: ptr::null(),
+                svm: ptr::null_mut(),
+                held,
+            };
             return Ok(DeviceMemory::new(0, false, Box::new(memory)));
         }
         let context = match clmem::get_mem_object_info(mem, clmem::CL_MEM_CONTEXT) {
@@ -483,7 +496,14 @@ impl Backend for OpenClBackend {
         // SAFETY: mem is a live buffer (the caller's promise); the memory's drop releases this
         // reference.
         unsafe { clmem::retain_mem_object(mem) }.map_err(|status| cl_error("clRetainMemObject", status))?;
-        let memory = OpenClMemory { mem, len, host_ptr: ptr::null(), svm: ptr::null_mut(), held };
+        let memory = OpenClMemory {
+            mem,
+            context: self.context,
+            len,
+            host_ptr: ptr::null(),
+            svm: ptr::null_mut(),
+            held,
+        };
         Ok(DeviceMemory::new(len, false, Box::new(memory)))
     }
 

@@ -19,6 +19,8 @@ use crate::host_memory::ForeignHostMemory;
 #[derive(Debug)]
 pub struct OpenClMemory {
     pub(super) mem: cl_mem,
+    /// The context of the device whose memory this is (only that device's queues use it).
+    pub(super) context: cl_context,
     pub(super) len: usize,
     /// For a zero-copy alias (`CL_MEM_USE_HOST_PTR`), the host block it aliases; else null.
     pub(super) host_ptr: *const u8,
