@@ -205,7 +205,7 @@ fn devices_and_opencl_twins() -> Vec<Device> {
 
 /// A backend handed memory or a stream of another device (another backend, or another
 /// context of its own backend) refuses it with an error naming what it expected, before any
-/// runtime call.
+/// runtime call (streams: every backend but the host's, which has none to misorder).
 #[test]
 fn a_backend_refuses_memory_and_streams_of_another_device() {
     let devices = devices_and_opencl_twins();
@@ -218,6 +218,11 @@ fn a_backend_refuses_memory_and_streams_of_another_device() {
             let err = backend.copy(stream.handle(), &foreign, &mut other, 64).unwrap_err();
             assert!(matches!(err, Error::InvalidArgument { .. }), "{ours} given memory of {theirs}: {err}");
             assert!(err.to_string().contains("expected memory of"), "{ours} given memory of {theirs}: {err}");
+            // The host device runs every call at once, on no stream, so any stream will do
+            // there (nothing can be misordered); that check stays off its hot path.
+            if ours.backend_kind() == BackendKind::HOST {
+                continue;
+            }
             let their_stream = theirs.stream();
             let err = backend.copy(their_stream.handle(), &mine, &mut other, 64).unwrap_err();
             assert!(matches!(err, Error::InvalidArgument { .. }), "{ours} given a stream of {theirs}: {err}");
