@@ -38,6 +38,9 @@ fi
 # A missing OpenCL or wgpu (lavapipe) device is a failure here, not a smaller test run.
 export LAZYBUF_REQUIRE=opencl,wgpu
 export PROPTEST_CASES="${PROPTEST_CASES:-2000}"
+# One build per run: incremental caches would only add ~1.5 GB of disk (CI machines' disks can
+# be small; see docs/RELIABILITY.md).
+export CARGO_INCREMENTAL=0
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
@@ -55,7 +58,8 @@ bash scripts/test-cuda-double.sh
 # With lavapipe too (about 25 s more on 2 cores; one suppression for a leak inside the driver).
 step "valgrind: contract, faults, pool, adopted (0 errors; definite leaks count as errors)"
 double="$PWD/target/cuda-double"
-binaries=$(cargo test -p lazybuf --all-features --no-run --message-format=json 2>/dev/null | python3 -c '
+# The binaries of the workspace build above (the same command: no second build).
+binaries=$(cargo test --workspace --all-features --no-run --message-format=json 2>/dev/null | python3 -c '
 import json, sys
 for line in sys.stdin:
     try: m = json.loads(line)
