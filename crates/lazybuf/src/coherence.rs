@@ -11,10 +11,13 @@
 //! - When nothing is valid anywhere, no copy is made and L's contents are unspecified.
 
 use std::fmt;
+use std::num::NonZeroU64;
 
-/// The identity of an opened device; never reused within a process.
+/// The identity of an opened device; never reused within a process. Never zero, so a
+/// [`Location`] is one word and comparing two is one instruction (every access compares
+/// locations several times).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct DeviceId(pub(crate) u64);
+pub struct DeviceId(pub(crate) NonZeroU64);
 
 impl fmt::Debug for DeviceId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -172,6 +175,7 @@ impl Coherence {
 
     /// The steps needed before `access` at `at`. `direct(from, to)` tells whether two devices
     /// can copy between each other without the host; host-device copies are always direct.
+    #[inline]
     pub fn plan(&self, at: Location, access: Access, direct: impl Fn(DeviceId, DeviceId) -> bool) -> Plan {
         let mut steps = Plan::default();
         let here = self.residency(at);
@@ -213,6 +217,7 @@ impl Coherence {
     }
 
     /// Records that `plan` was executed in full for `access` at `at`.
+    #[inline]
     pub fn commit(&mut self, at: Location, access: Access, plan: &Plan) {
         for step in plan.steps() {
             match *step {
@@ -291,8 +296,8 @@ mod tests {
     use Access::*;
     use Location::Host;
 
-    const D: Location = Location::Device(DeviceId(1));
-    const E: Location = Location::Device(DeviceId(2));
+    const D: Location = Location::Device(DeviceId(NonZeroU64::MIN));
+    const E: Location = Location::Device(DeviceId(NonZeroU64::MIN.saturating_add(1)));
 
     fn never(_: DeviceId, _: DeviceId) -> bool {
         false

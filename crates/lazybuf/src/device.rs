@@ -7,6 +7,7 @@
 //! in [`crate::backend`].
 
 use std::fmt;
+use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
@@ -28,13 +29,13 @@ struct Opened {
     cached: AtomicU64,
 }
 
-static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+static OPENED: AtomicU64 = AtomicU64::new(0);
 
 impl Device {
     /// Gives an opened backend an identity. Each call makes a new, distinct device.
     pub fn from_backend(backend: Arc<dyn Backend>) -> Device {
         let stream = backend.default_stream();
-        let id = DeviceId(NEXT_ID.fetch_add(1, Ordering::Relaxed));
+        let id = DeviceId(NonZeroU64::MIN.saturating_add(OPENED.fetch_add(1, Ordering::Relaxed)));
         Device { inner: Arc::new(Opened { id, backend, stream, cached: AtomicU64::new(0) }) }
     }
 

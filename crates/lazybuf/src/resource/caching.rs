@@ -134,7 +134,7 @@ struct Key {
 
 impl Hash for Key {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        state.write_u64(self.device.0);
+        state.write_u64(self.device.0.get());
         state.write_u8(match self.kind {
             MemoryKind::Device => 0,
             MemoryKind::Host { pinned: false } => 1,
