@@ -7,7 +7,7 @@ use std::panic::AssertUnwindSafe;
 use std::ptr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::{Status, panic_message, wgpu_error};
 use crate::backend::{Completion, MemoryHandle, RawMemory, RawStream, StreamHandle, Ticket};
@@ -236,8 +236,12 @@ impl StreamHandle for WgpuStream {
 
 /// Work that completes when a wgpu callback says so (`on_submitted_work_done`, a mapping's
 /// callback). Polling it polls the device, which is where wgpu runs callbacks; waiting polls
-/// with a growing pause (10 to 250 µs) until the callback has run, here or on the thread whose
-/// poll picked it up.
+/// until the callback has run, here or on the thread whose poll picked it up: first back to
+/// back, yielding the CPU between polls, for [`SPIN`]; then with a growing pause (10 to 250 µs).
+///
+/// Not `device.poll(Wait)`: a waiting poll blocks every other thread's `queue.submit` until it
+/// returns (gfx-rs/wgpu#9470) and trips an assertion in wgpu-core 30.0.1 when a submit overlaps
+/// it (gfx-rs/wgpu#9958).
 pub struct WgpuCompletion {
     context: Arc<Context>,
     outcome: Mutex<Option<Result<()>>>,
@@ -255,8 +259,14 @@ impl std::fmt::Debug for WgpuCompletion {
     }
 }
 
-/// The first and the longest pause between two polls of a wait. A callback that another
-/// thread's poll runs ends the pause at once.
+/// How long a wait polls back to back before it pauses between polls. A timed pause is never
+/// short: Linux adds its timer slack (50 µs by default) to every timed sleep, so pausing from
+/// the first poll made each short transfer's wait 30-40 µs longer than wgpu's own blocking
+/// wait (docs/BENCHMARKS.md, wgpu). Yielding between polls leaves the CPU to the driver's
+/// threads where they need it (lavapipe runs the GPU's work on the CPU).
+const SPIN: Duration = Duration::from_micros(100);
+/// The first and the longest pause between two polls of a wait, after [`SPIN`]. A callback
+/// that another thread's poll runs ends the pause at once.
 const FIRST_PAUSE: Duration = Duration::from_micros(10);
 const LONGEST_PAUSE: Duration = Duration::from_micros(250);
 
@@ -297,6 +307,7 @@ impl Completion for WgpuCompletion {
     }
 
     fn wait(&self) -> Result<()> {
+        let start = Instant::now();
         let mut pause = FIRST_PAUSE;
         loop {
             if let Err(err) = self.context.poll() {
@@ -305,6 +316,11 @@ impl Completion for WgpuCompletion {
             let slot = lock(&self.outcome);
             if let Some(outcome) = &*slot {
                 return outcome.clone();
+            }
+            if start.elapsed() < SPIN {
+                drop(slot);
+                std::thread::yield_now();
+                continue;
             }
             // Until the next poll, a callback run by another thread's poll wakes this one.
             drop(self.finished.wait_timeout(slot, pause).unwrap_or_else(PoisonError::into_inner));
