@@ -71,7 +71,7 @@ for line in sys.stdin:
 for binary in $binaries; do
   echo "valgrind $(basename "$binary")"
   LD_LIBRARY_PATH="$double${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" LAZYBUF_REQUIRE=opencl,cuda,wgpu \
-    valgrind -q --suppressions=scripts/valgrind.supp --error-exitcode=1 --leak-check=full \
+    valgrind -q --suppressions=scripts/valgrind.supp --error-exitcode=1 --leak-check=full --show-leak-kinds=definite \
     --errors-for-leak-kinds=definite "$binary" --test-threads=1 -q
 done
 
