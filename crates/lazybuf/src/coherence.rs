@@ -34,6 +34,9 @@ pub enum Location {
     Device(DeviceId),
 }
 
+// One word (the niche of `DeviceId`): see `DeviceId`.
+const _: () = assert!(size_of::<Location>() == size_of::<u64>());
+
 /// The state of one location.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Residency {
