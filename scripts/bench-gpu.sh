@@ -19,6 +19,8 @@ mode="${1:-all}"
 case "$mode" in build | run | all) shift || true ;; *) mode=all ;; esac
 dir="${1:-$root/.gpu-bench}"
 case "$dir" in /*) ;; *) dir="$root/$dir" ;; esac
+# shellcheck source=gpu-bins.sh
+. "$root/scripts/gpu-bins.sh"
 
 build() {
     set -e
@@ -38,6 +40,8 @@ for line in sys.stdin:
         print(m["target"]["name"], m["executable"])' |
         while read -r name path; do cp "$path" "$dir/bin/bench-$name"; done
     strip "$dir"/bin/* 2>/dev/null || true
+    echo "==> packing the bench binaries into one .tar.xz (scripts/gpu-bins.sh)"
+    pack_bins "$dir"
     echo "==> building the wheel (release)"
     local venv="${LAZYBUF_PY_VENV:-$root/.venv}"
     [ -x "$venv/bin/maturin" ] || { python3 -m venv "$venv" && "$venv/bin/pip" -q install maturin==1.16.0; }
@@ -55,6 +59,7 @@ for line in sys.stdin:
 
 run() {
     cd "$dir" || { echo "no $dir: run the build step first"; exit 2; }
+    unpack_bins "$dir" || { echo "could not unpack $dir/bin.tar.xz"; exit 2; }
     local report="$dir/gpu.md" log="${OUT:-$dir}"
     local gpu driver
     gpu=$(nvidia-smi --query-gpu=name,memory.total,pcie.link.gen.current,pcie.link.width.current --format=csv,noheader 2>/dev/null || echo "no NVIDIA GPU found")

@@ -19,6 +19,8 @@ mode="${1:-all}"
 case "$mode" in build | run | all) shift || true ;; *) mode=all ;; esac
 dir="${1:-$root/.gpu}"
 case "$dir" in /*) ;; *) dir="$root/$dir" ;; esac
+# shellcheck source=gpu-bins.sh
+. "$root/scripts/gpu-bins.sh"
 
 build() {
     set -e
@@ -38,17 +40,8 @@ for line in sys.stdin:
         print(m["target"]["name"], m["executable"])' |
         while read -r name path; do cp "$path" "$dir/bin/test-$name"; done
     strip --strip-debug "$dir"/bin/* 2>/dev/null || true
-    # Stripped, the binaries are still ~9 MB each (wgpu and ash are in every one): ~210 MB, over
-    # the 64 MiB a GPU machine is sent. They share most of their code, so one xz stream (its
-    # 64 MiB window spans several binaries) takes them to ~18 MB; `run` unpacks it.
-    echo "==> packing the test binaries into one .tar.xz (about 2 minutes)"
-    python3 - "$dir" <<'PY'
-import pathlib, shutil, sys, tarfile
-d = pathlib.Path(sys.argv[1])
-with tarfile.open(d / "bin.tar.xz", "w:xz", preset=9) as archive:
-    archive.add(d / "bin", arcname="bin")
-shutil.rmtree(d / "bin")
-PY
+    echo "==> packing the test binaries into one .tar.xz (about 2 minutes; scripts/gpu-bins.sh)"
+    pack_bins "$dir"
     echo "==> building the wheel (release, with the testing feature)"
     local venv="${LAZYBUF_PY_VENV:-$root/.venv}"
     [ -x "$venv/bin/maturin" ] || { python3 -m venv "$venv" && "$venv/bin/pip" -q install maturin==1.16.0; }
@@ -90,10 +83,7 @@ run_binary() { # run_binary NAME PATH LOG
 
 run() {
     cd "$dir" || { echo "no $dir: run the build step first"; exit 2; }
-    if [ ! -d bin ] && [ -f bin.tar.xz ]; then
-        python3 -c 'import tarfile; tarfile.open("bin.tar.xz").extractall(".", filter="data")' ||
-            { echo "could not unpack bin.tar.xz"; exit 2; }
-    fi
+    unpack_bins "$dir" || { echo "could not unpack $dir/bin.tar.xz"; exit 2; }
     local logs="${OUT:-$dir/logs}"
     mkdir -p "$logs"
     echo "lazybuf $(cat commit 2>/dev/null || echo '?') on $(hostname), $(date -u +%Y-%m-%dT%H:%MZ)"

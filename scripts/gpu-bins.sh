@@ -1,0 +1,22 @@
+# Sourced by scripts/test-gpu.sh and scripts/bench-gpu.sh: the binaries a GPU machine runs travel
+# as one .tar.xz. Stripped, each lazybuf binary is ~6-9 MB (wgpu and ash are in every one): the
+# 24 test binaries are ~210 MB, over the 64 MiB a GPU machine is sent in one call. They share most
+# of their code, so one xz stream (its 64 MiB window spans several binaries) takes them to
+# ~17 MB. Python's tarfile does both ends, so neither machine needs the xz tool.
+
+# pack_bins DIR: DIR/bin -> DIR/bin.tar.xz (about 2 minutes for the test binaries).
+pack_bins() {
+    python3 - "$1" <<'PY'
+import pathlib, shutil, sys, tarfile
+d = pathlib.Path(sys.argv[1])
+with tarfile.open(d / "bin.tar.xz", "w:xz", preset=9) as archive:
+    archive.add(d / "bin", arcname="bin")
+shutil.rmtree(d / "bin")
+PY
+}
+
+# unpack_bins DIR: DIR/bin.tar.xz -> DIR/bin, unless DIR/bin is there already.
+unpack_bins() {
+    [ -d "$1/bin" ] || [ ! -f "$1/bin.tar.xz" ] && return 0
+    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1] + "/bin.tar.xz").extractall(sys.argv[1], filter="data")' "$1"
+}
