@@ -127,6 +127,22 @@ impl Drop for LentFrame {
     }
 }
 
+/// Makes `raw`'s host current for `access` and returns the address of its bytes.
+fn host_address_in(raw: &mut RawBuffer, access: Access) -> PyResult<*mut u8> {
+    let bytes = raw.host_access(access).or_py()?;
+    Ok(if bytes.is_empty() { empty_address() } else { bytes.as_mut_ptr() })
+}
+
+/// Makes `raw`'s copy on `device` current for `access` and returns the runtime's handle to it.
+fn device_handle_in(raw: &mut RawBuffer, device: &Device, access: Access) -> PyResult<RawMemory> {
+    let memory = raw.device_access(device, access).or_py()?;
+    // SAFETY: the handle is only passed to Python together with an owner of this storage (a
+    // MemoryOwner or a clone of the Arc), so it stays valid as long as it is reachable; writes
+    // through it bypass tracking, which is why the binding counts device views as device
+    // writes.
+    Ok(unsafe { memory.raw() })
+}
+
 /// An address for empty views: NumPy wants a non-null, aligned pointer even for no bytes.
 fn empty_address() -> *mut u8 {
     #[repr(align(64))]
@@ -159,26 +175,45 @@ impl Storage {
 
     /// Makes the host current for `access` and returns the address of its bytes.
     pub fn host_address(&self, access: Access) -> PyResult<*mut u8> {
-        let mut raw = self.lock();
-        let bytes = raw.host_access(access).or_py()?;
-        Ok(if bytes.is_empty() { empty_address() } else { bytes.as_mut_ptr() })
+        host_address_in(&mut self.lock(), access)
     }
 
     /// [`Self::host_address`] with the GIL released (it may copy), so other Python threads
     /// run meanwhile. The core never calls Python, so holding the storage lock without the
     /// GIL cannot deadlock.
+    ///
+    /// When the access is bookkeeping only and the storage lock is free, it is made in place,
+    /// with the GIL held ([`Self::immediate`]).
     pub fn host_address_nogil(&self, py: Python<'_>, access: Access) -> PyResult<*mut u8> {
+        if let Some(mut raw) = self.immediate(None, access) {
+            return host_address_in(&mut raw, access);
+        }
         let address = py.detach(|| self.host_address(access).map(|a| a as usize))?;
         Ok(address as *mut u8)
     }
 
-    /// [`Self::device_handle`] with the GIL released (it may copy).
+    /// The core buffer, locked, when an access for `access` on `device` (the host when `None`)
+    /// is bookkeeping only ([`RawBuffer::access_is_immediate`]) and the lock is free: the
+    /// `_nogil` methods then make the access in place, with the GIL held, since releasing and
+    /// retaking the GIL cost more than the access (about 40% of a `.host`; callgrind,
+    /// docs/BENCHMARKS.md). No deadlock: this never waits for the storage lock while the GIL is
+    /// held (`try_lock`), and an immediate access waits for nothing.
+    fn immediate(&self, device: Option<&Device>, access: Access) -> Option<MutexGuard<'_, RawBuffer>> {
+        let raw = self.raw.try_lock().ok()?;
+        raw.access_is_immediate(device, access).then_some(raw)
+    }
+
+    /// [`Self::device_handle`] with the GIL released (it may copy); in place when the access
+    /// is bookkeeping only ([`Self::immediate`]).
     pub fn device_handle_nogil(
         &self,
         py: Python<'_>,
         device: &Device,
         access: Access,
     ) -> PyResult<RawMemory> {
+        if let Some(mut raw) = self.immediate(Some(device), access) {
+            return device_handle_in(&mut raw, device, access);
+        }
         /// A handle crossing the detached closure's boundary.
         struct Handle(RawMemory);
         // SAFETY: the handle is an opaque value (a pointer or a runtime handle) that is only
@@ -190,13 +225,7 @@ impl Storage {
 
     /// Makes `device`'s copy current for `access` and returns the runtime's handle to it.
     pub fn device_handle(&self, device: &Device, access: Access) -> PyResult<RawMemory> {
-        let mut raw = self.lock();
-        let memory = raw.device_access(device, access).or_py()?;
-        // SAFETY: the handle is only passed to Python together with an owner of this storage
-        // (a MemoryOwner or a clone of the Arc), so it stays valid as long as it is reachable;
-        // writes through it bypass tracking, which is why the binding counts device views as
-        // device writes.
-        Ok(unsafe { memory.raw() })
+        device_handle_in(&mut self.lock(), device, access)
     }
 
     /// A NumPy view of the host copy, made current for `access`. `cached` is returned when it

@@ -319,3 +319,67 @@ fn streams_of_the_wrong_kind_are_refused() {
         assert!(err.to_string().contains("expected an OpenCL queue"), "{err}");
     }
 }
+
+/// `RawBuffer::access_is_immediate` (the Python binding's fast path for `.host` and `.device`,
+/// taken with the GIL held) says yes exactly when an access is bookkeeping only, and such an
+/// access then moves no byte and allocates nothing.
+#[test]
+fn a_host_access_is_immediate_only_when_it_moves_and_waits_for_nothing() {
+    use lazybuf::RawBuffer;
+    use lazybuf::coherence::Access::{Overwrite, Read, Write};
+
+    for base in common::devices() {
+        let (device, plan) = FaultyDevice::wrap(&base);
+        let mut raw = RawBuffer::with_resource(4096, device.clone(), false, DirectResource::shared());
+        for access in [Read, Write, Overwrite] {
+            assert!(!raw.access_is_immediate(None, access), "no host copy yet, on {device}");
+            assert!(!raw.access_is_immediate(Some(&device), access), "no device copy yet, on {device}");
+        }
+        raw.host_access(Overwrite).unwrap().fill(7);
+        let immediate = |raw: &RawBuffer| [Read, Write, Overwrite].map(|a| raw.access_is_immediate(None, a));
+        let on_device =
+            |raw: &RawBuffer| [Read, Write, Overwrite].map(|a| raw.access_is_immediate(Some(&device), a));
+        assert_eq!(immediate(&raw), [true; 3], "the host is current, on {device}");
+
+        // Each immediate access moves nothing and allocates nothing.
+        let before = raw.transfer_stats();
+        for access in [Read, Write, Overwrite] {
+            raw.host_access(access).unwrap();
+        }
+        assert_eq!(raw.transfer_stats(), before, "on {device}");
+
+        assert_eq!(on_device(&raw), [false; 3], "no device copy yet, on {device}");
+        raw.device_access(&device, Read).unwrap();
+        assert_eq!(on_device(&raw), [true; 3], "the device copy is current, on {device}");
+        let before = raw.transfer_stats();
+        raw.device_access(&device, Read).unwrap();
+        assert_eq!(raw.transfer_stats(), before, "on {device}");
+
+        // A device write makes the host stale: the next host access copies.
+        raw.device_access(&device, Write).unwrap();
+        assert_eq!(immediate(&raw), [false; 3], "the host is stale, on {device}");
+        assert_eq!(on_device(&raw), [true; 3], "on {device}");
+        raw.host_access(Read).unwrap();
+        // The device copy was handed out; where it aliases the host block, a host write must
+        // first wait for the caller's use of it, so only a read is immediate there.
+        let aliased = device.is_zero_copy(4096);
+        assert_eq!(immediate(&raw), [true, !aliased, !aliased], "aliased: {aliased}, on {device}");
+        raw.host_access(Write).unwrap();
+        assert_eq!(immediate(&raw), [true; 3], "after the write waited, on {device}");
+
+        // A transfer in flight: nothing is immediate until it is settled.
+        plan.hold_completions(true);
+        let transfer = raw.sync_async(Some(&device)).unwrap();
+        assert!(raw.is_busy(), "the held copy is in flight, on {device}");
+        assert_eq!(immediate(&raw), [false; 3], "a transfer in flight, on {device}");
+        assert_eq!(on_device(&raw), [false; 3], "a transfer in flight, on {device}");
+        plan.hold_completions(false);
+        for held in plan.held() {
+            plan.release(held);
+        }
+        transfer.wait().unwrap();
+        raw.finish().unwrap();
+        assert_eq!(immediate(&raw), [true; 3], "settled, on {device}");
+        assert!(raw.host_access(Read).unwrap().iter().all(|&b| b == 7), "on {device}");
+    }
+}

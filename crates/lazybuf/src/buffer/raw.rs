@@ -266,6 +266,27 @@ impl RawBuffer {
         Ok(if access == Access::Read { &mut host.bytes_mut()[..n] } else { &mut host.as_mut_slice()[..n] })
     }
 
+    /// Whether an access for `access` on `device` (the host when `None`: [`Self::host_access`],
+    /// else [`Self::device_access`]) would be bookkeeping only: that copy is current, no
+    /// transfer is in flight, and, for the host, no device copy that aliases the host block is
+    /// in use (a host write waits for that use) and the coherence checker is off (its check of
+    /// a host read copies). Such an access allocates nothing, moves no bytes and waits for
+    /// nothing, so a caller that must not block (a binding holding its interpreter's lock) can
+    /// make it in place.
+    pub fn access_is_immediate(&self, device: Option<&Device>, access: Access) -> bool {
+        let at = device.map_or(Location::Host, |d| Location::Device(d.id()));
+        if !self.inflight.is_empty() || self.coherence.residency(at) != Residency::Valid {
+            return false;
+        }
+        match (at, access) {
+            (Location::Device(_), _) => true,
+            (Location::Host, Access::Read) => !crate::checking::checking(),
+            (Location::Host, Access::Write | Access::Overwrite) => self.copies.iter().all(|copy| {
+                !(copy.memory.is_host_alias() && (copy.used || !copy.external.is_trivially_done()))
+            }),
+        }
+    }
+
     /// The host bytes if the host copy is valid and no transfer into it is in flight, without
     /// any sync.
     pub fn host_if_valid(&self) -> Option<&[u8]> {
