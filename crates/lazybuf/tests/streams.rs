@@ -324,7 +324,7 @@ fn streams_of_the_wrong_kind_are_refused() {
 /// taken with the GIL held) says yes exactly when an access is bookkeeping only, and such an
 /// access then moves no byte and allocates nothing.
 #[test]
-fn a_host_access_is_immediate_only_when_it_moves_and_waits_for_nothing() {
+fn an_access_is_immediate_only_when_it_moves_and_waits_for_nothing() {
     use lazybuf::RawBuffer;
     use lazybuf::coherence::Access::{Overwrite, Read, Write};
 
