@@ -54,6 +54,13 @@ pub(super) struct DeviceCopy {
 }
 
 impl DeviceCopy {
+    /// Whether the copy is the host block itself and the caller may still be using it (it was
+    /// handed out, or work outside its stream was declared on it): a host write waits first.
+    #[inline(always)]
+    fn aliased_in_use(&self) -> bool {
+        self.memory.is_host_alias() && (self.used || !self.external.is_trivially_done())
+    }
+
     /// A ticket that completes when the caller's use of the memory so far has.
     fn last_use(&mut self) -> Result<Ticket> {
         if self.used {
@@ -281,9 +288,9 @@ impl RawBuffer {
         match (at, access) {
             (Location::Device(_), _) => true,
             (Location::Host, Access::Read) => !crate::checking::checking(),
-            (Location::Host, Access::Write | Access::Overwrite) => self.copies.iter().all(|copy| {
-                !(copy.memory.is_host_alias() && (copy.used || !copy.external.is_trivially_done()))
-            }),
+            (Location::Host, Access::Write | Access::Overwrite) => {
+                !self.copies.iter().any(DeviceCopy::aliased_in_use)
+            }
         }
     }
 
@@ -506,7 +513,7 @@ impl RawBuffer {
     #[inline(always)]
     fn await_aliased_use(&mut self) -> Result<()> {
         for copy in self.copies.iter_mut() {
-            if copy.memory.is_host_alias() && (copy.used || !copy.external.is_trivially_done()) {
+            if copy.aliased_in_use() {
                 copy.last_use()?.wait()?;
             }
         }
