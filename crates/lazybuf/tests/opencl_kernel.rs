@@ -116,3 +116,99 @@ fn the_seed_pattern_sync_kernel_mark_dirty_read_back() {
         assert_eq!(host[1], 31.0);
     }
 }
+
+const SLOW_SOURCE: &str = r#"
+__kernel void slow_fill(__global float* x, const float value, const int rounds) {
+    size_t i = get_global_id(0);
+    float acc = x[i];
+    for (int r = 0; r < rounds; r++) {
+        acc = acc * 0.5f + value * 0.5f;
+    }
+    x[i] = value + (acc - acc);
+}
+"#;
+
+/// Enqueues `slow_fill(mem, value, rounds)` over `n` elements on the device's queue (every
+/// element becomes `value`, slowly) and returns its event without waiting; the caller waits
+/// for and releases it.
+fn enqueue_slow_fill(device: &Device, mem: RawMemory, n: usize, value: f32, rounds: i32) -> cl3::types::cl_event {
+    // SAFETY (test): as in run_scale_add.
+    let RawDevice::OpenCl { context, queue, device: device_id } = (unsafe { device.raw() }) else {
+        panic!("{device} is not an OpenCL device");
+    };
+    let RawMemory::OpenCl(cl_mem) = mem else { panic!("not an OpenCL allocation: {mem:?}") };
+    let program = cl3::program::create_program_with_source(context, &[SLOW_SOURCE]).unwrap();
+    cl3::program::build_program(program, &[device_id], c"", None, ptr::null_mut()).unwrap();
+    let kernel = cl3::kernel::create_kernel(program, c"slow_fill").unwrap();
+    // SAFETY (test): argument sizes and pointers match the kernel's parameters; the cl_mem is
+    // alive while the buffer lives (the caller keeps it until the event completed). The kernel
+    // and program are released at once: OpenCL keeps them alive while the launch needs them.
+    unsafe {
+        cl3::kernel::set_kernel_arg(kernel, 0, size_of::<*mut c_void>(), (&raw const cl_mem).cast()).unwrap();
+        cl3::kernel::set_kernel_arg(kernel, 1, 4, (&raw const value).cast()).unwrap();
+        cl3::kernel::set_kernel_arg(kernel, 2, 4, (&raw const rounds).cast()).unwrap();
+        let global = [n];
+        let event = cl3::command_queue::enqueue_nd_range_kernel(
+            queue,
+            kernel,
+            1,
+            ptr::null(),
+            global.as_ptr(),
+            ptr::null(),
+            0,
+            ptr::null(),
+        )
+        .unwrap();
+        cl3::command_queue::flush(queue).unwrap();
+        cl3::kernel::release_kernel(kernel).unwrap();
+        cl3::program::release_program(program).unwrap();
+        event
+    }
+}
+
+/// A kernel on lazybuf's queue writes a device copy handed out for *reading* (the caller forgot
+/// `mark_device_dirty()`), and the host reads while the kernel may still run. Where the device
+/// copy is a separate memory, the host keeps its own (stale) bytes; where it aliases the host
+/// block (a zero-copy device: PoCL from 4 MiB), the read waits for the kernel and sees its
+/// whole result. Never a torn mix of the two, on any device and for any read (`host()`,
+/// `to_vec()`, `host_if_valid()`).
+#[test]
+fn a_host_read_after_an_undeclared_kernel_write_is_never_torn() {
+    for device in opencl_devices() {
+        // 1000 floats copy; 2 Mi floats (8 MiB) alias host memory on a host-sharing device.
+        for n in [1000usize, 2 << 20] {
+            for read in ["host", "to_vec", "host_if_valid"] {
+                let mut buf = UnifiedBuffer::from_slice(&vec![1.0f32; n], &device).unwrap();
+                let event = {
+                    let view = buf.device().unwrap();
+                    // SAFETY (test): the kernel's event is waited for before the buffer goes.
+                    enqueue_slow_fill(&device, unsafe { view.raw() }, n, 7.0, 1000)
+                };
+                let seen: Option<Vec<f32>> = match read {
+                    "host" => Some(buf.host().unwrap().to_vec()),
+                    "to_vec" => Some(buf.to_vec().unwrap()),
+                    _ => buf.host_if_valid().map(<[f32]>::to_vec),
+                };
+                let finished = cl3::event::get_event_info(event, cl3::event::CL_EVENT_COMMAND_EXECUTION_STATUS)
+                    .map(|status| status.to_int() == cl3::event::CL_COMPLETE as i32)
+                    .unwrap();
+                cl3::event::wait_for_events(&[event]).unwrap();
+                // SAFETY (test): the event is this test's own, waited for above.
+                unsafe { cl3::event::release_event(event).unwrap() };
+                let aliased = device.is_zero_copy(n * 4);
+                let Some(seen) = seen else {
+                    assert!(aliased, "host_if_valid of a copying buffer on {device} returns the host copy");
+                    continue;
+                };
+                let all_new = seen.iter().all(|&x| x == 7.0);
+                let all_old = seen.iter().all(|&x| x == 1.0);
+                assert!(all_new || all_old, "a torn read ({read}) of {n} floats on {device}");
+                if aliased {
+                    assert!(all_new && finished, "{read} of an aliased buffer on {device} waits for the kernel");
+                } else {
+                    assert!(all_old, "{read}: the host keeps its own bytes on {device}");
+                }
+            }
+        }
+    }
+}

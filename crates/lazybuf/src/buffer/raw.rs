@@ -15,10 +15,12 @@
 //!
 //! Every access first waits for the transfers in flight it depends on (and no others), and
 //! for the caller's own work on a device copy where it must: a device copy handed out through
-//! a view is *used*; later work on another stream, a host write into memory such a copy
-//! aliases, and freeing it are ordered after a marker of the copy's stream (which covers the
-//! caller's kernels enqueued there) and after any ticket the caller gave
-//! ([`crate::DeviceViewMut::used_until`]).
+//! a view is *used*; later work on another stream, any host access (read or write) of memory
+//! such a copy aliases (a zero-copy device), and freeing it are ordered after a marker of the
+//! copy's stream (which covers the caller's kernels enqueued there) and after any ticket the
+//! caller gave ([`crate::DeviceViewMut::used_until`]). So on a zero-copy device a host read
+//! after a kernel that wrote the device copy without `mark_device_dirty()` sees the kernel's
+//! whole result, never a torn one.
 //!
 //! Memory comes from, and goes back to, the buffer's [`MemoryResource`]; blocks may be larger
 //! than the buffer, which uses their first `nbytes`. A *read* of a buffer nothing holds the
@@ -55,7 +57,7 @@ pub(super) struct DeviceCopy {
 
 impl DeviceCopy {
     /// Whether the copy is the host block itself and the caller may still be using it (it was
-    /// handed out, or work outside its stream was declared on it): a host write waits first.
+    /// handed out, or work outside its stream was declared on it): a host access waits first.
     #[inline(always)]
     fn aliased_in_use(&self) -> bool {
         self.memory.is_host_alias() && (self.used || !self.external.is_trivially_done())
@@ -276,8 +278,8 @@ impl RawBuffer {
     /// Whether an access for `access` on `device` (the host when `None`: [`Self::host_access`],
     /// else [`Self::device_access`]) would be bookkeeping only: that copy is current, no
     /// transfer is in flight, and, for the host, no device copy that aliases the host block is
-    /// in use (a host write waits for that use) and the coherence checker is off (its check of
-    /// a host read copies). Such an access allocates nothing, moves no bytes and waits for
+    /// in use (a host access waits for that use) and, for a read, the coherence checker is off
+    /// (its check of a host read copies). Such an access allocates nothing, moves no bytes and waits for
     /// nothing, so a caller that must not block (a binding holding its interpreter's lock) can
     /// make it in place.
     pub fn access_is_immediate(&self, device: Option<&Device>, access: Access) -> bool {
@@ -287,17 +289,19 @@ impl RawBuffer {
         }
         match (at, access) {
             (Location::Device(_), _) => true,
-            (Location::Host, Access::Read) => !crate::checking::checking(),
-            (Location::Host, Access::Write | Access::Overwrite) => {
+            (Location::Host, access) => {
                 !self.copies.iter().any(DeviceCopy::aliased_in_use)
+                    && (access != Access::Read || !crate::checking::checking())
             }
         }
     }
 
-    /// The host bytes if the host copy is valid and no transfer into it is in flight, without
-    /// any sync.
+    /// The host bytes if the host copy is valid, no transfer into it is in flight and no
+    /// device copy that aliases it is in use (the caller's kernel may still write it), without
+    /// any sync or wait.
     pub fn host_if_valid(&self) -> Option<&[u8]> {
-        let incoming = self.inflight.iter().any(|op| op.writes.contains(Location::Host));
+        let incoming = self.inflight.iter().any(|op| op.writes.contains(Location::Host))
+            || self.copies.iter().any(DeviceCopy::aliased_in_use);
         (self.coherence.residency(Location::Host) == Residency::Valid && !incoming)
             .then(|| self.host.as_ref().map(|h| &h.as_slice()[..self.nbytes]))
             .flatten()
@@ -563,7 +567,10 @@ impl RawBuffer {
             self.settle_for(at, device, access)?;
         }
         let plan = self.plan(at, device, access);
-        if at == Location::Host && access != Access::Read {
+        if at == Location::Host {
+            // Reads too: on a zero-copy device the caller's kernel may still be writing the
+            // host block through the device copy it was handed (a forgotten
+            // mark_device_dirty()), and a read then must see its result, never a torn one.
             self.await_aliased_use()?;
         }
         // A read of data nobody holds sees zeros, never a previous user's bytes.
