@@ -26,6 +26,7 @@ from .exceptions import (
     MetalError,
     MetalUnavailableError,
     PyDotComputeError,
+    ReentrancyError,
 )
 from ._lazybuf import (
     Accelerator,
@@ -96,6 +97,7 @@ __all__ = [
     "PoolStatistics",
     "PoolStats",
     "PyDotComputeError",
+    "ReentrancyError",
     "Transfer",
     "UnifiedBuffer",
     "caching",

@@ -10,7 +10,9 @@ in ``lazybuf``), and lazybuf's own errors derive from them where the meaning mat
   Metal backend), is a ``BackendUnavailableError`` and a ``MetalError``;
 - ``CUDARuntimeError`` (a ``RuntimeError``), a failed CUDA driver call, is a ``CUDAError``;
 - ``CoherenceError`` (a ``RuntimeError``), found by the coherence checker, is a
-  ``BufferError``.
+  ``BufferError``;
+- ``ReentrancyError`` (a ``RuntimeError``), an object used from inside an operation on it on
+  the same thread (a failure callback, a finalizer it ran), is a ``BufferError``.
 
 ``BufferNotAllocatedError`` and ``BufferSyncError`` exist for ``except`` clauses and
 ``isinstance`` checks, but lazybuf never raises them: a buffer allocates at first use (the
@@ -40,6 +42,7 @@ __all__ = [
     "MetalError",
     "MetalUnavailableError",
     "PyDotComputeError",
+    "ReentrancyError",
 ]
 
 
@@ -116,6 +119,14 @@ class MetalUnavailableError(BackendUnavailableError, MetalError):
 
 class CUDARuntimeError(RuntimeError, CUDAError):
     """A CUDA driver call failed; the message names the call and the driver's ``CUresult``."""
+
+
+class ReentrancyError(RuntimeError, BufferError):
+    """A lazybuf object was used by code that runs inside an operation on that same object, on
+    the thread performing it: a memory resource's failure callback (or a finalizer that the
+    callback's ``gc.collect()`` ran) used the buffer, memory object or device buffer whose
+    allocation it serves. The operation holds the object, so the use cannot wait for it; use
+    the object after the operation returns. Other threads simply wait."""
 
 
 class CoherenceError(RuntimeError, BufferError):

@@ -20,8 +20,11 @@
 //!
 //! Threads: the class is frozen; its mutable fields sit behind one std mutex that is never
 //! held while Python code may run, so every method is safe from any thread and from a
-//! finalizer running inside another call, and nothing can panic on a borrow. Accesses that
-//! may move bytes release the GIL (the core never calls Python).
+//! finalizer running inside another call, and nothing can panic on a borrow. The core buffer
+//! sits behind a [`crate::lock::GilFreeMutex`]: accesses that may move bytes release the GIL,
+//! and the core may call Python while it holds that lock (a memory resource's failure
+//! callback), so the lock is never waited for with the GIL held, and code that the callback
+//! runs on the allocating thread gets `ReentrancyError` instead of waiting for itself.
 //!
 //! Stale host views: when the host copy goes stale (a device write) or the buffer is released,
 //! the writable `.host` arrays handed out (tracked by weak reference) are made read-only, so a
@@ -53,18 +56,21 @@ use crate::device_view::{cuda_array_interface, device_object};
 use crate::dlpack::{self, DlpackArgs, Source, dlpack_device};
 use crate::dtype::{self, ElementType, typestr};
 use crate::errors::{MetalUnavailableError, OrPyErr, released};
+use crate::lock;
 use crate::streams;
 use crate::transfer::{self, PyTransfer};
 use crate::views::{Storage, export_buffer, release_buffer};
 use crate::{args, state, wire};
 
-/// A host/device buffer with lazy synchronization (see the module docs for the access rules).
+/// An array with a host copy and a device copy, kept coherent lazily: a copy is made only
+/// when a stale copy is about to be used. `.host` (a writable NumPy view: counts as a host
+/// write), `.host_readonly`, `.device` (a device read: after a kernel writes it, call
+/// `mark_device_dirty()`), `.device_writable`, `to_numpy()`, `sync_to_device()`,
+/// `sync_to_host()`, `state` and `transfer_stats()` are the everyday calls.
 ///
-/// Safe to use from any thread: the class is frozen and its mutable fields sit behind one
-/// std mutex, which is never held while Python code can run (making arrays, calling the
-/// pool, dropping Python objects all happen after it is released), so a finalizer or another
-/// thread that uses the buffer meanwhile never finds it borrowed. Byte-moving accesses run
-/// with the GIL released.
+/// Safe to use from any thread and from finalizers; calls that may copy release the GIL.
+/// Used from inside its own allocation (a memory resource's failure callback) it raises
+/// `lazybuf.ReentrancyError` instead of waiting.
 #[pyclass(name = "UnifiedBuffer", module = "lazybuf", frozen, weakref)]
 pub struct UnifiedBuffer {
     shape: Vec<usize>,
@@ -174,8 +180,11 @@ impl UnifiedBuffer {
     /// device copy.
     fn storage_if(&self, uses_device: impl FnOnce(&RawBuffer) -> bool) -> PyResult<Arc<Storage>> {
         let storage = self.storage_unordered()?;
-        if storage.cupy_held() && uses_device(&storage.lock()) {
-            Python::attach(|py| streams::order_after_cupy(py, &storage, &self.home))?;
+        if storage.cupy_held() {
+            Python::attach(|py| {
+                let uses = uses_device(&*storage.lock(py)?);
+                if uses { streams::order_after_cupy(py, &storage, &self.home) } else { Ok(()) }
+            })?;
         }
         Ok(storage)
     }
@@ -292,7 +301,7 @@ impl UnifiedBuffer {
     fn freeze_if_host_stale(&self, py: Python<'_>) -> PyResult<()> {
         let storage = self.inner().storage.clone();
         let stale = match storage {
-            Some(storage) => storage.lock().residency(Location::Host) != Residency::Valid,
+            Some(storage) => storage.lock(py)?.residency(Location::Host) != Residency::Valid,
             None => true,
         };
         if !stale {
@@ -510,7 +519,7 @@ impl UnifiedBuffer {
     /// The host copy against the device copy, as a `BufferState`.
     #[getter]
     fn state(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        let state = self.storage_unordered()?.lock().state();
+        let state = self.storage_unordered()?.lock(py)?.state();
         state::to_python(py, state)
     }
 
@@ -522,8 +531,8 @@ impl UnifiedBuffer {
 
     /// Whether the host copy exists and is page-locked.
     #[getter]
-    fn is_pinned(&self) -> PyResult<bool> {
-        Ok(self.storage_unordered()?.lock().is_pinned())
+    fn is_pinned(&self, py: Python<'_>) -> PyResult<bool> {
+        Ok(self.storage_unordered()?.lock(py)?.is_pinned())
     }
 
     /// The buffer's own device.
@@ -564,8 +573,8 @@ impl UnifiedBuffer {
     /// a `cl_command_queue` on OpenCL, a `CUstream` on CUDA (`cupy.cuda.ExternalStream(buf.stream)`
     /// runs CuPy work there), 0 on the host device.
     #[getter]
-    fn stream(&self) -> PyResult<usize> {
-        Ok(streams::raw_stream(&*self.storage_unordered()?))
+    fn stream(&self, py: Python<'_>) -> PyResult<usize> {
+        streams::raw_stream(py, &*self.storage_unordered()?)
     }
 
     /// Orders lazybuf's next work on the device copy (copies into or out of it, fills, its
@@ -665,7 +674,7 @@ impl UnifiedBuffer {
 
     /// Copies and bytes moved since the buffer was made, and allocations made.
     fn transfer_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let stats = self.storage_unordered()?.lock().transfer_stats();
+        let stats = self.storage_unordered()?.lock(py)?.transfer_stats();
         let dict = PyDict::new(py);
         dict.set_item("host_to_device_copies", stats.host_to_device.copies)?;
         dict.set_item("host_to_device_bytes", stats.host_to_device.bytes)?;
@@ -704,10 +713,11 @@ impl UnifiedBuffer {
         self.shape.first().copied().ok_or_else(|| PyTypeError::new_err("len() of a 0-d buffer"))
     }
 
-    fn __repr__(&self) -> PyResult<String> {
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
         let storage = self.inner().storage.clone();
         let state = match storage {
-            Some(storage) => storage.lock().state().to_string(),
+            // In use by an operation on this thread (a failure callback printing the buffer).
+            Some(storage) => storage.lock(py).map_or_else(|_| "IN_USE".into(), |raw| raw.state().to_string()),
             None => "RELEASED".into(),
         };
         Ok(format!(
@@ -739,7 +749,7 @@ impl UnifiedBuffer {
         }
         if device {
             let (storage, home) = (this.storage()?, this.home.clone());
-            py.detach(|| storage.lock().sync(Some(&home)).or_py())?;
+            lock::detach(py, |d| storage.lock_detached(d)?.sync(Some(&home)).or_py())?;
         }
         Ok(slf.clone())
     }
@@ -753,7 +763,7 @@ impl UnifiedBuffer {
         let this = slf.get();
         let fresh = {
             let storage = this.storage()?;
-            let raw = storage.lock();
+            let raw = storage.lock(slf.py())?;
             let resource = Arc::clone(raw.resource());
             Storage::new(RawBuffer::with_resource(raw.nbytes(), this.home.clone(), this.pinned, resource))
         };
@@ -763,9 +773,9 @@ impl UnifiedBuffer {
     /// Whether the buffer holds memory (host or device) now: false for a new buffer and after
     /// `free()`, true from its first use or `allocate()`.
     #[getter]
-    fn is_allocated(&self) -> PyResult<bool> {
+    fn is_allocated(&self, py: Python<'_>) -> PyResult<bool> {
         let storage = self.storage()?;
-        let raw = storage.lock();
+        let raw = storage.lock(py)?;
         let held = |at| raw.residency(at) != Residency::Unallocated;
         Ok(held(Location::Host) || held(Location::Device(self.home.id())))
     }
@@ -820,8 +830,8 @@ impl UnifiedBuffer {
     /// that do not exist are not made (that is `allocate()`).
     fn synchronize(&self, py: Python<'_>) -> PyResult<()> {
         let (storage, home) = (self.storage()?, self.home.clone());
-        py.detach(|| {
-            let mut raw = storage.lock();
+        lock::detach(py, |d| {
+            let mut raw = storage.lock_detached(d)?;
             raw.finish().or_py()?;
             if raw.residency(Location::Host) == Residency::Stale {
                 raw.sync(None).or_py()?;
@@ -1040,7 +1050,7 @@ impl UnifiedBuffer {
     /// process's current device.
     fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
         let storage = self.storage()?;
-        let initialized = storage.lock().state() != lazybuf::BufferState::Uninitialized;
+        let initialized = storage.lock(py)?.state() != lazybuf::BufferState::Uninitialized;
         let data = if initialized { Some(storage.to_array(py, &self.shape, self.descr(py))?) } else { None };
         let rebuild = py.import("lazybuf._lazybuf")?.getattr("_rebuild_buffer")?;
         let args = (PyTuple::new(py, &self.shape)?, self.descr(py).clone(), self.pinned, data);

@@ -106,7 +106,7 @@ pub fn export<'py>(py: Python<'py>, source: Source<'_, 'py>, args: DlpackArgs<'p
             kwargs.set_item("max_version", args.max_version)?;
             return Ok(copy.call_method("__dlpack__", (), Some(&kwargs))?.unbind());
         }
-        let address = source.storage.host_address(Access::Write)?;
+        let address = source.storage.host_address_nogil(py, Access::Write)?;
         let exporter = Exporter::new(address.cast(), DLDevice::CPU, &source);
         return export_dlpack(&exporter, py, request);
     }
@@ -125,7 +125,7 @@ pub fn export<'py>(py: Python<'py>, source: Source<'_, 'py>, args: DlpackArgs<'p
     if args.copy == Some(true) {
         return Err(PyBufferError::new_err("copy=True is supported only for export to the CPU"));
     }
-    match source.storage.device_handle(source.home, Access::Write)? {
+    match source.storage.device_handle_nogil(py, source.home, Access::Write)? {
         RawMemory::Cuda(ptr) => {
             let exporter = Exporter::new(ptr as usize as *mut c_void, home_device, &source);
             export_dlpack(&exporter, py, request)

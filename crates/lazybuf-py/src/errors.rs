@@ -32,6 +32,9 @@ import_exception!(lazybuf.exceptions, CUDARuntimeError);
 // The coherence checker found a device copy written without mark_device_dirty(): a
 // RuntimeError.
 import_exception!(lazybuf.exceptions, CoherenceError);
+// An object used from inside an operation on it, on the thread performing it (a failure
+// callback, a finalizer it ran): a RuntimeError. Raised by [`crate::lock`].
+import_exception!(lazybuf.exceptions, ReentrancyError);
 
 /// Turns the coherence checker on or off for the whole process. While on, a host read of a
 /// SYNCHRONIZED buffer whose device copy was handed out by `.device` since it was last filled

@@ -41,6 +41,7 @@ pub mod dtype;
 pub mod errors;
 pub mod foreign;
 pub mod hostbuf;
+pub mod lock;
 pub mod memory;
 pub mod mr;
 pub mod pool;

@@ -143,7 +143,7 @@ impl PyMemoryPool {
         // The buffer is frozen with its own lock: nothing here borrows it, and nothing holds
         // its lock while Python code runs (Released::finish runs after it is released).
         let this = buffer.get();
-        let owned = self.pool.owns(&this.storage()?.lock());
+        let owned = self.pool.owns(&*this.storage()?.lock(buffer.py())?);
         if !owned {
             return Err(PyValueError::new_err(format!(
                 "release: expected a buffer acquired from this pool (on {}), got one {}; it was \

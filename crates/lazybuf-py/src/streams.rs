@@ -30,20 +30,21 @@ use lazybuf::{BackendKind, Device};
 
 use crate::accelerator::ordinal;
 use crate::errors::OrPyErr;
+use crate::lock;
 use crate::views::Storage;
 
 /// The raw handle of the stream lazybuf uses for this buffer, as an int: its
 /// `cl_command_queue` on OpenCL, its `CUstream` on CUDA, 0 on the host (whose work is done
 /// when each call returns).
-pub fn raw_stream(storage: &Storage) -> usize {
-    let raw = storage.lock();
+pub fn raw_stream(py: Python<'_>, storage: &Storage) -> PyResult<usize> {
+    let raw = storage.lock(py)?;
     // SAFETY: the handle is only turned into an int for the caller, who may use it while the
     // buffer's device is open (lazybuf keeps its own streams alive as long as the device).
-    match unsafe { raw.stream().raw() } {
+    Ok(match unsafe { raw.stream().raw() } {
         RawStream::OpenCl(queue) => queue as usize,
         RawStream::Cuda(stream) => stream as usize,
         _ => 0,
-    }
+    })
 }
 
 /// The raw handle of a stream object the caller passed (see the module docs).
@@ -100,17 +101,16 @@ pub fn order_after(
 /// stream `handle` of `home`'s runtime.
 fn order_after_handle(py: Python<'_>, storage: &Storage, home: &Device, handle: usize) -> PyResult<()> {
     let kind = home.backend_kind();
-    py.detach(|| {
+    lock::detach(py, |d| {
         let raw = handle as *mut c_void;
         let raw = if kind == BackendKind::OPENCL { RawStream::OpenCl(raw) } else { RawStream::Cuda(raw) };
         // SAFETY: the handle is a live queue or stream of this device's context, as the caller
         // promises (module docs); OpenCL checks the queue's context and refuses another one.
-        let wrapped = unsafe { home.wrap_stream(raw) }?;
-        let ticket = wrapped.marker()?;
-        storage.lock().used_until(home, ticket);
+        let wrapped = unsafe { home.wrap_stream(raw) }.or_py()?;
+        let ticket = wrapped.marker().or_py()?;
+        storage.lock_detached(d)?.used_until(home, ticket);
         Ok(())
     })
-    .or_py()
 }
 
 /// For a buffer whose device copy CuPy holds: orders lazybuf after CuPy's current stream for

@@ -18,6 +18,7 @@ use pyo3::prelude::*;
 use lazybuf::Device;
 
 use crate::errors::OrPyErr;
+use crate::lock;
 use crate::views::Storage;
 
 /// An asynchronous sync in flight (see the module docs).
@@ -29,7 +30,7 @@ pub struct PyTransfer {
 /// Enqueues the copies that make `device`'s copy (the host's when `None`) current and returns
 /// at once; nothing is copied when that copy is current already.
 pub fn start(py: Python<'_>, storage: &Storage, device: Option<&Device>) -> PyResult<PyTransfer> {
-    let transfer = py.detach(|| storage.lock().sync_async(device)).or_py()?;
+    let transfer = lock::detach(py, |d| storage.lock_detached(d)?.sync_async(device).or_py())?;
     Ok(PyTransfer { transfer })
 }
 

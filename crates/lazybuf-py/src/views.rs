@@ -44,10 +44,12 @@ use lazybuf::{DType, Device, RawBuffer, Ticket};
 use crate::dtype::buffer_format;
 use crate::errors::OrPyErr;
 use crate::hostbuf::HostBuffer;
+use crate::lock::{self, Detached, GilFreeGuard, GilFreeMutex};
 
 /// A buffer's memory, shared by the buffer and every view of it.
 pub struct Storage {
-    raw: Mutex<RawBuffer>,
+    /// Waited for only with the GIL released, never by the thread holding it ([`crate::lock`]).
+    raw: GilFreeMutex<RawBuffer>,
     /// Whether a CuPy array over the device copy was handed out: from then on each call on
     /// the buffer orders lazybuf after CuPy's current stream ([`crate::streams::order_after_cupy`]).
     cupy_held: AtomicBool,
@@ -62,8 +64,11 @@ pub struct MemoryOwner {
 
 #[pymethods]
 impl MemoryOwner {
-    fn __repr__(&self) -> String {
-        format!("<lazybuf.MemoryOwner of {} bytes>", self.storage.lock().nbytes())
+    fn __repr__(&self, py: Python<'_>) -> String {
+        match self.storage.lock(py) {
+            Ok(raw) => format!("<lazybuf.MemoryOwner of {} bytes>", raw.nbytes()),
+            Err(_) => "<lazybuf.MemoryOwner of a buffer in use>".into(),
+        }
     }
 }
 
@@ -153,7 +158,7 @@ fn empty_address() -> *mut u8 {
 impl Storage {
     /// Wraps a core buffer.
     pub fn new(raw: RawBuffer) -> Arc<Storage> {
-        Arc::new(Storage { raw: Mutex::new(raw), cupy_held: AtomicBool::new(false) })
+        Arc::new(Storage { raw: GilFreeMutex::new(raw, "UnifiedBuffer"), cupy_held: AtomicBool::new(false) })
     }
 
     /// Records that CuPy holds an array over the device copy.
@@ -166,29 +171,33 @@ impl Storage {
         self.cupy_held.load(Ordering::Relaxed)
     }
 
-    /// The core buffer. Never held while Python code runs.
-    pub fn lock(&self) -> MutexGuard<'_, RawBuffer> {
-        // A poisoned lock means a panic happened while it was held; the buffer's own state is
-        // committed only after successful steps, so it is still consistent.
-        self.raw.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    /// The core buffer, from a thread attached to the interpreter: waited for with the GIL
+    /// released; `ReentrancyError` on the thread that holds it already ([`crate::lock`]).
+    pub fn lock(&self, py: Python<'_>) -> PyResult<GilFreeGuard<'_, RawBuffer>> {
+        self.raw.lock(py)
+    }
+
+    /// The core buffer, from a detached thread (inside [`lock::detach`]).
+    pub fn lock_detached(&self, detached: &Detached) -> PyResult<GilFreeGuard<'_, RawBuffer>> {
+        self.raw.lock_detached(detached)
     }
 
     /// Makes the host current for `access` and returns the address of its bytes.
-    pub fn host_address(&self, access: Access) -> PyResult<*mut u8> {
-        host_address_in(&mut self.lock(), access)
+    pub fn host_address(&self, detached: &Detached, access: Access) -> PyResult<*mut u8> {
+        host_address_in(&mut *self.lock_detached(detached)?, access)
     }
 
     /// [`Self::host_address`] with the GIL released (it may copy), so other Python threads
-    /// run meanwhile. The core never calls Python, so holding the storage lock without the
-    /// GIL cannot deadlock.
+    /// run meanwhile (the core may call Python while it holds the storage lock, through a
+    /// memory resource's failure callback; [`crate::lock`] says why that cannot deadlock).
     ///
     /// When the access is bookkeeping only and the storage lock is free, it is made in place,
     /// with the GIL held ([`Self::immediate`]).
     pub fn host_address_nogil(&self, py: Python<'_>, access: Access) -> PyResult<*mut u8> {
         if let Some(mut raw) = self.immediate(None, access) {
-            return host_address_in(&mut raw, access);
+            return host_address_in(&mut *raw, access);
         }
-        let address = py.detach(|| self.host_address(access).map(|a| a as usize))?;
+        let address = lock::detach(py, |d| self.host_address(d, access).map(|a| a as usize))?;
         Ok(address as *mut u8)
     }
 
@@ -198,8 +207,8 @@ impl Storage {
     /// retaking the GIL cost more than the access (about 40% of a `.host`; callgrind,
     /// docs/BENCHMARKS.md). No deadlock: this never waits for the storage lock while the GIL is
     /// held (`try_lock`), and an immediate access waits for nothing.
-    fn immediate(&self, device: Option<&Device>, access: Access) -> Option<MutexGuard<'_, RawBuffer>> {
-        let raw = self.raw.try_lock().ok()?;
+    fn immediate(&self, device: Option<&Device>, access: Access) -> Option<GilFreeGuard<'_, RawBuffer>> {
+        let raw = self.raw.try_lock()?;
         raw.access_is_immediate(device, access).then_some(raw)
     }
 
@@ -212,20 +221,20 @@ impl Storage {
         access: Access,
     ) -> PyResult<RawMemory> {
         if let Some(mut raw) = self.immediate(Some(device), access) {
-            return device_handle_in(&mut raw, device, access);
+            return device_handle_in(&mut *raw, device, access);
         }
         /// A handle crossing the detached closure's boundary.
         struct Handle(RawMemory);
         // SAFETY: the handle is an opaque value (a pointer or a runtime handle) that is only
         // moved out of the closure, on the same thread; nothing dereferences it on the way.
         unsafe impl Send for Handle {}
-        let handle = py.detach(|| self.device_handle(device, access).map(Handle))?;
+        let handle = lock::detach(py, |d| self.device_handle(d, device, access).map(Handle))?;
         Ok(handle.0)
     }
 
     /// Makes `device`'s copy current for `access` and returns the runtime's handle to it.
-    pub fn device_handle(&self, device: &Device, access: Access) -> PyResult<RawMemory> {
-        device_handle_in(&mut self.lock(), device, access)
+    pub fn device_handle(&self, detached: &Detached, device: &Device, access: Access) -> PyResult<RawMemory> {
+        device_handle_in(&mut *self.lock_detached(detached)?, device, access)
     }
 
     /// A NumPy view of the host copy, made current for `access`. `cached` is returned when it
@@ -300,7 +309,7 @@ impl Storage {
             Err(_) => return Ok(false),
         };
         let Some(start) = NonNull::new(range.start as *mut u8) else { return Ok(false) };
-        let mut raw = self.lock();
+        let mut raw = self.lock(frame.py())?;
         if range.len() != raw.nbytes() || range.is_empty() {
             return Ok(false);
         }
@@ -330,8 +339,8 @@ impl Storage {
         let source = unsafe { (*npyffi::_PyArray_GET_ITEM_DATA(src.as_array_ptr())).data } as usize;
         // The copy runs without the GIL; `src` stays alive (the caller holds it) and cannot be
         // resized while referenced, so its bytes stay where they are.
-        src.py().detach(|| {
-            let mut raw = self.lock();
+        lock::detach(src.py(), |d| {
+            let mut raw = self.lock_detached(d)?;
             if !contiguous || nbytes != raw.nbytes() {
                 return Err(PyValueError::new_err(format!(
                     "copy_from: expected a C-contiguous array of {} bytes, got {nbytes} bytes",
@@ -341,12 +350,18 @@ impl Storage {
             let n = raw.nbytes();
             let source = source as *const u8;
             let destination = raw.host_access(Access::Overwrite).or_py()?[..n].as_mut_ptr();
-            if n > 0 && !ptr::eq(source, destination) {
+            let overlap =
+                (source as usize) < destination as usize + n && destination as usize <= source as usize + n;
+            if n > 0 && overlap {
+                // The source shares bytes with the host copy (an array over a frame this
+                // buffer adopted, say): NumPy's `a[...] = b`, as memmove does it.
                 // SAFETY: source is valid for n bytes (a C-contiguous array of n bytes, alive
-                // for this call, not written meanwhile: the caller holds it in this call); the
-                // destination slice has n bytes. The two never overlap: an array that shares
-                // bytes with this buffer and has its exact size and contiguity starts at the
-                // same address, which is excluded above.
+                // for this call: the caller holds it) and destination is the host copy's n
+                // bytes; `ptr::copy` allows the two to overlap.
+                unsafe { ptr::copy(source, destination, n) };
+            } else if n > 0 {
+                // SAFETY: as above; the two ranges do not overlap (checked above), so the
+                // slices alias nothing.
                 let (source, destination) = unsafe {
                     (std::slice::from_raw_parts(source, n), std::slice::from_raw_parts_mut(destination, n))
                 };
@@ -370,12 +385,12 @@ impl Storage {
         shape: &[usize],
         descr: &Bound<'py, PyArrayDescr>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let n = self.lock().nbytes();
+        let (n, device) = {
+            let raw = self.lock(py)?;
+            (raw.nbytes(), raw.home().clone())
+        };
         let (array, data) = if n >= OWNED_BLOCK_MIN {
-            let (device, resource) = {
-                let raw = self.lock();
-                (raw.home().clone(), default_resource(raw.home()))
-            };
+            let resource = default_resource(&device);
             let mut block = py.detach(|| resource.allocate_host(&device, n, false)).or_py()?;
             let data = block.as_mut_ptr();
             let owner = Bound::new(py, HostBlock { device, resource, block: Some(block) })?.into_any();
@@ -391,8 +406,8 @@ impl Storage {
         };
         let data = data as usize;
         // The copy (and any sync it needs) runs without the GIL; `array` is not yet shared.
-        py.detach(|| {
-            let mut raw = self.lock();
+        lock::detach(py, |d| {
+            let mut raw = self.lock_detached(d)?;
             let n = raw.nbytes();
             let source = &raw.host_access(Access::Read).or_py()?[..n];
             if n > 0 {
@@ -417,7 +432,7 @@ impl Storage {
             let data = (*npyffi::_PyArray_GET_ITEM_DATA(value.as_array_ptr())).data;
             std::slice::from_raw_parts(data.cast::<u8>(), n).to_vec()
         };
-        value.py().detach(|| self.lock().fill(&pattern).or_py())
+        lock::detach(value.py(), |d| self.lock_detached(d)?.fill(&pattern).or_py())
     }
 }
 

@@ -39,6 +39,7 @@ use crate::accelerator::selector;
 use crate::buffer::{UnifiedBuffer, shape_repr};
 use crate::device_view::cuda_array_interface;
 use crate::errors::OrPyErr;
+use crate::lock;
 use crate::views::{MemoryOwner, device_handles};
 use crate::{args, dtype};
 
@@ -56,7 +57,7 @@ fn host_bytes<'py>(buf: &Bound<'py, UnifiedBuffer>) -> PyResult<Option<Bound<'py
     let py = buf.py();
     let this = buf.get();
     let storage = this.storage()?;
-    if storage.lock().state() == BufferState::Uninitialized {
+    if storage.lock(py)?.state() == BufferState::Uninitialized {
         return Ok(None);
     }
     let bytes = numpy::dtype::<u8>(py);
@@ -282,7 +283,7 @@ pub fn _device_frame(buf: &Bound<'_, UnifiedBuffer>) -> PyResult<Option<DeviceFr
         return Err(not_cuda("a device frame", home));
     }
     let storage = this.storage()?;
-    if storage.lock().state() == BufferState::Uninitialized {
+    if storage.lock(py)?.state() == BufferState::Uninitialized {
         return Ok(None);
     }
     let ptr = match storage.device_handle_nogil(py, home, Access::Read)? {
@@ -330,8 +331,8 @@ pub fn _fill_from_device_pointer(
         return Err(not_cuda("a copy from device memory", &home));
     };
     let (context, storage) = (context as usize, this.storage()?);
-    py.detach(|| {
-        let mut raw = storage.lock();
+    lock::detach(py, |d| {
+        let mut raw = storage.lock_detached(d)?;
         if raw.state() != BufferState::Uninitialized {
             return Err(PyValueError::new_err(
                 "_fill_from_device_pointer fills only a buffer that holds no data (UNINITIALIZED)",

@@ -824,6 +824,7 @@ impl RawBuffer {
     fn check_coherence(&mut self) -> Result<()> {
         let n = self.nbytes;
         let Some(host) = self.host.as_ref() else { return Ok(()) };
+        let mut scratch = Vec::new();
         for copy in &mut self.copies {
             let at = Location::Device(copy.device.id());
             if !copy.handed_out
@@ -833,7 +834,15 @@ impl RawBuffer {
                 continue;
             }
             copy.last_use()?.wait()?;
-            let mut scratch = vec![0u8; n];
+            if scratch.is_empty() {
+                // Sized by the user's buffer: a failed allocation is an error, never an abort.
+                scratch.try_reserve_exact(n).map_err(|_| Error::OutOfMemory {
+                    device: "the host (the coherence checker's copy of the device data)".into(),
+                    requested: n,
+                    code: None,
+                })?;
+                scratch.resize(n, 0);
+            }
             let backend = copy.device.backend();
             // SAFETY: scratch lives and is untouched until the ticket is waited for, here.
             unsafe {
@@ -849,7 +858,6 @@ impl RawBuffer {
                     nbytes: n,
                 });
             }
-            scratch.clear();
         }
         Ok(())
     }

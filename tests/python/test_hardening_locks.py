@@ -1,0 +1,248 @@
+"""An object whose allocation is in progress, used by everything that can run meanwhile.
+
+A memory resource's failure callback runs Python code from inside an allocation, while the
+allocating call holds the object it allocates for. From there, and from a finalizer that the
+callback's ``gc.collect()`` runs, and from any other thread, every method of that object must
+give a result or a clear error (``lazybuf.ReentrancyError`` on the allocating thread), never a
+hang: the binding's lock (crates/lazybuf-py/src/lock.rs) is never waited for with the GIL held,
+nor by the thread that holds it.
+
+Each scenario runs in a fresh interpreter with a timeout, so a regression fails instead of
+hanging the suite. The tables below must name every public method: a new method without a
+row fails ``test_the_tables_name_every_method``.
+
+Also here: a host read of a buffer on a zero-copy device (PoCL from 4 MiB) while a kernel that
+writes its device copy without ``mark_device_dirty()`` runs is never torn, with and without
+the coherence checker; and the checker's own copy of a large device buffer raises
+``MemoryError`` when memory runs out, instead of aborting.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import numpy as np
+import pytest
+
+import lazybuf
+from conftest import run_python
+
+# Every public method and property of UnifiedBuffer, called on a buffer (`b`) of 4096 uint8.
+# `None`: not called (it needs something the scenario does not have) with the reason.
+UNIFIED_CALLS: dict[str, str | None] = {
+    "host": "b.host",
+    "host_readonly": "b.host_readonly",
+    "device": "b.device",
+    "device_writable": "b.device_writable",
+    "metal": "b.metal",
+    "shape": "b.shape",
+    "dtype": "b.dtype",
+    "nbytes": "b.nbytes",
+    "size": "b.size",
+    "ndim": "b.ndim",
+    "state": "b.state",
+    "pinned": "b.pinned",
+    "is_pinned": "b.is_pinned",
+    "device_handle": "b.device_handle",
+    "released": "b.released",
+    "sync_to_device": "b.sync_to_device()",
+    "sync_to_host": "b.sync_to_host()",
+    "sync_to_device_async": "b.sync_to_device_async().wait()",
+    "sync_to_host_async": "b.sync_to_host_async().wait()",
+    "stream": "b.stream",
+    "order_after": None,  # needs a stream of the device's runtime
+    "mark_host_dirty": "b.mark_host_dirty()",
+    "mark_device_dirty": "b.mark_device_dirty()",
+    "mark_metal_dirty": "b.mark_metal_dirty()",
+    "fill": "b.fill(3)",
+    "allocate": "b.allocate()",
+    "free": "b.free()",
+    "is_allocated": "b.is_allocated",
+    "zeros": "b.zeros()",
+    "copy_to": "b.copy_to(np.empty(b.shape, b.dtype))",
+    "synchronize": "b.synchronize()",
+    "ensure_on_device": "b.ensure_on_device().close()",
+    "ensure_on_host": "b.ensure_on_host().close()",
+    "copy_from": "b.copy_from(np.ones(b.shape, b.dtype))",
+    "to_numpy": "b.to_numpy()",
+    "transfer_stats": "b.transfer_stats()",
+    "release": None,  # ends the buffer: covered by `free`, which keeps it usable
+    "__getitem__": "b[0]",
+    "__setitem__": "b.__setitem__(0, 1)",
+    "__len__": "len(b)",
+    "__repr__": "repr(b)",
+    "__array__": "np.asarray(b)",
+    "__array_interface__": "b.__array_interface__",
+    "__cuda_array_interface__": "b.__cuda_array_interface__",
+    "__dlpack__": "b.__dlpack__()",
+    "__dlpack_device__": "b.__dlpack_device__()",
+    "__reduce__": "b.__reduce__()",
+    "__reduce_ex__": "pickle.dumps(b, protocol=5)",
+    "__sizeof__": "sys.getsizeof(b)",
+    "memoryview": "memoryview(b)",
+}
+
+# Methods every Python object has, or that make no sense on a live buffer.
+NOT_METHODS = {"__class_getitem__", "__enter__", "__exit__", "__init__", "__new__"}
+
+SCENARIO = """
+import gc, pickle, sys, threading, traceback
+import numpy as np
+import lazybuf
+import lazybuf.mr as lmr
+
+device = {device!r}
+CALLS = {calls!r}
+limit = lmr.LimitingResourceAdaptor(lmr.DirectMemoryResource(), 1 << 20)
+hog = [lmr.DirectMemoryResource()]
+held = [limit.allocate((1 << 20) - 1024, device={device!r})]
+outcomes = {{}}
+threads = []
+b = None
+
+def call(name, where):
+    try:
+        exec(CALLS[name], {{"b": b, "np": np, "pickle": pickle, "sys": sys}})
+        outcomes[(name, where)] = "ok"
+    except lazybuf.ReentrancyError as err:
+        assert where != "thread", f"{{name}} raised ReentrancyError on another thread"
+        assert "in use by an operation in progress" in str(err), err
+        outcomes[(name, where)] = "reentrancy"
+    except Exception as err:  # a clear error of another kind is allowed (e.g. .metal)
+        outcomes[(name, where)] = type(err).__name__
+
+class Finalized:
+    def __init__(self):
+        self.cycle = self
+    def __del__(self):
+        for name in CALLS:
+            call(name, "finalizer")
+
+def callback(nbytes):
+    if held:
+        Finalized()
+        gc.collect()
+        for name in CALLS:
+            call(name, "callback")
+        for name in CALLS:
+            t = threading.Thread(target=call, args=(name, "thread"), daemon=True)
+            t.start()
+            threads.append(t)
+        limit.deallocate(held.pop(), (1 << 20) - 1024)
+        return True
+    return False
+
+lmr.set_current_device_resource(lmr.FailureCallbackResourceAdaptor(limit, callback), device={device!r})
+b = lazybuf.UnifiedBuffer((4096,), np.uint8, device=device)
+b.host[:] = 7  # allocates through the callback
+for t in threads:
+    t.join(60)
+    assert not t.is_alive(), "a thread is still waiting"
+for where in ("callback", "finalizer", "thread"):
+    missing = [n for n in CALLS if (n, where) not in outcomes]
+    assert not missing, (where, missing)
+assert any(v == "reentrancy" for (n, w), v in outcomes.items() if w == "callback"), outcomes
+print("DONE", sorted(set(outcomes.values())))
+"""
+
+
+def _devices() -> list[str]:
+    found = ["host"]
+    for d in lazybuf.get_accelerator().devices:
+        if d.backend in ("opencl", "wgpu", "cuda") and d.backend not in found:
+            found.append(d.backend)
+    return found
+
+
+def test_the_tables_name_every_method():
+    public = {n for n in dir(lazybuf.UnifiedBuffer) if not n.startswith("_")}
+    dunder = {n for n in vars(lazybuf.UnifiedBuffer) if n.startswith("__") and n not in NOT_METHODS}
+    dunder -= set(dir(object)) - {"__repr__", "__reduce__", "__reduce_ex__", "__sizeof__"}
+    missing = (public | dunder) - set(UNIFIED_CALLS)
+    assert not missing, f"add these to UNIFIED_CALLS: {sorted(missing)}"
+
+
+@pytest.mark.parametrize("device", _devices())
+def test_every_method_during_an_allocation_in_a_failure_callback(device):
+    calls = {name: code for name, code in UNIFIED_CALLS.items() if code is not None}
+    result = run_python(SCENARIO.format(device=device, calls=calls))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "DONE" in result.stdout, result.stdout + result.stderr
+
+
+ZERO_COPY_KERNEL = """
+__kernel void slow_fill(__global float* x, const float value, const int rounds) {
+    size_t i = get_global_id(0);
+    float acc = x[i];
+    for (int r = 0; r < rounds; r++) {
+        acc = acc * 0.5f + value * 0.5f;
+    }
+    x[i] = value + (acc - acc);
+}
+"""
+
+
+@pytest.mark.parametrize("check", [False, True])
+@pytest.mark.parametrize("read", ["to_numpy", "host_readonly", "array"])
+def test_a_host_read_during_an_undeclared_kernel_write_is_never_torn(opencl_device, pyopencl, check, read):
+    cl = pyopencl
+    n = 2 << 20  # 8 MiB of float32: PoCL aliases host memory from 4 MiB
+    buf = lazybuf.UnifiedBuffer((n,), np.float32, device=opencl_device)
+    buf.host[:] = 1.0
+    arr = buf.device  # a device *read*: the kernel's write below is not declared
+    program = cl.Program(arr.context, ZERO_COPY_KERNEL).build()
+    was = lazybuf.checking()
+    lazybuf.set_checking(check)
+    try:
+        program.slow_fill(arr.queue, (n,), None, arr.data, np.float32(7.0), np.int32(1000))
+        try:
+            if read == "to_numpy":
+                seen = buf.to_numpy()
+            elif read == "host_readonly":
+                seen = buf.host_readonly.copy()
+            else:
+                seen = np.array(buf, copy=True)
+        except lazybuf.CoherenceError:
+            # Only where the device copy is a memory of its own: the checker compared them.
+            assert check and not opencl_device.shares_host_memory, "the checker is off, or the copy is aliased"
+            return
+        finally:
+            arr.queue.finish()
+    finally:
+        lazybuf.set_checking(was)
+    new, old = bool((seen == 7.0).all()), bool((seen == 1.0).all())
+    assert new or old, f"a torn read: {np.count_nonzero(seen == 7.0)} of {n} elements written"
+    if opencl_device.shares_host_memory:
+        # PoCL's CPU device: the device copy is the host block from 4 MiB.
+        assert new, "the read waited for the kernel"
+
+
+def test_the_checkers_copy_of_a_large_buffer_raises_memory_error_when_memory_runs_out():
+    devices = [d for d in lazybuf.get_accelerator().devices if d.backend in ("wgpu", "opencl", "cuda")]
+    if not devices:
+        pytest.skip("needs a device whose copy is not the host block")
+    for device in devices:
+        code = textwrap.dedent(
+            f"""
+            import re, resource
+            import numpy as np
+            import lazybuf
+            device = {device.selector!r}
+            # 3 MiB: a device copy of its own on every device (PoCL aliases from 4 MiB).
+            b = lazybuf.UnifiedBuffer((3 << 20,), np.uint8, device=device)
+            b.host[:] = 1
+            b.sync_to_device()
+            b.device  # handed out: a host read with the checker on compares the copies
+            lazybuf.set_checking(True)
+            vm = int(re.search(r"VmSize:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) * 1024
+            resource.setrlimit(resource.RLIMIT_AS, (vm + (1 << 20), resource.RLIM_INFINITY))
+            try:
+                b.host_readonly
+                print("NO-ERROR")
+            except MemoryError as err:
+                print("MemoryError:", err)
+            """
+        )
+        result = run_python(code)
+        assert result.returncode == 0, f"{device.selector}: " + result.stdout + result.stderr
+        assert "MemoryError: out of memory" in result.stdout, f"{device.selector}: " + result.stdout + result.stderr
