@@ -53,6 +53,24 @@ cargo test --workspace --all-features --no-run
 step "Rust tests: host, OpenCL (PoCL) and wgpu (lavapipe)"
 cargo test --workspace --all-features
 
+# The numbered examples (crates/lazybuf/examples/0*.rs), from the build above, on every device
+# kind they run on: each asserts what it shows.
+step "examples: 01-05 on the host, PoCL and lavapipe"
+examples=$(cargo test --workspace --all-features --no-run --message-format=json 2>/dev/null | python3 -c '
+import json, sys
+for line in sys.stdin:
+    try: m = json.loads(line)
+    except ValueError: continue
+    if m.get("reason") == "compiler-artifact" and "example" in m["target"]["kind"] and m["target"]["name"][:1] == "0":
+        print(m["executable"])' | sort)
+[ "$(echo "$examples" | wc -w)" -ge 5 ] || { echo "expected 5 numbered examples, found: $examples"; exit 1; }
+for example in $examples; do
+  for device in host opencl wgpu; do
+    echo "$(basename "$example") on $device"
+    LAZYBUF_DEVICE=$device "$example" >/dev/null
+  done
+done
+
 step "scripts/test-cuda-double.sh: the Rust suite again on the CUDA driver test double"
 bash scripts/test-cuda-double.sh
 

@@ -69,6 +69,7 @@ UNIFIED_CALLS: dict[str, str | None] = {
     "release": None,  # ends the buffer: covered by `free`, which keeps it usable
     "__getitem__": "b[0]",
     "__setitem__": "b.__setitem__(0, 1)",
+    "__delitem__": "b.__delitem__(0)",
     "__len__": "len(b)",
     "__repr__": "repr(b)",
     "__array__": "np.asarray(b)",
@@ -83,7 +84,7 @@ UNIFIED_CALLS: dict[str, str | None] = {
 }
 
 # Methods every Python object has, or that make no sense on a live buffer.
-NOT_METHODS = {"__class_getitem__", "__enter__", "__exit__", "__init__", "__new__"}
+NOT_METHODS = {"__class_getitem__", "__enter__", "__exit__", "__init__", "__module__", "__new__"}
 
 SCENARIO = """
 import gc, pickle, sys, threading, traceback
