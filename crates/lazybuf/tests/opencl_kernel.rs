@@ -131,7 +131,13 @@ __kernel void slow_fill(__global float* x, const float value, const int rounds) 
 /// Enqueues `slow_fill(mem, value, rounds)` over `n` elements on the device's queue (every
 /// element becomes `value`, slowly) and returns its event without waiting; the caller waits
 /// for and releases it.
-fn enqueue_slow_fill(device: &Device, mem: RawMemory, n: usize, value: f32, rounds: i32) -> cl3::types::cl_event {
+fn enqueue_slow_fill(
+    device: &Device,
+    mem: RawMemory,
+    n: usize,
+    value: f32,
+    rounds: i32,
+) -> cl3::types::cl_event {
     // SAFETY (test): as in run_scale_add.
     let RawDevice::OpenCl { context, queue, device: device_id } = (unsafe { device.raw() }) else {
         panic!("{device} is not an OpenCL device");
@@ -189,9 +195,10 @@ fn a_host_read_after_an_undeclared_kernel_write_is_never_torn() {
                     "to_vec" => Some(buf.to_vec().unwrap()),
                     _ => buf.host_if_valid().map(<[f32]>::to_vec),
                 };
-                let finished = cl3::event::get_event_info(event, cl3::event::CL_EVENT_COMMAND_EXECUTION_STATUS)
-                    .map(|status| status.to_int() == cl3::event::CL_COMPLETE as i32)
-                    .unwrap();
+                let finished =
+                    cl3::event::get_event_info(event, cl3::event::CL_EVENT_COMMAND_EXECUTION_STATUS)
+                        .map(|status| status.to_int() == cl3::event::CL_COMPLETE as i32)
+                        .unwrap();
                 cl3::event::wait_for_events(&[event]).unwrap();
                 // SAFETY (test): the event is this test's own, waited for above.
                 unsafe { cl3::event::release_event(event).unwrap() };
@@ -204,7 +211,10 @@ fn a_host_read_after_an_undeclared_kernel_write_is_never_torn() {
                 let all_old = seen.iter().all(|&x| x == 1.0);
                 assert!(all_new || all_old, "a torn read ({read}) of {n} floats on {device}");
                 if aliased {
-                    assert!(all_new && finished, "{read} of an aliased buffer on {device} waits for the kernel");
+                    assert!(
+                        all_new && finished,
+                        "{read} of an aliased buffer on {device} waits for the kernel"
+                    );
                 } else {
                     assert!(all_old, "{read}: the host keeps its own bytes on {device}");
                 }

@@ -8,6 +8,42 @@
 //! `&mut self` and returns a `Result`, and each returns only once its copies are done. The
 //! `*_async` syncs return at once with a [`Transfer`] (see [`raw`] for the state of a buffer
 //! while a transfer is in flight, and after one fails).
+//!
+//! The borrow checker enforces the access rules, as rust-numpy's borrows do for arrays. A live
+//! device view borrows the buffer, so no host write can change bytes a kernel is using:
+//!
+//! ```compile_fail
+//! # fn main() -> lazybuf::Result<()> {
+//! let mut buf = lazybuf::UnifiedBuffer::<f32>::on(&[16], &lazybuf::Device::host())?;
+//! let view = buf.device()?; // the kernel's handle comes from here
+//! buf.host_mut()?[0] = 1.0; // error: `buf` is still borrowed by `view`
+//! drop(view);
+//! # Ok(()) }
+//! ```
+//!
+//! and a host slice borrows it too, so no sync can move bytes under it:
+//!
+//! ```compile_fail
+//! # fn main() -> lazybuf::Result<()> {
+//! let mut buf = lazybuf::UnifiedBuffer::<f32>::on(&[16], &lazybuf::Device::host())?;
+//! let host = buf.host()?;
+//! buf.sync_to_device()?; // error: `buf` is still borrowed by `host`
+//! println!("{}", host[0]);
+//! # Ok(()) }
+//! ```
+//!
+//! Ending the borrow first is what compiles:
+//!
+//! ```
+//! # fn main() -> lazybuf::Result<()> {
+//! let mut buf = lazybuf::UnifiedBuffer::<f32>::on(&[16], &lazybuf::Device::host())?;
+//! buf.host_mut()?.fill(1.0);
+//! {
+//!     let _view = buf.device_mut()?; // a kernel writes the device copy here
+//! }
+//! assert_eq!(buf.host()?[0], 1.0);
+//! # Ok(()) }
+//! ```
 
 mod inflight;
 mod raw;

@@ -32,12 +32,6 @@ pub struct DeviceViewMut<'a, T> {
     _element: PhantomData<&'a mut [T]>,
 }
 
-impl std::fmt::Debug for DeviceCopy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DeviceCopy").field("device", &self.device).field("memory", &self.memory).finish()
-    }
-}
-
 /// Copies the copy's first `out.len()` bytes into `out`, waiting for it.
 fn read(copy: &DeviceCopy, out: &mut [u8]) -> Result<()> {
     let backend = copy.device.backend();

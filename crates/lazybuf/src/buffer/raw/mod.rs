@@ -27,69 +27,29 @@
 //! data of (UNINITIALIZED) sees zeros: reused memory never shows a previous user's bytes to a
 //! read. Element types are the typed wrapper's business ([`super::UnifiedBuffer`]) and the
 //! Python binding's: here everything is bytes.
+//!
+//! The engine is split by job: this file holds the API, the state and the accesses (plan,
+//! settle, commit); [`copy`] a device copy and its use by the caller; [`execute`] a plan's
+//! allocations, copies and rollback; [`checker`] the coherence checker's comparison.
+
+mod checker;
+mod copy;
+mod execute;
 
 use std::sync::Arc;
 
+pub(super) use copy::DeviceCopy;
+use execute::{give_back, give_back_host, synchronized};
+
 use super::Transfer;
 use super::inflight::{InFlight, Locations, Undo, touched};
-use super::stats::{Direction, TransferStats};
-use crate::backend::{DeviceMemory, HostSpan, Ticket};
+use super::stats::TransferStats;
+use crate::backend::{DeviceMemory, Ticket};
 use crate::coherence::{Access, BufferState, Coherence, DeviceId, Location, Plan, Residency, Step};
 use crate::device::{Device, Stream};
 use crate::error::{Error, Result};
 use crate::host_memory::{HostMemory, fill_pattern};
 use crate::resource::MemoryResource;
-
-/// A buffer's copy on one device.
-pub(super) struct DeviceCopy {
-    pub(super) device: Device,
-    /// The stream its transfers (and the caller's kernels, ideally) run on.
-    pub(super) stream: Stream,
-    pub(super) memory: DeviceMemory,
-    /// Handed out through a view since a marker was last taken: the caller may have work on
-    /// `stream` that uses it.
-    used: bool,
-    /// Work the caller said uses the memory, and markers of `stream` taken for it.
-    external: Ticket,
-    /// For the checker: handed out for reading since it was last filled or written.
-    handed_out: bool,
-}
-
-impl DeviceCopy {
-    /// Whether the copy is the host block itself and the caller may still be using it (it was
-    /// handed out, or work outside its stream was declared on it): a host access waits first.
-    #[inline(always)]
-    fn aliased_in_use(&self) -> bool {
-        self.memory.is_host_alias() && (self.used || !self.external.is_trivially_done())
-    }
-
-    /// A ticket that completes when the caller's use of the memory so far has.
-    fn last_use(&mut self) -> Result<Ticket> {
-        if self.used {
-            let marker = self.stream.marker()?;
-            self.external = Ticket::all([std::mem::take(&mut self.external), marker]);
-            self.used = false;
-        }
-        if matches!(self.external.poll(), Ok(true)) {
-            self.external = Ticket::done();
-        }
-        Ok(self.external.clone())
-    }
-
-    /// Orders later work on the copy's own stream after the caller's explicit tickets (its
-    /// kernels on the stream itself are ordered already).
-    fn order_stream(&mut self) -> Result<()> {
-        if !self.external.is_trivially_done() {
-            self.stream.wait_for(&self.external)?;
-        }
-        Ok(())
-    }
-
-    /// Records that the caller's work `ticket` uses the memory.
-    pub(super) fn used_until(&mut self, ticket: Ticket) {
-        self.external = Ticket::all([std::mem::take(&mut self.external), ticket]);
-    }
-}
 
 /// An untyped buffer of `nbytes` bytes, coherent across the host and any number of devices.
 pub struct RawBuffer {
@@ -332,8 +292,7 @@ impl RawBuffer {
         self.access(Location::Device(device.id()), Some(device), access)?;
         let index = self.copy_index(device.id()).expect("the device is allocated after a device access");
         let copy = &mut self.copies[index];
-        copy.used = true;
-        copy.handed_out = access == Access::Read;
+        copy.hand_out(access == Access::Read);
         Ok(copy)
     }
 
@@ -416,7 +375,7 @@ impl RawBuffer {
             }
             return Err(err);
         }
-        copy.handed_out = false;
+        copy.written();
         self.coherence.commit(Location::Device(id), Access::Overwrite, &Plan::default());
         Ok(())
     }
@@ -562,11 +521,14 @@ impl RawBuffer {
     }
 
     fn access(&mut self, at: Location, device: Option<&Device>, access: Access) -> Result<()> {
-        // The blocking calls' fast path: no transfer in flight, nothing to settle.
-        if !self.inflight.is_empty() {
-            self.settle_for(at, device, access)?;
-        }
         let plan = self.plan(at, device, access);
+        // The blocking calls' fast path: no transfer in flight, nothing to settle. Settling
+        // the transfers the access depends on changes no state when they succeed (a transfer
+        // commits when it is enqueued), so the plan stays; when one failed, the error returns.
+        if !self.inflight.is_empty() {
+            let (reads, writes) = self.touched(&plan, at, device, access);
+            self.settle(|op| op.conflicts(&reads, &writes))?;
+        }
         if at == Location::Host {
             // Reads too: on a zero-copy device the caller's kernel may still be writing the
             // host block through the device copy it was handed (a forgotten
@@ -607,315 +569,14 @@ impl RawBuffer {
     /// checker) and the written copy's own write is declared.
     fn forget_hand_outs(&mut self) {
         for copy in &mut self.copies {
-            copy.handed_out = false;
+            copy.written();
         }
-    }
-
-    /// Zero-fills location `at` (allocated, nothing valid anywhere).
-    fn zero(&mut self, at: Location) -> Result<()> {
-        match at {
-            Location::Host => {
-                let host = self.host.as_mut().expect("the host is allocated before it is zeroed");
-                if !host.is_known_zero() {
-                    let n = self.nbytes;
-                    host.as_mut_slice()[..n].fill(0);
-                }
-                Ok(())
-            }
-            Location::Device(id) => {
-                let i = self.copy_index(id).expect("a device copy is allocated before it is zeroed");
-                let copy = &mut self.copies[i];
-                copy.order_stream()?;
-                copy.device.backend().fill(copy.stream.handle(), &mut copy.memory, &[0], self.nbytes)?.wait()
-            }
-        }
-    }
-
-    /// Runs a plan's allocations and copies. With `pending`, copies are only enqueued and
-    /// their tickets collected; without it each is waited for.
-    fn execute(
-        &mut self,
-        plan: &Plan,
-        device: Option<&Device>,
-        undo: &mut Undo,
-        stats: &mut TransferStats,
-        mut pending: Option<&mut Vec<Ticket>>,
-    ) -> Result<()> {
-        for step in plan.steps() {
-            match *step {
-                Step::Allocate(Location::Host) => self.allocate_host(undo, stats)?,
-                Step::Allocate(Location::Device(id)) => {
-                    let device =
-                        device.filter(|d| d.id() == id).expect("plans allocate only the accessed device");
-                    self.allocate_on(device, undo, stats)?;
-                }
-                Step::Copy { from, to } => {
-                    let after = pending.as_deref().and_then(|tickets| tickets.last().cloned());
-                    let ticket = self.copy(from, to, stats, after)?;
-                    match pending.as_deref_mut() {
-                        Some(tickets) => tickets.push(ticket),
-                        None => ticket.wait()?,
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn allocate_host(&mut self, undo: &mut Undo, stats: &mut TransferStats) -> Result<()> {
-        if self.host.is_none() {
-            let block = self.resource.allocate_host(&self.home, self.nbytes, self.pinned)?;
-            if block.len() < self.nbytes {
-                let short = block.len();
-                self.resource.deallocate_host(&self.home, block, Ticket::done());
-                return Err(short_block(&*self.resource, "host block", self.nbytes, short));
-            }
-            self.host = Some(block);
-            undo.host_block = true;
-            stats.allocations += 1;
-        }
-        Ok(())
-    }
-
-    fn allocate_on(&mut self, device: &Device, undo: &mut Undo, stats: &mut TransferStats) -> Result<()> {
-        let backend = device.backend();
-        let stream = if *device == self.home { self.stream.clone() } else { device.stream() };
-        let memory = if backend.zero_copy(self.nbytes) {
-            // The device's copy is the host block itself: make sure the block exists (its
-            // residency stays as it is), then alias it.
-            self.allocate_host(undo, stats)?;
-            let host = self.host.as_mut().expect("the host block was just ensured");
-            backend.alias_host(host, self.nbytes).unwrap_or_else(|| {
-                Err(Error::invalid(
-                    "alias_host",
-                    format!(
-                        "{device} reports zero-copy for {} bytes but did not alias the host block",
-                        self.nbytes
-                    ),
-                ))
-            })?
-        } else {
-            let memory = self.resource.allocate_device(device, self.nbytes, &stream)?;
-            if memory.len() < self.nbytes {
-                let short = memory.len();
-                self.resource.deallocate_device(device, memory, &stream, Ticket::done());
-                return Err(short_block(&*self.resource, "device allocation", self.nbytes, short));
-            }
-            stats.allocations += 1;
-            memory
-        };
-        let copy = DeviceCopy {
-            device: device.clone(),
-            stream,
-            memory,
-            used: false,
-            external: Ticket::done(),
-            handed_out: false,
-        };
-        self.copies.push(copy);
-        undo.device = Some(device.id());
-        Ok(())
-    }
-
-    /// Enqueues one copy of the whole buffer, ordered after `after` (the plan's previous copy,
-    /// when it was not waited for).
-    fn copy(
-        &mut self,
-        from: Location,
-        to: Location,
-        stats: &mut TransferStats,
-        after: Option<Ticket>,
-    ) -> Result<Ticket> {
-        let n = self.nbytes;
-        match (from, to) {
-            (Location::Host, Location::Device(id)) => {
-                let i = self.copy_index(id).expect("a copy target is allocated");
-                let host = self.host.as_mut().expect("a valid host is allocated");
-                let copy = &mut self.copies[i];
-                if !copy.memory.is_host_alias() {
-                    copy.device.backend().prepare_host(host);
-                }
-                copy.order_stream()?;
-                if let Some(after) = after {
-                    copy.stream.wait_for(&after)?;
-                }
-                let backend = copy.device.backend();
-                // SAFETY: the host block stays allocated and unwritten until the ticket
-                // completes: every later write of the host location, and every free of the
-                // block, first settles this transfer (see inflight.rs), and blocking calls
-                // wait for it before returning.
-                let ticket =
-                    unsafe { backend.upload(copy.stream.handle(), HostSpan::of(host, n), &mut copy.memory)? };
-                copy.handed_out = false;
-                stats.record(Direction::HostToDevice, copy.memory.is_host_alias(), n);
-                Ok(ticket)
-            }
-            (Location::Device(id), Location::Host) => {
-                let i = self.copy_index(id).expect("a copy source is allocated");
-                let host = self.host.as_mut().expect("a copy target is allocated");
-                let copy = &mut self.copies[i];
-                if !copy.memory.is_host_alias() {
-                    copy.device.backend().prepare_host(host);
-                }
-                copy.order_stream()?;
-                if let Some(after) = after {
-                    copy.stream.wait_for(&after)?;
-                }
-                host.mark_written();
-                let backend = copy.device.backend();
-                // SAFETY: the host block stays allocated and untouched until the ticket
-                // completes: every later access of the host location, and every free of the
-                // block, first settles this transfer, and blocking calls wait for it.
-                let ticket =
-                    unsafe { backend.download(copy.stream.handle(), &copy.memory, HostSpan::of(host, n))? };
-                stats.record(Direction::DeviceToHost, copy.memory.is_host_alias(), n);
-                Ok(ticket)
-            }
-            (Location::Device(a), Location::Device(b)) => {
-                let (i, j) = (self.copy_index(a).expect("source"), self.copy_index(b).expect("target"));
-                let (src, dst) = pair_mut(&mut self.copies, i, j);
-                // The peer copy runs on the target's stream: order it after the source's use.
-                let source_use = src.last_use()?;
-                dst.stream.wait_for(&source_use)?;
-                dst.order_stream()?;
-                if let Some(after) = after {
-                    dst.stream.wait_for(&after)?;
-                }
-                let backend = dst.device.backend();
-                let direct = backend.copy_from_peer(
-                    dst.stream.handle(),
-                    src.device.backend(),
-                    &src.memory,
-                    &mut dst.memory,
-                    n,
-                );
-                let ticket = direct.unwrap_or_else(|| {
-                    Err(Error::invalid(
-                        "copy",
-                        format!("{} cannot copy directly from {}", dst.device, src.device),
-                    ))
-                })?;
-                dst.handed_out = false;
-                stats.device_to_device.add(n);
-                Ok(ticket)
-            }
-            (Location::Host, Location::Host) => Ok(Ticket::done()),
-        }
-    }
-
-    /// Frees what one execution allocated; `ready` completes when the work that used it has.
-    fn rollback(&mut self, undo: Undo, ready: Ticket) {
-        if let Some(id) = undo.device
-            && let Some(i) = self.copy_index(id)
-        {
-            let copy = self.copies.remove(i);
-            let _ = ready.wait();
-            give_back(&*self.resource, copy);
-        }
-        if undo.host_block
-            && let Some(block) = self.host.take()
-        {
-            give_back_host(&*self.resource, &self.home, block, ready);
-        }
-    }
-
-    /// The checker (see [`crate::checking`]): a valid host copy must equal every valid device
-    /// copy handed out for reading on a device that does not alias it.
-    fn check_coherence(&mut self) -> Result<()> {
-        let n = self.nbytes;
-        let Some(host) = self.host.as_ref() else { return Ok(()) };
-        let mut scratch = Vec::new();
-        for copy in &mut self.copies {
-            let at = Location::Device(copy.device.id());
-            if !copy.handed_out
-                || copy.memory.is_host_alias()
-                || self.coherence.residency(at) != Residency::Valid
-            {
-                continue;
-            }
-            copy.last_use()?.wait()?;
-            if scratch.is_empty() {
-                // Sized by the user's buffer: a failed allocation is an error, never an abort.
-                scratch.try_reserve_exact(n).map_err(|_| Error::OutOfMemory {
-                    device: "the host (the coherence checker's copy of the device data)".into(),
-                    requested: n,
-                    code: None,
-                })?;
-                scratch.resize(n, 0);
-            }
-            let backend = copy.device.backend();
-            // SAFETY: scratch lives and is untouched until the ticket is waited for, here.
-            unsafe {
-                backend.download(copy.stream.handle(), &copy.memory, HostSpan::of_mut_slice(&mut scratch))?
-            }
-            .wait()?;
-            if let Some(first_difference) =
-                scratch.iter().zip(&host.as_slice()[..n]).position(|(d, h)| d != h)
-            {
-                return Err(Error::Coherence {
-                    device: copy.device.to_string(),
-                    first_difference,
-                    nbytes: n,
-                });
-            }
-        }
-        Ok(())
     }
 }
 
 impl Drop for RawBuffer {
     fn drop(&mut self) {
         self.release_memory();
-    }
-}
-
-/// A stream's work waited for here, for when no marker can be had: a done ticket after.
-fn synchronized(stream: &Stream) -> Ticket {
-    let _ = stream.synchronize();
-    Ticket::done()
-}
-
-/// Returns a device copy's memory to the resource, after the caller's use of it (aliases own
-/// no memory: just dropped).
-fn give_back(resource: &dyn MemoryResource, mut copy: DeviceCopy) {
-    if copy.memory.is_host_alias() {
-        drop(copy.memory);
-        return;
-    }
-    let ready = copy.last_use().unwrap_or_else(|_| synchronized(&copy.stream));
-    resource.deallocate_device(&copy.device, copy.memory, &copy.stream, ready);
-}
-
-/// Gives a host block back to the resource it came from once `ready` completes; an adopted
-/// block, which no resource allocated, goes back to its lender instead, after `ready`.
-fn give_back_host(resource: &dyn MemoryResource, home: &Device, block: HostMemory, ready: Ticket) {
-    if block.is_adopted() {
-        // Its lender may reuse the bytes at once: nothing may still read or write them.
-        let _ = ready.wait();
-        drop(block);
-        return;
-    }
-    resource.deallocate_host(home, block, ready);
-}
-
-fn short_block(resource: &dyn MemoryResource, what: &str, wanted: usize, got: usize) -> Error {
-    Error::invalid(
-        "allocate",
-        format!(
-            "the memory resource {resource:?} returned a {what} of {got} bytes for a request of {wanted}; \
-             expected at least the bytes asked for"
-        ),
-    )
-}
-
-fn pair_mut<T>(items: &mut [T], i: usize, j: usize) -> (&mut T, &mut T) {
-    assert_ne!(i, j, "a copy between one location and itself");
-    if i < j {
-        let (a, b) = items.split_at_mut(j);
-        (&mut a[i], &mut b[0])
-    } else {
-        let (a, b) = items.split_at_mut(i);
-        (&mut b[0], &mut a[j])
     }
 }
 

@@ -1,0 +1,112 @@
+//! [`DeviceCopy`]: a buffer's copy on one device, and what the caller may still be doing with
+//! it.
+//!
+//! A copy handed out through a view is *used*: the caller may have kernels on the copy's
+//! stream that read or write it. Later work is ordered after that use through a marker of the
+//! stream taken when it matters ([`DeviceCopy::last_use`]), plus any ticket the caller gave
+//! ([`DeviceCopy::used_until`]). For the coherence checker the copy also remembers whether it
+//! was handed out for reading since it was last filled or written.
+//!
+//! What does not live here: when a use must be waited for (the accesses in [`super`]), and
+//! the transfers themselves ([`super::execute`]).
+
+use crate::backend::{DeviceMemory, Ticket};
+use crate::device::{Device, Stream};
+use crate::error::Result;
+use crate::host_memory::HostMemory;
+
+/// A buffer's copy on one device.
+pub(in crate::buffer) struct DeviceCopy {
+    pub(in crate::buffer) device: Device,
+    /// The stream its transfers (and the caller's kernels, ideally) run on.
+    pub(in crate::buffer) stream: Stream,
+    pub(in crate::buffer) memory: DeviceMemory,
+    /// Handed out through a view since a marker was last taken: the caller may have work on
+    /// `stream` that uses it.
+    used: bool,
+    /// Work the caller said uses the memory, and markers of `stream` taken for it.
+    external: Ticket,
+    /// For the checker: handed out for reading since it was last filled or written.
+    handed_out: bool,
+}
+
+impl DeviceCopy {
+    /// A copy in `memory` on `device`, whose transfers run on `stream`; not yet handed out.
+    pub(super) fn new(device: Device, stream: Stream, memory: DeviceMemory) -> DeviceCopy {
+        DeviceCopy { device, stream, memory, used: false, external: Ticket::done(), handed_out: false }
+    }
+
+    /// Records that the copy is handed out to the caller (a view, or a handle for kernels),
+    /// for reading (`reading`) or writing.
+    pub(super) fn hand_out(&mut self, reading: bool) {
+        self.used = true;
+        self.handed_out = reading;
+    }
+
+    /// Records that lazybuf itself filled or wrote the copy: an earlier hand-out for reading
+    /// no longer matters to the checker.
+    pub(super) fn written(&mut self) {
+        self.handed_out = false;
+    }
+
+    /// Whether the copy was handed out for reading since it was last filled or written (the
+    /// checker compares such copies).
+    pub(super) fn handed_out_for_reading(&self) -> bool {
+        self.handed_out
+    }
+
+    /// Whether the copy is the host block itself and the caller may still be using it (it was
+    /// handed out, or work outside its stream was declared on it): a host access waits first.
+    #[inline(always)]
+    pub(super) fn aliased_in_use(&self) -> bool {
+        self.memory.is_host_alias() && (self.used || !self.external.is_trivially_done())
+    }
+
+    /// A ticket that completes when the caller's use of the memory so far has.
+    pub(super) fn last_use(&mut self) -> Result<Ticket> {
+        if self.used {
+            let marker = self.stream.marker()?;
+            self.external = Ticket::all([std::mem::take(&mut self.external), marker]);
+            self.used = false;
+        }
+        if matches!(self.external.poll(), Ok(true)) {
+            self.external = Ticket::done();
+        }
+        Ok(self.external.clone())
+    }
+
+    /// Orders later work on the copy's own stream after the caller's explicit tickets (its
+    /// kernels on the stream itself are ordered already).
+    pub(super) fn order_stream(&mut self) -> Result<()> {
+        if !self.external.is_trivially_done() {
+            self.stream.wait_for(&self.external)?;
+        }
+        Ok(())
+    }
+
+    /// Readies a transfer between `host` and this copy on the copy's stream: the host block
+    /// prepared for the runtime (registered where that pays) unless the copy aliases it, and
+    /// the stream ordered after the caller's declared work and after `after` (the previous
+    /// copy of a plan that was not waited for).
+    pub(super) fn before_transfer(&mut self, host: &mut HostMemory, after: Option<&Ticket>) -> Result<()> {
+        if !self.memory.is_host_alias() {
+            self.device.backend().prepare_host(host);
+        }
+        self.order_stream()?;
+        if let Some(after) = after {
+            self.stream.wait_for(after)?;
+        }
+        Ok(())
+    }
+
+    /// Records that the caller's work `ticket` uses the memory.
+    pub(in crate::buffer) fn used_until(&mut self, ticket: Ticket) {
+        self.external = Ticket::all([std::mem::take(&mut self.external), ticket]);
+    }
+}
+
+impl std::fmt::Debug for DeviceCopy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceCopy").field("device", &self.device).field("memory", &self.memory).finish()
+    }
+}

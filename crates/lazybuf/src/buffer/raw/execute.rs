@@ -1,0 +1,261 @@
+//! Plan execution: the allocations and copies a coherence plan asks for, and their undoing.
+//!
+//! [`RawBuffer::execute`] runs a plan's steps in order: host and device allocations from the
+//! buffer's resource (a device that aliases host memory gets the host block itself), and
+//! whole-buffer copies on the stream of the device copy involved, each ordered after the
+//! caller's declared use of that copy and after the plan's previous copy. What one execution
+//! allocated is recorded in an [`Undo`] and freed by [`RawBuffer::rollback`] when a later step
+//! fails, so a failed access changes nothing.
+//!
+//! What does not live here: choosing the plan ([`crate::coherence`]), waiting for transfers in
+//! flight and committing the state (the accesses in [`super`]).
+
+use super::{DeviceCopy, RawBuffer};
+use crate::backend::{HostSpan, Ticket};
+use crate::buffer::inflight::Undo;
+use crate::buffer::stats::{Direction, TransferStats};
+use crate::coherence::{Location, Plan, Step};
+use crate::device::{Device, Stream};
+use crate::error::{Error, Result};
+use crate::host_memory::HostMemory;
+use crate::resource::MemoryResource;
+
+impl RawBuffer {
+    /// Zero-fills location `at` (allocated, nothing valid anywhere).
+    pub(super) fn zero(&mut self, at: Location) -> Result<()> {
+        match at {
+            Location::Host => {
+                let host = self.host.as_mut().expect("the host is allocated before it is zeroed");
+                if !host.is_known_zero() {
+                    let n = self.nbytes;
+                    host.as_mut_slice()[..n].fill(0);
+                }
+                Ok(())
+            }
+            Location::Device(id) => {
+                let i = self.copy_index(id).expect("a device copy is allocated before it is zeroed");
+                let copy = &mut self.copies[i];
+                copy.order_stream()?;
+                copy.device.backend().fill(copy.stream.handle(), &mut copy.memory, &[0], self.nbytes)?.wait()
+            }
+        }
+    }
+
+    /// Runs a plan's allocations and copies. With `pending`, copies are only enqueued and
+    /// their tickets collected; without it each is waited for.
+    pub(super) fn execute(
+        &mut self,
+        plan: &Plan,
+        device: Option<&Device>,
+        undo: &mut Undo,
+        stats: &mut TransferStats,
+        mut pending: Option<&mut Vec<Ticket>>,
+    ) -> Result<()> {
+        for step in plan.steps() {
+            match *step {
+                Step::Allocate(Location::Host) => self.allocate_host(undo, stats)?,
+                Step::Allocate(Location::Device(id)) => {
+                    let device =
+                        device.filter(|d| d.id() == id).expect("plans allocate only the accessed device");
+                    self.allocate_on(device, undo, stats)?;
+                }
+                Step::Copy { from, to } => {
+                    let after = pending.as_deref().and_then(|tickets| tickets.last().cloned());
+                    let ticket = self.copy(from, to, stats, after)?;
+                    match pending.as_deref_mut() {
+                        Some(tickets) => tickets.push(ticket),
+                        None => ticket.wait()?,
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn allocate_host(&mut self, undo: &mut Undo, stats: &mut TransferStats) -> Result<()> {
+        if self.host.is_none() {
+            let block = self.resource.allocate_host(&self.home, self.nbytes, self.pinned)?;
+            if block.len() < self.nbytes {
+                let short = block.len();
+                self.resource.deallocate_host(&self.home, block, Ticket::done());
+                return Err(short_block(&*self.resource, "host block", self.nbytes, short));
+            }
+            self.host = Some(block);
+            undo.host_block = true;
+            stats.allocations += 1;
+        }
+        Ok(())
+    }
+
+    fn allocate_on(&mut self, device: &Device, undo: &mut Undo, stats: &mut TransferStats) -> Result<()> {
+        let backend = device.backend();
+        let stream = if *device == self.home { self.stream.clone() } else { device.stream() };
+        let memory = if backend.zero_copy(self.nbytes) {
+            // The device's copy is the host block itself: make sure the block exists (its
+            // residency stays as it is), then alias it.
+            self.allocate_host(undo, stats)?;
+            let host = self.host.as_mut().expect("the host block was just ensured");
+            backend.alias_host(host, self.nbytes).unwrap_or_else(|| {
+                Err(Error::invalid(
+                    "alias_host",
+                    format!(
+                        "{device} reports zero-copy for {} bytes but did not alias the host block",
+                        self.nbytes
+                    ),
+                ))
+            })?
+        } else {
+            let memory = self.resource.allocate_device(device, self.nbytes, &stream)?;
+            if memory.len() < self.nbytes {
+                let short = memory.len();
+                self.resource.deallocate_device(device, memory, &stream, Ticket::done());
+                return Err(short_block(&*self.resource, "device allocation", self.nbytes, short));
+            }
+            stats.allocations += 1;
+            memory
+        };
+        self.copies.push(DeviceCopy::new(device.clone(), stream, memory));
+        undo.device = Some(device.id());
+        Ok(())
+    }
+
+    /// Enqueues one copy of the whole buffer, ordered after `after` (the plan's previous copy,
+    /// when it was not waited for).
+    fn copy(
+        &mut self,
+        from: Location,
+        to: Location,
+        stats: &mut TransferStats,
+        after: Option<Ticket>,
+    ) -> Result<Ticket> {
+        let n = self.nbytes;
+        match (from, to) {
+            (Location::Host, Location::Device(id)) => {
+                let i = self.copy_index(id).expect("a copy target is allocated");
+                let host = self.host.as_mut().expect("a valid host is allocated");
+                let copy = &mut self.copies[i];
+                copy.before_transfer(host, after.as_ref())?;
+                let backend = copy.device.backend();
+                // SAFETY: the host block stays allocated and unwritten until the ticket
+                // completes: every later write of the host location, and every free of the
+                // block, first settles this transfer (see inflight.rs), and blocking calls
+                // wait for it before returning.
+                let ticket =
+                    unsafe { backend.upload(copy.stream.handle(), HostSpan::of(host, n), &mut copy.memory)? };
+                copy.written();
+                stats.record(Direction::HostToDevice, copy.memory.is_host_alias(), n);
+                Ok(ticket)
+            }
+            (Location::Device(id), Location::Host) => {
+                let i = self.copy_index(id).expect("a copy source is allocated");
+                let host = self.host.as_mut().expect("a copy target is allocated");
+                let copy = &mut self.copies[i];
+                copy.before_transfer(host, after.as_ref())?;
+                host.mark_written();
+                let backend = copy.device.backend();
+                // SAFETY: the host block stays allocated and untouched until the ticket
+                // completes: every later access of the host location, and every free of the
+                // block, first settles this transfer, and blocking calls wait for it.
+                let ticket =
+                    unsafe { backend.download(copy.stream.handle(), &copy.memory, HostSpan::of(host, n))? };
+                stats.record(Direction::DeviceToHost, copy.memory.is_host_alias(), n);
+                Ok(ticket)
+            }
+            (Location::Device(a), Location::Device(b)) => {
+                let (i, j) = (self.copy_index(a).expect("source"), self.copy_index(b).expect("target"));
+                let (src, dst) = pair_mut(&mut self.copies, i, j);
+                // The peer copy runs on the target's stream: order it after the source's use.
+                let source_use = src.last_use()?;
+                dst.stream.wait_for(&source_use)?;
+                dst.order_stream()?;
+                if let Some(after) = after {
+                    dst.stream.wait_for(&after)?;
+                }
+                let backend = dst.device.backend();
+                let direct = backend.copy_from_peer(
+                    dst.stream.handle(),
+                    src.device.backend(),
+                    &src.memory,
+                    &mut dst.memory,
+                    n,
+                );
+                let ticket = direct.unwrap_or_else(|| {
+                    Err(Error::invalid(
+                        "copy",
+                        format!("{} cannot copy directly from {}", dst.device, src.device),
+                    ))
+                })?;
+                dst.written();
+                stats.device_to_device.add(n);
+                Ok(ticket)
+            }
+            (Location::Host, Location::Host) => Ok(Ticket::done()),
+        }
+    }
+
+    /// Frees what one execution allocated; `ready` completes when the work that used it has.
+    pub(super) fn rollback(&mut self, undo: Undo, ready: Ticket) {
+        if let Some(id) = undo.device
+            && let Some(i) = self.copy_index(id)
+        {
+            let copy = self.copies.remove(i);
+            let _ = ready.wait();
+            give_back(&*self.resource, copy);
+        }
+        if undo.host_block
+            && let Some(block) = self.host.take()
+        {
+            give_back_host(&*self.resource, &self.home, block, ready);
+        }
+    }
+}
+
+/// A stream's work waited for here, for when no marker can be had: a done ticket after.
+pub(super) fn synchronized(stream: &Stream) -> Ticket {
+    let _ = stream.synchronize();
+    Ticket::done()
+}
+
+/// Returns a device copy's memory to the resource, after the caller's use of it (aliases own
+/// no memory: just dropped).
+pub(super) fn give_back(resource: &dyn MemoryResource, mut copy: DeviceCopy) {
+    if copy.memory.is_host_alias() {
+        drop(copy.memory);
+        return;
+    }
+    let ready = copy.last_use().unwrap_or_else(|_| synchronized(&copy.stream));
+    resource.deallocate_device(&copy.device, copy.memory, &copy.stream, ready);
+}
+
+/// Gives a host block back to the resource it came from once `ready` completes; an adopted
+/// block, which no resource allocated, goes back to its lender instead, after `ready`.
+pub(super) fn give_back_host(resource: &dyn MemoryResource, home: &Device, block: HostMemory, ready: Ticket) {
+    if block.is_adopted() {
+        // Its lender may reuse the bytes at once: nothing may still read or write them.
+        let _ = ready.wait();
+        drop(block);
+        return;
+    }
+    resource.deallocate_host(home, block, ready);
+}
+
+fn short_block(resource: &dyn MemoryResource, what: &str, wanted: usize, got: usize) -> Error {
+    Error::invalid(
+        "allocate",
+        format!(
+            "the memory resource {resource:?} returned a {what} of {got} bytes for a request of {wanted}; \
+             expected at least the bytes asked for"
+        ),
+    )
+}
+
+fn pair_mut<T>(items: &mut [T], i: usize, j: usize) -> (&mut T, &mut T) {
+    assert_ne!(i, j, "a copy between one location and itself");
+    if i < j {
+        let (a, b) = items.split_at_mut(j);
+        (&mut a[i], &mut b[0])
+    } else {
+        let (a, b) = items.split_at_mut(i);
+        (&mut b[0], &mut a[j])
+    }
+}
