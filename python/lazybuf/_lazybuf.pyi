@@ -281,6 +281,10 @@ class UnifiedBuffer:
         PyBUF_WRITABLE, else read-only (a host read); not for bfloat16. A plain-bytes request
         (no PyBUF_ND: ``hashlib``, ``readinto``) gets a 1-d byte view. ``ctypes``'
         ``from_buffer`` asks through a memoryview, which is read-only: pass ``buf.host``."""
+
+    def __sizeof__(self) -> int:
+        """The object's size, the memory it holds included (``nbytes`` per allocated copy)."""
+
     def __array__(self, dtype: npt.DTypeLike | None = None, copy: bool | None = None) -> np.ndarray:
         """A read-only view (a host read), or a copy with ``copy=True``."""
 
@@ -305,7 +309,8 @@ class UnifiedBuffer:
     ) -> Any:
         """DLPack capsule, zero-copy (versioned for ``max_version >= (1, 0)``, else legacy):
         the host copy (kDLCPU), or the device copy for a CUDA buffer (kDLCUDA). A write at the
-        exported location. ``copy=True`` exports a fresh host copy."""
+        exported location. ``copy=True`` exports a fresh host copy for the CPU (flagged
+        ``IS_COPIED`` in the versioned ABI)."""
 
     def __dlpack_device__(self) -> tuple[int, int]: ...
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
@@ -637,7 +642,7 @@ class DeviceBuffer:
     def nbytes(self) -> int: ...
     def __len__(self) -> int: ...
     def __sizeof__(self) -> int:
-        """The object's size, its device bytes included."""
+        """The object's size, the bytes it holds (its capacity) included."""
 
     def capacity(self) -> int:
         """The bytes the allocation holds (at least ``size``)."""
@@ -658,7 +663,8 @@ class DeviceBuffer:
     @property
     def ptr(self) -> int:
         """``CUdeviceptr`` (CUDA), ``cl_mem`` (OpenCL) or address (host device); 0 when the
-        capacity is 0."""
+        capacity is 0. Valid until the next reallocation, as in RMM (a DLPack export holds its
+        memory itself)."""
 
     def copy_to_host(self, ary: _Buffer | None = None) -> Any:
         """Copies into ``ary`` (writable, 1-d bytes, at least ``size`` long) and returns it; a
@@ -724,7 +730,8 @@ class Memory:
     def device(self) -> Device: ...
     @property
     def reference_obj(self) -> Any:
-        """The memory object this one shares its memory with (zero-copy), else ``None``."""
+        """The memory object that allocated the memory this one shares (zero-copy; the root
+        owner, so chains never nest), else ``None``."""
 
     @property
     def ptr(self) -> int:

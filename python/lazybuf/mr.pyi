@@ -33,10 +33,12 @@ class MemoryResource:
         """The resource this one forwards to (``None`` for sources)."""
 
     def allocate(self, nbytes: SupportsIndex, *, device: _DeviceLike = None) -> int:
-        """``nbytes`` of device memory outside any buffer; its handle as an int."""
+        """``nbytes`` of device memory outside any buffer; its handle as an int. It lives until
+        ``deallocate`` (also when this object is collected)."""
 
     def deallocate(self, ptr: int, nbytes: int) -> None:
-        """Gives back what ``allocate`` returned (``ValueError`` for anything else)."""
+        """Gives back what ``allocate`` on this resource returned (``ValueError`` for anything
+        else)."""
 
 @final
 class DirectMemoryResource(MemoryResource):
@@ -120,5 +122,6 @@ class FailureCallbackResourceAdaptor(MemoryResource):
         cls, upstream_mr: MemoryResource, callback: Callable[[int], Any]
     ) -> FailureCallbackResourceAdaptor: ...
 
-def get_current_device_resource(device: _DeviceLike = None) -> MemoryResource: ...
+def get_current_device_resource(device: _DeviceLike = None) -> MemoryResource:
+    """The resource set for the device, else its default (the same object on every call)."""
 def set_current_device_resource(mr: MemoryResource | None, device: _DeviceLike = None) -> None: ...

@@ -1,14 +1,22 @@
-//! Validation of Python arguments that are not dtypes: shapes and device choices.
+//! Validation of Python arguments that are not dtypes: shapes, byte sizes and device choices.
 //!
 //! Shapes follow NumPy: an int or a sequence of ints, each non-negative, at most 64 of them.
 //! A non-integer raises `TypeError`, a negative or oversized dimension `ValueError`, and each
 //! message says what was expected. The core then checks that the byte size fits.
 //!
+//! Byte sizes ([`size`]: `nbytes`, `size=`, `resize(n)`, `allocate(nbytes)`) are ints: a Python
+//! int, a NumPy integer scalar, or any object with `__index__` that is not an array. Arrays
+//! (anything with the buffer protocol, DLPack or the CUDA array interface) are data, never
+//! sizes, even 0-d integer arrays ([`is_size`] decides which a constructor argument is). An
+//! exception raised by a size's `__index__` propagates unchanged, as `bytearray(x)` lets it.
+//!
 //! What does not live here: the size arithmetic ([`lazybuf::shape::Shape`]).
 
 use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray};
 use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::ffi;
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::{
     PyBool, PyByteArray, PyBytes, PyDict, PyFrozenSet, PyInt, PyList, PyMapping, PyMemoryView, PySet,
     PyString, PyTuple,
@@ -117,6 +125,75 @@ fn expected_shape(obj: &Bound<'_, PyAny>) -> PyErr {
         repr(obj),
         obj.get_type().name().map(|n| n.to_string()).unwrap_or_default()
     ))
+}
+
+/// Whether `obj` is a NumPy integer scalar (`numpy.integer`).
+fn is_numpy_integer(obj: &Bound<'_, PyAny>) -> PyResult<bool> {
+    let py = obj.py();
+    static INTEGER: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    let integer =
+        INTEGER.get_or_try_init(py, || py.import("numpy")?.getattr("integer").map(Bound::unbind))?;
+    obj.is_instance(integer.bind(py))
+}
+
+/// Whether `obj` is data (an array or other memory: the buffer protocol, DLPack, the CUDA
+/// array interface) rather than a number.
+fn is_data(obj: &Bound<'_, PyAny>) -> PyResult<bool> {
+    if obj.is_instance_of::<PyUntypedArray>() {
+        return Ok(true);
+    }
+    // SAFETY: obj is a live object; the check only reads its type's buffer slot.
+    let buffer = unsafe { ffi::PyObject_CheckBuffer(obj.as_ptr()) } != 0;
+    Ok(buffer || obj.hasattr("__dlpack__")? || obj.hasattr("__cuda_array_interface__")?)
+}
+
+/// Whether a constructor's first argument is a byte size (see the module docs) rather than a
+/// source of data: a Python int or NumPy integer scalar (not bool), or an object with
+/// `__index__` that is no array or other memory.
+pub fn is_size(obj: &Bound<'_, PyAny>) -> PyResult<bool> {
+    if obj.is_instance_of::<PyBool>() {
+        return Ok(false);
+    }
+    if obj.is_instance_of::<PyInt>() || is_numpy_integer(obj)? {
+        return Ok(true);
+    }
+    // SAFETY: obj is a live object; the check only reads its type's nb_index slot.
+    let index = unsafe { ffi::PyIndex_Check(obj.as_ptr()) } != 0;
+    Ok(index && !is_data(obj)?)
+}
+
+/// A byte size argument named `what` (see the module docs): not negative and at most
+/// `isize::MAX`. Not an int: `TypeError`; an array: `TypeError` (arrays are data, not sizes);
+/// negative or too large: `ValueError`; what the object's own `__index__` raises propagates.
+pub fn size(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<usize> {
+    let py = obj.py();
+    let value = if obj.is_instance_of::<PyInt>() {
+        obj.clone()
+    } else {
+        if obj.is_instance_of::<PyUntypedArray>() {
+            return Err(PyTypeError::new_err(format!(
+                "{what} must be an int (a Python int or a NumPy integer scalar), got the array {}; arrays are \
+                 data, not sizes",
+                repr(obj)
+            )));
+        }
+        // SAFETY: obj is a live object; the check only reads its type's nb_index slot.
+        if unsafe { ffi::PyIndex_Check(obj.as_ptr()) } == 0 {
+            return Err(PyTypeError::new_err(format!(
+                "{what} must be an int (a Python int or a NumPy integer scalar), got {}",
+                repr(obj)
+            )));
+        }
+        // SAFETY: obj is a live object; PyNumber_Index returns a new reference or NULL with
+        // the exception (the object's own) set, which from_owned_ptr_or_err takes.
+        unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyNumber_Index(obj.as_ptr())) }?
+    };
+    if value.lt(0)? {
+        return Err(PyValueError::new_err(format!("{what} must not be negative, got {value}")));
+    }
+    value.extract::<usize>().ok().filter(|&n| n <= isize::MAX as usize).ok_or_else(|| {
+        PyValueError::new_err(format!("{what} is too large: {value} bytes; expected at most {}", isize::MAX))
+    })
 }
 
 /// Resolves a `device=` argument: `None` (the current device, see `get_accelerator()`), a

@@ -713,6 +713,21 @@ impl UnifiedBuffer {
         self.shape.first().copied().ok_or_else(|| PyTypeError::new_err("len() of a 0-d buffer"))
     }
 
+    /// The object's size in bytes, the memory it holds included: `nbytes` for each allocated
+    /// copy (host, and the device copy unless it is the host memory itself); 0 once released.
+    fn __sizeof__(&self, py: Python<'_>) -> usize {
+        let nbytes = self.nbytes();
+        let held = self.inner().storage.clone().map_or(0, |storage| {
+            // In use by an operation on this thread: counted as holding nothing more.
+            let Ok(raw) = storage.lock(py) else { return 0 };
+            let host = raw.residency(Location::Host) != Residency::Unallocated;
+            let device = raw.residency(Location::Device(self.home.id())) != Residency::Unallocated
+                && !(host && self.home.is_zero_copy(nbytes));
+            nbytes * (usize::from(host) + usize::from(device))
+        });
+        std::mem::size_of::<Self>() + std::mem::size_of::<Inner>() + held
+    }
+
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
         let storage = self.inner().storage.clone();
         let state = match storage {

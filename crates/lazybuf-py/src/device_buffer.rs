@@ -8,13 +8,19 @@
 //! `copy()` on the device, `ptr`, `__cuda_array_interface__` (CUDA devices), DLPack, and
 //! pickling through a host copy, `mr=` (a `lazybuf.mr` resource, kept alive with the buffer; default:
 //! the device's current resource); plus `shrink_to_fit()` and `device`. Differences: every call is synchronous (there is no `stream`
-//! argument), a negative size is a `ValueError`, and `__sizeof__` counts the object as well as
-//! its bytes.
+//! argument), a negative size is a `ValueError`, sizes are ints ([`crate::args::size`]), and
+//! `__sizeof__` counts the object as well as the bytes it holds (its capacity).
 //!
-//! Raw addresses handed out (`ptr`, `__cuda_array_interface__`) stay valid until the buffer is
-//! gone, even across a reallocation: once one was handed out, memory a reallocation replaces is
-//! kept until then ([`lazybuf::DeviceBuffer::retain_replaced`]). DLPack tensors hold the
-//! buffer's memory themselves.
+//! **Addresses and reallocation.** As in RMM, a reallocation (`resize`/`reserve` beyond the
+//! capacity, `shrink_to_fit`) gives the old allocation back at once: a `ptr` int or a
+//! `__cuda_array_interface__` read before it is dangling after it (an int is no reference, and
+//! nothing can tell how long its reader keeps it). A DLPack tensor is a reference: it holds its
+//! allocation itself ([`lazybuf::AllocationHold`]), so the memory it shows stays valid until
+//! the consumer lets go of it, across reallocations and after the buffer is gone; memory no
+//! tensor holds any more is given back.
+//!
+//! Results sized by the buffer (`tobytes()`, `copy_to_host()`, pickling, DLPack copies) are
+//! allocated through Python: `MemoryError` when the host has no memory for them.
 //!
 //! Threads: the buffer is locked for each call, always with the GIL released (so a memory
 //! resource's Python callback can run meanwhile); two buffers are locked in a fixed order.
@@ -24,8 +30,7 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use numpy::PyArray1;
-use pyo3::exceptions::{PyAttributeError, PyValueError};
+use pyo3::exceptions::{PyAttributeError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyTuple};
 
@@ -34,8 +39,8 @@ use lazybuf::{AllocationOptions, BackendKind, Device, DeviceBuffer, MemoryKind};
 use crate::accelerator::{PyDevice, selector};
 use crate::args;
 use crate::errors::OrPyErr;
-use crate::foreign::{self, Source};
-use crate::hostbuf::HostBuffer;
+use crate::foreign::{self, DlpackCall, ExportedBytes, Source};
+use crate::hostbuf::{self, HostBuffer};
 
 /// A device buffer shared by its Python object and the DLPack tensors made from it.
 pub struct BufferCell {
@@ -58,20 +63,6 @@ pub struct PyDeviceBuffer {
     device: Device,
     /// The Python resource the memory comes from, kept alive with the buffer.
     resource: Option<Py<PyAny>>,
-}
-
-/// A size argument: an int (`__index__`), not negative.
-pub fn size_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<usize> {
-    let value: i128 = obj.call_method0("__index__").and_then(|v| v.extract()).map_err(|_| {
-        pyo3::exceptions::PyTypeError::new_err(format!("{what} must be an int, got {}", args::repr(obj)))
-    })?;
-    if value < 0 {
-        return Err(PyValueError::new_err(format!("{what} must not be negative, got {value}")));
-    }
-    usize::try_from(value)
-        .ok()
-        .filter(|&n| n <= isize::MAX as usize)
-        .ok_or_else(|| PyValueError::new_err(format!("{what} is too large: {value} bytes")))
 }
 
 /// The device recorded in a pickle: `selector` if this process has it, else the current device,
@@ -130,15 +121,10 @@ impl PyDeviceBuffer {
         Ok(Self::new_buffer(buffer, keep))
     }
 
-    fn raw_address(&self, py: Python<'_>, retain: bool) -> usize {
-        self.with(py, |buffer| {
-            if retain {
-                buffer.retain_replaced();
-            }
-            // SAFETY: the address is only handed to Python as an int; with `retain` the memory
-            // stays allocated until the buffer is gone.
-            foreign::raw_address(unsafe { buffer.raw() })
-        })
+    /// The raw handle as an int, valid until the next reallocation (see the module docs).
+    fn raw_address(&self, py: Python<'_>) -> usize {
+        // SAFETY: the address is only handed to Python as an int.
+        self.with(py, |buffer| foreign::raw_address(unsafe { buffer.raw() }))
     }
 }
 
@@ -155,7 +141,7 @@ impl PyDeviceBuffer {
         mr: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let size = match size {
-            Some(size) => size_arg(size, "size")?,
+            Some(size) => args::size(size, "size")?,
             None => 0,
         };
         let device = args::device(device)?;
@@ -196,9 +182,9 @@ impl PyDeviceBuffer {
         self.with(py, |b| b.size())
     }
 
-    /// The object's size in bytes, its device bytes included.
+    /// The object's size in bytes, the bytes it holds (its capacity) included.
     fn __sizeof__(&self, py: Python<'_>) -> usize {
-        std::mem::size_of::<Self>() + 2 * std::mem::size_of::<usize>() + self.with(py, |b| b.size())
+        std::mem::size_of::<Self>() + std::mem::size_of::<BufferCell>() + self.with(py, |b| b.capacity())
     }
 
     /// The bytes the allocation holds (at least `size`).
@@ -209,7 +195,7 @@ impl PyDeviceBuffer {
     /// Grows the capacity to exactly `new_capacity` bytes if it is larger (keeping the size and
     /// the contents); never shrinks.
     fn reserve(&self, py: Python<'_>, new_capacity: &Bound<'_, PyAny>) -> PyResult<()> {
-        let n = size_arg(new_capacity, "new_capacity")?;
+        let n = args::size(new_capacity, "new_capacity")?;
         self.with(py, |b| b.reserve(n)).or_py()
     }
 
@@ -217,7 +203,7 @@ impl PyDeviceBuffer {
     /// the capacity nothing is allocated or moved, beyond it the buffer moves to an allocation
     /// of exactly `new_size` bytes. New bytes are uninitialized.
     fn resize(&self, py: Python<'_>, new_size: &Bound<'_, PyAny>) -> PyResult<()> {
-        let n = size_arg(new_size, "new_size")?;
+        let n = args::size(new_size, "new_size")?;
         self.with(py, |b| b.resize(n)).or_py()
     }
 
@@ -233,10 +219,11 @@ impl PyDeviceBuffer {
     }
 
     /// The memory's raw handle as an int: the `CUdeviceptr` on CUDA, the `cl_mem` on OpenCL,
-    /// the address on the host device; 0 when the buffer has no capacity.
+    /// the address on the host device; 0 when the buffer has no capacity. Valid until the
+    /// next reallocation, as in RMM (see the module docs).
     #[getter]
     fn ptr(&self, py: Python<'_>) -> usize {
-        self.raw_address(py, true)
+        self.raw_address(py)
     }
 
     /// Copies the buffer into `ary` (a writable 1-d buffer of at least `size` bytes) and
@@ -249,11 +236,7 @@ impl PyDeviceBuffer {
     ) -> PyResult<Bound<'py, PyAny>> {
         let ary = match ary.filter(|a| !a.is_none()) {
             Some(ary) => ary.clone(),
-            None => {
-                let size = self.with(py, |b| b.size());
-                // SAFETY: every byte is written by the copy below before the array is returned.
-                unsafe { PyArray1::<u8>::new(py, [size], false) }.into_any()
-            }
+            None => hostbuf::new_array(py, self.with(py, |b| b.size()))?,
         };
         let mut host = HostBuffer::get(&ary, true, "copy_to_host: ary")?;
         self.with(py, |b| {
@@ -288,7 +271,7 @@ impl PyDeviceBuffer {
                 )));
             }
             if host.overlaps(b.memory()) {
-                let staged = host.bytes().to_vec();
+                let staged = hostbuf::staged(host.bytes()).or_py()?;
                 return b.copy_from_host(&staged).or_py();
             }
             b.copy_from_host(host.bytes()).or_py()
@@ -332,8 +315,27 @@ impl PyDeviceBuffer {
 
     /// The contents as `bytes`.
     fn tobytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
-        let data = self.with(py, |b| b.to_vec()).or_py()?;
-        Ok(PyBytes::new(py, &data))
+        // The bytes object is made with the GIL and the copy runs without it: a resize by
+        // another thread in between is seen (the size no longer matches) and the copy retried.
+        for _ in 0..8 {
+            let size = self.with(py, |b| b.size());
+            let mut resized = false;
+            let bytes = PyBytes::new_with(py, size, |data| {
+                self.with(py, |b| {
+                    if b.size() != data.len() {
+                        resized = true;
+                        return Ok(());
+                    }
+                    b.copy_to_host(data).or_py()
+                })
+            })?;
+            if !resized {
+                return Ok(bytes);
+            }
+        }
+        Err(PyRuntimeError::new_err(
+            "tobytes: the buffer was resized by another thread during each of 8 tries",
+        ))
     }
 
     fn __bytes__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
@@ -355,7 +357,8 @@ impl PyDeviceBuffer {
     }
 
     /// The CUDA Array Interface (version 3) of the bytes, on a CUDA device
-    /// (`AttributeError` elsewhere). The address stays valid until the buffer is gone.
+    /// (`AttributeError` elsewhere). The address is valid until the next reallocation, as in
+    /// RMM (see the module docs).
     #[getter]
     fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         if self.device.backend_kind() != BackendKind::CUDA {
@@ -364,13 +367,17 @@ impl PyDeviceBuffer {
                 selector(&self.device)
             )));
         }
-        let address = self.raw_address(py, true);
-        let size = self.with(py, |b| b.size());
+        let (address, size) = self.with(py, |b| {
+            // SAFETY: the address is only handed to Python as an int.
+            (foreign::raw_address(unsafe { b.raw() }), b.size())
+        });
         foreign::cuda_array_interface(py, address, size)
     }
 
     /// DLPack export of the bytes as a 1-d uint8 tensor (CUDA devices: kDLCUDA; the host
-    /// device: the CPU; OpenCL: `BufferError`).
+    /// device: the CPU; OpenCL and wgpu: `BufferError`). The tensor holds its allocation (valid
+    /// across reallocations until the consumer lets go of it). `copy=True` exports a copy in
+    /// host memory to the CPU, on every device (CUDA: with `dl_device=(1, 0)`).
     #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
     fn __dlpack__<'py>(
         &self,
@@ -380,16 +387,24 @@ impl PyDeviceBuffer {
         dl_device: Option<(u32, i32)>,
         copy: Option<bool>,
     ) -> PyResult<Py<PyAny>> {
-        let address = self.raw_address(py, true);
-        let size = self.with(py, |b| b.size());
-        let device = foreign::dlpack_device(&self.device, MemoryKind::Device);
-        let owner: Arc<dyn std::any::Any + Send + Sync> = self.cell.clone();
-        foreign::export_dlpack(py, address, size, device, owner, stream, max_version, dl_device, copy)
+        let call = DlpackCall { stream, max_version, dl_device, copy };
+        let view = |py: Python<'py>| {
+            Ok(self.with(py, |b| {
+                // SAFETY: the address is handed to the tensor with a hold on its allocation,
+                // which keeps it valid until the tensor's deleter runs.
+                let address = foreign::raw_address(unsafe { b.raw() });
+                let owner: Arc<dyn std::any::Any + Send + Sync> = Arc::new(b.hold());
+                ExportedBytes { address, nbytes: b.size(), owner }
+            }))
+        };
+        foreign::export_dlpack(py, &self.device, MemoryKind::Device, call, view, |py| {
+            self.copy_to_host(py, None)
+        })
     }
 
     /// `(device_type, device_id)` of the DLPack export.
     fn __dlpack_device__(&self) -> PyResult<(u32, i32)> {
-        foreign::dlpack_device_tuple(foreign::dlpack_device(&self.device, MemoryKind::Device))
+        foreign::dlpack_device_tuple(&self.device, MemoryKind::Device)
     }
 
     /// Pickles the contents (one NumPy array, so protocol 5 takes it out of band) and the

@@ -3,27 +3,34 @@
 //! consumer passes `max_version >= (1, 0)` (NumPy 2 does) and the legacy one otherwise.
 //!
 //! dlpark does the protocol work (argument parsing, ABI choice, capsule names and single
-//! use, zero-copy validation); this module describes the memory. Each capsule's manager
-//! context is a clone of the buffer's storage `Arc`, so an exported tensor keeps the memory
+//! use, zero-copy validation); this module describes the memory, with the one [`Exporter`]
+//! every lazybuf object uses (`UnifiedBuffer` here, memory objects and `DeviceBuffer` through
+//! [`crate::foreign::export_dlpack`]). Each capsule's manager context holds an owner of the
+//! memory (for a buffer, a clone of its storage `Arc`), so an exported tensor keeps the memory
 //! alive until the consumer calls its deleter. An export is a write access at the exported
-//! location (the consumer may write, and lazybuf cannot see it). `copy=True` is served by
-//! exporting a fresh NumPy copy.
+//! location (the consumer may write, and lazybuf cannot see it).
+//!
+//! `copy=True` exports a copy in new host memory (a fresh NumPy array that only the tensor
+//! references) to the CPU, with `DLPACK_FLAG_BITMASK_IS_COPIED` set in the versioned ABI (the
+//! legacy ABI has no flags), as the array API standard requires; asking for a copy on another
+//! device is a `BufferError`.
 //!
 //! What does not live here: the memory access ([`crate::views::Storage`]).
 
+use std::any::Any;
 use std::ffi::c_void;
+use std::mem::ManuallyDrop;
 use std::sync::Arc;
 
 use dlpark::allocation::dynamic::Allocation;
 use dlpark::ffi::{
     DLDataType, DLDataTypeCode, DLDevice, DLDeviceType, DLManagedTensor, DLManagedTensorVersioned,
 };
-use dlpark::python::{DlpackExporter, ExportRequest, export_dlpack};
+use dlpark::python::{DlpackExporter, ExportAbi, ExportRequest, export_dlpack};
 use dlpark::{DlpackFlags, Managed, ManagedTensorBase};
-use numpy::PyArrayDescr;
+use numpy::{PyArrayDescr, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::{PyBufferError, PyMemoryError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
 
 use lazybuf::backend::RawMemory;
 use lazybuf::coherence::Access;
@@ -102,12 +109,10 @@ pub fn export<'py>(py: Python<'py>, source: Source<'_, 'py>, args: DlpackArgs<'p
         }
         if args.copy == Some(true) {
             let copy = source.storage.to_array(py, source.shape, source.descr)?;
-            let kwargs = PyDict::new(py);
-            kwargs.set_item("max_version", args.max_version)?;
-            return Ok(copy.call_method("__dlpack__", (), Some(&kwargs))?.unbind());
+            return export_copy(py, copy, data_type(source.dtype), &request);
         }
         let address = source.storage.host_address_nogil(py, Access::Write)?;
-        let exporter = Exporter::new(address.cast(), DLDevice::CPU, &source);
+        let exporter = Exporter::of_buffer(address.cast(), DLDevice::CPU, &source);
         return export_dlpack(&exporter, py, request);
     }
     if wanted != home_device || source.home.backend_kind() != BackendKind::CUDA {
@@ -123,34 +128,101 @@ pub fn export<'py>(py: Python<'py>, source: Source<'_, 'py>, args: DlpackArgs<'p
         )));
     }
     if args.copy == Some(true) {
-        return Err(PyBufferError::new_err("copy=True is supported only for export to the CPU"));
+        return Err(copy_elsewhere(wanted));
     }
     match source.storage.device_handle_nogil(py, source.home, Access::Write)? {
         RawMemory::Cuda(ptr) => {
-            let exporter = Exporter::new(ptr as usize as *mut c_void, home_device, &source);
+            let exporter = Exporter::of_buffer(ptr as usize as *mut c_void, home_device, &source);
             export_dlpack(&exporter, py, request)
         }
         other => Err(PyBufferError::new_err(format!("unexpected device memory {other:?} for a CUDA buffer"))),
     }
 }
 
-/// One export's description of the memory.
-struct Exporter {
+/// The error for `copy=True` towards a device other than the CPU.
+pub fn copy_elsewhere(wanted: DLDevice) -> PyErr {
+    PyBufferError::new_err(format!(
+        "copy=True is supported only for export to the CPU (DLPack device (1, 0)): it copies into host \
+         memory; device ({}, {}) was asked for",
+        wanted.device_type.0, wanted.device_id
+    ))
+}
+
+/// Exports `array` (a new C-contiguous NumPy array that nothing else references: the copy)
+/// as a CPU tensor of `dtype` elements, flagged as copied (versioned ABI); `request` is the
+/// consumer's (its device, if any, must be the CPU).
+pub fn export_copy(
+    py: Python<'_>,
+    array: Bound<'_, PyAny>,
+    dtype: DLDataType,
+    request: &ExportRequest<'_>,
+) -> PyResult<Py<PyAny>> {
+    if let Some(wanted) = request.device()
+        && wanted != DLDevice::CPU
+    {
+        return Err(copy_elsewhere(wanted));
+    }
+    let array = array.cast_into::<PyUntypedArray>()?;
+    if !array.is_c_contiguous() {
+        return Err(PyBufferError::new_err("internal: a DLPack copy must be C-contiguous"));
+    }
+    let shape = array.shape().iter().map(|&d| d as i64).collect();
+    // SAFETY: array is a live NumPy array; its data field is read, not dereferenced.
+    let address = unsafe { (*array.as_array_ptr()).fields.data }.cast::<c_void>();
+    let owner: Arc<dyn Any + Send + Sync> = Arc::new(PyOwner(ManuallyDrop::new(array.into_any().unbind())));
+    let exporter = Exporter { address, device: DLDevice::CPU, dtype, shape, owner, copied: true };
+    let capsule = match request.abi() {
+        ExportAbi::Versioned => exporter.managed::<DLManagedTensorVersioned>()?.into_pyobject(py)?.into_any(),
+        ExportAbi::Legacy => exporter.managed::<DLManagedTensor>()?.into_pyobject(py)?.into_any(),
+    };
+    Ok(capsule.unbind())
+}
+
+/// A Python object owned by a tensor's manager context; released with the interpreter
+/// attached, whichever thread runs the consumer's deleter (leaked if the interpreter is gone).
+struct PyOwner(ManuallyDrop<Py<PyAny>>);
+
+impl Drop for PyOwner {
+    fn drop(&mut self) {
+        // SAFETY: taken once, here; the field is not used again.
+        let object = unsafe { ManuallyDrop::take(&mut self.0) };
+        let object = ManuallyDrop::new(object);
+        let _ = Python::try_attach(|_| drop(ManuallyDrop::into_inner(object)));
+    }
+}
+
+/// One export's description of the memory, for every lazybuf object: where the bytes are,
+/// their device, element type and (C-order) shape, and the owner that keeps them alive.
+pub struct Exporter {
     address: *mut c_void,
     device: DLDevice,
     dtype: DLDataType,
     shape: Vec<i64>,
-    storage: Arc<Storage>,
+    owner: Arc<dyn Any + Send + Sync>,
+    /// Whether the memory is a copy made for this export, owned by it alone.
+    copied: bool,
 }
 
 impl Exporter {
-    fn new(address: *mut c_void, device: DLDevice, source: &Source<'_, '_>) -> Self {
+    /// `nbytes` at `address` on `device` as a 1-d uint8 tensor, kept alive by `owner`.
+    pub fn bytes(
+        address: *mut c_void,
+        nbytes: usize,
+        device: DLDevice,
+        owner: Arc<dyn Any + Send + Sync>,
+    ) -> Self {
+        let dtype = DLDataType::scalar(DLDataTypeCode::UINT, 8);
+        Exporter { address, device, dtype, shape: vec![nbytes as i64], owner, copied: false }
+    }
+
+    fn of_buffer(address: *mut c_void, device: DLDevice, source: &Source<'_, '_>) -> Self {
         Exporter {
             address,
             device,
             dtype: data_type(source.dtype),
             shape: source.shape.iter().map(|&d| d as i64).collect(),
-            storage: Arc::clone(source.storage),
+            owner: Arc::clone(source.storage) as Arc<dyn Any + Send + Sync>,
+            copied: false,
         }
     }
 
@@ -166,7 +238,7 @@ impl Exporter {
             stride *= self.shape[i];
         }
         let mut tensor = allocation
-            .initialize(Arc::clone(&self.storage), ndim)
+            .initialize(Box::new(Arc::clone(&self.owner)), ndim)
             .map_err(|e| PyMemoryError::new_err(e.to_string()))?;
         let extra = tensor.extra_mut();
         let (shape, strides) = extra.split_at_mut(ndim);
@@ -174,10 +246,15 @@ impl Exporter {
         tensor.tensor_mut().shape = shape;
         tensor.tensor_mut().strides = strides;
         tensor.set_data(self.address).set_device(self.device).set_dtype(self.dtype);
-        // SAFETY: data points to the buffer's memory for prod(shape) elements of dtype on
-        // `device`, kept alive by the storage Arc in the manager context until the deleter
-        // runs; shape and strides point into the tensor's own allocation; the strides
-        // describe C order; no flags are set (the memory is writable and not a copy).
+        if self.copied {
+            // SAFETY: a copied export's memory is a new array made for it, referenced only by
+            // the owner in this tensor's manager context (see export_copy).
+            unsafe { tensor.set_flags_unchecked(DlpackFlags::IS_COPIED) };
+        }
+        // SAFETY: data points to prod(shape) elements of dtype on `device`, kept alive by the
+        // owner in the manager context until the deleter runs; shape and strides point into
+        // the tensor's own allocation; the strides describe C order; the memory is writable
+        // (no READ_ONLY flag), and IS_COPIED is set only for a copy.
         Ok(unsafe { tensor.finish() })
     }
 }
@@ -188,6 +265,7 @@ impl DlpackExporter for Exporter {
     }
 
     fn flags(&self) -> DlpackFlags {
+        // dlpark's zero-copy path; copies go through export_copy.
         DlpackFlags::empty()
     }
 

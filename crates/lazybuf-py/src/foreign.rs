@@ -11,8 +11,11 @@
 //! imported DLPack tensor) until the copy is done. Copies between devices go peer to peer
 //! where the runtime can, else through the host.
 //!
-//! **Exports.** [`export_dlpack`] describes memory as a 1-d `uint8` tensor whose manager
-//! context holds the memory's owner, so a tensor outlives the Python object it came from.
+//! **Exports.** [`export_dlpack`] describes memory as a 1-d `uint8` tensor (with
+//! [`crate::dlpack::Exporter`], the one exporter of the package) whose manager context holds
+//! the memory's owner, so a tensor outlives the Python object it came from; `copy=True`
+//! exports a copy in host memory, flagged as copied. Memory DLPack has no device for (OpenCL
+//! and wgpu device memory) is a `BufferError` naming its backend, except with `copy=True`.
 //!
 //! What does not live here: the copies themselves (the core's `DeviceAllocation`).
 
@@ -20,15 +23,9 @@ use std::any::Any;
 use std::ffi::c_void;
 use std::sync::Arc;
 
-use dlpark::allocation::dynamic::Allocation;
-use dlpark::ffi::{
-    DLDataType, DLDataTypeCode, DLDevice, DLDeviceType, DLManagedTensor, DLManagedTensorVersioned,
-};
-use dlpark::python::{
-    DlpackExporter, ExportRequest, ImportedDlpack, export_dlpack as dlpark_export, from_dlpack,
-};
-use dlpark::{DlpackFlags, Managed, ManagedTensorBase};
-use pyo3::exceptions::{PyBufferError, PyMemoryError, PyTypeError, PyValueError};
+use dlpark::ffi::{DLDataType, DLDataTypeCode, DLDevice, DLDeviceType};
+use dlpark::python::{ExportRequest, ImportedDlpack, export_dlpack as dlpark_export, from_dlpack};
+use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyInt};
 
@@ -37,6 +34,7 @@ use lazybuf::{BackendKind, Device, Memory, MemoryKind};
 
 use crate::args::repr;
 use crate::device_buffer::{BufferCell, PyDeviceBuffer};
+use crate::dlpack::Exporter;
 use crate::errors::OrPyErr;
 use crate::memory::{MemoryCell, PyMemory};
 
@@ -316,104 +314,86 @@ pub fn dlpack_device(device: &Device, kind: MemoryKind) -> Option<DLDevice> {
     }
 }
 
-/// One export of `nbytes` at `address` on `device` as a 1-d uint8 tensor, whose manager
-/// context keeps `owner` alive. `stream`, `max_version`, `dl_device` and `copy` are the
-/// consumer's `__dlpack__` arguments.
-#[allow(clippy::too_many_arguments)]
+/// The consumer's `__dlpack__` arguments.
+pub struct DlpackCall<'py> {
+    /// The consumer's stream (`None` on the CPU).
+    pub stream: Option<Bound<'py, PyAny>>,
+    /// The newest DLPack version the consumer understands.
+    pub max_version: Option<(u32, u32)>,
+    /// Where the consumer wants the tensor.
+    pub dl_device: Option<(u32, i32)>,
+    /// `True`: always copy; `False`: never copy; `None`: the producer's choice (no copy).
+    pub copy: Option<bool>,
+}
+
+/// What a zero-copy export of memory shows: its address for the tensor, its length, and the
+/// owner that keeps it alive while the tensor lives.
+pub struct ExportedBytes {
+    /// The address (host address for a CPU tensor, the `CUdeviceptr` on CUDA).
+    pub address: usize,
+    /// The length in bytes.
+    pub nbytes: usize,
+    /// What keeps the memory alive.
+    pub owner: Arc<dyn Any + Send + Sync>,
+}
+
+/// `__dlpack__` of memory of `kind` on `device` as a 1-d uint8 tensor: zero-copy (`view`
+/// describes the memory), or, with `copy=True`, a copy in new host memory for the CPU
+/// flagged as copied (`read` makes it: a new uint8 NumPy array of the bytes). The consumer's
+/// `dl_device`, else the memory's own DLPack device, else the CPU is where the tensor goes;
+/// a copy for a device other than the CPU is a `BufferError`.
 pub fn export_dlpack<'py>(
     py: Python<'py>,
-    address: usize,
-    nbytes: usize,
-    device: Option<DLDevice>,
-    owner: Arc<dyn Any + Send + Sync>,
-    stream: Option<Bound<'py, PyAny>>,
-    max_version: Option<(u32, u32)>,
-    dl_device: Option<(u32, i32)>,
-    copy: Option<bool>,
+    device: &Device,
+    kind: MemoryKind,
+    call: DlpackCall<'py>,
+    view: impl FnOnce(Python<'py>) -> PyResult<ExportedBytes>,
+    read: impl FnOnce(Python<'py>) -> PyResult<Bound<'py, PyAny>>,
 ) -> PyResult<Py<PyAny>> {
-    let stream = stream.filter(|s| !s.is_none());
-    let request = ExportRequest::parse(stream.as_ref(), max_version, dl_device, copy)?;
-    let device = device.ok_or_else(|| {
-        PyBufferError::new_err(
-            "this memory has no DLPack device (OpenCL device memory); copy it to the host first",
-        )
-    })?;
-    if let Some(wanted) = request.device()
-        && wanted != device
-    {
-        return Err(PyBufferError::new_err(format!(
-            "cannot export to DLPack device ({}, {}): this memory is on ({}, {})",
-            wanted.device_type.0, wanted.device_id, device.device_type.0, device.device_id
-        )));
-    }
-    if copy == Some(true) {
-        return Err(PyBufferError::new_err("copy=True is not supported; use copy_to_host() for a copy"));
-    }
-    if device == DLDevice::CPU && stream.is_some() {
+    let stream = call.stream.filter(|s| !s.is_none());
+    let request = ExportRequest::parse(stream.as_ref(), call.max_version, call.dl_device, call.copy)?;
+    let home = dlpack_device(device, kind);
+    // A copy goes to the CPU (where the consumer asked for no device, too, for memory with
+    // no DLPack device of its own).
+    let wanted = request.device().or(home).unwrap_or(DLDevice::CPU);
+    if wanted == DLDevice::CPU && stream.is_some() {
         return Err(PyValueError::new_err("__dlpack__: stream must be None for an export to the CPU"));
     }
-    let exporter = RawExporter { address: address as *mut c_void, nbytes, device, owner };
+    if call.copy == Some(true) {
+        if wanted != DLDevice::CPU {
+            return Err(crate::dlpack::copy_elsewhere(wanted));
+        }
+        let copy = read(py)?;
+        return crate::dlpack::export_copy(py, copy, DLDataType::scalar(DLDataTypeCode::UINT, 8), &request);
+    }
+    let home = home.ok_or_else(|| no_dlpack_device(device, kind))?;
+    if wanted != home {
+        return Err(PyBufferError::new_err(format!(
+            "cannot export to DLPack device ({}, {}): this memory is on ({}, {}); pass copy=True for a copy in \
+             host memory",
+            wanted.device_type.0, wanted.device_id, home.device_type.0, home.device_id
+        )));
+    }
+    let bytes = view(py)?;
+    let exporter = Exporter::bytes(bytes.address as *mut c_void, bytes.nbytes, home, bytes.owner);
     dlpark_export(&exporter, py, request)
 }
 
-/// `__dlpack_device__` for memory with this DLPack device (OpenCL device memory: an error).
-pub fn dlpack_device_tuple(device: Option<DLDevice>) -> PyResult<(u32, i32)> {
-    let device = device.ok_or_else(|| PyBufferError::new_err("OpenCL device memory has no DLPack device"))?;
-    Ok((device.device_type.0, device.device_id))
+/// The error for memory DLPack has no device for, naming its backend.
+fn no_dlpack_device(device: &Device, kind: MemoryKind) -> PyErr {
+    PyBufferError::new_err(format!(
+        "{} {} memory has no DLPack device; export a copy with copy=True (for the CPU), or copy it to the \
+         host first",
+        device.backend_kind().title(),
+        kind.name()
+    ))
 }
 
-struct RawExporter {
-    address: *mut c_void,
-    nbytes: usize,
-    device: DLDevice,
-    owner: Arc<dyn Any + Send + Sync>,
-}
-
-impl RawExporter {
-    fn managed<M: ManagedTensorBase>(&self) -> PyResult<Managed<M>> {
-        let allocation = Allocation::<M>::allocate(2).map_err(|e| PyMemoryError::new_err(e.to_string()))?;
-        let mut tensor = allocation
-            .initialize(Box::new(self.owner.clone()), 1)
-            .map_err(|e| PyMemoryError::new_err(e.to_string()))?;
-        let extra = tensor.extra_mut();
-        extra[0] = self.nbytes as i64;
-        extra[1] = 1;
-        let (shape, strides) = extra.split_at_mut(1);
-        let (shape, strides) = (shape.as_mut_ptr(), strides.as_mut_ptr());
-        tensor.tensor_mut().shape = shape;
-        tensor.tensor_mut().strides = strides;
-        tensor
-            .set_data(self.address)
-            .set_device(self.device)
-            .set_dtype(DLDataType::scalar(DLDataTypeCode::UINT, 8));
-        // SAFETY: data points to `nbytes` bytes of memory on `device` kept alive by the owner in
-        // the manager context until the deleter runs; shape and strides point into the
-        // tensor's own allocation; no flags (writable, not a copy).
-        Ok(unsafe { tensor.finish() })
-    }
-}
-
-impl DlpackExporter for RawExporter {
-    fn device(&self) -> DLDevice {
-        self.device
-    }
-
-    fn flags(&self) -> DlpackFlags {
-        DlpackFlags::empty()
-    }
-
-    fn prepare_export(&self, _py: Python<'_>, _request: &ExportRequest<'_>) -> PyResult<()> {
-        // Every operation on memory objects has completed when it returns.
-        Ok(())
-    }
-
-    fn export_legacy(&self, _py: Python<'_>) -> PyResult<Managed<DLManagedTensor>> {
-        self.managed()
-    }
-
-    fn export_versioned(&self, _py: Python<'_>) -> PyResult<Managed<DLManagedTensorVersioned>> {
-        self.managed()
-    }
+/// `__dlpack_device__` of memory of `kind` on `device` (a `BufferError` where DLPack has no
+/// device for it).
+pub fn dlpack_device_tuple(device: &Device, kind: MemoryKind) -> PyResult<(u32, i32)> {
+    let dl = dlpack_device(device, kind).ok_or_else(|| no_dlpack_device(device, kind))?;
+    Ok((dl.device_type.0, dl.device_id))
 }
 
 /// A `__cuda_array_interface__` (version 3) over `nbytes` at `address`: 1-d, `|u1`.

@@ -8,6 +8,11 @@
 //! with gaps raises `ValueError`, as does a read-only destination. Each message says what was
 //! expected.
 //!
+//! Host memory sized by the user (a temporary copy, a new array or `bytes` object for the
+//! result) is allocated fallibly: [`staged`] and [`new_array`] (and `bytes` results, made with
+//! `PyBytes::new_with` by their callers) raise `MemoryError` where the host has no memory left,
+//! never abort the process.
+//!
 //! What does not live here: device sources (`crate::foreign`).
 
 use std::ffi::CStr;
@@ -182,11 +187,29 @@ pub fn ranges_overlap(a: Option<std::ops::Range<usize>>, b: Option<std::ops::Ran
     }
 }
 
+/// A copy of `bytes` in a new vector, allocated fallibly ([`lazybuf::Error::OutOfMemory`]).
+pub fn staged(bytes: &[u8]) -> lazybuf::Result<Vec<u8>> {
+    let mut copy = Vec::new();
+    copy.try_reserve_exact(bytes.len()).map_err(|_| out_of_memory(bytes.len()))?;
+    copy.extend_from_slice(bytes);
+    Ok(copy)
+}
+
+fn out_of_memory(requested: usize) -> lazybuf::Error {
+    lazybuf::Error::OutOfMemory { device: "host".into(), requested, code: None }
+}
+
+/// A new uint8 NumPy array of `n` bytes with unspecified contents (`numpy.empty`: NumPy's
+/// `MemoryError` when the host cannot allocate it).
+pub fn new_array<'py>(py: Python<'py>, n: usize) -> PyResult<Bound<'py, PyAny>> {
+    py.import("numpy")?.call_method1("empty", (n, "uint8"))
+}
+
 /// Copies host bytes into the first bytes of `memory`, through a temporary copy when they
 /// are a view of that memory.
 pub fn copy_in(memory: &mut lazybuf::Memory, host: &HostBuffer) -> lazybuf::Result<()> {
     if host.overlaps(memory) {
-        let staged = host.bytes().to_vec();
+        let staged = staged(host.bytes())?;
         return memory.copy_from_host(&staged);
     }
     memory.copy_from_host(host.bytes())
@@ -196,7 +219,9 @@ pub fn copy_in(memory: &mut lazybuf::Memory, host: &HostBuffer) -> lazybuf::Resu
 /// is a view of that memory.
 pub fn copy_out(memory: &lazybuf::Memory, host: &mut HostBuffer, n: usize) -> lazybuf::Result<()> {
     if host.overlaps(memory) {
-        let mut staged = vec![0; n];
+        let mut staged = Vec::new();
+        staged.try_reserve_exact(n).map_err(|_| out_of_memory(n))?;
+        staged.resize(n, 0);
         memory.copy_to_host(&mut staged)?;
         host.bytes_mut()[..n].copy_from_slice(&staged);
         return Ok(());

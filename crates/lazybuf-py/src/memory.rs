@@ -9,21 +9,28 @@
 //!   `prefetch`; OpenCL fine-grained SVM; host memory on the host device; a `ValueError` on a
 //!   device without it), with the buffer protocol.
 //!
-//! `Kind(nbytes, *, alignment=0, device=None, copy=False)` allocates; `Kind(other)` with
-//! another memory object shares its memory (zero-copy, keeping `other` alive as
-//! `reference_obj`) when the kind matches, else raises `ValueError` unless `copy=True`, which
-//! copies (as it does for a `DeviceBuffer`, a `__cuda_array_interface__` or a DLPack source).
+//! `Kind(nbytes, *, alignment=0, device=None, copy=False)` allocates (`nbytes`: an int, see
+//! [`crate::args::size`]; an array is a source, never a size); `Kind(other)` with another
+//! memory object shares its memory (zero-copy) when the kind matches, else raises `ValueError`
+//! unless `copy=True`, which copies (as it does for a `DeviceBuffer`, a
+//! `__cuda_array_interface__` or a DLPack source). A zero-copy object keeps the object that
+//! allocated the memory alive as `reference_obj` (the root owner, as NumPy collapses `.base`):
+//! `Kind(Kind(m))` references `m`, so chains of zero-copy objects never nest.
 //! `nbytes`/`size`/`len()`, `get_usm_type()` (`"device"`, `"host"`, `"shared"`), `alignment`,
 //! `device`, `ptr`, `copy_to_host(dest=None)`, `copy_from_host(obj)` (a shorter source fills a
 //! prefix), `copy_from_device(obj)` ([`crate::foreign`]), `memset(value=0)`, `tobytes()`,
-//! `__sizeof__` (the data counted), CUDA array interface and DLPack exports, and pickling that
+//! `__sizeof__` (the data counted), CUDA array interface and DLPack exports (`copy=True`: a
+//! copy in host memory for the CPU, for every kind and device), and pickling that
 //! records the kind and the device (unpickling checks the kind; a device this process lacks
 //! falls back to the current device with a `RuntimeWarning`).
 //!
 //! Differences from dpctl: `device=` in place of `queue=`; size 0 is allowed; zero-copy
 //! wrapping of foreign memory is not offered (construct with `copy=True`); `reference_obj` is
-//! the memory object shared from (dpctl: `None` for its own objects); the value of `memset` must
-//! be a byte (0..255).
+//! the memory object that allocated the memory (dpctl: `None` for its own objects); the value of
+//! `memset` must be a byte (0..255).
+//!
+//! Results sized by the memory (`tobytes()`, `copy_to_host()`, pickling) are allocated through
+//! Python: `MemoryError` when the host has no memory for them ([`crate::hostbuf`]).
 //!
 //! Threads: as [`crate::device_buffer`]: each call locks the memory with the GIL released.
 
@@ -31,20 +38,19 @@ use std::ffi::c_int;
 use std::ptr;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use numpy::PyArray1;
 use pyo3::exceptions::{PyAttributeError, PyBufferError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyDict, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyTuple};
 
 use lazybuf::{AllocationOptions, BackendKind, Device, Memory, MemoryKind};
 
 use crate::accelerator::{PyDevice, selector};
 use crate::args;
-use crate::device_buffer::{pickled_device, size_arg};
+use crate::device_buffer::pickled_device;
 use crate::errors::OrPyErr;
-use crate::foreign::{self, Source};
-use crate::hostbuf::HostBuffer;
+use crate::foreign::{self, DlpackCall, ExportedBytes, Source};
+use crate::hostbuf::{self, HostBuffer};
 
 /// A memory object's allocation, shared by the objects made zero-copy from it and by the
 /// exports (buffer protocol, DLPack) of it.
@@ -135,9 +141,8 @@ impl PyMemory {
     ) -> PyResult<Self> {
         // Non-positive alignments ask for the kind's own, as in dpctl.
         let alignment = usize::try_from(alignment.max(0)).unwrap_or(0);
-        let is_int = !other.is_instance_of::<PyBool>() && other.hasattr("__index__")?;
-        if is_int {
-            let nbytes = size_arg(other, "nbytes")?;
+        if args::is_size(other)? {
+            let nbytes = args::size(other, "nbytes")?;
             return Self::allocate(py, kind, nbytes, alignment, args::device(device)?);
         }
         let device = match device.filter(|d| !d.is_none()) {
@@ -148,13 +153,18 @@ impl PyMemory {
             let src = source.get();
             let same_device = device.as_ref().is_none_or(|d| d == &src.device);
             if src.kind == kind && same_device && src.alignment >= alignment {
+                // The root owner: a zero-copy source's own reference (chains never nest).
+                let root = match &src.reference {
+                    Some(root) => root.clone_ref(py),
+                    None => other.clone().unbind(),
+                };
                 return Ok(PyMemory {
                     cell: src.cell.clone(),
                     device: src.device.clone(),
                     kind,
                     nbytes: src.nbytes,
                     alignment: src.alignment,
-                    reference: Some(other.clone().unbind()),
+                    reference: Some(root),
                 });
             }
             if !copy {
@@ -375,8 +385,7 @@ impl PyMemory {
     ) -> PyResult<Bound<'py, PyAny>> {
         let dest = match dest.filter(|d| !d.is_none()) {
             Some(dest) => dest.clone(),
-            // SAFETY: every byte is written by the copy below before the array is returned.
-            None => unsafe { PyArray1::<u8>::new(py, [self.nbytes], false) }.into_any(),
+            None => hostbuf::new_array(py, self.nbytes)?,
         };
         let mut host = HostBuffer::get(&dest, true, "copy_to_host: dest")?;
         if host.len() < self.nbytes {
@@ -427,8 +436,7 @@ impl PyMemory {
 
     /// The memory's bytes, copied.
     fn tobytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
-        let data = self.with(py, |m| m.to_vec()).or_py()?;
-        Ok(PyBytes::new(py, &data))
+        PyBytes::new_with(py, self.nbytes, |data| self.with(py, |m| m.copy_to_host(data)).or_py())
     }
 
     fn __bytes__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
@@ -451,8 +459,9 @@ impl PyMemory {
     }
 
     /// DLPack export as a 1-d uint8 tensor: the CPU for host memory (and every kind on the host
-    /// device, and OpenCL shared memory), kDLCUDA or kDLCUDAManaged on CUDA; OpenCL device
-    /// memory raises `BufferError`.
+    /// device, and OpenCL shared memory), kDLCUDA or kDLCUDAManaged on CUDA; other device
+    /// memory (OpenCL, wgpu) raises `BufferError`. `copy=True` exports a copy in host memory
+    /// to the CPU, for every kind and device (CUDA memory: with `dl_device=(1, 0)`).
     #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
     fn __dlpack__<'py>(
         &self,
@@ -462,19 +471,23 @@ impl PyMemory {
         dl_device: Option<(u32, i32)>,
         copy: Option<bool>,
     ) -> PyResult<Py<PyAny>> {
-        let device = foreign::dlpack_device(&self.device, self.kind);
-        let address = if device == Some(dlpark::ffi::DLDevice::CPU) {
-            self.host_address_any(py)?
-        } else {
-            self.raw_address(py)
+        let call = DlpackCall { stream, max_version, dl_device, copy };
+        let view = |py: Python<'py>| {
+            let address =
+                if foreign::dlpack_device(&self.device, self.kind) == Some(dlpark::ffi::DLDevice::CPU) {
+                    self.host_address_any(py)?
+                } else {
+                    self.raw_address(py)
+                };
+            let owner: Arc<dyn std::any::Any + Send + Sync> = self.cell.clone();
+            Ok(ExportedBytes { address, nbytes: self.nbytes, owner })
         };
-        let owner: Arc<dyn std::any::Any + Send + Sync> = self.cell.clone();
-        foreign::export_dlpack(py, address, self.nbytes, device, owner, stream, max_version, dl_device, copy)
+        foreign::export_dlpack(py, &self.device, self.kind, call, view, |py| self.copy_to_host(py, None))
     }
 
     /// `(device_type, device_id)` of the DLPack export.
     fn __dlpack_device__(&self) -> PyResult<(u32, i32)> {
-        foreign::dlpack_device_tuple(foreign::dlpack_device(&self.device, self.kind))
+        foreign::dlpack_device_tuple(&self.device, self.kind)
     }
 
     /// Pickles the kind, the device and the bytes (one NumPy array: protocol 5 takes it out of

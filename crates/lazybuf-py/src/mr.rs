@@ -18,13 +18,30 @@
 //! an int) and `deallocate(ptr, nbytes)`. Resources are device-independent: one resource can
 //! serve several devices.
 //!
+//! **Raw allocations live until `deallocate`.** They are kept in one process-wide registry,
+//! by resource and handle, that also keeps the core resource they came from alive: an
+//! allocation is never freed under its user, not even when the Python resource object it came
+//! from is collected (then nothing can give it back, and it lives until the process ends, as
+//! an RMM allocation that is never deallocated does). `deallocate` must be called on the
+//! resource that allocated (the same object, or another object over the same core resource,
+//! such as what `get_current_device_resource()` returns on each call).
+//!
+//! **One default resource object per device.** With no resource set,
+//! `get_current_device_resource(device)` returns the same Python object on every call (a
+//! `PoolMemoryResource` over the device's default pool, or `DirectMemoryResource` while
+//! caching is off), as RMM does.
+//!
+//! **Nesting is limited** to [`MAX_DEPTH`] resources (an adaptor over an adaptor over ...):
+//! each level is one stack frame in every allocation, so an adaptor deeper than that is
+//! refused with `ValueError` when it is made, before a deep chain could exhaust the stack.
+//!
 //! A failure callback runs with the GIL taken back, from inside the allocation; it must not
 //! use the object whose allocation failed.
 //!
 //! What does not live here: the policies themselves (the core's resources).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use pyo3::exceptions::{PyIndexError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -40,37 +57,53 @@ use lazybuf::{
 use crate::args;
 use crate::errors::OrPyErr;
 
+/// The most resources a chain may have (a source counts as 1, each adaptor or pool over it
+/// adds 1); see the module docs.
+pub const MAX_DEPTH: usize = 256;
+
 /// A memory resource (the base class of every resource in `lazybuf.mr`).
 #[pyclass(name = "MemoryResource", module = "lazybuf.mr", subclass, frozen)]
 pub struct PyResource {
     resource: Arc<dyn MemoryResource>,
     upstream: Option<Py<PyAny>>,
-    /// Blocks handed out by `allocate`, by their handle, until `deallocate`.
-    raw: Mutex<HashMap<usize, (Device, Block)>>,
+    /// The number of resources in the chain down to the source (1 for a source).
+    depth: usize,
 }
 
 impl PyResource {
-    fn new(resource: Arc<dyn MemoryResource>, upstream: Option<Py<PyAny>>) -> Self {
-        PyResource { resource, upstream, raw: Mutex::default() }
+    fn new(resource: Arc<dyn MemoryResource>, upstream: Option<Upstream>) -> Self {
+        match upstream {
+            Some(up) => PyResource { resource, upstream: Some(up.object), depth: up.depth + 1 },
+            None => PyResource { resource, upstream: None, depth: 1 },
+        }
     }
 
     /// The core resource.
     pub fn resource(&self) -> &Arc<dyn MemoryResource> {
         &self.resource
     }
-
-    fn raw(&self) -> MutexGuard<'_, HashMap<usize, (Device, Block)>> {
-        self.raw.lock().unwrap_or_else(PoisonError::into_inner)
-    }
 }
 
-impl Drop for PyResource {
-    fn drop(&mut self) {
-        let blocks: Vec<(Device, Block)> = self.raw().drain().map(|(_, b)| b).collect();
-        for (device, block) in blocks {
-            self.resource.deallocate(&device, block, &device.stream(), Ticket::done());
-        }
-    }
+/// A raw allocation handed out by `allocate`, until `deallocate` (see the module docs).
+struct RawAllocation {
+    device: Device,
+    block: Block,
+    /// The resource it came from (kept alive with it).
+    resource: Arc<dyn MemoryResource>,
+}
+
+/// The outstanding raw allocations, by the identity of their core resource and their handle.
+type Registry = HashMap<(usize, usize), RawAllocation>;
+
+fn registry() -> MutexGuard<'static, Registry> {
+    static RAW: OnceLock<Mutex<Registry>> = OnceLock::new();
+    RAW.get_or_init(Mutex::default).lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The identity of a core resource (its address, stable while it lives; a registered
+/// allocation keeps its resource alive).
+fn identity(resource: &Arc<dyn MemoryResource>) -> usize {
+    Arc::as_ptr(resource).cast::<()>() as usize
 }
 
 /// The handle of a block as an int (its address, device pointer or `cl_mem`).
@@ -91,8 +124,7 @@ impl PyResource {
 
     /// `nbytes` of device memory on `device` (default: the current device), outside any
     /// buffer; returns its handle as an int (the `CUdeviceptr`, the `cl_mem`, the address on
-    /// the host device). Give it back with `deallocate`; what is not given back returns when
-    /// the resource object is gone.
+    /// the host device). It lives until `deallocate` gives it back (see the module docs).
     #[pyo3(signature = (nbytes, *, device=None))]
     fn allocate(
         &self,
@@ -100,7 +132,7 @@ impl PyResource {
         nbytes: &Bound<'_, PyAny>,
         device: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<usize> {
-        let nbytes = crate::device_buffer::size_arg(nbytes, "nbytes")?;
+        let nbytes = args::size(nbytes, "nbytes")?;
         if nbytes == 0 {
             return Err(PyValueError::new_err(
                 "allocate: nbytes must be positive (an empty block has no handle)",
@@ -111,23 +143,33 @@ impl PyResource {
             .detach(|| self.resource.allocate(&device, MemoryKind::Device, nbytes, &device.stream()))
             .or_py()?;
         let key = handle(&block);
-        self.raw().insert(key, (device, block));
+        let raw = RawAllocation { device, block, resource: self.resource.clone() };
+        registry().insert((identity(&self.resource), key), raw);
         Ok(key)
     }
 
-    /// Gives back what `allocate` returned (`ValueError` for a handle it did not return).
+    /// Gives back what `allocate` returned (`ValueError` for a handle this resource did not
+    /// return, or returned and got back).
     fn deallocate(&self, py: Python<'_>, ptr: usize, nbytes: usize) -> PyResult<()> {
-        let (device, block) = self.raw().remove(&ptr).ok_or_else(|| {
-            PyValueError::new_err(format!(
-                "deallocate: {ptr:#x} was not allocated by this resource (or was given back)"
-            ))
-        })?;
-        if nbytes > block.len() {
-            let message = format!("deallocate: {ptr:#x} holds {} bytes, not {nbytes}", block.len());
-            self.raw().insert(ptr, (device, block));
-            return Err(PyValueError::new_err(message));
+        let key = (identity(&self.resource), ptr);
+        let raw = {
+            let mut registry = registry();
+            let Some(raw) = registry.get(&key) else {
+                return Err(PyValueError::new_err(format!(
+                    "deallocate: {ptr:#x} was not allocated by this resource (or was given back)"
+                )));
+            };
+            if nbytes > raw.block.len() {
+                return Err(PyValueError::new_err(format!(
+                    "deallocate: {ptr:#x} holds {} bytes, not {nbytes}",
+                    raw.block.len()
+                )));
+            }
+            registry.remove(&key)
+        };
+        if let Some(RawAllocation { device, block, resource }) = raw {
+            py.detach(|| resource.deallocate(&device, block, &device.stream(), Ticket::done()));
         }
-        py.detach(|| self.resource.deallocate(&device, block, &device.stream(), Ticket::done()));
         Ok(())
     }
 
@@ -148,11 +190,31 @@ pub fn resource_arg(mr: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Arc<dyn Me
     mr.filter(|m| !m.is_none()).map(|m| resource_of(m, "mr")).transpose()
 }
 
-fn upstream(upstream_mr: &Bound<'_, PyAny>) -> PyResult<(Arc<dyn MemoryResource>, Py<PyAny>)> {
+/// The Python upstream of an adaptor: kept alive with it, and counted in its depth.
+struct Upstream {
+    object: Py<PyAny>,
+    depth: usize,
+}
+
+fn upstream(upstream_mr: &Bound<'_, PyAny>) -> PyResult<(Arc<dyn MemoryResource>, Upstream)> {
     if upstream_mr.is_none() {
         return Err(PyTypeError::new_err("upstream_mr must be a lazybuf.mr memory resource, not None"));
     }
-    Ok((resource_of(upstream_mr, "upstream_mr")?, upstream_mr.clone().unbind()))
+    let resource = upstream_mr.cast::<PyResource>().map(|r| r.get()).map_err(|_| {
+        PyTypeError::new_err(format!(
+            "upstream_mr must be a lazybuf.mr memory resource, got {}",
+            args::repr(upstream_mr)
+        ))
+    })?;
+    if resource.depth >= MAX_DEPTH {
+        return Err(PyValueError::new_err(format!(
+            "upstream_mr is a chain of {} resources already; expected at most {} in a chain with the new \
+             adaptor (lazybuf limits nesting so that an allocation cannot exhaust the stack)",
+            resource.depth, MAX_DEPTH
+        )));
+    }
+    let keep = Upstream { object: upstream_mr.clone().unbind(), depth: resource.depth };
+    Ok((resource.resource.clone(), keep))
 }
 
 /// The runtimes themselves: every allocation is the runtime's, every free frees.
@@ -422,9 +484,14 @@ fn current() -> MutexGuard<'static, Option<HashMap<DeviceId, Py<PyAny>>>> {
     CURRENT.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// The Python objects over the devices' default resources, one per device (so every call
+/// returns the same object), with the core resource each was made over.
+static DEFAULTS: Mutex<Option<HashMap<DeviceId, Py<PyAny>>>> = Mutex::new(None);
+
 /// The resource buffers on `device` (default: the current device) take their memory from:
 /// the one set with `set_current_device_resource`, else the device's default pool (a
-/// `PoolMemoryResource`), or `DirectMemoryResource` while caching is off.
+/// `PoolMemoryResource`), or `DirectMemoryResource` while caching is off; the same object on
+/// every call while that stays so.
 #[pyfunction]
 #[pyo3(signature = (device=None))]
 pub fn get_current_device_resource(py: Python<'_>, device: Option<&Bound<'_, PyAny>>) -> PyResult<Py<PyAny>> {
@@ -433,14 +500,35 @@ pub fn get_current_device_resource(py: Python<'_>, device: Option<&Bound<'_, PyA
         return Ok(set.clone_ref(py));
     }
     let resource = default_resource(&device);
-    let pool = default_pool(&device);
-    if Arc::ptr_eq(&resource, &(pool.clone() as Arc<dyn MemoryResource>)) {
-        let init = PyClassInitializer::from(PyResource::new(resource, None))
-            .add_subclass(PyPool { pool, limit: None });
-        return Ok(Py::new(py, init)?.into_any());
+    let made_over = |object: &Py<PyAny>| {
+        object.bind(py).cast::<PyResource>().is_ok_and(|made| Arc::ptr_eq(&made.get().resource, &resource))
+    };
+    let defaults = || DEFAULTS.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(object) = defaults().as_ref().and_then(|m| m.get(&device.id())).filter(|o| made_over(o)) {
+        return Ok(object.clone_ref(py));
     }
-    let init = PyClassInitializer::from(PyResource::new(resource, None)).add_subclass(PyDirect);
-    Ok(Py::new(py, init)?.into_any())
+    // First call, or caching was turned on or off since: an object over today's default (made
+    // without the lock held: making it may run Python code).
+    let pool = default_pool(&device);
+    let object = if Arc::ptr_eq(&resource, &(pool.clone() as Arc<dyn MemoryResource>)) {
+        let init = PyClassInitializer::from(PyResource::new(resource.clone(), None))
+            .add_subclass(PyPool { pool, limit: None });
+        Py::new(py, init)?.into_any()
+    } else {
+        let init = PyClassInitializer::from(PyResource::new(resource.clone(), None)).add_subclass(PyDirect);
+        Py::new(py, init)?.into_any()
+    };
+    let (object, replaced) = {
+        let mut guard = defaults();
+        let map = guard.get_or_insert_with(HashMap::new);
+        match map.get(&device.id()).filter(|o| made_over(o)) {
+            // Another thread made one meanwhile: every caller gets that one.
+            Some(theirs) => (theirs.clone_ref(py), Some(object)),
+            None => (object.clone_ref(py), map.insert(device.id(), object)),
+        }
+    };
+    drop(replaced); // outside the lock: it may be the last reference
+    Ok(object)
 }
 
 /// Makes `mr` the resource buffers, memory objects and device buffers on `device` (default:

@@ -50,7 +50,7 @@ pub use discovery::{backend_status, default_device, devices, select_device};
 pub use element::{DType, Element};
 pub use error::{BackendKind, CallbackPayload, Error, Result, RuntimeCode};
 pub use half::{bf16, f16};
-pub use memory::{AllocationOptions, DeviceAllocation, DeviceBuffer, Memory};
+pub use memory::{AllocationHold, AllocationOptions, DeviceAllocation, DeviceBuffer, Memory};
 pub use num_complex::{Complex, Complex32, Complex64};
 pub use pool::MemoryPool;
 pub use resource::{

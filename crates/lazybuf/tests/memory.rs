@@ -1,6 +1,7 @@
 //! Memory objects (`lazybuf::memory`) on every device: allocations of every kind with their
 //! uploads, downloads, fills, copies between kinds and devices, host access and raw handles;
-//! the resizable `DeviceBuffer` (RMM's semantics, and a long random sequence against a model);
+//! the resizable `DeviceBuffer` (RMM's semantics, a long random sequence against a model, and
+//! holds that keep an allocation alive across reallocations);
 //! bad input, each a clear error that changes nothing; and faults injected into every
 //! allocation and copy (`lazybuf::testing::FaultyDevice`): a failed allocation or
 //! reallocation changes nothing, a failed copy leaves every byte outside its range.
@@ -517,5 +518,57 @@ fn borrowed_memory_is_copied_and_never_freed() {
             let refused = unsafe { Memory::borrowed(other, owner.raw(), 100) };
             assert!(refused.is_err(), "{other} took memory of {device}");
         }
+    }
+}
+
+/// A reallocation gives the old allocation back at once (RMM), unless an `AllocationHold`
+/// taken on it lives: then it is kept until the last hold is dropped, also after the buffer is
+/// gone, with its bytes intact. Only held allocations outlive a reallocation.
+#[test]
+fn held_allocations_outlive_reallocation_and_nothing_else_does() {
+    for device in devices() {
+        let tracking = Arc::new(lazybuf::TrackingResource::new(DirectResource::shared(), false));
+        let options = AllocationOptions { resource: Some(tracking.clone()), alignment: 0 };
+        let mut buffer =
+            DeviceBuffer::from_host_with(&device, MemoryKind::Device, &[7u8; 1000], options).unwrap();
+        // Without holds, growing 10 times leaves only the last allocation.
+        for n in 1..=10 {
+            buffer.resize(1000 + n * 100).unwrap();
+        }
+        assert_eq!(tracking.allocated_bytes(), buffer.capacity() as u64, "{device}");
+
+        // A hold keeps the allocation it was taken on (and only that one) through reallocations.
+        let held_capacity = buffer.capacity() as u64;
+        // SAFETY: the handle is only compared, never used to reach the memory.
+        let held_raw = unsafe { buffer.raw() }.identity();
+        let hold = buffer.hold();
+        let second = hold.clone();
+        for n in 1..=10 {
+            buffer.resize(3000 + n * 100).unwrap();
+        }
+        assert_eq!(tracking.allocated_bytes(), held_capacity + buffer.capacity() as u64, "{device}");
+        let outstanding: Vec<usize> = tracking.outstanding().iter().map(|o| o.address).collect();
+        assert!(outstanding.contains(&held_raw), "{device}: the held allocation is still allocated");
+        drop(hold);
+        assert_eq!(tracking.allocated_bytes(), held_capacity + buffer.capacity() as u64, "{device}");
+        drop(second);
+        assert_eq!(tracking.allocated_bytes(), buffer.capacity() as u64, "{device}: the last hold freed it");
+
+        // A hold outlives the buffer; the bytes stay as they were until it is dropped.
+        let hold = buffer.hold();
+        let capacity = buffer.capacity() as u64;
+        drop(buffer);
+        assert_eq!(tracking.allocated_bytes(), capacity, "{device}: kept for the hold");
+        drop(hold);
+        assert_eq!(tracking.allocated_bytes(), 0, "{device}");
+
+        // A buffer dropped with no hold alive gives its memory back at once.
+        let options = AllocationOptions { resource: Some(tracking.clone()), alignment: 0 };
+        let mut buffer = DeviceBuffer::with_options(&device, MemoryKind::Device, 64, options).unwrap();
+        drop(buffer.hold());
+        buffer.resize(128).unwrap();
+        assert_eq!(tracking.allocated_bytes(), 128, "{device}");
+        drop(buffer);
+        assert_eq!(tracking.allocated_bytes(), 0, "{device}");
     }
 }

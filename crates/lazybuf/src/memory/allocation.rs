@@ -235,9 +235,10 @@ impl<T: Element> DeviceAllocation<T> {
         Ok(())
     }
 
-    /// The elements, copied to a new vector.
+    /// The elements, copied to a new vector ([`Error::OutOfMemory`] when the host cannot
+    /// allocate it).
     pub fn to_vec(&self) -> Result<Vec<T>> {
-        let mut out = vec![<T as bytemuck::Zeroable>::zeroed(); self.len];
+        let mut out = zeroed_vec(self.len)?;
         self.copy_to_host(&mut out)?;
         Ok(out)
     }
@@ -419,10 +420,41 @@ impl<T: Element> DeviceAllocation<T> {
         }
         Ok(())
     }
+
+    /// Moves the memory out into a new allocation, leaving this one empty (it frees nothing
+    /// when dropped); `None` when the empty placeholder cannot be made. For owners that must
+    /// hand their memory on from `Drop`.
+    pub(super) fn take(&mut self) -> Option<Self> {
+        let empty = HostMemory::allocate(0).ok()?;
+        let block = std::mem::replace(&mut self.block, Block::Host(empty));
+        let len = std::mem::take(&mut self.len);
+        Some(DeviceAllocation {
+            device: self.device.clone(),
+            kind: self.kind,
+            len,
+            alignment: self.alignment,
+            block,
+            resource: self.resource.take(),
+            _element: PhantomData,
+        })
+    }
 }
 
 fn misaligned(operation: &'static str, err: bytemuck::PodCastError) -> Error {
     Error::invalid(operation, format!("the memory cannot be viewed as elements ({err:?})"))
+}
+
+/// `len` zeroed elements in a new vector, allocated fallibly: [`Error::OutOfMemory`] (not an
+/// abort) when the host cannot allocate them.
+pub(crate) fn zeroed_vec<T: Element>(len: usize) -> Result<Vec<T>> {
+    let mut out = Vec::new();
+    out.try_reserve_exact(len).map_err(|_| Error::OutOfMemory {
+        device: "host".into(),
+        requested: len.saturating_mul(std::mem::size_of::<T>()),
+        code: None,
+    })?;
+    out.resize(len, <T as bytemuck::Zeroable>::zeroed());
+    Ok(out)
 }
 
 /// A well-aligned address for empty slices.

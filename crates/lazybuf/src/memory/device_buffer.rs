@@ -6,8 +6,16 @@
 //! to exactly `n` (never shrinks it) and keeps the size; `shrink_to_fit()` moves the contents
 //! into an allocation of exactly `size` bytes. Bytes past the old size after a growth are
 //! unspecified. A reallocation that fails (allocation or copy) changes nothing.
+//!
+//! **Raw handles and reallocation.** As in RMM, a reallocation gives the old allocation back
+//! at once: a raw handle read before it ([`DeviceBuffer::raw`]) is dangling after it. Someone
+//! who must keep using the memory at a handle (a DLPack tensor) takes an [`AllocationHold`]
+//! with the handle ([`DeviceBuffer::hold`]): an allocation replaced, or left by a dropped
+//! buffer, while holds on it live is handed to them and given back when the last one is
+//! dropped. Only held allocations outlive a reallocation.
 
 use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use super::allocation::{AllocationOptions, Memory};
 use crate::backend::{MemoryKind, RawMemory};
@@ -19,9 +27,28 @@ pub struct DeviceBuffer {
     memory: Memory,
     size: usize,
     alignment: usize,
-    /// Allocations replaced by a reallocation while raw handles were out: kept until the
-    /// buffer is dropped (see [`DeviceBuffer::retain_replaced`]).
-    retained: Option<Vec<Memory>>,
+    /// The holds on the current allocation ([`DeviceBuffer::hold`]), if any were taken.
+    hold: Option<Arc<HoldSlot>>,
+}
+
+/// Where a held allocation goes when its buffer lets go of it.
+#[derive(Default)]
+struct HoldSlot {
+    memory: Mutex<Option<Memory>>,
+}
+
+/// Keeps one allocation of a [`DeviceBuffer`] alive while it lives: when the buffer
+/// reallocates or is dropped, the allocation it had when the hold was taken is handed to the
+/// holds instead of being given back, and is given back when the last hold is dropped.
+#[derive(Clone)]
+pub struct AllocationHold {
+    _slot: Arc<HoldSlot>,
+}
+
+impl fmt::Debug for AllocationHold {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("AllocationHold")
+    }
 }
 
 impl DeviceBuffer {
@@ -41,7 +68,7 @@ impl DeviceBuffer {
     ) -> Result<DeviceBuffer> {
         let alignment = options.alignment;
         let memory = Memory::with_options(device, kind, size, options)?;
-        Ok(DeviceBuffer { memory, size, alignment, retained: None })
+        Ok(DeviceBuffer { memory, size, alignment, hold: None })
     }
 
     /// A buffer of device memory on `device` holding a copy of `bytes` (RMM's `to_device`).
@@ -126,25 +153,33 @@ impl DeviceBuffer {
     }
 
     /// Moves the first `size` bytes to a new allocation of `capacity` bytes; on failure the
-    /// new allocation is given back and nothing changes.
+    /// new allocation is given back and nothing changes. The old allocation is given back, or
+    /// handed to its holds.
     fn reallocate(&mut self, capacity: usize) -> Result<()> {
         let options =
             AllocationOptions { resource: self.memory.resource().cloned(), alignment: self.alignment };
         let mut memory = Memory::with_options(self.memory.device(), self.memory.kind(), capacity, options)?;
         memory.copy_prefix_from(&self.memory, self.size.min(capacity))?;
         let old = std::mem::replace(&mut self.memory, memory);
-        if let Some(retained) = &mut self.retained {
-            retained.push(old);
-        }
+        self.let_go(old);
         Ok(())
     }
 
-    /// From now on, allocations a reallocation replaces are kept until the buffer is dropped,
-    /// so raw handles handed out earlier ([`Self::raw`]) stay valid (reading old contents).
-    /// For bindings that give out addresses with no lifetime of their own (the CUDA array
-    /// interface).
-    pub fn retain_replaced(&mut self) {
-        self.retained.get_or_insert_with(Vec::new);
+    /// Gives `old` (the allocation just replaced) to its holds if any live, else drops it.
+    fn let_go(&mut self, old: Memory) {
+        if let Some(slot) = self.hold.take()
+            && Arc::strong_count(&slot) > 1
+        {
+            // A hold dropped meanwhile is fine: the last Arc, ours included, frees the memory.
+            *slot.memory.lock().unwrap_or_else(PoisonError::into_inner) = Some(old);
+        }
+    }
+
+    /// A hold on the current allocation: while it (or a clone) lives, the allocation stays
+    /// valid, also after a reallocation or after the buffer is dropped (see the module docs).
+    /// For bindings that hand its raw handle to an owner with a lifetime (a DLPack tensor).
+    pub fn hold(&mut self) -> AllocationHold {
+        AllocationHold { _slot: self.hold.get_or_insert_with(Arc::default).clone() }
     }
 
     /// Copies `src` into the first `src.len()` bytes (at most the size).
@@ -164,9 +199,10 @@ impl DeviceBuffer {
         self.memory.copy_to_host(&mut dst[..self.size])
     }
 
-    /// The contents, copied to a new vector.
+    /// The contents, copied to a new vector ([`Error::OutOfMemory`] when the host cannot
+    /// allocate it).
     pub fn to_vec(&self) -> Result<Vec<u8>> {
-        let mut out = vec![0; self.size];
+        let mut out = super::allocation::zeroed_vec(self.size)?;
         self.memory.copy_to_host(&mut out)?;
         Ok(out)
     }
@@ -195,14 +231,14 @@ impl DeviceBuffer {
             AllocationOptions { resource: self.memory.resource().cloned(), alignment: self.alignment };
         let mut memory = Memory::with_options(self.memory.device(), self.memory.kind(), self.size, options)?;
         memory.copy_prefix_from(&self.memory, self.size)?;
-        Ok(DeviceBuffer { memory, size: self.size, alignment: self.alignment, retained: None })
+        Ok(DeviceBuffer { memory, size: self.size, alignment: self.alignment, hold: None })
     }
 
     /// The runtime's handle to the allocation (see [`crate::DeviceAllocation::raw`]).
     ///
     /// # Safety
-    /// Valid until the buffer is dropped or reallocates (unless [`Self::retain_replaced`]
-    /// keeps replaced memory), and ordered as [`crate::DeviceAllocation::raw`] says.
+    /// Valid until the buffer is dropped or reallocates (unless an [`AllocationHold`] taken
+    /// with [`Self::hold`] keeps it), and ordered as [`crate::DeviceAllocation::raw`] says.
     pub unsafe fn raw(&self) -> RawMemory {
         // SAFETY: forwarded contract.
         unsafe { self.memory.raw() }
@@ -213,6 +249,16 @@ impl DeviceBuffer {
             return Err(Error::LengthMismatch { operation, expected: self.size, actual: count });
         }
         Ok(())
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        if self.hold.as_ref().is_some_and(|slot| Arc::strong_count(slot) > 1)
+            && let Some(memory) = self.memory.take()
+        {
+            self.let_go(memory);
+        }
     }
 }
 

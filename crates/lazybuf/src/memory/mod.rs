@@ -11,7 +11,8 @@
 //! - [`Memory`]: the untyped memory object, a `DeviceAllocation<u8>` (one type for every
 //!   kind: the kind is data, [`DeviceAllocation::kind`]);
 //! - [`DeviceBuffer`]: RMM's resizable device buffer over an allocation (size and capacity,
-//!   `reserve`, `resize` keeping the contents, `shrink_to_fit`).
+//!   `reserve`, `resize` keeping the contents, `shrink_to_fit`), with [`AllocationHold`]s for
+//!   owners of its raw handle that must outlive a reallocation.
 //!
 //! **Memory comes from a resource.** Objects take their memory from a
 //! [`crate::MemoryResource`] they hold ([`AllocationOptions::resource`]; by default the
@@ -35,4 +36,4 @@ mod allocation;
 mod device_buffer;
 
 pub use allocation::{AllocationOptions, DeviceAllocation, Memory};
-pub use device_buffer::DeviceBuffer;
+pub use device_buffer::{AllocationHold, DeviceBuffer};

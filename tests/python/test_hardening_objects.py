@@ -1,0 +1,481 @@
+"""Hardening of memory objects, DeviceBuffer and memory resources (issue 20): the defects a
+hostile tester found, each a test that failed before its fix.
+
+- the default resource is one object per device, and raw allocations live until they are
+  deallocated (also when the resource object that made them is collected);
+- running out of host memory for a result sized by the user raises MemoryError (no abort, no
+  panic, no hang), checked in a subprocess under an address-space limit;
+- 100k zero-copy memory objects made from one another, and 100k nested adaptors, do not crash;
+- a DeviceBuffer keeps old allocations only while a DLPack tensor holds them;
+- arrays are data, never sizes; a size's own `__index__` exception propagates unchanged;
+- `__dlpack__(copy=True)` exports a host copy flagged as copied, for every object and device;
+- DLPack errors name the real backend; `sys.getsizeof` counts the memory held.
+
+Every test runs on every device lazybuf finds (the host device, PoCL's OpenCL device, wgpu on
+lavapipe, and the CUDA driver test double's devices when it is loaded), and means the same on
+each: nothing here relies on the host device's memory being host memory.
+"""
+
+import ctypes
+import gc
+import json
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import lazybuf
+import lazybuf.mr as mr
+from lazybuf import DeviceBuffer, MemoryDevice, MemoryHost, MemoryShared, UnifiedBuffer
+
+TITLES = {"host": "host", "opencl": "OpenCL", "cuda": "CUDA", "wgpu": "wgpu"}
+
+
+def _devices():
+    return lazybuf.get_accelerator().devices
+
+
+@pytest.fixture(params=[d.selector for d in _devices()])
+def device(request):
+    return next(d for d in _devices() if d.selector == request.param)
+
+
+def _kinds(device):
+    """The memory object classes `device` has (wgpu: device memory only)."""
+    if device.backend == "wgpu":
+        return [MemoryDevice]
+    return [MemoryDevice, MemoryHost, MemoryShared]
+
+
+def _pattern(n, seed=0):
+    return bytes((i * 31 + seed) % 256 for i in range(n))
+
+
+def _run(code, *args, timeout=120):
+    """Runs `code` in a fresh interpreter with `args`; a hang fails the test (timeout)."""
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "LAZYBUF_DEVICE": "host"},
+    )
+
+
+# 1. The default resource: one object per device; raw allocations live until deallocated.
+
+
+def test_default_resource_is_one_object_per_device(device):
+    first = mr.get_current_device_resource(device=device)
+    assert mr.get_current_device_resource(device=device) is first
+    gc.collect()
+    assert mr.get_current_device_resource(device=device) is first
+
+
+def test_raw_allocation_through_the_default_resource_lives_until_deallocated(device):
+    ptr = mr.get_current_device_resource(device=device).allocate(4096, device=device)
+    gc.collect()
+    # The block is not handed out again (before the fix the collected wrapper freed it into
+    # the pool, and the next allocation of that size got it).
+    others = [MemoryDevice(4096, device=device) for _ in range(4)]
+    assert all(m.ptr != ptr for m in others)
+    # Given back through another call's object (the same one now).
+    mr.get_current_device_resource(device=device).deallocate(ptr, 4096)
+    with pytest.raises(ValueError, match="was not allocated by this resource"):
+        mr.get_current_device_resource(device=device).deallocate(ptr, 4096)
+
+
+def test_raw_allocations_outlive_a_collected_resource_object(device):
+    stats = mr.StatisticsResourceAdaptor(mr.DirectMemoryResource())
+    limited = mr.LimitingResourceAdaptor(stats, 1 << 30)
+    ptr = limited.allocate(4096, device=device)
+    assert ptr != 0
+    del limited
+    gc.collect()
+    # Nothing can give it back any more, but it is not freed under its user.
+    assert stats.allocation_counts.current_bytes == 4096
+    assert stats.allocation_counts.current_count == 1
+
+
+def test_deallocate_checks_the_resource(device):
+    a = mr.StatisticsResourceAdaptor(mr.DirectMemoryResource())
+    b = mr.StatisticsResourceAdaptor(mr.DirectMemoryResource())
+    ptr = a.allocate(256, device=device)
+    with pytest.raises(ValueError, match="was not allocated by this resource"):
+        b.deallocate(ptr, 256)
+    with pytest.raises(ValueError, match="holds 256 bytes, not 512"):
+        a.deallocate(ptr, 512)
+    a.deallocate(ptr, 256)
+    assert a.allocation_counts.current_bytes == 0
+
+
+# 4 and 12. Running out of host memory raises MemoryError.
+
+_OOM = r"""
+import json, pickle, re, resource, sys
+import numpy as np
+import lazybuf
+from lazybuf import DeviceBuffer, MemoryDevice, MemoryHost, MemoryShared, UnifiedBuffer
+
+device = next(d for d in lazybuf.get_accelerator().devices if d.selector == sys.argv[1])
+N = 64 << 20
+kinds = [MemoryDevice] if device.backend == "wgpu" else [MemoryDevice, MemoryHost, MemoryShared]
+
+def touched(obj):
+    # Written once: runtimes that allocate at first touch (PoCL) have allocated the memory
+    # before the limit is set, so only lazybuf's own allocations meet the limit.
+    if hasattr(obj, "memset"):
+        obj.memset(1)
+    else:
+        obj.copy_from_host(np.ones(len(obj), dtype=np.uint8))
+    return obj
+
+def vm_bytes():
+    with open("/proc/self/status") as f:
+        return int(re.search(r"VmSize:\s+(\d+) kB", f.read()).group(1)) * 1024
+
+cases = []
+for kind in kinds:
+    name = kind.__name__
+    cases += [
+        (f"{name}.tobytes", lambda k=kind: k(N, device=device), lambda m: m.tobytes()),
+        (f"bytes({name})", lambda k=kind: k(N, device=device), lambda m: bytes(m)),
+        (f"{name}.copy_to_host", lambda k=kind: k(N, device=device), lambda m: m.copy_to_host()),
+        (f"pickle {name}", lambda k=kind: k(N, device=device), lambda m: pickle.dumps(m)),
+        (f"{name} DLPack copy", lambda k=kind: k(N, device=device),
+         lambda m: np.from_dlpack(m, device="cpu", copy=True)),
+    ]
+    if kind is not MemoryDevice:
+        # A copy from a view of itself goes through a temporary copy.
+        cases.append((f"{name}.copy_from_host(itself)", lambda k=kind: k(N, device=device),
+                      lambda m: m.copy_from_host(memoryview(m))))
+cases += [
+    ("DeviceBuffer.tobytes", lambda: DeviceBuffer(size=N, device=device), lambda b: b.tobytes()),
+    ("DeviceBuffer.copy_to_host", lambda: DeviceBuffer(size=N, device=device), lambda b: b.copy_to_host()),
+    ("pickle DeviceBuffer", lambda: DeviceBuffer(size=N, device=device), lambda b: pickle.dumps(b)),
+    ("DeviceBuffer DLPack copy", lambda: DeviceBuffer(size=N, device=device),
+     lambda b: np.from_dlpack(b, device="cpu", copy=True)),
+]
+
+soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+results = {}
+for name, make, action in cases:
+    for headroom in (8 << 20, N + (8 << 20)):
+        obj = touched(make())
+        resource.setrlimit(resource.RLIMIT_AS, (vm_bytes() + headroom, hard))
+        try:
+            action(obj)
+            outcome = "ok"
+        except MemoryError:
+            outcome = "MemoryError"
+        except BaseException as err:
+            outcome = f"{type(err).__name__}: {err}"
+        finally:
+            resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+        del obj
+        results[f"{name} (headroom {headroom >> 20} MiB)"] = outcome
+print(json.dumps(results))
+"""
+
+
+def test_running_out_of_host_memory_raises_memory_error(device):
+    """Each path that sizes host memory from the user, under an address-space limit just
+    above what the process has mapped: MemoryError with little headroom; with room for one
+    result (but not two), the result (the old code made a vector, then a second copy, and
+    panicked or hung). Before the fix: SIGABRT ("memory allocation ... failed"), a
+    PanicException, or a hang."""
+    if not hasattr(__import__("resource"), "RLIMIT_AS") or not os.path.exists("/proc/self/status"):
+        pytest.skip("needs RLIMIT_AS and /proc (Linux)")
+    done = _run(_OOM, device.selector, timeout=300)
+    assert done.returncode == 0, f"rc {done.returncode}\n{done.stdout}\n{done.stderr[-3000:]}"
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    assert results, "no case ran"
+    for case, outcome in results.items():
+        if "(headroom 8 MiB)" in case:
+            assert outcome == "MemoryError", f"{device.selector} {case}: {outcome}"
+        else:
+            assert outcome in ("ok", "MemoryError"), f"{device.selector} {case}: {outcome}"
+
+
+# 6. Long chains.
+
+
+def test_a_chain_of_zero_copy_memory_objects_does_not_nest(device):
+    m = MemoryDevice(16, device=device)
+    root = m
+    for _ in range(10):
+        m = MemoryDevice(m)
+    assert m.reference_obj is root, "a zero-copy object references the root owner"
+    assert m.ptr == root.ptr
+
+    done = _run(
+        """
+        import sys, lazybuf
+        device = next(d for d in lazybuf.get_accelerator().devices if d.selector == sys.argv[1])
+        m = lazybuf.MemoryDevice(16, device=device)
+        m.memset(7)
+        for _ in range(100_000):
+            m = lazybuf.MemoryDevice(m)
+        assert m.tobytes() == bytes([7]) * 16
+        del m
+        print("done")
+        """,
+        device.selector,
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "done", (done.returncode, done.stderr[-2000:])
+
+
+def test_nested_adaptors_are_refused_beyond_the_limit_and_work_below_it(device):
+    done = _run(
+        """
+        import sys, lazybuf, lazybuf.mr as mr
+        device = next(d for d in lazybuf.get_accelerator().devices if d.selector == sys.argv[1])
+        resource = mr.DirectMemoryResource()
+        depth = 1
+        deepest = None
+        for _ in range(100_000):
+            try:
+                resource = mr.StatisticsResourceAdaptor(resource)
+            except ValueError as err:
+                assert "at most 256" in str(err), err
+                break
+            depth += 1
+        print(depth)
+        ptr = resource.allocate(64, device=device)
+        resource.deallocate(ptr, 64)
+        assert resource.allocation_counts.total_count == 1
+        m = lazybuf.DeviceBuffer(size=64, device=device, mr=resource)
+        del m, resource
+        print("done")
+        """,
+        device.selector,
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert done.stdout.split() == ["256", "done"]
+
+
+# 10. DeviceBuffer reallocation after addresses were handed out.
+
+
+def _tracked_buffer(device, size):
+    tracking = mr.TrackingResourceAdaptor(mr.DirectMemoryResource())
+    return tracking, DeviceBuffer(size=size, device=device, mr=tracking)
+
+
+def test_a_ptr_read_does_not_keep_old_allocations(device):
+    tracking, db = _tracked_buffer(device, 1 << 16)
+    assert db.ptr != 0
+    for i in range(2, 42):
+        db.resize(i << 16)
+    assert tracking.get_allocated_bytes() == db.capacity() == 41 << 16
+    del db
+    gc.collect()
+    assert tracking.get_allocated_bytes() == 0
+
+
+class _Export:
+    """Hands one DLPack capsule taken earlier to a consumer (lazybuf's copy_from_device)."""
+
+    def __init__(self, capsule, dl_device):
+        self.capsule, self.dl_device = capsule, dl_device
+
+    def __dlpack__(self, **_):
+        return self.capsule
+
+    def __dlpack_device__(self):
+        return self.dl_device
+
+
+def _dlpack_device_or_skip(db):
+    try:
+        return db.__dlpack_device__()
+    except BufferError as err:
+        pytest.skip(f"no zero-copy DLPack export on this device ({err})")
+
+
+def test_dlpack_exports_hold_their_allocation_only_while_they_live(device):
+    tracking, db = _tracked_buffer(device, 4096)
+    dl_device = _dlpack_device_or_skip(db)
+    db.copy_from_host(_pattern(4096))
+
+    # A dropped export keeps nothing.
+    capsule = db.__dlpack__(max_version=(1, 0), dl_device=dl_device)
+    del capsule
+    for i in range(2, 12):
+        db.resize(i << 12)
+    assert tracking.get_allocated_bytes() == db.capacity()
+
+    # A live export keeps its allocation valid through reallocations, until it is consumed.
+    db.resize(4096)
+    db.shrink_to_fit()
+    db.copy_from_host(_pattern(4096, seed=3))
+    capsule = db.__dlpack__(max_version=(1, 0), dl_device=dl_device)
+    for i in range(2, 12):
+        db.resize(i << 12)
+    db.copy_from_host(bytes(db.size))  # the new allocation changes, the held one does not
+    assert tracking.get_allocated_bytes() == db.capacity() + 4096
+    out = DeviceBuffer(size=4096, device=device)
+    out.copy_from_device(_Export(capsule, dl_device))
+    assert out.tobytes() == _pattern(4096, seed=3)
+    del capsule
+    gc.collect()
+    assert tracking.get_allocated_bytes() == db.capacity(), "the consumed export let go of it"
+
+
+# 13 and 14. Sizes and sources.
+
+
+def test_an_array_is_a_source_not_a_size(device):
+    data = np.arange(64, dtype=np.uint8)
+    for kind in _kinds(device):
+        m = kind(data, copy=True, device=device)
+        assert m.nbytes == 64 and m.tobytes() == data.tobytes()
+        # A 0-d integer array is 8 bytes of data, not a size of 4096.
+        zero_d = kind(np.array(4096, dtype=np.int64), copy=True, device=device)
+        assert zero_d.nbytes == 8 and zero_d.tobytes() == np.array(4096, dtype=np.int64).tobytes()
+        with pytest.raises(ValueError, match="copy=True"):
+            kind(np.array(4096), device=device)
+        # NumPy integer scalars are sizes.
+        assert kind(np.int64(48), device=device).nbytes == 48
+        assert kind(np.uint16(16), device=device).nbytes == 16
+
+
+def test_arrays_are_refused_as_sizes(device):
+    db = DeviceBuffer(size=8, device=device)
+    for array in (np.array(16), np.arange(3)):
+        with pytest.raises(TypeError, match="arrays are data, not sizes"):
+            DeviceBuffer(size=array, device=device)
+        with pytest.raises(TypeError, match="arrays are data, not sizes"):
+            db.resize(array)
+        with pytest.raises(TypeError, match="arrays are data, not sizes"):
+            db.reserve(array)
+        with pytest.raises(TypeError, match="arrays are data, not sizes"):
+            mr.DirectMemoryResource().allocate(array, device=device)
+    assert db.size == 8
+    db.resize(np.int32(32))
+    assert db.size == 32
+    with pytest.raises(TypeError, match="must be an int"):
+        db.resize(3.0)
+
+
+class _Boom(Exception):
+    pass
+
+
+class _Index:
+    def __init__(self, error):
+        self.error = error
+
+    def __index__(self):
+        raise self.error
+
+
+@pytest.mark.parametrize("error", [_Boom("from __index__"), KeyboardInterrupt(), RecursionError("deep")])
+def test_exceptions_from_index_propagate_unchanged(device, error):
+    db = DeviceBuffer(size=8, device=device)
+    calls = [
+        lambda: MemoryDevice(_Index(error), device=device),
+        lambda: DeviceBuffer(size=_Index(error), device=device),
+        lambda: db.resize(_Index(error)),
+        lambda: db.reserve(_Index(error)),
+        lambda: mr.DirectMemoryResource().allocate(_Index(error), device=device),
+    ]
+    for call in calls:
+        with pytest.raises(type(error)) as raised:
+            call()
+        assert raised.value is error
+    with pytest.raises(_Boom):
+        bytearray(_Index(_Boom()))  # the behaviour matched
+    assert db.size == 8
+
+
+# 16. __dlpack__(copy=True).
+
+_IS_COPIED = 1 << 1
+
+
+def _versioned_flags(capsule):
+    """The `flags` of a DLManagedTensorVersioned capsule (version, manager_ctx, deleter come
+    first: 8 + 8 + 8 bytes)."""
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    address = get(capsule, b"dltensor_versioned")
+    return ctypes.c_uint64.from_address(address + 24).value
+
+
+def _objects(device):
+    """Every kind of lazybuf object on `device`, each holding _pattern(64)."""
+    objects = []
+    for kind in _kinds(device):
+        m = kind(64, device=device)
+        m.copy_from_host(_pattern(64))
+        objects.append(m)
+    db = DeviceBuffer(size=64, device=device)
+    db.copy_from_host(_pattern(64))
+    ub = UnifiedBuffer(64, np.uint8, device=device)
+    ub.copy_from(np.frombuffer(_pattern(64), dtype=np.uint8))
+    return objects + [db, ub]
+
+
+def test_dlpack_copy_is_a_flagged_host_copy(device):
+    for obj in _objects(device):
+        name = type(obj).__name__
+        copy = np.from_dlpack(obj, device="cpu", copy=True)
+        assert copy.tobytes() == _pattern(64), name
+        copy[:] = 0  # a copy: the object keeps its bytes
+        data = obj.to_numpy().tobytes() if isinstance(obj, UnifiedBuffer) else obj.tobytes()
+        assert data == _pattern(64), name
+        capsule = obj.__dlpack__(max_version=(1, 0), dl_device=(1, 0), copy=True)
+        assert _versioned_flags(capsule) & _IS_COPIED, name
+        legacy = obj.__dlpack__(dl_device=(1, 0), copy=True)
+        assert "dltensor" in repr(legacy), name
+        with pytest.raises(BufferError, match=r"\(2, 0\)"):
+            obj.__dlpack__(max_version=(1, 0), dl_device=(2, 0), copy=True)
+
+
+def test_zero_copy_dlpack_exports_are_not_flagged_as_copies(device):
+    for obj in _objects(device):
+        try:
+            dl_device = obj.__dlpack_device__()
+        except BufferError:
+            continue  # device memory DLPack has no device for (tested below)
+        capsule = obj.__dlpack__(max_version=(1, 0), dl_device=dl_device)
+        assert _versioned_flags(capsule) & _IS_COPIED == 0, type(obj).__name__
+
+
+# 17. DLPack errors name the backend.
+
+
+def test_dlpack_errors_name_the_backend(device):
+    for obj in (MemoryDevice(16, device=device), DeviceBuffer(size=16, device=device)):
+        try:
+            obj.__dlpack_device__()
+        except BufferError as err:
+            assert f"{TITLES[device.backend]} device memory" in str(err), err
+            with pytest.raises(BufferError, match=f"{TITLES[device.backend]} device memory"):
+                obj.__dlpack__()
+        else:
+            obj.__dlpack__()  # exportable: no error to name anything
+
+
+# 18. sys.getsizeof counts the memory held.
+
+
+def test_getsizeof_counts_the_memory_held(device):
+    n = 1 << 20
+    for kind in _kinds(device):
+        assert sys.getsizeof(kind(n, device=device)) >= n
+    db = DeviceBuffer(size=0, device=device)
+    small = sys.getsizeof(db)
+    db.reserve(n)
+    assert sys.getsizeof(db) >= small + n, "the capacity is memory held"
+    ub = UnifiedBuffer(n, np.uint8, device=device)
+    assert sys.getsizeof(ub) < n, "nothing is allocated yet"
+    ub.host[:] = 1
+    assert sys.getsizeof(ub) >= n
+    ub.sync_to_device()
+    assert sys.getsizeof(ub) >= n
