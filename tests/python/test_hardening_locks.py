@@ -7,6 +7,9 @@ give a result or a clear error (``lazybuf.ReentrancyError`` on the allocating th
 hang: the binding's lock (crates/lazybuf-py/src/lock.rs) is never waited for with the GIL held,
 nor by the thread that holds it.
 
+The same for a ``DeviceBuffer`` whose resize allocates through the callback (reading its
+``size`` there raises ``ReentrancyError``; other threads wait and then see the new size).
+
 Each scenario runs in a fresh interpreter with a timeout, so a regression fails instead of
 hanging the suite. The tables below must name every public method: a new method without a
 row fails ``test_the_tables_name_every_method``.
@@ -83,6 +86,34 @@ UNIFIED_CALLS: dict[str, str | None] = {
     "memoryview": "memoryview(b)",
 }
 
+# Every public method and property of DeviceBuffer, called on a buffer (`b`) being resized.
+DEVICE_BUFFER_CALLS: dict[str, str | None] = {
+    "capacity": "b.capacity()",
+    "copy": "b.copy()",
+    "copy_from_device": "b.copy_from_device(lazybuf.DeviceBuffer(size=16, device=device))",
+    "copy_from_host": "b.copy_from_host(bytes(16))",
+    "copy_to_host": "b.copy_to_host()",
+    "device": "b.device",
+    "nbytes": "b.nbytes",
+    "ptr": "b.ptr",
+    "reserve": "b.reserve(8192)",
+    "resize": "b.resize(64)",
+    "shrink_to_fit": "b.shrink_to_fit()",
+    "size": "b.size",
+    "to_device": "lazybuf.DeviceBuffer.to_device(bytes(8), device=device)",
+    "tobytes": "b.tobytes()",
+    "__repr__": "repr(b)",
+    "__len__": "len(b)",
+    "__sizeof__": "sys.getsizeof(b)",
+    "__bytes__": "bytes(b)",
+    "__copy__": "copy.copy(b)",
+    "__deepcopy__": "copy.deepcopy(b)",
+    "__dlpack__": "b.__dlpack__()",
+    "__dlpack_device__": "b.__dlpack_device__()",
+    "__reduce__": "pickle.dumps(b)",
+    "__cuda_array_interface__": "b.__cuda_array_interface__",
+}
+
 # Methods every Python object has, or that make no sense on a live buffer.
 NOT_METHODS = {"__class_getitem__", "__enter__", "__exit__", "__init__", "__module__", "__new__"}
 
@@ -147,6 +178,63 @@ print("DONE", sorted(set(outcomes.values())))
 """
 
 
+DEVICE_BUFFER_SCENARIO = """
+import copy, gc, pickle, sys, threading
+import lazybuf
+import lazybuf.mr as lmr
+
+device = {device!r}
+CALLS = {calls!r}
+limit = lmr.LimitingResourceAdaptor(lmr.DirectMemoryResource(), 1 << 20)
+held = [limit.allocate((1 << 20) - 8192, device=device)]
+outcomes = {{}}
+threads = []
+
+def call(name, where):
+    try:
+        exec(CALLS[name], {{"b": b, "lazybuf": lazybuf, "device": device, "pickle": pickle, "sys": sys, "copy": copy}})
+        outcomes[(name, where)] = "ok"
+    except lazybuf.ReentrancyError as err:
+        assert where != "thread", f"{{name}} raised ReentrancyError on another thread"
+        outcomes[(name, where)] = "reentrancy"
+    except Exception as err:
+        outcomes[(name, where)] = type(err).__name__
+
+class Finalized:
+    def __init__(self):
+        self.cycle = self
+    def __del__(self):
+        for name in CALLS:
+            call(name, "finalizer")
+
+def callback(nbytes):
+    if held:
+        Finalized()
+        gc.collect()
+        for name in CALLS:
+            call(name, "callback")
+        for name in CALLS:
+            t = threading.Thread(target=call, args=(name, "thread"), daemon=True)
+            t.start()
+            threads.append(t)
+        limit.deallocate(held.pop(), (1 << 20) - 8192)
+        return True
+    return False
+
+b = lazybuf.DeviceBuffer(size=16, device=device, mr=lmr.FailureCallbackResourceAdaptor(limit, callback))
+b.resize(64 << 10)  # grows through the callback
+for t in threads:
+    t.join(60)
+    assert not t.is_alive(), "a thread is still waiting"
+for where in ("callback", "finalizer", "thread"):
+    missing = [n for n in CALLS if (n, where) not in outcomes]
+    assert not missing, (where, missing)
+assert outcomes[("size", "callback")] == "reentrancy", outcomes
+assert b.size == 64 << 10
+print("DONE", sorted(set(outcomes.values())))
+"""
+
+
 def _devices() -> list[str]:
     found = ["host"]
     for d in lazybuf.get_accelerator().devices:
@@ -155,12 +243,23 @@ def _devices() -> list[str]:
     return found
 
 
-def test_the_tables_name_every_method():
-    public = {n for n in dir(lazybuf.UnifiedBuffer) if not n.startswith("_")}
-    dunder = {n for n in vars(lazybuf.UnifiedBuffer) if n.startswith("__") and n not in NOT_METHODS}
+@pytest.mark.parametrize(
+    ("cls", "table"), [(lazybuf.UnifiedBuffer, UNIFIED_CALLS), (lazybuf.DeviceBuffer, DEVICE_BUFFER_CALLS)]
+)
+def test_the_tables_name_every_method(cls, table):
+    public = {n for n in dir(cls) if not n.startswith("_")}
+    dunder = {n for n in vars(cls) if n.startswith("__") and n not in NOT_METHODS | {"__doc__"}}
     dunder -= set(dir(object)) - {"__repr__", "__reduce__", "__reduce_ex__", "__sizeof__"}
-    missing = (public | dunder) - set(UNIFIED_CALLS)
-    assert not missing, f"add these to UNIFIED_CALLS: {sorted(missing)}"
+    missing = (public | dunder) - set(table)
+    assert not missing, f"add these to the table of {cls.__name__}: {sorted(missing)}"
+
+
+@pytest.mark.parametrize("device", _devices())
+def test_every_device_buffer_method_during_a_resize_in_a_failure_callback(device):
+    calls = {name: code for name, code in DEVICE_BUFFER_CALLS.items() if code is not None}
+    result = run_python(DEVICE_BUFFER_SCENARIO.format(device=device, calls=calls))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "DONE" in result.stdout, result.stdout + result.stderr
 
 
 @pytest.mark.parametrize("device", _devices())

@@ -28,7 +28,7 @@
 //! What does not live here: host-buffer checks ([`crate::hostbuf`]), foreign sources and
 //! exports ([`crate::foreign`]).
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use pyo3::exceptions::{PyAttributeError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -41,18 +41,20 @@ use crate::args;
 use crate::errors::OrPyErr;
 use crate::foreign::{self, DlpackCall, ExportedBytes, Source};
 use crate::hostbuf::{self, HostBuffer};
+use crate::lock::{self, Detached, GilFreeGuard, GilFreeMutex};
 
 /// A device buffer shared by its Python object and the DLPack tensors made from it.
 pub struct BufferCell {
-    buffer: Mutex<DeviceBuffer>,
+    /// Waited for only with the GIL released, never by the thread holding it ([`crate::lock`]):
+    /// a resize may call a failure callback of its resource while it holds the buffer.
+    buffer: GilFreeMutex<DeviceBuffer>,
 }
 
 impl BufferCell {
-    /// The buffer. Taken only with the GIL released.
-    pub fn lock(&self) -> MutexGuard<'_, DeviceBuffer> {
-        // Nothing panics while holding the lock; a poisoned buffer is still consistent (each
-        // operation changes it only once it has succeeded).
-        self.buffer.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    /// The buffer, from a detached thread ([`lock::detach`]); `ReentrancyError` on the thread
+    /// that holds it already (a failure callback reading the buffer it is resizing).
+    pub fn lock(&self, detached: &Detached) -> PyResult<GilFreeGuard<'_, DeviceBuffer>> {
+        self.buffer.lock_detached(detached)
     }
 }
 
@@ -92,12 +94,16 @@ impl PyDeviceBuffer {
 
     fn new_buffer(buffer: DeviceBuffer, resource: Option<Py<PyAny>>) -> Self {
         let device = buffer.device().clone();
-        PyDeviceBuffer { cell: Arc::new(BufferCell { buffer: Mutex::new(buffer) }), device, resource }
+        PyDeviceBuffer {
+            cell: Arc::new(BufferCell { buffer: GilFreeMutex::new(buffer, "DeviceBuffer") }),
+            device,
+            resource,
+        }
     }
 
     /// Runs `f` on the buffer with the GIL released.
-    fn with<R: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut DeviceBuffer) -> R + Send) -> R {
-        py.detach(|| f(&mut self.cell.lock()))
+    fn with<R: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut DeviceBuffer) -> R + Send) -> PyResult<R> {
+        lock::detach(py, |d| Ok(f(&mut *self.cell.lock(d)?)))
     }
 
     fn options(mr: Option<&Bound<'_, PyAny>>) -> PyResult<(AllocationOptions, Option<Py<PyAny>>)> {
@@ -122,7 +128,7 @@ impl PyDeviceBuffer {
     }
 
     /// The raw handle as an int, valid until the next reallocation (see the module docs).
-    fn raw_address(&self, py: Python<'_>) -> usize {
+    fn raw_address(&self, py: Python<'_>) -> PyResult<usize> {
         // SAFETY: the address is only handed to Python as an int.
         self.with(py, |buffer| foreign::raw_address(unsafe { buffer.raw() }))
     }
@@ -168,27 +174,29 @@ impl PyDeviceBuffer {
 
     /// The size in bytes.
     #[getter]
-    fn size(&self, py: Python<'_>) -> usize {
+    fn size(&self, py: Python<'_>) -> PyResult<usize> {
         self.with(py, |b| b.size())
     }
 
     /// The size in bytes.
     #[getter]
-    fn nbytes(&self, py: Python<'_>) -> usize {
+    fn nbytes(&self, py: Python<'_>) -> PyResult<usize> {
         self.with(py, |b| b.size())
     }
 
-    fn __len__(&self, py: Python<'_>) -> usize {
+    fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
         self.with(py, |b| b.size())
     }
 
     /// The object's size in bytes, the bytes it holds (its capacity) included.
-    fn __sizeof__(&self, py: Python<'_>) -> usize {
-        std::mem::size_of::<Self>() + std::mem::size_of::<BufferCell>() + self.with(py, |b| b.capacity())
+    fn __sizeof__(&self, py: Python<'_>) -> PyResult<usize> {
+        Ok(std::mem::size_of::<Self>()
+            + std::mem::size_of::<BufferCell>()
+            + self.with(py, |b| b.capacity())?)
     }
 
     /// The bytes the allocation holds (at least `size`).
-    fn capacity(&self, py: Python<'_>) -> usize {
+    fn capacity(&self, py: Python<'_>) -> PyResult<usize> {
         self.with(py, |b| b.capacity())
     }
 
@@ -196,7 +204,7 @@ impl PyDeviceBuffer {
     /// the contents); never shrinks.
     fn reserve(&self, py: Python<'_>, new_capacity: &Bound<'_, PyAny>) -> PyResult<()> {
         let n = args::size(new_capacity, "new_capacity")?;
-        self.with(py, |b| b.reserve(n)).or_py()
+        self.with(py, |b| b.reserve(n))?.or_py()
     }
 
     /// Sets the size to `new_size` bytes, keeping the contents up to the smaller size; within
@@ -204,12 +212,12 @@ impl PyDeviceBuffer {
     /// of exactly `new_size` bytes. New bytes are uninitialized.
     fn resize(&self, py: Python<'_>, new_size: &Bound<'_, PyAny>) -> PyResult<()> {
         let n = args::size(new_size, "new_size")?;
-        self.with(py, |b| b.resize(n)).or_py()
+        self.with(py, |b| b.resize(n))?.or_py()
     }
 
     /// Moves the contents to an allocation of exactly `size` bytes if the capacity is larger.
     fn shrink_to_fit(&self, py: Python<'_>) -> PyResult<()> {
-        self.with(py, |b| b.shrink_to_fit()).or_py()
+        self.with(py, |b| b.shrink_to_fit())?.or_py()
     }
 
     /// The device.
@@ -222,7 +230,7 @@ impl PyDeviceBuffer {
     /// the address on the host device; 0 when the buffer has no capacity. Valid until the
     /// next reallocation, as in RMM (see the module docs).
     #[getter]
-    fn ptr(&self, py: Python<'_>) -> usize {
+    fn ptr(&self, py: Python<'_>) -> PyResult<usize> {
         self.raw_address(py)
     }
 
@@ -236,7 +244,7 @@ impl PyDeviceBuffer {
     ) -> PyResult<Bound<'py, PyAny>> {
         let ary = match ary.filter(|a| !a.is_none()) {
             Some(ary) => ary.clone(),
-            None => hostbuf::new_array(py, self.with(py, |b| b.size()))?,
+            None => hostbuf::new_array(py, self.with(py, |b| b.size())?)?,
         };
         let mut host = HostBuffer::get(&ary, true, "copy_to_host: ary")?;
         self.with(py, |b| {
@@ -254,7 +262,7 @@ impl PyDeviceBuffer {
                 return Ok(());
             }
             b.copy_to_host(host.bytes_mut()).or_py()
-        })?;
+        })??;
         drop(host);
         Ok(ary)
     }
@@ -275,7 +283,7 @@ impl PyDeviceBuffer {
                 return b.copy_from_host(&staged).or_py();
             }
             b.copy_from_host(host.bytes()).or_py()
-        })
+        })?
     }
 
     /// Copies device memory (a lazybuf memory object or DeviceBuffer, an object with
@@ -300,12 +308,12 @@ impl PyDeviceBuffer {
                 dst.copy_from_memory(src, n).or_py()
             };
             let mine = Arc::as_ptr(&self.cell) as usize;
-            py.detach(|| {
+            lock::detach(py, |d| {
                 if source.lock_order() < mine {
-                    source.with(|src, n| copy(&mut self.cell.lock(), src, n))
+                    source.with(d, |src, n| copy(&mut *self.cell.lock(d)?, src, n))?
                 } else {
-                    let mut dst = self.cell.lock();
-                    source.with(|src, n| copy(&mut dst, src, n))
+                    let mut dst = self.cell.lock(d)?;
+                    source.with(d, |src, n| copy(&mut dst, src, n))?
                 }
             })
         };
@@ -318,7 +326,7 @@ impl PyDeviceBuffer {
         // The bytes object is made with the GIL and the copy runs without it: a resize by
         // another thread in between is seen (the size no longer matches) and the copy retried.
         for _ in 0..8 {
-            let size = self.with(py, |b| b.size());
+            let size = self.with(py, |b| b.size())?;
             let mut resized = false;
             let bytes = PyBytes::new_with(py, size, |data| {
                 self.with(py, |b| {
@@ -327,7 +335,7 @@ impl PyDeviceBuffer {
                         return Ok(());
                     }
                     b.copy_to_host(data).or_py()
-                })
+                })?
             })?;
             if !resized {
                 return Ok(bytes);
@@ -344,7 +352,7 @@ impl PyDeviceBuffer {
 
     /// A new buffer with the same contents (copied on the device), of capacity `size`.
     fn copy(&self, py: Python<'_>) -> PyResult<Self> {
-        let copy = self.with(py, |b| b.try_clone()).or_py()?;
+        let copy = self.with(py, |b| b.try_clone())?.or_py()?;
         Ok(Self::new_buffer(copy, self.resource.as_ref().map(|r| r.clone_ref(py))))
     }
 
@@ -370,7 +378,7 @@ impl PyDeviceBuffer {
         let (address, size) = self.with(py, |b| {
             // SAFETY: the address is only handed to Python as an int.
             (foreign::raw_address(unsafe { b.raw() }), b.size())
-        });
+        })?;
         foreign::cuda_array_interface(py, address, size)
     }
 
@@ -389,13 +397,13 @@ impl PyDeviceBuffer {
     ) -> PyResult<Py<PyAny>> {
         let call = DlpackCall { stream, max_version, dl_device, copy };
         let view = |py: Python<'py>| {
-            Ok(self.with(py, |b| {
+            self.with(py, |b| {
                 // SAFETY: the address is handed to the tensor with a hold on its allocation,
                 // which keeps it valid until the tensor's deleter runs.
                 let address = foreign::raw_address(unsafe { b.raw() });
                 let owner: Arc<dyn std::any::Any + Send + Sync> = Arc::new(b.hold());
                 ExportedBytes { address, nbytes: b.size(), owner }
-            }))
+            })
         };
         foreign::export_dlpack(py, &self.device, MemoryKind::Device, call, view, |py| {
             self.copy_to_host(py, None)
@@ -418,8 +426,16 @@ impl PyDeviceBuffer {
     }
 
     fn __repr__(&self, py: Python<'_>) -> String {
-        let (size, capacity) = self.with(py, |b| (b.size(), b.capacity()));
-        format!("<lazybuf.DeviceBuffer size={size} capacity={capacity} on {}>", selector(&self.device))
+        match self.with(py, |b| (b.size(), b.capacity())) {
+            Ok((size, capacity)) => {
+                format!(
+                    "<lazybuf.DeviceBuffer size={size} capacity={capacity} on {}>",
+                    selector(&self.device)
+                )
+            }
+            // In use by an operation on this thread (a failure callback printing it).
+            Err(_) => format!("<lazybuf.DeviceBuffer in use on {}>", selector(&self.device)),
+        }
     }
 }
 

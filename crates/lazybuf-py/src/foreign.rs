@@ -36,6 +36,7 @@ use crate::args::repr;
 use crate::device_buffer::{BufferCell, PyDeviceBuffer};
 use crate::dlpack::Exporter;
 use crate::errors::OrPyErr;
+use crate::lock::Detached;
 use crate::memory::{MemoryCell, PyMemory};
 
 /// A resolved source of `copy_from_device`.
@@ -83,19 +84,19 @@ impl Source {
 
     /// Runs `f` with the source's memory and the number of its bytes to copy. Locks the
     /// source's own lock: never call it with that lock held.
-    pub fn with<R>(&self, f: impl FnOnce(&Memory, usize) -> R) -> R {
-        match self {
+    pub fn with<R>(&self, detached: &Detached, f: impl FnOnce(&Memory, usize) -> R) -> PyResult<R> {
+        Ok(match self {
             Source::Memory(cell) => {
-                let memory = cell.lock();
+                let memory = cell.lock(detached)?;
                 let n = memory.len();
                 f(&memory, n)
             }
             Source::Buffer(cell) => {
-                let buffer = cell.lock();
+                let buffer = cell.lock(detached)?;
                 f(buffer.memory(), buffer.size())
             }
             Source::Borrowed(memory) => f(memory, memory.len()),
-        }
+        })
     }
 
     /// The address that orders the locks of two objects (the source's lock is taken first

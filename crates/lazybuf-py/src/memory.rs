@@ -36,7 +36,7 @@
 
 use std::ffi::c_int;
 use std::ptr;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use pyo3::exceptions::{PyAttributeError, PyBufferError, PyValueError};
 use pyo3::ffi;
@@ -51,18 +51,20 @@ use crate::device_buffer::pickled_device;
 use crate::errors::OrPyErr;
 use crate::foreign::{self, DlpackCall, ExportedBytes, Source};
 use crate::hostbuf::{self, HostBuffer};
+use crate::lock::{self, Detached, GilFreeGuard, GilFreeMutex};
 
 /// A memory object's allocation, shared by the objects made zero-copy from it and by the
 /// exports (buffer protocol, DLPack) of it.
 pub struct MemoryCell {
-    memory: Mutex<Memory>,
+    /// Waited for only with the GIL released, never by the thread holding it ([`crate::lock`]).
+    memory: GilFreeMutex<Memory>,
 }
 
 impl MemoryCell {
-    /// The memory. Taken only with the GIL released.
-    pub fn lock(&self) -> MutexGuard<'_, Memory> {
-        // Nothing panics while holding the lock; a poisoned memory is still consistent.
-        self.memory.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    /// The memory, from a detached thread ([`lock::detach`]); `ReentrancyError` on the thread
+    /// that holds it already.
+    pub fn lock(&self, detached: &Detached) -> PyResult<GilFreeGuard<'_, Memory>> {
+        self.memory.lock_detached(detached)
     }
 }
 
@@ -103,8 +105,9 @@ impl PyMemory {
         &self.cell
     }
 
-    fn with<R: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut Memory) -> R + Send) -> R {
-        py.detach(|| f(&mut self.cell.lock()))
+    /// Runs `f` on the memory with the GIL released.
+    fn with<R: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut Memory) -> R + Send) -> PyResult<R> {
+        lock::detach(py, |d| Ok(f(&mut *self.cell.lock(d)?)))
     }
 
     fn from_memory(memory: Memory, reference: Option<Py<PyAny>>) -> PyMemory {
@@ -113,7 +116,7 @@ impl PyMemory {
             kind: memory.kind(),
             nbytes: memory.len(),
             alignment: memory.alignment(),
-            cell: Arc::new(MemoryCell { memory: Mutex::new(memory) }),
+            cell: Arc::new(MemoryCell { memory: GilFreeMutex::new(memory, "memory object") }),
             reference,
         }
     }
@@ -204,7 +207,7 @@ impl PyMemory {
                 args::repr(other)
             )));
         }
-        let (nbytes, home) = py.detach(|| source.with(|m, n| (n, m.device().clone())));
+        let (nbytes, home) = lock::detach(py, |d| source.with(d, |m, n| (n, m.device().clone())))?;
         let memory = Self::allocate(py, kind, nbytes, alignment, device.unwrap_or(home))?;
         memory.copy_from(py, &source)?;
         drop(keep);
@@ -226,23 +229,23 @@ impl PyMemory {
             crate::hostbuf::copy_between(dst, src, n).or_py()
         };
         let mine = Arc::as_ptr(&self.cell) as usize;
-        py.detach(|| {
+        lock::detach(py, |d| {
             if source.lock_order() < mine {
-                source.with(|src, n| copy(&mut self.cell.lock(), src, n))
+                source.with(d, |src, n| copy(&mut *self.cell.lock(d)?, src, n))?
             } else {
-                let mut dst = self.cell.lock();
-                source.with(|src, n| copy(&mut dst, src, n))
+                let mut dst = self.cell.lock(d)?;
+                source.with(d, |src, n| copy(&mut dst, src, n))?
             }
         })
     }
 
     /// The address of the bytes for the host, for the buffer protocol (host and shared).
     fn host_address(&self, py: Python<'_>) -> PyResult<*mut u8> {
-        let address = self.with(py, |m| m.host_slice_mut().map(|s| s.as_mut_ptr() as usize)).or_py()?;
+        let address = self.with(py, |m| m.host_slice_mut().map(|s| s.as_mut_ptr() as usize))?.or_py()?;
         Ok(address as *mut u8)
     }
 
-    fn raw_address(&self, py: Python<'_>) -> usize {
+    fn raw_address(&self, py: Python<'_>) -> PyResult<usize> {
         // SAFETY: the address is only handed to Python as an int; the memory never moves.
         self.with(py, |m| foreign::raw_address(unsafe { m.raw() }))
     }
@@ -371,7 +374,7 @@ impl PyMemory {
     /// device), the `CUdeviceptr` on CUDA, the `cl_mem` on OpenCL (for shared memory there,
     /// the buffer over the SVM allocation); 0 when empty.
     #[getter]
-    fn ptr(&self, py: Python<'_>) -> usize {
+    fn ptr(&self, py: Python<'_>) -> PyResult<usize> {
         self.raw_address(py)
     }
 
@@ -396,7 +399,7 @@ impl PyMemory {
             )));
         }
         let n = self.nbytes;
-        self.with(py, |m| crate::hostbuf::copy_out(m, &mut host, n)).or_py()?;
+        self.with(py, |m| crate::hostbuf::copy_out(m, &mut host, n))?.or_py()?;
         drop(host);
         Ok(dest)
     }
@@ -412,7 +415,7 @@ impl PyMemory {
                 host.len()
             )));
         }
-        self.with(py, |m| crate::hostbuf::copy_in(m, &host)).or_py()
+        self.with(py, |m| crate::hostbuf::copy_in(m, &host))?.or_py()
     }
 
     /// Copies device memory (a memory object, a DeviceBuffer, an object with
@@ -431,12 +434,12 @@ impl PyMemory {
         let byte = u8::try_from(value).map_err(|_| {
             PyValueError::new_err(format!("memset: value must be a byte, 0 to 255; got {value}"))
         })?;
-        self.with(py, |m| m.fill(byte)).or_py()
+        self.with(py, |m| m.fill(byte))?.or_py()
     }
 
     /// The memory's bytes, copied.
     fn tobytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
-        PyBytes::new_with(py, self.nbytes, |data| self.with(py, |m| m.copy_to_host(data)).or_py())
+        PyBytes::new_with(py, self.nbytes, |data| self.with(py, |m| m.copy_to_host(data))?.or_py())
     }
 
     fn __bytes__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
@@ -455,7 +458,7 @@ impl PyMemory {
                 selector(&self.device)
             )));
         }
-        foreign::cuda_array_interface(py, self.raw_address(py), self.nbytes)
+        foreign::cuda_array_interface(py, self.raw_address(py)?, self.nbytes)
     }
 
     /// DLPack export as a 1-d uint8 tensor: the CPU for host memory (and every kind on the host
@@ -477,7 +480,7 @@ impl PyMemory {
                 if foreign::dlpack_device(&self.device, self.kind) == Some(dlpark::ffi::DLDevice::CPU) {
                     self.host_address_any(py)?
                 } else {
-                    self.raw_address(py)
+                    self.raw_address(py)?
                 };
             let owner: Arc<dyn std::any::Any + Send + Sync> = self.cell.clone();
             Ok(ExportedBytes { address, nbytes: self.nbytes, owner })
@@ -512,7 +515,7 @@ impl PyMemory {
         if self.kind.host_accessible() {
             return Ok(self.host_address(py)? as usize);
         }
-        Ok(self.raw_address(py))
+        self.raw_address(py)
     }
 }
 
@@ -605,7 +608,7 @@ impl PyMemoryShared {
                 )));
             }
         };
-        slf.as_super().get().with(slf.py(), |m| m.prefetch(to_device)).or_py()
+        slf.as_super().get().with(slf.py(), |m| m.prefetch(to_device))?.or_py()
     }
 
     unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut ffi::Py_buffer, flags: c_int) -> PyResult<()> {
@@ -637,7 +640,7 @@ pub fn _rebuild_memory(
     let device = pickled_device(py, device)?;
     let host = HostBuffer::get(data, false, "unpickling: data")?;
     let memory = PyMemory::allocate(py, mem_kind, host.len(), 0, device)?;
-    memory.with(py, |m| m.copy_from_host(host.bytes())).or_py()?;
+    memory.with(py, |m| m.copy_from_host(host.bytes()))?.or_py()?;
     let init = PyClassInitializer::from(memory);
     Ok(match mem_kind {
         MemoryKind::Device => Py::new(py, init.add_subclass(PyMemoryDevice))?.into_any(),
