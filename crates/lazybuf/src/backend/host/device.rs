@@ -53,6 +53,11 @@ impl Backend for HostBackend {
         &self.info
     }
 
+    /// The host device runs no threads of its own: it works in a forked child as anywhere.
+    fn survives_fork(&self) -> bool {
+        true
+    }
+
     fn memory_info(&self) -> Result<MemoryInfo> {
         system_memory()
     }
