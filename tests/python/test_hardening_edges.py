@@ -107,11 +107,13 @@ def test_memory_objects_copy_between_overlapping_views_of_themselves_as_numpy_do
 # --- 5 and 18. the command-line tool: sizes from user input, and a closed stdout ----------
 
 
-def run_cli(*args: str, stdout=subprocess.PIPE, shell_suffix: str = "") -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, stdout=subprocess.PIPE, shell_suffix: str = "", setup: str = ""
+) -> subprocess.CompletedProcess:
     """`python -m lazybuf ARGS`, with stderr less the Vulkan loader's and Mesa's own notices
     (lavapipe prints one about XDG_RUNTIME_DIR in containers)."""
-    if shell_suffix:
-        command = " ".join([sys.executable, "-m", "lazybuf", *args]) + " " + shell_suffix
+    if shell_suffix or setup:
+        command = setup + "\nexec " + " ".join([sys.executable, "-m", "lazybuf", *args]) + " " + shell_suffix
         result = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=120)
     else:
         result = subprocess.run(
@@ -144,6 +146,16 @@ def test_bandwidth_sizes_beyond_the_machine_are_one_error_line_not_an_abort(size
     assert words in result.stderr and "memory and swap" in result.stderr, result.stderr
     assert len(result.stderr.splitlines()) == 1 and "Traceback" not in result.stderr, result.stderr
     assert result.stdout == ""
+
+
+def test_an_allocation_refused_by_the_address_space_limit_is_one_error_line():
+    """4 GiB blocks fit the machine's memory but not a 4 GiB address space that also holds the
+    interpreter, NumPy and the runtimes: an error line, never an abort."""
+    args = ("bandwidth", "--device", "host", "--pageable", "--min", "4GiB", "--max", "4GiB")
+    result = run_cli(*args, setup="ulimit -v 4194304")
+    assert result.returncode == 1, result
+    assert result.stderr.startswith("lazybuf: error: out of memory on host"), result.stderr
+    assert len(result.stderr.splitlines()) == 1 and "Traceback" not in result.stderr, result.stderr
 
 
 COMMANDS = [

@@ -610,13 +610,14 @@ fn bandwidth_sizes_beyond_the_machine_are_one_error_line_not_an_abort() {
 
 #[test]
 fn an_allocation_refused_by_the_address_space_limit_is_one_error_line() {
-    // 1 GiB blocks fit this machine's memory, but not a 2 GiB address space (`ulimit -v`):
-    // the first allocation fails, and that must be an error, not an abort.
+    // 2 GiB blocks fit this machine's memory, but not a 2 GiB address space (`ulimit -v`)
+    // that also holds the program: the first allocation fails, and that must be an error line
+    // (`vec!` aborted, status 134).
     let (code, out, err) =
-        lazybuf_sh("ulimit -v 2097152", "bandwidth --device host --pageable --min 1GiB --max 1GiB", "");
+        lazybuf_sh("ulimit -v 2097152", "bandwidth --device host --pageable --min 2GiB --max 2GiB", "");
     assert_eq!(code, Some(1), "{err}");
     assert!(err.starts_with("lazybuf: error: "), "{err}");
-    assert!(err.contains("out of memory") && err.contains("1073741824"), "{err}");
+    assert!(err.contains("out of memory") && err.contains("2147483648"), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(out.is_empty(), "{out}");
 }
