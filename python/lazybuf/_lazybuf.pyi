@@ -831,11 +831,15 @@ def _rebuild_buffer_from_bytes(
     data: Any,
     device: _DeviceLike = None,
     adopt: bool = False,
+    origin: tuple[str, str] | None = None,
 ) -> UnifiedBuffer:
     """Unpickles (protocol 5) or deserializes a buffer: a copy of ``data`` (C-contiguous
     bytes of exactly ``nbytes``, else ValueError) as its host copy, or UNINITIALIZED for
     ``None``. ``adopt=True``: a writable frame of 64 KiB or more, at least half of the memory
-    it lies in, becomes the host copy itself (no copy; nothing else may write it after)."""
+    actually allocated for it, becomes the host copy itself (no copy; nothing else may write
+    it after). The buffer goes to ``device``, else to the device ``origin`` ((selector, name),
+    recorded by the pickle) names when this process has it, else to the current device;
+    ``pinned`` is dropped on a device that cannot pin host memory."""
 
 def _host_frame(buf: UnifiedBuffer) -> memoryview | None:
     """A read-only memoryview over the host copy's bytes (a host read), None without data."""

@@ -87,7 +87,8 @@ impl Context {
 /// Runs the tool with `args` (the first one is the program's name, as in `std::env::args`)
 /// and returns the process exit status: 0 on success, 1 on an error (one line on stderr) or a
 /// failed `check`, 2 on bad arguments (clap's message), 130 for a run stopped by Ctrl-C
-/// (`watch` stops cleanly with 0 instead: stopping is how it ends).
+/// (`watch` stops cleanly with 0 instead: stopping is how it ends). A closed stdout is an
+/// error before any subcommand runs; a pipe whose reader has gone ends the run quietly (0).
 pub fn run<I, T>(args: I, context: &Context) -> i32
 where
     I: IntoIterator<Item = T>,
@@ -101,12 +102,19 @@ where
             return err.exit_code();
         }
     };
-    let status = match cli.command {
+    // A closed stdout (`lazybuf devices >&-`): refuse before anything opens a file that could
+    // take descriptor 1 and receive the output (Rust's stdout would drop it silently).
+    let status = if stdout_is_closed() {
+        Err(CliError::new("cannot write to stdout: it is closed (Bad file descriptor)"))
+    } else {
+        Ok(())
+    };
+    let status = status.and_then(|()| match cli.command {
         cli::Command::Devices(args) => devices::run(&args),
         cli::Command::Bandwidth(args) => bandwidth::run(&args, context),
         cli::Command::Watch(args) => watch::run(&args, context),
         cli::Command::Check(args) => check::run(&args, context),
-    };
+    });
     let status = status.and_then(|code| std::io::stdout().flush().map(|()| code).map_err(CliError::from));
     match status {
         Ok(code) => code,
@@ -117,4 +125,18 @@ where
             err.exit_code()
         }
     }
+}
+
+/// Whether the process's standard output is a closed descriptor.
+#[cfg(unix)]
+fn stdout_is_closed() -> bool {
+    use std::os::fd::AsFd;
+    // Duplicating a descriptor fails with EBADF exactly when it is not open.
+    std::io::stdout().as_fd().try_clone_to_owned().is_err_and(|e| e.raw_os_error() == Some(9))
+}
+
+/// Whether the process's standard output is a closed descriptor (only checked on Unix).
+#[cfg(not(unix))]
+fn stdout_is_closed() -> bool {
+    false
 }

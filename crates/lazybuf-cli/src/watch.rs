@@ -55,16 +55,19 @@ pub fn run(args: &WatchArgs, context: &Context) -> Result<i32> {
 
 /// Sleeps for `interval` in short slices; false if interrupted meanwhile.
 fn sleep(interval: Duration, context: &Context) -> bool {
-    let until = Instant::now() + interval;
+    // An interval beyond what the clock can count (`--interval 9999999999999999999`) never
+    // ends: sleep until interrupted (`Instant + Duration` would panic on the overflow).
+    let until = Instant::now().checked_add(interval);
     loop {
         if context.interrupted() {
             return false;
         }
         let now = Instant::now();
-        if now >= until {
+        if until.is_some_and(|until| now >= until) {
             return true;
         }
-        std::thread::sleep((until - now).min(Duration::from_millis(20)));
+        let left = until.map_or(Duration::MAX, |until| until - now);
+        std::thread::sleep(left.min(Duration::from_millis(20)));
     }
 }
 

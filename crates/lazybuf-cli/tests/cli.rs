@@ -10,7 +10,9 @@
 //! `watch` for a number of refreshes and until Ctrl-C; `check` passing on each device and, on
 //! a deliberately broken one, failing with status 1 and naming the divergence; errors as one
 //! line and a non-zero status; `--help` with examples on every subcommand; no escape codes
-//! when the output is not a terminal.
+//! when the output is not a terminal; sizes beyond the machine and allocations refused by
+//! `ulimit -v` as one error line (never an abort), a closed stdout as one error line for every
+//! subcommand, and a `watch` interval beyond the clock waiting for Ctrl-C without a panic.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -568,4 +570,94 @@ fn a_closed_pipe_is_not_an_error() {
     let output = child.wait_with_output().unwrap();
     assert_eq!(output.status.code(), Some(0));
     assert!(stderr(&output).is_empty(), "{}", stderr(&output));
+}
+
+/// Runs the executable through `sh -c` with `setup` first (a `ulimit`, a redirection), so the
+/// limits and descriptors are the shell's; returns (status, stderr less the Vulkan loader's
+/// and Mesa's own notices).
+fn lazybuf_sh(setup: &str, args: &str, redirect: &str) -> (Option<i32>, String, String) {
+    let exe = env!("CARGO_BIN_EXE_lazybuf");
+    let script = format!("{setup}\nexec '{exe}' {args} {redirect}");
+    let output = Command::new("sh")
+        .args(["-c", &script])
+        .env_remove("LAZYBUF_DEVICE")
+        .env("NO_COLOR", "")
+        .output()
+        .expect("sh runs");
+    let err: String = stderr(&output)
+        .lines()
+        .filter(|l| !l.contains("XDG_RUNTIME_DIR") && !l.contains("MESA") && !l.contains("WARNING: lavapipe"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    (output.status.code(), stdout(&output), err)
+}
+
+#[test]
+fn bandwidth_sizes_beyond_the_machine_are_one_error_line_not_an_abort() {
+    for args in [
+        "bandwidth --device host --min 100GiB --max 100GiB",
+        "bandwidth --device host --min 18446744073709551615 --max 18446744073709551615",
+        "bandwidth --device host --max 18446744073709551615",
+    ] {
+        let (code, out, err) = lazybuf_sh("", args, "");
+        assert_eq!(code, Some(1), "{args}: {err}");
+        assert!(err.starts_with("lazybuf: error: --max "), "{args}: {err}");
+        assert!(err.contains("of host memory") && err.contains("memory and swap"), "{args}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args}: {err}");
+        assert!(out.is_empty(), "{args}: {out}");
+    }
+}
+
+#[test]
+fn an_allocation_refused_by_the_address_space_limit_is_one_error_line() {
+    // 2 GiB blocks fit this machine's memory, but not a 2 GiB address space (`ulimit -v`)
+    // that also holds the program: the first allocation fails, and that must be an error line
+    // (`vec!` aborted, status 134).
+    let (code, out, err) =
+        lazybuf_sh("ulimit -v 2097152", "bandwidth --device host --pageable --min 2GiB --max 2GiB", "");
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.starts_with("lazybuf: error: "), "{err}");
+    assert!(err.contains("out of memory") && err.contains("2147483648"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(out.is_empty(), "{out}");
+}
+
+/// The executable never sees a closed stdout: Rust's runtime opens `/dev/null` on a closed
+/// standard descriptor before `main`, so nothing else can take descriptor 1 and the output
+/// goes nowhere, quietly. (`python -m lazybuf`, where the interpreter leaves descriptor 1
+/// closed, reports it: tests/python/test_hardening_edges.py.)
+#[test]
+fn a_closed_stdout_is_never_a_panic_or_another_files_output_for_every_command() {
+    for args in [
+        "devices",
+        "devices --json",
+        "bandwidth --device host --min 1KiB --max 1KiB --time-per-point 1ms",
+        "watch --device host --count 1",
+        "check --device host --steps 1",
+    ] {
+        let (code, _, err) = lazybuf_sh("", args, ">&-");
+        assert_eq!(code, Some(0), "{args}: {err}");
+        assert_eq!(err, "", "{args}");
+    }
+}
+
+#[test]
+fn a_watch_interval_beyond_the_clock_waits_until_ctrl_c_without_a_panic() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lazybuf"))
+        .args(["watch", "--device", "host", "--interval", "9999999999999999999", "--count", "2"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    assert!(lines.next().unwrap().unwrap().starts_with("TIME"));
+    assert!(lines.next().unwrap().unwrap().contains("host"), "the first refresh");
+    std::thread::sleep(Duration::from_millis(300));
+    let killed = Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+    assert!(killed.success());
+    drop(lines);
+    let output = child.wait_with_output().unwrap();
+    let err = stderr(&output);
+    assert_eq!(output.status.code(), Some(0), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
 }

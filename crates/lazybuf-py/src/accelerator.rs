@@ -218,19 +218,26 @@ impl PyDevice {
 #[pyclass(name = "Accelerator", module = "lazybuf", frozen)]
 pub struct Accelerator;
 
-/// The index `device_id` names in `devices`, for `get_device`/`set_device`: a `ValueError`
-/// out of range (as PyDotCompute raised), a `TypeError` for a bool or a non-integer.
+/// The index `device_id` names in `devices`, for `get_device`/`set_device`: any integer,
+/// Python's or one with `__index__` (`numpy.int64`, as PyDotCompute's list indexing took);
+/// a `ValueError` out of range (as PyDotCompute raised), a `TypeError` for a non-integer or a
+/// bool (PyDotCompute took `True` as 1, which is always a mistake in a device id).
 fn device_at(operation: &str, device_id: &Bound<'_, PyAny>) -> PyResult<Device> {
     let all = lazybuf::devices();
     let expected = format!("{operation}: expected a device_id, an index 0 <= device_id < {}", all.len());
     if device_id.is_instance_of::<PyBool>() {
         return Err(PyTypeError::new_err(format!("{expected}; got the bool {device_id}")));
     }
-    let Ok(index) = device_id.cast::<PyInt>() else {
-        let kind = device_id.get_type().name().map(|n| n.to_string()).unwrap_or_default();
-        return Err(PyTypeError::new_err(format!("{expected}; got {kind} {}", device_id.repr()?)));
+    let py = device_id.py();
+    // operator.index: ints as they are, other integers through `__index__`.
+    let index = match py.import("operator")?.getattr("index")?.call1((device_id,)) {
+        Ok(index) => index,
+        Err(_) => {
+            let kind = device_id.get_type().name().map(|n| n.to_string()).unwrap_or_default();
+            return Err(PyTypeError::new_err(format!("{expected}; got {kind} {}", device_id.repr()?)));
+        }
     };
-    let index: i128 = index.extract()?;
+    let index: i128 = index.cast::<PyInt>()?.extract()?;
     usize::try_from(index)
         .ok()
         .and_then(|i| all.get(i).cloned())

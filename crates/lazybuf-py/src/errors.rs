@@ -8,6 +8,9 @@
 //! names what was expected. A coherence-check failure ([`lazybuf::Error::Coherence`]) raises
 //! `CoherenceError`, a `RuntimeError` subclass whose message names `mark_device_dirty()` and
 //! `.device_writable`; [`set_checking`] and [`checking`] are the checker's switch in Python.
+//! A device used in a forked child that its runtime does not survive
+//! ([`lazybuf::Error::ForkedChild`]) raises `RuntimeError` naming the device and the `spawn`
+//! start method, as PyTorch and CuPy do for CUDA.
 //!
 //! lazybuf's exception classes are defined in Python (`python/lazybuf/exceptions.py`), where
 //! they also derive from PyDotCompute's classes (`BackendUnavailableError` is a
@@ -68,6 +71,9 @@ pub fn to_py(err: lazybuf::Error) -> PyErr {
         E::Runtime { backend, .. } if backend.name() == "cuda" => CUDARuntimeError::new_err(message),
         E::Runtime { .. } => PyRuntimeError::new_err(message),
         E::Coherence { .. } => CoherenceError::new_err(message),
+        // A device of a runtime that does not survive fork, used in a forked child: the
+        // message names the device and says to use the 'spawn' start method.
+        E::ForkedChild { .. } => PyRuntimeError::new_err(message),
         // A Python callback's own exception (a memory resource's failure callback), as raised.
         E::Callback { payload, .. } => match payload.0.downcast_ref::<PyErr>() {
             Some(err) => Python::attach(|py| err.clone_ref(py)),

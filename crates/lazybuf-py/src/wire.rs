@@ -9,12 +9,17 @@
 //!   device copy is current it is synced to the host first (counted in `transfer_stats()`),
 //!   and the buffer is SYNCHRONIZED afterwards. Protocols 0 to 4 keep `__reduce__` (the data
 //!   as a NumPy array copy, in-band).
-//! - **Unpickling** ([`_rebuild_buffer_from_bytes`]) makes a new buffer on the unpickling
-//!   process's current device (as `UnifiedBuffer(shape, dtype)` there would) and copies the
-//!   bytes once, straight into its host block (HOST_ONLY). Any C-contiguous bytes-like
+//! - **Unpickling** ([`_rebuild_buffer_from_bytes`]) makes a new buffer on the device the
+//!   buffer was pickled on (recorded as its selector and name) when the unpickling process has
+//!   that device, else on its current device (as `UnifiedBuffer(shape, dtype)` there would),
+//!   and copies the bytes once, straight into its host block (HOST_ONLY). A pinned buffer stays
+//!   pinned where its new device can pin host memory; on one that cannot (wgpu devices) it
+//!   becomes pageable (`pinned` then reads False) rather than fail to unpickle. Any C-contiguous bytes-like
 //!   object is accepted as the data; one of the wrong size (a truncated or tampered payload)
 //!   raises `ValueError` and no buffer is made. The `dask` family's receiver asks it to adopt
-//!   a large, writable received frame as the host copy instead of copying it.
+//!   a large, writable received frame as the host copy instead of copying it, when the frame
+//!   is at least half of the memory actually allocated for it (followed through NumPy `.base`
+//!   and `memoryview.obj` chains; a frame whose allocation cannot be told is copied).
 //! - **Dask frames**: [`_host_frame`] is the same host view for the `dask` serializer family;
 //!   [`_device_frame`] is a [`DeviceFrame`] over a CUDA buffer's device copy (a device read)
 //!   for the `cuda` family, and [`_fill_from_device_pointer`] copies a received device frame
@@ -29,7 +34,7 @@ use numpy::PyUntypedArray;
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PyMemoryView, PyTuple};
+use pyo3::types::{PyByteArray, PyBytes, PyDict, PyMemoryView, PyTuple};
 
 use lazybuf::backend::{RawDevice, RawMemory, RawStream};
 use lazybuf::coherence::Access;
@@ -77,8 +82,34 @@ pub fn reduce_out_of_band<'py>(
     };
     let rebuild = py.import("lazybuf._lazybuf")?.getattr("_rebuild_buffer_from_bytes")?;
     let dtype_name = this.descr_of(py).getattr("name")?;
-    let args = (PyTuple::new(py, this.dims())?, dtype_name, this.pinned_requested(), data);
+    let args = (
+        PyTuple::new(py, this.dims())?,
+        dtype_name,
+        this.pinned_requested(),
+        data,
+        py.None(),
+        false,
+        origin_of(this.home_device()),
+    );
     Ok((rebuild, args.into_pyobject(py)?))
+}
+
+/// What a pickle records of the device a buffer lives on: its selector (`"opencl:0"`) and
+/// its name, so the unpickling process can tell whether it has the same device.
+pub fn origin_of(device: &Device) -> (String, String) {
+    (selector(device), device.name().to_string())
+}
+
+/// The device a pickled buffer goes to: the device `origin` recorded when this process has it
+/// (the selector picks a device of that name), else the current device.
+fn unpickling_device(origin: Option<(String, String)>) -> PyResult<Device> {
+    if let Some((selector, name)) = origin
+        && let Ok(device) = lazybuf::select_device(&selector)
+        && device.name() == name
+    {
+        return Ok(device);
+    }
+    args::device(None)
 }
 
 /// `data`, a C-contiguous bytes-like object of exactly the buffer's `nbytes`, as a new 1-d
@@ -148,34 +179,71 @@ fn adopt_raw_bytes(buf: &Bound<'_, UnifiedBuffer>, flat: &Bound<'_, PyAny>, pinn
     if pinned || nbytes < ADOPT_MIN_BYTES || view.getattr("readonly")?.is_truthy()? {
         return Ok(false);
     }
-    let whole = match view.getattr("obj").and_then(|obj| PyMemoryView::from(&obj)) {
-        Ok(whole) => whole.getattr("nbytes")?.extract::<usize>()?,
-        Err(_) => return Ok(false),
-    };
+    let Some(whole) = allocation_size(view)? else { return Ok(false) };
     if whole > nbytes.saturating_mul(2) {
         return Ok(false);
     }
     buf.get().storage()?.adopt_frame(flat)
 }
 
-/// A new buffer of `shape` and `dtype` on the current device (nothing allocated yet).
+/// The size in bytes of the memory actually allocated under `view`: its exporter's chain is
+/// followed (`memoryview.obj`, NumPy's `.base`) down to the object that owns the bytes, a
+/// `bytearray`, `bytes` or a NumPy array that owns its data. `None` when the chain ends
+/// anywhere else (the size of the allocation cannot be told), or runs longer than any real
+/// one: the frame is then copied, never adopted.
+fn allocation_size(view: &Bound<'_, PyMemoryView>) -> PyResult<Option<usize>> {
+    let py = view.py();
+    let ndarray = py.import("numpy")?.getattr("ndarray")?;
+    let mut obj = view.getattr("obj")?;
+    for _ in 0..64 {
+        if obj.is_instance_of::<PyMemoryView>() {
+            obj = obj.getattr("obj")?;
+        } else if obj.is_instance_of::<PyByteArray>() || obj.is_instance_of::<PyBytes>() {
+            return Ok(Some(obj.len()?));
+        } else if obj.is_instance(&ndarray)? {
+            let base = obj.getattr("base")?;
+            if !base.is_none() {
+                obj = base;
+            } else if obj.getattr("flags")?.getattr("owndata")?.is_truthy()? {
+                return Ok(Some(obj.getattr("nbytes")?.extract()?));
+            } else {
+                return Ok(None);
+            }
+        } else {
+            return Ok(None);
+        }
+    }
+    Ok(None)
+}
+
+/// A new buffer of `shape` and `dtype` (nothing allocated yet) on `device` if given, else on
+/// the device `origin` records when this process has it, else on the current device; pinned
+/// when `pinned` and that device can pin host memory (see the module docs).
 fn new_buffer<'py>(
     py: Python<'py>,
     shape: &Bound<'py, PyAny>,
     dtype: &Bound<'py, PyAny>,
     pinned: bool,
     device: Option<&Bound<'py, PyAny>>,
+    origin: Option<(String, String)>,
 ) -> PyResult<Bound<'py, UnifiedBuffer>> {
     let dims = args::shape(shape)?;
     let elem = dtype::resolve(py, Some(dtype))?;
-    let home = args::device(device)?;
+    let home = match device.filter(|d| !d.is_none()) {
+        Some(device) => args::device(Some(device))?,
+        None => unpickling_device(origin)?,
+    };
+    let pinned = pinned && home.can_pin_host_memory();
     Bound::new(py, UnifiedBuffer::create(dims, elem, home, pinned, None, None)?)
 }
 
 /// Unpickles a buffer pickled with protocol 5 (see `UnifiedBuffer.__reduce_ex__`): a new
-/// buffer on the current device holding a copy of `data` (any C-contiguous bytes-like
-/// object: a `PickleBuffer`, a `memoryview`, `bytes`) as its host copy, or UNINITIALIZED when
-/// `data` is `None`. `ValueError` when `data` does not hold exactly the buffer's `nbytes`.
+/// buffer holding a copy of `data` (any C-contiguous bytes-like object: a `PickleBuffer`, a
+/// `memoryview`, `bytes`) as its host copy, or UNINITIALIZED when `data` is `None`.
+/// `ValueError` when `data` does not hold exactly the buffer's `nbytes`. The buffer goes to
+/// `device` when given; else to the device `origin` (`(selector, name)`, recorded by the
+/// pickle) names when this process has it; else to the current device. `pinned` is kept
+/// where that device can pin host memory, dropped where it cannot (wgpu devices).
 ///
 /// `adopt=True` (the `dask` family's receiver): a writable frame of 64 KiB or more that is at
 /// least half of the memory it lies in becomes the host copy itself, with no copy, as
@@ -183,7 +251,8 @@ fn new_buffer<'py>(
 /// frame alive, at whatever alignment it arrived. The caller vouches that nothing else writes
 /// the frame from then on. Any other frame is copied.
 #[pyfunction]
-#[pyo3(signature = (shape, dtype, pinned, data, device=None, adopt=false))]
+#[pyo3(signature = (shape, dtype, pinned, data, device=None, adopt=false, origin=None))]
+#[allow(clippy::too_many_arguments)]
 pub fn _rebuild_buffer_from_bytes<'py>(
     py: Python<'py>,
     shape: &Bound<'py, PyAny>,
@@ -192,8 +261,10 @@ pub fn _rebuild_buffer_from_bytes<'py>(
     data: Option<&Bound<'py, PyAny>>,
     device: Option<&Bound<'py, PyAny>>,
     adopt: bool,
+    origin: Option<(String, String)>,
 ) -> PyResult<Bound<'py, UnifiedBuffer>> {
-    let buffer = new_buffer(py, shape, dtype, pinned, device)?;
+    let buffer = new_buffer(py, shape, dtype, pinned, device, origin)?;
+    let pinned = buffer.get().pinned_requested();
     if let Some(data) = data {
         let flat = checked_bytes(&buffer, data)?;
         if !(adopt && adopt_raw_bytes(&buffer, &flat, pinned)?) {

@@ -32,8 +32,11 @@ struct Opened {
 static OPENED: AtomicU64 = AtomicU64::new(0);
 
 impl Device {
-    /// Gives an opened backend an identity. Each call makes a new, distinct device.
+    /// Gives an opened backend an identity. Each call makes a new, distinct device. A backend
+    /// whose runtime does not survive `fork` is kept behind a guard that refuses it in a forked
+    /// child ([`crate::backend::fork`]).
     pub fn from_backend(backend: Arc<dyn Backend>) -> Device {
+        let backend = crate::backend::fork::guard(backend);
         let stream = backend.default_stream();
         let id = DeviceId(NonZeroU64::MIN.saturating_add(OPENED.fetch_add(1, Ordering::Relaxed)));
         Device { inner: Arc::new(Opened { id, backend, stream, cached: AtomicU64::new(0) }) }
@@ -138,7 +141,10 @@ impl Device {
         self.inner.backend.raw()
     }
 
-    /// The backend that drives the device.
+    /// The backend that drives the device. For a backend whose runtime does not survive
+    /// `fork` (OpenCL, CUDA, wgpu) this is the guard in front of it
+    /// ([`crate::backend::fork::ForkGuard`]); [`crate::backend::fork::unguarded`] gives the
+    /// backend itself, to downcast it to its type.
     pub fn backend(&self) -> &dyn Backend {
         &*self.inner.backend
     }

@@ -201,6 +201,22 @@ pub enum Error {
         /// The callback's error itself.
         payload: CallbackPayload,
     },
+    /// A device whose runtime does not survive `fork` (OpenCL, CUDA, wgpu) was used in a
+    /// child process made by `fork` after the parent had opened it: its runtime's threads do
+    /// not exist in the child, so any call would hang. Not retryable: use the device in the
+    /// parent, or start worker processes with `spawn` (or `forkserver`) instead of `fork`.
+    #[error(
+        "{device} ({}) was initialised in the parent process; a forked child cannot use it: use \
+         the 'spawn' start method (multiprocessing.set_start_method('spawn')) or use the device \
+         only in the parent",
+        .backend.title()
+    )]
+    ForkedChild {
+        /// The device's name.
+        device: String,
+        /// Its backend.
+        backend: BackendKind,
+    },
     /// A fault injected by `lazybuf::testing::FaultyDevice` (feature `testing`).
     #[cfg(feature = "testing")]
     #[error("injected fault: {operation} number {count} was told to fail")]
@@ -232,7 +248,8 @@ fn code_suffix(code: &Option<RuntimeCode>) -> String {
 impl Error {
     /// Whether repeating the call can succeed: true for out-of-memory (after memory is
     /// freed), runtime statuses their runtime calls recoverable, and injected faults; false
-    /// for bad input, missing runtimes and coherence violations.
+    /// for bad input, missing runtimes, coherence violations and devices used in a forked
+    /// child ([`Error::ForkedChild`]: it will not work in that process, however often tried).
     pub fn is_retryable(&self) -> bool {
         match self {
             Error::OutOfMemory { .. } => true,

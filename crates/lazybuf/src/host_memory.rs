@@ -399,28 +399,73 @@ const PARALLEL_COPY_THREADS: usize = 8;
 /// `to_vec`, Python's `to_numpy`) would otherwise cost several times their DMA. Copies of
 /// [`PARALLEL_COPY_MIN`] and more are cut into pieces of at least 1 MiB, one per thread, up to
 /// the machine's parallelism and at most 8 threads (the calling thread takes one piece);
-/// smaller copies, and machines with one core, copy on the calling thread.
+/// smaller copies, and machines with one core, copy on the calling thread. It is
+/// [`copy_bytes_raw`] on the slices' addresses, so it stays correct even where a caller's two
+/// slices share bytes (which safe code cannot make, but adopted memory and user pointers can).
 ///
 /// # Panics
 /// If the lengths differ (as `copy_from_slice`).
 pub fn copy_bytes(dst: &mut [u8], src: &[u8]) {
     assert_eq!(dst.len(), src.len(), "copy_bytes: lengths differ");
-    let threads = copy_threads(src.len());
-    if threads <= 1 {
-        dst.copy_from_slice(src);
+    // SAFETY: both slices are valid for their (equal) length; copy_bytes_raw allows overlap.
+    unsafe { copy_bytes_raw(dst.as_mut_ptr(), src.as_ptr(), src.len()) }
+}
+
+/// Copies `len` bytes from `src` to `dst` with `memmove` semantics: the result is what a copy
+/// through a temporary would give, however the two ranges overlap. Disjoint ranges are copied
+/// as [`copy_bytes`] describes (several threads when large); overlapping ranges are copied on
+/// the calling thread by one `memmove` (`ptr::copy`), since pieces copied in parallel would
+/// read bytes another piece has already overwritten.
+///
+/// Use it for every copy between memory whose addresses come from outside (a user's array,
+/// an adopted frame, a foreign pointer): such ranges may overlap, and then they must not be
+/// turned into a `&mut [u8]` and a `&[u8]` at all.
+///
+/// # Safety
+/// `src` is valid for reads and `dst` for writes of `len` bytes, and no other thread writes
+/// either range during the call.
+// Not inlined: a caller's slice arguments would give the optimizer `noalias` facts that could
+// turn the overlap check or the `memmove` into a `memcpy`.
+#[inline(never)]
+pub unsafe fn copy_bytes_raw(dst: *mut u8, src: *const u8, len: usize) {
+    // SAFETY: forwarded contract.
+    unsafe { copy_bytes_with(dst, src, len, copy_threads(len)) }
+}
+
+/// Whether `[a, a + len)` and `[b, b + len)` share a byte.
+fn overlaps(a: usize, b: usize, len: usize) -> bool {
+    len > 0 && a < b.saturating_add(len) && b < a.saturating_add(len)
+}
+
+/// [`copy_bytes_raw`] on at most `threads` threads (for disjoint ranges).
+///
+/// # Safety
+/// As [`copy_bytes_raw`].
+unsafe fn copy_bytes_with(dst: *mut u8, src: *const u8, len: usize, threads: usize) {
+    if len == 0 || std::ptr::eq(dst.cast_const(), src) {
+        return;
+    }
+    if threads <= 1 || overlaps(dst as usize, src as usize, len) {
+        // SAFETY: both ranges are valid for len bytes (the caller's contract); ptr::copy
+        // allows them to overlap.
+        unsafe { std::ptr::copy(src, dst, len) };
         return;
     }
     // Pieces of whole cache lines, so two threads never write one line.
-    let piece = src.len().div_ceil(threads).next_multiple_of(HEAP_ALIGN);
+    let piece = len.div_ceil(threads).next_multiple_of(HEAP_ALIGN);
+    // Addresses as integers: raw pointers are not Send.
+    let (dst, src) = (dst as usize, src as usize);
+    let copy_piece = move |offset: usize| {
+        let n = piece.min(len - offset);
+        // SAFETY: [offset, offset + n) lies inside both ranges, which are valid for len bytes
+        // and do not overlap (checked above), and each piece is written by one thread only.
+        unsafe { std::ptr::copy_nonoverlapping((src + offset) as *const u8, (dst + offset) as *mut u8, n) }
+    };
     std::thread::scope(|scope| {
-        let mut pieces = dst.chunks_mut(piece).zip(src.chunks(piece));
-        let first = pieces.next();
-        for (d, s) in pieces {
-            scope.spawn(move || d.copy_from_slice(s));
+        for offset in (piece..len).step_by(piece) {
+            scope.spawn(move || copy_piece(offset));
         }
-        if let Some((d, s)) = first {
-            d.copy_from_slice(s);
-        }
+        copy_piece(0);
     });
 }
 
@@ -460,6 +505,56 @@ mod tests {
             let mut dst = vec![0xff; len];
             super::copy_bytes(&mut dst, &src);
             assert!(dst == src, "len {len}");
+        }
+    }
+
+    /// Overlapping copies, both directions, at sizes the split copy would cut into pieces,
+    /// with 2 to 8 threads whatever this machine's core count: the result is `memmove`'s
+    /// (a copy through a temporary), as NumPy's `a[...] = b` gives.
+    #[test]
+    fn overlapping_copies_are_memmove_at_every_size_and_thread_count() {
+        let len = (16 << 20) + 4099;
+        let total = len + (3 << 20);
+        let original: Vec<u8> = (0..total).map(|i: usize| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+        for shift in [1usize, 63, 4096, 1 << 20, (1 << 20) + 17, 3 << 20] {
+            for threads in [2, 3, 8] {
+                for forward in [true, false] {
+                    let mut bytes = original.clone();
+                    let (dst, src) = if forward { (shift, 0) } else { (0, shift) };
+                    let mut expected = original.clone();
+                    expected.copy_within(src..src + len, dst);
+                    let base = bytes.as_mut_ptr();
+                    // SAFETY: both ranges lie inside `bytes` (shift + len <= total), which
+                    // nothing else touches.
+                    unsafe { super::copy_bytes_with(base.add(dst), base.add(src), len, threads) };
+                    assert!(
+                        bytes == expected,
+                        "shift {shift}, {threads} threads, dst {} src: first wrong byte {:?}",
+                        if forward { "after" } else { "before" },
+                        bytes.iter().zip(&expected).position(|(a, b)| a != b)
+                    );
+                }
+            }
+        }
+        // The public entry point, on this machine's thread count.
+        let mut bytes = original.clone();
+        let mut expected = original.clone();
+        expected.copy_within(0..len, 1 << 20);
+        // SAFETY: as above.
+        unsafe { super::copy_bytes_raw(bytes.as_mut_ptr().add(1 << 20), bytes.as_ptr(), len) };
+        assert!(bytes == expected);
+    }
+
+    #[test]
+    fn disjoint_copies_split_over_threads_copy_every_byte() {
+        for threads in [2, 3, 8] {
+            for len in [super::PARALLEL_COPY_MIN, (9 << 20) + 13] {
+                let src: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+                let mut dst = vec![0xff; len];
+                // SAFETY: two distinct vectors of len bytes.
+                unsafe { super::copy_bytes_with(dst.as_mut_ptr(), src.as_ptr(), len, threads) };
+                assert!(dst == src, "len {len}, {threads} threads");
+            }
         }
     }
 

@@ -206,6 +206,7 @@ impl FaultyDevice {
 
 /// The backend a faulty device wraps (or `backend` itself).
 fn unwrap(backend: &dyn Backend) -> &dyn Backend {
+    let backend = crate::backend::fork::unguarded(backend);
     match (backend as &dyn std::any::Any).downcast_ref::<FaultyDevice>() {
         Some(faulty) => unwrap(faulty.backend()),
         None => backend,
@@ -215,6 +216,10 @@ fn unwrap(backend: &dyn Backend) -> &dyn Backend {
 impl Backend for FaultyDevice {
     fn info(&self) -> &DeviceInfo {
         self.inner.info()
+    }
+
+    fn survives_fork(&self) -> bool {
+        self.backend().survives_fork()
     }
 
     fn memory_info(&self) -> Result<MemoryInfo> {

@@ -182,6 +182,7 @@ pub fn run(args: &BandwidthArgs, context: &Context) -> Result<i32> {
     if let Some(path) = &args.plot {
         plot::format_of(path)?;
     }
+    check_host_memory(&device, args.max)?;
     let (pageable, mut pinned) = args.memory();
     if pinned && !device.can_pin_host_memory() {
         // wgpu devices have no pinned host memory: `--both` measures pageable memory only.
@@ -228,6 +229,29 @@ pub fn run(args: &BandwidthArgs, context: &Context) -> Result<i32> {
         }
     }
     Ok(0)
+}
+
+/// Host blocks of the largest size held at once: the buffer's host copy and the raw copy's
+/// host side, and on the host device the raw copy's stand-in for device memory too.
+fn host_blocks(device: &Device) -> u64 {
+    if device.backend_kind() == lazybuf::BackendKind::HOST { 3 } else { 2 }
+}
+
+/// Refuses, before anything is allocated, a `--max` whose run needs more host memory than the
+/// machine has (physical memory and swap): it could only fail later, or be killed touching it.
+pub fn check_host_memory(device: &Device, max: u64) -> Result<()> {
+    let blocks = host_blocks(device);
+    let machine = lazybuf::host_memory::machine_memory() as u64;
+    match max.checked_mul(blocks) {
+        Some(needed) if needed <= machine => Ok(()),
+        needed => Err(CliError::new(format!(
+            "--max {} needs {} of host memory ({blocks} blocks of that size at once), more than \
+             this machine's {} of memory and swap: expected a smaller --max",
+            format_bytes(max),
+            needed.map_or_else(|| "more than 16 EiB".to_string(), format_bytes),
+            format_bytes(machine)
+        ))),
+    }
 }
 
 fn write_json(report: &BandwidthReport, path: &Path) -> Result<()> {
@@ -364,7 +388,7 @@ fn warm_buffer(device: &Device, len: usize, pinned: bool) -> Result<UnifiedBuffe
 
 /// The host side of the raw copies.
 enum HostSide {
-    Pageable(Vec<u8>),
+    Pageable(lazybuf::host_memory::HostMemory),
     /// A page-locked block (possibly longer than asked) and the length used.
     Pinned(lazybuf::host_memory::HostMemory, usize),
 }
@@ -372,7 +396,11 @@ enum HostSide {
 impl HostSide {
     fn new(device: &Device, len: usize, pinned: bool) -> Result<HostSide> {
         if !pinned {
-            return Ok(HostSide::Pageable(vec![1; len]));
+            // The library's allocation: a size the machine cannot hold is an error, not an
+            // abort (as `vec!` would).
+            let mut block = lazybuf::host_memory::HostMemory::allocate(len)?;
+            block.as_mut_slice().fill(1);
+            return Ok(HostSide::Pageable(block));
         }
         // The page-locked memory the device's backend gives a pinned buffer (cuMemHostAlloc,
         // mapped CL_MEM_ALLOC_HOST_PTR memory, mlock'ed pages on the host device).
@@ -391,14 +419,14 @@ impl HostSide {
 
     fn bytes(&self) -> &[u8] {
         match self {
-            HostSide::Pageable(v) => v,
+            HostSide::Pageable(block) => block.as_slice(),
             HostSide::Pinned(block, len) => &block.as_slice()[..*len],
         }
     }
 
     fn bytes_mut(&mut self) -> &mut [u8] {
         match self {
-            HostSide::Pageable(v) => v,
+            HostSide::Pageable(block) => block.as_mut_slice(),
             HostSide::Pinned(block, len) => &mut block.as_mut_slice()[..*len],
         }
     }

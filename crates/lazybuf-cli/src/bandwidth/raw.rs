@@ -30,7 +30,7 @@ pub struct RawCopy {
 
 enum Target {
     /// The host device: a host block standing in for device memory.
-    Host(Vec<u8>),
+    Host(lazybuf::host_memory::HostMemory),
     #[cfg(feature = "opencl")]
     OpenCl { queue: cl3::types::cl_command_queue, mem: cl3::types::cl_mem },
     #[cfg(feature = "cuda")]
@@ -52,7 +52,8 @@ impl RawCopy {
         // them alive.
         let raw = unsafe { device.raw() };
         let target = match raw {
-            RawDevice::Host => Target::Host(vec![0; len]),
+            // The library's allocation: a size the machine cannot hold is an error, not an abort.
+            RawDevice::Host => Target::Host(lazybuf::host_memory::HostMemory::allocate(len)?),
             #[cfg(feature = "opencl")]
             RawDevice::OpenCl { context, queue, .. } => {
                 // SAFETY: a plain read-write buffer of `len` > 0 bytes on a live context, no
@@ -85,7 +86,7 @@ impl RawCopy {
                 // SAFETY: both point at lazybuf's live device and queue (kept alive by the
                 // `Device` this RawCopy holds); cloning takes wgpu's own reference counts.
                 let (wgpu_device, queue) = unsafe { ((*wgpu_device).clone(), (*queue).clone()) };
-                Target::Wgpu(WgpuTarget::new(wgpu_device, queue, len))
+                Target::Wgpu(WgpuTarget::new(wgpu_device, queue, len)?)
             }
             #[allow(unreachable_patterns)]
             other => return Err(CliError::new(format!("no raw baseline for {device} ({other:?})"))),
@@ -97,7 +98,7 @@ impl RawCopy {
     pub fn upload(&mut self, src: &[u8]) -> Result<()> {
         let len = self.checked(src.len())?;
         match &mut self.target {
-            Target::Host(dst) => dst[..len].copy_from_slice(src),
+            Target::Host(dst) => dst.as_mut_slice()[..len].copy_from_slice(src),
             #[cfg(feature = "opencl")]
             Target::OpenCl { queue, mem } => {
                 // SAFETY: a blocking write of `len` bytes from `src` (valid for reads for the
@@ -140,7 +141,7 @@ impl RawCopy {
     pub fn download(&mut self, dst: &mut [u8]) -> Result<()> {
         let len = self.checked(dst.len())?;
         match &mut self.target {
-            Target::Host(src) => dst.copy_from_slice(&src[..len]),
+            Target::Host(src) => dst.copy_from_slice(&src.as_slice()[..len]),
             #[cfg(feature = "opencl")]
             Target::OpenCl { queue, mem } => {
                 // SAFETY: a blocking read of `len` bytes into `dst` (valid for writes and
@@ -227,9 +228,16 @@ struct WgpuTarget {
 
 #[cfg(feature = "wgpu")]
 impl WgpuTarget {
-    fn new(device: wgpu::Device, queue: wgpu::Queue, len: usize) -> WgpuTarget {
+    fn new(device: wgpu::Device, queue: wgpu::Queue, len: usize) -> Result<WgpuTarget> {
         // Buffer sizes and copies are whole 4-byte words in wgpu.
         let size = len.next_multiple_of(4) as u64;
+        // wgpu panics on a buffer beyond the device's limit: refuse it first.
+        let limit = device.limits().max_buffer_size;
+        if size > limit {
+            return Err(CliError::new(format!(
+                "raw baseline: {len} bytes is more than this wgpu device's largest buffer ({limit} bytes)"
+            )));
+        }
         let storage = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("lazybuf-cli raw storage"),
             size,
@@ -242,7 +250,7 @@ impl WgpuTarget {
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        WgpuTarget { device, queue, storage, readback }
+        Ok(WgpuTarget { device, queue, storage, readback })
     }
 
     /// Polls the device without blocking until `done` is set (lazybuf's backend waits the same

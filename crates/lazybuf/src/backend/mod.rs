@@ -16,9 +16,14 @@
 //! live in those folders and nowhere else. [`REGISTERED`] lists the backends compiled in:
 //! adding a backend is its folder plus one line there.
 //!
+//! **Forked children.** A backend whose runtime does not survive `fork`
+//! ([`Backend::survives_fork`]) is refused in a forked child, with a clear error, by the
+//! [`fork::ForkGuard`] every device of it is opened behind; see [`fork`].
+//!
 //! What does not live here: pools, limits and statistics (policies over a backend, in
 //! [`crate::resource`] and [`crate::pool`]), and the public [`crate::Device`] handle.
 
+pub mod fork;
 mod info;
 mod memory;
 mod ticket;
@@ -59,6 +64,13 @@ pub trait StreamHandle: Any + Send + Sync + fmt::Debug {
 pub trait Backend: Any + Send + Sync + fmt::Debug {
     /// What the device is.
     fn info(&self) -> &DeviceInfo;
+
+    /// Whether the runtime keeps working in a child made by `fork` of a process that opened
+    /// the device. False (the default) where the runtime runs threads of its own that `fork`
+    /// does not copy: the device is then refused in a forked child ([`fork`]).
+    fn survives_fork(&self) -> bool {
+        false
+    }
 
     /// Free and total memory, with where the figure comes from (`cached` is left at 0: the
     /// device handle adds what lazybuf's caches hold).

@@ -65,7 +65,10 @@ pub fn staging_twins() -> Vec<Device> {
         .get_or_init(|| {
             lazybuf::devices()
                 .iter()
-                .filter_map(|d| (d.backend() as &dyn std::any::Any).downcast_ref::<WgpuBackend>())
+                .filter_map(|d| {
+                    (lazybuf::backend::fork::unguarded(d.backend()) as &dyn std::any::Any)
+                        .downcast_ref::<WgpuBackend>()
+                })
                 .filter(|backend| backend.maps_for_transfers())
                 .map(|backend| {
                     let options = WgpuOptions { mapped_transfers: false };

@@ -14,7 +14,7 @@ use cudarc::driver::{result, sys};
 use super::staging::Staging;
 use super::{Context, allocation_error, cuda_error};
 use crate::backend::{Completion, MemoryHandle, RawMemory, RawStream, StreamHandle};
-use crate::error::{BackendKind, Result};
+use crate::error::{BackendKind, Error, Result};
 use crate::host_memory::{ForeignHostMemory, HostMemory, Pinning, machine_memory};
 
 /// What a device's allocations share with the device: how many are alive, and the pinned
@@ -127,6 +127,9 @@ impl MemoryHandle for CudaMemory {
 
 impl Drop for CudaMemory {
     fn drop(&mut self) {
+        if crate::backend::fork::in_forked_child() {
+            return; // leaked: the runtime is gone in a forked child (backend::fork)
+        }
         if self.borrowed {
             return;
         }
@@ -189,6 +192,9 @@ impl PinnedBlock {
 
 impl Drop for PinnedBlock {
     fn drop(&mut self) {
+        if crate::backend::fork::in_forked_child() {
+            return; // leaked: the runtime is gone in a forked child (backend::fork)
+        }
         // SAFETY: ptr came from cuMemHostAlloc and is freed once; the buffer that owned it
         // waited for its transfers. Statuses are ignored: drop must not panic, and a failed
         // free only leaks.
@@ -258,6 +264,9 @@ impl PageRegistration {
 
 impl Drop for PageRegistration {
     fn drop(&mut self) {
+        if crate::backend::fork::in_forked_child() {
+            return; // leaked: the runtime is gone in a forked child (backend::fork)
+        }
         // SAFETY: the pages were registered once by `register`; the block's transfers are
         // done (its buffer waited for them). Statuses are ignored: drop must not panic.
         unsafe {
@@ -325,6 +334,9 @@ impl StreamHandle for CudaStream {
 
 impl Drop for CudaStream {
     fn drop(&mut self) {
+        if crate::backend::fork::in_forked_child() {
+            return; // leaked: the runtime is gone in a forked child (backend::fork)
+        }
         if !self.owned {
             return;
         }
@@ -352,6 +364,9 @@ unsafe impl Sync for CudaEvent {}
 
 impl Completion for CudaEvent {
     fn poll(&self) -> Result<bool> {
+        if crate::backend::fork::in_forked_child() {
+            return Err(Error::ForkedChild { device: "a CUDA device".into(), backend: BackendKind::CUDA });
+        }
         if let Some(outcome) = self.outcome.get() {
             return outcome.clone().map(|()| true);
         }
@@ -367,6 +382,9 @@ impl Completion for CudaEvent {
     }
 
     fn wait(&self) -> Result<()> {
+        if crate::backend::fork::in_forked_child() {
+            return Err(Error::ForkedChild { device: "a CUDA device".into(), backend: BackendKind::CUDA });
+        }
         if let Some(outcome) = self.outcome.get() {
             return outcome.clone();
         }
@@ -380,6 +398,9 @@ impl Completion for CudaEvent {
 
 impl Drop for CudaEvent {
     fn drop(&mut self) {
+        if crate::backend::fork::in_forked_child() {
+            return; // leaked: the runtime is gone in a forked child (backend::fork)
+        }
         // SAFETY: the event was created in `record` and is destroyed once; the driver keeps
         // it until its work is done. Statuses are ignored: drop must not panic.
         unsafe {

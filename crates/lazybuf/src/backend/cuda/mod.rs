@@ -227,6 +227,9 @@ pub(crate) struct Bound<'a> {
 
 impl Drop for Bound<'_> {
     fn drop(&mut self) {
+        if crate::backend::fork::in_forked_child() {
+            return; // leaked: the runtime is gone in a forked child (backend::fork)
+        }
         if let Some(previous) = self.restore {
             // SAFETY: `previous` was current on this thread when the guard was made (or null,
             // which unbinds). The status is ignored: drop must not panic.
@@ -237,6 +240,9 @@ impl Drop for Bound<'_> {
 
 impl Drop for Context {
     fn drop(&mut self) {
+        if crate::backend::fork::in_forked_child() {
+            return; // leaked: the runtime is gone in a forked child (backend::fork)
+        }
         // SAFETY: the context was retained once in `retain` and is released once here. The
         // status is ignored: drop must not panic, and a failed release only leaks.
         let _ = unsafe { result::primary_ctx::release(self.device) };

@@ -208,7 +208,12 @@ impl Drop for Staging {
         }
         for worker in &mut self.workers {
             if let Some(thread) = worker.thread.take() {
-                let _ = thread.join();
+                if crate::backend::fork::in_forked_child() {
+                    // The lane's thread was the parent's: it does not exist in a forked child.
+                    std::mem::forget(thread);
+                } else {
+                    let _ = thread.join();
+                }
             }
         }
     }

@@ -10,7 +10,7 @@ use crate::backend::{
     StreamHandle, Ticket, check_fits,
 };
 use crate::error::{BackendKind, Error, Result};
-use crate::host_memory::{HostMemory, fill_pattern};
+use crate::host_memory::{HostMemory, copy_bytes_raw, fill_pattern};
 
 /// The host as a device.
 #[derive(Debug)]
@@ -51,6 +51,11 @@ fn handle(mem: &DeviceMemory) -> Result<&HostDeviceMemory> {
 impl Backend for HostBackend {
     fn info(&self) -> &DeviceInfo {
         &self.info
+    }
+
+    /// The host device runs no threads of its own: it works in a forked child as anywhere.
+    fn survives_fork(&self) -> bool {
+        true
     }
 
     fn memory_info(&self) -> Result<MemoryInfo> {
@@ -110,23 +115,21 @@ impl Backend for HostBackend {
     unsafe fn upload(&self, _: &dyn StreamHandle, src: HostSpan, dst: &mut DeviceMemory) -> Result<Ticket> {
         check_fits("upload", dst.len(), src.len())?;
         let dst = handle(dst)?;
-        if dst.ptr().cast_const() != src.ptr().cast_const() {
-            // SAFETY: src is readable for its length (the caller's promise, and the copy is
-            // done before returning); dst is a different block (pointers differ, and blocks
-            // never overlap partially), and &mut DeviceMemory makes this the only access.
-            unsafe { dst.bytes_mut()[..src.len()].copy_from_slice(src.bytes()) };
-        }
+        // SAFETY: src is readable for its length (the caller's promise, and the copy is done
+        // before returning); dst holds at least src.len() bytes (checked above) and &mut
+        // DeviceMemory makes this the only access. The two may overlap (memory borrowed from
+        // the caller can lie anywhere): copy_bytes_raw copies as memmove does.
+        unsafe { copy_bytes_raw(dst.ptr(), src.ptr().cast_const(), src.len()) };
         Ok(Ticket::done())
     }
 
     unsafe fn download(&self, _: &dyn StreamHandle, src: &DeviceMemory, dst: HostSpan) -> Result<Ticket> {
         check_fits("download", src.len(), dst.len())?;
         let src = handle(src)?;
-        if src.ptr().cast_const() != dst.ptr().cast_const() {
-            // SAFETY: dst is writable for its length and untouched meanwhile (the caller's
-            // promise); src is a different block, only read here.
-            unsafe { dst.bytes_mut().copy_from_slice(&src.bytes()[..dst.len()]) };
-        }
+        // SAFETY: dst is writable for its length and untouched meanwhile (the caller's
+        // promise); src holds at least dst.len() bytes (checked above), only read here. They
+        // may overlap: copy_bytes_raw copies as memmove does.
+        unsafe { copy_bytes_raw(dst.ptr(), src.ptr().cast_const(), dst.len()) };
         Ok(Ticket::done())
     }
 
@@ -154,10 +157,9 @@ impl Backend for HostBackend {
     ) -> Result<Ticket> {
         check_fits("copy", src.len().min(dst.len()), bytes)?;
         let (src, dst) = (handle(src)?, handle(dst)?);
-        if src.ptr() != dst.ptr() {
-            // SAFETY: two distinct blocks; dst is exclusively borrowed.
-            unsafe { dst.bytes_mut()[..bytes].copy_from_slice(&src.bytes()[..bytes]) };
-        }
+        // SAFETY: both hold at least `bytes` (checked above); dst is exclusively borrowed.
+        // Borrowed memory may overlap: copy_bytes_raw copies as memmove does.
+        unsafe { copy_bytes_raw(dst.ptr(), src.ptr().cast_const(), bytes) };
         Ok(Ticket::done())
     }
 
@@ -212,4 +214,37 @@ fn cpu_name() -> Option<String> {
 
 fn cpu_vendor() -> Option<String> {
     cpuinfo_field("vendor_id")
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::backend::RawMemory;
+
+    /// Memory the host device borrows can lie anywhere, two borrows over one array included:
+    /// a copy between overlapping ones gives what a copy through a temporary would (memmove),
+    /// at a size the copy splits over threads.
+    #[test]
+    fn copies_between_overlapping_borrowed_memory_are_memmove() {
+        let backend = crate::backend::host::backend();
+        let stream = backend.default_stream();
+        let (n, shift) = (8 << 20, (1 << 20) + 5);
+        for forward in [true, false] {
+            let mut bytes: Vec<u8> = (0..n + shift).map(|i: usize| (i % 251) as u8).collect();
+            let (d, s) = if forward { (shift, 0) } else { (0, shift) };
+            let mut expected = bytes.clone();
+            expected.copy_within(s..s + n, d);
+            let base = bytes.as_mut_ptr();
+            // SAFETY: both ranges lie inside `bytes`, which outlives the borrows (dropped
+            // before it is read) and nothing else touches meanwhile.
+            let (src, mut dst) = unsafe {
+                (
+                    backend.borrow(RawMemory::Host(base.add(s)), n).unwrap(),
+                    backend.borrow(RawMemory::Host(base.add(d)), n).unwrap(),
+                )
+            };
+            backend.copy(&*stream, &src, &mut dst, n).unwrap().wait().unwrap();
+            drop((src, dst));
+            assert!(bytes == expected, "forward {forward}");
+        }
+    }
 }

@@ -59,15 +59,6 @@ impl HostDeviceMemory {
         // block, which outlives this alias); exclusivity is the caller's promise.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
-
-    /// The bytes.
-    ///
-    /// # Safety
-    /// No `&mut` to the same bytes may be live.
-    pub(super) unsafe fn bytes(&self) -> &[u8] {
-        // SAFETY: as in `bytes_mut`, for reading.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
-    }
 }
 
 impl MemoryHandle for HostDeviceMemory {

@@ -363,6 +363,9 @@ impl OpenClBackend {
 
 impl Drop for OpenClBackend {
     fn drop(&mut self) {
+        if crate::backend::fork::in_forked_child() {
+            return; // leaked: the runtime is gone in a forked child (backend::fork)
+        }
         // SAFETY: the context was created by `open` and is released once, after the default
         // queue's work is done (queues hold their own context references). Statuses are
         // ignored because drop must not panic (a failed release only leaks).

@@ -12,7 +12,7 @@ use cl3::types::{cl_command_queue, cl_context, cl_event, cl_mem};
 
 use super::cl_error;
 use crate::backend::{Completion, MemoryHandle, RawMemory, RawStream, StreamHandle};
-use crate::error::{Error, Result};
+use crate::error::{BackendKind, Error, Result};
 use crate::host_memory::ForeignHostMemory;
 
 /// A `cl_mem` of `len` bytes (null for an empty buffer, which OpenCL cannot create).
@@ -75,6 +75,9 @@ pub(super) extern "C" fn free_svm(_mem: cl_mem, user_data: *mut c_void) {
 
 impl Drop for OpenClMemory {
     fn drop(&mut self) {
+        if crate::backend::fork::in_forked_child() {
+            return; // leaked: the runtime is gone in a forked child (backend::fork)
+        }
         if self.mem.is_null() {
             return;
         }
@@ -105,6 +108,9 @@ impl ForeignHostMemory for MappedHostMemory {}
 
 impl Drop for MappedHostMemory {
     fn drop(&mut self) {
+        if crate::backend::fork::in_forked_child() {
+            return; // leaked: the runtime is gone in a forked child (backend::fork)
+        }
         // Statuses are ignored: drop must not panic, and a failed call only leaks.
         if !self.ptr.is_null() {
             // SAFETY: ptr is the live mapping of mem on this queue, unmapped once; the
@@ -159,6 +165,9 @@ impl StreamHandle for OpenClStream {
 
 impl Drop for OpenClStream {
     fn drop(&mut self) {
+        if crate::backend::fork::in_forked_child() {
+            return; // leaked: the runtime is gone in a forked child (backend::fork)
+        }
         // SAFETY: the value owns one reference to the queue, released once; the runtime
         // finishes its commands first. The status is ignored: drop must not panic.
         let _ = unsafe { cl3::command_queue::release_command_queue(self.queue) };
@@ -207,6 +216,9 @@ impl OpenClEvent {
 
 impl Completion for OpenClEvent {
     fn poll(&self) -> Result<bool> {
+        if crate::backend::fork::in_forked_child() {
+            return Err(forked_event());
+        }
         if let Some(outcome) = self.outcome.get() {
             return outcome.clone().map(|()| true);
         }
@@ -220,6 +232,9 @@ impl Completion for OpenClEvent {
     }
 
     fn wait(&self) -> Result<()> {
+        if crate::backend::fork::in_forked_child() {
+            return Err(forked_event());
+        }
         if let Some(outcome) = self.outcome.get() {
             return outcome.clone();
         }
@@ -236,8 +251,17 @@ impl Completion for OpenClEvent {
     }
 }
 
+/// The error for waiting on an event of the parent's runtime in a forked child.
+#[cold]
+fn forked_event() -> Error {
+    Error::ForkedChild { device: "an OpenCL device".into(), backend: BackendKind::OPENCL }
+}
+
 impl Drop for OpenClEvent {
     fn drop(&mut self) {
+        if crate::backend::fork::in_forked_child() {
+            return; // leaked: the runtime is gone in a forked child (backend::fork)
+        }
         // SAFETY: the value owns one reference to the event, released once. The status is
         // ignored: drop must not panic, and a failed release only leaks.
         let _ = unsafe { cl3::event::release_event(self.raw()) };

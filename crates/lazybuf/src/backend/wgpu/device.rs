@@ -252,6 +252,12 @@ impl Backend for WgpuBackend {
         &self.info
     }
 
+    /// No: Mesa's lavapipe (and GPU drivers) run threads of their own, and a forked child's
+    /// first wait on the parent's device hangs (tests/fork.rs showed it, before the guard).
+    fn survives_fork(&self) -> bool {
+        false
+    }
+
     /// Vulkan with `VK_EXT_memory_budget`: the driver's budget minus usage of the device-local
     /// heaps (every process's usage counted). Vulkan without it: the heaps' size minus what
     /// this process holds. Unified memory without a Vulkan figure (Metal on Apple silicon):

@@ -152,6 +152,10 @@ impl Context {
     /// polling with a growing pause. A poll that finds another of lazybuf's running does
     /// nothing: that one runs the callbacks.
     pub(crate) fn poll(&self) -> Result<()> {
+        if crate::backend::fork::in_forked_child() {
+            // Every wait polls: in a forked child that would hang in the dead runtime.
+            return Err(Error::ForkedChild { device: "a wgpu device".into(), backend: BackendKind::WGPU });
+        }
         self.check_alive()?;
         let _turn = match self.polling.try_lock() {
             Ok(turn) => turn,
@@ -188,6 +192,11 @@ impl MemoryHandle for WgpuMemory {
 
 impl Drop for WgpuMemory {
     fn drop(&mut self) {
+        if crate::backend::fork::in_forked_child() {
+            // Leaked: releasing would call into the runtime, gone in a forked child.
+            std::mem::forget(self.buffer.take());
+            return;
+        }
         if let Some(buffer) = &self.buffer {
             self.held.fetch_sub(buffer.size(), Ordering::Relaxed);
         }

@@ -1,0 +1,124 @@
+//! A forked child and the devices its parent opened ([`lazybuf::backend::fork`]): on a device
+//! whose runtime does not survive `fork` (PoCL's OpenCL, CUDA, wgpu), every operation in the
+//! child returns [`Error::ForkedChild`] naming the device, and dropping the parent's buffers
+//! there does not hang; the host device keeps working in the child. Each child runs under a
+//! deadline: one that hangs is killed and the test fails, never hangs itself.
+
+#![cfg(unix)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use lazybuf::{Device, Error, UnifiedBuffer};
+
+/// The child's exit statuses.
+const WORKED: i32 = 10;
+const REFUSED: i32 = 11;
+const WRONG_ERROR: i32 = 12;
+const WRONG_DATA: i32 = 13;
+const PANICKED: i32 = 14;
+
+/// What the child does with `device`, after the parent used it and left `inherited` (one
+/// buffer with its device copy current, one with a transfer possibly in flight) behind.
+fn in_child(device: &Device, inherited: Vec<UnifiedBuffer<u32>>) -> i32 {
+    let data = common::pattern(3, 4096);
+    let attempt = || -> lazybuf::Result<Vec<u32>> {
+        let mut buf = UnifiedBuffer::<u32>::with_options(
+            &[data.len()],
+            lazybuf::BufferOptions { device: Some(device.clone()), ..Default::default() },
+        )?;
+        buf.host_overwrite()?.copy_from_slice(&data);
+        buf.sync_to_device()?;
+        buf.mark_device_dirty()?;
+        buf.to_vec()
+    };
+    let outcome = attempt();
+    let mut inherited = inherited;
+    // The parent's buffer with only its device copy current: reading it needs the runtime.
+    let inherited_read = inherited[0].to_vec();
+    // Dropping the parent's buffers (device memory, queues, events) must not hang either.
+    drop(inherited);
+    let memory = device.memory_info().map(drop);
+    let synchronized = device.synchronize();
+    match (outcome, inherited_read, memory, synchronized) {
+        (Ok(back), Ok(old), Ok(()), Ok(())) if back == data && old == common::pattern(1, 4096) => WORKED,
+        (Ok(_), Ok(_), Ok(()), Ok(())) => WRONG_DATA,
+        (Err(a), Err(b), Err(c), Err(d)) if [&a, &b, &c, &d].iter().all(|e| names_the_device(e, device)) => {
+            REFUSED
+        }
+        _ => WRONG_ERROR,
+    }
+}
+
+fn names_the_device(err: &Error, device: &Device) -> bool {
+    matches!(err, Error::ForkedChild { .. })
+        && !err.is_retryable()
+        && err.to_string().contains(device.name())
+        && err.to_string().contains("forked child")
+        && err.to_string().contains("'spawn'")
+}
+
+/// Forks; the child runs `child` and exits with its status (a panic exits with PANICKED).
+/// Returns the child's status, or None when it ran past `deadline` (it is killed then).
+fn fork_and_wait(deadline: Duration, child: impl FnOnce() -> i32) -> Option<i32> {
+    // SAFETY: fork has no preconditions; the child only runs `child` and `_exit`s, never
+    // returning into the test harness.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed: {}", std::io::Error::last_os_error());
+    if pid == 0 {
+        let status = std::panic::catch_unwind(std::panic::AssertUnwindSafe(child)).unwrap_or(PANICKED);
+        // SAFETY: ends the child at once, without the parent's atexit handlers or destructors.
+        unsafe { libc::_exit(status) };
+    }
+    let start = Instant::now();
+    loop {
+        let mut status = 0;
+        // SAFETY: waits for our own child without blocking; status is a valid out-pointer.
+        let done = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if done == pid {
+            return Some(if libc::WIFEXITED(status) {
+                libc::WEXITSTATUS(status)
+            } else {
+                -libc::WTERMSIG(status)
+            });
+        }
+        if start.elapsed() > deadline {
+            // SAFETY: kills and reaps our own child, which has not been reaped yet.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut status, 0);
+            }
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_forked_child_gets_a_clear_error_from_runtimes_that_do_not_survive_fork_and_never_hangs() {
+    // Every device (LAZYBUF_REQUIRE makes a missing backend a failure), wgpu's staging twin too.
+    for device in common::devices() {
+        // The parent uses the device first, so its runtime runs its threads.
+        let mut current = UnifiedBuffer::<u32>::with_options(
+            &[4096],
+            lazybuf::BufferOptions { device: Some(device.clone()), ..Default::default() },
+        )
+        .unwrap();
+        current.host_overwrite().unwrap().copy_from_slice(&common::pattern(1, 4096));
+        current.sync_to_device().unwrap();
+        current.mark_device_dirty().unwrap();
+        let survives = device.backend().survives_fork();
+        let status = fork_and_wait(Duration::from_secs(30), || in_child(&device, vec![current]));
+        let expected = if survives { WORKED } else { REFUSED };
+        assert_eq!(
+            status,
+            Some(expected),
+            "{device}: the child ended with {status:?} (None: it hung and was killed; {WORKED}: worked, \
+             {REFUSED}: refused with a clear error, {WRONG_ERROR}: another error, {WRONG_DATA}: wrong data, \
+             {PANICKED}: panicked)"
+        );
+    }
+    let host = lazybuf::devices().into_iter().find(|d| d.backend_kind() == lazybuf::BackendKind::HOST);
+    assert!(host.is_some_and(|h| h.backend().survives_fork()), "the host device works in a child");
+}
