@@ -596,7 +596,9 @@ class HostBlock:
     """Host memory from lazybuf's cache owned by an array ``to_numpy()`` returned (its
     ``.base``, from 1 MiB up); given back to the cache when the array is gone."""
 
-def _rebuild_buffer(shape: Any, dtype: Any, pinned: bool, data: Any) -> UnifiedBuffer: ...
+def _rebuild_buffer(
+    shape: Any, dtype: Any, pinned: bool, data: Any, origin: tuple[str, str] | None = None
+) -> UnifiedBuffer: ...
 def _cli_main(argv: list[str]) -> int:
     """Runs the ``lazybuf`` command-line tool with ``argv`` (program name first); returns its
     exit status. ``python -m lazybuf`` calls it."""

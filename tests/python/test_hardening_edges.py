@@ -390,15 +390,16 @@ def pickled(buf, protocol=5):
     return data, buffers
 
 
+@pytest.mark.parametrize("protocol", [2, 4, 5])
 @pytest.mark.parametrize("device", devices(), ids=str)
-def test_a_pinned_buffer_unpickles_onto_its_own_device_whatever_is_current(device):
+def test_a_pinned_buffer_unpickles_onto_its_own_device_whatever_is_current(device, protocol):
     buf = UnifiedBuffer((1000,), np.float32, device=device, pinned=True)
     if device.backend == "wgpu":
         with pytest.raises(MemoryError, match="no pinned host memory"):
             buf.host[:] = 0  # wgpu devices refuse pinned host copies: nothing to pickle
         return
     buf.host[:] = np.arange(1000, dtype=np.float32)
-    data, buffers = pickled(buf)
+    data, buffers = pickled(buf, protocol)
     get_accelerator().select_device(other_device())
     clone = pickle.loads(data, buffers=buffers)
     assert clone.device_handle == device, (clone.device_handle, device)

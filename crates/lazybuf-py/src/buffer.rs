@@ -1061,14 +1061,16 @@ impl UnifiedBuffer {
         slf.get().__reduce__(slf.py())
     }
 
-    /// Pickling copies the data through the host; the copy is made on the unpickling
-    /// process's current device.
+    /// Pickling (protocols 0-4) copies the data through the host and records the device:
+    /// the copy is made on that device when the unpickling process has it, else on its current
+    /// device (pinned dropped where that device cannot pin).
     fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
         let storage = self.storage()?;
         let initialized = storage.lock(py)?.state() != lazybuf::BufferState::Uninitialized;
         let data = if initialized { Some(storage.to_array(py, &self.shape, self.descr(py))?) } else { None };
         let rebuild = py.import("lazybuf._lazybuf")?.getattr("_rebuild_buffer")?;
-        let args = (PyTuple::new(py, &self.shape)?, self.descr(py).clone(), self.pinned, data);
+        let origin = wire::origin_of(&self.home);
+        let args = (PyTuple::new(py, &self.shape)?, self.descr(py).clone(), self.pinned, data, origin);
         Ok((rebuild, args.into_pyobject(py)?))
     }
 }
@@ -1120,15 +1122,16 @@ pub fn shape_repr(shape: &[usize]) -> String {
 
 /// Unpickles a buffer (see `__reduce__`).
 #[pyfunction]
-#[pyo3(signature = (shape, dtype, pinned, data))]
+#[pyo3(signature = (shape, dtype, pinned, data, origin=None))]
 pub fn _rebuild_buffer<'py>(
     py: Python<'py>,
     shape: &Bound<'py, PyAny>,
     dtype: &Bound<'py, PyAny>,
     pinned: bool,
     data: Option<&Bound<'py, PyAny>>,
+    origin: Option<(String, String)>,
 ) -> PyResult<Bound<'py, UnifiedBuffer>> {
-    let buffer = Bound::new(py, UnifiedBuffer::py_new(py, shape, Some(dtype), pinned, None)?)?;
+    let buffer = wire::new_buffer(py, shape, dtype, pinned, None, origin)?;
     if let Some(data) = data {
         UnifiedBuffer::copy_from(&buffer, data)?;
     }

@@ -219,7 +219,7 @@ fn allocation_size(view: &Bound<'_, PyMemoryView>) -> PyResult<Option<usize>> {
 /// A new buffer of `shape` and `dtype` (nothing allocated yet) on `device` if given, else on
 /// the device `origin` records when this process has it, else on the current device; pinned
 /// when `pinned` and that device can pin host memory (see the module docs).
-fn new_buffer<'py>(
+pub fn new_buffer<'py>(
     py: Python<'py>,
     shape: &Bound<'py, PyAny>,
     dtype: &Bound<'py, PyAny>,
