@@ -386,7 +386,8 @@ def other_device():
 
 def pickled(buf, protocol=5):
     buffers: list = []
-    data = pickle.dumps(buf, protocol=protocol, buffer_callback=buffers.append)
+    callback = buffers.append if protocol >= 5 else None
+    data = pickle.dumps(buf, protocol=protocol, buffer_callback=callback)
     return data, buffers
 
 
