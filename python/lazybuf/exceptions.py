@@ -11,6 +11,8 @@ in ``lazybuf``), and lazybuf's own errors derive from them where the meaning mat
 - ``CUDARuntimeError`` (a ``RuntimeError``), a failed CUDA driver call, is a ``CUDAError``;
 - ``CoherenceError`` (a ``RuntimeError``), found by the coherence checker, is a
   ``BufferError``;
+- ``ForkedChildError`` (a ``RuntimeError``), a device its runtime cannot carry into a forked
+  child, used there, is a ``BackendError``;
 - ``ReentrancyError`` (a ``RuntimeError``), an object used from inside an operation on it on
   the same thread (a failure callback, a finalizer it ran), is a ``BufferError``.
 
@@ -41,6 +43,7 @@ __all__ = [
     "CoherenceError",
     "MetalError",
     "MetalUnavailableError",
+    "ForkedChildError",
     "PyDotComputeError",
     "ReentrancyError",
 ]
@@ -119,6 +122,12 @@ class MetalUnavailableError(BackendUnavailableError, MetalError):
 
 class CUDARuntimeError(RuntimeError, CUDAError):
     """A CUDA driver call failed; the message names the call and the driver's ``CUresult``."""
+
+
+class ForkedChildError(RuntimeError, BackendError):
+    """A device of a runtime that does not survive ``fork()`` (OpenCL, CUDA, wgpu) was used in
+    a forked child of the process that opened it. Use the ``spawn`` start method
+    (``multiprocessing.get_context("spawn")``); the host device works in a forked child."""
 
 
 class ReentrancyError(RuntimeError, BufferError):

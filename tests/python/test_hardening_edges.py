@@ -214,7 +214,7 @@ def child() -> int:
         try:
             attempt()
             outcomes.append("ok")
-        except RuntimeError as err:
+        except lazybuf.ForkedChildError as err:
             message = str(err)
             good = (device.name in message and "forked child" in message and "'spawn'" in message)
             outcomes.append("refused" if good else "wrong: " + message)
@@ -265,7 +265,7 @@ def _use_in_child(selector: str, queue) -> None:
         buf.host[:] = 2.0
         buf.sync_to_device()
         queue.put(("ok", float(buf.to_numpy().sum())))
-    except RuntimeError as err:
+    except lazybuf.ForkedChildError as err:
         queue.put(("refused", str(err)))
 
 

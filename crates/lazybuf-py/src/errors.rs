@@ -9,7 +9,8 @@
 //! `CoherenceError`, a `RuntimeError` subclass whose message names `mark_device_dirty()` and
 //! `.device_writable`; [`set_checking`] and [`checking`] are the checker's switch in Python.
 //! A device used in a forked child that its runtime does not survive
-//! ([`lazybuf::Error::ForkedChild`]) raises `RuntimeError` naming the device and the `spawn`
+//! ([`lazybuf::Error::ForkedChild`]) raises `ForkedChildError` (a `RuntimeError`) naming the
+//! device and the `spawn`
 //! start method, as PyTorch and CuPy do for CUDA.
 //!
 //! lazybuf's exception classes are defined in Python (`python/lazybuf/exceptions.py`), where
@@ -38,6 +39,8 @@ import_exception!(lazybuf.exceptions, CoherenceError);
 // An object used from inside an operation on it, on the thread performing it (a failure
 // callback, a finalizer it ran): a RuntimeError. Raised by [`crate::lock`].
 import_exception!(lazybuf.exceptions, ReentrancyError);
+// A device of a runtime that does not survive fork, used in a forked child: a RuntimeError.
+import_exception!(lazybuf.exceptions, ForkedChildError);
 
 /// Turns the coherence checker on or off for the whole process. While on, a host read of a
 /// SYNCHRONIZED buffer whose device copy was handed out by `.device` since it was last filled
@@ -73,7 +76,7 @@ pub fn to_py(err: lazybuf::Error) -> PyErr {
         E::Coherence { .. } => CoherenceError::new_err(message),
         // A device of a runtime that does not survive fork, used in a forked child: the
         // message names the device and says to use the 'spawn' start method.
-        E::ForkedChild { .. } => PyRuntimeError::new_err(message),
+        E::ForkedChild { .. } => ForkedChildError::new_err(message),
         // A Python callback's own exception (a memory resource's failure callback), as raised.
         E::Callback { payload, .. } => match payload.0.downcast_ref::<PyErr>() {
             Some(err) => Python::attach(|py| err.clone_ref(py)),
