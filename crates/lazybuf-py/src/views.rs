@@ -195,7 +195,7 @@ impl Storage {
     /// with the GIL held ([`Self::immediate`]).
     pub fn host_address_nogil(&self, py: Python<'_>, access: Access) -> PyResult<*mut u8> {
         if let Some(mut raw) = self.immediate(None, access) {
-            return host_address_in(&mut *raw, access);
+            return host_address_in(&mut raw, access);
         }
         let address = lock::detach(py, |d| self.host_address(d, access).map(|a| a as usize))?;
         Ok(address as *mut u8)
@@ -221,7 +221,7 @@ impl Storage {
         access: Access,
     ) -> PyResult<RawMemory> {
         if let Some(mut raw) = self.immediate(Some(device), access) {
-            return device_handle_in(&mut *raw, device, access);
+            return device_handle_in(&mut raw, device, access);
         }
         /// A handle crossing the detached closure's boundary.
         struct Handle(RawMemory);

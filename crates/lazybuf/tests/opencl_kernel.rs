@@ -197,7 +197,7 @@ fn a_host_read_after_an_undeclared_kernel_write_is_never_torn() {
                 };
                 let finished =
                     cl3::event::get_event_info(event, cl3::event::CL_EVENT_COMMAND_EXECUTION_STATUS)
-                        .map(|status| status.to_int() == cl3::event::CL_COMPLETE as i32)
+                        .map(|status| status.to_int() == cl3::event::CL_COMPLETE)
                         .unwrap();
                 cl3::event::wait_for_events(&[event]).unwrap();
                 // SAFETY (test): the event is this test's own, waited for above.
