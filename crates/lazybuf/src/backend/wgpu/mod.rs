@@ -224,7 +224,10 @@ pub(crate) mod native {
         pub(crate) budget: Option<(u64, u64)>,
     }
 
-    #[cfg(not(target_arch = "wasm32"))]
+    // Where wgpu has its Vulkan backend (`wgpu::hal::api::Vulkan`): the platforms its
+    // `vulkan` feature covers. Apple platforms (Metal; Vulkan only through MoltenVK with
+    // wgpu's `vulkan-portability`, which lazybuf does not enable) get the version below.
+    #[cfg(any(windows, target_os = "linux", target_os = "android", target_os = "freebsd"))]
     mod vulkan {
         use ash::vk;
         use ash::vk::Handle;
@@ -275,7 +278,8 @@ pub(crate) mod native {
         }
     }
 
-    #[cfg(target_arch = "wasm32")]
+    /// No Vulkan backend in wgpu here (macOS and other Apple platforms): no Vulkan figures.
+    #[cfg(not(any(windows, target_os = "linux", target_os = "android", target_os = "freebsd")))]
     mod vulkan {
         pub(crate) fn heaps(_: &wgpu::Adapter) -> Option<Vec<super::Heap>> {
             None
