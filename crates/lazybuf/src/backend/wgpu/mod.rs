@@ -24,7 +24,7 @@
 //!
 //! Here: probing and opening, the error codes lazybuf names, device memory figures (Vulkan
 //! memory heaps and `VK_EXT_memory_budget`), and the registration. The
-//! [`Backend`](crate::backend::Backend) impl is in `device.rs`; buffers, the stream and
+//! [`Backend`] impl is in `device.rs`; buffers, the stream and
 //! completions in `memory.rs`; staging buffers in `staging.rs`; the fill shader in `kernels.rs`.
 
 mod device;
