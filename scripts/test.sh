@@ -48,6 +48,12 @@ step "cargo fmt --check"
 cargo fmt --all -- --check
 step "cargo clippy (all targets, all features)"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
+# macOS and Windows: compiled and linted, not run (about 5 min from a cold target/cross on 2
+# cores when the targets' std is built from source, seconds warm; docs/RELEASING.md).
+step "scripts/cross-check.sh: clippy for aarch64-apple-darwin and x86_64-pc-windows-msvc (compiled, not run)"
+bash scripts/cross-check.sh
+step "cargo doc (all features, warnings are errors)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps
 step "build the tests once"
 cargo test --workspace --all-features --no-run
 step "Rust tests: host, OpenCL (PoCL) and wgpu (lavapipe)"
@@ -95,5 +101,11 @@ done
 
 step "scripts/test-python.sh"
 bash scripts/test-python.sh
+
+# The release artifacts as users get them: the sdist and the manylinux_2_28 abi3 wheel (zig
+# links against glibc 2.28), checked with auditwheel, licences, stubs and console script
+# (about 3 min from cold on 2 cores, seconds warm).
+step "scripts/release.sh: sdist and manylinux_2_28 wheel, auditwheel"
+bash scripts/release.sh target/release-check
 
 step "all tests passed"

@@ -69,6 +69,11 @@ mr = _sys.modules["lazybuf.mr"]  # memory resources (RMM's rmm.mr), registered b
 if "lazybuf.testing" in _sys.modules:
     testing = _sys.modules["lazybuf.testing"]
 
+# The version (the installed distribution's), `show_config()`, and the command-line tool's
+# entry point (`lazybuf.cli.main`, the `lazybuf` console script).
+from . import cli
+from ._config import __version__, show_config
+
 # Dask integration (python/lazybuf/_dask.py): sizes and serializers, registered with dask and
 # distributed when they are imported (before or after lazybuf); never imports them itself.
 from . import _dask
@@ -114,3 +119,4 @@ __all__ = [
     "trim",
 ]
 __all__ += ["DeviceBuffer", "Memory", "MemoryDevice", "MemoryHost", "MemoryShared", "mr", "to_device"]
+__all__ += ["cli", "show_config"]

@@ -14,7 +14,10 @@
 //! Layout: [`cli`] (the arguments, parsed by clap), [`output`] (terminal detection, tables,
 //! sizes and durations), one module per subcommand, and [`error`] (the one-line error that
 //! ends a run).
-
+//!
+//! ## Feature flags
+#![doc = document_features::document_features!()]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs, clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 

@@ -16,6 +16,21 @@ use crate::coherence::DeviceId;
 use crate::error::{BackendKind, Result};
 
 /// A handle to one opened device (one reference count: clones are cheap).
+///
+/// ```
+/// use lazybuf::{Device, UnifiedBuffer};
+///
+/// let host = Device::host(); // always there; GPUs come from lazybuf::devices()
+/// assert_eq!(host.backend_kind().name(), "host");
+/// assert!(host.info().shares_host_memory && host.is_zero_copy(1 << 20));
+/// let memory = host.memory_info()?; // the system's figures on the host
+/// assert!(memory.free <= memory.total);
+///
+/// let buf = UnifiedBuffer::<u32>::on(&[8], &host)?; // a buffer whose device is `host`
+/// assert_eq!(buf.device_handle().id(), host.id());
+/// host.synchronize()?; // waits for the work queued on the device
+/// # Ok::<(), lazybuf::Error>(())
+/// ```
 #[derive(Clone)]
 pub struct Device {
     inner: Arc<Opened>,

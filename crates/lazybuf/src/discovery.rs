@@ -53,6 +53,14 @@ fn registry() -> &'static Registry {
 }
 
 /// Every device of every available backend, the host device last.
+///
+/// ```
+/// for device in lazybuf::devices() {
+///     let info = device.info();
+///     println!("{}: {} ({:?}), {} bytes", device.name(), info.vendor, info.backend, info.total_memory);
+/// }
+/// assert!(lazybuf::devices().iter().any(|d| d.backend_kind().name() == "host")); // the host is last
+/// ```
 pub fn devices() -> Vec<Device> {
     registry().devices.clone()
 }
@@ -64,6 +72,16 @@ pub fn backend_status() -> Vec<BackendStatus> {
 
 /// The default device: `LAZYBUF_DEVICE` if set, else the first GPU (CUDA before others), else
 /// the host.
+///
+/// ```
+/// // The first GPU when there is one, else the host (`LAZYBUF_DEVICE=host` forces the host).
+/// let device = lazybuf::default_device()?;
+/// let mut buf = lazybuf::UnifiedBuffer::<f32>::on(&[256], &device)?;
+/// buf.host_overwrite()?.fill(2.0);
+/// buf.sync_to_device()?; // uploads (on the host device: nothing to copy)
+/// assert_eq!(buf.to_vec()?, vec![2.0; 256]);
+/// # Ok::<(), lazybuf::Error>(())
+/// ```
 pub fn default_device() -> Result<Device> {
     match std::env::var(DEVICE_ENV) {
         Ok(selector) if !selector.trim().is_empty() => select_device(&selector),
@@ -77,6 +95,14 @@ fn preferred() -> Device {
 }
 
 /// Finds a device by selector (see the module docs).
+///
+/// ```
+/// let host = lazybuf::select_device("host")?;
+/// assert!(host.info().shares_host_memory);
+/// // A selector no device matches is an error that lists the devices there are.
+/// assert!(lazybuf::select_device("opencl:99").is_err());
+/// # Ok::<(), lazybuf::Error>(())
+/// ```
 pub fn select_device(selector: &str) -> Result<Device> {
     let registry = registry();
     let wanted = selector.trim().to_ascii_lowercase();

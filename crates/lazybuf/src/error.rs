@@ -170,7 +170,7 @@ pub enum Error {
         /// Why (the runtime's words, or the mlock limit).
         reason: String,
     },
-    /// The coherence checker ([`crate::checking`]) found a device copy that differs from the
+    /// The coherence checker ([`mod@crate::checking`]) found a device copy that differs from the
     /// host copy of a buffer both are supposed to hold: something wrote the device copy
     /// without saying so.
     #[error(

@@ -3,13 +3,19 @@
 //!
 //! A [`HostMemory`] is always initialized (fresh memory reads as zeros), so it can be viewed
 //! as `&[u8]` safely. Small blocks come from the global allocator with cache-line alignment;
-//! blocks of 64 KiB and more are anonymous `mmap`s (page-aligned, zeroed lazily by the kernel,
-//! so a large allocation costs nothing until it is touched); blocks of 4 MiB and more are
-//! aligned to 2 MiB and `madvise(MADV_HUGEPAGE)`d, so first touches fault once per huge page
-//! where the kernel has transparent huge pages. Pinned blocks are `mlock`ed pages, and
-//! backends with their own page-locked memory (CUDA, OpenCL) hand theirs in through
-//! [`HostMemory::from_foreign`]. A backend may also register a block's pages with its driver
-//! later ([`HostMemory::register`]).
+//! blocks of 64 KiB and more are whole pages from the operating system (page-aligned, zeroed
+//! lazily by the kernel, so a large allocation costs nothing until it is touched): anonymous
+//! `mmap`s on Linux and macOS, `VirtualAlloc` on Windows. On Unix, blocks of 4 MiB and more
+//! are aligned to 2 MiB, and on Linux `madvise(MADV_HUGEPAGE)`d, so first touches fault once
+//! per huge page where the kernel has transparent huge pages (Windows' large pages need a
+//! privilege ordinary processes lack, so Windows blocks are page-aligned only). Pinned blocks
+//! are locked pages (`mlock` on Unix; `VirtualLock` on Windows, after growing the process's
+//! working set by the block's size, which Windows requires), and backends with their own
+//! page-locked memory (CUDA, OpenCL) hand theirs in through [`HostMemory::from_foreign`]. A
+//! backend may also register a block's pages with its driver later ([`HostMemory::register`]).
+//!
+//! The macOS and Windows paths (the `os` module's other halves) are compiled and linted for
+//! those targets by `scripts/test.sh`, but have not run: CI has Linux machines only.
 //!
 //! **Adopted memory.** [`HostMemory::adopt`] wraps bytes another owner lends for the block's
 //! lifetime (a frame distributed received off the wire): no copy, any alignment. Such a block
@@ -19,7 +25,9 @@
 //! **Requests larger than the machine.** A request for more bytes than the machine's physical
 //! memory plus swap is refused up front with [`Error::OutOfMemory`], whatever the kernel's
 //! overcommit setting: with overcommit a huge `mmap` succeeds and the process dies later,
-//! touching it.
+//! touching it. "Physical memory plus swap" is `sysinfo` on Linux, `hw.memsize` plus
+//! `vm.swapusage` on macOS (the swap files that exist now), and the commit limit
+//! (`GlobalMemoryStatusEx`'s `ullTotalPageFile`: RAM plus page files) on Windows.
 //!
 //! What does not live here: which kind of host memory a buffer gets (the backend decides in
 //! [`crate::backend::Backend::allocate_host`]).
@@ -33,9 +41,11 @@ use crate::error::{BackendKind, Error, Result, RuntimeCode};
 
 /// Blocks this large or larger are mapped pages rather than heap allocations.
 const MMAP_THRESHOLD: usize = 64 * 1024;
-/// Blocks this large or larger are aligned to huge pages and advised to use them.
+/// Blocks this large or larger are aligned to huge pages and advised to use them (Unix).
+#[cfg_attr(not(unix), allow(dead_code))]
 const HUGE_THRESHOLD: usize = 4 << 20;
 /// The huge page size on x86-64 and most aarch64 kernels.
+#[cfg_attr(not(unix), allow(dead_code))]
 const HUGE_PAGE: usize = 2 << 20;
 /// Alignment of heap blocks: a cache line, enough for every element type and for SIMD.
 pub(crate) const HEAP_ALIGN: usize = 64;
@@ -80,8 +90,13 @@ enum Owner {
     Empty,
     /// From the global allocator with this layout.
     Heap(Layout),
-    /// An anonymous mapping of this many bytes (locked when the block is pinned).
-    Mapped(usize),
+    /// Whole pages from the operating system (`os::map`), locked (`os::lock`) or not.
+    Mapped {
+        /// The block's length in bytes.
+        len: usize,
+        /// Whether `os::lock` locked the pages (Windows gives the working set back on free).
+        locked: bool,
+    },
     /// Owned by a runtime; dropping the box frees it.
     Foreign(#[allow(dead_code)] Box<dyn ForeignHostMemory>),
     /// Lent by another owner for the block's lifetime; dropping the box gives it back.
@@ -150,60 +165,17 @@ impl HostMemory {
     }
 
     fn map(len: usize, lock: bool) -> Result<HostMemory> {
-        let huge = len >= HUGE_THRESHOLD;
-        // Huge blocks map one huge page more, to cut an aligned run out of the mapping.
-        let mapped = if huge { len.checked_add(HUGE_PAGE).ok_or_else(|| oom(len, None))? } else { len };
-        // SAFETY: an anonymous private mapping with a null hint has no preconditions; the
-        // result is checked against MAP_FAILED below.
-        let raw = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                mapped,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if raw == libc::MAP_FAILED {
-            return Err(oom(len, Some(RuntimeCode::Os(errno()))));
-        }
-        let mut start = raw.cast::<u8>();
-        if huge {
-            let head = start.align_offset(HUGE_PAGE);
-            let tail = mapped - head - len;
-            // SAFETY: [raw, raw + mapped) is the mapping just made; the head and tail runs
-            // lie inside it and nothing references them. Failed unmaps only leak address space.
-            unsafe {
-                if head > 0 {
-                    libc::munmap(raw, head);
-                }
-                start = start.add(head);
-                if tail > 0 {
-                    libc::munmap(start.add(len).cast(), tail);
-                }
-                // Advice only: kernels without transparent huge pages answer EINVAL.
-                libc::madvise(start.cast(), len, libc::MADV_HUGEPAGE);
-            }
-        }
-        let ptr = NonNull::new(start).ok_or_else(|| oom(len, None))?;
+        let ptr = os::map(len).map_err(|code| oom(len, Some(RuntimeCode::Os(code))))?;
         if lock {
-            // SAFETY: [ptr, ptr + len) is the mapping just created.
-            if unsafe { libc::mlock(ptr.as_ptr().cast(), len) } != 0 {
-                let code = errno();
-                // SAFETY: unmapping the mapping created above, which nothing else references.
-                unsafe { libc::munmap(ptr.as_ptr().cast(), len) };
-                return Err(Error::PinningFailed {
-                    requested: len,
-                    reason: format!(
-                        "mlock refused: {} (raise RLIMIT_MEMLOCK, `ulimit -l`, or allocate unpinned)",
-                        std::io::Error::from_raw_os_error(code)
-                    ),
-                });
+            // SAFETY: [ptr, ptr + len) is the block just mapped, which nothing else references.
+            if let Err(reason) = unsafe { os::lock(ptr, len) } {
+                // SAFETY: the block just mapped (not locked), which nothing references.
+                unsafe { os::unmap(ptr, len, false) };
+                return Err(Error::PinningFailed { requested: len, reason });
             }
         }
         let pinning = if lock { Pinning::Locked } else { Pinning::Pageable };
-        Ok(Self::new(ptr, len, pinning, Owner::Mapped(len)))
+        Ok(Self::new(ptr, len, pinning, Owner::Mapped { len, locked: lock }))
     }
 
     /// Wraps host memory that a runtime allocated.
@@ -332,11 +304,10 @@ impl Drop for HostMemory {
             Owner::Empty | Owner::Foreign(_) | Owner::Adopted(_) => {}
             // SAFETY: ptr came from alloc_zeroed with exactly this layout.
             Owner::Heap(layout) => unsafe { alloc::dealloc(self.ptr.as_ptr(), layout) },
-            Owner::Mapped(len) => {
-                // SAFETY: ptr/len is the mapping made in `map` (after its trim); munmap also
-                // drops any lock. Its status is ignored: drop must not panic, and a failed
-                // unmap only leaks.
-                unsafe { libc::munmap(self.ptr.as_ptr().cast(), len) };
+            Owner::Mapped { len, locked } => {
+                // SAFETY: ptr/len is the block `os::map` made in `map`, locked by `os::lock`
+                // exactly when `locked`; the block is being dropped, so nothing references it.
+                unsafe { os::unmap(self.ptr, len, locked) };
             }
         }
     }
@@ -348,28 +319,327 @@ impl fmt::Debug for HostMemory {
     }
 }
 
-fn errno() -> i32 {
-    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
-}
-
 fn oom(len: usize, code: Option<RuntimeCode>) -> Error {
     Error::OutOfMemory { device: "host".into(), requested: len, code }
 }
 
-/// The machine's physical memory plus swap, in bytes (`usize::MAX` where unknown).
-pub fn machine_memory() -> usize {
-    static TOTAL: OnceLock<usize> = OnceLock::new();
-    *TOTAL.get_or_init(|| {
-        // SAFETY: sysinfo fills the zeroed struct it is given; no other precondition.
+/// The operating system's side of host memory: whole-page blocks, page locking and memory
+/// figures, one implementation per system family (Unix: Linux and macOS; Windows).
+#[cfg(unix)]
+mod os {
+    use std::ptr::NonNull;
+
+    use super::{HUGE_PAGE, HUGE_THRESHOLD};
+
+    /// The calling thread's `errno`.
+    fn errno() -> i32 {
+        std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+    }
+
+    /// Maps `len` (> 0) zeroed, page-aligned bytes of anonymous memory; blocks of
+    /// [`HUGE_THRESHOLD`] and more start on a [`HUGE_PAGE`] boundary and, on Linux, are advised
+    /// to use transparent huge pages. The error is the `errno`.
+    pub(super) fn map(len: usize) -> Result<NonNull<u8>, i32> {
+        let huge = len >= HUGE_THRESHOLD;
+        // Huge blocks map one huge page more, to cut an aligned run out of the mapping.
+        let mapped = if huge { len.checked_add(HUGE_PAGE).ok_or(libc::ENOMEM)? } else { len };
+        // SAFETY: an anonymous private mapping with a null hint has no preconditions; the
+        // result is checked against MAP_FAILED below.
+        let raw = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                mapped,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if raw == libc::MAP_FAILED {
+            return Err(errno());
+        }
+        let mut start = raw.cast::<u8>();
+        if huge {
+            let head = start.align_offset(HUGE_PAGE);
+            let tail = mapped - head - len;
+            // SAFETY: [raw, raw + mapped) is the mapping just made; the head and tail runs
+            // lie inside it and nothing references them. Failed unmaps only leak address space.
+            unsafe {
+                if head > 0 {
+                    libc::munmap(raw, head);
+                }
+                start = start.add(head);
+                if tail > 0 {
+                    libc::munmap(start.add(len).cast(), tail);
+                }
+                // Advice only: kernels without transparent huge pages answer EINVAL.
+                #[cfg(any(target_os = "linux", target_os = "android"))]
+                libc::madvise(start.cast(), len, libc::MADV_HUGEPAGE);
+            }
+        }
+        NonNull::new(start).ok_or(libc::ENOMEM)
+    }
+
+    /// Unmaps a block; `munmap` also drops a lock. Its status is ignored: callers drop the
+    /// block (and must not panic), and a failed unmap only leaks.
+    ///
+    /// # Safety
+    /// `[ptr, ptr + len)` is a block [`map`] returned, not unmapped yet, that nothing
+    /// references any more.
+    pub(super) unsafe fn unmap(ptr: NonNull<u8>, len: usize, _locked: bool) {
+        // SAFETY: the caller's contract: the whole mapping, referenced by nothing.
+        unsafe { libc::munmap(ptr.as_ptr().cast(), len) };
+    }
+
+    /// Locks a block's pages in RAM (`mlock`); the error says why not.
+    ///
+    /// # Safety
+    /// `[ptr, ptr + len)` is a block [`map`] returned and not unmapped yet.
+    pub(super) unsafe fn lock(ptr: NonNull<u8>, len: usize) -> Result<(), String> {
+        // SAFETY: the caller's contract: mapped memory of this process.
+        if unsafe { libc::mlock(ptr.as_ptr().cast(), len) } != 0 {
+            return Err(format!(
+                "mlock refused: {} (raise RLIMIT_MEMLOCK, `ulimit -l`, or allocate unpinned)",
+                std::io::Error::from_raw_os_error(errno())
+            ));
+        }
+        Ok(())
+    }
+
+    /// Physical memory plus swap (`sysinfo`).
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    pub(super) fn machine_memory() -> Option<u64> {
+        // SAFETY: an all-zero `sysinfo` is a valid value of the plain C struct.
         let mut info: libc::sysinfo = unsafe { std::mem::zeroed() };
         // SAFETY: info is a valid out-pointer.
         if unsafe { libc::sysinfo(&mut info) } != 0 {
-            return usize::MAX;
+            return None;
         }
         let unit = u64::from(info.mem_unit.max(1));
-        let total = (info.totalram as u64).saturating_add(info.totalswap as u64).saturating_mul(unit);
-        usize::try_from(total).unwrap_or(usize::MAX)
+        Some((info.totalram as u64).saturating_add(info.totalswap as u64).saturating_mul(unit))
+    }
+
+    /// Physical memory (`hw.memsize`) plus the swap files that exist now (`vm.swapusage`).
+    #[cfg(target_os = "macos")]
+    pub(super) fn machine_memory() -> Option<u64> {
+        // SAFETY: every bit pattern is a valid u64 and a valid xsw_usage (integers only).
+        let (memory, swap) =
+            unsafe { (sysctl::<u64>(c"hw.memsize")?, sysctl::<libc::xsw_usage>(c"vm.swapusage")) };
+        Some(memory.saturating_add(swap.map_or(0, |s| s.xsu_total)))
+    }
+
+    /// Other Unix systems: unknown (no request is refused up front).
+    #[cfg(not(any(target_os = "linux", target_os = "android", target_os = "macos")))]
+    pub(super) fn machine_memory() -> Option<u64> {
+        None
+    }
+
+    /// (available, total) physical memory: macOS's total minus what Activity Monitor counts
+    /// as used (app memory, that is internal pages that are not purgeable, plus wired and
+    /// compressed pages), from `host_statistics64(HOST_VM_INFO64)`.
+    #[cfg(target_os = "macos")]
+    pub(super) fn system_memory() -> Option<(u64, u64)> {
+        use std::sync::OnceLock;
+        // One send right to the host port for the process's lifetime (asking again would add
+        // a reference each time).
+        static HOST: OnceLock<libc::mach_port_t> = OnceLock::new();
+        // SAFETY: every bit pattern is a valid u64.
+        let total = unsafe { sysctl::<u64>(c"hw.memsize")? };
+        // libc deprecates its Mach declarations in favour of the `mach2` crate; this one call
+        // is the same function, so lazybuf does not take a dependency for it.
+        #[allow(deprecated)]
+        // SAFETY: mach_host_self has no preconditions.
+        let host = *HOST.get_or_init(|| unsafe { libc::mach_host_self() });
+        // SAFETY: an all-zero vm_statistics64 is a valid value of the plain C struct.
+        let mut stats: libc::vm_statistics64 = unsafe { std::mem::zeroed() };
+        let mut count = libc::HOST_VM_INFO64_COUNT;
+        // SAFETY: `stats` is valid for `count` integers, as HOST_VM_INFO64 requires; the kernel
+        // writes at most that many and says how many in `count`.
+        let status = unsafe {
+            libc::host_statistics64(host, libc::HOST_VM_INFO64, (&raw mut stats).cast(), &mut count)
+        };
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        if status != libc::KERN_SUCCESS || page <= 0 {
+            return None;
+        }
+        let used_pages = u64::from(stats.internal_page_count.saturating_sub(stats.purgeable_count))
+            .saturating_add(u64::from(stats.wire_count))
+            .saturating_add(u64::from(stats.compressor_page_count));
+        let used = used_pages.saturating_mul(page as u64);
+        Some((total.saturating_sub(used), total))
+    }
+
+    /// (available, total) physical memory from `sysconf`, which reports no free figure: the
+    /// total twice (the fallback where `/proc/meminfo` cannot be read).
+    #[cfg(not(target_os = "macos"))]
+    pub(super) fn system_memory() -> Option<(u64, u64)> {
+        // SAFETY: sysconf has no preconditions.
+        let (page, phys) =
+            unsafe { (libc::sysconf(libc::_SC_PAGESIZE), libc::sysconf(libc::_SC_PHYS_PAGES)) };
+        if page <= 0 || phys <= 0 {
+            return None;
+        }
+        let total = (page as u64).saturating_mul(phys as u64);
+        Some((total, total))
+    }
+
+    /// A `sysctlbyname` value of exactly `T`'s size.
+    ///
+    /// # Safety
+    /// Every bit pattern of `size_of::<T>()` bytes is a valid `T` (integers, C structs of them).
+    #[cfg(target_os = "macos")]
+    unsafe fn sysctl<T>(name: &std::ffi::CStr) -> Option<T> {
+        let mut value = std::mem::MaybeUninit::<T>::zeroed();
+        let mut size = size_of::<T>();
+        // SAFETY: `value` is valid for `size` bytes; sysctlbyname writes at most that many and
+        // reports how many; nothing is set (null new value).
+        let status = unsafe {
+            libc::sysctlbyname(name.as_ptr(), value.as_mut_ptr().cast(), &mut size, std::ptr::null_mut(), 0)
+        };
+        // SAFETY: all size_of::<T>() bytes were written (or zeroed), and any bytes are a valid
+        // T (the caller's contract).
+        (status == 0 && size == size_of::<T>()).then(|| unsafe { value.assume_init() })
+    }
+}
+
+/// The operating system's side of host memory on Windows (see the Unix module for the contract
+/// of each function).
+#[cfg(windows)]
+mod os {
+    use std::ptr::NonNull;
+    use std::sync::{Mutex, PoisonError};
+
+    use windows_sys::Win32::Foundation::GetLastError;
+    use windows_sys::Win32::System::Memory::{
+        MEM_COMMIT, MEM_RELEASE, MEM_RESERVE, PAGE_READWRITE, VirtualAlloc, VirtualFree, VirtualLock,
+    };
+    use windows_sys::Win32::System::SystemInformation::{GlobalMemoryStatusEx, MEMORYSTATUSEX};
+    use windows_sys::Win32::System::Threading::{
+        GetCurrentProcess, GetProcessWorkingSetSize, SetProcessWorkingSetSize,
+    };
+
+    /// The calling thread's last Windows error code.
+    fn last_error() -> i32 {
+        // SAFETY: GetLastError has no preconditions.
+        unsafe { GetLastError() as i32 }
+    }
+
+    /// Commits `len` (> 0) zeroed bytes of fresh pages (`VirtualAlloc`: aligned to the
+    /// allocation granularity, 64 KiB). The error is `GetLastError`'s code.
+    pub(super) fn map(len: usize) -> Result<NonNull<u8>, i32> {
+        // SAFETY: a fresh reservation and commit at an address the system picks has no
+        // preconditions; the result is checked for null below.
+        let raw = unsafe { VirtualAlloc(std::ptr::null(), len, MEM_RESERVE | MEM_COMMIT, PAGE_READWRITE) };
+        NonNull::new(raw.cast::<u8>()).ok_or_else(last_error)
+    }
+
+    /// Releases a block (which also unlocks its pages), then gives a locked block's share of
+    /// the working set back. Failures are ignored: a failed release only leaks.
+    ///
+    /// # Safety
+    /// `[ptr, ptr + len)` is a block [`map`] returned, not released yet, that nothing
+    /// references any more; `locked` says whether [`lock`] locked it.
+    pub(super) unsafe fn unmap(ptr: NonNull<u8>, len: usize, locked: bool) {
+        // SAFETY: the caller's contract: the base address of a whole VirtualAlloc block, which
+        // MEM_RELEASE (with size 0) frees entirely.
+        unsafe { VirtualFree(ptr.as_ptr().cast(), 0, MEM_RELEASE) };
+        if locked {
+            let _ = resize_working_set(len, false);
+        }
+    }
+
+    /// Locks a block's pages in RAM (`VirtualLock`). Windows lets a process lock no more than
+    /// its minimum working set (a few hundred KiB by default), so the working set's minimum
+    /// and maximum first grow by `len`; [`unmap`] shrinks them back.
+    ///
+    /// # Safety
+    /// `[ptr, ptr + len)` is a block [`map`] returned and not released yet.
+    pub(super) unsafe fn lock(ptr: NonNull<u8>, len: usize) -> Result<(), String> {
+        resize_working_set(len, true).map_err(|code| {
+            format!(
+                "VirtualLock needs a working set {len} bytes larger, which Windows refused: {}",
+                std::io::Error::from_raw_os_error(code)
+            )
+        })?;
+        // SAFETY: the caller's contract: committed pages of this process.
+        if unsafe { VirtualLock(ptr.as_ptr().cast(), len) } == 0 {
+            let code = last_error();
+            let _ = resize_working_set(len, false);
+            return Err(format!(
+                "VirtualLock refused: {} (free memory, or allocate unpinned)",
+                std::io::Error::from_raw_os_error(code)
+            ));
+        }
+        Ok(())
+    }
+
+    /// Grows (or shrinks) the process's minimum and maximum working set by `len` bytes.
+    fn resize_working_set(len: usize, grow: bool) -> Result<(), i32> {
+        // One resize at a time: each reads the sizes and sets them.
+        static RESIZE: Mutex<()> = Mutex::new(());
+        let _guard = RESIZE.lock().unwrap_or_else(PoisonError::into_inner);
+        // SAFETY: GetCurrentProcess has no preconditions; its pseudo-handle needs no closing.
+        let process = unsafe { GetCurrentProcess() };
+        let (mut min, mut max) = (0usize, 0usize);
+        // SAFETY: both out-pointers are valid usizes; the handle is this process's.
+        if unsafe { GetProcessWorkingSetSize(process, &mut min, &mut max) } == 0 {
+            return Err(last_error());
+        }
+        let (min, max) = if grow {
+            const ERROR_NOT_ENOUGH_MEMORY: i32 = 8;
+            (
+                min.checked_add(len).ok_or(ERROR_NOT_ENOUGH_MEMORY)?,
+                max.checked_add(len).ok_or(ERROR_NOT_ENOUGH_MEMORY)?,
+            )
+        } else {
+            (min.saturating_sub(len), max.saturating_sub(len))
+        };
+        // SAFETY: the handle is this process's; sizes are plain numbers the system checks.
+        if unsafe { SetProcessWorkingSetSize(process, min, max) } == 0 {
+            return Err(last_error());
+        }
+        Ok(())
+    }
+
+    /// The global memory status, or `None` when the call fails.
+    fn memory_status() -> Option<MEMORYSTATUSEX> {
+        // SAFETY: an all-zero MEMORYSTATUSEX is a valid value of the plain C struct.
+        let mut status: MEMORYSTATUSEX = unsafe { std::mem::zeroed() };
+        status.dwLength = size_of::<MEMORYSTATUSEX>() as u32;
+        // SAFETY: `status` is a valid out-pointer with dwLength set, as the call requires.
+        (unsafe { GlobalMemoryStatusEx(&mut status) } != 0).then_some(status)
+    }
+
+    /// The commit limit: physical memory plus page files.
+    pub(super) fn machine_memory() -> Option<u64> {
+        memory_status().map(|s| s.ullTotalPageFile)
+    }
+
+    /// (available, total) physical memory.
+    pub(super) fn system_memory() -> Option<(u64, u64)> {
+        memory_status().map(|s| (s.ullAvailPhys, s.ullTotalPhys))
+    }
+}
+
+/// The machine's physical memory plus swap, in bytes (`usize::MAX` where unknown; see the
+/// module docs for where each system's figure comes from).
+pub fn machine_memory() -> usize {
+    static TOTAL: OnceLock<usize> = OnceLock::new();
+    *TOTAL.get_or_init(|| {
+        os::machine_memory().map_or(usize::MAX, |total| usize::try_from(total).unwrap_or(usize::MAX))
     })
+}
+
+/// The system's available and total physical memory in bytes, from the operating system's
+/// own figures, for where `/proc/meminfo` is not there to read (the host device's
+/// [`crate::Device::memory_info`] reads that first): `sysconf`'s physical pages on Linux and
+/// other Unix systems (which report no free figure, so available is the total), the pages
+/// that Activity Monitor does not count as used on macOS (total minus app memory, wired and
+/// compressed pages, from `host_statistics64`), `GlobalMemoryStatusEx`'s `ullAvailPhys` on
+/// Windows. `None` where the system reports nothing.
+pub(crate) fn system_memory() -> Option<(u64, u64)> {
+    os::system_memory()
 }
 
 /// Refuses a request no allocation on this machine can back (see the module docs).
@@ -574,7 +844,10 @@ mod tests {
             assert!(m.is_known_zero());
             assert!(m.as_slice().iter().all(|&b| b == 0));
             assert_eq!(m.as_ptr() as usize % HEAP_ALIGN, 0);
-            if len >= HUGE_THRESHOLD {
+            if len >= MMAP_THRESHOLD {
+                assert_eq!(m.as_ptr() as usize % 4096, 0, "mapped blocks are whole pages");
+            }
+            if cfg!(unix) && len >= HUGE_THRESHOLD {
                 assert_eq!(m.as_ptr() as usize % HUGE_PAGE, 0, "huge blocks start on a huge page");
             }
             m.as_mut_slice().fill(7);
@@ -635,7 +908,9 @@ mod tests {
     fn locked_memory_is_pinned_or_a_clear_error() {
         match HostMemory::allocate_locked(1 << 16) {
             Ok(m) => assert_eq!(m.pinning(), Pinning::Locked),
-            Err(Error::PinningFailed { reason, .. }) => assert!(reason.contains("mlock")),
+            Err(Error::PinningFailed { reason, .. }) => {
+                assert!(reason.contains(if cfg!(windows) { "VirtualLock" } else { "mlock" }), "{reason}")
+            }
             Err(other) => panic!("unexpected error {other}"),
         }
     }

@@ -9,7 +9,7 @@
 //!   and the contract as pure code (which copy is valid, what must move);
 //! - [`host_memory`]: host blocks (pageable, page-locked, runtime-owned, registered);
 //! - [`backend`]: the device interface (streams, tickets, memory) and one folder per runtime
-//!   (host, OpenCL, CUDA), listed in one table;
+//!   (host, OpenCL, CUDA, wgpu), listed in one table;
 //! - [`device`] and [`discovery`]: device and stream handles, the default device;
 //! - [`resource`]: where buffers get memory (the backends directly, caching, limits), and
 //!   caching by default;
@@ -17,13 +17,26 @@
 //! - [`memory`]: memory objects of every kind without coherence tracking (typed
 //!   allocations, untyped memory, a resizable device buffer);
 //! - [`pool`]: memory pools (acquire/release with reuse);
-//! - [`checking`]: the coherence checker's switch;
+//! - [`checking`](mod@checking): the coherence checker's switch;
 //! - [`testing`] (feature `testing`): a fault-injecting device wrapper.
-
+//!
+//! ## Platforms
+//!
+//! Linux is where lazybuf is tested. It also compiles for macOS (Metal through wgpu) and
+//! Windows (DirectX 12 and Vulkan through wgpu), where host memory uses each system's own
+//! calls (see [`host_memory`]); those builds are checked in CI but have not run.
+//!
+//! ## Feature flags
+#![doc = document_features::document_features!()]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs, clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 
 pub mod backend;
+// buffer/mod.rs's module docs link its private `raw` module (the engine the docs describe);
+// rendered as plain text in the public docs. (The fix, dropping those two links, belongs to
+// buffer/mod.rs.)
+#[allow(rustdoc::private_intra_doc_links)]
 pub mod buffer;
 pub mod checking;
 pub mod coherence;

@@ -30,6 +30,16 @@ pub struct AllocationOptions {
 }
 
 /// The untyped memory object: an allocation of bytes, of any kind.
+///
+/// ```
+/// use lazybuf::{Device, Memory, MemoryKind};
+///
+/// let mut m = Memory::new(&Device::host(), MemoryKind::Shared, 8)?;
+/// m.fill(7)?;
+/// assert_eq!((m.nbytes(), m.kind().name()), (8, "shared"));
+/// assert_eq!(m.to_vec()?, [7; 8]);
+/// # Ok::<(), lazybuf::Error>(())
+/// ```
 pub type Memory = DeviceAllocation<u8>;
 
 /// `len` elements of `T` in one allocation of a [`MemoryKind`] on a device.
@@ -37,6 +47,19 @@ pub type Memory = DeviceAllocation<u8>;
 /// The contents of a new allocation are unspecified (memory reused from a cache keeps what it
 /// held). Dropping it gives the memory back to its resource once the work enqueued on the
 /// device's stream so far is done.
+///
+/// ```
+/// use lazybuf::{Device, DeviceAllocation, MemoryKind};
+///
+/// let device = Device::host(); // any device: lazybuf::default_device()?
+/// let mut a = DeviceAllocation::<f32>::new(&device, MemoryKind::Device, 4)?;
+/// a.copy_from_host(&[1.0, 2.0, 3.0, 4.0])?; // an upload
+/// let mut b = a.to(&device, MemoryKind::Host { pinned: false })?; // a copy of another kind
+/// b.fill(0.5)?;
+/// assert_eq!(a.to_vec()?, [1.0, 2.0, 3.0, 4.0]); // a download
+/// assert_eq!(b.host_slice()?, [0.5; 4]); // host memory: addressed directly
+/// # Ok::<(), lazybuf::Error>(())
+/// ```
 pub struct DeviceAllocation<T: Element> {
     device: Device,
     kind: MemoryKind,

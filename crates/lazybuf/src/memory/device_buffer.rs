@@ -23,6 +23,18 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 
 /// A resizable buffer of bytes in one allocation of device memory (or of another kind).
+///
+/// ```
+/// use lazybuf::{Device, DeviceBuffer};
+///
+/// let mut buf = DeviceBuffer::from_host(&Device::host(), b"lazy")?;
+/// buf.resize(8)?; // keeps the first 4 bytes; the new ones are unspecified
+/// assert_eq!((buf.size(), &buf.to_vec()?[..4]), (8, &b"lazy"[..]));
+/// buf.reserve(1024)?;
+/// assert!(buf.capacity() >= 1024 && buf.size() == 8);
+/// buf.shrink_to_fit()?;
+/// # Ok::<(), lazybuf::Error>(())
+/// ```
 pub struct DeviceBuffer {
     memory: Memory,
     size: usize,

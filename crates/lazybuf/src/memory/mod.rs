@@ -4,8 +4,8 @@
 //! is exactly one allocation, of the kind asked for, and every operation on it moves bytes
 //! straight in or out (dpctl's USM memory, RMM's `DeviceBuffer`; seed 004):
 //!
-//! - [`DeviceAllocation<T>`]: a typed allocation of `len` elements of a [`MemoryKind`]
-//!   (device, host pinned or pageable, shared) on a [`Device`], with upload, download, fill,
+//! - [`DeviceAllocation<T>`]: a typed allocation of `len` elements of a [`MemoryKind`](crate::MemoryKind)
+//!   (device, host pinned or pageable, shared) on a [`Device`](crate::Device), with upload, download, fill,
 //!   copy (between kinds and devices, peer to peer where the devices can), host access for the
 //!   kinds the host addresses, prefetch for shared memory and the runtime's raw handle;
 //! - [`Memory`]: the untyped memory object, a `DeviceAllocation<u8>` (one type for every

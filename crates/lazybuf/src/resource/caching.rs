@@ -261,6 +261,19 @@ fn refused_for_size(err: &Error) -> bool {
 }
 
 /// A caching [`MemoryResource`] over an upstream one.
+///
+/// ```
+/// use std::sync::Arc;
+/// use lazybuf::{AllocationOptions, CachingResource, Device, DeviceAllocation, DirectResource, MemoryKind, PoolConfig};
+///
+/// let device = Device::host();
+/// let cache = Arc::new(CachingResource::new(DirectResource::shared(), PoolConfig::for_device(&device), "host".into()));
+/// let options = AllocationOptions { resource: Some(cache.clone()), ..Default::default() };
+/// drop(DeviceAllocation::<u8>::with_options(&device, MemoryKind::Device, 1 << 20, options.clone())?);
+/// let _again = DeviceAllocation::<u8>::with_options(&device, MemoryKind::Device, 1 << 20, options)?;
+/// assert_eq!(cache.stats().hits, 1); // the second allocation reused the first one's block
+/// # Ok::<(), lazybuf::Error>(())
+/// ```
 pub struct CachingResource {
     upstream: Arc<dyn MemoryResource>,
     config: PoolConfig,

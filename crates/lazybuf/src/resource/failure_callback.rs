@@ -22,6 +22,25 @@ use crate::error::{Error, Result};
 pub type FailureCallback = dyn Fn(usize, &Error) -> Result<bool> + Send + Sync;
 
 /// Asks a callback whether to retry allocations its upstream refused for lack of memory.
+///
+/// ```
+/// use std::sync::Arc;
+/// use lazybuf::{AllocationOptions, Device, DeviceAllocation, DirectResource, FailureCallbackResource};
+/// use lazybuf::{LimitingResource, MemoryKind};
+///
+/// // A 1 KiB limit stands in for a full device; the callback frees nothing and gives up.
+/// let full = Arc::new(LimitingResource::new(DirectResource::shared(), 1024));
+/// let resource = Arc::new(FailureCallbackResource::new(
+///     full,
+///     Arc::new(|bytes: usize, _: &lazybuf::Error| {
+///         eprintln!("{bytes} bytes refused: free some memory, then return Ok(true) to retry");
+///         Ok(false)
+///     }),
+/// ));
+/// let options = AllocationOptions { resource: Some(resource), ..Default::default() };
+/// let refused = DeviceAllocation::<u8>::with_options(&Device::host(), MemoryKind::Device, 4096, options);
+/// assert!(refused.unwrap_err().is_out_of_memory());
+/// ```
 pub struct FailureCallbackResource {
     upstream: Arc<dyn MemoryResource>,
     callback: Arc<FailureCallback>,

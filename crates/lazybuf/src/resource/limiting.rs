@@ -23,6 +23,22 @@ use crate::device::{Device, Stream};
 use crate::error::{Error, Result};
 
 /// Forwards to an upstream resource while the bytes held stay within a limit.
+///
+/// ```
+/// use std::sync::Arc;
+/// use lazybuf::{AllocationOptions, Device, DeviceAllocation, DirectResource, LimitingResource, MemoryKind};
+///
+/// let limiter = Arc::new(LimitingResource::new(DirectResource::shared(), 1 << 20));
+/// let options = AllocationOptions { resource: Some(limiter.clone()), ..Default::default() };
+/// let device = Device::host();
+/// let first = DeviceAllocation::<u8>::with_options(&device, MemoryKind::Device, 768 << 10, options.clone())?;
+/// assert_eq!(limiter.held(), 768 << 10);
+/// let second = DeviceAllocation::<u8>::with_options(&device, MemoryKind::Device, 512 << 10, options);
+/// assert!(second.unwrap_err().is_out_of_memory()); // over the limit
+/// drop(first);
+/// assert_eq!(limiter.held(), 0);
+/// # Ok::<(), lazybuf::Error>(())
+/// ```
 pub struct LimitingResource {
     upstream: Arc<dyn MemoryResource>,
     limit: AtomicU64,

@@ -103,6 +103,18 @@ impl Block {
 ///
 /// Implementors provide [`MemoryResource::allocate`] and [`MemoryResource::deallocate`]; the
 /// per-kind methods below are conveniences over them.
+///
+/// ```
+/// use std::sync::Arc;
+/// use lazybuf::{Device, DirectResource, MemoryKind, MemoryResource};
+///
+/// let device = Device::host();
+/// let resource: Arc<dyn MemoryResource> = DirectResource::shared();
+/// let block = resource.allocate(&device, MemoryKind::Host { pinned: false }, 4096, &device.stream())?;
+/// assert_eq!(block.kind(), MemoryKind::Host { pinned: false });
+/// resource.deallocate(&device, block, &device.stream(), lazybuf::Ticket::done());
+/// # Ok::<(), lazybuf::Error>(())
+/// ```
 pub trait MemoryResource: Send + Sync + fmt::Debug {
     /// A block of at least `bytes` of `kind` for `device` (host blocks: for a buffer whose own
     /// device it is), with unspecified contents, for work on `stream`. Pinned host memory that
@@ -157,6 +169,16 @@ fn wrong_kind<R: MemoryResource + ?Sized>(resource: &R, wanted: &str) -> crate::
 
 /// Allocates from the device's backend every time and frees on return (after the last work
 /// using the memory is done).
+///
+/// ```
+/// use lazybuf::{AllocationOptions, Device, DeviceAllocation, DirectResource, MemoryKind};
+///
+/// // An allocation that bypasses the device's cache: freed as soon as it is dropped.
+/// let options = AllocationOptions { resource: Some(DirectResource::shared()), ..Default::default() };
+/// let a = DeviceAllocation::<u8>::with_options(&Device::host(), MemoryKind::Device, 1 << 16, options)?;
+/// assert_eq!(a.nbytes(), 1 << 16);
+/// # Ok::<(), lazybuf::Error>(())
+/// ```
 #[derive(Debug, Default)]
 pub struct DirectResource;
 

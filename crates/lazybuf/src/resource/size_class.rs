@@ -1,6 +1,6 @@
 //! Size classes: which block size serves a request, and how much a block can waste.
 //!
-//! A request of `n` bytes is served by a block of [`class_size`]`(n)` bytes:
+//! A request of `n` bytes is served by a block of `class_size(n)` bytes:
 //! - up to 256 bytes, the next multiple of 64 (a cache line);
 //! - above, four classes per power of two: for `2^k < n <= 2^(k+1)` the next multiple of
 //!   `2^(k-2)`, i.e. `1.25`, `1.5`, `1.75` or `2` times `2^k`, with the step capped at

@@ -72,6 +72,20 @@ struct State {
 }
 
 /// Counts bytes and allocations passing to an upstream resource it owns.
+///
+/// ```
+/// use std::sync::Arc;
+/// use lazybuf::{AllocationOptions, Device, DeviceAllocation, DirectResource, MemoryKind, StatisticsResource};
+///
+/// let stats = Arc::new(StatisticsResource::new(DirectResource::shared()));
+/// let options = AllocationOptions { resource: Some(stats.clone()), ..Default::default() };
+/// let a = DeviceAllocation::<u8>::with_options(&Device::host(), MemoryKind::Device, 1000, options)?;
+/// assert_eq!(stats.statistics().current_bytes, 1000);
+/// drop(a);
+/// let s = stats.statistics();
+/// assert_eq!((s.current_bytes, s.peak_bytes, s.total_count), (0, 1000, 1));
+/// # Ok::<(), lazybuf::Error>(())
+/// ```
 pub struct StatisticsResource {
     upstream: Arc<dyn MemoryResource>,
     state: Mutex<State>,

@@ -53,6 +53,20 @@ pub struct Outstanding {
 }
 
 /// Records the allocations outstanding through it, over an upstream resource it owns.
+///
+/// ```
+/// use std::sync::Arc;
+/// use lazybuf::{AllocationOptions, Device, DeviceAllocation, DirectResource, MemoryKind, TrackingResource};
+///
+/// let tracker = Arc::new(TrackingResource::new(DirectResource::shared(), false));
+/// let options = AllocationOptions { resource: Some(tracker.clone()), ..Default::default() };
+/// let leak = DeviceAllocation::<u8>::with_options(&Device::host(), MemoryKind::Device, 4096, options)?;
+/// assert_eq!(tracker.outstanding().len(), 1); // one allocation not given back yet
+/// println!("{}", tracker.report());
+/// drop(leak);
+/// assert!(tracker.outstanding().is_empty());
+/// # Ok::<(), lazybuf::Error>(())
+/// ```
 pub struct TrackingResource {
     upstream: Arc<dyn MemoryResource>,
     capture_stacks: bool,

@@ -278,7 +278,7 @@ impl Drop for PageRegistration {
 }
 
 /// A CUDA stream of one context: lazybuf's own (the device's default stream is blocking, the
-/// others non-blocking; see [`CudaStream::create`]), or the caller's, which lazybuf never
+/// others non-blocking; see `CudaStream::create`), or the caller's, which lazybuf never
 /// destroys.
 #[derive(Debug)]
 pub struct CudaStream {

@@ -6,7 +6,7 @@
 //! Here: opening (the guarded probe, one retained primary context per device, peer access),
 //! the `Context` every handle keeps alive and binds to the calling thread only for the
 //! length of one operation (`Bound`), the driver's status codes and their mapping to
-//! [`crate::Error`], and the registration. The [`Backend`](crate::backend::Backend) impl is in
+//! [`crate::Error`], and the registration. The [`Backend`] impl is in
 //! `device.rs`; memory, streams, events and host-page registrations in `memory.rs`; the
 //! asynchronous pinned staging pipeline for pageable transfers in `staging.rs`.
 //!

@@ -176,7 +176,9 @@ impl Backend for HostBackend {
     }
 }
 
-/// Available and total system memory from `/proc/meminfo`, else `sysconf`.
+/// Available and total system memory from `/proc/meminfo` (Linux), else the operating
+/// system's own figures ([`crate::host_memory::system_memory`]: `sysconf`, macOS's
+/// `host_statistics64`, Windows' `GlobalMemoryStatusEx`).
 pub(crate) fn system_memory() -> Result<MemoryInfo> {
     if let Ok(text) = std::fs::read_to_string("/proc/meminfo") {
         let field = |name: &str| {
@@ -188,16 +190,13 @@ pub(crate) fn system_memory() -> Result<MemoryInfo> {
             return Ok(MemoryInfo { free, total, source: MemorySource::System, cached: 0 });
         }
     }
-    // SAFETY: sysconf has no preconditions.
-    let (page, phys) = unsafe { (libc::sysconf(libc::_SC_PAGESIZE), libc::sysconf(libc::_SC_PHYS_PAGES)) };
-    if page <= 0 || phys <= 0 {
-        return Err(Error::BackendUnavailable {
+    match crate::host_memory::system_memory() {
+        Some((free, total)) => Ok(MemoryInfo { free, total, source: MemorySource::System, cached: 0 }),
+        None => Err(Error::BackendUnavailable {
             backend: BackendKind::HOST,
-            reason: "neither /proc/meminfo nor sysconf reports system memory".into(),
-        });
+            reason: "neither /proc/meminfo nor the operating system reports system memory".into(),
+        }),
     }
-    let total = page as u64 * phys as u64;
-    Ok(MemoryInfo { free: total, total, source: MemorySource::System, cached: 0 })
 }
 
 fn cpuinfo_field(name: &str) -> Option<String> {

@@ -14,7 +14,7 @@
 //! copying; small ones copy, which is cheaper than a map there (docs/BENCHMARKS.md).
 //!
 //! Here: probing and opening, the OpenCL status codes lazybuf names, and the registration.
-//! The [`Backend`](crate::backend::Backend) impl is in `device.rs`; buffers, queues and events
+//! The [`Backend`] impl is in `device.rs`; buffers, queues and events
 //! in `memory.rs`.
 
 mod device;

@@ -246,7 +246,7 @@ impl StreamHandle for WgpuStream {
 /// Work that completes when a wgpu callback says so (`on_submitted_work_done`, a mapping's
 /// callback). Polling it polls the device, which is where wgpu runs callbacks; waiting polls
 /// until the callback has run, here or on the thread whose poll picked it up: first back to
-/// back, yielding the CPU between polls, for [`SPIN`]; then with a growing pause (10 to 250 µs).
+/// back, yielding the CPU between polls, for `SPIN`; then with a growing pause (10 to 250 µs).
 ///
 /// Not `device.poll(Wait)`: a waiting poll blocks every other thread's `queue.submit` until it
 /// returns (gfx-rs/wgpu#9470) and trips an assertion in wgpu-core 30.0.1 when a submit overlaps

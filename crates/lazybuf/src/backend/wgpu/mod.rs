@@ -24,7 +24,7 @@
 //!
 //! Here: probing and opening, the error codes lazybuf names, device memory figures (Vulkan
 //! memory heaps and `VK_EXT_memory_budget`), and the registration. The
-//! [`Backend`](crate::backend::Backend) impl is in `device.rs`; buffers, the stream and
+//! [`Backend`] impl is in `device.rs`; buffers, the stream and
 //! completions in `memory.rs`; staging buffers in `staging.rs`; the fill shader in `kernels.rs`.
 
 mod device;
@@ -224,7 +224,10 @@ pub(crate) mod native {
         pub(crate) budget: Option<(u64, u64)>,
     }
 
-    #[cfg(not(target_arch = "wasm32"))]
+    // Where wgpu has its Vulkan backend (`wgpu::hal::api::Vulkan`): the platforms its
+    // `vulkan` feature covers. Apple platforms (Metal; Vulkan only through MoltenVK with
+    // wgpu's `vulkan-portability`, which lazybuf does not enable) get the version below.
+    #[cfg(any(windows, target_os = "linux", target_os = "android", target_os = "freebsd"))]
     mod vulkan {
         use ash::vk;
         use ash::vk::Handle;
@@ -275,7 +278,8 @@ pub(crate) mod native {
         }
     }
 
-    #[cfg(target_arch = "wasm32")]
+    /// No Vulkan backend in wgpu here (macOS and other Apple platforms): no Vulkan figures.
+    #[cfg(not(any(windows, target_os = "linux", target_os = "android", target_os = "freebsd")))]
     mod vulkan {
         pub(crate) fn heaps(_: &wgpu::Adapter) -> Option<Vec<super::Heap>> {
             None
