@@ -18,8 +18,7 @@
 //! ## Feature flags
 #![doc = document_features::document_features!()]
 #![cfg_attr(docsrs, feature(doc_cfg))]
-#![deny(unsafe_op_in_unsafe_fn)]
-#![warn(missing_docs, clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
+#![warn(missing_docs)]
 
 /// `println!` that returns write errors (a closed pipe) instead of panicking: `?` passes them
 /// up as a [`CliError`].

@@ -48,9 +48,9 @@ struct Raw {
 
 impl Raw {
     fn new(device: &Device, bytes: usize) -> Raw {
-        // SAFETY (bench): lazybuf's handles stay valid while `device` lives.
+        // SAFETY: (bench) lazybuf's handles stay valid while `device` lives.
         let RawDevice::OpenCl { context, queue, .. } = (unsafe { device.raw() }) else { unreachable!() };
-        // SAFETY (bench): a plain read-write buffer on a live context.
+        // SAFETY: (bench) a plain read-write buffer on a live context.
         let mem = unsafe {
             cl3::memory::create_buffer(context, cl3::memory::CL_MEM_READ_WRITE, bytes, ptr::null_mut())
         }
@@ -59,7 +59,7 @@ impl Raw {
     }
 
     fn write(&self, src: &[u8]) {
-        // SAFETY (bench): blocking write of src.len() bytes into a buffer at least that large.
+        // SAFETY: (bench) blocking write of src.len() bytes into a buffer at least that large.
         unsafe {
             let e = cl3::command_queue::enqueue_write_buffer(
                 self.queue,
@@ -77,7 +77,7 @@ impl Raw {
     }
 
     fn read(&self, dst: &mut [u8]) {
-        // SAFETY (bench): blocking read of dst.len() bytes from a buffer at least that large.
+        // SAFETY: (bench) blocking read of dst.len() bytes from a buffer at least that large.
         unsafe {
             let e = cl3::command_queue::enqueue_read_buffer(
                 self.queue,
@@ -97,7 +97,7 @@ impl Raw {
 
 impl Drop for Raw {
     fn drop(&mut self) {
-        // SAFETY (bench): releasing the buffer created in `new`, once.
+        // SAFETY: (bench) releasing the buffer created in `new`, once.
         let _ = unsafe { cl3::memory::release_mem_object(self.mem) };
     }
 }
@@ -192,10 +192,10 @@ fn main() {
     }
     let mut report = Vec::new();
     for (i, device) in devices.iter().enumerate() {
-        // SAFETY (bench): reading the device id of a live device.
+        // SAFETY: (bench) reading the device id of a live device.
         let RawDevice::OpenCl { device: id, .. } = (unsafe { device.raw() }) else { unreachable!() };
         let no_zero_copy = OpenClOptions { zero_copy_min_bytes: usize::MAX };
-        // SAFETY (bench): `id` is the device id of a live OpenCL device.
+        // SAFETY: (bench) `id` is the device id of a live OpenCL device.
         let backend = unsafe { OpenClBackend::open_with(id, no_zero_copy) }.unwrap();
         let copying = Device::from_backend(Arc::new(backend));
         let name = format!("dev{i}");

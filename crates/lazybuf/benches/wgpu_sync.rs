@@ -180,9 +180,9 @@ fn staging_twin(device: &Device) -> Option<Device> {
 }
 
 fn bench_device(c: &mut Criterion, name: &str, device: &Device) -> Vec<String> {
-    // SAFETY (bench): lazybuf's device and queue stay valid while `device` lives.
+    // SAFETY: (bench) lazybuf's device and queue stay valid while `device` lives.
     let RawDevice::Wgpu { device: gpu, queue } = (unsafe { device.raw() }) else { unreachable!() };
-    // SAFETY (bench): see above.
+    // SAFETY: (bench) the pointers come from the live device, as above.
     let (gpu, queue) = unsafe { (&*gpu, &*queue) };
     let mappable = mappable_device(device.name());
     let staging = staging_twin(device);

@@ -194,9 +194,9 @@ fn devices_and_opencl_twins() -> Vec<Device> {
     use lazybuf::backend::opencl::{OpenClBackend, OpenClOptions};
     let mut devices = common::devices();
     for device in common::devices_of(BackendKind::OPENCL) {
-        // SAFETY (test): reading the device id of a live device.
+        // SAFETY: (test) reading the device id of a live device.
         let RawDevice::OpenCl { device: id, .. } = (unsafe { device.raw() }) else { continue };
-        // SAFETY (test): `id` is the device id of a live OpenCL device.
+        // SAFETY: (test) `id` is the device id of a live OpenCL device.
         let twin = unsafe { OpenClBackend::open_with(id, OpenClOptions::default()) }.unwrap();
         devices.push(Device::from_backend(std::sync::Arc::new(twin)));
     }

@@ -35,11 +35,11 @@ fn write_behind_a_read_view(buf: &mut UnifiedBuffer<u32>, value: u32) {
 #[cfg(feature = "opencl")]
 fn kernel_write(view: &lazybuf::DeviceView<'_, u32>, value: u32) {
     use lazybuf::backend::{RawMemory, RawStream};
-    // SAFETY (test): the view's memory and stream are live while the view is.
+    // SAFETY: (test) the view's memory and stream are live while the view is.
     match unsafe { (view.raw(), view.stream().raw()) } {
         (RawMemory::OpenCl(mem), RawStream::OpenCl(queue)) => {
             let bytes = view.len() * 4;
-            // SAFETY (test): a fill of the view's own memory on its own queue; the pattern is
+            // SAFETY: (test) a fill of the view's own memory on its own queue; the pattern is
             // copied at enqueue.
             let event = unsafe {
                 cl3::command_queue::enqueue_fill_buffer(
@@ -55,7 +55,7 @@ fn kernel_write(view: &lazybuf::DeviceView<'_, u32>, value: u32) {
             }
             .unwrap();
             cl3::event::wait_for_events(&[event]).unwrap();
-            // SAFETY (test): the fill's event, released once.
+            // SAFETY: (test) the fill's event, released once.
             unsafe { cl3::event::release_event(event) }.unwrap();
         }
         (RawMemory::Cuda(ptr), RawStream::Cuda(stream)) => {
@@ -63,7 +63,7 @@ fn kernel_write(view: &lazybuf::DeviceView<'_, u32>, value: u32) {
         }
         #[cfg(feature = "wgpu")]
         (RawMemory::Wgpu(buffer), RawStream::Wgpu(queue)) => {
-            // SAFETY (test): the view's buffer and the device's queue are live while the view is.
+            // SAFETY: (test) the view's buffer and the device's queue are live while the view is.
             let (buffer, queue): (
                 &lazybuf::backend::wgpu::wgpu::Buffer,
                 &lazybuf::backend::wgpu::wgpu::Queue,
@@ -80,14 +80,14 @@ fn kernel_write(view: &lazybuf::DeviceView<'_, u32>, value: u32) {
 #[cfg(not(feature = "opencl"))]
 fn kernel_write(view: &lazybuf::DeviceView<'_, u32>, value: u32) {
     use lazybuf::backend::{RawMemory, RawStream};
-    // SAFETY (test): the view's memory and stream are live while the view is.
+    // SAFETY: (test) the view's memory and stream are live while the view is.
     match unsafe { (view.raw(), view.stream().raw()) } {
         (RawMemory::Cuda(ptr), RawStream::Cuda(stream)) => {
             cuda_common::kernel_fill_u32(view.device(), ptr, view.len(), value, stream)
         }
         #[cfg(feature = "wgpu")]
         (RawMemory::Wgpu(buffer), RawStream::Wgpu(queue)) => {
-            // SAFETY (test): the view's buffer and the device's queue are live while the view is.
+            // SAFETY: (test) the view's buffer and the device's queue are live while the view is.
             let (buffer, queue): (
                 &lazybuf::backend::wgpu::wgpu::Buffer,
                 &lazybuf::backend::wgpu::wgpu::Queue,

@@ -267,7 +267,7 @@ fn copy_helpers_and_views() {
         let view = buf.device().unwrap();
         assert_eq!(view.device(), &device);
         assert_eq!(view.len(), 100);
-        // SAFETY (test): the handle is only compared, never dereferenced.
+        // SAFETY: (test) the handle is only compared, never dereferenced.
         let raw = unsafe { view.raw() };
         assert_ne!(format!("{raw:?}"), "");
     }

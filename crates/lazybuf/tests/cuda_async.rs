@@ -32,7 +32,7 @@ fn setup(test: &str) -> Option<(Vec<Device>, MutexGuard<'static, ()>)> {
 
 /// The raw handle of a stream lazybuf or the caller uses.
 fn raw_stream(stream: &lazybuf::Stream) -> *mut std::ffi::c_void {
-    // SAFETY (test): the handle is used while the stream is alive.
+    // SAFETY: (test) the handle is used while the stream is alive.
     match unsafe { stream.raw() } {
         RawStream::Cuda(raw) => raw,
         other => panic!("not a CUDA stream: {other:?}"),
@@ -108,6 +108,7 @@ fn the_callers_own_stream_is_ordered_before_lazybuf_through_a_ticket() {
         // From here on the caller's stream runs nothing until the gate opens, so the order of
         // the queued work decides.
         held = Gate::close(device, caller_stream);
+        // SAFETY: (test) the pointer is used by the memset below, while the view lives.
         let RawMemory::Cuda(ptr) = (unsafe { view.raw() }) else { panic!("a device pointer") };
         // The caller's "kernel" on its own stream, which lazybuf's stream knows nothing of.
         with_context(cuda_context(device), || memset_d32_async(ptr, 0x0bad_f00d, n, caller_stream));
@@ -130,6 +131,7 @@ fn kernels_on_the_legacy_default_stream_are_ordered_with_lazybufs_copies() {
     buf.copy_from(&vec![1; n * 4]).unwrap();
     let ptr = {
         let view = buf.device().unwrap();
+        // SAFETY: (test) the pointer is used while the buffer lives, and the use is declared.
         let RawMemory::Cuda(ptr) = (unsafe { view.raw() }) else { panic!("a device pointer") };
         ptr
     };

@@ -252,8 +252,8 @@ fn device_buffers_resize_reserve_and_shrink_as_rmm_says() {
             let before = unsafe { buffer.raw() };
             buffer.resize(4).unwrap();
             assert_eq!((buffer.size(), buffer.capacity()), (4, 10), "{what}: shrinking keeps the capacity");
-            // SAFETY: as above.
             assert_eq!(
+                // SAFETY: (test) the handle is only formatted.
                 format!("{:?}", unsafe { buffer.raw() }),
                 format!("{before:?}"),
                 "{what}: nothing moved"

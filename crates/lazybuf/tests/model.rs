@@ -652,7 +652,7 @@ fn run(base: &[Device], len: usize, config: Config, ops: &[Op]) -> Result<(), Te
                     observe(&mut h, &mut buf, &model, expected, |b| b.host_mut().map(|s| s as *mut [u32]))?
                 {
                     model.access(Loc::Host, Access::Write);
-                    // SAFETY (test): the slice was just returned by host_mut and the buffer
+                    // SAFETY: (test) the slice was just returned by host_mut and the buffer
                     // is not touched until this block ends.
                     let host = unsafe { &mut *host };
                     model.known(host)?;

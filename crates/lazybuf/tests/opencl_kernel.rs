@@ -24,7 +24,7 @@ __kernel void scale_add(__global float* x, const float a, const float b) {
 /// Compiles SOURCE for `device` and runs `scale_add(mem, a, b)` over `n` elements on the
 /// device's queue, waiting for it to finish.
 fn run_scale_add(device: &Device, mem: RawMemory, n: usize, a: f32, b: f32) {
-    // SAFETY (test): the handles are lazybuf's own context/queue/device, alive while `device`
+    // SAFETY: (test) the handles are lazybuf's own context/queue/device, alive while `device`
     // lives; nothing here releases them.
     let RawDevice::OpenCl { context, queue, device: device_id } = (unsafe { device.raw() }) else {
         panic!("{device} is not an OpenCL device");
@@ -34,7 +34,7 @@ fn run_scale_add(device: &Device, mem: RawMemory, n: usize, a: f32, b: f32) {
     cl3::program::build_program(program, &[device_id], c"", None, ptr::null_mut()).unwrap();
     let name: &CStr = c"scale_add";
     let kernel = cl3::kernel::create_kernel(program, name).unwrap();
-    // SAFETY (test): argument sizes and pointers match the kernel's parameters; the cl_mem is
+    // SAFETY: (test) argument sizes and pointers match the kernel's parameters; the cl_mem is
     // alive (the view is borrowed for the whole call); the event is released after waiting.
     unsafe {
         cl3::kernel::set_kernel_arg(kernel, 0, size_of::<*mut c_void>(), (&raw const cl_mem).cast()).unwrap();
@@ -72,7 +72,7 @@ fn a_kernel_writes_the_device_copy_and_the_host_reads_it() {
             let mut buf = UnifiedBuffer::from_slice(&input, &device).unwrap();
             {
                 let view = buf.device_mut().unwrap();
-                // SAFETY (test): the kernel finishes before the view is dropped.
+                // SAFETY: (test) the kernel finishes before the view is dropped.
                 run_scale_add(&device, unsafe { view.raw() }, n, 2.0, 1.0);
             }
             assert_eq!(buf.state(), BufferState::DeviceDirty);
@@ -95,7 +95,7 @@ fn the_seed_pattern_sync_kernel_mark_dirty_read_back() {
         buf.sync_to_device().unwrap();
         let raw = {
             let view = buf.device().unwrap();
-            // SAFETY (test): the handle is used while the buffer is not touched, and the
+            // SAFETY: (test) the handle is used while the buffer is not touched, and the
             // write is declared right after with mark_device_dirty.
             unsafe { view.raw() }
         };
@@ -108,7 +108,7 @@ fn the_seed_pattern_sync_kernel_mark_dirty_read_back() {
         buf.host_mut().unwrap()[0] = -1.0;
         {
             let view = buf.device_mut().unwrap();
-            // SAFETY (test): as above.
+            // SAFETY: (test) as above.
             run_scale_add(&device, unsafe { view.raw() }, n, 1.0, 1.0);
         }
         let host = buf.host().unwrap();
@@ -138,7 +138,7 @@ fn enqueue_slow_fill(
     value: f32,
     rounds: i32,
 ) -> cl3::types::cl_event {
-    // SAFETY (test): as in run_scale_add.
+    // SAFETY: (test) as in run_scale_add.
     let RawDevice::OpenCl { context, queue, device: device_id } = (unsafe { device.raw() }) else {
         panic!("{device} is not an OpenCL device");
     };
@@ -146,7 +146,7 @@ fn enqueue_slow_fill(
     let program = cl3::program::create_program_with_source(context, &[SLOW_SOURCE]).unwrap();
     cl3::program::build_program(program, &[device_id], c"", None, ptr::null_mut()).unwrap();
     let kernel = cl3::kernel::create_kernel(program, c"slow_fill").unwrap();
-    // SAFETY (test): argument sizes and pointers match the kernel's parameters; the cl_mem is
+    // SAFETY: (test) argument sizes and pointers match the kernel's parameters; the cl_mem is
     // alive while the buffer lives (the caller keeps it until the event completed). The kernel
     // and program are released at once: OpenCL keeps them alive while the launch needs them.
     unsafe {
@@ -187,7 +187,7 @@ fn a_host_read_after_an_undeclared_kernel_write_is_never_torn() {
                 let mut buf = UnifiedBuffer::from_slice(&vec![1.0f32; n], &device).unwrap();
                 let event = {
                     let view = buf.device().unwrap();
-                    // SAFETY (test): the kernel's event is waited for before the buffer goes.
+                    // SAFETY: (test) the kernel's event is waited for before the buffer goes.
                     enqueue_slow_fill(&device, unsafe { view.raw() }, n, 7.0, 1000)
                 };
                 let seen: Option<Vec<f32>> = match read {
@@ -200,7 +200,7 @@ fn a_host_read_after_an_undeclared_kernel_write_is_never_torn() {
                         .map(|status| status.to_int() == cl3::event::CL_COMPLETE)
                         .unwrap();
                 cl3::event::wait_for_events(&[event]).unwrap();
-                // SAFETY (test): the event is this test's own, waited for above.
+                // SAFETY: (test) the event is this test's own, waited for above.
                 unsafe { cl3::event::release_event(event).unwrap() };
                 let aliased = device.is_zero_copy(n * 4);
                 let Some(seen) = seen else {

@@ -185,6 +185,7 @@ fn several_threads_move_several_buffers_on_several_streams() {
 fn double_buffering_overlaps_the_transfer_of_one_buffer_with_the_fill_of_the_other_on_pocl() {
     use lazybuf::backend::RawDevice;
     for device in common::devices_of(lazybuf::BackendKind::OPENCL) {
+        // SAFETY: (test) the context is used while `device` lives.
         let RawDevice::OpenCl { context, .. } = (unsafe { device.raw() }) else { panic!("an OpenCL device") };
         let gate = cl3::event::create_user_event(context).unwrap();
         // SAFETY: the event is a live user event of this device's context; the ticket takes
@@ -228,8 +229,10 @@ fn callers_fill_then_download(device: &Device, tell: Tell) -> Vec<u32> {
     use lazybuf::backend::{RawDevice, RawMemory, RawStream};
     use lazybuf::coherence::Access;
 
+    // SAFETY: (test) the context is used while `device` lives.
     let RawDevice::OpenCl { context, .. } = (unsafe { device.raw() }) else { panic!("an OpenCL device") };
     let callers = device.create_stream().unwrap();
+    // SAFETY: (test) the queue is used while `callers` lives.
     let RawStream::OpenCl(queue) = (unsafe { callers.raw() }) else { panic!("an OpenCL queue") };
     // SAFETY: `queue` is a live queue of this device's context (made just above).
     let wrapped = unsafe { device.wrap_stream(RawStream::OpenCl(queue)) }.unwrap();
@@ -272,6 +275,8 @@ fn callers_fill_then_download(device: &Device, tell: Tell) -> Vec<u32> {
             buf.copy_from(&pattern(9, 1024)).unwrap();
             {
                 let mut view = buf.device_mut().unwrap();
+                // SAFETY: (test) the caller's fill uses the memory while the view lives, and
+                // declares its use with used_until.
                 callers_fill(unsafe { view.raw() });
                 view.used_until(wrapped.marker().unwrap());
             }

@@ -41,11 +41,11 @@ fn wgpu_devices() -> Vec<Device> {
 
 /// The device's `wgpu::Device` and `wgpu::Queue`.
 fn handles(device: &Device) -> (&wgpu::Device, &wgpu::Queue) {
-    // SAFETY (test): the handles are borrowed from `device`, which outlives their use here.
+    // SAFETY: (test) the handles are borrowed from `device`, which outlives their use here.
     let RawDevice::Wgpu { device: raw_device, queue } = (unsafe { device.raw() }) else {
         panic!("{device} is not a wgpu device");
     };
-    // SAFETY (test): the pointers come from the live device, which outlives the references.
+    // SAFETY: (test) the pointers come from the live device, which outlives the references.
     unsafe { (&*raw_device, &*queue) }
 }
 
@@ -88,9 +88,9 @@ fn a_wgsl_shader_writes_the_device_copy_and_the_host_reads_it() {
             let mut buf = UnifiedBuffer::from_slice(&input, &device).unwrap();
             {
                 let view = buf.device_mut().unwrap();
-                // SAFETY (test): the buffer lives as long as the view, which outlives its use.
+                // SAFETY: (test) the buffer lives as long as the view, which outlives its use.
                 let RawMemory::Wgpu(raw) = (unsafe { view.raw() }) else { panic!("not a wgpu buffer") };
-                // SAFETY (test): see above.
+                // SAFETY: (test) see above.
                 let buffer = unsafe { &*raw };
                 assert!(buffer.size() >= (n * 4) as u64);
                 run_scale_add(&device, buffer, n as u32);
@@ -176,7 +176,7 @@ fn partial_words_change_exactly_their_bytes() {
         let stream = stream.handle();
         let read = |memory: &lazybuf::backend::DeviceMemory| {
             let mut out = vec![0u8; 24];
-            // SAFETY (test): `out` lives until the ticket is waited for.
+            // SAFETY: (test) `out` lives until the ticket is waited for.
             unsafe { backend.download(stream, memory, lazybuf::backend::HostSpan::of_mut_slice(&mut out)) }
                 .unwrap()
                 .wait()
@@ -184,7 +184,7 @@ fn partial_words_change_exactly_their_bytes() {
             out
         };
         let write = |memory: &mut lazybuf::backend::DeviceMemory, bytes: &[u8]| {
-            // SAFETY (test): `bytes` lives until the ticket is waited for.
+            // SAFETY: (test) `bytes` lives until the ticket is waited for.
             unsafe { backend.upload(stream, lazybuf::backend::HostSpan::of_slice(bytes), memory) }
                 .unwrap()
                 .wait()
@@ -203,7 +203,7 @@ fn partial_words_change_exactly_their_bytes() {
             assert_eq!(read(&a), expected, "upload of {n} bytes on {device}");
             // Download of n bytes reads exactly them.
             let mut out = vec![0xEEu8; n];
-            // SAFETY (test): `out` lives until the ticket is waited for.
+            // SAFETY: (test) `out` lives until the ticket is waited for.
             unsafe { backend.download(stream, &a, lazybuf::backend::HostSpan::of_mut_slice(&mut out)) }
                 .unwrap()
                 .wait()
@@ -239,7 +239,7 @@ fn partial_words_change_exactly_their_bytes() {
             let pattern: Vec<u8> = (1..=len as u8).collect();
             backend.fill(stream, &mut a, &pattern, 48).unwrap().wait().unwrap();
             let mut out = vec![0u8; 48];
-            // SAFETY (test): `out` lives until the ticket is waited for.
+            // SAFETY: (test) `out` lives until the ticket is waited for.
             unsafe { backend.download(stream, &a, lazybuf::backend::HostSpan::of_mut_slice(&mut out)) }
                 .unwrap()
                 .wait()
@@ -320,10 +320,10 @@ fn a_wgpu_error_is_returned_not_panicked_on_and_changes_nothing() {
         buf.sync_to_device().unwrap();
         {
             let view = buf.device_mut().unwrap();
-            // SAFETY (test): the buffer lives as long as the view.
+            // SAFETY: (test) the buffer lives as long as the view.
             let RawMemory::Wgpu(raw) = (unsafe { view.raw() }) else { panic!("not a wgpu buffer") };
             // Misuse through the raw handle: wgpu's validation rejects every later use.
-            // SAFETY (test): see above.
+            // SAFETY: (test) see above.
             unsafe { &*raw }.destroy();
         }
         assert_eq!(buf.state(), BufferState::DeviceDirty);
@@ -416,13 +416,13 @@ fn markers_cover_downloads_and_tickets_complete_by_polling() {
             std::thread::yield_now();
         }
         // The raw queue is the stream; wrapping it gives a stream of the same device.
-        // SAFETY (test): the stream's handle is borrowed from the live device.
+        // SAFETY: (test) the stream's handle is borrowed from the live device.
         let raw = unsafe { device.stream().raw() };
         assert!(matches!(raw, RawStream::Wgpu(_)));
-        // SAFETY (test): `raw` is the device's own live queue.
+        // SAFETY: (test) `raw` is the device's own live queue.
         let wrapped = unsafe { device.wrap_stream(raw) }.unwrap();
         wrapped.synchronize().unwrap();
-        // SAFETY (test): a host stream is not this device's queue; it is refused.
+        // SAFETY: (test) a host stream is not this device's queue; it is refused.
         assert!(unsafe { device.wrap_stream(RawStream::Host) }.is_err());
     }
 }

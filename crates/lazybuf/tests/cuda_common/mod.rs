@@ -237,9 +237,10 @@ type LaunchKernel = unsafe extern "C" fn(
 /// Calls a driver entry point `name` of type `$ty` with `args`, asserting success.
 macro_rules! driver {
     ($name:literal as $ty:ty, $($arg:expr),*) => {{
-        // SAFETY (test): `$ty` is the driver's own signature for `$name`; the arguments are
+        // SAFETY: (test) `$ty` is the driver's own signature for `$name`; the arguments are
         // live handles and pointers of the right sizes, as each call site says.
         let f: $ty = unsafe { std::mem::transmute(driver_symbol($name)) };
+        // SAFETY: (test) as above: the call site's arguments match the signature.
         let status = unsafe { f($($arg),*) };
         assert_eq!(status, 0, "{:?} failed", $name);
     }};
@@ -321,7 +322,7 @@ impl Drop for Gate {
 
 /// The `CUcontext` lazybuf uses for `device`.
 pub fn cuda_context(device: &Device) -> *mut c_void {
-    // SAFETY (test): the raw handles are only used while the device is alive.
+    // SAFETY: (test) the raw handles are only used while the device is alive.
     match unsafe { device.raw() } {
         lazybuf::backend::RawDevice::Cuda { context, .. } => context,
         other => panic!("{device} is not a CUDA device: {other:?}"),
@@ -331,7 +332,7 @@ pub fn cuda_context(device: &Device) -> *mut c_void {
 /// A gate handed to another thread, which opens it after a delay.
 struct SendGate(Gate);
 
-// SAFETY (test): the gate's handles are a context, pinned host memory and a module, all of
+// SAFETY: (test) the gate's handles are a context, pinned host memory and a module, all of
 // which the driver lets any thread use.
 unsafe impl Send for SendGate {}
 
