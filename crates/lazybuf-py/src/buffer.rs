@@ -191,7 +191,15 @@ impl UnifiedBuffer {
 
     /// The memory, for calls that enqueue no work on the device copy.
     fn storage_unordered(&self) -> PyResult<Arc<Storage>> {
-        self.inner().storage.clone().ok_or_else(released)
+        self.held_storage().ok_or_else(released)
+    }
+
+    /// The memory, `None` once released. The fields' lock is released when this returns, so
+    /// the storage's lock can be taken next: taking it while the fields' lock is held would
+    /// make every thread that wants the fields (with the GIL held) wait for an allocation that
+    /// may be waiting for the GIL (a failure callback).
+    fn held_storage(&self) -> Option<Arc<Storage>> {
+        self.inner().storage.clone()
     }
 
     /// Whether `at` needs a copy before it can be used: a read or write of it enqueues work.
@@ -299,8 +307,7 @@ impl UnifiedBuffer {
     /// Makes every writable host view handed out read-only when the host copy is not
     /// current (or the buffer was released): a write through one would be lost.
     fn freeze_if_host_stale(&self, py: Python<'_>) -> PyResult<()> {
-        let storage = self.inner().storage.clone();
-        let stale = match storage {
+        let stale = match self.held_storage() {
             Some(storage) => storage.lock(py)?.residency(Location::Host) != Residency::Valid,
             None => true,
         };
@@ -717,7 +724,7 @@ impl UnifiedBuffer {
     /// copy (host, and the device copy unless it is the host memory itself); 0 once released.
     fn __sizeof__(&self, py: Python<'_>) -> usize {
         let nbytes = self.nbytes();
-        let held = self.inner().storage.clone().map_or(0, |storage| {
+        let held = self.held_storage().map_or(0, |storage| {
             // In use by an operation on this thread: counted as holding nothing more.
             let Ok(raw) = storage.lock(py) else { return 0 };
             let host = raw.residency(Location::Host) != Residency::Unallocated;
@@ -729,8 +736,7 @@ impl UnifiedBuffer {
     }
 
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
-        let storage = self.inner().storage.clone();
-        let state = match storage {
+        let state = match self.held_storage() {
             // In use by an operation on this thread (a failure callback printing the buffer).
             Some(storage) => storage.lock(py).map_or_else(|_| "IN_USE".into(), |raw| raw.state().to_string()),
             None => "RELEASED".into(),
