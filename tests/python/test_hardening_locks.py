@@ -230,7 +230,7 @@ for where in ("callback", "finalizer", "thread"):
     missing = [n for n in CALLS if (n, where) not in outcomes]
     assert not missing, (where, missing)
 assert outcomes[("size", "callback")] == "reentrancy", outcomes
-assert b.size == 64 << 10
+assert outcomes[("size", "finalizer")] == "reentrancy", outcomes
 print("DONE", sorted(set(outcomes.values())))
 """
 
