@@ -358,6 +358,11 @@ class Device:
         """``(free, total)`` bytes now."""
 
     def synchronize(self) -> None: ...
+    def take_deferred_errors(self) -> list[BaseException]:
+        """The failures recorded where no caller could be told at once (a buffer dropped with a
+        failed transfer nobody waited for, a failed free), as exceptions, oldest first; each is
+        returned once."""
+
     @property
     def device_id(self) -> int | None:
         """The device's index in ``get_accelerator().devices`` (None for a device not listed

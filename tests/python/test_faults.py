@@ -172,3 +172,21 @@ def test_counters(faulty_opencl):
     faulty_opencl.disarm()
     assert not faulty_opencl.copy_fault_armed
 
+
+
+def test_a_failure_nobody_waited_for_is_taken_from_its_device(faulty):
+    """A transfer that fails while nobody waits for it, on a buffer dropped before any call
+    settles it: the failure is recorded on the device (a drop cannot raise) and taken once."""
+    import gc
+
+    faulty.defer_copy_faults(True)
+    buf = UnifiedBuffer((1000,), np.uint8, device=faulty)
+    buf.host[:] = 3
+    assert faulty.take_deferred_errors() == []
+    faulty.fail_copy_in(1)
+    buf.sync_to_device_async()  # the transfer handle is dropped unobserved
+    del buf
+    gc.collect()
+    errors = faulty.take_deferred_errors()
+    assert any(isinstance(e, RuntimeError) and "injected fault" in str(e) for e in errors), errors
+    assert faulty.take_deferred_errors() == [], "taken once"

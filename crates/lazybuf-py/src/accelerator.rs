@@ -162,6 +162,24 @@ impl PyDevice {
         self.device.synchronize().or_py()
     }
 
+    /// The failures recorded on this device where no caller could be told at once (a buffer
+    /// dropped with a failed transfer nobody waited for, a failed free of device memory), as
+    /// the exceptions they would have raised, oldest first; each is returned once. At most 64
+    /// are kept between two calls: beyond that a last `RuntimeError` says how many were dropped.
+    fn take_deferred_errors(&self, py: Python<'_>) -> Vec<Py<PyAny>> {
+        let (errors, dropped) = self.device.take_deferred_errors();
+        let mut taken: Vec<Py<PyAny>> =
+            errors.into_iter().map(|err| crate::errors::to_py(err).into_value(py).into_any()).collect();
+        if dropped > 0 {
+            let more = pyo3::exceptions::PyRuntimeError::new_err(format!(
+                "{dropped} more deferred errors were recorded on this device and dropped (at most 64 \
+                 are kept between two calls of take_deferred_errors)"
+            ));
+            taken.push(more.into_value(py).into_any());
+        }
+        taken
+    }
+
     // --- PyDotCompute 0.2.0's DeviceProperties fields (docs/MIGRATING.md) -------------------
 
     /// The device's index in `get_accelerator().devices` (`get_device(device_id)` is it);

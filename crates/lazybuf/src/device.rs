@@ -11,6 +11,7 @@ use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
+use crate::backend::deferred::DeferredErrors;
 use crate::backend::{Backend, DeviceInfo, MemoryInfo, RawDevice, RawStream, StreamHandle, Ticket};
 use crate::coherence::DeviceId;
 use crate::error::{BackendKind, Result};
@@ -42,6 +43,8 @@ struct Opened {
     stream: Arc<dyn StreamHandle>,
     /// Bytes of this device's memory that lazybuf's caches hold (kept by the pools).
     cached: AtomicU64,
+    /// Failures of drop, rollback and free paths of work on this device, not yet taken.
+    deferred: DeferredErrors,
 }
 
 static OPENED: AtomicU64 = AtomicU64::new(0);
@@ -54,7 +57,8 @@ impl Device {
         let backend = crate::backend::fork::guard(backend);
         let stream = backend.default_stream();
         let id = DeviceId(NonZeroU64::MIN.saturating_add(OPENED.fetch_add(1, Ordering::Relaxed)));
-        Device { inner: Arc::new(Opened { id, backend, stream, cached: AtomicU64::new(0) }) }
+        let deferred = DeferredErrors::default();
+        Device { inner: Arc::new(Opened { id, backend, stream, cached: AtomicU64::new(0), deferred }) }
     }
 
     /// The host device: memory is host memory, views alias it and syncs copy nothing. Always
@@ -133,6 +137,35 @@ impl Device {
         // SAFETY: forwarded contract.
         let handle = unsafe { self.inner.backend.wrap_stream(raw) }?;
         Ok(Stream { device: self.clone(), handle })
+    }
+
+    /// Records a failure of work on this device that no caller can be told of at once (a
+    /// drop, a rollback after another error, a free); see [`Device::take_deferred_errors`].
+    pub fn record_deferred_error(&self, err: crate::Error) {
+        self.inner.deferred.record(err);
+    }
+
+    /// Records the error of `result`, if any ([`Device::record_deferred_error`]).
+    pub fn record_deferred<T>(&self, result: Result<T>) {
+        self.inner.deferred.record_err(result);
+    }
+
+    /// The failures recorded on drop, rollback and free paths of this device's work since the
+    /// last call (lazybuf's own, and the backend's: a failed free of device memory), oldest
+    /// first; each is returned once. At most 64 of each are kept between two calls; the second
+    /// value counts those dropped beyond ([`crate::backend::deferred`]).
+    ///
+    /// ```
+    /// let device = lazybuf::Device::host();
+    /// let (errors, dropped) = device.take_deferred_errors();
+    /// assert!(errors.is_empty() && dropped == 0, "nothing failed");
+    /// ```
+    pub fn take_deferred_errors(&self) -> (Vec<crate::Error>, u64) {
+        let (mut errors, mut dropped) = self.inner.deferred.take();
+        let (backend, backend_dropped) = self.inner.backend.take_deferred_errors();
+        errors.extend(backend);
+        dropped += backend_dropped;
+        (errors, dropped)
     }
 
     /// Waits for all work queued on the device's default stream.

@@ -18,8 +18,8 @@ mod cuda_common;
 use std::sync::{Mutex, MutexGuard};
 
 use cuda_common::{
-    copies, double_devices, fail_allocation, fail_copy, fail_copy_now, live_allocations, pinned_copies, ramp,
-    registrations,
+    copies, double_devices, fail_allocation, fail_copy, fail_copy_now, fail_free, live_allocations, pinned_copies,
+    ramp, registrations,
 };
 use lazybuf::backend::cuda::{REGISTER_MIN_BYTES, STAGING_CHUNK, STAGING_MIN_BYTES};
 use lazybuf::{BufferOptions, BufferState, Device, DirectResource, UnifiedBuffer};
@@ -32,7 +32,11 @@ fn setup(test: &str) -> Option<(Vec<Device>, MutexGuard<'static, ()>)> {
     let guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     fail_allocation(0);
     fail_copy(0);
+    fail_free(0);
     lazybuf::trim();
+    for device in &devices {
+        let _ = device.take_deferred_errors();
+    }
     Some((devices, guard))
 }
 
@@ -319,4 +323,31 @@ fn free_memory_follows_allocations_and_nothing_leaks() {
     assert_eq!(live_allocations(), live + 2, "one device allocation and one pinned host block");
     drop(buf);
     assert_eq!((live_allocations(), device.memory_info().unwrap().free), (live, free));
+}
+
+/// A free that fails (the driver reports a fault at `cuMemFree`, which a drop cannot return) is
+/// recorded on its device, taken once by `Device::take_deferred_errors`, never dropped
+/// silently and never a panic: for a buffer's device copy and for a memory object.
+#[test]
+fn a_failed_free_is_recorded_on_its_device() {
+    let Some((devices, _lock)) = setup("a_failed_free_is_recorded_on_its_device") else { return };
+    let device = &devices[0];
+    let buf = holding(device, &[7; 4096]);
+    let mut buf = buf;
+    buf.sync_to_device().unwrap();
+    fail_free(1);
+    drop(buf);
+    let (errors, dropped) = device.take_deferred_errors();
+    assert_eq!((errors.len(), dropped), (1, 0), "{errors:?}");
+    let message = errors[0].to_string();
+    assert!(message.contains("cuMemFree"), "{message}");
+    assert!(device.take_deferred_errors().0.is_empty(), "taken once");
+
+    let options = lazybuf::AllocationOptions { resource: Some(DirectResource::shared()), alignment: 0 };
+    let memory = lazybuf::Memory::with_options(device, lazybuf::MemoryKind::Device, 1024, options).unwrap();
+    fail_free(1);
+    drop(memory);
+    let (errors, _) = device.take_deferred_errors();
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(devices[1..].iter().all(|other| other.take_deferred_errors().0.is_empty()), "on its own device only");
 }

@@ -51,6 +51,30 @@ fn a_transfer_in_flight_reports_the_final_state_and_completes_in_any_order() {
     }
 }
 
+/// A transfer that fails while nobody waits for it, and whose buffer is dropped before any call
+/// settles it: the failure cannot be returned (a drop returns nothing), so it is recorded on
+/// the buffer's device and taken once with `Device::take_deferred_errors`, never lost.
+#[test]
+fn a_failure_nobody_waited_for_is_recorded_on_the_device_when_the_buffer_goes() {
+    for base in common::devices() {
+        let (device, plan) = FaultyDevice::wrap(&base);
+        plan.defer_copy_faults(true);
+        let mut buf = common::direct(&device, 1000);
+        buf.copy_from(&pattern(3, 1000)).unwrap();
+        assert_eq!(device.take_deferred_errors().0.len(), 0, "nothing failed yet, on {device}");
+        plan.fail_copy_in(1);
+        drop(buf.sync_to_device_async().unwrap()); // the handle is dropped unobserved
+        drop(buf);
+        let (errors, dropped) = device.take_deferred_errors();
+        assert_eq!(dropped, 0);
+        assert!(
+            errors.iter().any(|err| matches!(err, Error::InjectedFault { .. })),
+            "the transfer's failure is recorded on {device}: {errors:?}"
+        );
+        assert!(device.take_deferred_errors().0.is_empty(), "taken once, on {device}");
+    }
+}
+
 #[test]
 fn a_transfer_that_fails_puts_the_buffer_back_and_reports_its_error_once_settled() {
     for base in common::devices() {

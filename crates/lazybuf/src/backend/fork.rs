@@ -277,6 +277,10 @@ impl Backend for ForkGuard {
         }
     }
 
+    fn take_deferred_errors(&self) -> (Vec<Error>, u64) {
+        self.inner.take_deferred_errors()
+    }
+
     fn trim(&self) {
         // Trimming frees runtime memory: in a child it is leaked instead (see the module docs).
         if !self.in_child() {

@@ -23,6 +23,7 @@
 //! What does not live here: pools, limits and statistics (policies over a backend, in
 //! [`crate::resource`] and [`crate::pool`]), and the public [`crate::Device`] handle.
 
+pub mod deferred;
 pub mod fork;
 mod info;
 mod memory;
@@ -265,6 +266,12 @@ pub trait Backend: Any + Send + Sync + fmt::Debug {
     /// Gives back memory the backend keeps for its own transfers (staging). It is made again
     /// when needed.
     fn trim(&self) {}
+
+    /// The failures the backend's own drop and free paths recorded (a failed `cuMemFree`, say)
+    /// and that were not taken yet ([`deferred`]); each is returned once.
+    fn take_deferred_errors(&self) -> (Vec<crate::error::Error>, u64) {
+        (Vec::new(), 0)
+    }
 }
 
 /// How discovery finds the devices of one backend.

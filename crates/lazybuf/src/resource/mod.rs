@@ -200,9 +200,10 @@ impl MemoryResource for DirectResource {
         })
     }
 
-    fn deallocate(&self, _device: &Device, block: Block, _stream: &Stream, ready: Ticket) {
-        // Work that failed leaves nothing to wait for; either way the block is freed.
-        let _ = ready.wait();
+    fn deallocate(&self, device: &Device, block: Block, _stream: &Stream, ready: Ticket) {
+        // Work that failed leaves nothing to wait for (its failure is recorded on the device:
+        // a free path cannot return it); either way the block is freed.
+        device.record_deferred(ready.wait());
         drop(block);
     }
 }

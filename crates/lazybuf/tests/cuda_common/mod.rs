@@ -93,6 +93,11 @@ pub fn fail_allocation(n: i64) {
     hook_set(c"lazybuf_cuda_double_fail_allocation", n);
 }
 
+/// Makes the double's `n`-th `cuMemFree` from now report a failure (the memory is freed).
+pub fn fail_free(n: i64) {
+    hook_set(c"lazybuf_cuda_double_fail_free", n);
+}
+
 /// Makes the double's `n`-th device write from now fail when its stream runs it, after
 /// scribbling: the failure shows at the next event of that stream (0 disarms).
 pub fn fail_copy(n: i64) {

@@ -31,6 +31,9 @@
  * Test hooks (exported; reach them with dlopen(RTLD_NOLOAD) + dlsym):
  *   lazybuf_cuda_double_fail_allocation(n)  the n-th allocation from now (cuMemAlloc,
  *                                           cuMemHostAlloc) fails with OUT_OF_MEMORY; 0 disarms
+ *   lazybuf_cuda_double_fail_free(n)        the n-th cuMemFree from now frees the memory and
+ *                                           returns CUDA_ERROR_LAUNCH_FAILED (a sticky fault
+ *                                           reported at free); 0 disarms
  *   lazybuf_cuda_double_fail_copy(n)        the n-th device write from now (any memcpy or
  *                                           memset) is enqueued fine, then, when its stream
  *                                           runs it, writes garbage over the first half of its
@@ -163,6 +166,7 @@ static CUstream streams;
 static CUevent events;
 static __thread CUcontext current;
 static long long allocations_done, fail_allocation_at, writes_done, fail_write_at, pinned_copies;
+static long long frees_done, fail_free_at;
 static int fail_write_now;
 static long long live_allocations, registrations;
 
@@ -813,6 +817,13 @@ EXPORT CUresult cuMemFree_v2(CUdeviceptr ptr) {
     struct allocation *a = find_allocation((const void *)(uintptr_t)ptr);
     CUresult status = a != NULL && a->device >= 0 ? free_allocation(a->base, a->device)
                                                   : CUDA_ERROR_INVALID_VALUE;
+    /* An injected failure: the memory is freed, and the call reports an earlier fault of the
+     * context, as a real cuMemFree reports a sticky error. */
+    frees_done++;
+    if (status == CUDA_SUCCESS && fail_free_at != 0 && frees_done == fail_free_at) {
+        fail_free_at = 0;
+        status = CUDA_ERROR_LAUNCH_FAILED;
+    }
     pthread_mutex_unlock(&lock);
     return status;
 }
@@ -1014,6 +1025,12 @@ EXPORT CUresult cuMemsetD2D32Async(CUdeviceptr dst, size_t pitch, unsigned value
 EXPORT void lazybuf_cuda_double_fail_allocation(long long n) {
     pthread_mutex_lock(&lock);
     fail_allocation_at = n > 0 ? allocations_done + n : 0;
+    pthread_mutex_unlock(&lock);
+}
+
+EXPORT void lazybuf_cuda_double_fail_free(long long n) {
+    pthread_mutex_lock(&lock);
+    fail_free_at = n > 0 ? frees_done + n : 0;
     pthread_mutex_unlock(&lock);
 }
 

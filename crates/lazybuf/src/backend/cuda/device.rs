@@ -485,6 +485,10 @@ impl Backend for CudaBackend {
     fn trim(&self) {
         self.shared.drop_staging();
     }
+
+    fn take_deferred_errors(&self) -> (Vec<Error>, u64) {
+        self.context.deferred.take()
+    }
 }
 
 /// The shortest of 1, 2 and 4 bytes that `pattern` repeats, else its own length.

@@ -135,12 +135,15 @@ impl Drop for CudaMemory {
         }
         if self.ptr != 0 {
             // SAFETY: ptr was allocated by cuMemAlloc in this context and is freed once;
-            // cuMemFree waits for work still using it. Statuses are ignored: drop must not
-            // panic, and a failed free only leaks.
-            unsafe {
-                let _bound = self.context.bind();
-                let _ = result::free_sync(self.ptr);
-            }
+            // cuMemFree waits for work still using it. A failure (the context's earlier fault,
+            // say) cannot be returned from a drop: it is recorded on the context, for
+            // Device::take_deferred_errors, and the memory is leaked.
+            let freed = unsafe {
+                self.context.bind().and_then(|_bound| {
+                    result::free_sync(self.ptr).map_err(|err| super::cuda_error("cuMemFree", err))
+                })
+            };
+            self.context.deferred.record_err(freed);
         }
         // The last allocation of the device gone: its staging memory goes too.
         if self.shared.live.fetch_sub(1, Ordering::SeqCst) == 1 {

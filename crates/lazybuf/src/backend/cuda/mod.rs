@@ -26,6 +26,7 @@ pub use device::{CudaBackend, REGISTER_MIN_BYTES};
 pub use memory::{CudaEvent, CudaMemory, CudaStream};
 pub use staging::{CHUNK as STAGING_CHUNK, PIPELINE_MIN as STAGING_MIN_BYTES};
 
+use crate::backend::deferred::DeferredErrors;
 use std::marker::PhantomData;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -158,6 +159,8 @@ fn missing_symbols() -> Vec<&'static str> {
 pub(crate) struct Context {
     device: sys::CUdevice,
     ctx: sys::CUcontext,
+    /// Failures of this context's drop and free paths (a failed `cuMemFree`), not yet taken.
+    pub(crate) deferred: DeferredErrors,
 }
 
 // SAFETY: the driver API is thread-safe and a context may be made current on any thread
@@ -172,7 +175,7 @@ impl Context {
         // SAFETY: device was returned by cuDeviceGet; the context is released in Drop.
         let ctx = unsafe { result::primary_ctx::retain(device) }
             .map_err(|err| cuda_error("cuDevicePrimaryCtxRetain", err))?;
-        Ok(Arc::new(Context { device, ctx }))
+        Ok(Arc::new(Context { device, ctx, deferred: DeferredErrors::default() }))
     }
 
     /// Makes this context current on the calling thread until the guard is dropped: driver

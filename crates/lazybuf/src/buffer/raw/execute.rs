@@ -199,7 +199,7 @@ impl RawBuffer {
             && let Some(i) = self.copy_index(id)
         {
             let copy = self.copies.remove(i);
-            let _ = ready.wait();
+            copy.device.record_deferred(ready.wait());
             give_back(&*self.resource, copy);
         }
         if undo.host_block
@@ -210,10 +210,23 @@ impl RawBuffer {
     }
 }
 
-/// A stream's work waited for here, for when no marker can be had: a done ticket after.
+/// A stream's work waited for here, for when no marker can be had: a done ticket after. A
+/// failure is recorded on the stream's device ([`Device::take_deferred_errors`]).
 pub(super) fn synchronized(stream: &Stream) -> Ticket {
-    let _ = stream.synchronize();
+    stream.device().record_deferred(stream.synchronize());
     Ticket::done()
+}
+
+/// A ticket that completes when the caller's use of `copy` has; when no marker of its stream
+/// can be had, the stream is waited for here and the failure recorded on its device.
+pub(super) fn last_use_or_synchronized(copy: &mut DeviceCopy) -> Ticket {
+    match copy.last_use() {
+        Ok(ticket) => ticket,
+        Err(err) => {
+            copy.device.record_deferred_error(err);
+            synchronized(&copy.stream)
+        }
+    }
 }
 
 /// Returns a device copy's memory to the resource, after the caller's use of it (aliases own
@@ -223,7 +236,7 @@ pub(super) fn give_back(resource: &dyn MemoryResource, mut copy: DeviceCopy) {
         drop(copy.memory);
         return;
     }
-    let ready = copy.last_use().unwrap_or_else(|_| synchronized(&copy.stream));
+    let ready = last_use_or_synchronized(&mut copy);
     resource.deallocate_device(&copy.device, copy.memory, &copy.stream, ready);
 }
 
@@ -232,7 +245,7 @@ pub(super) fn give_back(resource: &dyn MemoryResource, mut copy: DeviceCopy) {
 pub(super) fn give_back_host(resource: &dyn MemoryResource, home: &Device, block: HostMemory, ready: Ticket) {
     if block.is_adopted() {
         // Its lender may reuse the bytes at once: nothing may still read or write them.
-        let _ = ready.wait();
+        home.record_deferred(ready.wait());
         drop(block);
         return;
     }

@@ -39,7 +39,7 @@ mod execute;
 use std::sync::Arc;
 
 pub(super) use copy::DeviceCopy;
-use execute::{give_back, give_back_host, synchronized};
+use execute::{give_back, give_back_host, last_use_or_synchronized};
 
 use super::Transfer;
 use super::inflight::{InFlight, Locations, Undo, touched};
@@ -324,7 +324,8 @@ impl RawBuffer {
         let (mut undo, mut delta, mut tickets) = (Undo::default(), TransferStats::default(), Vec::new());
         if let Err(err) = self.execute(&plan, device, &mut undo, &mut delta, Some(&mut tickets)) {
             // Copies already enqueued may still be writing what is about to be freed.
-            let _ = Ticket::all(tickets).wait();
+            // (Their failure, if any, is this one's consequence: recorded, not returned.)
+            self.home.record_deferred(Ticket::all(tickets).wait());
             self.rollback(undo, Ticket::done());
             return Err(err);
         }
@@ -383,11 +384,13 @@ impl RawBuffer {
     /// Frees every copy: the buffer is uninitialized again and holds no memory. Transfers in
     /// flight are waited for first (their failures no longer matter: the data is gone).
     pub fn release_memory(&mut self) {
-        let _ = self.finish();
+        // A transfer that failed unobserved: recorded on the buffer's device, not lost.
+        let finished = self.finish();
+        self.home.record_deferred(finished);
         let mut host_ready = Vec::new();
         for mut copy in std::mem::take(&mut self.copies) {
             if copy.memory.is_host_alias() {
-                host_ready.push(copy.last_use().unwrap_or_else(|_| synchronized(&copy.stream)));
+                host_ready.push(last_use_or_synchronized(&mut copy));
             }
             give_back(&*self.resource, copy);
         }
@@ -433,7 +436,9 @@ impl RawBuffer {
 
     /// Forgets the contents (state UNINITIALIZED) but keeps every allocation for reuse.
     pub fn invalidate(&mut self) {
-        let _ = self.finish();
+        // A transfer that failed unobserved: recorded on the buffer's device, not lost.
+        let finished = self.finish();
+        self.home.record_deferred(finished);
         self.coherence.invalidate();
     }
 
@@ -464,7 +469,9 @@ impl RawBuffer {
             if let Err(err) = op.ticket.wait() {
                 op.undo_state(&mut self.coherence);
                 self.stats = self.stats.minus(op.stats);
-                self.rollback(op.undo, op.ticket);
+                // The ticket was just waited for (and its error is returned): nothing uses
+                // what the transfer allocated any more.
+                self.rollback(op.undo, Ticket::done());
                 first.get_or_insert(err);
             }
         }
