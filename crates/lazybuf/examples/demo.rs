@@ -19,7 +19,15 @@ fn step(buf: &mut UnifiedBuffer<f32>, what: &str) {
     buf.reset_transfer_stats();
 }
 
-fn main() -> Result<()> {
+/// Errors are printed for people (`demo: error: ...`, exit status 1), not as Rust structs.
+fn main() {
+    if let Err(err) = run() {
+        eprintln!("demo: error: {err}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<()> {
     println!("devices:");
     for device in lazybuf::devices() {
         let info = device.info();
@@ -41,7 +49,10 @@ fn main() -> Result<()> {
         }
     }
     let device: Device = lazybuf::default_device()?;
-    println!("\ndefault device: {device} (set LAZYBUF_DEVICE=host|gpu|opencl[:N] to choose)\n");
+    println!(
+        "\ndefault device: {device} (choose with LAZYBUF_DEVICE=gpu, host, cuda[:N], opencl[:N], wgpu[:N], \
+         vulkan[:N], metal[:N] or dx12[:N])\n"
+    );
 
     let mut buf = UnifiedBuffer::<f32>::on(&[1024], &device)?;
     step(&mut buf, "new buffer (allocates nothing)");

@@ -94,6 +94,23 @@ fn preferred() -> Device {
     registry().devices.iter().find(|d| d.info().is_gpu).cloned().unwrap_or_else(Device::host)
 }
 
+/// Selector names of the backends this build was compiled without, and the cargo feature that
+/// brings each in: a selector naming one is "not compiled in", not "no such device".
+const NOT_COMPILED_IN: &[(&str, &str)] = &[
+    #[cfg(not(feature = "opencl"))]
+    ("opencl", "opencl"),
+    #[cfg(not(feature = "cuda"))]
+    ("cuda", "cuda"),
+    #[cfg(not(feature = "wgpu"))]
+    ("wgpu", "wgpu"),
+    #[cfg(not(feature = "wgpu"))]
+    ("vulkan", "wgpu"),
+    #[cfg(not(feature = "wgpu"))]
+    ("metal", "wgpu"),
+    #[cfg(not(feature = "wgpu"))]
+    ("dx12", "wgpu"),
+];
+
 /// Finds a device by selector (see the module docs).
 ///
 /// ```
@@ -135,6 +152,12 @@ pub fn select_device(selector: &str) -> Result<Device> {
     // A backend's name picks its devices; an alias (`vulkan`) the devices of its backend that
     // answer to it.
     let alias = SELECTOR_ALIASES.iter().find(|(alias, _)| *alias == name).map(|&(_, kind)| kind);
+    if let Some((_, feature)) = NOT_COMPILED_IN.iter().find(|(backend, _)| *backend == name) {
+        return Err(not_found(format!(
+            "{name} is not compiled in: this build of lazybuf lacks the cargo feature `{feature}` \
+             (build with `--features {feature}`)"
+        )));
+    }
     let backend = crate::backend::kinds().find(|b| b.name() == name).or(alias).ok_or_else(|| {
         // Each backend's name, then the aliases of its devices.
         let names: Vec<String> = crate::backend::kinds()
