@@ -81,7 +81,8 @@ Examples:
 /// `lazybuf bandwidth`.
 #[derive(Debug, Args)]
 pub struct BandwidthArgs {
-    /// The device to measure (default: LAZYBUF_DEVICE, else the first GPU, else the host).
+    /// The device to measure (default: LAZYBUF_DEVICE, else the first GPU, else the first
+    /// device that is not the host, else the host).
     #[arg(long, short = 'd', value_name = "SEL")]
     pub device: Option<String>,
     /// The smallest buffer (B, KiB, MiB, GiB; KB, MB, GB are powers of 10).

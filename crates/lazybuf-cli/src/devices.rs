@@ -185,6 +185,24 @@ pub fn select(selector: Option<&str>) -> Result<Device> {
     }
 }
 
+/// The device `bandwidth` measures: the one `--device` names; else `LAZYBUF_DEVICE`'s; else
+/// the default device unless it is the host, where every sync is zero-copy and there is no
+/// bandwidth to see; then the first device that is not the host (PoCL, lavapipe); the host
+/// only when there is nothing else.
+pub fn select_measurable(selector: Option<&str>) -> Result<Device> {
+    if selector.is_some() || std::env::var_os(lazybuf::discovery::DEVICE_ENV).is_some() {
+        return select(selector);
+    }
+    let default = select(None)?;
+    if default.backend_kind() != lazybuf::BackendKind::HOST {
+        return Ok(default);
+    }
+    Ok(lazybuf::devices()
+        .into_iter()
+        .find(|d| d.backend_kind() != lazybuf::BackendKind::HOST)
+        .unwrap_or(default))
+}
+
 /// The devices a `--device` option names: that one, or every device.
 pub fn select_or_all(selector: Option<&str>) -> Result<Vec<Device>> {
     match selector {

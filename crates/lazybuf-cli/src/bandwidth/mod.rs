@@ -171,7 +171,7 @@ impl BandwidthReport {
 
 /// Runs `lazybuf bandwidth`.
 pub fn run(args: &BandwidthArgs, context: &Context) -> Result<i32> {
-    let device = devices::select(args.device.as_deref())?;
+    let device = devices::select_measurable(args.device.as_deref())?;
     let sizes = sizes(args.min, args.max)?;
     for path in [&args.json, &args.plot].into_iter().flatten() {
         if path.as_os_str() != "-" && path.parent().is_some_and(|p| !p.as_os_str().is_empty() && !p.is_dir())
@@ -492,6 +492,18 @@ fn time(budget: Duration, mut op: impl FnMut() -> Result<()>) -> Result<(f64, u6
     Ok((median.max(1e-9), n as u64))
 }
 
+/// The time one call of a sync of `bytes` took, from the rate it was recorded as.
+fn per_call(bytes: u64, gb_per_s: f64) -> String {
+    let seconds = bytes as f64 / (gb_per_s * 1e9);
+    if !seconds.is_finite() {
+        "-".into()
+    } else if seconds < 1e-3 {
+        format!("{:.1} us/call", seconds * 1e6)
+    } else {
+        format!("{:.2} ms/call", seconds * 1e3)
+    }
+}
+
 /// The table `lazybuf bandwidth` prints.
 pub fn render(report: &BandwidthReport, terminal: Terminal) -> String {
     let mut rows = Vec::new();
@@ -502,15 +514,24 @@ pub fn render(report: &BandwidthReport, terminal: Terminal) -> String {
             for direction in Direction::ALL {
                 let lazy = report.find(direction, Method::Lazybuf, pinned, bytes);
                 let raw = report.find(direction, Method::Raw, pinned, bytes);
-                let mark = if lazy.is_some_and(|m| m.zero_copy) { " *" } else { "" };
-                any_zero_copy |= !mark.is_empty();
-                row.push(lazy.map_or_else(|| "-".into(), |m| format_rate(m.gb_per_s) + mark));
+                let zero_copy = lazy.is_some_and(|m| m.zero_copy);
+                any_zero_copy |= zero_copy;
+                // A zero-copy sync moves no bytes: its cost is a time per call, not a rate, and
+                // a ratio against a copy would compare nothing.
+                row.push(lazy.map_or_else(
+                    || "-".into(),
+                    |m| if zero_copy { per_call(bytes, m.gb_per_s) + " *" } else { format_rate(m.gb_per_s) },
+                ));
                 row.push(raw.map_or_else(|| "-".into(), |m| format_rate(m.gb_per_s)));
                 let ratio = report
                     .ratios
                     .iter()
                     .find(|r| r.direction == direction && r.pinned == pinned && r.bytes == bytes);
-                row.push(ratio.map_or_else(|| "-".into(), |r| format!("{:.2}", r.ratio)));
+                row.push(match ratio {
+                    Some(_) if zero_copy => "n/a".into(),
+                    Some(r) => format!("{:.2}", r.ratio),
+                    None => "-".into(),
+                });
             }
             rows.push(row);
         }
@@ -525,7 +546,8 @@ pub fn render(report: &BandwidthReport, terminal: Terminal) -> String {
     out.push_str(&table(&headers, &rows));
     if any_zero_copy {
         out.push_str(
-            "\n\n* zero-copy: the device copy aliases host memory, the sync moved no bytes (the rate is the call's cost)",
+            "\n\n* zero-copy: the device copy aliases host memory, so the sync moved no bytes: shown is the \
+             time per call (no rate, no ratio)",
         );
     }
     out
