@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from ._lazybuf import _cli_main
 
-__all__ = ["main"]
+__all__ = ["main", "watch"]
 
 # The tool's own words for it (lazybuf_cli::run), so every path prints the same line.
 _CLOSED_STDOUT = "cannot write to stdout: it is closed (Bad file descriptor)"
@@ -41,3 +41,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, ValueError):
         pass
     return _cli_main(["lazybuf", *args])
+
+
+def watch(device: str | None = None, *, interval: str | float = "1s", count: int | None = None) -> int:
+    """Prints the memory of ``device`` (a selector such as ``"opencl:0"``; default: every
+    device) every ``interval`` (seconds as a number, or a duration such as ``"250ms"``), in
+    this process, so the pool figures are this process's own; ``count`` refreshes, else until
+    ``Ctrl-C``. Returns the tool's exit status (``lazybuf watch``, docs/CLI.md)."""
+    args = ["watch"]
+    if device is not None:
+        args += ["--device", str(device)]
+    if isinstance(interval, (int, float)) and not isinstance(interval, bool):
+        if interval <= 0:
+            raise ValueError(f"watch: interval must be positive, got {interval!r}")
+        args += ["--interval", f"{round(interval * 1000)}ms"]
+    else:
+        args += ["--interval", str(interval)]
+    if count is not None:
+        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+            raise ValueError(f"watch: count must be a positive int, got {count!r}")
+        args += ["--count", str(count)]
+    return main(args)

@@ -106,3 +106,18 @@ def test_the_test_extra_installs_everything_the_tests_import():
                 imported.add(node.args[0].value.split(".")[0])
     third_party = {m for m in imported - local if m not in sys.stdlib_module_names and m != "__future__"}
     assert third_party - provided <= {"cupy"}, f"missing from the test extra: {third_party - provided - {'cupy'}}"
+
+
+def test_watch_runs_in_process_and_checks_its_arguments(capfd):
+    """``lazybuf.watch()``: the ``watch`` command in this process (its pool figures are this
+    process's own), public, with Python arguments."""
+    assert lazybuf.watch("host", interval=0.01, count=2) == 0
+    out = capfd.readouterr().out
+    assert "host" in out, out
+    assert lazybuf.watch("host", interval="10ms", count=1) == 0
+    with pytest.raises(ValueError, match="interval must be positive"):
+        lazybuf.watch(interval=0)
+    with pytest.raises(ValueError, match="count must be a positive int"):
+        lazybuf.watch(count=0)
+    assert lazybuf.watch("no-such-device", count=1) == 1
+    assert "lazybuf: error:" in capfd.readouterr().err

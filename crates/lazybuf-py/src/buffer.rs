@@ -1055,8 +1055,8 @@ impl UnifiedBuffer {
 
     /// Pickling with protocol 5 and later (what Dask and other transports with out-of-band
     /// buffers use): the host copy goes out as a `pickle.PickleBuffer`, zero-copy (synced from
-    /// the device first if only the device copy is current); see [`crate::wire`]. Older
-    /// protocols pickle as `__reduce__` does.
+    /// the device first if only the device copy is current), and the buffer's device is
+    /// recorded. Older protocols pickle as `__reduce__` does.
     fn __reduce_ex__<'py>(
         slf: &Bound<'py, Self>,
         protocol: i64,

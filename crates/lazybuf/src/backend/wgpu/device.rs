@@ -316,7 +316,8 @@ impl Backend for WgpuBackend {
                 requested: bytes,
                 reason: format!(
                     "{} is a wgpu device, which has no pinned host memory (wgpu transfers through its \
-                     own mapped staging buffers); ask for pageable memory (pinned: false)",
+                     own mapped staging buffers); ask for pageable host memory instead (Rust: \
+                     `pinned: false`; Python: `pinned=False`)",
                     self.info.name
                 ),
             });
