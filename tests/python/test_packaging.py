@@ -12,6 +12,8 @@ import sys
 import sysconfig
 from pathlib import Path
 
+import pytest
+
 import lazybuf
 
 ROOT = Path(__file__).resolve().parents[2]
