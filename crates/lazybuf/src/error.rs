@@ -127,7 +127,11 @@ pub enum Error {
         reason: String,
     },
     /// The device (or the host) could not provide the memory.
-    #[error("out of memory on {device}: could not allocate {requested} bytes{}", code_suffix(.code))]
+    #[error(
+        "out of memory on {device}: could not allocate {requested} bytes{}{}",
+        human_size(*.requested),
+        code_suffix(.code)
+    )]
     OutOfMemory {
         /// The device's name.
         device: String,
@@ -238,6 +242,23 @@ impl fmt::Debug for CallbackPayload {
     }
 }
 
+/// ` (1.5 MiB)` for sizes of 1 KiB and more, so people need not count digits; the exact count
+/// stays in front of it.
+fn human_size(bytes: usize) -> String {
+    const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    if bytes < 1024 {
+        return String::new();
+    }
+    let mut value = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    let digits = if value < 10.0 { 1 } else { 0 };
+    format!(" ({value:.digits$} {})", UNITS[unit])
+}
+
 fn code_suffix(code: &Option<RuntimeCode>) -> String {
     match code {
         Some(code) => format!(" ({code})"),
@@ -278,6 +299,16 @@ mod tests {
     use super::*;
 
     const TEST: BackendKind = BackendKind::new("test", "Test");
+
+    #[test]
+    fn out_of_memory_gives_the_exact_count_and_a_size_people_read() {
+        let oom = |requested| Error::OutOfMemory { device: "d".into(), requested, code: None }.to_string();
+        assert_eq!(oom(1000), "out of memory on d: could not allocate 1000 bytes");
+        assert_eq!(oom(1536), "out of memory on d: could not allocate 1536 bytes (1.5 KiB)");
+        assert_eq!(oom(64 << 20), "out of memory on d: could not allocate 67108864 bytes (64 MiB)");
+        assert_eq!(oom(1 << 46), "out of memory on d: could not allocate 70368744177664 bytes (64 TiB)");
+        assert!(oom(usize::MAX).ends_with("(16 EiB)"), "{}", oom(usize::MAX));
+    }
 
     #[test]
     fn runtime_codes_say_what_they_are_and_whether_a_retry_helps() {
