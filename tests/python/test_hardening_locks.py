@@ -30,7 +30,7 @@ import pytest
 import lazybuf
 from conftest import run_python
 
-# Every public method and property of UnifiedBuffer, called on a buffer (`b`) of 4096 uint8.
+# Every public method and property of UnifiedBuffer, called on a buffer (`b`) of 16384 uint8.
 # `None`: not called (it needs something the scenario does not have) with the reason.
 UNIFIED_CALLS: dict[str, str | None] = {
     "host": "b.host",
@@ -118,23 +118,24 @@ DEVICE_BUFFER_CALLS: dict[str, str | None] = {
 NOT_METHODS = {"__class_getitem__", "__enter__", "__exit__", "__init__", "__module__", "__new__"}
 
 SCENARIO = """
-import gc, pickle, sys, threading, traceback
+import copy, gc, pickle, sys, threading
 import numpy as np
 import lazybuf
 import lazybuf.mr as lmr
 
 device = {device!r}
 CALLS = {calls!r}
+HELD = (1 << 20) - 8192
 limit = lmr.LimitingResourceAdaptor(lmr.DirectMemoryResource(), 1 << 20)
-hog = [lmr.DirectMemoryResource()]
-held = [limit.allocate((1 << 20) - 1024, device={device!r})]
+held = [limit.allocate(HELD, device=device)]
 outcomes = {{}}
 threads = []
 b = None
+names = {{"np": np, "pickle": pickle, "sys": sys, "copy": copy, "lazybuf": lazybuf, "device": device}}
 
 def call(name, where):
     try:
-        exec(CALLS[name], {{"b": b, "np": np, "pickle": pickle, "sys": sys}})
+        exec(CALLS[name], {{**names, "b": b}})
         outcomes[(name, where)] = "ok"
     except lazybuf.ReentrancyError as err:
         assert where != "thread", f"{{name}} raised ReentrancyError on another thread"
@@ -160,78 +161,32 @@ def callback(nbytes):
             t = threading.Thread(target=call, args=(name, "thread"), daemon=True)
             t.start()
             threads.append(t)
-        limit.deallocate(held.pop(), (1 << 20) - 1024)
+        limit.deallocate(held.pop(), HELD)
         return True
     return False
 
-lmr.set_current_device_resource(lmr.FailureCallbackResourceAdaptor(limit, callback), device={device!r})
-b = lazybuf.UnifiedBuffer((4096,), np.uint8, device=device)
-b.host[:] = 7  # allocates through the callback
+mr = lmr.FailureCallbackResourceAdaptor(limit, callback)
+{allocate}
 for t in threads:
     t.join(60)
     assert not t.is_alive(), "a thread is still waiting"
 for where in ("callback", "finalizer", "thread"):
     missing = [n for n in CALLS if (n, where) not in outcomes]
     assert not missing, (where, missing)
-assert any(v == "reentrancy" for (n, w), v in outcomes.items() if w == "callback"), outcomes
+for where in ("callback", "finalizer"):
+    assert outcomes[({reentrant!r}, where)] == "reentrancy", outcomes
 print("DONE", sorted(set(outcomes.values())))
 """
 
-
-DEVICE_BUFFER_SCENARIO = """
-import copy, gc, pickle, sys, threading
-import lazybuf
-import lazybuf.mr as lmr
-
-device = {device!r}
-CALLS = {calls!r}
-limit = lmr.LimitingResourceAdaptor(lmr.DirectMemoryResource(), 1 << 20)
-held = [limit.allocate((1 << 20) - 8192, device=device)]
-outcomes = {{}}
-threads = []
-
-def call(name, where):
-    try:
-        exec(CALLS[name], {{"b": b, "lazybuf": lazybuf, "device": device, "pickle": pickle, "sys": sys, "copy": copy}})
-        outcomes[(name, where)] = "ok"
-    except lazybuf.ReentrancyError as err:
-        assert where != "thread", f"{{name}} raised ReentrancyError on another thread"
-        outcomes[(name, where)] = "reentrancy"
-    except Exception as err:
-        outcomes[(name, where)] = type(err).__name__
-
-class Finalized:
-    def __init__(self):
-        self.cycle = self
-    def __del__(self):
-        for name in CALLS:
-            call(name, "finalizer")
-
-def callback(nbytes):
-    if held:
-        Finalized()
-        gc.collect()
-        for name in CALLS:
-            call(name, "callback")
-        for name in CALLS:
-            t = threading.Thread(target=call, args=(name, "thread"), daemon=True)
-            t.start()
-            threads.append(t)
-        limit.deallocate(held.pop(), (1 << 20) - 8192)
-        return True
-    return False
-
-b = lazybuf.DeviceBuffer(size=16, device=device, mr=lmr.FailureCallbackResourceAdaptor(limit, callback))
+# What allocates through the callback, and a method that must raise ReentrancyError there.
+UNIFIED_ALLOCATION = """
+lmr.set_current_device_resource(mr, device=device)
+b = lazybuf.UnifiedBuffer((16384,), np.uint8, device=device)  # more than the limit leaves
+b.host[:] = 7  # allocates through the callback
+"""
+DEVICE_BUFFER_ALLOCATION = """
+b = lazybuf.DeviceBuffer(size=16, device=device, mr=mr)
 b.resize(64 << 10)  # grows through the callback
-for t in threads:
-    t.join(60)
-    assert not t.is_alive(), "a thread is still waiting"
-for where in ("callback", "finalizer", "thread"):
-    missing = [n for n in CALLS if (n, where) not in outcomes]
-    assert not missing, (where, missing)
-assert outcomes[("size", "callback")] == "reentrancy", outcomes
-assert outcomes[("size", "finalizer")] == "reentrancy", outcomes
-print("DONE", sorted(set(outcomes.values())))
 """
 
 
@@ -257,7 +212,8 @@ def test_the_tables_name_every_method(cls, table):
 @pytest.mark.parametrize("device", _devices())
 def test_every_device_buffer_method_during_a_resize_in_a_failure_callback(device):
     calls = {name: code for name, code in DEVICE_BUFFER_CALLS.items() if code is not None}
-    result = run_python(DEVICE_BUFFER_SCENARIO.format(device=device, calls=calls))
+    code = SCENARIO.format(device=device, calls=calls, allocate=DEVICE_BUFFER_ALLOCATION, reentrant="size")
+    result = run_python(code)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "DONE" in result.stdout, result.stdout + result.stderr
 
@@ -265,7 +221,7 @@ def test_every_device_buffer_method_during_a_resize_in_a_failure_callback(device
 @pytest.mark.parametrize("device", _devices())
 def test_every_method_during_an_allocation_in_a_failure_callback(device):
     calls = {name: code for name, code in UNIFIED_CALLS.items() if code is not None}
-    result = run_python(SCENARIO.format(device=device, calls=calls))
+    result = run_python(SCENARIO.format(device=device, calls=calls, allocate=UNIFIED_ALLOCATION, reentrant="state"))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "DONE" in result.stdout, result.stdout + result.stderr
 

@@ -11,6 +11,7 @@ mod common;
 use std::ffi::{CStr, c_void};
 use std::ptr;
 
+use cl3::types::cl_event;
 use lazybuf::backend::{RawDevice, RawMemory};
 use lazybuf::{BackendKind, BufferState, Device, UnifiedBuffer};
 
@@ -21,25 +22,34 @@ __kernel void scale_add(__global float* x, const float a, const float b) {
 }
 "#;
 
-/// Compiles SOURCE for `device` and runs `scale_add(mem, a, b)` over `n` elements on the
-/// device's queue, waiting for it to finish.
-fn run_scale_add(device: &Device, mem: RawMemory, n: usize, a: f32, b: f32) {
+/// Compiles `source` for `device` and enqueues its kernel `name` over `n` work items on the
+/// device's queue, with `mem` as argument 0 and the bytes of each of `scalars` after it;
+/// returns the launch's event (the caller waits for and releases it).
+fn enqueue(
+    device: &Device,
+    source: &str,
+    name: &CStr,
+    mem: RawMemory,
+    n: usize,
+    scalars: &[&[u8]],
+) -> cl_event {
     // SAFETY: (test) the handles are lazybuf's own context/queue/device, alive while `device`
     // lives; nothing here releases them.
     let RawDevice::OpenCl { context, queue, device: device_id } = (unsafe { device.raw() }) else {
         panic!("{device} is not an OpenCL device");
     };
     let RawMemory::OpenCl(cl_mem) = mem else { panic!("not an OpenCL allocation: {mem:?}") };
-    let program = cl3::program::create_program_with_source(context, &[SOURCE]).unwrap();
+    let program = cl3::program::create_program_with_source(context, &[source]).unwrap();
     cl3::program::build_program(program, &[device_id], c"", None, ptr::null_mut()).unwrap();
-    let name: &CStr = c"scale_add";
     let kernel = cl3::kernel::create_kernel(program, name).unwrap();
     // SAFETY: (test) argument sizes and pointers match the kernel's parameters; the cl_mem is
-    // alive (the view is borrowed for the whole call); the event is released after waiting.
+    // alive while the buffer lives (the caller keeps it until the event completed). The kernel
+    // and program are released at once: OpenCL keeps them alive while the launch needs them.
     unsafe {
         cl3::kernel::set_kernel_arg(kernel, 0, size_of::<*mut c_void>(), (&raw const cl_mem).cast()).unwrap();
-        cl3::kernel::set_kernel_arg(kernel, 1, 4, (&raw const a).cast()).unwrap();
-        cl3::kernel::set_kernel_arg(kernel, 2, 4, (&raw const b).cast()).unwrap();
+        for (i, scalar) in scalars.iter().enumerate() {
+            cl3::kernel::set_kernel_arg(kernel, i as u32 + 1, scalar.len(), scalar.as_ptr().cast()).unwrap();
+        }
         let global = [n];
         let event = cl3::command_queue::enqueue_nd_range_kernel(
             queue,
@@ -52,11 +62,23 @@ fn run_scale_add(device: &Device, mem: RawMemory, n: usize, a: f32, b: f32) {
             ptr::null(),
         )
         .unwrap();
-        cl3::event::wait_for_events(&[event]).unwrap();
-        cl3::event::release_event(event).unwrap();
+        cl3::command_queue::flush(queue).unwrap();
         cl3::kernel::release_kernel(kernel).unwrap();
         cl3::program::release_program(program).unwrap();
+        event
     }
+}
+
+/// Waits for and releases `event`.
+fn finish(event: cl_event) {
+    cl3::event::wait_for_events(&[event]).unwrap();
+    // SAFETY: (test) the event is the caller's own, waited for above, released once.
+    unsafe { cl3::event::release_event(event).unwrap() };
+}
+
+/// Runs `scale_add(mem, a, b)` over `n` elements on the device's queue, waiting for it.
+fn run_scale_add(device: &Device, mem: RawMemory, n: usize, a: f32, b: f32) {
+    finish(enqueue(device, SOURCE, c"scale_add", mem, n, &[&a.to_ne_bytes(), &b.to_ne_bytes()]));
 }
 
 fn opencl_devices() -> Vec<Device> {
@@ -128,48 +150,10 @@ __kernel void slow_fill(__global float* x, const float value, const int rounds) 
 }
 "#;
 
-/// Enqueues `slow_fill(mem, value, rounds)` over `n` elements on the device's queue (every
-/// element becomes `value`, slowly) and returns its event without waiting; the caller waits
-/// for and releases it.
-fn enqueue_slow_fill(
-    device: &Device,
-    mem: RawMemory,
-    n: usize,
-    value: f32,
-    rounds: i32,
-) -> cl3::types::cl_event {
-    // SAFETY: (test) as in run_scale_add.
-    let RawDevice::OpenCl { context, queue, device: device_id } = (unsafe { device.raw() }) else {
-        panic!("{device} is not an OpenCL device");
-    };
-    let RawMemory::OpenCl(cl_mem) = mem else { panic!("not an OpenCL allocation: {mem:?}") };
-    let program = cl3::program::create_program_with_source(context, &[SLOW_SOURCE]).unwrap();
-    cl3::program::build_program(program, &[device_id], c"", None, ptr::null_mut()).unwrap();
-    let kernel = cl3::kernel::create_kernel(program, c"slow_fill").unwrap();
-    // SAFETY: (test) argument sizes and pointers match the kernel's parameters; the cl_mem is
-    // alive while the buffer lives (the caller keeps it until the event completed). The kernel
-    // and program are released at once: OpenCL keeps them alive while the launch needs them.
-    unsafe {
-        cl3::kernel::set_kernel_arg(kernel, 0, size_of::<*mut c_void>(), (&raw const cl_mem).cast()).unwrap();
-        cl3::kernel::set_kernel_arg(kernel, 1, 4, (&raw const value).cast()).unwrap();
-        cl3::kernel::set_kernel_arg(kernel, 2, 4, (&raw const rounds).cast()).unwrap();
-        let global = [n];
-        let event = cl3::command_queue::enqueue_nd_range_kernel(
-            queue,
-            kernel,
-            1,
-            ptr::null(),
-            global.as_ptr(),
-            ptr::null(),
-            0,
-            ptr::null(),
-        )
-        .unwrap();
-        cl3::command_queue::flush(queue).unwrap();
-        cl3::kernel::release_kernel(kernel).unwrap();
-        cl3::program::release_program(program).unwrap();
-        event
-    }
+/// Enqueues `slow_fill(mem, value, rounds)` over `n` elements (every element becomes `value`,
+/// slowly) and returns its event without waiting.
+fn enqueue_slow_fill(device: &Device, mem: RawMemory, n: usize, value: f32, rounds: i32) -> cl_event {
+    enqueue(device, SLOW_SOURCE, c"slow_fill", mem, n, &[&value.to_ne_bytes(), &rounds.to_ne_bytes()])
 }
 
 /// A kernel on lazybuf's queue writes a device copy handed out for *reading* (the caller forgot
@@ -199,9 +183,7 @@ fn a_host_read_after_an_undeclared_kernel_write_is_never_torn() {
                     cl3::event::get_event_info(event, cl3::event::CL_EVENT_COMMAND_EXECUTION_STATUS)
                         .map(|status| status.to_int() == cl3::event::CL_COMPLETE)
                         .unwrap();
-                cl3::event::wait_for_events(&[event]).unwrap();
-                // SAFETY: (test) the event is this test's own, waited for above.
-                unsafe { cl3::event::release_event(event).unwrap() };
+                finish(event);
                 let aliased = device.is_zero_copy(n * 4);
                 let Some(seen) = seen else {
                     assert!(aliased, "host_if_valid of a copying buffer on {device} returns the host copy");
