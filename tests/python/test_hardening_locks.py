@@ -151,7 +151,10 @@ class Finalized:
         for name in CALLS:
             call(name, "finalizer")
 
+callbacks = []
+
 def callback(nbytes):
+    callbacks.append((nbytes, len(held)))
     if held:
         Finalized()
         gc.collect()
@@ -172,7 +175,7 @@ for t in threads:
     assert not t.is_alive(), "a thread is still waiting"
 for where in ("callback", "finalizer", "thread"):
     missing = [n for n in CALLS if (n, where) not in outcomes]
-    assert not missing, (where, missing)
+    assert not missing, (where, missing, "callbacks (bytes, held):", callbacks, limit.get_allocated_bytes())
 for where in ("callback", "finalizer"):
     assert outcomes[({reentrant!r}, where)] == "reentrancy", outcomes
 print("DONE", sorted(set(outcomes.values())))
