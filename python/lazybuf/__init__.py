@@ -70,9 +70,10 @@ if "lazybuf.testing" in _sys.modules:
     testing = _sys.modules["lazybuf.testing"]
 
 # The version (the installed distribution's), `show_config()`, and the command-line tool's
-# entry point (`lazybuf.cli.main`, the `lazybuf` console script).
+# entry point (`lazybuf.cli.main`, the `lazybuf` console script) and `watch()` in process.
 from . import cli
 from ._config import __version__, show_config
+from .cli import watch
 
 # Dask integration (python/lazybuf/_dask.py): sizes and serializers, registered with dask and
 # distributed when they are imported (before or after lazybuf); never imports them itself.
@@ -119,4 +120,4 @@ __all__ = [
     "trim",
 ]
 __all__ += ["DeviceBuffer", "Memory", "MemoryDevice", "MemoryHost", "MemoryShared", "mr", "to_device"]
-__all__ += ["cli", "show_config"]
+__all__ += ["cli", "show_config", "watch"]
