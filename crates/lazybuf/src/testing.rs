@@ -280,6 +280,10 @@ impl Backend for FaultyDevice {
         Some(self.allocation().and(alias))
     }
 
+    fn owns(&self, memory: &DeviceMemory) -> bool {
+        self.backend().owns(memory)
+    }
+
     unsafe fn upload(
         &self,
         stream: &dyn StreamHandle,
@@ -421,7 +425,7 @@ impl Backend for FaultyDevice {
 /// Writes garbage over the first `bytes` of `dst` (not over host aliases: their bytes are the
 /// host copy's), as a runtime that dies half-way through a copy would leave it.
 fn scribble(backend: &dyn Backend, stream: &dyn StreamHandle, dst: &mut DeviceMemory, bytes: usize) {
-    if dst.is_host_alias() {
+    if dst.is_host_alias() || bytes == 0 || dst.is_empty() {
         return;
     }
     let garbage = vec![0xA5; bytes.min(dst.len())];

@@ -184,6 +184,11 @@ impl Backend for ForkGuard {
         self.inner.alias_host(host, bytes)
     }
 
+    /// No runtime call: answered in a forked child too.
+    fn owns(&self, memory: &DeviceMemory) -> bool {
+        self.inner.owns(memory)
+    }
+
     unsafe fn upload(
         &self,
         stream: &dyn StreamHandle,

@@ -58,10 +58,17 @@ pub trait StreamHandle: Any + Send + Sync + fmt::Debug {
 /// One device's runtime operations.
 ///
 /// Transfers act on the first bytes of an allocation (a block may be larger than the buffer
-/// using it); lengths beyond an allocation are an [`crate::Error::LengthMismatch`]. An
-/// operation that fails to *enqueue* returns the error and has done nothing; one that fails
-/// while it runs reports the error through its ticket, and its destination's bytes are then
-/// unspecified.
+/// using it). An operation that fails to *enqueue* returns the error and has done nothing; one
+/// that fails while it runs reports the error through its ticket, and its destination's bytes
+/// are then unspecified.
+///
+/// **Checked input.** Callers reach the operations (`upload`, `download`, `fill`, `copy`,
+/// `copy_from_peer`, `prefetch`) only through [`crate::Stream`], which checks the generic
+/// contract once, for every backend: lengths fit the memory (else an
+/// [`crate::Error::LengthMismatch`]), the memory is this device's ([`Backend::owns`]) and the
+/// stream is (a [`crate::Stream`] carries its device), a fill's pattern is 1, 2, 4, 8 or 16
+/// bytes and divides its length, and nothing is empty (an empty operation is a completed
+/// ticket there, with no call here). A backend sees only such input.
 pub trait Backend: Any + Send + Sync + fmt::Debug {
     /// What the device is.
     fn info(&self) -> &DeviceInfo;
@@ -172,6 +179,11 @@ pub trait Backend: Any + Send + Sync + fmt::Debug {
         let _ = (host, bytes);
         None
     }
+
+    /// Whether `memory` is memory of this device (of its type, and of its context): the
+    /// check [`crate::Stream`]'s operations make before handing memory to the operations
+    /// below. No runtime call.
+    fn owns(&self, memory: &DeviceMemory) -> bool;
 
     /// Enqueues a copy of all of `src` into the first `src.len()` bytes of `dst`.
     ///

@@ -268,6 +268,10 @@ impl Backend for CudaBackend {
         Self::ticket(stream)
     }
 
+    fn owns(&self, memory: &DeviceMemory) -> bool {
+        self.memory(memory).is_ok()
+    }
+
     unsafe fn upload(
         &self,
         stream: &dyn StreamHandle,

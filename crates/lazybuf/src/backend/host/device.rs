@@ -112,6 +112,10 @@ impl Backend for HostBackend {
         Some(Ok(DeviceMemory::new(len, true, Box::new(HostDeviceMemory::alias(host, len)))))
     }
 
+    fn owns(&self, memory: &DeviceMemory) -> bool {
+        memory.handle::<HostDeviceMemory>().is_some()
+    }
+
     unsafe fn upload(&self, _: &dyn StreamHandle, src: HostSpan, dst: &mut DeviceMemory) -> Result<Ticket> {
         check_fits("upload", dst.len(), src.len())?;
         let dst = handle(dst)?;

@@ -356,6 +356,10 @@ impl Backend for WgpuBackend {
         }
     }
 
+    fn owns(&self, memory: &DeviceMemory) -> bool {
+        self.memory(memory).is_ok()
+    }
+
     unsafe fn upload(
         &self,
         stream: &dyn StreamHandle,
