@@ -309,7 +309,8 @@ impl Stream {
         if src.is_empty() {
             return Ok(Ticket::done());
         }
-        // SAFETY: forwarded contract; the length fits and `dst` is this device's memory.
+        // SAFETY: forwarded contract; checked above: `src` is not empty and fits `dst`, this
+        // device's memory.
         unsafe { self.device.backend().upload(&*self.handle, src, dst) }
     }
 
@@ -326,7 +327,8 @@ impl Stream {
         if dst.is_empty() {
             return Ok(Ticket::done());
         }
-        // SAFETY: forwarded contract; the length fits and `src` is this device's memory.
+        // SAFETY: forwarded contract; checked above: `dst` is not empty and fits in `src`,
+        // this device's memory.
         unsafe { self.device.backend().download(&*self.handle, src, dst) }
     }
 
@@ -348,7 +350,9 @@ impl Stream {
         if bytes == 0 {
             return Ok(Ticket::done());
         }
-        self.device.backend().fill(&*self.handle, dst, pattern, bytes)
+        // SAFETY: checked above: `bytes` is not 0 and fits `dst`, the pattern is one element
+        // of 1, 2, 4, 8 or 16 bytes dividing it; `dst` is this device's memory.
+        unsafe { self.device.backend().fill(&*self.handle, dst, pattern, bytes) }
     }
 
     /// Enqueues a copy of the first `bytes` of `src` into `dst`, both memory of this
@@ -360,7 +364,8 @@ impl Stream {
         if bytes == 0 {
             return Ok(Ticket::done());
         }
-        self.device.backend().copy(&*self.handle, src, dst, bytes)
+        // SAFETY: checked above: `bytes` is not 0 and fits both, both are this device's.
+        unsafe { self.device.backend().copy(&*self.handle, src, dst, bytes) }
     }
 
     /// Enqueues a copy of the first `bytes` of `src`, memory of `src_device`, into `dst`,
@@ -386,7 +391,9 @@ impl Stream {
         if bytes == 0 {
             return Some(Ok(Ticket::done()));
         }
-        self.device.backend().copy_from_peer(&*self.handle, src_device.backend(), src, dst, bytes)
+        // SAFETY: checked above: `bytes` is not 0 and fits both, `dst` is this device's memory
+        // and `src` is `src_device`'s.
+        unsafe { self.device.backend().copy_from_peer(&*self.handle, src_device.backend(), src, dst, bytes) }
     }
 
     /// Enqueues a move of shared memory's pages (memory of this stream's device) to the

@@ -335,7 +335,7 @@ impl Backend for FaultyDevice {
         Ok(self.plan.ticket(inner, None))
     }
 
-    fn fill(
+    unsafe fn fill(
         &self,
         stream: &dyn StreamHandle,
         dst: &mut DeviceMemory,
@@ -347,11 +347,12 @@ impl Backend for FaultyDevice {
         if let Some(fault) = self.copy_op()? {
             return Err(fault);
         }
-        let inner = self.backend().fill(stream, dst, pattern, bytes)?;
+        // SAFETY: forwarded contract.
+        let inner = unsafe { self.backend().fill(stream, dst, pattern, bytes) }?;
         Ok(self.plan.ticket(inner, None))
     }
 
-    fn copy(
+    unsafe fn copy(
         &self,
         stream: &dyn StreamHandle,
         src: &DeviceMemory,
@@ -361,7 +362,8 @@ impl Backend for FaultyDevice {
         if let Some(fault) = self.copy_op()? {
             return Err(fault);
         }
-        let inner = self.backend().copy(stream, src, dst, bytes)?;
+        // SAFETY: forwarded contract.
+        let inner = unsafe { self.backend().copy(stream, src, dst, bytes) }?;
         Ok(self.plan.ticket(inner, None))
     }
 
@@ -369,7 +371,7 @@ impl Backend for FaultyDevice {
         self.backend().can_copy_from_peer(unwrap(src))
     }
 
-    fn copy_from_peer(
+    unsafe fn copy_from_peer(
         &self,
         stream: &dyn StreamHandle,
         src_backend: &dyn Backend,
@@ -389,7 +391,8 @@ impl Backend for FaultyDevice {
             scribble(self.backend(), stream, dst, bytes);
             return Some(Ok(self.plan.ticket(Ticket::done(), fault)));
         }
-        let inner = self.backend().copy_from_peer(stream, src_backend, src, dst, bytes)?;
+        // SAFETY: forwarded contract (the unwrapped backend drives the same memory).
+        let inner = unsafe { self.backend().copy_from_peer(stream, src_backend, src, dst, bytes) }?;
         Some(inner.map(|inner| self.plan.ticket(inner, None)))
     }
 
