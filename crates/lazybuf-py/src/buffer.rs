@@ -338,7 +338,7 @@ impl UnifiedBuffer {
 /// `MetalUnavailableError` (a `BackendUnavailableError`, and PyDotCompute's `MetalError`)
 /// where there is none.
 fn metal_device(home: &Device) -> PyResult<Device> {
-    if home.backend().answers_to("metal") {
+    if home.answers_to("metal") {
         return Ok(home.clone());
     }
     if !lazybuf::backend::SELECTOR_ALIASES.iter().any(|(name, _)| *name == "metal") {

@@ -169,8 +169,7 @@ fn warm_buffer(device: &Device, bytes: usize) -> UnifiedBuffer<u8> {
 
 /// The same adapter opened with staging transfers (`None` where that is already the default).
 fn staging_twin(device: &Device) -> Option<Device> {
-    let backend = (lazybuf::backend::fork::unguarded(device.backend()) as &dyn std::any::Any)
-        .downcast_ref::<WgpuBackend>()?;
+    let backend = device.backend_as::<WgpuBackend>()?;
     if !backend.maps_for_transfers() {
         return None;
     }

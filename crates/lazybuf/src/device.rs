@@ -12,7 +12,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use crate::backend::deferred::DeferredErrors;
-use crate::backend::{Backend, DeviceInfo, MemoryInfo, RawDevice, RawStream, StreamHandle, Ticket};
+use crate::backend::{
+    Backend, DeviceInfo, DeviceMemory, HostSpan, MemoryInfo, RawDevice, RawStream, StreamHandle, Ticket,
+    check_fits,
+};
 use crate::coherence::DeviceId;
 use crate::error::{BackendKind, Result};
 
@@ -189,11 +192,30 @@ impl Device {
         self.inner.backend.raw()
     }
 
+    /// Whether a selector name other than the backend's own picks this device (wgpu's
+    /// `vulkan`, `metal`, `dx12`: the graphics API under it).
+    pub fn answers_to(&self, selector: &str) -> bool {
+        self.inner.backend.answers_to(selector)
+    }
+
+    /// Whether the device keeps working in a child made by `fork` (only the host device
+    /// does; others are refused there, see [`crate::backend::fork`]).
+    pub fn survives_fork(&self) -> bool {
+        self.inner.backend.survives_fork()
+    }
+
+    /// The backend that drives the device, as its own type `B` (a
+    /// [`crate::backend::wgpu::WgpuBackend`], say), for its backend-specific methods; `None`
+    /// when another type drives it.
+    pub fn backend_as<B: Backend>(&self) -> Option<&B> {
+        (crate::backend::fork::unguarded(&*self.inner.backend) as &dyn std::any::Any).downcast_ref::<B>()
+    }
+
     /// The backend that drives the device. For a backend whose runtime does not survive
     /// `fork` (OpenCL, CUDA, wgpu) this is the guard in front of it
-    /// ([`crate::backend::fork::ForkGuard`]); [`crate::backend::fork::unguarded`] gives the
-    /// backend itself, to downcast it to its type.
-    pub fn backend(&self) -> &dyn Backend {
+    /// ([`crate::backend::fork::ForkGuard`]). Its operations take unchecked input: enqueue
+    /// work through [`Stream`]'s operations, which check it.
+    pub(crate) fn backend(&self) -> &dyn Backend {
         &*self.inner.backend
     }
 
@@ -270,10 +292,136 @@ impl Stream {
         &*self.handle
     }
 
+    /// Refuses memory that is not this stream's device's.
+    fn check_owned(&self, operation: &'static str, memory: &DeviceMemory) -> Result<()> {
+        check_owned(&self.device, operation, memory)
+    }
+
+    /// Enqueues a copy of all of `src` into the first `src.len()` bytes of `dst`, memory of
+    /// this stream's device. Lengths beyond `dst` are an [`crate::Error::LengthMismatch`]; an
+    /// empty `src` is a completed ticket, with no runtime call.
+    ///
+    /// # Safety
+    /// `src` must stay valid for reads, and unwritten, until the returned ticket is complete.
+    pub unsafe fn upload(&self, src: HostSpan, dst: &mut DeviceMemory) -> Result<Ticket> {
+        check_fits("upload", dst.len(), src.len())?;
+        self.check_owned("upload", dst)?;
+        if src.is_empty() {
+            return Ok(Ticket::done());
+        }
+        // SAFETY: forwarded contract; checked above: `src` is not empty and fits `dst`, this
+        // device's memory.
+        unsafe { self.device.backend().upload(&*self.handle, src, dst) }
+    }
+
+    /// Enqueues a copy of the first `dst.len()` bytes of `src`, memory of this stream's
+    /// device, into all of `dst`. Lengths beyond `src` are an
+    /// [`crate::Error::LengthMismatch`]; an empty `dst` is a completed ticket.
+    ///
+    /// # Safety
+    /// `dst` must stay valid for writes, and otherwise untouched, until the returned ticket
+    /// is complete.
+    pub unsafe fn download(&self, src: &DeviceMemory, dst: HostSpan) -> Result<Ticket> {
+        check_fits("download", src.len(), dst.len())?;
+        self.check_owned("download", src)?;
+        if dst.is_empty() {
+            return Ok(Ticket::done());
+        }
+        // SAFETY: forwarded contract; checked above: `dst` is not empty and fits in `src`,
+        // this device's memory.
+        unsafe { self.device.backend().download(&*self.handle, src, dst) }
+    }
+
+    /// Enqueues a fill of the first `bytes` of `dst` with repetitions of `pattern`: one
+    /// element of 1, 2, 4, 8 or 16 bytes, `bytes` a multiple of it (else an
+    /// [`crate::Error::InvalidArgument`], on every device).
+    pub fn fill(&self, dst: &mut DeviceMemory, pattern: &[u8], bytes: usize) -> Result<Ticket> {
+        check_fits("fill", dst.len(), bytes)?;
+        self.check_owned("fill", dst)?;
+        if !matches!(pattern.len(), 1 | 2 | 4 | 8 | 16) || !bytes.is_multiple_of(pattern.len()) {
+            return Err(crate::Error::invalid(
+                "fill",
+                format!(
+                    "expected a pattern of 1, 2, 4, 8 or 16 bytes whose length divides {bytes}; got {} bytes",
+                    pattern.len()
+                ),
+            ));
+        }
+        if bytes == 0 {
+            return Ok(Ticket::done());
+        }
+        // SAFETY: checked above: `bytes` is not 0 and fits `dst`, the pattern is one element
+        // of 1, 2, 4, 8 or 16 bytes dividing it; `dst` is this device's memory.
+        unsafe { self.device.backend().fill(&*self.handle, dst, pattern, bytes) }
+    }
+
+    /// Enqueues a copy of the first `bytes` of `src` into `dst`, both memory of this
+    /// stream's device.
+    pub fn copy(&self, src: &DeviceMemory, dst: &mut DeviceMemory, bytes: usize) -> Result<Ticket> {
+        check_fits("copy", src.len().min(dst.len()), bytes)?;
+        self.check_owned("copy", src)?;
+        self.check_owned("copy", dst)?;
+        if bytes == 0 {
+            return Ok(Ticket::done());
+        }
+        // SAFETY: checked above: `bytes` is not 0 and fits both, both are this device's.
+        unsafe { self.device.backend().copy(&*self.handle, src, dst, bytes) }
+    }
+
+    /// Enqueues a copy of the first `bytes` of `src`, memory of `src_device`, into `dst`,
+    /// memory of this stream's device, without the host; `None` when the two devices cannot
+    /// copy directly ([`Device::can_copy_from`]). The caller orders this stream after the
+    /// source's last writer.
+    pub fn copy_from_peer(
+        &self,
+        src_device: &Device,
+        src: &DeviceMemory,
+        dst: &mut DeviceMemory,
+        bytes: usize,
+    ) -> Option<Result<Ticket>> {
+        if !self.device.can_copy_from(src_device) {
+            return None;
+        }
+        let checked = check_fits("copy_from_peer", src.len().min(dst.len()), bytes)
+            .and_then(|()| self.check_owned("copy_from_peer", dst))
+            .and_then(|()| check_owned(src_device, "copy_from_peer", src));
+        if let Err(err) = checked {
+            return Some(Err(err));
+        }
+        if bytes == 0 {
+            return Some(Ok(Ticket::done()));
+        }
+        // SAFETY: checked above: `bytes` is not 0 and fits both, `dst` is this device's memory
+        // and `src` is `src_device`'s.
+        unsafe { self.device.backend().copy_from_peer(&*self.handle, src_device.backend(), src, dst, bytes) }
+    }
+
+    /// Enqueues a move of shared memory's pages (memory of this stream's device) to the
+    /// device (`to_device`) or to the host, so the next accesses there do not fault; other
+    /// memory, and empty memory, needs nothing.
+    pub fn prefetch(&self, memory: &DeviceMemory, to_device: bool) -> Result<Ticket> {
+        self.check_owned("prefetch", memory)?;
+        if memory.is_empty() {
+            return Ok(Ticket::done());
+        }
+        self.device.backend().prefetch(&*self.handle, memory, to_device)
+    }
+
     /// A number that identifies the stream while it lives (for stream-ordered free lists).
     pub fn key(&self) -> usize {
         Arc::as_ptr(&self.handle).cast::<()>() as usize
     }
+}
+
+/// Refuses memory that is not `device`'s, with an error naming what was expected.
+fn check_owned(device: &Device, operation: &'static str, memory: &DeviceMemory) -> Result<()> {
+    if device.backend().owns(memory) {
+        return Ok(());
+    }
+    Err(crate::Error::invalid(
+        operation,
+        format!("expected memory of {}, got {memory:?}", device.info().name),
+    ))
 }
 
 impl PartialEq for Stream {

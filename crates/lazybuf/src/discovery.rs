@@ -172,7 +172,7 @@ pub fn select_device(selector: &str) -> Result<Device> {
     let of_backend: Vec<&Device> = registry
         .devices
         .iter()
-        .filter(|d| d.backend_kind() == backend && (alias.is_none() || d.backend().answers_to(&name)))
+        .filter(|d| d.backend_kind() == backend && (alias.is_none() || d.answers_to(&name)))
         .collect();
     if of_backend.is_empty() {
         let why = registry

@@ -280,6 +280,10 @@ impl Backend for FaultyDevice {
         Some(self.allocation().and(alias))
     }
 
+    fn owns(&self, memory: &DeviceMemory) -> bool {
+        self.backend().owns(memory)
+    }
+
     unsafe fn upload(
         &self,
         stream: &dyn StreamHandle,
@@ -331,7 +335,7 @@ impl Backend for FaultyDevice {
         Ok(self.plan.ticket(inner, None))
     }
 
-    fn fill(
+    unsafe fn fill(
         &self,
         stream: &dyn StreamHandle,
         dst: &mut DeviceMemory,
@@ -343,11 +347,12 @@ impl Backend for FaultyDevice {
         if let Some(fault) = self.copy_op()? {
             return Err(fault);
         }
-        let inner = self.backend().fill(stream, dst, pattern, bytes)?;
+        // SAFETY: forwarded contract.
+        let inner = unsafe { self.backend().fill(stream, dst, pattern, bytes) }?;
         Ok(self.plan.ticket(inner, None))
     }
 
-    fn copy(
+    unsafe fn copy(
         &self,
         stream: &dyn StreamHandle,
         src: &DeviceMemory,
@@ -357,7 +362,8 @@ impl Backend for FaultyDevice {
         if let Some(fault) = self.copy_op()? {
             return Err(fault);
         }
-        let inner = self.backend().copy(stream, src, dst, bytes)?;
+        // SAFETY: forwarded contract.
+        let inner = unsafe { self.backend().copy(stream, src, dst, bytes) }?;
         Ok(self.plan.ticket(inner, None))
     }
 
@@ -365,7 +371,7 @@ impl Backend for FaultyDevice {
         self.backend().can_copy_from_peer(unwrap(src))
     }
 
-    fn copy_from_peer(
+    unsafe fn copy_from_peer(
         &self,
         stream: &dyn StreamHandle,
         src_backend: &dyn Backend,
@@ -385,7 +391,8 @@ impl Backend for FaultyDevice {
             scribble(self.backend(), stream, dst, bytes);
             return Some(Ok(self.plan.ticket(Ticket::done(), fault)));
         }
-        let inner = self.backend().copy_from_peer(stream, src_backend, src, dst, bytes)?;
+        // SAFETY: forwarded contract (the unwrapped backend drives the same memory).
+        let inner = unsafe { self.backend().copy_from_peer(stream, src_backend, src, dst, bytes) }?;
         Some(inner.map(|inner| self.plan.ticket(inner, None)))
     }
 
@@ -421,7 +428,7 @@ impl Backend for FaultyDevice {
 /// Writes garbage over the first `bytes` of `dst` (not over host aliases: their bytes are the
 /// host copy's), as a runtime that dies half-way through a copy would leave it.
 fn scribble(backend: &dyn Backend, stream: &dyn StreamHandle, dst: &mut DeviceMemory, bytes: usize) {
-    if dst.is_host_alias() {
+    if dst.is_host_alias() || bytes == 0 || dst.is_empty() {
         return;
     }
     let garbage = vec![0xA5; bytes.min(dst.len())];

@@ -4,6 +4,7 @@
 mod common;
 
 use common::pattern;
+use lazybuf::backend::HostSpan;
 use lazybuf::{BackendKind, BufferState, Device, Error, UnifiedBuffer};
 
 #[test]
@@ -203,33 +204,92 @@ fn devices_and_opencl_twins() -> Vec<Device> {
     devices
 }
 
-/// A backend handed memory or a stream of another device (another backend, or another
-/// context of its own backend) refuses it with an error naming what it expected, before any
-/// runtime call (streams: every backend but the host's, which has none to misorder).
+/// A stream handed memory of another device (another backend, or another context of its own
+/// backend) refuses it with an error naming what it expected, before any runtime call. A
+/// stream of another device cannot be handed at all: a [`lazybuf::Stream`] carries its device.
 #[test]
-fn a_backend_refuses_memory_and_streams_of_another_device() {
+fn a_stream_refuses_memory_of_another_device() {
     let devices = devices_and_opencl_twins();
     for ours in &devices {
-        let backend = ours.backend();
         let stream = ours.stream();
-        let (mine, mut other) = (backend.allocate(64).unwrap(), backend.allocate(64).unwrap());
+        let (mine, mut other) = (common::device_memory(ours, 64), common::device_memory(ours, 64));
         for theirs in devices.iter().filter(|d| d.id() != ours.id()) {
-            let foreign = theirs.backend().allocate(64).unwrap();
-            let err = backend.copy(stream.handle(), &foreign, &mut other, 64).unwrap_err();
-            assert!(matches!(err, Error::InvalidArgument { .. }), "{ours} given memory of {theirs}: {err}");
-            assert!(err.to_string().contains("expected memory of"), "{ours} given memory of {theirs}: {err}");
-            // The host device runs every call at once, on no stream, so any stream will do
-            // there (nothing can be misordered); that check stays off its hot path.
-            if ours.backend_kind() == BackendKind::HOST {
-                continue;
+            let mut foreign = common::device_memory(theirs, 64);
+            for err in [
+                stream.copy(&foreign, &mut other, 64).unwrap_err(),
+                stream.copy(&mine, &mut foreign, 64).unwrap_err(),
+                stream.fill(&mut foreign, &[0], 64).unwrap_err(),
+                // SAFETY: (test) refused before anything is enqueued.
+                unsafe { stream.upload(HostSpan::of_slice(&[0; 64]), &mut foreign) }.unwrap_err(),
+                // Empty operations are checked too.
+                stream.fill(&mut foreign, &[0], 0).unwrap_err(),
+            ] {
+                assert!(
+                    matches!(err, Error::InvalidArgument { .. }),
+                    "{ours} given memory of {theirs}: {err}"
+                );
+                assert!(
+                    err.to_string().contains("expected memory of"),
+                    "{ours} given memory of {theirs}: {err}"
+                );
             }
-            let their_stream = theirs.stream();
-            let err = backend.copy(their_stream.handle(), &mine, &mut other, 64).unwrap_err();
-            assert!(matches!(err, Error::InvalidArgument { .. }), "{ours} given a stream of {theirs}: {err}");
+        }
+    }
+}
+
+/// One fill-pattern rule on every device: one element of 1, 2, 4, 8 or 16 bytes, the length a
+/// multiple of it. Anything else is refused with the same clear error, before any runtime call.
+#[test]
+fn one_fill_pattern_rule_on_every_device() {
+    for device in common::devices() {
+        let stream = device.stream();
+        let mut memory = common::device_memory(&device, 96);
+        for len in [1usize, 2, 4, 8, 16] {
+            let pattern: Vec<u8> = (1..=len as u8).collect();
+            stream.fill(&mut memory, &pattern, 96).unwrap().wait().unwrap();
+            let mut out = vec![0u8; 96];
+            // SAFETY: (test) `out` lives until the ticket is waited for.
+            unsafe { stream.download(&memory, HostSpan::of_mut_slice(&mut out)) }.unwrap().wait().unwrap();
+            assert!(out.chunks(len).all(|c| c == pattern), "{len}-byte pattern on {device}: {out:?}");
+        }
+        for (pattern, bytes) in [(vec![1u8; 3], 96), (vec![1u8; 32], 96), (vec![], 96), (vec![1u8; 4], 94)] {
+            let err = stream.fill(&mut memory, &pattern, bytes).unwrap_err();
+            assert!(matches!(err, Error::InvalidArgument { .. }), "{device}: {err}");
             assert!(
-                err.to_string().contains("expected a stream of"),
-                "{ours} given a stream of {theirs}: {err}"
+                err.to_string().contains("expected a pattern of 1, 2, 4, 8 or 16 bytes whose length divides"),
+                "{}-byte pattern over {bytes} bytes on {device}: {err}",
+                pattern.len()
             );
+        }
+    }
+}
+
+/// Zero-length operations complete at once on every device, touching nothing (even on an
+/// empty allocation, which has no runtime buffer on wgpu); lengths beyond the memory are a
+/// length mismatch.
+#[test]
+fn zero_length_operations_complete_on_every_device() {
+    for device in common::devices() {
+        let stream = device.stream();
+        for size in [0usize, 16] {
+            let (mut a, mut b) = (common::device_memory(&device, size), common::device_memory(&device, size));
+            let tickets = [
+                // SAFETY: (test) the spans are empty.
+                unsafe { stream.upload(HostSpan::of_slice(&[]), &mut a) }.unwrap(),
+                // SAFETY: (test) the spans are empty.
+                unsafe { stream.download(&a, HostSpan::of_mut_slice(&mut [])) }.unwrap(),
+                stream.fill(&mut a, &[7], 0).unwrap(),
+                stream.fill(&mut a, &[1, 2, 3, 4], 0).unwrap(),
+                stream.copy(&a, &mut b, 0).unwrap(),
+                stream.prefetch(&a, true).unwrap(),
+            ];
+            for ticket in tickets {
+                assert!(ticket.poll().unwrap(), "an empty operation on {device} is complete at once");
+            }
+            let err = stream.copy(&a, &mut b, size + 1).unwrap_err();
+            assert!(matches!(err, Error::LengthMismatch { .. }), "{device}: {err}");
+            let err = stream.fill(&mut a, &[0], size + 1).unwrap_err();
+            assert!(matches!(err, Error::LengthMismatch { .. }), "{device}: {err}");
         }
     }
 }

@@ -108,7 +108,7 @@ fn a_forked_child_gets_a_clear_error_from_runtimes_that_do_not_survive_fork_and_
         current.host_overwrite().unwrap().copy_from_slice(&common::pattern(1, 4096));
         current.sync_to_device().unwrap();
         current.mark_device_dirty().unwrap();
-        let survives = device.backend().survives_fork();
+        let survives = device.survives_fork();
         let status = fork_and_wait(Duration::from_secs(30), || in_child(&device, vec![current]));
         let expected = if survives { WORKED } else { REFUSED };
         assert_eq!(
@@ -120,5 +120,5 @@ fn a_forked_child_gets_a_clear_error_from_runtimes_that_do_not_survive_fork_and_
         );
     }
     let host = lazybuf::devices().into_iter().find(|d| d.backend_kind() == lazybuf::BackendKind::HOST);
-    assert!(host.is_some_and(|h| h.backend().survives_fork()), "the host device works in a child");
+    assert!(host.is_some_and(|h| h.survives_fork()), "the host device works in a child");
 }

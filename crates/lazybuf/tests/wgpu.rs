@@ -120,10 +120,10 @@ fn devices_report_what_they_are_and_answer_to_their_selectors() {
         assert_eq!(&lazybuf::select_device(&format!("wgpu:{index}")).unwrap(), device);
         let api = lazybuf::backend::wgpu::API_SELECTORS
             .iter()
-            .find(|(name, _)| device.backend().answers_to(name))
+            .find(|(name, _)| device.answers_to(name))
             .map(|(name, _)| *name)
             .expect("every wgpu device runs on Vulkan, Metal or DX12");
-        let same_api: Vec<Device> = devices.iter().filter(|d| d.backend().answers_to(api)).cloned().collect();
+        let same_api: Vec<Device> = devices.iter().filter(|d| d.answers_to(api)).cloned().collect();
         let position = same_api.iter().position(|d| d == device).unwrap();
         assert_eq!(&lazybuf::select_device(&format!("{api}:{position}")).unwrap(), device);
         println!(
@@ -137,13 +137,13 @@ fn devices_report_what_they_are_and_answer_to_their_selectors() {
     if let Some(first) = devices.first() {
         assert_eq!(&lazybuf::select_device("wgpu").unwrap(), first);
     }
-    let vulkan: Vec<&Device> = devices.iter().filter(|d| d.backend().answers_to("vulkan")).collect();
+    let vulkan: Vec<&Device> = devices.iter().filter(|d| d.answers_to("vulkan")).collect();
     match lazybuf::select_device("vulkan") {
         Ok(device) => assert_eq!(&device, vulkan[0]),
         Err(err) => assert!(vulkan.is_empty() && err.to_string().contains("vulkan has no device"), "{err}"),
     }
     // No Metal here (Linux): a clear error naming what exists.
-    if !devices.iter().any(|d| d.backend().answers_to("metal")) {
+    if !devices.iter().any(|d| d.answers_to("metal")) {
         let err = lazybuf::select_device("metal").unwrap_err();
         assert!(
             matches!(err, Error::DeviceNotFound { .. }) && err.to_string().contains("metal has no device"),
@@ -171,13 +171,11 @@ fn bytes_on(device: &Device, n: usize) -> UnifiedBuffer<u8> {
 #[test]
 fn partial_words_change_exactly_their_bytes() {
     for device in wgpu_devices() {
-        let backend = device.backend();
         let stream = device.stream();
-        let stream = stream.handle();
         let read = |memory: &lazybuf::backend::DeviceMemory| {
             let mut out = vec![0u8; 24];
             // SAFETY: (test) `out` lives until the ticket is waited for.
-            unsafe { backend.download(stream, memory, lazybuf::backend::HostSpan::of_mut_slice(&mut out)) }
+            unsafe { stream.download(memory, lazybuf::backend::HostSpan::of_mut_slice(&mut out)) }
                 .unwrap()
                 .wait()
                 .unwrap();
@@ -185,15 +183,15 @@ fn partial_words_change_exactly_their_bytes() {
         };
         let write = |memory: &mut lazybuf::backend::DeviceMemory, bytes: &[u8]| {
             // SAFETY: (test) `bytes` lives until the ticket is waited for.
-            unsafe { backend.upload(stream, lazybuf::backend::HostSpan::of_slice(bytes), memory) }
+            unsafe { stream.upload(lazybuf::backend::HostSpan::of_slice(bytes), memory) }
                 .unwrap()
                 .wait()
                 .unwrap();
         };
         let base: Vec<u8> = (100..124).collect();
         for n in 1..=23usize {
-            let mut a = backend.allocate(24).unwrap();
-            let mut b = backend.allocate(24).unwrap();
+            let mut a = common::device_memory(&device, 24);
+            let mut b = common::device_memory(&device, 24);
             // Upload of n bytes.
             write(&mut a, &base);
             let data: Vec<u8> = (0..n as u8).map(|i| i + 1).collect();
@@ -204,7 +202,7 @@ fn partial_words_change_exactly_their_bytes() {
             // Download of n bytes reads exactly them.
             let mut out = vec![0xEEu8; n];
             // SAFETY: (test) `out` lives until the ticket is waited for.
-            unsafe { backend.download(stream, &a, lazybuf::backend::HostSpan::of_mut_slice(&mut out)) }
+            unsafe { stream.download(&a, lazybuf::backend::HostSpan::of_mut_slice(&mut out)) }
                 .unwrap()
                 .wait()
                 .unwrap();
@@ -212,7 +210,7 @@ fn partial_words_change_exactly_their_bytes() {
             // Fills of n bytes with a 1-byte pattern, zero and not.
             for value in [0u8, 0xAB] {
                 write(&mut a, &base);
-                backend.fill(stream, &mut a, &[value], n).unwrap().wait().unwrap();
+                stream.fill(&mut a, &[value], n).unwrap().wait().unwrap();
                 let mut expected = base.clone();
                 expected[..n].fill(value);
                 assert_eq!(read(&a), expected, "fill of {n} bytes with {value:#x}");
@@ -220,7 +218,7 @@ fn partial_words_change_exactly_their_bytes() {
             // A 2-byte pattern over an even length.
             if n.is_multiple_of(2) {
                 write(&mut a, &base);
-                backend.fill(stream, &mut a, &[0x12, 0x34], n).unwrap().wait().unwrap();
+                stream.fill(&mut a, &[0x12, 0x34], n).unwrap().wait().unwrap();
                 let mut expected = base.clone();
                 expected[..n].chunks_mut(2).for_each(|c| c.copy_from_slice(&[0x12, 0x34]));
                 assert_eq!(read(&a), expected, "2-byte fill of {n} bytes");
@@ -228,19 +226,19 @@ fn partial_words_change_exactly_their_bytes() {
             // A device-to-device copy of n bytes.
             write(&mut a, &data.iter().chain(&base[n..]).copied().collect::<Vec<u8>>());
             write(&mut b, &[7u8; 24]);
-            backend.copy(stream, &a, &mut b, n).unwrap().wait().unwrap();
+            stream.copy(&a, &mut b, n).unwrap().wait().unwrap();
             let mut expected = vec![7u8; 24];
             expected[..n].copy_from_slice(&data);
             assert_eq!(read(&b), expected, "copy of {n} bytes");
         }
         // Patterns of 4, 8 and 16 bytes repeat in order.
-        let mut a = backend.allocate(48).unwrap();
+        let mut a = common::device_memory(&device, 48);
         for len in [4usize, 8, 16] {
             let pattern: Vec<u8> = (1..=len as u8).collect();
-            backend.fill(stream, &mut a, &pattern, 48).unwrap().wait().unwrap();
+            stream.fill(&mut a, &pattern, 48).unwrap().wait().unwrap();
             let mut out = vec![0u8; 48];
             // SAFETY: (test) `out` lives until the ticket is waited for.
-            unsafe { backend.download(stream, &a, lazybuf::backend::HostSpan::of_mut_slice(&mut out)) }
+            unsafe { stream.download(&a, lazybuf::backend::HostSpan::of_mut_slice(&mut out)) }
                 .unwrap()
                 .wait()
                 .unwrap();

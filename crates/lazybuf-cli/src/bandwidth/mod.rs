@@ -404,7 +404,12 @@ impl HostSide {
         }
         // The page-locked memory the device's backend gives a pinned buffer (cuMemHostAlloc,
         // mapped CL_MEM_ALLOC_HOST_PTR memory, mlock'ed pages on the host device).
-        let mut block = device.backend().allocate_host(len, true)?;
+        let kind = lazybuf::MemoryKind::Host { pinned: true };
+        let lazybuf::Block::Host(mut block) =
+            lazybuf::MemoryResource::allocate(&lazybuf::DirectResource, device, kind, len, &device.stream())?
+        else {
+            return Err(CliError::new(format!("{device} gave device memory for pinned host memory")));
+        };
         if !block.is_pinned() {
             return Err(CliError::new(format!("{device} could not pin {len} bytes of host memory")));
         }

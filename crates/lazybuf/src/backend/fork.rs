@@ -13,7 +13,8 @@
 //! every backend operation passes through the guard, which compares the count with one
 //! relaxed load and, in a child, returns [`Error::ForkedChild`] naming the device instead of
 //! calling the runtime. The host device, and any backend that survives, is not wrapped and
-//! keeps working in the child.
+//! keeps working in the child. What calls no runtime is not refused: [`Backend::owns`], and
+//! empty operations, which [`crate::Stream`] completes without reaching the backend.
 //!
 //! **Releasing in a child.** Dropping a runtime object (memory, a queue, an event, a pinned
 //! host block) in a child would call into the dead runtime too, so the backends' `Drop`s check
@@ -184,6 +185,11 @@ impl Backend for ForkGuard {
         self.inner.alias_host(host, bytes)
     }
 
+    /// No runtime call: answered in a forked child too.
+    fn owns(&self, memory: &DeviceMemory) -> bool {
+        self.inner.owns(memory)
+    }
+
     unsafe fn upload(
         &self,
         stream: &dyn StreamHandle,
@@ -206,7 +212,7 @@ impl Backend for ForkGuard {
         unsafe { self.inner.download(stream, src, dst) }
     }
 
-    fn fill(
+    unsafe fn fill(
         &self,
         stream: &dyn StreamHandle,
         dst: &mut DeviceMemory,
@@ -214,10 +220,11 @@ impl Backend for ForkGuard {
         bytes: usize,
     ) -> Result<Ticket> {
         self.check()?;
-        self.inner.fill(stream, dst, pattern, bytes)
+        // SAFETY: forwarded contract.
+        unsafe { self.inner.fill(stream, dst, pattern, bytes) }
     }
 
-    fn copy(
+    unsafe fn copy(
         &self,
         stream: &dyn StreamHandle,
         src: &DeviceMemory,
@@ -225,14 +232,15 @@ impl Backend for ForkGuard {
         bytes: usize,
     ) -> Result<Ticket> {
         self.check()?;
-        self.inner.copy(stream, src, dst, bytes)
+        // SAFETY: forwarded contract.
+        unsafe { self.inner.copy(stream, src, dst, bytes) }
     }
 
     fn can_copy_from_peer(&self, src: &dyn Backend) -> bool {
         !self.in_child() && self.inner.can_copy_from_peer(unguarded(src))
     }
 
-    fn copy_from_peer(
+    unsafe fn copy_from_peer(
         &self,
         stream: &dyn StreamHandle,
         src_backend: &dyn Backend,
@@ -243,7 +251,8 @@ impl Backend for ForkGuard {
         if let Err(err) = self.check() {
             return Some(Err(err));
         }
-        self.inner.copy_from_peer(stream, unguarded(src_backend), src, dst, bytes)
+        // SAFETY: forwarded contract (the unguarded backend drives the same memory).
+        unsafe { self.inner.copy_from_peer(stream, unguarded(src_backend), src, dst, bytes) }
     }
 
     fn wait_on(&self, stream: &dyn StreamHandle, ticket: &Ticket) -> Result<()> {

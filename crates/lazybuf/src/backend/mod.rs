@@ -58,10 +58,18 @@ pub trait StreamHandle: Any + Send + Sync + fmt::Debug {
 /// One device's runtime operations.
 ///
 /// Transfers act on the first bytes of an allocation (a block may be larger than the buffer
-/// using it); lengths beyond an allocation are an [`crate::Error::LengthMismatch`]. An
-/// operation that fails to *enqueue* returns the error and has done nothing; one that fails
-/// while it runs reports the error through its ticket, and its destination's bytes are then
-/// unspecified.
+/// using it). An operation that fails to *enqueue* returns the error and has done nothing; one
+/// that fails while it runs reports the error through its ticket, and its destination's bytes
+/// are then unspecified.
+///
+/// **Checked input.** Callers reach the operations (`upload`, `download`, `fill`, `copy`,
+/// `copy_from_peer`, `prefetch`) only through [`crate::Stream`], which checks the generic
+/// contract once, for every backend: lengths fit the memory (else an
+/// [`crate::Error::LengthMismatch`]), the memory is this device's ([`Backend::owns`]) and the
+/// stream is (a [`crate::Stream`] carries its device), a fill's pattern is 1, 2, 4, 8 or 16
+/// bytes and divides its length, and nothing is empty (an empty operation is a completed
+/// ticket there, with no call here). A backend sees only such input: the operations are
+/// `unsafe`, and their `# Safety` sections say what the caller checked.
 pub trait Backend: Any + Send + Sync + fmt::Debug {
     /// What the device is.
     fn info(&self) -> &DeviceInfo;
@@ -173,10 +181,17 @@ pub trait Backend: Any + Send + Sync + fmt::Debug {
         None
     }
 
+    /// Whether `memory` is memory of this device (of its type, and of its context): the
+    /// check [`crate::Stream`]'s operations make before handing memory to the operations
+    /// below. No runtime call.
+    fn owns(&self, memory: &DeviceMemory) -> bool;
+
     /// Enqueues a copy of all of `src` into the first `src.len()` bytes of `dst`.
     ///
     /// # Safety
     /// `src` must stay valid for reads, and unwritten, until the returned ticket is complete.
+    /// The input is checked ([`crate::Stream::upload`]): `src` is not empty and not longer than
+    /// `dst`.
     unsafe fn upload(
         &self,
         stream: &dyn StreamHandle,
@@ -188,13 +203,17 @@ pub trait Backend: Any + Send + Sync + fmt::Debug {
     ///
     /// # Safety
     /// `dst` must stay valid for writes, and otherwise untouched, until the returned ticket
-    /// is complete.
+    /// is complete. The input is checked ([`crate::Stream::download`]): `dst` is not empty and
+    /// not longer than `src`.
     unsafe fn download(&self, stream: &dyn StreamHandle, src: &DeviceMemory, dst: HostSpan)
     -> Result<Ticket>;
 
-    /// Enqueues a fill of the first `bytes` of `dst` with repetitions of `pattern` (one
-    /// element: 1, 2, 4, 8 or 16 bytes; `bytes` is a multiple of it).
-    fn fill(
+    /// Enqueues a fill of the first `bytes` of `dst` with repetitions of `pattern`.
+    ///
+    /// # Safety
+    /// The input is checked ([`crate::Stream::fill`]): `bytes` is not 0 and at most
+    /// `dst.len()`, `pattern` is one element of 1, 2, 4, 8 or 16 bytes and divides `bytes`.
+    unsafe fn fill(
         &self,
         stream: &dyn StreamHandle,
         dst: &mut DeviceMemory,
@@ -203,7 +222,11 @@ pub trait Backend: Any + Send + Sync + fmt::Debug {
     ) -> Result<Ticket>;
 
     /// Enqueues a copy of the first `bytes` of `src` into `dst`, both on this device.
-    fn copy(
+    ///
+    /// # Safety
+    /// The input is checked ([`crate::Stream::copy`]): `bytes` is not 0 and at most the
+    /// length of each.
+    unsafe fn copy(
         &self,
         stream: &dyn StreamHandle,
         src: &DeviceMemory,
@@ -221,7 +244,11 @@ pub trait Backend: Any + Send + Sync + fmt::Debug {
     /// Enqueues a copy of the first `bytes` of `src`, memory of the device `src_backend`
     /// drives, into `dst`, memory of this device, without the host; `None` when this pair
     /// cannot copy directly. The caller orders `stream` after the source's last writer.
-    fn copy_from_peer(
+    ///
+    /// # Safety
+    /// The input is checked ([`crate::Stream::copy_from_peer`]): `bytes` is not 0 and at most
+    /// the length of each, `dst` is this device's memory and `src` is `src_backend`'s.
+    unsafe fn copy_from_peer(
         &self,
         stream: &dyn StreamHandle,
         src_backend: &dyn Backend,

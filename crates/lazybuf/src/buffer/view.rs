@@ -34,9 +34,8 @@ pub struct DeviceViewMut<'a, T> {
 
 /// Copies the copy's first `out.len()` bytes into `out`, waiting for it.
 fn read(copy: &DeviceCopy, out: &mut [u8]) -> Result<()> {
-    let backend = copy.device.backend();
     // SAFETY: `out` is exclusively borrowed until the ticket is waited for, here.
-    unsafe { backend.download(copy.stream.handle(), &copy.memory, HostSpan::of_mut_slice(out))? }.wait()
+    unsafe { copy.stream.download(&copy.memory, HostSpan::of_mut_slice(out))? }.wait()
 }
 
 /// The elements of a copy the host can address, `len` of them.
@@ -134,10 +133,9 @@ impl<'a, T: Element> DeviceViewMut<'a, T> {
     pub fn write_from(&mut self, data: &[T]) -> Result<()> {
         check_len("DeviceViewMut::write_from", self.len, data.len())?;
         let copy = &mut *self.copy;
-        let backend = copy.device.backend();
         let span = HostSpan::of_slice(bytemuck::cast_slice(data));
         // SAFETY: `data` is borrowed until the ticket is waited for, here.
-        unsafe { backend.upload(copy.stream.handle(), span, &mut copy.memory)? }.wait()
+        unsafe { copy.stream.upload(span, &mut copy.memory)? }.wait()
     }
 
     /// Copies the device's elements into `out` (exactly `len()` of them).

@@ -225,14 +225,7 @@ impl<T: Element> DeviceAllocation<T> {
             Block::Host(host) => copy_bytes(&mut host.as_mut_slice()[..src.len()], src),
             Block::Device(memory) => {
                 // SAFETY: src is borrowed until the copy has completed (waited for here).
-                unsafe {
-                    self.device.backend().upload(
-                        self.device.stream().handle(),
-                        HostSpan::of_slice(src),
-                        memory,
-                    )
-                }?
-                .wait()?
+                unsafe { self.device.stream().upload(HostSpan::of_slice(src), memory) }?.wait()?
             }
         }
         Ok(())
@@ -251,8 +244,7 @@ impl<T: Element> DeviceAllocation<T> {
             Block::Device(memory) => {
                 let span = HostSpan::of_mut_slice(dst);
                 // SAFETY: dst is borrowed mutably until the copy has completed (waited for).
-                unsafe { self.device.backend().download(self.device.stream().handle(), memory, span) }?
-                    .wait()?
+                unsafe { self.device.stream().download(memory, span) }?.wait()?
             }
         }
         Ok(())
@@ -281,9 +273,7 @@ impl<T: Element> DeviceAllocation<T> {
         let pattern = bytemuck::bytes_of(&value);
         match &mut self.block {
             Block::Host(host) => fill_pattern(&mut host.as_mut_slice()[..n], pattern),
-            Block::Device(memory) => {
-                self.device.backend().fill(self.device.stream().handle(), memory, pattern, n)?.wait()?
-            }
+            Block::Device(memory) => self.device.stream().fill(memory, pattern, n)?.wait()?,
         }
         Ok(())
     }
@@ -310,25 +300,24 @@ impl<T: Element> DeviceAllocation<T> {
         {
             stream.wait_for(&src.device.stream().marker()?)?;
         }
-        let backend = self.device.backend();
         match (&src.block, &mut self.block) {
             (Block::Host(from), Block::Host(to)) => {
                 copy_bytes(&mut to.as_mut_slice()[..n], &from.as_slice()[..n])
             }
             (Block::Host(from), Block::Device(to)) => {
                 // SAFETY: `src` is borrowed until the copy has completed (waited for here).
-                unsafe { backend.upload(stream.handle(), HostSpan::of(from, n), to) }?.wait()?
+                unsafe { stream.upload(HostSpan::of(from, n), to) }?.wait()?
             }
             (Block::Device(from), Block::Host(to)) => {
                 let span = HostSpan::of(to, n);
                 // SAFETY: `self` is borrowed mutably until the copy has completed (waited for).
-                unsafe { src.device.backend().download(src.device.stream().handle(), from, span) }?.wait()?
+                unsafe { src.device.stream().download(from, span) }?.wait()?
             }
             (Block::Device(from), Block::Device(to)) if src.device == self.device => {
-                backend.copy(stream.handle(), from, to, n)?.wait()?
+                stream.copy(from, to, n)?.wait()?
             }
             (Block::Device(from), Block::Device(to)) => {
-                match backend.copy_from_peer(stream.handle(), src.device.backend(), from, to, n) {
+                match stream.copy_from_peer(&src.device, from, to, n) {
                     Some(ticket) => ticket?.wait()?,
                     None => stage(&src.device, from, &self.device, to, n)?,
                 }
@@ -414,7 +403,7 @@ impl<T: Element> DeviceAllocation<T> {
     pub fn prefetch(&self, to_device: bool) -> Result<()> {
         match &self.block {
             Block::Device(memory) if self.kind == MemoryKind::Shared && !memory.is_empty() => {
-                self.device.backend().prefetch(self.device.stream().handle(), memory, to_device)?.wait()
+                self.device.stream().prefetch(memory, to_device)?.wait()
             }
             _ => Ok(()),
         }
@@ -497,11 +486,8 @@ fn stage(
     let staging = HostMemory::allocate(n)?;
     // SAFETY: the staging block lives, unread, until each copy has completed (waited for).
     unsafe {
-        from_device
-            .backend()
-            .download(from_device.stream().handle(), from, HostSpan::of(&staging, n))?
-            .wait()?;
-        to_device.backend().upload(to_device.stream().handle(), HostSpan::of(&staging, n), to)?.wait()
+        from_device.stream().download(from, HostSpan::of(&staging, n))?.wait()?;
+        to_device.stream().upload(HostSpan::of(&staging, n), to)?.wait()
     }
 }
 

@@ -216,14 +216,14 @@ struct State {
 }
 
 /// Zeroes the first `bytes` of a reused block (its old contents must not show).
-fn zero(block: &mut Block, device: &Device, stream: &Stream, bytes: usize) -> Result<()> {
+fn zero(block: &mut Block, stream: &Stream, bytes: usize) -> Result<()> {
     let n = bytes.min(block.len());
     match block {
         Block::Host(host) => {
             host.as_mut_slice()[..n].fill(0);
             Ok(())
         }
-        Block::Device(memory) => device.backend().fill(stream.handle(), memory, &[0], n)?.wait(),
+        Block::Device(memory) => stream.fill(memory, &[0], n)?.wait(),
     }
 }
 
@@ -432,7 +432,7 @@ impl MemoryResource for CachingResource {
         };
         if let Some(mut block) = self.reuse(Key { device: device.id(), kind, bytes: class }, stream) {
             if self.config.zero_reused
-                && let Err(err) = zero(&mut block, device, stream, bytes)
+                && let Err(err) = zero(&mut block, stream, bytes)
             {
                 self.deallocate(device, block, stream, Ticket::done());
                 return Err(err);

@@ -65,10 +65,7 @@ pub fn staging_twins() -> Vec<Device> {
         .get_or_init(|| {
             lazybuf::devices()
                 .iter()
-                .filter_map(|d| {
-                    (lazybuf::backend::fork::unguarded(d.backend()) as &dyn std::any::Any)
-                        .downcast_ref::<WgpuBackend>()
-                })
+                .filter_map(|d| d.backend_as::<WgpuBackend>())
                 .filter(|backend| backend.maps_for_transfers())
                 .map(|backend| {
                     let options = WgpuOptions { mapped_transfers: false };
@@ -83,4 +80,14 @@ pub fn staging_twins() -> Vec<Device> {
 #[cfg(not(feature = "wgpu"))]
 pub fn staging_twins() -> Vec<Device> {
     Vec::new()
+}
+
+/// `bytes` of `device`'s memory straight from its backend (no cache), for the tests of
+/// [`lazybuf::Stream`]'s operations.
+pub fn device_memory(device: &Device, bytes: usize) -> lazybuf::backend::DeviceMemory {
+    use lazybuf::MemoryResource;
+    match DirectResource.allocate(device, lazybuf::MemoryKind::Device, bytes, &device.stream()).unwrap() {
+        lazybuf::Block::Device(memory) => memory,
+        lazybuf::Block::Host(_) => panic!("{device} gave host memory for device memory"),
+    }
 }

@@ -33,7 +33,7 @@ use super::staging::{PIPELINE_MIN, Staging};
 use super::{Context, cuda_error};
 use crate::backend::{
     Backend, DeviceInfo, DeviceMemory, HostSpan, MemoryInfo, MemoryKind, MemorySource, RawDevice, RawMemory,
-    RawStream, StreamHandle, Ticket, check_fits,
+    RawStream, StreamHandle, Ticket,
 };
 use crate::error::{BackendKind, Error, Result};
 use crate::host_memory::{HostMemory, Pinning};
@@ -268,17 +268,17 @@ impl Backend for CudaBackend {
         Self::ticket(stream)
     }
 
+    fn owns(&self, memory: &DeviceMemory) -> bool {
+        self.memory(memory).is_ok()
+    }
+
     unsafe fn upload(
         &self,
         stream: &dyn StreamHandle,
         src: HostSpan,
         dst: &mut DeviceMemory,
     ) -> Result<Ticket> {
-        check_fits("upload", dst.len(), src.len())?;
         let (stream, dst) = (self.stream(stream)?, self.memory(dst)?.ptr);
-        if src.is_empty() {
-            return Ok(Ticket::done());
-        }
         let _bound = self.context.bind()?;
         if Self::needs_staging(&src)
             && let Some(staging) = self.staging()
@@ -299,11 +299,7 @@ impl Backend for CudaBackend {
         src: &DeviceMemory,
         dst: HostSpan,
     ) -> Result<Ticket> {
-        check_fits("download", src.len(), dst.len())?;
         let (stream, src) = (self.stream(stream)?, self.memory(src)?.ptr);
-        if dst.is_empty() {
-            return Ok(Ticket::done());
-        }
         let _bound = self.context.bind()?;
         if Self::needs_staging(&dst)
             && let Some(staging) = self.staging()
@@ -318,31 +314,17 @@ impl Backend for CudaBackend {
         Self::ticket(stream)
     }
 
-    fn fill(
+    unsafe fn fill(
         &self,
         stream: &dyn StreamHandle,
         dst: &mut DeviceMemory,
         pattern: &[u8],
         bytes: usize,
     ) -> Result<Ticket> {
-        check_fits("fill", dst.len(), bytes)?;
         let (stream, dst) = (self.stream(stream)?, self.memory(dst)?.ptr);
+        // The pattern is 1, 2, 4, 8 or 16 bytes and divides `bytes` (checked by Stream); its
+        // period (the shortest repeating unit) divides it, so it is 1, 2, 4, 8 or 16 too.
         let period = period(pattern);
-        if pattern.is_empty()
-            || !bytes.is_multiple_of(pattern.len())
-            || !(matches!(period, 1 | 2) || period.is_multiple_of(4))
-        {
-            return Err(Error::invalid(
-                "fill",
-                format!(
-                    "expected a pattern of 1, 2, 4, 8 or 16 bytes whose length divides {bytes}; got {} bytes",
-                    pattern.len()
-                ),
-            ));
-        }
-        if bytes == 0 {
-            return Ok(Ticket::done());
-        }
         let _bound = self.context.bind()?;
         // dst holds at least `bytes` bytes and is 256-byte aligned (cuMemAlloc), so memsets of
         // 2- and 4-byte units are aligned and stay inside the allocation.
@@ -373,18 +355,14 @@ impl Backend for CudaBackend {
         Self::ticket(stream)
     }
 
-    fn copy(
+    unsafe fn copy(
         &self,
         stream: &dyn StreamHandle,
         src: &DeviceMemory,
         dst: &mut DeviceMemory,
         bytes: usize,
     ) -> Result<Ticket> {
-        check_fits("copy", src.len().min(dst.len()), bytes)?;
         let (stream, src, dst) = (self.stream(stream)?, self.memory(src)?.ptr, self.memory(dst)?.ptr);
-        if bytes == 0 {
-            return Ok(Ticket::done());
-        }
         let _bound = self.context.bind()?;
         // SAFETY: both allocations hold at least `bytes` and are distinct (`dst` is borrowed
         // mutably while `src` is borrowed shared).
@@ -399,7 +377,7 @@ impl Backend for CudaBackend {
             .is_some_and(|src| self.peers.iter().any(|peer| Arc::ptr_eq(peer, &src.context)))
     }
 
-    fn copy_from_peer(
+    unsafe fn copy_from_peer(
         &self,
         stream: &dyn StreamHandle,
         _src_backend: &dyn Backend,
@@ -410,11 +388,7 @@ impl Backend for CudaBackend {
         let source = src.handle::<CudaMemory>()?;
         let peer = self.peers.iter().find(|peer| Arc::ptr_eq(peer, &source.context))?;
         let copy = || {
-            check_fits("copy_from_peer", src.len().min(dst.len()), bytes)?;
             let (stream, dst) = (self.stream(stream)?, self.memory(dst)?.ptr);
-            if bytes == 0 {
-                return Ok(Ticket::done());
-            }
             let _bound = self.context.bind()?;
             // SAFETY: source.ptr holds at least `bytes` in `peer`, dst holds at least `bytes`
             // here; both stay allocated until the copy's event completes (the engine waits).

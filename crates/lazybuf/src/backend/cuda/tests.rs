@@ -43,21 +43,20 @@ impl Ops<'_> {
 
     fn upload_async(&self, src: HostSpan, dst: &mut DeviceMemory) -> Result<Ticket> {
         // SAFETY: every caller keeps `src` alive and unwritten until it waits for the ticket.
-        unsafe { self.0.backend().upload(self.0.stream().handle(), src, dst) }
+        unsafe { self.0.stream().upload(src, dst) }
     }
 
     fn download_into(&self, src: &DeviceMemory, dst: &mut [u8]) -> Result<()> {
         // SAFETY: dst is borrowed until the ticket is waited for, here.
-        unsafe { self.0.backend().download(self.0.stream().handle(), src, HostSpan::of_mut_slice(dst)) }?
-            .wait()
+        unsafe { self.0.stream().download(src, HostSpan::of_mut_slice(dst)) }?.wait()
     }
 
     fn fill(&self, dst: &mut DeviceMemory, pattern: &[u8], bytes: usize) -> Result<()> {
-        self.0.backend().fill(self.0.stream().handle(), dst, pattern, bytes)?.wait()
+        self.0.stream().fill(dst, pattern, bytes)?.wait()
     }
 
     fn copy(&self, src: &DeviceMemory, dst: &mut DeviceMemory, bytes: usize) -> Result<()> {
-        self.0.backend().copy(self.0.stream().handle(), src, dst, bytes)?.wait()
+        self.0.stream().copy(src, dst, bytes)?.wait()
     }
 }
 
@@ -216,10 +215,7 @@ fn large_transfers_round_trip_pinned_and_pageable() {
             ops.upload_async(HostSpan::of(&host, n), &mut memory).unwrap().wait().unwrap();
             let mut back = backend.allocate_host(n, pinned).unwrap();
             // SAFETY: `back` is untouched until the ticket is waited for, here.
-            unsafe { backend.download(device.stream().handle(), &memory, HostSpan::of(&back, n)) }
-                .unwrap()
-                .wait()
-                .unwrap();
+            unsafe { device.stream().download(&memory, HostSpan::of(&back, n)) }.unwrap().wait().unwrap();
             back.mark_written();
             assert!(back.as_slice() == &data[..], "pinned: {pinned}");
             assert_eq!(download(&device, &memory, n + 100)[n..], [0x77; 100]);
@@ -240,12 +236,10 @@ fn concurrent_transfers_from_many_threads() {
                     let stream = device.create_stream().unwrap();
                     for _ in 0..3 {
                         // SAFETY: data outlives the wait below.
-                        unsafe {
-                            device.backend().upload(stream.handle(), HostSpan::of_slice(&data), &mut memory)
-                        }
-                        .unwrap()
-                        .wait()
-                        .unwrap();
+                        unsafe { stream.upload(HostSpan::of_slice(&data), &mut memory) }
+                            .unwrap()
+                            .wait()
+                            .unwrap();
                         assert!(download(&device, &memory, n) == data);
                     }
                 });
@@ -273,21 +267,15 @@ fn peer_copies_go_straight_between_devices() {
     let mut dst = b.allocate(6000).unwrap();
     Ops(second).fill(&mut dst, &[0x44], 6000).unwrap();
     let stream = second.stream();
-    b.copy_from_peer(stream.handle(), a, &src, &mut dst, 4000)
-        .expect("peers copy directly")
-        .unwrap()
-        .wait()
-        .unwrap();
+    stream.copy_from_peer(first, &src, &mut dst, 4000).expect("peers copy directly").unwrap().wait().unwrap();
     let got = download(second, &dst, 6000);
     assert_eq!(&got[..4000], &ramp(4000)[..]);
     assert!(got[4000..].iter().all(|&x| x == 0x44));
-    let err = b.copy_from_peer(stream.handle(), a, &src, &mut dst, 5001).unwrap().unwrap_err();
+    let err = stream.copy_from_peer(first, &src, &mut dst, 5001).unwrap().unwrap_err();
     assert!(matches!(err, Error::LengthMismatch { .. }), "{err}");
     // Host memory is not a peer: no direct copy.
     let host_memory = Device::host().backend().allocate(16).unwrap();
-    assert!(
-        b.copy_from_peer(stream.handle(), Device::host().backend(), &host_memory, &mut dst, 16).is_none()
-    );
+    assert!(stream.copy_from_peer(&Device::host(), &host_memory, &mut dst, 16).is_none());
 }
 
 #[test]
@@ -376,9 +364,9 @@ fn streams_are_ordered_through_tickets() {
         let mut a = backend.allocate(data.len()).unwrap();
         let mut b = backend.allocate(data.len()).unwrap();
         // SAFETY: data outlives every wait below.
-        let uploaded = unsafe { backend.upload(first.handle(), HostSpan::of_slice(&data), &mut a) }.unwrap();
+        let uploaded = unsafe { first.upload(HostSpan::of_slice(&data), &mut a) }.unwrap();
         second.wait_for(&uploaded).unwrap();
-        backend.copy(second.handle(), &a, &mut b, data.len()).unwrap().wait().unwrap();
+        second.copy(&a, &mut b, data.len()).unwrap().wait().unwrap();
         assert!(download(&device, &b, data.len()) == data);
         second.synchronize().unwrap();
         assert!(first.marker().unwrap().poll().is_ok());

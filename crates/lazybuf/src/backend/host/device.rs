@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::memory::{HostDeviceMemory, HostStream};
 use crate::backend::{
     Backend, DeviceInfo, DeviceMemory, HostSpan, MemoryInfo, MemorySource, RawDevice, RawMemory, RawStream,
-    StreamHandle, Ticket, check_fits,
+    StreamHandle, Ticket,
 };
 use crate::error::{BackendKind, Error, Result};
 use crate::host_memory::{HostMemory, copy_bytes_raw, fill_pattern};
@@ -112,35 +112,38 @@ impl Backend for HostBackend {
         Some(Ok(DeviceMemory::new(len, true, Box::new(HostDeviceMemory::alias(host, len)))))
     }
 
+    fn owns(&self, memory: &DeviceMemory) -> bool {
+        memory.handle::<HostDeviceMemory>().is_some()
+    }
+
     unsafe fn upload(&self, _: &dyn StreamHandle, src: HostSpan, dst: &mut DeviceMemory) -> Result<Ticket> {
-        check_fits("upload", dst.len(), src.len())?;
         let dst = handle(dst)?;
         // SAFETY: src is readable for its length (the caller's promise, and the copy is done
-        // before returning); dst holds at least src.len() bytes (checked above) and &mut
-        // DeviceMemory makes this the only access. The two may overlap (memory borrowed from
-        // the caller can lie anywhere): copy_bytes_raw copies as memmove does.
+        // before returning); dst holds at least src.len() bytes (checked by the caller, see
+        // `Backend::upload`) and &mut DeviceMemory makes this the only access. The two may
+        // overlap (memory borrowed from the caller can lie anywhere): copy_bytes_raw copies as
+        // memmove does.
         unsafe { copy_bytes_raw(dst.ptr(), src.ptr().cast_const(), src.len()) };
         Ok(Ticket::done())
     }
 
     unsafe fn download(&self, _: &dyn StreamHandle, src: &DeviceMemory, dst: HostSpan) -> Result<Ticket> {
-        check_fits("download", src.len(), dst.len())?;
         let src = handle(src)?;
         // SAFETY: dst is writable for its length and untouched meanwhile (the caller's
-        // promise); src holds at least dst.len() bytes (checked above), only read here. They
-        // may overlap: copy_bytes_raw copies as memmove does.
+        // promise); src holds at least dst.len() bytes (checked by the caller, see
+        // `Backend::download`), only read here. They may overlap: copy_bytes_raw copies as
+        // memmove does.
         unsafe { copy_bytes_raw(dst.ptr(), src.ptr().cast_const(), dst.len()) };
         Ok(Ticket::done())
     }
 
-    fn fill(
+    unsafe fn fill(
         &self,
         _: &dyn StreamHandle,
         dst: &mut DeviceMemory,
         pattern: &[u8],
         bytes: usize,
     ) -> Result<Ticket> {
-        check_fits("fill", dst.len(), bytes)?;
         let dst = handle(dst)?;
         // SAFETY: &mut DeviceMemory is the only access to these bytes; an alias's host block
         // is not borrowed while its buffer fills (the buffer holds &mut self).
@@ -148,17 +151,17 @@ impl Backend for HostBackend {
         Ok(Ticket::done())
     }
 
-    fn copy(
+    unsafe fn copy(
         &self,
         _: &dyn StreamHandle,
         src: &DeviceMemory,
         dst: &mut DeviceMemory,
         bytes: usize,
     ) -> Result<Ticket> {
-        check_fits("copy", src.len().min(dst.len()), bytes)?;
         let (src, dst) = (handle(src)?, handle(dst)?);
-        // SAFETY: both hold at least `bytes` (checked above); dst is exclusively borrowed.
-        // Borrowed memory may overlap: copy_bytes_raw copies as memmove does.
+        // SAFETY: both hold at least `bytes` (checked by the caller, see `Backend::copy`); dst
+        // is exclusively borrowed. Borrowed memory may overlap: copy_bytes_raw copies as
+        // memmove does.
         unsafe { copy_bytes_raw(dst.ptr(), src.ptr().cast_const(), bytes) };
         Ok(Ticket::done())
     }
@@ -241,7 +244,8 @@ mod tests {
                     backend.borrow(RawMemory::Host(base.add(d)), n).unwrap(),
                 )
             };
-            backend.copy(&*stream, &src, &mut dst, n).unwrap().wait().unwrap();
+            // SAFETY: n is not 0 and fits both, both are the host device's memory.
+            unsafe { backend.copy(&*stream, &src, &mut dst, n) }.unwrap().wait().unwrap();
             drop((src, dst));
             assert!(bytes == expected, "forward {forward}");
         }

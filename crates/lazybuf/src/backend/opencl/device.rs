@@ -17,7 +17,7 @@ use super::memory::{MappedHostMemory, OpenClEvent, OpenClMemory, OpenClStream, S
 use super::{cl_error, code, is_out_of_memory};
 use crate::backend::{
     Backend, DeviceInfo, DeviceMemory, HostSpan, MemoryInfo, MemoryKind, MemorySource, RawDevice, RawMemory,
-    RawStream, StreamHandle, Ticket, check_fits,
+    RawStream, StreamHandle, Ticket,
 };
 use crate::error::{BackendKind, Error, Result};
 use crate::host_memory::{HostMemory, Pinning};
@@ -533,17 +533,17 @@ impl Backend for OpenClBackend {
         )
     }
 
+    fn owns(&self, memory: &DeviceMemory) -> bool {
+        self.memory(memory).is_ok()
+    }
+
     unsafe fn upload(
         &self,
         stream: &dyn StreamHandle,
         src: HostSpan,
         dst: &mut DeviceMemory,
     ) -> Result<Ticket> {
-        check_fits("upload", dst.len(), src.len())?;
         let (stream, dst) = (self.stream(stream)?, self.memory(dst)?);
-        if src.is_empty() {
-            return Ok(Ticket::done());
-        }
         if dst.host_ptr == src.ptr().cast_const() {
             return self.map_unmap(stream, dst.mem, src.len(), clmem::CL_MAP_WRITE_INVALIDATE_REGION);
         }
@@ -571,11 +571,7 @@ impl Backend for OpenClBackend {
         src: &DeviceMemory,
         dst: HostSpan,
     ) -> Result<Ticket> {
-        check_fits("download", src.len(), dst.len())?;
         let (stream, src) = (self.stream(stream)?, self.memory(src)?);
-        if dst.is_empty() {
-            return Ok(Ticket::done());
-        }
         if src.host_ptr == dst.ptr().cast_const() {
             return self.map_unmap(stream, src.mem, dst.len(), clmem::CL_MAP_READ);
         }
@@ -597,29 +593,14 @@ impl Backend for OpenClBackend {
         })
     }
 
-    fn fill(
+    unsafe fn fill(
         &self,
         stream: &dyn StreamHandle,
         dst: &mut DeviceMemory,
         pattern: &[u8],
         bytes: usize,
     ) -> Result<Ticket> {
-        check_fits("fill", dst.len(), bytes)?;
         let (stream, dst) = (self.stream(stream)?, self.memory(dst)?);
-        if !matches!(pattern.len(), 1 | 2 | 4 | 8 | 16 | 32 | 64 | 128)
-            || !bytes.is_multiple_of(pattern.len())
-        {
-            return Err(Error::invalid(
-                "fill",
-                format!(
-                    "expected a pattern of 1, 2, 4, ... 128 bytes dividing {bytes}; got {} bytes",
-                    pattern.len()
-                ),
-            ));
-        }
-        if bytes == 0 {
-            return Ok(Ticket::done());
-        }
         self.enqueued(stream, "clEnqueueFillBuffer", || {
             // SAFETY: dst.mem is live and holds at least `bytes`; the runtime copies the
             // pattern at enqueue time.
@@ -638,18 +619,14 @@ impl Backend for OpenClBackend {
         })
     }
 
-    fn copy(
+    unsafe fn copy(
         &self,
         stream: &dyn StreamHandle,
         src: &DeviceMemory,
         dst: &mut DeviceMemory,
         bytes: usize,
     ) -> Result<Ticket> {
-        check_fits("copy", src.len().min(dst.len()), bytes)?;
         let (stream, src, dst) = (self.stream(stream)?, self.memory(src)?, self.memory(dst)?);
-        if bytes == 0 {
-            return Ok(Ticket::done());
-        }
         self.enqueued(stream, "clEnqueueCopyBuffer", || {
             // SAFETY: both buffers are live, distinct and hold at least `bytes` on this context.
             unsafe { cq::enqueue_copy_buffer(stream.queue, src.mem, dst.mem, 0, 0, bytes, 0, ptr::null()) }

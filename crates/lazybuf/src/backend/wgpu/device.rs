@@ -26,7 +26,7 @@ use super::staging::{Direction, Staging};
 use super::{API_SELECTORS, Status, native, vendor_name, wgpu_error};
 use crate::backend::{
     Backend, DeviceInfo, DeviceMemory, HostSpan, MemoryInfo, MemoryKind, MemorySource, RawDevice, RawStream,
-    StreamHandle, Ticket, check_fits,
+    StreamHandle, Ticket,
 };
 use crate::error::{BackendKind, Error, Result};
 use crate::host_memory::HostMemory;
@@ -357,17 +357,17 @@ impl Backend for WgpuBackend {
         }
     }
 
+    fn owns(&self, memory: &DeviceMemory) -> bool {
+        self.memory(memory).is_ok()
+    }
+
     unsafe fn upload(
         &self,
         stream: &dyn StreamHandle,
         src: HostSpan,
         dst: &mut DeviceMemory,
     ) -> Result<Ticket> {
-        check_fits("upload", dst.len(), src.len())?;
         let (_, dst) = (self.stream(stream)?, self.memory(dst)?);
-        if src.is_empty() {
-            return Ok(Ticket::done());
-        }
         let dst = self.buffer(dst)?;
         if self.mapped {
             // SAFETY: the caller keeps src valid and unwritten until the ticket completes; it
@@ -409,11 +409,7 @@ impl Backend for WgpuBackend {
         src: &DeviceMemory,
         dst: HostSpan,
     ) -> Result<Ticket> {
-        check_fits("download", src.len(), dst.len())?;
         let (stream, src) = (self.stream(stream)?, self.memory(src)?);
-        if dst.is_empty() {
-            return Ok(Ticket::done());
-        }
         let src = self.buffer(src)?;
         if self.mapped {
             // SAFETY: the caller keeps dst valid, and untouched by anyone else, until the
@@ -459,27 +455,14 @@ impl Backend for WgpuBackend {
         Ok(ticket)
     }
 
-    fn fill(
+    unsafe fn fill(
         &self,
         stream: &dyn StreamHandle,
         dst: &mut DeviceMemory,
         pattern: &[u8],
         bytes: usize,
     ) -> Result<Ticket> {
-        check_fits("fill", dst.len(), bytes)?;
         let (_, dst) = (self.stream(stream)?, self.memory(dst)?);
-        if !matches!(pattern.len(), 1 | 2 | 4 | 8 | 16) || !bytes.is_multiple_of(pattern.len()) {
-            return Err(Error::invalid(
-                "fill",
-                format!(
-                    "expected a pattern of 1, 2, 4, 8 or 16 bytes dividing {bytes}; got {} bytes",
-                    pattern.len()
-                ),
-            ));
-        }
-        if bytes == 0 {
-            return Ok(Ticket::done());
-        }
         let dst = self.buffer(dst)?;
         let whole = bytes - bytes % 4;
         let zero = pattern.iter().all(|&b| b == 0);
@@ -508,18 +491,14 @@ impl Backend for WgpuBackend {
         })
     }
 
-    fn copy(
+    unsafe fn copy(
         &self,
         stream: &dyn StreamHandle,
         src: &DeviceMemory,
         dst: &mut DeviceMemory,
         bytes: usize,
     ) -> Result<Ticket> {
-        check_fits("copy", src.len().min(dst.len()), bytes)?;
         let (_, src, dst) = (self.stream(stream)?, self.memory(src)?, self.memory(dst)?);
-        if bytes == 0 {
-            return Ok(Ticket::done());
-        }
         let (src, dst) = (self.buffer(src)?, self.buffer(dst)?);
         let whole = bytes - bytes % 4;
         let kernels = if whole < bytes { Some(self.kernels()?) } else { None };

@@ -35,12 +35,8 @@ impl RawBuffer {
                 })?;
                 scratch.resize(n, 0);
             }
-            let backend = copy.device.backend();
             // SAFETY: scratch lives and is untouched until the ticket is waited for, here.
-            unsafe {
-                backend.download(copy.stream.handle(), &copy.memory, HostSpan::of_mut_slice(&mut scratch))?
-            }
-            .wait()?;
+            unsafe { copy.stream.download(&copy.memory, HostSpan::of_mut_slice(&mut scratch))? }.wait()?;
             if let Some(first_difference) =
                 scratch.iter().zip(&host.as_slice()[..n]).position(|(d, h)| d != h)
             {

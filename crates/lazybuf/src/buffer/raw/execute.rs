@@ -36,7 +36,7 @@ impl RawBuffer {
                 let i = self.copy_index(id).expect("a device copy is allocated before it is zeroed");
                 let copy = &mut self.copies[i];
                 copy.order_stream()?;
-                copy.device.backend().fill(copy.stream.handle(), &mut copy.memory, &[0], self.nbytes)?.wait()
+                copy.stream.fill(&mut copy.memory, &[0], self.nbytes)?.wait()
             }
         }
     }
@@ -135,13 +135,11 @@ impl RawBuffer {
                 let host = self.host.as_mut().expect("a valid host is allocated");
                 let copy = &mut self.copies[i];
                 copy.before_transfer(host, after.as_ref())?;
-                let backend = copy.device.backend();
                 // SAFETY: the host block stays allocated and unwritten until the ticket
                 // completes: every later write of the host location, and every free of the
                 // block, first settles this transfer (see inflight.rs), and blocking calls
                 // wait for it before returning.
-                let ticket =
-                    unsafe { backend.upload(copy.stream.handle(), HostSpan::of(host, n), &mut copy.memory)? };
+                let ticket = unsafe { copy.stream.upload(HostSpan::of(host, n), &mut copy.memory)? };
                 copy.written();
                 stats.record(Direction::HostToDevice, copy.memory.is_host_alias(), n);
                 Ok(ticket)
@@ -152,12 +150,10 @@ impl RawBuffer {
                 let copy = &mut self.copies[i];
                 copy.before_transfer(host, after.as_ref())?;
                 host.mark_written();
-                let backend = copy.device.backend();
                 // SAFETY: the host block stays allocated and untouched until the ticket
                 // completes: every later access of the host location, and every free of the
                 // block, first settles this transfer, and blocking calls wait for it.
-                let ticket =
-                    unsafe { backend.download(copy.stream.handle(), &copy.memory, HostSpan::of(host, n))? };
+                let ticket = unsafe { copy.stream.download(&copy.memory, HostSpan::of(host, n))? };
                 stats.record(Direction::DeviceToHost, copy.memory.is_host_alias(), n);
                 Ok(ticket)
             }
@@ -171,14 +167,7 @@ impl RawBuffer {
                 if let Some(after) = after {
                     dst.stream.wait_for(&after)?;
                 }
-                let backend = dst.device.backend();
-                let direct = backend.copy_from_peer(
-                    dst.stream.handle(),
-                    src.device.backend(),
-                    &src.memory,
-                    &mut dst.memory,
-                    n,
-                );
+                let direct = dst.stream.copy_from_peer(&src.device, &src.memory, &mut dst.memory, n);
                 let ticket = direct.unwrap_or_else(|| {
                     Err(Error::invalid(
                         "copy",

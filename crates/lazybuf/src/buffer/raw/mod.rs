@@ -363,9 +363,9 @@ impl RawBuffer {
         };
         let i = self.copy_index(id).expect("a valid device copy is allocated");
         let copy = &mut self.copies[i];
-        let filled = copy.order_stream().and_then(|()| {
-            copy.device.backend().fill(copy.stream.handle(), &mut copy.memory, pattern, self.nbytes)?.wait()
-        });
+        let filled = copy
+            .order_stream()
+            .and_then(|()| copy.stream.fill(&mut copy.memory, pattern, self.nbytes)?.wait());
         if let Err(err) = filled {
             // A runtime may fail half-way through a fill, leaving this copy's bytes unknown:
             // if another copy is current, this one is stale from now on.
