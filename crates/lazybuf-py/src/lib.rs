@@ -28,27 +28,27 @@
 //! The pure-Python side (`python/lazybuf/`) holds the `BufferState` enum, stubs and
 //! `py.typed`.
 
-pub mod accelerator;
-pub mod args;
-pub mod buffer;
-pub mod device_buffer;
-pub mod device_view;
-pub mod dlpack;
-pub mod dtype;
-pub mod errors;
-pub mod foreign;
-pub mod hostbuf;
-pub mod lock;
-pub mod memory;
-pub mod mr;
-pub mod pool;
-pub mod state;
-pub mod streams;
+mod accelerator;
+mod args;
+mod buffer;
+mod device_buffer;
+mod device_view;
+mod dtype;
+mod errors;
+mod foreign;
+mod hostbuf;
+mod interop;
+mod lock;
+mod memory;
+mod mr;
+mod pool;
+mod state;
+mod streams;
 #[cfg(feature = "testing")]
-pub mod testing;
-pub mod transfer;
-pub mod views;
-pub mod wire;
+mod testing;
+mod transfer;
+mod views;
+mod wire;
 
 use pyo3::prelude::*;
 

@@ -38,12 +38,13 @@ use pyo3::types::{PyByteArray, PyBytes, PyDict, PyMemoryView, PyTuple};
 
 use lazybuf::backend::{RawDevice, RawMemory, RawStream};
 use lazybuf::coherence::Access;
-use lazybuf::{BackendKind, BufferState, DType, Device};
+use lazybuf::{BufferState, DType, Device};
 
 use crate::accelerator::selector;
-use crate::buffer::{UnifiedBuffer, shape_repr};
-use crate::device_view::cuda_array_interface;
+use crate::args::shape_repr;
+use crate::buffer::UnifiedBuffer;
 use crate::errors::OrPyErr;
+use crate::interop::cuda_array_interface;
 use crate::lock;
 use crate::views::{MemoryOwner, device_handles};
 use crate::{args, dtype};
@@ -109,7 +110,7 @@ fn unpickling_device(origin: Option<(String, String)>) -> PyResult<Device> {
     {
         return Ok(device);
     }
-    args::device(None)
+    crate::accelerator::device_arg(None)
 }
 
 /// `data`, a C-contiguous bytes-like object of exactly the buffer's `nbytes`, as a new 1-d
@@ -230,7 +231,7 @@ pub fn new_buffer<'py>(
     let dims = args::shape(shape)?;
     let elem = dtype::resolve(py, Some(dtype))?;
     let home = match device.filter(|d| !d.is_none()) {
-        Some(device) => args::device(Some(device))?,
+        Some(device) => crate::accelerator::device_arg(Some(device))?,
         None => unpickling_device(origin)?,
     };
     let pinned = pinned && home.can_pin_host_memory();
@@ -350,17 +351,14 @@ pub fn _device_frame(buf: &Bound<'_, UnifiedBuffer>) -> PyResult<Option<DeviceFr
     let py = buf.py();
     let this = buf.get();
     let home = this.home_device();
-    if home.backend_kind() != BackendKind::CUDA {
+    if !crate::interop::addresses_cuda(home) {
         return Err(not_cuda("a device frame", home));
     }
     let storage = this.storage()?;
     if storage.lock(py)?.state() == BufferState::Uninitialized {
         return Ok(None);
     }
-    let ptr = match storage.device_handle_nogil(py, home, Access::Read)? {
-        RawMemory::Cuda(ptr) => ptr,
-        other => return Err(PyValueError::new_err(format!("unexpected memory {other:?} on a CUDA device"))),
-    };
+    let ptr = storage.device_handle_nogil(py, home, Access::Read)?.as_int() as u64;
     let owner = Py::new(py, MemoryOwner::new(&storage))?;
     Ok(Some(DeviceFrame { device: home.clone(), ptr, nbytes: this.byte_len(), owner }))
 }
@@ -387,7 +385,7 @@ pub fn _fill_from_device_pointer(
     let py = buf.py();
     let this = buf.get();
     let home = this.home_device().clone();
-    if home.backend_kind() != BackendKind::CUDA {
+    if !crate::interop::addresses_cuda(&home) {
         return Err(not_cuda("a copy from device memory", &home));
     }
     let expected = this.byte_len();
