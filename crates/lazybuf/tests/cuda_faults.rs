@@ -18,8 +18,8 @@ mod cuda_common;
 use std::sync::{Mutex, MutexGuard};
 
 use cuda_common::{
-    copies, double_devices, fail_allocation, fail_copy, fail_copy_now, fail_free, live_allocations, pinned_copies,
-    ramp, registrations,
+    copies, double_devices, fail_allocation, fail_copy, fail_copy_now, fail_free, live_allocations,
+    pinned_copies, ramp, registrations,
 };
 use lazybuf::backend::cuda::{REGISTER_MIN_BYTES, STAGING_CHUNK, STAGING_MIN_BYTES};
 use lazybuf::{BufferOptions, BufferState, Device, DirectResource, UnifiedBuffer};
@@ -349,5 +349,8 @@ fn a_failed_free_is_recorded_on_its_device() {
     drop(memory);
     let (errors, _) = device.take_deferred_errors();
     assert_eq!(errors.len(), 1, "{errors:?}");
-    assert!(devices[1..].iter().all(|other| other.take_deferred_errors().0.is_empty()), "on its own device only");
+    assert!(
+        devices[1..].iter().all(|other| other.take_deferred_errors().0.is_empty()),
+        "on its own device only"
+    );
 }
