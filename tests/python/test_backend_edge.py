@@ -32,18 +32,9 @@ ALLOWED: dict[tuple[str, str], str] = {
         "PyOpenCL-specific: PyOpenCL wraps OpenCL handles only (Buffer.from_int_ptr, "
         "CommandQueue.from_int_ptr)"
     ),
-    ("wire.rs", "let RawDevice::Cuda { context, .. } = device_handles(&home) else {"): (
-        "the received Dask device frame is copied device-to-device through cudarc, which needs the "
-        "CUcontext"
-    ),
-    ("wire.rs", "unsafe { home.wrap_stream(RawStream::Cuda(producer as *mut std::ffi::c_void)) }"): (
-        "the same cudarc copy: the producer's CUstream from its __cuda_array_interface__"
-    ),
-    ("wire.rs", "let (RawMemory::Cuda(dst), RawStream::Cuda(stream)) = (dst, stream) else {"): (
-        "the same cudarc copy: cuMemcpyDtoDAsync takes the CUdeviceptr and the CUstream"
-    ),
     ("wire.rs", "// checked for before it opened this device (backend::cuda::REQUIRED_SYMBOLS), and this"): (
-        "a comment naming the core's list of driver symbols the cudarc copy relies on"
+        "a comment in wire.rs's device-to-device copy through cudarc, naming the core's list of driver "
+        "symbols the copy relies on"
     ),
 }
 

@@ -36,7 +36,6 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyByteArray, PyBytes, PyDict, PyMemoryView, PyTuple};
 
-use lazybuf::backend::{RawDevice, RawMemory, RawStream};
 use lazybuf::coherence::Access;
 use lazybuf::{BufferState, DType, Device};
 
@@ -396,10 +395,8 @@ pub fn _fill_from_device_pointer(
             shape_repr(this.dims())
         )));
     }
-    let RawDevice::Cuda { context, .. } = device_handles(&home) else {
-        return Err(not_cuda("a copy from device memory", &home));
-    };
-    let (context, storage) = (context as usize, this.storage()?);
+    // A CUDA device (checked above): its context, queue and memory handles are the driver's.
+    let (context, storage) = (device_handles(&home).context_int(), this.storage()?);
     lock::detach(py, |d| {
         let mut raw = storage.lock_detached(d)?;
         if raw.state() != BufferState::Uninitialized {
@@ -408,11 +405,13 @@ pub fn _fill_from_device_pointer(
             ));
         }
         if let Some(producer) = stream {
+            let producer = device_handles(&home)
+                .stream_from_int(producer)
+                .ok_or_else(|| not_cuda("a copy from device memory", &home))?;
             // SAFETY: the caller vouches that `producer` is a live stream of this device's
             // context (the __cuda_array_interface__ contract); it only records a marker here,
             // which lazybuf's stream then waits for (no copy has touched the buffer yet).
-            let wrapped =
-                unsafe { home.wrap_stream(RawStream::Cuda(producer as *mut std::ffi::c_void)) }.or_py()?;
+            let wrapped = unsafe { home.wrap_stream(producer) }.or_py()?;
             let ticket = wrapped.marker().or_py()?;
             raw.stream().wait_for(&ticket).or_py()?;
         }
@@ -423,11 +422,8 @@ pub fn _fill_from_device_pointer(
         // device, stream and memory) is locked and alive.
         let (dst, stream) =
             unsafe { (raw.device_access(&home, Access::Overwrite).or_py()?.raw(), raw.stream().raw()) };
-        let (RawMemory::Cuda(dst), RawStream::Cuda(stream)) = (dst, stream) else {
-            raw.invalidate();
-            return Err(PyValueError::new_err("unexpected memory or stream handles on a CUDA device"));
-        };
-        let copied = device_to_device(context as *mut _, stream as usize, dst, ptr, expected);
+        let (dst, stream) = (dst.as_int() as u64, stream.as_int());
+        let copied = device_to_device(context as *mut _, stream, dst, ptr, expected);
         if copied.is_err() {
             // Nothing was valid before: the buffer holds no data again.
             raw.invalidate();
