@@ -22,6 +22,7 @@ use pyo3::types::{PyBool, PyInt, PyString};
 
 use lazybuf::{Device, MemorySource};
 
+use crate::args::repr;
 use crate::errors::OrPyErr;
 
 /// The device chosen with `select_device`; `None` until then (the core's default applies).
@@ -44,14 +45,42 @@ pub fn selector(device: &Device) -> String {
     format!("{kind}:{index}")
 }
 
-/// The index of `device` among the devices of its backend (the CUDA ordinal for CUDA).
-pub fn ordinal(device: &Device) -> i32 {
-    let kind = device.backend_kind();
-    lazybuf::devices()
-        .iter()
-        .filter(|d| d.backend_kind() == kind)
-        .position(|d| d == device)
-        .map_or(0, |i| i32::try_from(i).unwrap_or(i32::MAX))
+/// Resolves a `device=` argument: `None` (the current device, see `get_accelerator()`), a
+/// selector string (`"host"`, `"opencl:0"`, `"cuda"`), or a `Device`.
+pub fn device_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Device> {
+    let Some(obj) = obj.filter(|o| !o.is_none()) else {
+        return current_device();
+    };
+    if let Ok(device) = obj.cast::<PyDevice>() {
+        return Ok(device.get().device().clone());
+    }
+    if let Ok(selector) = obj.cast::<PyString>() {
+        return lazybuf::select_device(selector.to_str()?).or_py();
+    }
+    Err(PyTypeError::new_err(format!(
+        "device must be None, a selector string such as \"host\" or \"opencl:0\", or a \
+         lazybuf.Device; got {}",
+        repr(obj)
+    )))
+}
+
+/// The device recorded in a pickle: `selector` if this process has it, else the current device,
+/// with a `RuntimeWarning` that says so (the data is kept either way).
+pub fn pickled_device(py: Python<'_>, recorded: &str) -> PyResult<Device> {
+    match lazybuf::select_device(recorded) {
+        Ok(device) => Ok(device),
+        Err(err) => {
+            let current = current_device()?;
+            let message = format!(
+                "the pickled memory was on {recorded:?}, which this process does not have ({err}); \
+                 it is unpickled on the current device, {}",
+                selector(&current)
+            );
+            let warning = py.get_type::<pyo3::exceptions::PyRuntimeWarning>();
+            PyErr::warn(py, &warning, &std::ffi::CString::new(message).unwrap_or_default(), 1)?;
+            Ok(current)
+        }
+    }
 }
 
 fn source_name(source: MemorySource) -> &'static str {
@@ -330,7 +359,7 @@ impl Accelerator {
     /// total minus what this process holds elsewhere (see `Device.memory_source`).
     #[pyo3(signature = (device=None))]
     fn get_memory_info(&self, device: Option<&Bound<'_, PyAny>>) -> PyResult<(u64, u64)> {
-        let device = crate::args::device(device)?;
+        let device = device_arg(device)?;
         let info = device.memory_info().or_py()?;
         Ok((info.free, info.total))
     }

@@ -22,11 +22,6 @@ use pyo3::types::{
     PyString, PyTuple,
 };
 
-use lazybuf::Device;
-
-use crate::accelerator::{PyDevice, current_device};
-use crate::errors::OrPyErr;
-
 /// NumPy's limit on the number of dimensions (`NPY_MAXDIMS` in NumPy 2).
 pub const MAX_DIMS: usize = 64;
 
@@ -196,25 +191,6 @@ pub fn size(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<usize> {
     })
 }
 
-/// Resolves a `device=` argument: `None` (the current device, see `get_accelerator()`), a
-/// selector string (`"host"`, `"opencl:0"`, `"cuda"`), or a `Device`.
-pub fn device(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Device> {
-    let Some(obj) = obj.filter(|o| !o.is_none()) else {
-        return current_device();
-    };
-    if let Ok(device) = obj.cast::<PyDevice>() {
-        return Ok(device.get().device().clone());
-    }
-    if let Ok(selector) = obj.cast::<PyString>() {
-        return lazybuf::select_device(selector.to_str()?).or_py();
-    }
-    Err(PyTypeError::new_err(format!(
-        "device must be None, a selector string such as \"host\" or \"opencl:0\", or a \
-         lazybuf.Device; got {}",
-        repr(obj)
-    )))
-}
-
 /// The array `copy_from(data)` copies when `data` is not a NumPy array: a bytes-like object
 /// (`bytes`, `bytearray`, or a buffer of single bytes such as a `memoryview` of them) is raw
 /// bytes, read as `numpy.frombuffer(data, dtype)` and so must hold exactly the buffer's
@@ -260,6 +236,14 @@ fn raw_bytes_len(data: &Bound<'_, PyAny>) -> PyResult<Option<usize>> {
         }
     }
     Ok(None)
+}
+
+/// A shape as Python prints a tuple: `(3,)`, `(2, 3)`, `()`.
+pub fn shape_repr(shape: &[usize]) -> String {
+    match shape {
+        [one] => format!("({one},)"),
+        _ => format!("({})", shape.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")),
+    }
 }
 
 /// `repr(obj)`, or a placeholder when that fails.

@@ -39,27 +39,30 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 
 use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::PyTraverseError;
-use pyo3::exceptions::{PyAttributeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyAttributeError, PyBufferError, PyTypeError, PyValueError};
 use pyo3::ffi;
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyModule, PyTuple, PyWeakrefReference};
 
-use lazybuf::backend::RawMemory;
 use lazybuf::coherence::{Access, Location, Residency};
 use lazybuf::shape::Shape;
-use lazybuf::{BackendKind, Device, MemoryResource, RawBuffer};
+use lazybuf::{Device, DlpackDevice, MemoryKind, MemoryResource, RawBuffer};
 
 use crate::accelerator::{PyDevice, selector};
-use crate::device_view::{cuda_array_interface, device_object};
-use crate::dlpack::{self, DlpackArgs, Source, dlpack_device};
-use crate::dtype::{self, ElementType, typestr};
+use crate::args::shape_repr;
+use crate::device_view::device_object;
+use crate::dtype::{self, ElementType, buffer_format, typestr};
 use crate::errors::{MetalUnavailableError, OrPyErr, released};
+use crate::interop::{
+    self, DlpackArgs, ExportedHost, Source, buffer_dlpack_device, cuda_array_interface, export_buffer,
+    release_buffer,
+};
 use crate::lock;
 use crate::streams;
 use crate::transfer::{self, PyTransfer};
-use crate::views::{Storage, export_buffer, release_buffer};
+use crate::views::Storage;
 use crate::{args, state, wire};
 
 /// An array with a host copy and a device copy, kept coherent lazily: a copy is made only
@@ -373,7 +376,7 @@ fn device_access<'py>(slf: &Bound<'py, UnifiedBuffer>, access: Access) -> PyResu
     let py = slf.py();
     let this = slf.get();
     let storage = this.storage_if(UnifiedBuffer::stale(Location::Device(this.home.id())))?;
-    if this.home.backend_kind() == BackendKind::HOST {
+    if this.home.info().dlpack_device(MemoryKind::Device) == Some(DlpackDevice::CPU) {
         // The host device's copy is the host memory itself: writes through this array change
         // every copy at once, so it is writable whatever the access (the seeds: `.device`
         // "returns the same NumPy array as host").
@@ -393,13 +396,7 @@ fn device_access<'py>(slf: &Bound<'py, UnifiedBuffer>, access: Access) -> PyResu
     if access != Access::Read {
         this.freeze_if_host_stale(py)?;
     }
-    let key = match handle {
-        RawMemory::OpenCl(mem) => mem as usize,
-        RawMemory::Cuda(ptr) => ptr as usize,
-        #[cfg(feature = "wgpu")]
-        RawMemory::Wgpu(buffer) => buffer as usize,
-        _ => 0,
-    };
+    let key = handle.as_int();
     let cached = {
         let inner = this.inner();
         inner.device_view.as_ref().filter(|(k, _)| *k == key).map(|(_, v)| v.clone_ref(py))
@@ -427,7 +424,7 @@ impl UnifiedBuffer {
     ) -> PyResult<Self> {
         let dims = args::shape(shape)?;
         let elem = dtype::resolve(py, dtype)?;
-        let home = args::device(device)?;
+        let home = crate::accelerator::device_arg(device)?;
         UnifiedBuffer::create(dims, elem, home, pinned, None, None)
     }
 
@@ -943,8 +940,21 @@ impl UnifiedBuffer {
         let this = slf.get();
         let storage = this.storage()?;
         let (shape, dtype) = (this.shape.clone(), this.elem.dtype);
-        // SAFETY: view is the Py_buffer CPython passed to this slot.
-        unsafe { export_buffer(view, flags, slf.into_any(), &storage, &shape, dtype) }
+        let format = buffer_format(dtype).ok_or_else(|| {
+            PyBufferError::new_err(format!(
+                "{dtype} has no buffer-protocol format; use .host or __dlpack__ instead"
+            ))
+        });
+        let py = slf.py();
+        let memory = |writable: bool| {
+            // A writable export is a host write, a read-only one a host read.
+            let access = if writable { Access::Write } else { Access::Read };
+            let address = storage.host_address_nogil(py, access)?;
+            Ok(ExportedHost { address, writable, owner: Box::new(Arc::clone(&storage)) })
+        };
+        // SAFETY: view is the Py_buffer CPython passed to this slot; the address is the
+        // storage's host block, valid while the export's clone of the storage lives.
+        unsafe { export_buffer(view, flags, slf.into_any(), &shape, dtype.size(), format, memory) }
     }
 
     /// Never fails: the class is frozen, so nothing can be borrowed here, and the export's
@@ -1005,18 +1015,13 @@ impl UnifiedBuffer {
     /// (a device write). Absent (`AttributeError`) on other devices.
     #[getter]
     fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        if self.home.backend_kind() != BackendKind::CUDA {
+        if !crate::interop::addresses_cuda(&self.home) {
             return Err(PyAttributeError::new_err(format!(
                 "__cuda_array_interface__ exists only for buffers on a CUDA device; this one is on {}",
                 selector(&self.home)
             )));
         }
-        let address = match self.storage()?.device_handle_nogil(py, &self.home, Access::Write)? {
-            RawMemory::Cuda(ptr) => ptr as usize,
-            other => {
-                return Err(PyValueError::new_err(format!("unexpected memory {other:?} on a CUDA device")));
-            }
-        };
+        let address = self.storage()?.device_handle_nogil(py, &self.home, Access::Write)?.as_int();
         self.inner().untracked_export = true;
         self.freeze_if_host_stale(py)?;
         cuda_array_interface(py, address, &self.shape, self.elem.dtype, false)
@@ -1041,7 +1046,8 @@ impl UnifiedBuffer {
             descr: self.descr(py),
         };
         let stream = stream.filter(|s| !s.is_none());
-        let capsule = dlpack::export(py, source, DlpackArgs { stream, max_version, dl_device, copy })?;
+        let capsule =
+            interop::dlpack_of_buffer(py, source, DlpackArgs { stream, max_version, dl_device, copy })?;
         // A device export is a device write: the host copy may be stale now.
         self.freeze_if_host_stale(py)?;
         Ok(capsule)
@@ -1049,7 +1055,7 @@ impl UnifiedBuffer {
 
     /// `(device_type, device_id)`: `(2, ordinal)` for a CUDA buffer, else `(1, 0)` (the host).
     fn __dlpack_device__(&self) -> (u32, i32) {
-        let device = dlpack_device(&self.home);
+        let device = buffer_dlpack_device(&self.home);
         (device.device_type.0, device.device_id)
     }
 
@@ -1115,14 +1121,6 @@ impl UnifiedBuffer {
     /// The buffer's own device.
     pub fn home_device(&self) -> &Device {
         &self.home
-    }
-}
-
-/// A shape as Python prints a tuple: `(3,)`, `(2, 3)`, `()`.
-pub fn shape_repr(shape: &[usize]) -> String {
-    match shape {
-        [one] => format!("({one},)"),
-        _ => format!("({})", shape.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")),
     }
 }
 

@@ -34,13 +34,14 @@ use pyo3::exceptions::{PyAttributeError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyTuple};
 
-use lazybuf::{AllocationOptions, BackendKind, Device, DeviceBuffer, MemoryKind};
+use lazybuf::{AllocationOptions, Device, DeviceBuffer, MemoryKind};
 
 use crate::accelerator::{PyDevice, selector};
 use crate::args;
 use crate::errors::OrPyErr;
-use crate::foreign::{self, DlpackCall, ExportedBytes, Source};
+use crate::foreign::Source;
 use crate::hostbuf::{self, HostBuffer};
+use crate::interop::{self, DlpackArgs, ExportedBytes};
 use crate::lock::{self, Detached, GilFreeGuard, GilFreeMutex};
 
 /// A device buffer shared by its Python object and the DLPack tensors made from it.
@@ -65,25 +66,6 @@ pub struct PyDeviceBuffer {
     device: Device,
     /// The Python resource the memory comes from, kept alive with the buffer.
     resource: Option<Py<PyAny>>,
-}
-
-/// The device recorded in a pickle: `selector` if this process has it, else the current device,
-/// with a `RuntimeWarning` that says so (the data is kept either way).
-pub fn pickled_device(py: Python<'_>, selector: &str) -> PyResult<Device> {
-    match lazybuf::select_device(selector) {
-        Ok(device) => Ok(device),
-        Err(err) => {
-            let current = crate::accelerator::current_device()?;
-            let message = format!(
-                "the pickled memory was on {selector:?}, which this process does not have ({err}); \
-                 it is unpickled on the current device, {}",
-                crate::accelerator::selector(&current)
-            );
-            let warning = py.get_type::<pyo3::exceptions::PyRuntimeWarning>();
-            PyErr::warn(py, &warning, &std::ffi::CString::new(message).unwrap_or_default(), 1)?;
-            Ok(current)
-        }
-    }
 }
 
 impl PyDeviceBuffer {
@@ -130,7 +112,7 @@ impl PyDeviceBuffer {
     /// The raw handle as an int, valid until the next reallocation (see the module docs).
     fn raw_address(&self, py: Python<'_>) -> PyResult<usize> {
         // SAFETY: the address is only handed to Python as an int.
-        self.with(py, |buffer| foreign::raw_address(unsafe { buffer.raw() }))
+        self.with(py, |buffer| unsafe { buffer.raw().native_int() })
     }
 }
 
@@ -150,7 +132,7 @@ impl PyDeviceBuffer {
             Some(size) => args::size(size, "size")?,
             None => 0,
         };
-        let device = args::device(device)?;
+        let device = crate::accelerator::device_arg(device)?;
         let (options, keep) = Self::options(mr)?;
         let buffer =
             py.detach(|| DeviceBuffer::with_options(&device, MemoryKind::Device, size, options)).or_py()?;
@@ -168,7 +150,7 @@ impl PyDeviceBuffer {
         device: Option<&Bound<'_, PyAny>>,
         mr: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
-        let device = args::device(device)?;
+        let device = crate::accelerator::device_arg(device)?;
         Self::from_host(py, b, device, mr)
     }
 
@@ -369,7 +351,7 @@ impl PyDeviceBuffer {
     /// RMM (see the module docs).
     #[getter]
     fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        if self.device.backend_kind() != BackendKind::CUDA {
+        if !crate::interop::addresses_cuda(&self.device) {
             return Err(PyAttributeError::new_err(format!(
                 "__cuda_array_interface__ exists only for memory on a CUDA device; this DeviceBuffer is on {}",
                 selector(&self.device)
@@ -377,9 +359,9 @@ impl PyDeviceBuffer {
         }
         let (address, size) = self.with(py, |b| {
             // SAFETY: the address is only handed to Python as an int.
-            (foreign::raw_address(unsafe { b.raw() }), b.size())
+            (unsafe { b.raw().native_int() }, b.size())
         })?;
-        foreign::cuda_array_interface(py, address, size)
+        interop::cuda_array_interface(py, address, &[size], lazybuf::DType::U8, false)
     }
 
     /// DLPack export of the bytes as a 1-d uint8 tensor (CUDA devices: kDLCUDA; the host
@@ -395,24 +377,24 @@ impl PyDeviceBuffer {
         dl_device: Option<(u32, i32)>,
         copy: Option<bool>,
     ) -> PyResult<Py<PyAny>> {
-        let call = DlpackCall { stream, max_version, dl_device, copy };
+        let call = DlpackArgs { stream, max_version, dl_device, copy };
         let view = |py: Python<'py>| {
             self.with(py, |b| {
                 // SAFETY: the address is handed to the tensor with a hold on its allocation,
                 // which keeps it valid until the tensor's deleter runs.
-                let address = foreign::raw_address(unsafe { b.raw() });
+                let address = unsafe { b.raw().native_int() };
                 let owner: Arc<dyn std::any::Any + Send + Sync> = Arc::new(b.hold());
                 ExportedBytes { address, nbytes: b.size(), owner }
             })
         };
-        foreign::export_dlpack(py, &self.device, MemoryKind::Device, call, view, |py| {
+        interop::dlpack_of_bytes(py, &self.device, MemoryKind::Device, call, view, |py| {
             self.copy_to_host(py, None)
         })
     }
 
     /// `(device_type, device_id)` of the DLPack export.
     fn __dlpack_device__(&self) -> PyResult<(u32, i32)> {
-        foreign::dlpack_device_tuple(&self.device, MemoryKind::Device)
+        interop::dlpack_device_tuple(&self.device, MemoryKind::Device)
     }
 
     /// Pickles the contents (one NumPy array, so protocol 5 takes it out of band) and the
@@ -448,7 +430,7 @@ pub fn to_device(
     device: Option<&Bound<'_, PyAny>>,
     mr: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyDeviceBuffer> {
-    let device = args::device(device)?;
+    let device = crate::accelerator::device_arg(device)?;
     PyDeviceBuffer::from_host(py, b, device, mr)
 }
 
@@ -459,6 +441,6 @@ pub fn _rebuild_device_buffer(
     data: &Bound<'_, PyAny>,
     device: &str,
 ) -> PyResult<PyDeviceBuffer> {
-    let device = pickled_device(py, device)?;
+    let device = crate::accelerator::pickled_device(py, device)?;
     PyDeviceBuffer::from_host(py, data, device, None)
 }

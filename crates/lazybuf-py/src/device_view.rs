@@ -17,10 +17,9 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyModule};
 
 use lazybuf::backend::{RawDevice, RawMemory};
-use lazybuf::{BackendKind, DType, Device};
+use lazybuf::{DType, Device};
 
-use crate::accelerator::{PyDevice, ordinal};
-use crate::dtype::typestr;
+use crate::accelerator::PyDevice;
 use crate::views::{MemoryOwner, Storage, device_handles};
 
 /// The device object for a non-host device, given the handle of its (current) copy.
@@ -35,24 +34,26 @@ pub fn device_object<'py>(
 ) -> PyResult<Bound<'py, PyAny>> {
     let owner = Bound::new(py, MemoryOwner::new(storage))?;
     let nbytes = shape.iter().product::<usize>() * dtype.size();
-    match (handle, device_handles(home)) {
-        (RawMemory::OpenCl(mem), RawDevice::OpenCl { queue, .. }) => {
-            if let Some(cl) = optional(py, &PYOPENCL, "pyopencl.array") {
-                return pyopencl_array(py, &cl, queue as usize, mem as usize, shape, descr, owner);
-            }
-        }
-        (RawMemory::Cuda(ptr), _) => {
-            if let Some(cupy) = optional(py, &CUPY, "cupy") {
-                let array = cupy_array(&cupy, ptr, ordinal(home), nbytes, shape, descr, owner)?;
-                storage.mark_cupy_held();
-                return Ok(array);
-            }
-        }
-        _ => {}
+    let raw_device = device_handles(home);
+    // PyOpenCL wraps OpenCL handles only.
+    if let (RawMemory::OpenCl(_), RawDevice::OpenCl { .. }) = (handle, raw_device)
+        && let Some(cl) = optional(py, &PYOPENCL, "pyopencl.array")
+    {
+        return pyopencl_array(py, &cl, raw_device.queue_int(), handle.as_int(), shape, descr, owner);
+    }
+    if let Some(ordinal) = home.info().ordinal
+        && crate::interop::addresses_cuda(home)
+        && let Some(cupy) = optional(py, &CUPY, "cupy")
+    {
+        let ordinal = i32::try_from(ordinal).unwrap_or(i32::MAX);
+        let array = cupy_array(&cupy, handle.as_int() as u64, ordinal, nbytes, shape, descr, owner)?;
+        storage.mark_cupy_held();
+        return Ok(array);
     }
     let view = DeviceMemoryView {
         device: home.clone(),
-        handle: raw_address(handle),
+        // SAFETY: `handle` is a live allocation's: the caller holds the storage.
+        handle: unsafe { handle.native_int() },
         nbytes,
         shape: shape.to_vec(),
         dtype,
@@ -60,22 +61,6 @@ pub fn device_object<'py>(
         owner: owner.unbind(),
     };
     Ok(Bound::new(py, view)?.into_any())
-}
-
-/// The address or handle as an integer (for wgpu, the graphics API's own buffer handle).
-pub fn raw_address(handle: RawMemory) -> usize {
-    match handle {
-        RawMemory::Host(ptr) => ptr as usize,
-        RawMemory::OpenCl(mem) => mem as usize,
-        RawMemory::Cuda(ptr) => ptr as usize,
-        #[cfg(feature = "wgpu")]
-        RawMemory::Wgpu(_) => {
-            // SAFETY: `handle` is a live allocation's: device_object's caller holds the storage.
-            let native = unsafe { lazybuf::backend::wgpu::native_buffer_handle(handle) };
-            native.unwrap_or(0) as usize
-        }
-        _ => 0,
-    }
 }
 
 static PYOPENCL: PyOnceLock<Option<Py<PyModule>>> = PyOnceLock::new();
@@ -216,22 +201,14 @@ impl DeviceMemoryView {
     /// on wgpu).
     #[getter]
     fn context(&self) -> usize {
-        match device_handles(&self.device) {
-            RawDevice::OpenCl { context, .. } => context as usize,
-            RawDevice::Cuda { context, .. } => context as usize,
-            _ => 0,
-        }
+        device_handles(&self.device).context_int()
     }
 
     /// The queue lazybuf copies on, as an int (`cl_command_queue` or `CUstream`; 0 on the
     /// host and on wgpu): enqueue kernels there to order them with lazybuf's copies.
     #[getter]
     fn queue(&self) -> usize {
-        match device_handles(&self.device) {
-            RawDevice::OpenCl { queue, .. } => queue as usize,
-            RawDevice::Cuda { stream, .. } => stream as usize,
-            _ => 0,
-        }
+        device_handles(&self.device).queue_int()
     }
 
     /// The object that keeps the memory alive.
@@ -243,12 +220,12 @@ impl DeviceMemoryView {
     /// CUDA Array Interface version 3 (CUDA devices only).
     #[getter]
     fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        if self.device.backend_kind() != BackendKind::CUDA {
+        if !crate::interop::addresses_cuda(&self.device) {
             return Err(PyAttributeError::new_err(
                 "__cuda_array_interface__ exists only for memory on a CUDA device",
             ));
         }
-        cuda_array_interface(py, self.handle, &self.shape, self.dtype, false)
+        crate::interop::cuda_array_interface(py, self.handle, &self.shape, self.dtype, false)
     }
 
     fn __repr__(&self) -> String {
@@ -256,38 +233,9 @@ impl DeviceMemoryView {
             "<lazybuf.DeviceMemoryView {} ptr=0x{:x} shape={} dtype={} nbytes={}>",
             self.device.backend_kind(),
             self.handle,
-            crate::buffer::shape_repr(&self.shape),
+            crate::args::shape_repr(&self.shape),
             self.dtype,
             self.nbytes
         )
     }
-}
-
-/// A CUDA Array Interface (version 3) dictionary for C-contiguous memory at `address`.
-pub fn cuda_array_interface<'py>(
-    py: Python<'py>,
-    address: usize,
-    shape: &[usize],
-    dtype: DType,
-    readonly: bool,
-) -> PyResult<Bound<'py, PyDict>> {
-    let typestr = typestr(dtype).ok_or_else(|| {
-        PyAttributeError::new_err(format!(
-            "{dtype} has no __cuda_array_interface__ type string; use __dlpack__ instead"
-        ))
-    })?;
-    let dict = PyDict::new(py);
-    dict.set_item("shape", pyo3::types::PyTuple::new(py, shape)?)?;
-    dict.set_item("typestr", typestr)?;
-    dict.set_item("data", (address, readonly))?;
-    dict.set_item("strides", py.None())?;
-    dict.set_item("version", 3)?;
-    // lazybuf's copies are complete when they return: no stream to synchronize with.
-    dict.set_item("stream", py.None())?;
-    Ok(dict)
-}
-
-/// The CUDA ordinal of a device (its index among CUDA devices), for DLPack.
-pub fn cuda_ordinal(device: &Device) -> i32 {
-    ordinal(device)
 }

@@ -16,6 +16,7 @@ use pyo3::types::{PyList, PyString, PyTuple};
 
 use lazybuf::DType;
 
+use crate::args::repr;
 use crate::errors::bad_dtype;
 
 /// A buffer's element type: the core's tag and the NumPy descriptor its views carry.
@@ -143,7 +144,7 @@ pub fn fill_scalar<'py>(
 ) -> PyResult<Bound<'py, PyUntypedArray>> {
     let py = value.py();
     let shape = if let Ok(array) = value.cast::<PyUntypedArray>() {
-        (array.ndim() != 0).then(|| crate::buffer::shape_repr(array.shape()))
+        (array.ndim() != 0).then(|| crate::args::shape_repr(array.shape()))
     } else if value.is_instance_of::<PyList>() || value.is_instance_of::<PyTuple>() {
         Some(format!("({},)", value.len()?))
     } else {
@@ -158,8 +159,4 @@ pub fn fill_scalar<'py>(
     let scalar = py.import("numpy")?.call_method1("empty", (PyTuple::empty(py), descr))?;
     scalar.call_method1("fill", (value,))?;
     Ok(scalar.cast_into::<PyUntypedArray>()?)
-}
-
-fn repr(obj: &Bound<'_, PyAny>) -> String {
-    obj.repr().map(|r| r.to_string()).unwrap_or_else(|_| "<unprintable>".into())
 }

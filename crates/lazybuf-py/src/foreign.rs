@@ -1,5 +1,4 @@
-//! Memory objects meeting other libraries' memory: the sources `copy_from_device` accepts, and
-//! the DLPack and CUDA-array-interface exports of memory objects and device buffers.
+//! Memory objects meeting other libraries' memory: the sources `copy_from_device` accepts.
 //!
 //! **Sources.** `copy_from_device(obj)` takes lazybuf's own memory objects and device buffers
 //! (any kind, any device), an object with `__cuda_array_interface__` (versions 0 to 3;
@@ -11,33 +10,44 @@
 //! imported DLPack tensor) until the copy is done. Copies between devices go peer to peer
 //! where the runtime can, else through the host.
 //!
-//! **Exports.** [`export_dlpack`] describes memory as a 1-d `uint8` tensor (with
-//! [`crate::dlpack::Exporter`], the one exporter of the package) whose manager context holds
-//! the memory's owner, so a tensor outlives the Python object it came from; `copy=True`
-//! exports a copy in host memory, flagged as copied. Memory DLPack has no device for (OpenCL
-//! and wgpu device memory) is a `BufferError` naming its backend, except with `copy=True`.
-//!
-//! What does not live here: the copies themselves (the core's `DeviceAllocation`).
+//! What does not live here: the copies themselves (the core's `DeviceAllocation`); exports
+//! ([`crate::interop`]).
 
-use std::any::Any;
-use std::ffi::c_void;
 use std::sync::Arc;
 
-use dlpark::ffi::{DLDataType, DLDataTypeCode, DLDevice, DLDeviceType};
-use dlpark::python::{ExportRequest, ImportedDlpack, export_dlpack as dlpark_export, from_dlpack};
-use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
+use dlpark::ffi::DLDeviceType;
+use dlpark::python::{ImportedDlpack, from_dlpack};
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyInt};
 
-use lazybuf::backend::{RawMemory, RawStream};
-use lazybuf::{BackendKind, Device, Memory, MemoryKind};
+use lazybuf::{Device, DlpackDevice, Memory, MemoryKind};
 
 use crate::args::repr;
 use crate::device_buffer::{BufferCell, PyDeviceBuffer};
-use crate::dlpack::Exporter;
 use crate::errors::OrPyErr;
+use crate::interop::addresses_cuda;
 use crate::lock::Detached;
 use crate::memory::{MemoryCell, PyMemory};
+use crate::views::device_handles;
+
+/// The device whose device memory DLPack calls `(device_type, device_id)`.
+fn dlpack_owner(device_type: u32, device_id: i32) -> Option<Device> {
+    let wanted = DlpackDevice { device_type, device_id };
+    lazybuf::devices().into_iter().find(|d| d.info().dlpack_device(MemoryKind::Device) == Some(wanted))
+}
+
+/// Foreign memory at the integer `address` on `device`, wrapped without owning it.
+///
+/// # Safety
+/// As for [`Memory::borrowed`]: the memory stays alive while the result is used.
+unsafe fn borrowed(device: &Device, address: usize, nbytes: usize) -> PyResult<Memory> {
+    let raw = device_handles(device)
+        .memory_from_int(address)
+        .ok_or_else(|| PyValueError::new_err(format!("{device} memory has no integer handle to borrow")))?;
+    // SAFETY: the caller's promise.
+    unsafe { Memory::borrowed(device, raw, nbytes) }.or_py()
+}
 
 /// A resolved source of `copy_from_device`.
 pub enum Source {
@@ -50,6 +60,8 @@ pub enum Source {
 }
 
 /// What keeps foreign memory alive while it is copied: the producer, or its DLPack tensor.
+/// Held, never read: dropping it is what releases the memory.
+#[allow(dead_code)]
 pub enum KeepAlive {
     /// Nothing to keep (lazybuf's own objects keep themselves).
     Nothing,
@@ -202,13 +214,12 @@ fn from_cuda_array_interface(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Mem
         return Err(PyValueError::new_err(format!("{what}: masked arrays are not supported")));
     }
     let nbytes = contiguous_bytes(&shape, itemsize, strides.as_deref(), what)?;
-    let devices: Vec<Device> =
-        lazybuf::devices().into_iter().filter(|d| d.backend_kind() == BackendKind::CUDA).collect();
+    let devices: Vec<Device> = lazybuf::devices().into_iter().filter(addresses_cuda).collect();
     let memory = devices.iter().find_map(|device| {
         // SAFETY: the producer (kept alive by the caller's KeepAlive) owns the memory for as
         // long as the object lives, as the interface requires; the device check refuses
         // pointers that are not this device's memory.
-        unsafe { Memory::borrowed(device, RawMemory::Cuda(ptr as u64), nbytes) }.ok()
+        unsafe { borrowed(device, ptr, nbytes) }.ok()
     });
     let memory = memory.ok_or_else(|| {
         PyValueError::new_err(format!(
@@ -240,9 +251,11 @@ fn wait_for_stream(device: &Device, stream: &Bound<'_, PyAny>, what: &str) -> Py
         }
         1 => Ok(()),
         _ => {
+            let raw = device_handles(device).stream_from_int(handle).ok_or_else(|| {
+                PyValueError::new_err(format!("{what}: streams of {device} have no integer handle"))
+            })?;
             // SAFETY: the producer promises the stream is live while its interface is used.
-            let theirs =
-                unsafe { device.wrap_stream(RawStream::Cuda(handle as *mut c_void as _)) }.or_py()?;
+            let theirs = unsafe { device.wrap_stream(raw) }.or_py()?;
             device.stream().wait_for(&theirs.marker().or_py()?).or_py()
         }
     }
@@ -268,19 +281,13 @@ fn dlpack(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<(Source, KeepAlive)> {
             .map_err(|err| PyValueError::new_err(format!("{what}: invalid DLPack tensor: {err}")))?
             as usize;
         let dl = tensor.device();
-        let (device, raw) = match dl.device_type {
-            DLDeviceType::CPU | DLDeviceType::CUDAHOST => {
-                (Device::host(), RawMemory::Host(address as *mut u8))
-            }
+        let device = match dl.device_type {
+            DLDeviceType::CPU | DLDeviceType::CUDAHOST => Device::host(),
             DLDeviceType::CUDA | DLDeviceType::CUDAMANAGED => {
-                let device = lazybuf::devices()
-                    .into_iter()
-                    .filter(|d| d.backend_kind() == BackendKind::CUDA)
-                    .nth(usize::try_from(dl.device_id).unwrap_or(usize::MAX))
-                    .ok_or_else(|| {
-                        PyValueError::new_err(format!("{what}: lazybuf has no CUDA device {}", dl.device_id))
-                    })?;
-                (device, RawMemory::Cuda(address as u64))
+                // Managed memory is addressed like the device's own: look the device up by it.
+                dlpack_owner(DlpackDevice::CUDA_TYPE, dl.device_id).ok_or_else(|| {
+                    PyValueError::new_err(format!("{what}: lazybuf has no CUDA device {}", dl.device_id))
+                })?
             }
             other => {
                 return Err(PyValueError::new_err(format!(
@@ -292,122 +299,7 @@ fn dlpack(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<(Source, KeepAlive)> {
         };
         // SAFETY: the imported tensor (returned alongside, dropped after the copy) keeps the
         // memory alive; the device check refuses memory of another device.
-        unsafe { Memory::borrowed(&device, raw, nbytes) }.or_py()?
+        unsafe { borrowed(&device, address, nbytes) }?
     };
     Ok((Source::Borrowed(memory), KeepAlive::Tensor(imported)))
-}
-
-/// The DLPack device of memory of `kind` on `device`: the CPU for memory the host addresses
-/// as its own (host memory, and every kind on the host device), CUDA or CUDA-managed memory on
-/// a CUDA device; `None` where DLPack has no consumer for it (OpenCL device memory).
-pub fn dlpack_device(device: &Device, kind: MemoryKind) -> Option<DLDevice> {
-    let cuda = device.backend_kind() == BackendKind::CUDA;
-    match kind {
-        MemoryKind::Host { .. } => Some(DLDevice::CPU),
-        _ if device.backend_kind() == BackendKind::HOST => Some(DLDevice::CPU),
-        MemoryKind::Device if cuda => Some(DLDevice::cuda(crate::device_view::cuda_ordinal(device))),
-        MemoryKind::Shared if cuda => Some(DLDevice {
-            device_type: DLDeviceType::CUDAMANAGED,
-            device_id: crate::device_view::cuda_ordinal(device),
-        }),
-        MemoryKind::Shared => Some(DLDevice::CPU),
-        MemoryKind::Device => None,
-    }
-}
-
-/// The consumer's `__dlpack__` arguments.
-pub struct DlpackCall<'py> {
-    /// The consumer's stream (`None` on the CPU).
-    pub stream: Option<Bound<'py, PyAny>>,
-    /// The newest DLPack version the consumer understands.
-    pub max_version: Option<(u32, u32)>,
-    /// Where the consumer wants the tensor.
-    pub dl_device: Option<(u32, i32)>,
-    /// `True`: always copy; `False`: never copy; `None`: the producer's choice (no copy).
-    pub copy: Option<bool>,
-}
-
-/// What a zero-copy export of memory shows: its address for the tensor, its length, and the
-/// owner that keeps it alive while the tensor lives.
-pub struct ExportedBytes {
-    /// The address (host address for a CPU tensor, the `CUdeviceptr` on CUDA).
-    pub address: usize,
-    /// The length in bytes.
-    pub nbytes: usize,
-    /// What keeps the memory alive.
-    pub owner: Arc<dyn Any + Send + Sync>,
-}
-
-/// `__dlpack__` of memory of `kind` on `device` as a 1-d uint8 tensor: zero-copy (`view`
-/// describes the memory), or, with `copy=True`, a copy in new host memory for the CPU
-/// flagged as copied (`read` makes it: a new uint8 NumPy array of the bytes). The consumer's
-/// `dl_device`, else the memory's own DLPack device, else the CPU is where the tensor goes;
-/// a copy for a device other than the CPU is a `BufferError`.
-pub fn export_dlpack<'py>(
-    py: Python<'py>,
-    device: &Device,
-    kind: MemoryKind,
-    call: DlpackCall<'py>,
-    view: impl FnOnce(Python<'py>) -> PyResult<ExportedBytes>,
-    read: impl FnOnce(Python<'py>) -> PyResult<Bound<'py, PyAny>>,
-) -> PyResult<Py<PyAny>> {
-    let stream = call.stream.filter(|s| !s.is_none());
-    let request = ExportRequest::parse(stream.as_ref(), call.max_version, call.dl_device, call.copy)?;
-    let home = dlpack_device(device, kind);
-    // A copy goes to the CPU (where the consumer asked for no device, too, for memory with
-    // no DLPack device of its own).
-    let wanted = request.device().or(home).unwrap_or(DLDevice::CPU);
-    if wanted == DLDevice::CPU && stream.is_some() {
-        return Err(PyValueError::new_err("__dlpack__: stream must be None for an export to the CPU"));
-    }
-    if call.copy == Some(true) {
-        if wanted != DLDevice::CPU {
-            return Err(crate::dlpack::copy_elsewhere(wanted));
-        }
-        let copy = read(py)?;
-        return crate::dlpack::export_copy(py, copy, DLDataType::scalar(DLDataTypeCode::UINT, 8), &request);
-    }
-    let home = home.ok_or_else(|| no_dlpack_device(device, kind))?;
-    if wanted != home {
-        return Err(PyBufferError::new_err(format!(
-            "cannot export to DLPack device ({}, {}): this memory is on ({}, {}); pass copy=True for a copy in \
-             host memory",
-            wanted.device_type.0, wanted.device_id, home.device_type.0, home.device_id
-        )));
-    }
-    let bytes = view(py)?;
-    let exporter = Exporter::bytes(bytes.address as *mut c_void, bytes.nbytes, home, bytes.owner);
-    dlpark_export(&exporter, py, request)
-}
-
-/// The error for memory DLPack has no device for, naming its backend.
-fn no_dlpack_device(device: &Device, kind: MemoryKind) -> PyErr {
-    PyBufferError::new_err(format!(
-        "{} {} memory has no DLPack device; export a copy with copy=True (for the CPU), or copy it to the \
-         host first",
-        device.backend_kind().title(),
-        kind.name()
-    ))
-}
-
-/// `__dlpack_device__` of memory of `kind` on `device` (a `BufferError` where DLPack has no
-/// device for it).
-pub fn dlpack_device_tuple(device: &Device, kind: MemoryKind) -> PyResult<(u32, i32)> {
-    let dl = dlpack_device(device, kind).ok_or_else(|| no_dlpack_device(device, kind))?;
-    Ok((dl.device_type.0, dl.device_id))
-}
-
-/// A `__cuda_array_interface__` (version 3) over `nbytes` at `address`: 1-d, `|u1`.
-pub fn cuda_array_interface<'py>(
-    py: Python<'py>,
-    address: usize,
-    nbytes: usize,
-) -> PyResult<Bound<'py, PyDict>> {
-    crate::device_view::cuda_array_interface(py, address, &[nbytes], lazybuf::DType::U8, false)
-}
-
-/// An int from a raw handle, for `ptr` properties: the address of host (and host-device)
-/// memory, the `CUdeviceptr`, the `cl_mem`, wgpu's native buffer handle; 0 when empty.
-pub fn raw_address(raw: RawMemory) -> usize {
-    crate::device_view::raw_address(raw)
 }

@@ -122,11 +122,6 @@ impl HostBuffer {
         usize::try_from(self.view().len).unwrap_or(0)
     }
 
-    /// Whether the buffer is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// The addresses the bytes occupy.
     pub fn range(&self) -> std::ops::Range<usize> {
         let start = self.view().buf as usize;

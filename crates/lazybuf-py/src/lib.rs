@@ -10,13 +10,14 @@
 //! - [`views`]: sharing Rust-owned memory with Python (every raw pointer, and the rule that
 //!   views keep memory alive);
 //! - [`device_view`]: what `.device` returns on each backend;
-//! - [`dlpack`]: `__dlpack__` through dlpark;
+//! - [`interop`]: every export to other libraries, one of each: the buffer protocol, DLPack
+//!   (through dlpark) and the CUDA array interface;
 //! - [`accelerator`]: devices, `get_accelerator()`, the current device;
 //! - [`pool`]: `MemoryPool` and `get_memory_pool()` over the core's pool;
 //! - [`memory`]: dpctl's memory objects (`MemoryDevice`, `MemoryHost`, `MemoryShared`);
 //! - [`mr`]: `lazybuf.mr`, RMM's memory resources (pool, adaptors, the current resource);
 //! - [`device_buffer`]: RMM's resizable `DeviceBuffer`; [`hostbuf`] and [`foreign`]: the host
-//!   buffers, device sources and exports of memory objects;
+//!   buffers and device sources of memory objects;
 //! - [`transfer`]: `Transfer`, an asynchronous sync in flight (awaitable);
 //! - [`streams`]: lazybuf's stream for the caller, and ordering after the caller's streams;
 //! - [`wire`]: pickling with out-of-band buffers (protocol 5) and the frames of the Dask
@@ -28,27 +29,27 @@
 //! The pure-Python side (`python/lazybuf/`) holds the `BufferState` enum, stubs and
 //! `py.typed`.
 
-pub mod accelerator;
-pub mod args;
-pub mod buffer;
-pub mod device_buffer;
-pub mod device_view;
-pub mod dlpack;
-pub mod dtype;
-pub mod errors;
-pub mod foreign;
-pub mod hostbuf;
-pub mod lock;
-pub mod memory;
-pub mod mr;
-pub mod pool;
-pub mod state;
-pub mod streams;
+mod accelerator;
+mod args;
+mod buffer;
+mod device_buffer;
+mod device_view;
+mod dtype;
+mod errors;
+mod foreign;
+mod hostbuf;
+mod interop;
+mod lock;
+mod memory;
+mod mr;
+mod pool;
+mod state;
+mod streams;
 #[cfg(feature = "testing")]
-pub mod testing;
-pub mod transfer;
-pub mod views;
-pub mod wire;
+mod testing;
+mod transfer;
+mod views;
+mod wire;
 
 use pyo3::prelude::*;
 

@@ -35,22 +35,22 @@
 //! Threads: as [`crate::device_buffer`]: each call locks the memory with the GIL released.
 
 use std::ffi::c_int;
-use std::ptr;
 use std::sync::Arc;
 
-use pyo3::exceptions::{PyAttributeError, PyBufferError, PyValueError};
+use pyo3::exceptions::{PyAttributeError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyTuple};
 
-use lazybuf::{AllocationOptions, BackendKind, Device, Memory, MemoryKind};
+use lazybuf::{AllocationOptions, Device, Memory, MemoryKind};
 
+use crate::accelerator::pickled_device;
 use crate::accelerator::{PyDevice, selector};
 use crate::args;
-use crate::device_buffer::pickled_device;
 use crate::errors::OrPyErr;
-use crate::foreign::{self, DlpackCall, ExportedBytes, Source};
+use crate::foreign::Source;
 use crate::hostbuf::{self, HostBuffer};
+use crate::interop::{self, DlpackArgs, ExportedBytes, ExportedHost};
 use crate::lock::{self, Detached, GilFreeGuard, GilFreeMutex};
 
 /// A memory object's allocation, shared by the objects made zero-copy from it and by the
@@ -146,10 +146,10 @@ impl PyMemory {
         let alignment = usize::try_from(alignment.max(0)).unwrap_or(0);
         if args::is_size(other)? {
             let nbytes = args::size(other, "nbytes")?;
-            return Self::allocate(py, kind, nbytes, alignment, args::device(device)?);
+            return Self::allocate(py, kind, nbytes, alignment, crate::accelerator::device_arg(device)?);
         }
         let device = match device.filter(|d| !d.is_none()) {
-            Some(device) => Some(args::device(Some(device))?),
+            Some(device) => Some(crate::accelerator::device_arg(Some(device))?),
             None => None,
         };
         if let Ok(source) = other.cast::<PyMemory>() {
@@ -247,7 +247,7 @@ impl PyMemory {
 
     fn raw_address(&self, py: Python<'_>) -> PyResult<usize> {
         // SAFETY: the address is only handed to Python as an int; the memory never moves.
-        self.with(py, |m| foreign::raw_address(unsafe { m.raw() }))
+        self.with(py, |m| unsafe { m.raw().native_int() })
     }
 
     /// Buffer protocol over all the bytes: 1-d unsigned bytes, always writable (as dpctl's;
@@ -256,66 +256,16 @@ impl PyMemory {
     /// # Safety
     /// `view` must be the `Py_buffer` CPython passed to `bf_getbuffer`.
     unsafe fn export(slf: Bound<'_, PyAny>, view: *mut ffi::Py_buffer, flags: c_int) -> PyResult<()> {
-        if view.is_null() {
-            return Err(PyBufferError::new_err("the buffer protocol passed a null Py_buffer"));
-        }
-        // SAFETY: view is valid (checked); obj must be NULL on error.
-        unsafe { (*view).obj = ptr::null_mut() };
-        let (address, nbytes, cell) = {
-            let memory = slf.cast::<PyMemory>()?.get();
-            (memory.host_address(slf.py())?, memory.nbytes, memory.cell.clone())
+        let memory = slf.cast::<PyMemory>()?.get();
+        let nbytes = memory.nbytes;
+        let host = |_writable: bool| {
+            let address = memory.host_address(slf.py())?;
+            Ok(ExportedHost { address, writable: true, owner: Box::new(memory.cell.clone()) })
         };
-        let export = Box::new(Export { _cell: cell, shape: [nbytes as isize], strides: [1] });
-        let export = Box::into_raw(export);
-        // SAFETY: view is valid; shape and strides live in the boxed export, freed only in
-        // `release`; address is valid for nbytes while the export's cell clone lives; obj
-        // takes a new reference to the exporter.
-        unsafe {
-            (*view).buf = address.cast();
-            (*view).len = nbytes as isize;
-            (*view).readonly = 0;
-            (*view).itemsize = 1;
-            (*view).format =
-                if flags & ffi::PyBUF_FORMAT != 0 { c"B".as_ptr().cast_mut() } else { ptr::null_mut() };
-            (*view).ndim = 1;
-            (*view).shape =
-                if flags & ffi::PyBUF_ND != 0 { (*export).shape.as_mut_ptr() } else { ptr::null_mut() };
-            (*view).strides = if flags & ffi::PyBUF_STRIDES == ffi::PyBUF_STRIDES {
-                (*export).strides.as_mut_ptr()
-            } else {
-                ptr::null_mut()
-            };
-            (*view).suboffsets = ptr::null_mut();
-            (*view).internal = export.cast();
-            (*view).obj = slf.into_ptr();
-        }
-        Ok(())
+        // SAFETY: view is CPython's (the caller's promise); the address is valid for nbytes
+        // while the export's clone of the cell lives (the memory never moves).
+        unsafe { interop::export_buffer(view, flags, slf.clone(), &[nbytes], 1, Ok(c"B"), host) }
     }
-
-    /// Frees what [`Self::export`] attached.
-    ///
-    /// # Safety
-    /// `view` must be a `Py_buffer` filled by [`Self::export`], released once.
-    unsafe fn release(view: *mut ffi::Py_buffer) {
-        if view.is_null() {
-            return;
-        }
-        // SAFETY: internal is the boxed export set by `export` (or null); taken once.
-        unsafe {
-            let internal = (*view).internal;
-            if !internal.is_null() {
-                (*view).internal = ptr::null_mut();
-                drop(Box::from_raw(internal.cast::<Export>()));
-            }
-        }
-    }
-}
-
-/// What a buffer-protocol export holds: the memory and its shape and strides arrays.
-struct Export {
-    _cell: Arc<MemoryCell>,
-    shape: [isize; 1],
-    strides: [isize; 1],
 }
 
 #[pymethods]
@@ -450,7 +400,7 @@ impl PyMemory {
     /// (`AttributeError` elsewhere).
     #[getter]
     fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        if self.device.backend_kind() != BackendKind::CUDA || matches!(self.kind, MemoryKind::Host { .. }) {
+        if !self.device.info().dlpack_device(self.kind).is_some_and(|d| d.is_cuda()) {
             return Err(PyAttributeError::new_err(format!(
                 "__cuda_array_interface__ exists only for device and shared memory on a CUDA device; this is {} \
                  memory on {}",
@@ -458,7 +408,7 @@ impl PyMemory {
                 selector(&self.device)
             )));
         }
-        foreign::cuda_array_interface(py, self.raw_address(py)?, self.nbytes)
+        interop::cuda_array_interface(py, self.raw_address(py)?, &[self.nbytes], lazybuf::DType::U8, false)
     }
 
     /// DLPack export as a 1-d uint8 tensor: the CPU for host memory (and every kind on the host
@@ -474,10 +424,10 @@ impl PyMemory {
         dl_device: Option<(u32, i32)>,
         copy: Option<bool>,
     ) -> PyResult<Py<PyAny>> {
-        let call = DlpackCall { stream, max_version, dl_device, copy };
+        let call = DlpackArgs { stream, max_version, dl_device, copy };
         let view = |py: Python<'py>| {
             let address =
-                if foreign::dlpack_device(&self.device, self.kind) == Some(dlpark::ffi::DLDevice::CPU) {
+                if interop::dlpack_device(&self.device, self.kind) == Some(dlpark::ffi::DLDevice::CPU) {
                     self.host_address_any(py)?
                 } else {
                     self.raw_address(py)?
@@ -485,12 +435,12 @@ impl PyMemory {
             let owner: Arc<dyn std::any::Any + Send + Sync> = self.cell.clone();
             Ok(ExportedBytes { address, nbytes: self.nbytes, owner })
         };
-        foreign::export_dlpack(py, &self.device, self.kind, call, view, |py| self.copy_to_host(py, None))
+        interop::dlpack_of_bytes(py, &self.device, self.kind, call, view, |py| self.copy_to_host(py, None))
     }
 
     /// `(device_type, device_id)` of the DLPack export.
     fn __dlpack_device__(&self) -> PyResult<(u32, i32)> {
-        foreign::dlpack_device_tuple(&self.device, self.kind)
+        interop::dlpack_device_tuple(&self.device, self.kind)
     }
 
     /// Pickles the kind, the device and the bytes (one NumPy array: protocol 5 takes it out of
@@ -570,7 +520,7 @@ impl PyMemoryHost {
 
     unsafe fn __releasebuffer__(&self, view: *mut ffi::Py_buffer) {
         // SAFETY: forwarded contract.
-        unsafe { PyMemory::release(view) }
+        unsafe { interop::release_buffer(view) }
     }
 }
 
@@ -618,7 +568,7 @@ impl PyMemoryShared {
 
     unsafe fn __releasebuffer__(&self, view: *mut ffi::Py_buffer) {
         // SAFETY: forwarded contract.
-        unsafe { PyMemory::release(view) }
+        unsafe { interop::release_buffer(view) }
     }
 }
 

@@ -111,7 +111,7 @@ fn handle(block: &Block) -> usize {
     match block {
         Block::Host(host) => host.as_ptr() as usize,
         // SAFETY: the handle is only turned into an int.
-        Block::Device(memory) => crate::foreign::raw_address(unsafe { memory.raw() }),
+        Block::Device(memory) => unsafe { memory.raw().native_int() },
     }
 }
 
@@ -138,7 +138,7 @@ impl PyResource {
                 "allocate: nbytes must be positive (an empty block has no handle)",
             ));
         }
-        let device = args::device(device)?;
+        let device = crate::accelerator::device_arg(device)?;
         let block = py
             .detach(|| self.resource.allocate(&device, MemoryKind::Device, nbytes, &device.stream()))
             .or_py()?;
@@ -495,7 +495,7 @@ static DEFAULTS: Mutex<Option<HashMap<DeviceId, Py<PyAny>>>> = Mutex::new(None);
 #[pyfunction]
 #[pyo3(signature = (device=None))]
 pub fn get_current_device_resource(py: Python<'_>, device: Option<&Bound<'_, PyAny>>) -> PyResult<Py<PyAny>> {
-    let device = args::device(device)?;
+    let device = crate::accelerator::device_arg(device)?;
     if let Some(set) = current().as_ref().and_then(|m| m.get(&device.id())) {
         return Ok(set.clone_ref(py));
     }
@@ -537,7 +537,7 @@ pub fn get_current_device_resource(py: Python<'_>, device: Option<&Bound<'_, PyA
 #[pyfunction]
 #[pyo3(signature = (mr, device=None))]
 pub fn set_current_device_resource(mr: &Bound<'_, PyAny>, device: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
-    let device = args::device(device)?;
+    let device = crate::accelerator::device_arg(device)?;
     let mut current = current();
     let map = current.get_or_insert_with(HashMap::new);
     if mr.is_none() {

@@ -99,7 +99,7 @@ impl PyMemoryPool {
         zero_reused: bool,
     ) -> PyResult<Py<Self>> {
         let no_arguments = device.is_none_or(|d| d.is_none()) && max_cached_bytes.is_none() && !zero_reused;
-        let device = args::device(device)?;
+        let device = crate::accelerator::device_arg(device)?;
         if no_arguments {
             return shared_pool(py, device);
         }
@@ -368,7 +368,7 @@ impl PyPoolStats {
 #[pyfunction]
 #[pyo3(signature = (device=None))]
 pub fn get_memory_pool(py: Python<'_>, device: Option<&Bound<'_, PyAny>>) -> PyResult<Py<PyMemoryPool>> {
-    shared_pool(py, args::device(device)?)
+    shared_pool(py, crate::accelerator::device_arg(device)?)
 }
 
 /// Whether buffers made from now on take their memory from their device's caching pool (the

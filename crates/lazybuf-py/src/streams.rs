@@ -18,20 +18,16 @@
 //! What does not live here: the ordering itself (the core's copies wait for the marker) and
 //! transfers in flight ([`crate::transfer`]).
 
-use std::ffi::c_void;
-
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyInt, PyTuple};
 
-use lazybuf::backend::RawStream;
-use lazybuf::{BackendKind, Device};
+use lazybuf::Device;
 
-use crate::accelerator::ordinal;
 use crate::errors::OrPyErr;
 use crate::lock;
-use crate::views::Storage;
+use crate::views::{Storage, device_handles};
 
 /// The raw handle of the stream lazybuf uses for this buffer, as an int: its
 /// `cl_command_queue` on OpenCL, its `CUstream` on CUDA, 0 on the host (whose work is done
@@ -40,11 +36,7 @@ pub fn raw_stream(py: Python<'_>, storage: &Storage) -> PyResult<usize> {
     let raw = storage.lock(py)?;
     // SAFETY: the handle is only turned into an int for the caller, who may use it while the
     // buffer's device is open (lazybuf keeps its own streams alive as long as the device).
-    Ok(match unsafe { raw.stream().raw() } {
-        RawStream::OpenCl(queue) => queue as usize,
-        RawStream::Cuda(stream) => stream as usize,
-        _ => 0,
-    })
+    Ok(unsafe { raw.stream().raw() }.as_int())
 }
 
 /// The raw handle of a stream object the caller passed (see the module docs).
@@ -87,12 +79,11 @@ pub fn order_after(
     stream: &Bound<'_, PyAny>,
 ) -> PyResult<()> {
     let handle = handle_of(stream)?;
-    let kind = home.backend_kind();
-    if kind == BackendKind::HOST {
+    let raw = device_handles(home)
+        .stream_from_int(handle)
+        .ok_or_else(|| PyValueError::new_err(format!("order_after: streams of {home} are not supported")))?;
+    if raw.is_immediate() {
         return Ok(());
-    }
-    if kind != BackendKind::OPENCL && kind != BackendKind::CUDA {
-        return Err(PyValueError::new_err(format!("order_after: streams of {home} are not supported")));
     }
     order_after_handle(py, storage, home, handle)
 }
@@ -100,10 +91,10 @@ pub fn order_after(
 /// Orders lazybuf's next work on `home`'s copy after the work enqueued so far on the raw
 /// stream `handle` of `home`'s runtime.
 fn order_after_handle(py: Python<'_>, storage: &Storage, home: &Device, handle: usize) -> PyResult<()> {
-    let kind = home.backend_kind();
     lock::detach(py, |d| {
-        let raw = handle as *mut c_void;
-        let raw = if kind == BackendKind::OPENCL { RawStream::OpenCl(raw) } else { RawStream::Cuda(raw) };
+        let raw = device_handles(home)
+            .stream_from_int(handle)
+            .ok_or_else(|| PyValueError::new_err(format!("streams of {home} have no integer handle")))?;
         // SAFETY: the handle is a live queue or stream of this device's context, as the caller
         // promises (module docs); OpenCL checks the queue's context and refuses another one.
         let wrapped = unsafe { home.wrap_stream(raw) }.or_py()?;
@@ -121,12 +112,13 @@ pub fn order_after_cupy(py: Python<'_>, storage: &Storage, home: &Device) -> PyR
     /// `cupy.cuda.get_current_stream` (Python-visible in every CuPy since 9; it takes the
     /// device since 11), looked up once.
     static CURRENT_STREAM: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-    if home.backend_kind() != BackendKind::CUDA {
+    // CuPy's streams belong to CUDA devices (the ones with an ordinal).
+    let Some(ordinal) = home.info().ordinal else {
         return Ok(());
-    }
+    };
     let current_stream = CURRENT_STREAM
         .get_or_try_init(py, || py.import("cupy.cuda")?.getattr("get_current_stream").map(Bound::unbind))?;
-    let handle: usize = current_stream.bind(py).call1((ordinal(home),))?.getattr("ptr")?.extract()?;
+    let handle: usize = current_stream.bind(py).call1((ordinal,))?.getattr("ptr")?.extract()?;
     if handle == 0 {
         return Ok(());
     }

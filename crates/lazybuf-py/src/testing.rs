@@ -18,7 +18,6 @@ use pyo3::prelude::*;
 use lazybuf::testing::{FaultPlan, FaultyDevice};
 
 use crate::accelerator::PyDevice;
-use crate::args;
 
 /// A device whose n-th allocation or n-th copy fails; a `lazybuf.Device` wrapping another.
 #[pyclass(name = "FaultyDevice", module = "lazybuf.testing", extends = PyDevice, frozen)]
@@ -34,7 +33,7 @@ impl PyFaultyDevice {
     #[new]
     #[pyo3(signature = (inner=None))]
     fn py_new(inner: Option<&Bound<'_, PyAny>>) -> PyResult<PyClassInitializer<Self>> {
-        let inner = args::device(inner)?;
+        let inner = crate::accelerator::device_arg(inner)?;
         let (device, plan) = FaultyDevice::wrap(&inner);
         Ok(PyClassInitializer::from(PyDevice::new(device)).add_subclass(PyFaultyDevice { inner, plan }))
     }

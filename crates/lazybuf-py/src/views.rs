@@ -31,17 +31,15 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use numpy::npyffi::{self, NPY_ARRAY_C_CONTIGUOUS, NPY_ARRAY_WRITEABLE, PY_ARRAY_API, npy_intp};
 use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
-use pyo3::exceptions::{PyBufferError, PyValueError};
-use pyo3::ffi;
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use lazybuf::backend::RawMemory;
 use lazybuf::coherence::Access;
 use lazybuf::host_memory::{ForeignHostMemory, HostMemory, copy_bytes};
 use lazybuf::resource::{MemoryResource, default_resource};
-use lazybuf::{DType, Device, RawBuffer, Ticket};
+use lazybuf::{Device, RawBuffer, Ticket};
 
-use crate::dtype::buffer_format;
 use crate::errors::OrPyErr;
 use crate::hostbuf::HostBuffer;
 use crate::lock::{self, Detached, GilFreeGuard, GilFreeMutex};
@@ -259,11 +257,12 @@ impl Storage {
     /// writes cannot make copies disagree; the seeds: `.device` is "the same NumPy array as
     /// host").
     pub fn host_device_address(&self, py: Python<'_>, device: &Device, access: Access) -> PyResult<*mut u8> {
-        match self.device_handle_nogil(py, device, access)? {
-            RawMemory::Host(address) if !address.is_null() => Ok(address),
-            RawMemory::Host(_) => Ok(empty_address()),
-            other => {
-                Err(PyValueError::new_err(format!("expected host memory on the host device, got {other:?}")))
+        let handle = self.device_handle_nogil(py, device, access)?;
+        match handle.host_ptr() {
+            Some(address) if !address.is_null() => Ok(address),
+            Some(_) => Ok(empty_address()),
+            None => {
+                Err(PyValueError::new_err(format!("expected host memory on the host device, got {handle:?}")))
             }
         }
     }
@@ -518,107 +517,6 @@ unsafe fn ndarray_raw<'py>(
     };
     // SAFETY: a new reference or null with an exception set.
     unsafe { Bound::from_owned_ptr_or_err(py, array) }
-}
-
-/// What a buffer-protocol export holds until it is released: the memory and the metadata
-/// arrays the `Py_buffer` points into.
-struct BufferExport {
-    _storage: Arc<Storage>,
-    shape: Vec<isize>,
-    strides: Vec<isize>,
-}
-
-/// Fills a `Py_buffer` for `exporter` over the host copy: writable (a host write) when the
-/// consumer asks for `PyBUF_WRITABLE`, else read-only (a host read). Without `PyBUF_ND` it
-/// is a 1-d view of the bytes, as CPython's rule for plain-bytes requests says.
-///
-/// # Safety
-/// `view` must be the `Py_buffer` CPython passed to `bf_getbuffer`.
-pub unsafe fn export_buffer(
-    view: *mut ffi::Py_buffer,
-    flags: c_int,
-    exporter: Bound<'_, PyAny>,
-    storage: &Arc<Storage>,
-    shape: &[usize],
-    dtype: DType,
-) -> PyResult<()> {
-    if view.is_null() {
-        return Err(PyBufferError::new_err("the buffer protocol passed a null Py_buffer"));
-    }
-    // SAFETY: view is valid (checked non-null; CPython's contract); obj must be NULL on error.
-    unsafe { (*view).obj = ptr::null_mut() };
-    let format = buffer_format(dtype).ok_or_else(|| {
-        PyBufferError::new_err(format!(
-            "{dtype} has no buffer-protocol format; use .host or __dlpack__ instead"
-        ))
-    })?;
-    let fortran = flags & ffi::PyBUF_F_CONTIGUOUS == ffi::PyBUF_F_CONTIGUOUS;
-    if fortran && shape.iter().filter(|&&d| d > 1).count() > 1 {
-        return Err(PyBufferError::new_err("the buffer is C-contiguous, not Fortran-contiguous"));
-    }
-    // Without PyBUF_ND the consumer asked for plain bytes (PyBUF_SIMPLE, or PyBUF_WRITABLE
-    // alone): CPython's rule (PyBuffer_FillInfo) is a 1-d view of unsigned bytes, with no
-    // shape or strides, itemsize 1, and format "B" if the consumer asked for one.
-    let nd = flags & ffi::PyBUF_ND == ffi::PyBUF_ND;
-    let writable = flags & ffi::PyBUF_WRITABLE == ffi::PyBUF_WRITABLE;
-    let access = if writable { Access::Write } else { Access::Read };
-    let address = storage.host_address_nogil(exporter.py(), access)?;
-    let itemsize = dtype.size() as isize;
-    let mut strides = vec![itemsize; shape.len()];
-    for i in (0..shape.len().saturating_sub(1)).rev() {
-        strides[i] = strides[i + 1] * shape[i + 1] as isize;
-    }
-    let mut export = Box::new(BufferExport {
-        _storage: Arc::clone(storage),
-        shape: shape.iter().map(|&d| d as isize).collect(),
-        strides,
-    });
-    let nbytes = shape.iter().product::<usize>() as isize * itemsize;
-    let strided = flags & ffi::PyBUF_STRIDES == ffi::PyBUF_STRIDES;
-    let with_format = flags & ffi::PyBUF_FORMAT == ffi::PyBUF_FORMAT;
-    // SAFETY: view is valid; the shape and strides arrays live in the boxed export, which is
-    // freed only in release_buffer; the formats are static strings; address is valid for
-    // nbytes while the export's storage clone lives; obj takes a new reference to exporter.
-    unsafe {
-        (*view).buf = address.cast();
-        (*view).len = nbytes;
-        (*view).readonly = c_int::from(!writable);
-        if nd {
-            (*view).itemsize = itemsize;
-            (*view).format = if with_format { format.as_ptr().cast_mut() } else { ptr::null_mut() };
-            (*view).ndim = shape.len() as c_int;
-            (*view).shape = export.shape.as_mut_ptr();
-            (*view).strides = if strided { export.strides.as_mut_ptr() } else { ptr::null_mut() };
-        } else {
-            (*view).itemsize = 1;
-            (*view).format = if with_format { c"B".as_ptr().cast_mut() } else { ptr::null_mut() };
-            (*view).ndim = 1;
-            (*view).shape = ptr::null_mut();
-            (*view).strides = ptr::null_mut();
-        }
-        (*view).suboffsets = ptr::null_mut();
-        (*view).internal = Box::into_raw(export).cast();
-        (*view).obj = exporter.into_ptr();
-    }
-    Ok(())
-}
-
-/// Frees what [`export_buffer`] attached to `view` (the memory may go back to its pool now).
-///
-/// # Safety
-/// `view` must be a `Py_buffer` filled by [`export_buffer`], released once.
-pub unsafe fn release_buffer(view: *mut ffi::Py_buffer) {
-    if view.is_null() {
-        return;
-    }
-    // SAFETY: internal is the boxed export set by export_buffer (or null); taken once.
-    unsafe {
-        let internal = (*view).internal;
-        if !internal.is_null() {
-            (*view).internal = ptr::null_mut();
-            drop(Box::from_raw(internal.cast::<BufferExport>()));
-        }
-    }
 }
 
 /// The runtime handles of `device` (context, queue or stream), as integers for Python

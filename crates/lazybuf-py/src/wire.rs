@@ -36,14 +36,14 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyByteArray, PyBytes, PyDict, PyMemoryView, PyTuple};
 
-use lazybuf::backend::{RawDevice, RawMemory, RawStream};
 use lazybuf::coherence::Access;
-use lazybuf::{BackendKind, BufferState, DType, Device};
+use lazybuf::{BufferState, DType, Device};
 
 use crate::accelerator::selector;
-use crate::buffer::{UnifiedBuffer, shape_repr};
-use crate::device_view::cuda_array_interface;
+use crate::args::shape_repr;
+use crate::buffer::UnifiedBuffer;
 use crate::errors::OrPyErr;
+use crate::interop::cuda_array_interface;
 use crate::lock;
 use crate::views::{MemoryOwner, device_handles};
 use crate::{args, dtype};
@@ -109,7 +109,7 @@ fn unpickling_device(origin: Option<(String, String)>) -> PyResult<Device> {
     {
         return Ok(device);
     }
-    args::device(None)
+    crate::accelerator::device_arg(None)
 }
 
 /// `data`, a C-contiguous bytes-like object of exactly the buffer's `nbytes`, as a new 1-d
@@ -230,7 +230,7 @@ pub fn new_buffer<'py>(
     let dims = args::shape(shape)?;
     let elem = dtype::resolve(py, Some(dtype))?;
     let home = match device.filter(|d| !d.is_none()) {
-        Some(device) => args::device(Some(device))?,
+        Some(device) => crate::accelerator::device_arg(Some(device))?,
         None => unpickling_device(origin)?,
     };
     let pinned = pinned && home.can_pin_host_memory();
@@ -350,17 +350,14 @@ pub fn _device_frame(buf: &Bound<'_, UnifiedBuffer>) -> PyResult<Option<DeviceFr
     let py = buf.py();
     let this = buf.get();
     let home = this.home_device();
-    if home.backend_kind() != BackendKind::CUDA {
+    if !crate::interop::addresses_cuda(home) {
         return Err(not_cuda("a device frame", home));
     }
     let storage = this.storage()?;
     if storage.lock(py)?.state() == BufferState::Uninitialized {
         return Ok(None);
     }
-    let ptr = match storage.device_handle_nogil(py, home, Access::Read)? {
-        RawMemory::Cuda(ptr) => ptr,
-        other => return Err(PyValueError::new_err(format!("unexpected memory {other:?} on a CUDA device"))),
-    };
+    let ptr = storage.device_handle_nogil(py, home, Access::Read)?.as_int() as u64;
     let owner = Py::new(py, MemoryOwner::new(&storage))?;
     Ok(Some(DeviceFrame { device: home.clone(), ptr, nbytes: this.byte_len(), owner }))
 }
@@ -387,7 +384,7 @@ pub fn _fill_from_device_pointer(
     let py = buf.py();
     let this = buf.get();
     let home = this.home_device().clone();
-    if home.backend_kind() != BackendKind::CUDA {
+    if !crate::interop::addresses_cuda(&home) {
         return Err(not_cuda("a copy from device memory", &home));
     }
     let expected = this.byte_len();
@@ -398,10 +395,8 @@ pub fn _fill_from_device_pointer(
             shape_repr(this.dims())
         )));
     }
-    let RawDevice::Cuda { context, .. } = device_handles(&home) else {
-        return Err(not_cuda("a copy from device memory", &home));
-    };
-    let (context, storage) = (context as usize, this.storage()?);
+    // A CUDA device (checked above): its context, queue and memory handles are the driver's.
+    let (context, storage) = (device_handles(&home).context_int(), this.storage()?);
     lock::detach(py, |d| {
         let mut raw = storage.lock_detached(d)?;
         if raw.state() != BufferState::Uninitialized {
@@ -410,11 +405,13 @@ pub fn _fill_from_device_pointer(
             ));
         }
         if let Some(producer) = stream {
+            let producer = device_handles(&home)
+                .stream_from_int(producer)
+                .ok_or_else(|| not_cuda("a copy from device memory", &home))?;
             // SAFETY: the caller vouches that `producer` is a live stream of this device's
             // context (the __cuda_array_interface__ contract); it only records a marker here,
             // which lazybuf's stream then waits for (no copy has touched the buffer yet).
-            let wrapped =
-                unsafe { home.wrap_stream(RawStream::Cuda(producer as *mut std::ffi::c_void)) }.or_py()?;
+            let wrapped = unsafe { home.wrap_stream(producer) }.or_py()?;
             let ticket = wrapped.marker().or_py()?;
             raw.stream().wait_for(&ticket).or_py()?;
         }
@@ -425,11 +422,8 @@ pub fn _fill_from_device_pointer(
         // device, stream and memory) is locked and alive.
         let (dst, stream) =
             unsafe { (raw.device_access(&home, Access::Overwrite).or_py()?.raw(), raw.stream().raw()) };
-        let (RawMemory::Cuda(dst), RawStream::Cuda(stream)) = (dst, stream) else {
-            raw.invalidate();
-            return Err(PyValueError::new_err("unexpected memory or stream handles on a CUDA device"));
-        };
-        let copied = device_to_device(context as *mut _, stream as usize, dst, ptr, expected);
+        let (dst, stream) = (dst.as_int() as u64, stream.as_int());
+        let copied = device_to_device(context as *mut _, stream, dst, ptr, expected);
         if copied.is_err() {
             // Nothing was valid before: the buffer holds no data again.
             raw.invalidate();

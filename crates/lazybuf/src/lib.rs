@@ -51,7 +51,7 @@ pub mod shape;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use backend::{DeviceInfo, MemoryInfo, MemoryKind, MemorySource, Ticket};
+pub use backend::{DeviceInfo, DlpackDevice, MemoryInfo, MemoryKind, MemorySource, Ticket};
 pub use buffer::{
     BufferOptions, DeviceView, DeviceViewMut, RawBuffer, Transfer, TransferStats, UnifiedBuffer,
 };

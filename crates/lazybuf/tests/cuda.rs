@@ -177,3 +177,30 @@ fn the_default_device_prefers_a_cuda_gpu() {
     let err = lazybuf::select_device(&format!("cuda:{}", devices.len())).unwrap_err().to_string();
     assert!(err.contains("out of range"), "{err}");
 }
+
+#[test]
+fn cuda_devices_answer_the_interop_questions() {
+    use lazybuf::{DlpackDevice, MemoryKind};
+    let devices = cuda_devices("cuda_devices_answer_the_interop_questions").unwrap_or_default();
+    for (index, device) in devices.iter().enumerate() {
+        let info = device.info();
+        // Discovery opens ordinals 0..count in order.
+        assert_eq!(info.ordinal, Some(index as u32), "{device}");
+        assert_eq!(info.dlpack_device(MemoryKind::Device), Some(DlpackDevice::cuda(index as u32)));
+        assert_eq!(info.dlpack_device(MemoryKind::Shared), Some(DlpackDevice::cuda_managed(index as u32)));
+        assert_eq!(info.dlpack_device(MemoryKind::Host { pinned: true }), Some(DlpackDevice::CPU));
+        // SAFETY: the handles are only compared.
+        let raw = unsafe { device.raw() };
+        // SAFETY: as above.
+        assert_eq!(raw.queue_int(), unsafe { device.stream().raw() }.as_int());
+        assert_ne!(raw.context_int(), 0);
+        let stream = raw.stream_from_int(raw.queue_int()).expect("CUDA streams have integer handles");
+        assert!(!stream.is_immediate());
+        let memory = lazybuf::Memory::new(device, MemoryKind::Device, 256).unwrap();
+        // SAFETY: as above.
+        let handle = unsafe { memory.raw() };
+        assert_eq!(raw.memory_from_int(handle.as_int()), Some(handle));
+        assert_eq!(handle.host_ptr(), None);
+    }
+    assert_eq!(Device::host().info().ordinal, None);
+}

@@ -4,6 +4,7 @@
 
 use std::ffi::c_void;
 
+use crate::backend::memory::MemoryKind;
 use crate::error::BackendKind;
 
 /// What a device is.
@@ -24,6 +25,81 @@ pub struct DeviceInfo {
     pub total_memory: u64,
     /// The compute capability (major, minor) of a CUDA device; `None` elsewhere.
     pub compute_capability: Option<(u32, u32)>,
+    /// The runtime's index of the device: the CUDA ordinal (what `cudaSetDevice`, CuPy and
+    /// DLPack's `device_id` call it); `None` elsewhere.
+    pub ordinal: Option<u32>,
+    /// Where DLPack says this device's memory kinds live.
+    pub dlpack: DlpackDevices,
+}
+
+impl DeviceInfo {
+    /// The DLPack device of memory of `kind` on this device: the CPU for host memory (and for
+    /// what the host addresses as its own), CUDA or CUDA-managed memory on a CUDA device;
+    /// `None` where DLPack has no device for it (OpenCL and wgpu device memory).
+    pub fn dlpack_device(&self, kind: MemoryKind) -> Option<DlpackDevice> {
+        match kind {
+            MemoryKind::Host { .. } => Some(DlpackDevice::CPU),
+            MemoryKind::Device => self.dlpack.device,
+            MemoryKind::Shared => self.dlpack.shared,
+        }
+    }
+}
+
+/// A device in DLPack's terms (its `DLDevice`): a `DLDeviceType` and the index among devices
+/// of that type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct DlpackDevice {
+    /// DLPack's `DLDeviceType`: [`DlpackDevice::CPU_TYPE`], [`DlpackDevice::CUDA_TYPE`] or
+    /// [`DlpackDevice::CUDA_MANAGED_TYPE`] for lazybuf's memory.
+    pub device_type: u32,
+    /// The index among devices of the type (the CUDA ordinal; 0 for the CPU).
+    pub device_id: i32,
+}
+
+impl DlpackDevice {
+    /// `kDLCPU`.
+    pub const CPU_TYPE: u32 = 1;
+    /// `kDLCUDA`.
+    pub const CUDA_TYPE: u32 = 2;
+    /// `kDLCUDAManaged`.
+    pub const CUDA_MANAGED_TYPE: u32 = 13;
+    /// The host: `(kDLCPU, 0)`.
+    pub const CPU: DlpackDevice = DlpackDevice { device_type: Self::CPU_TYPE, device_id: 0 };
+
+    /// CUDA device memory of the device with this ordinal.
+    pub fn cuda(ordinal: u32) -> Self {
+        DlpackDevice { device_type: Self::CUDA_TYPE, device_id: i32::try_from(ordinal).unwrap_or(i32::MAX) }
+    }
+
+    /// CUDA managed memory of the device with this ordinal.
+    pub fn cuda_managed(ordinal: u32) -> Self {
+        DlpackDevice { device_type: Self::CUDA_MANAGED_TYPE, ..Self::cuda(ordinal) }
+    }
+
+    /// Whether memory there is addressed by a CUDA device pointer (CUDA and CUDA-managed
+    /// memory): what the CUDA array interface describes.
+    pub fn is_cuda(&self) -> bool {
+        matches!(self.device_type, Self::CUDA_TYPE | Self::CUDA_MANAGED_TYPE)
+    }
+}
+
+/// The DLPack devices of a device's memory kinds (host memory is always the CPU's); see
+/// [`DeviceInfo::dlpack_device`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DlpackDevices {
+    /// Of [`MemoryKind::Device`] memory.
+    pub device: Option<DlpackDevice>,
+    /// Of [`MemoryKind::Shared`] memory.
+    pub shared: Option<DlpackDevice>,
+}
+
+impl DlpackDevices {
+    /// A device whose memory DLPack knows only through the host: device memory has no DLPack
+    /// device, shared memory (which the host addresses) is the CPU's.
+    pub const HOST_SHARED: DlpackDevices = DlpackDevices { device: None, shared: Some(DlpackDevice::CPU) };
+    /// The host device: all its memory is the CPU's.
+    pub const CPU: DlpackDevices =
+        DlpackDevices { device: Some(DlpackDevice::CPU), shared: Some(DlpackDevice::CPU) };
 }
 
 /// Where a [`MemoryInfo`]'s free figure comes from.
@@ -84,6 +160,59 @@ pub enum RawDevice {
     },
 }
 
+impl RawDevice {
+    /// The context as an integer, for foreign code that wraps it (`cl_context`, `CUcontext`);
+    /// 0 on the host (no runtime) and on wgpu (no C handle).
+    pub fn context_int(&self) -> usize {
+        match *self {
+            RawDevice::Host => 0,
+            RawDevice::OpenCl { context, .. } => context as usize,
+            RawDevice::Cuda { context, .. } => context as usize,
+            #[cfg(feature = "wgpu")]
+            RawDevice::Wgpu { .. } => 0,
+        }
+    }
+
+    /// The queue lazybuf enqueues on, as an integer (`cl_command_queue`, `CUstream`); 0 on
+    /// the host and on wgpu.
+    pub fn queue_int(&self) -> usize {
+        match *self {
+            RawDevice::Host => 0,
+            RawDevice::OpenCl { queue, .. } => queue as usize,
+            RawDevice::Cuda { stream, .. } => stream as usize,
+            #[cfg(feature = "wgpu")]
+            RawDevice::Wgpu { .. } => 0,
+        }
+    }
+
+    /// A stream of this device's runtime from the integer handle foreign code holds (what
+    /// [`RawStream::as_int`] gives: a `cl_command_queue`, a `CUstream`), for
+    /// [`crate::Device::wrap_stream`]; the immediate [`RawStream::Host`] on the host device;
+    /// `None` where streams have no integer handle (wgpu).
+    pub fn stream_from_int(&self, handle: usize) -> Option<RawStream> {
+        match *self {
+            RawDevice::Host => Some(RawStream::Host),
+            RawDevice::OpenCl { .. } => Some(RawStream::OpenCl(handle as *mut c_void)),
+            RawDevice::Cuda { .. } => Some(RawStream::Cuda(handle as *mut c_void)),
+            #[cfg(feature = "wgpu")]
+            RawDevice::Wgpu { .. } => None,
+        }
+    }
+
+    /// Memory of this device's runtime from the integer foreign code holds (what
+    /// [`RawMemory::as_int`] gives: a host address, a `cl_mem`, a `CUdeviceptr`), for
+    /// [`crate::Memory::borrowed`]; `None` where memory has no integer handle (wgpu).
+    pub fn memory_from_int(&self, handle: usize) -> Option<RawMemory> {
+        match *self {
+            RawDevice::Host => Some(RawMemory::Host(handle as *mut u8)),
+            RawDevice::OpenCl { .. } => Some(RawMemory::OpenCl(handle as *mut c_void)),
+            RawDevice::Cuda { .. } => Some(RawMemory::Cuda(handle as u64)),
+            #[cfg(feature = "wgpu")]
+            RawDevice::Wgpu { .. } => None,
+        }
+    }
+}
+
 /// A runtime's raw handle to one stream (in-order queue) of a device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -97,6 +226,32 @@ pub enum RawStream {
     /// A `wgpu::Queue` (a wgpu device's one queue).
     #[cfg(feature = "wgpu")]
     Wgpu(*const wgpu::Queue),
+}
+
+impl RawStream {
+    /// The handle as an integer, for foreign code that wraps it (`cl_command_queue`,
+    /// `CUstream`); 0 on the host (work is done when each call returns) and on wgpu (no C
+    /// handle).
+    pub fn as_int(&self) -> usize {
+        match *self {
+            RawStream::Host => 0,
+            RawStream::OpenCl(queue) => queue as usize,
+            RawStream::Cuda(stream) => stream as usize,
+            #[cfg(feature = "wgpu")]
+            RawStream::Wgpu(_) => 0,
+        }
+    }
+
+    /// Whether work on the stream is done when each call returns (the host's): nothing to
+    /// order after.
+    pub fn is_immediate(&self) -> bool {
+        match *self {
+            RawStream::Host => true,
+            RawStream::OpenCl(_) | RawStream::Cuda(_) => false,
+            #[cfg(feature = "wgpu")]
+            RawStream::Wgpu(_) => false,
+        }
+    }
 }
 
 /// A runtime's raw handle to a device allocation.
@@ -120,6 +275,12 @@ impl RawMemory {
     /// `cl_mem`, `CUdeviceptr`, or the address of the `wgpu::Buffer`), for bookkeeping keyed
     /// by allocation; 0 when empty. Never a way to reach the memory.
     pub fn identity(&self) -> usize {
+        self.as_int()
+    }
+
+    /// The handle as an integer: the host address, the `cl_mem`, the `CUdeviceptr`, the
+    /// address of the `wgpu::Buffer`; 0 when empty.
+    pub fn as_int(&self) -> usize {
         match *self {
             RawMemory::Host(p) => p as usize,
             RawMemory::OpenCl(mem) => mem as usize,
@@ -127,5 +288,78 @@ impl RawMemory {
             #[cfg(feature = "wgpu")]
             RawMemory::Wgpu(buffer) => buffer as usize,
         }
+    }
+
+    /// The handle foreign code uses, as an integer: [`RawMemory::as_int`], except on wgpu,
+    /// where it is the graphics API's own buffer handle (a `VkBuffer` on Vulkan; 0 on other
+    /// graphics APIs and when empty).
+    ///
+    /// # Safety
+    /// The memory must be live (for wgpu, the `wgpu::Buffer` is read).
+    pub unsafe fn native_int(&self) -> usize {
+        match *self {
+            RawMemory::Host(_) | RawMemory::OpenCl(_) | RawMemory::Cuda(_) => self.as_int(),
+            #[cfg(feature = "wgpu")]
+            RawMemory::Wgpu(_) => {
+                // SAFETY: the caller's promise: the buffer is live.
+                let native = unsafe { crate::backend::wgpu::native_buffer_handle(*self) };
+                native.unwrap_or(0) as usize
+            }
+        }
+    }
+
+    /// The host address of host memory (the host device's); `None` for device memory of a
+    /// runtime.
+    pub fn host_ptr(&self) -> Option<*mut u8> {
+        match *self {
+            RawMemory::Host(p) => Some(p),
+            RawMemory::OpenCl(_) | RawMemory::Cuda(_) => None,
+            #[cfg(feature = "wgpu")]
+            RawMemory::Wgpu(_) => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dlpack_devices_of_each_kind() {
+        let host = crate::Device::host();
+        let info = host.info();
+        assert_eq!(info.ordinal, None);
+        for kind in [MemoryKind::Device, MemoryKind::Host { pinned: false }, MemoryKind::Shared] {
+            assert_eq!(info.dlpack_device(kind), Some(DlpackDevice::CPU));
+        }
+        let gpu = DeviceInfo { dlpack: DlpackDevices::HOST_SHARED, ..info.clone() };
+        assert_eq!(gpu.dlpack_device(MemoryKind::Device), None);
+        assert_eq!(gpu.dlpack_device(MemoryKind::Shared), Some(DlpackDevice::CPU));
+        assert_eq!(gpu.dlpack_device(MemoryKind::Host { pinned: true }), Some(DlpackDevice::CPU));
+        assert_eq!(DlpackDevice::cuda(3), DlpackDevice { device_type: 2, device_id: 3 });
+        assert_eq!(DlpackDevice::cuda_managed(1), DlpackDevice { device_type: 13, device_id: 1 });
+        assert!(DlpackDevice::cuda(0).is_cuda() && DlpackDevice::cuda_managed(0).is_cuda());
+        assert!(!DlpackDevice::CPU.is_cuda());
+    }
+
+    #[test]
+    fn handles_as_integers() {
+        let cuda = RawDevice::Cuda { context: 0x10 as *mut c_void, stream: 0x20 as *mut c_void };
+        assert_eq!((cuda.context_int(), cuda.queue_int()), (0x10, 0x20));
+        assert_eq!((RawDevice::Host.context_int(), RawDevice::Host.queue_int()), (0, 0));
+        let stream = cuda.stream_from_int(0x30).expect("CUDA streams have integer handles");
+        assert_eq!(stream, RawStream::Cuda(0x30 as *mut c_void));
+        assert_eq!(stream.as_int(), 0x30);
+        assert!(!stream.is_immediate());
+        assert_eq!(RawDevice::Host.stream_from_int(5), Some(RawStream::Host));
+        assert!(RawStream::Host.is_immediate());
+        assert_eq!(RawStream::Host.as_int(), 0);
+        let memory = cuda.memory_from_int(0x4000).expect("CUDA memory has integer handles");
+        assert_eq!(memory, RawMemory::Cuda(0x4000));
+        assert_eq!((memory.as_int(), memory.identity(), memory.host_ptr()), (0x4000, 0x4000, None));
+        let host = RawDevice::Host.memory_from_int(0x5000).expect("host memory has addresses");
+        assert_eq!(host.host_ptr(), Some(0x5000 as *mut u8));
+        // SAFETY: host memory is not read.
+        assert_eq!(unsafe { host.native_int() }, 0x5000);
     }
 }

@@ -41,7 +41,9 @@ use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
-pub use info::{DeviceInfo, MemoryInfo, MemorySource, RawDevice, RawMemory, RawStream};
+pub use info::{
+    DeviceInfo, DlpackDevice, DlpackDevices, MemoryInfo, MemorySource, RawDevice, RawMemory, RawStream,
+};
 pub(crate) use memory::check_fits;
 pub use memory::{DeviceMemory, HostSpan, MemoryHandle, MemoryKind};
 pub use ticket::{Completion, Signal, Ticket};

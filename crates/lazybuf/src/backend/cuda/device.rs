@@ -103,6 +103,12 @@ impl CudaBackend {
                 is_gpu: true,
                 total_memory: total as u64,
                 compute_capability: Some((major.max(0) as u32, minor.max(0) as u32)),
+                // cuDeviceGet hands out the ordinal as the device.
+                ordinal: Some(device.max(0) as u32),
+                dlpack: crate::backend::DlpackDevices {
+                    device: Some(crate::backend::DlpackDevice::cuda(device.max(0) as u32)),
+                    shared: Some(crate::backend::DlpackDevice::cuda_managed(device.max(0) as u32)),
+                },
             },
             context,
             stream,

@@ -31,6 +31,8 @@ impl HostBackend {
                 is_gpu: false,
                 total_memory: total,
                 compute_capability: None,
+                ordinal: None,
+                dlpack: crate::backend::DlpackDevices::CPU,
             },
         }
     }

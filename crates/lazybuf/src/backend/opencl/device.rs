@@ -122,6 +122,8 @@ impl OpenClBackend {
             is_gpu: kind & dev::CL_DEVICE_TYPE_GPU != 0,
             total_memory: info_u64(device, dev::CL_DEVICE_GLOBAL_MEM_SIZE).unwrap_or(0),
             compute_capability: None,
+            ordinal: None,
+            dlpack: crate::backend::DlpackDevices::HOST_SHARED,
         };
         let max_alloc = info_u64(device, dev::CL_DEVICE_MAX_MEM_ALLOC_SIZE).unwrap_or(info.total_memory);
         let svm_capabilities = info_u64(device, dev::CL_DEVICE_SVM_CAPABILITIES).unwrap_or(0);

@@ -125,6 +125,8 @@ impl WgpuBackend {
             ),
             total_memory,
             compute_capability: None,
+            ordinal: None,
+            dlpack: crate::backend::DlpackDevices::HOST_SHARED,
         };
         let context = Context::new(device, queue, name);
         Ok(WgpuBackend {
