@@ -65,7 +65,7 @@ def run_python(code: str) -> subprocess.CompletedProcess:
     per-process state such as which optional packages import), with the host as its default
     device like the tests here."""
     return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
+        [sys.executable, "-X", "faulthandler", "-c", textwrap.dedent(code)],
         capture_output=True,
         text=True,
         timeout=120,
