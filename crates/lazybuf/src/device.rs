@@ -293,6 +293,7 @@ impl Stream {
     }
 
     /// Refuses memory that is not this stream's device's.
+    #[inline]
     fn check_owned(&self, operation: &'static str, memory: &DeviceMemory) -> Result<()> {
         check_owned(&self.device, operation, memory)
     }
@@ -303,6 +304,7 @@ impl Stream {
     ///
     /// # Safety
     /// `src` must stay valid for reads, and unwritten, until the returned ticket is complete.
+    #[inline]
     pub unsafe fn upload(&self, src: HostSpan, dst: &mut DeviceMemory) -> Result<Ticket> {
         check_fits("upload", dst.len(), src.len())?;
         self.check_owned("upload", dst)?;
@@ -321,6 +323,7 @@ impl Stream {
     /// # Safety
     /// `dst` must stay valid for writes, and otherwise untouched, until the returned ticket
     /// is complete.
+    #[inline]
     pub unsafe fn download(&self, src: &DeviceMemory, dst: HostSpan) -> Result<Ticket> {
         check_fits("download", src.len(), dst.len())?;
         self.check_owned("download", src)?;
@@ -414,6 +417,7 @@ impl Stream {
 }
 
 /// Refuses memory that is not `device`'s, with an error naming what was expected.
+#[inline]
 fn check_owned(device: &Device, operation: &'static str, memory: &DeviceMemory) -> Result<()> {
     if device.backend().owns(memory) {
         return Ok(());

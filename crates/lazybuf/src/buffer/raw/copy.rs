@@ -77,6 +77,7 @@ impl DeviceCopy {
 
     /// Orders later work on the copy's own stream after the caller's explicit tickets (its
     /// kernels on the stream itself are ordered already).
+    #[inline]
     pub(super) fn order_stream(&mut self) -> Result<()> {
         if !self.external.is_trivially_done() {
             self.stream.wait_for(&self.external)?;
@@ -88,6 +89,7 @@ impl DeviceCopy {
     /// prepared for the runtime (registered where that pays) unless the copy aliases it, and
     /// the stream ordered after the caller's declared work and after `after` (the previous
     /// copy of a plan that was not waited for).
+    #[inline]
     pub(super) fn before_transfer(&mut self, host: &mut HostMemory, after: Option<&Ticket>) -> Result<()> {
         if !self.memory.is_host_alias() {
             self.device.backend().prepare_host(host);
