@@ -8,6 +8,7 @@ output are the same. ``lazybuf --help`` lists them.
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Sequence
 
@@ -52,8 +53,8 @@ def watch(device: str | None = None, *, interval: str | float = "1s", count: int
     if device is not None:
         args += ["--device", str(device)]
     if isinstance(interval, (int, float)) and not isinstance(interval, bool):
-        if interval <= 0:
-            raise ValueError(f"watch: interval must be positive, got {interval!r}")
+        if not math.isfinite(interval * 1000) or interval <= 0:
+            raise ValueError(f"watch: interval must be a positive, finite number of seconds, got {interval!r}")
         args += ["--interval", f"{round(interval * 1000)}ms"]
     else:
         args += ["--interval", str(interval)]
