@@ -32,7 +32,7 @@
 //! and DLPack tensors are not tracked.
 //!
 //! What does not live here: coherence (the core), raw memory sharing ([`crate::views`]),
-//! per-backend device objects ([`crate::device_view`]), DLPack ([`crate::dlpack`]).
+//! per-backend device objects ([`crate::device_view`]), the exports ([`crate::interop`]).
 
 use std::ffi::c_int;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};

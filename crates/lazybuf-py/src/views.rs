@@ -7,10 +7,9 @@
 //! when the buffer *and* every such view are gone: a view that outlives its buffer, or a
 //! buffer released to a pool while views of it exist, never reads freed memory.
 //!
-//! Every pointer this module hands to Python comes from the storage it is tied to, and every
-//! `unsafe` block in the binding is here, except DLPack's finishing step ([`crate::dlpack`]),
-//! the two buffer-protocol slots of `UnifiedBuffer` and its `.device` on the host device,
-//! which only forward to this module. The host block of a `RawBuffer` never moves once
+//! Every pointer this module hands to Python comes from the storage it is tied to; the
+//! exports built on them (buffer protocol, DLPack, CAI) live in [`crate::interop`], and each
+//! `unsafe` block elsewhere in the binding says why it holds. The host block of a `RawBuffer` never moves once
 //! allocated: it is freed only when the `RawBuffer` is dropped
 //! (the binding never calls `release_memory`), and an access that fails frees only blocks it
 //! allocated itself, which no view can have seen.
