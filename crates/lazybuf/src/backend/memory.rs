@@ -1,5 +1,6 @@
 //! Memory as backends see it: device allocations ([`DeviceMemory`] over a backend's
-//! [`MemoryHandle`]) and the host side of a transfer ([`HostSpan`]).
+//! [`MemoryHandle`]), blocks of any kind ([`Block`]) and the host side of a transfer
+//! ([`HostSpan`]).
 //!
 //! What does not live here: host blocks themselves ([`crate::host_memory`]).
 
@@ -215,5 +216,41 @@ impl HostSpan {
     pub unsafe fn bytes_mut<'a>(&self) -> &'a mut [u8] {
         // SAFETY: the caller's promise.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+/// A block of memory of any kind, as [`super::Backend::allocate`] and the memory resources
+/// hand it out: host memory, or memory a device addresses (device or shared memory).
+#[derive(Debug)]
+pub enum Block {
+    /// Host memory ([`MemoryKind::Host`]).
+    Host(HostMemory),
+    /// Device or shared memory ([`MemoryKind::Device`], [`MemoryKind::Shared`]).
+    Device(DeviceMemory),
+}
+
+impl Block {
+    /// The size in bytes (at least what was asked for).
+    pub fn len(&self) -> usize {
+        match self {
+            Block::Host(block) => block.len(),
+            Block::Device(memory) => memory.len(),
+        }
+    }
+
+    /// Whether the block is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The kind of memory the block is.
+    pub fn kind(&self) -> MemoryKind {
+        match self {
+            // A registered block is pageable memory the driver page-locked for speed.
+            Block::Host(block) => MemoryKind::Host {
+                pinned: block.is_pinned() && !matches!(block.pinning(), Pinning::Registered(_)),
+            },
+            Block::Device(memory) => memory.kind(),
+        }
     }
 }
