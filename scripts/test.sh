@@ -37,8 +37,9 @@ if [ -z "${XDG_RUNTIME_DIR:-}" ]; then
 fi
 
 # --- Rust: lints, one build, then the test binaries from that build ---------------------------
-# A missing OpenCL or wgpu (lavapipe) device is a failure here, not a smaller test run.
-export LAZYBUF_REQUIRE=opencl,wgpu
+# A missing OpenCL or wgpu (lavapipe) device is a failure here, not a smaller test run; so is a
+# missing loopback device (the test-only backend the `testing` feature registers).
+export LAZYBUF_REQUIRE=opencl,wgpu,loopback
 export PROPTEST_CASES="${PROPTEST_CASES:-2000}"
 # One build per run: incremental caches would only add ~1.5 GB of disk (CI machines' disks can
 # be small; see docs/RELIABILITY.md).

@@ -158,6 +158,12 @@ pub enum RawDevice {
         /// The `wgpu::Queue`.
         queue: *const wgpu::Queue,
     },
+    /// A test-only loopback device ([`crate::backend::loopback`]): its identity.
+    #[cfg(feature = "loopback")]
+    Loopback {
+        /// The device's identity in this process.
+        device: u64,
+    },
 }
 
 impl RawDevice {
@@ -170,6 +176,8 @@ impl RawDevice {
             RawDevice::Cuda { context, .. } => context as usize,
             #[cfg(feature = "wgpu")]
             RawDevice::Wgpu { .. } => 0,
+            #[cfg(feature = "loopback")]
+            RawDevice::Loopback { device } => device as usize,
         }
     }
 
@@ -182,6 +190,8 @@ impl RawDevice {
             RawDevice::Cuda { stream, .. } => stream as usize,
             #[cfg(feature = "wgpu")]
             RawDevice::Wgpu { .. } => 0,
+            #[cfg(feature = "loopback")]
+            RawDevice::Loopback { device } => device as usize,
         }
     }
 
@@ -196,6 +206,8 @@ impl RawDevice {
             RawDevice::Cuda { .. } => Some(RawStream::Cuda(handle as *mut c_void)),
             #[cfg(feature = "wgpu")]
             RawDevice::Wgpu { .. } => None,
+            #[cfg(feature = "loopback")]
+            RawDevice::Loopback { .. } => Some(RawStream::Loopback(handle as u64)),
         }
     }
 
@@ -209,6 +221,8 @@ impl RawDevice {
             RawDevice::Cuda { .. } => Some(RawMemory::Cuda(handle as u64)),
             #[cfg(feature = "wgpu")]
             RawDevice::Wgpu { .. } => None,
+            #[cfg(feature = "loopback")]
+            RawDevice::Loopback { .. } => Some(RawMemory::Loopback(handle as u64)),
         }
     }
 }
@@ -226,6 +240,9 @@ pub enum RawStream {
     /// A `wgpu::Queue` (a wgpu device's one queue).
     #[cfg(feature = "wgpu")]
     Wgpu(*const wgpu::Queue),
+    /// A loopback device's stream (immediate): the device's identity.
+    #[cfg(feature = "loopback")]
+    Loopback(u64),
 }
 
 impl RawStream {
@@ -239,6 +256,8 @@ impl RawStream {
             RawStream::Cuda(stream) => stream as usize,
             #[cfg(feature = "wgpu")]
             RawStream::Wgpu(_) => 0,
+            #[cfg(feature = "loopback")]
+            RawStream::Loopback(device) => device as usize,
         }
     }
 
@@ -250,6 +269,8 @@ impl RawStream {
             RawStream::OpenCl(_) | RawStream::Cuda(_) => false,
             #[cfg(feature = "wgpu")]
             RawStream::Wgpu(_) => false,
+            #[cfg(feature = "loopback")]
+            RawStream::Loopback(_) => true,
         }
     }
 }
@@ -268,6 +289,9 @@ pub enum RawMemory {
     /// bytes); null when the allocation is empty.
     #[cfg(feature = "wgpu")]
     Wgpu(*const wgpu::Buffer),
+    /// Loopback device memory: its address, which only the device uses; 0 when empty.
+    #[cfg(feature = "loopback")]
+    Loopback(u64),
 }
 
 impl RawMemory {
@@ -287,6 +311,8 @@ impl RawMemory {
             RawMemory::Cuda(ptr) => ptr as usize,
             #[cfg(feature = "wgpu")]
             RawMemory::Wgpu(buffer) => buffer as usize,
+            #[cfg(feature = "loopback")]
+            RawMemory::Loopback(address) => address as usize,
         }
     }
 
@@ -305,6 +331,8 @@ impl RawMemory {
                 let native = unsafe { crate::backend::wgpu::native_buffer_handle(*self) };
                 native.unwrap_or(0) as usize
             }
+            #[cfg(feature = "loopback")]
+            RawMemory::Loopback(_) => self.as_int(),
         }
     }
 
@@ -316,6 +344,8 @@ impl RawMemory {
             RawMemory::OpenCl(_) | RawMemory::Cuda(_) => None,
             #[cfg(feature = "wgpu")]
             RawMemory::Wgpu(_) => None,
+            #[cfg(feature = "loopback")]
+            RawMemory::Loopback(_) => None,
         }
     }
 }

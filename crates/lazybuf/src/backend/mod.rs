@@ -41,6 +41,8 @@ mod ticket;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod host;
+#[cfg(feature = "loopback")]
+pub mod loopback;
 #[cfg(feature = "opencl")]
 pub mod opencl;
 #[cfg(feature = "wgpu")]
@@ -322,6 +324,8 @@ pub static REGISTERED: &[Registration] = &[
     opencl::REGISTRATION,
     #[cfg(feature = "wgpu")]
     wgpu::REGISTRATION,
+    #[cfg(feature = "loopback")]
+    loopback::REGISTRATION,
 ];
 
 /// Selector names that pick a subset of one backend's devices, each with that backend: its
