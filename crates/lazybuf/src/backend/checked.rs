@@ -89,6 +89,20 @@ impl<R: Runtime> Checked<R> {
         }
     }
 
+    /// The stream of an operation, which its caller promises is this device's (a
+    /// [`crate::Stream`] always carries its own device's handle): checked in debug builds only,
+    /// so the hot path makes no call through the vtable for it.
+    ///
+    /// # Safety
+    /// `stream` was made by this backend (its default stream, `create_stream` or
+    /// `wrap_stream`).
+    #[inline]
+    unsafe fn own_stream<'s>(&self, stream: &'s dyn StreamHandle) -> &'s R::Stream {
+        debug_assert!(self.stream("operation", stream).is_ok(), "{stream:?} is not a stream of {self:?}");
+        // SAFETY: the caller's promise: this backend made the stream, so it is an `R::Stream`.
+        unsafe { &*(stream as *const dyn StreamHandle).cast::<R::Stream>() }
+    }
+
     #[cold]
     fn foreign(&self, operation: &'static str, what: &str, got: &dyn fmt::Debug) -> Error {
         Error::invalid(operation, format!("expected {what} of {}, got {got:?}", self.runtime.info().name))
@@ -208,10 +222,12 @@ impl<R: Runtime> Backend for Checked<R> {
         src: HostSpan,
         dst: &mut DeviceMemory,
     ) -> Result<Ticket> {
-        let (stream, dst) = (self.stream("upload", stream)?, self.memory("upload", dst)?);
+        let dst = self.memory("upload", dst)?;
         self.alive()?;
-        // SAFETY: forwarded contract (Stream checked the lengths); the handles are this
-        // device's, and `dst` was borrowed mutably.
+        // SAFETY: forwarded contract (Stream checked the lengths, and the stream is this
+        // device's); the memory is this device's, and `dst` was borrowed mutably.
+        let stream = unsafe { self.own_stream(stream) };
+        // SAFETY: as above.
         unsafe { self.runtime.upload(stream, src, dst) }
     }
 
@@ -222,10 +238,12 @@ impl<R: Runtime> Backend for Checked<R> {
         src: &DeviceMemory,
         dst: HostSpan,
     ) -> Result<Ticket> {
-        let (stream, src) = (self.stream("download", stream)?, self.memory("download", src)?);
+        let src = self.memory("download", src)?;
         self.alive()?;
-        // SAFETY: forwarded contract (Stream checked the lengths); the handles are this
-        // device's.
+        // SAFETY: forwarded contract (Stream checked the lengths, and the stream is this
+        // device's); the memory is this device's.
+        let stream = unsafe { self.own_stream(stream) };
+        // SAFETY: as above.
         unsafe { self.runtime.download(stream, src, dst) }
     }
 
@@ -236,10 +254,13 @@ impl<R: Runtime> Backend for Checked<R> {
         pattern: &[u8],
         bytes: usize,
     ) -> Result<Ticket> {
-        let (stream, dst) = (self.stream("fill", stream)?, self.memory("fill", dst)?);
+        let dst = self.memory("fill", dst)?;
         self.alive()?;
-        // SAFETY: forwarded contract (Stream checked the length and the pattern); the handles
-        // are this device's, and `dst` was borrowed mutably.
+        // SAFETY: forwarded contract (Stream checked the length and the pattern, and the
+        // stream is this device's); the memory is this device's, and `dst` was borrowed
+        // mutably.
+        let stream = unsafe { self.own_stream(stream) };
+        // SAFETY: as above.
         unsafe { self.runtime.fill(stream, dst, pattern, bytes) }
     }
 
@@ -250,11 +271,12 @@ impl<R: Runtime> Backend for Checked<R> {
         dst: &mut DeviceMemory,
         bytes: usize,
     ) -> Result<Ticket> {
-        let stream = self.stream("copy", stream)?;
         let (src, dst) = (self.memory("copy", src)?, self.memory("copy", dst)?);
         self.alive()?;
-        // SAFETY: forwarded contract (Stream checked the length); the handles are this
-        // device's, and `dst`, borrowed mutably, is not `src`.
+        // SAFETY: forwarded contract (Stream checked the length, and the stream is this
+        // device's); the memory is this device's, and `dst`, borrowed mutably, is not `src`.
+        let stream = unsafe { self.own_stream(stream) };
+        // SAFETY: as above.
         unsafe { self.runtime.copy(stream, src, dst, bytes) }
     }
 

@@ -4,7 +4,7 @@
 //!
 //! What does not live here: host blocks themselves ([`crate::host_memory`]).
 
-use std::any::Any;
+use std::any::{Any, TypeId};
 use std::fmt;
 use std::ptr::NonNull;
 
@@ -70,19 +70,24 @@ pub struct DeviceMemory {
     host_alias: bool,
     shared: bool,
     handle: Box<dyn MemoryHandle>,
+    /// The handle's type, read once here so that every downcast is a compare rather than a
+    /// call through the vtable (the checked layer downcasts on every operation).
+    handle_type: TypeId,
 }
 
 impl DeviceMemory {
     /// Wraps a backend's handle to `len` bytes; `host_alias` when it is a zero-copy alias of
     /// a host block.
     pub fn new(len: usize, host_alias: bool, handle: Box<dyn MemoryHandle>) -> Self {
-        DeviceMemory { len, host_alias, shared: false, handle }
+        let handle_type = (*handle).type_id();
+        DeviceMemory { len, host_alias, shared: false, handle, handle_type }
     }
 
     /// Wraps a backend's handle to `len` bytes of shared memory ([`MemoryKind::Shared`]),
     /// which the host addresses too ([`MemoryHandle::host_address`] must answer).
     pub fn shared(len: usize, handle: Box<dyn MemoryHandle>) -> Self {
-        DeviceMemory { len, host_alias: false, shared: true, handle }
+        let handle_type = (*handle).type_id();
+        DeviceMemory { len, host_alias: false, shared: true, handle, handle_type }
     }
 
     /// [`MemoryKind::Shared`] or [`MemoryKind::Device`].
@@ -106,8 +111,14 @@ impl DeviceMemory {
     }
 
     /// The backend's handle, if it is of type `H`.
+    #[inline]
     pub fn handle<H: MemoryHandle>(&self) -> Option<&H> {
-        (&*self.handle as &dyn Any).downcast_ref::<H>()
+        if self.handle_type != TypeId::of::<H>() {
+            return None;
+        }
+        // SAFETY: the box holds an `H` (its type id, read when it was boxed, is `H`'s), so the
+        // data pointer of the trait object points at an `H`, borrowed as long as `self`.
+        Some(unsafe { &*(&*self.handle as *const dyn MemoryHandle).cast::<H>() })
     }
 
     /// The address of the first byte if the host can use this memory directly.

@@ -85,10 +85,10 @@ pub trait StreamHandle: Any + Send + Sync + fmt::Debug {
 /// `copy_from_peer`, `prefetch`) only through [`crate::Stream`], which checks the arguments
 /// once, for every backend: lengths fit the memory (else an [`crate::Error::LengthMismatch`]),
 /// a fill's pattern is 1, 2, 4, 8 or 16 bytes and divides its length, and nothing is empty (an
-/// empty operation is a completed ticket there, with no call here). The operations are
+/// empty operation is a completed ticket there, with no call here), and the stream is one this
+/// backend made (a [`crate::Stream`] carries its own device's handle). The operations are
 /// `unsafe`, and their `# Safety` sections say what the caller checked. The checked layer
-/// checks the handles (the memory and the stream are this device's) before its runtime sees
-/// them.
+/// checks the memory (it is this device's) before its runtime sees it.
 pub trait Backend: Any + Send + Sync + fmt::Debug {
     /// What the device is.
     fn info(&self) -> &DeviceInfo;
@@ -189,8 +189,8 @@ pub trait Backend: Any + Send + Sync + fmt::Debug {
     ///
     /// # Safety
     /// `src` must stay valid for reads, and unwritten, until the returned ticket is complete.
-    /// The input is checked ([`crate::Stream::upload`]): `src` is not empty and not longer than
-    /// `dst`.
+    /// `stream` is one this backend made. The input is checked ([`crate::Stream::upload`]):
+    /// `src` is not empty and not longer than `dst`.
     unsafe fn upload(
         &self,
         stream: &dyn StreamHandle,
@@ -202,16 +202,17 @@ pub trait Backend: Any + Send + Sync + fmt::Debug {
     ///
     /// # Safety
     /// `dst` must stay valid for writes, and otherwise untouched, until the returned ticket
-    /// is complete. The input is checked ([`crate::Stream::download`]): `dst` is not empty and
-    /// not longer than `src`.
+    /// is complete. `stream` is one this backend made. The input is checked
+    /// ([`crate::Stream::download`]): `dst` is not empty and not longer than `src`.
     unsafe fn download(&self, stream: &dyn StreamHandle, src: &DeviceMemory, dst: HostSpan)
     -> Result<Ticket>;
 
     /// Enqueues a fill of the first `bytes` of `dst` with repetitions of `pattern`.
     ///
     /// # Safety
-    /// The input is checked ([`crate::Stream::fill`]): `bytes` is not 0 and at most
-    /// `dst.len()`, `pattern` is one element of 1, 2, 4, 8 or 16 bytes and divides `bytes`.
+    /// `stream` is one this backend made. The input is checked ([`crate::Stream::fill`]):
+    /// `bytes` is not 0 and at most `dst.len()`, `pattern` is one element of 1, 2, 4, 8 or 16
+    /// bytes and divides `bytes`.
     unsafe fn fill(
         &self,
         stream: &dyn StreamHandle,
@@ -223,8 +224,8 @@ pub trait Backend: Any + Send + Sync + fmt::Debug {
     /// Enqueues a copy of the first `bytes` of `src` into `dst`, both on this device.
     ///
     /// # Safety
-    /// The input is checked ([`crate::Stream::copy`]): `bytes` is not 0 and at most the
-    /// length of each.
+    /// `stream` is one this backend made. The input is checked ([`crate::Stream::copy`]):
+    /// `bytes` is not 0 and at most the length of each.
     unsafe fn copy(
         &self,
         stream: &dyn StreamHandle,
@@ -245,8 +246,9 @@ pub trait Backend: Any + Send + Sync + fmt::Debug {
     /// cannot copy directly. The caller orders `stream` after the source's last writer.
     ///
     /// # Safety
-    /// The input is checked ([`crate::Stream::copy_from_peer`]): `bytes` is not 0 and at most
-    /// the length of each, `dst` is this device's memory and `src` is `src_backend`'s.
+    /// `stream` is one this backend made. The input is checked
+    /// ([`crate::Stream::copy_from_peer`]): `bytes` is not 0 and at most the length of each,
+    /// `dst` is this device's memory and `src` is `src_backend`'s.
     unsafe fn copy_from_peer(
         &self,
         stream: &dyn StreamHandle,
