@@ -24,7 +24,7 @@ if [ "${#missing[@]}" -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 clinfo -l
-# The run needs about 4 GB of disk (README, Tests); say what there is, so a full disk is plain.
+# The run needs about 4 GB of disk (docs/TESTING.md); say what there is, so a full disk is plain.
 df -h . | tail -n 1
 ls /usr/share/vulkan/icd.d/
 # Mesa's device-select Vulkan layer prints "error: XDG_RUNTIME_DIR is invalid or not set" on

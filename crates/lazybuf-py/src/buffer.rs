@@ -459,8 +459,8 @@ impl UnifiedBuffer {
     /// The buffer on its device, synced from the host if the host is newer: the host ndarray
     /// itself on the host device, a PyOpenCL array on OpenCL (with PyOpenCL installed), a
     /// CuPy array on CUDA (with CuPy installed), else a `DeviceMemoryView`. A device *read*,
-    /// as in the seeds (`.device` leaves the buffer SYNCHRONIZED): after a kernel writes the
-    /// array, call `mark_device_dirty()`, or take `device_writable` instead.
+    /// as in PyDotCompute's documentation (`.device` leaves the buffer SYNCHRONIZED): after a
+    /// kernel writes the array, call `mark_device_dirty()`, or take `device_writable` instead.
     #[getter]
     fn device<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
         device_access(slf, Access::Read)

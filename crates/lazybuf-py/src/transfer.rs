@@ -8,7 +8,7 @@
 //!
 //! While a transfer is in flight the buffer reports the state it will have when it completes;
 //! a later call that needs the memory the transfer uses waits for it first, and a failed
-//! transfer puts the buffer back as it was (see the README's "Completion" section).
+//! transfer puts the buffer back as it was (see docs/CONTRACT.md, "Completion").
 //!
 //! What does not live here: starting the transfer (the core's `RawBuffer::sync_async`, called
 //! by [`start`]) and the buffer's methods ([`crate::buffer`]).

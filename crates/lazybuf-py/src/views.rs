@@ -82,7 +82,7 @@ impl MemoryOwner {
 pub const OWNED_BLOCK_MIN: usize = 1 << 20;
 
 /// Host memory from a memory resource that a NumPy array owns: the `.base` of the arrays
-/// `to_numpy()` returns from [`OWNED_BLOCK_MIN`] bytes up. The memory goes back to the
+/// `to_numpy()` returns from 1 MiB (`OWNED_BLOCK_MIN`) up. The memory goes back to the
 /// resource (lazybuf's cache, by default) when the array is gone.
 #[pyclass(name = "HostBlock", module = "lazybuf", frozen)]
 pub struct HostBlock {

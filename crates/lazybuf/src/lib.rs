@@ -76,6 +76,16 @@ pub use resource::{
 #[doc = include_str!("../../../README.md")]
 struct ReadmeDoctests;
 
+/// The Rust guide's examples (docs/RUST.md), compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/RUST.md")]
+struct RustGuideDoctests;
+
+/// The memory guide's examples (docs/MEMORY.md), compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/MEMORY.md")]
+struct MemoryGuideDoctests;
+
 #[cfg(test)]
 mod send_sync {
     fn assert_send_sync<T: Send + Sync>() {}
