@@ -343,6 +343,11 @@ class Device:
     @property
     def is_gpu(self) -> bool: ...
     @property
+    def survives_fork(self) -> bool:
+        """Whether the device keeps working in a child made by ``os.fork()`` (the host device);
+        elsewhere a forked child gets ``ForkedChildError`` (use the ``'spawn'`` start method)."""
+
+    @property
     def total_memory(self) -> int: ...
     @property
     def selector(self) -> str:

@@ -153,6 +153,13 @@ impl PyDevice {
         self.device.info().is_gpu
     }
 
+    /// Whether the device keeps working in a child made by ``os.fork()`` (the host device);
+    /// elsewhere a forked child gets ``ForkedChildError`` (use the ``'spawn'`` start method).
+    #[getter]
+    fn survives_fork(&self) -> bool {
+        self.device.survives_fork()
+    }
+
     /// Total memory in bytes.
     #[getter]
     fn total_memory(&self) -> u64 {
