@@ -71,7 +71,7 @@ fn host_bytes<'py>(buf: &Bound<'py, UnifiedBuffer>) -> PyResult<Option<Bound<'py
 
 /// `__reduce_ex__(protocol)` for protocol 5 and later (see the module docs): the rebuild
 /// function and `(shape, dtype name, pinned, PickleBuffer or None)`.
-pub fn reduce_out_of_band<'py>(
+pub(crate) fn reduce_out_of_band<'py>(
     buf: &Bound<'py, UnifiedBuffer>,
 ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
     let py = buf.py();
@@ -96,7 +96,7 @@ pub fn reduce_out_of_band<'py>(
 
 /// What a pickle records of the device a buffer lives on: its selector (`"opencl:0"`) and
 /// its name, so the unpickling process can tell whether it has the same device.
-pub fn origin_of(device: &Device) -> (String, String) {
+pub(crate) fn origin_of(device: &Device) -> (String, String) {
     (selector(device), device.name().to_string())
 }
 
@@ -167,7 +167,7 @@ fn copy_raw_bytes(buf: &Bound<'_, UnifiedBuffer>, flat: &Bound<'_, PyAny>) -> Py
 /// Received frames of this many bytes and more are adopted as the host copy (see
 /// [`_rebuild_buffer_from_bytes`]); smaller ones are copied, which costs less than keeping
 /// their message alive.
-pub const ADOPT_MIN_BYTES: usize = 64 << 10;
+pub(crate) const ADOPT_MIN_BYTES: usize = 64 << 10;
 
 /// Makes `flat` (from [`checked_bytes`]) the host copy of `buf` without a copy, when that is
 /// safe and worth it: a pageable buffer, a writable frame of [`ADOPT_MIN_BYTES`] or more that
@@ -219,7 +219,7 @@ fn allocation_size(view: &Bound<'_, PyMemoryView>) -> PyResult<Option<usize>> {
 /// A new buffer of `shape` and `dtype` (nothing allocated yet) on `device` if given, else on
 /// the device `origin` records when this process has it, else on the current device; pinned
 /// when `pinned` and that device can pin host memory (see the module docs).
-pub fn new_buffer<'py>(
+pub(crate) fn new_buffer<'py>(
     py: Python<'py>,
     shape: &Bound<'py, PyAny>,
     dtype: &Bound<'py, PyAny>,
@@ -253,7 +253,7 @@ pub fn new_buffer<'py>(
 #[pyfunction]
 #[pyo3(signature = (shape, dtype, pinned, data, device=None, adopt=false, origin=None))]
 #[allow(clippy::too_many_arguments)]
-pub fn _rebuild_buffer_from_bytes<'py>(
+pub(crate) fn _rebuild_buffer_from_bytes<'py>(
     py: Python<'py>,
     shape: &Bound<'py, PyAny>,
     dtype: &Bound<'py, PyAny>,
@@ -278,7 +278,9 @@ pub fn _rebuild_buffer_from_bytes<'py>(
 /// the buffer's host copy (zero-copy; a host read, which syncs first when only the device
 /// copy is current), or `None` when the buffer holds no data.
 #[pyfunction]
-pub fn _host_frame<'py>(buf: &Bound<'py, UnifiedBuffer>) -> PyResult<Option<Bound<'py, PyMemoryView>>> {
+pub(crate) fn _host_frame<'py>(
+    buf: &Bound<'py, UnifiedBuffer>,
+) -> PyResult<Option<Bound<'py, PyMemoryView>>> {
     host_bytes(buf)?.map(|view| PyMemoryView::from(&view)).transpose()
 }
 
@@ -287,7 +289,7 @@ pub fn _host_frame<'py>(buf: &Bound<'py, UnifiedBuffer>) -> PyResult<Option<Boun
 /// (version 3, shape `(nbytes,)`, `|u1`, read-only) and `nbytes`. Keeps the buffer's memory
 /// alive while it exists.
 #[pyclass(name = "DeviceFrame", module = "lazybuf", frozen)]
-pub struct DeviceFrame {
+pub(crate) struct DeviceFrame {
     device: Device,
     ptr: u64,
     nbytes: usize,
@@ -346,7 +348,7 @@ fn not_cuda(what: &str, device: &Device) -> PyErr {
 /// device read: uploads first if only the host copy is current; the serializer avoids that by
 /// sending such buffers' host frame instead), or `None` when the buffer holds no data.
 #[pyfunction]
-pub fn _device_frame(buf: &Bound<'_, UnifiedBuffer>) -> PyResult<Option<DeviceFrame>> {
+pub(crate) fn _device_frame(buf: &Bound<'_, UnifiedBuffer>) -> PyResult<Option<DeviceFrame>> {
     let py = buf.py();
     let this = buf.get();
     let home = this.home_device();
@@ -375,7 +377,7 @@ pub fn _device_frame(buf: &Bound<'_, UnifiedBuffer>) -> PyResult<Option<DeviceFr
 /// the call, and `stream` a live stream of the buffer's device.
 #[pyfunction]
 #[pyo3(signature = (buf, ptr, nbytes, stream=None))]
-pub fn _fill_from_device_pointer(
+pub(crate) fn _fill_from_device_pointer(
     buf: &Bound<'_, UnifiedBuffer>,
     ptr: u64,
     nbytes: usize,
