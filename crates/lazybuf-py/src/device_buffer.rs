@@ -111,8 +111,9 @@ impl PyDeviceBuffer {
 
     /// The raw handle as an int, valid until the next reallocation (see the module docs).
     fn raw_address(&self, py: Python<'_>) -> PyResult<usize> {
-        // SAFETY: the address is only handed to Python as an int.
-        self.with(py, |buffer| unsafe { buffer.raw().native_int() })
+        // SAFETY: the memory is live (held here) and its device's; the address is only handed
+        // to Python as an int.
+        self.with(py, |buffer| unsafe { buffer.device().native_handle(buffer.raw()) })
     }
 }
 
@@ -358,8 +359,9 @@ impl PyDeviceBuffer {
             )));
         }
         let (address, size) = self.with(py, |b| {
-            // SAFETY: the address is only handed to Python as an int.
-            (unsafe { b.raw().native_int() }, b.size())
+            // SAFETY: the memory is live (held here) and its device's; the address is only
+            // handed to Python as an int.
+            (unsafe { b.device().native_handle(b.raw()) }, b.size())
         })?;
         interop::cuda_array_interface(py, address, &[size], lazybuf::DType::U8, false)
     }
@@ -382,7 +384,7 @@ impl PyDeviceBuffer {
             self.with(py, |b| {
                 // SAFETY: the address is handed to the tensor with a hold on its allocation,
                 // which keeps it valid until the tensor's deleter runs.
-                let address = unsafe { b.raw().native_int() };
+                let address = unsafe { b.device().native_handle(b.raw()) };
                 let owner: Arc<dyn std::any::Any + Send + Sync> = Arc::new(b.hold());
                 ExportedBytes { address, nbytes: b.size(), owner }
             })

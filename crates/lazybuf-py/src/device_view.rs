@@ -52,8 +52,8 @@ pub(crate) fn device_object<'py>(
     }
     let view = DeviceMemoryView {
         device: home.clone(),
-        // SAFETY: `handle` is a live allocation's: the caller holds the storage.
-        handle: unsafe { handle.native_int() },
+        // SAFETY: `handle` is a live allocation of `home`'s: the caller holds the storage.
+        handle: unsafe { home.native_handle(handle) },
         nbytes,
         shape: shape.to_vec(),
         dtype,

@@ -246,8 +246,9 @@ impl PyMemory {
     }
 
     fn raw_address(&self, py: Python<'_>) -> PyResult<usize> {
-        // SAFETY: the address is only handed to Python as an int; the memory never moves.
-        self.with(py, |m| unsafe { m.raw().native_int() })
+        // SAFETY: the memory is live (held here) and its device's; the address is only handed
+        // to Python as an int, and the memory never moves.
+        self.with(py, |m| unsafe { m.device().native_handle(m.raw()) })
     }
 
     /// Buffer protocol over all the bytes: 1-d unsigned bytes, always writable (as dpctl's;

@@ -101,12 +101,13 @@ fn identity(resource: &Arc<dyn MemoryResource>) -> usize {
     Arc::as_ptr(resource).cast::<()>() as usize
 }
 
-/// The handle of a block as an int (its address, device pointer or `cl_mem`).
-fn handle(block: &Block) -> usize {
+/// The handle of a block of `device` as an int (its address, device pointer or `cl_mem`).
+fn handle(device: &Device, block: &Block) -> usize {
     match block {
         Block::Host(host) => host.as_ptr() as usize,
-        // SAFETY: the handle is only turned into an int.
-        Block::Device(memory) => unsafe { memory.raw().native_int() },
+        // SAFETY: the memory is live (borrowed here) and `device`'s; the handle is only turned
+        // into an int.
+        Block::Device(memory) => unsafe { device.native_handle(memory.raw()) },
     }
 }
 
@@ -137,7 +138,7 @@ impl PyResource {
         let block = py
             .detach(|| self.resource.allocate(&device, MemoryKind::Device, nbytes, &device.stream()))
             .or_py()?;
-        let key = handle(&block);
+        let key = handle(&device, &block);
         let raw = RawAllocation { device, block, resource: self.resource.clone() };
         registry().insert((identity(&self.resource), key), raw);
         Ok(key)

@@ -13,8 +13,8 @@ use std::sync::{Arc, OnceLock};
 
 use crate::backend::deferred::DeferredErrors;
 use crate::backend::{
-    Backend, Checked, DeviceInfo, DeviceMemory, HostSpan, MemoryInfo, RawDevice, RawStream, Runtime,
-    StreamHandle, Ticket, check_fits,
+    Backend, Checked, DeviceInfo, DeviceMemory, HostSpan, MemoryInfo, RawDevice, RawMemory, RawStream,
+    Runtime, StreamHandle, Ticket, check_fits,
 };
 use crate::coherence::DeviceId;
 use crate::error::{BackendKind, Result};
@@ -194,6 +194,17 @@ impl Device {
     /// must not be released by the caller.
     pub unsafe fn raw(&self) -> RawDevice {
         self.inner.backend.raw()
+    }
+
+    /// The handle foreign code uses for `memory`, memory of this device, as an integer: the
+    /// raw handle's [`RawMemory::as_int`], except on wgpu, where it is the graphics API's own
+    /// buffer handle (a `VkBuffer` on Vulkan; 0 on other graphics APIs and when empty).
+    ///
+    /// # Safety
+    /// `memory` is live memory of this device (a wgpu buffer is read).
+    pub unsafe fn native_handle(&self, memory: RawMemory) -> usize {
+        // SAFETY: forwarded contract.
+        unsafe { self.inner.backend.native_handle(memory) }
     }
 
     /// Whether a selector name other than the backend's own picks this device (wgpu's

@@ -396,6 +396,11 @@ impl Backend for FaultyDevice {
         self.backend().prepare_host(host);
     }
 
+    unsafe fn native_handle(&self, memory: crate::backend::RawMemory) -> usize {
+        // SAFETY: forwarded contract.
+        unsafe { self.backend().native_handle(memory) }
+    }
+
     fn answers_to(&self, selector: &str) -> bool {
         self.backend().answers_to(selector)
     }

@@ -341,6 +341,11 @@ impl<R: Runtime> Backend for Checked<R> {
         self.runtime.raw()
     }
 
+    unsafe fn native_handle(&self, memory: RawMemory) -> usize {
+        // SAFETY: forwarded contract.
+        unsafe { self.runtime.native_handle(memory) }
+    }
+
     fn answers_to(&self, selector: &str) -> bool {
         self.runtime.answers_to(selector)
     }

@@ -8,7 +8,7 @@ use std::any::{Any, TypeId};
 use std::fmt;
 use std::ptr::NonNull;
 
-use super::info::RawMemory;
+use super::raw::RawMemory;
 use crate::error::{Error, Result};
 use crate::host_memory::{HostMemory, Pinning};
 

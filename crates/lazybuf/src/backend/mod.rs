@@ -35,6 +35,7 @@ pub mod deferred;
 pub mod fork;
 mod info;
 mod memory;
+mod raw;
 mod runtime;
 mod ticket;
 
@@ -53,11 +54,10 @@ use std::fmt;
 use std::sync::Arc;
 
 pub use checked::Checked;
-pub use info::{
-    DeviceInfo, DlpackDevice, DlpackDevices, MemoryInfo, MemorySource, RawDevice, RawMemory, RawStream,
-};
+pub use info::{DeviceInfo, DlpackDevice, DlpackDevices, MemoryInfo, MemorySource};
 pub(crate) use memory::check_fits;
 pub use memory::{Block, DeviceMemory, HostSpan, MemoryHandle, MemoryKind};
+pub use raw::{RawDevice, RawMemory, RawStream};
 pub use runtime::{Allocated, Runtime, host_block};
 pub use ticket::{Completion, Signal, Ticket};
 
@@ -277,6 +277,16 @@ pub trait Backend: Any + Send + Sync + fmt::Debug {
     /// The runtime handles of the device and its default stream, for users who launch their
     /// own kernels.
     fn raw(&self) -> RawDevice;
+
+    /// The handle foreign code uses for `memory`, as an integer: [`RawMemory::as_int`], except
+    /// where the runtime's handle wraps another API's (a wgpu buffer: its `VkBuffer` on Vulkan,
+    /// 0 on other graphics APIs and when empty).
+    ///
+    /// # Safety
+    /// `memory` is live memory of this device.
+    unsafe fn native_handle(&self, memory: RawMemory) -> usize {
+        memory.as_int()
+    }
 
     /// Whether a selector name other than the backend's own picks this device (wgpu's
     /// `vulkan`, `metal`, `dx12`: the graphics API under it). See [`SELECTOR_ALIASES`].

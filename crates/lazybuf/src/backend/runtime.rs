@@ -16,8 +16,9 @@ use std::fmt;
 use std::sync::Arc;
 
 use super::StreamHandle;
-use super::info::{DeviceInfo, MemoryInfo, RawDevice, RawMemory, RawStream};
+use super::info::{DeviceInfo, MemoryInfo};
 use super::memory::{HostSpan, MemoryHandle, MemoryKind};
+use super::raw::{RawDevice, RawMemory, RawStream};
 use super::ticket::Ticket;
 use crate::error::{Error, Result};
 use crate::host_memory::HostMemory;
@@ -232,6 +233,14 @@ pub trait Runtime: Send + Sync + fmt::Debug + Sized + 'static {
 
     /// The runtime handles of the device and its default stream.
     fn raw(&self) -> RawDevice;
+
+    /// The handle foreign code uses for `memory` ([`super::Backend::native_handle`]).
+    ///
+    /// # Safety
+    /// `memory` is live memory of this device.
+    unsafe fn native_handle(&self, memory: RawMemory) -> usize {
+        memory.as_int()
+    }
 
     /// Whether a selector name other than the backend's own picks this device.
     fn answers_to(&self, selector: &str) -> bool {

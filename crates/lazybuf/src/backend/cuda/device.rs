@@ -28,7 +28,8 @@ use std::sync::{Arc, PoisonError};
 
 use cudarc::driver::{result, sys};
 
-use super::memory::{CudaEvent, CudaMemory, CudaStream, PageRegistration, PinnedBlock, Shared};
+use super::memory::{CudaEvent, CudaMemory, CudaStream, Shared};
+use super::pinned::{PageRegistration, PinnedBlock};
 use super::staging::{PIPELINE_MIN, Staging};
 use super::{Context, cuda_error};
 use crate::backend::{

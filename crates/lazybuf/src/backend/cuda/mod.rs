@@ -18,6 +18,7 @@
 
 mod device;
 mod memory;
+mod pinned;
 mod staging;
 #[cfg(test)]
 mod tests;

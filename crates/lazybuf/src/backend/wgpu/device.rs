@@ -25,8 +25,8 @@ use super::memory::{Context, WgpuCompletion, WgpuMemory, WgpuStream};
 use super::staging::{Direction, Staging};
 use super::{API_SELECTORS, Status, native, vendor_name, wgpu_error};
 use crate::backend::{
-    Allocated, DeviceInfo, HostSpan, MemoryInfo, MemoryKind, MemorySource, RawDevice, RawStream, Runtime,
-    Ticket,
+    Allocated, DeviceInfo, HostSpan, MemoryInfo, MemoryKind, MemorySource, RawDevice, RawMemory, RawStream,
+    Runtime, Ticket,
 };
 use crate::error::{BackendKind, Error, Result};
 use crate::host_memory::HostMemory;
@@ -523,6 +523,13 @@ impl Runtime for WgpuBackend {
 
     fn raw(&self) -> RawDevice {
         RawDevice::Wgpu { device: &self.context.device, queue: &self.context.queue }
+    }
+
+    /// The graphics API's own handle of the buffer: the `VkBuffer` on Vulkan; 0 on other APIs
+    /// and for an empty allocation.
+    unsafe fn native_handle(&self, memory: RawMemory) -> usize {
+        // SAFETY: forwarded contract: a live allocation of this device.
+        unsafe { super::native_buffer_handle(memory) }.unwrap_or(0) as usize
     }
 
     fn answers_to(&self, selector: &str) -> bool {
