@@ -18,6 +18,7 @@ use crate::coherence::{Location, Plan, Step};
 use crate::device::{Device, Stream};
 use crate::error::{Error, Result};
 use crate::host_memory::HostMemory;
+use crate::observe::trace::{self, MemoryKind};
 use crate::resource::MemoryResource;
 
 impl RawBuffer {
@@ -60,11 +61,21 @@ impl RawBuffer {
                     self.allocate_on(device, undo, stats)?;
                 }
                 Step::Copy { from, to } => {
+                    let start = crate::observe::clock();
                     let after = pending.as_deref().and_then(|tickets| tickets.last().cloned());
                     let ticket = self.copy(from, to, stats, after)?;
-                    match pending.as_deref_mut() {
-                        Some(tickets) => tickets.push(ticket),
-                        None => ticket.wait()?,
+                    let waited = match pending.as_deref_mut() {
+                        Some(tickets) => {
+                            tickets.push(ticket);
+                            false
+                        }
+                        None => {
+                            ticket.wait()?;
+                            true
+                        }
+                    };
+                    if let Some(start) = start {
+                        self.observe_copy(from, to, start, waited);
                     }
                 }
             }
@@ -80,6 +91,7 @@ impl RawBuffer {
                 self.resource.deallocate_host(&self.home, block, Ticket::done());
                 return Err(short_block(&*self.resource, "host block", self.nbytes, short));
             }
+            trace::record_allocate(self.id, || self.home.to_string(), MemoryKind::Host, block.len());
             self.host = Some(block);
             undo.host_block = true;
             stats.allocations += 1;
@@ -112,6 +124,7 @@ impl RawBuffer {
                 return Err(short_block(&*self.resource, "device allocation", self.nbytes, short));
             }
             stats.allocations += 1;
+            trace::record_allocate(self.id, || device.to_string(), MemoryKind::Device, memory.len());
             memory
         };
         self.copies.push(DeviceCopy::new(device.clone(), stream, memory));
@@ -226,6 +239,7 @@ pub(super) fn give_back(resource: &dyn MemoryResource, mut copy: DeviceCopy) {
         return;
     }
     let ready = last_use_or_synchronized(&mut copy);
+    trace::record_free(|| copy.device.to_string(), MemoryKind::Device, copy.memory.len());
     resource.deallocate_device(&copy.device, copy.memory, &copy.stream, ready);
 }
 
@@ -238,6 +252,7 @@ pub(super) fn give_back_host(resource: &dyn MemoryResource, home: &Device, block
         drop(block);
         return;
     }
+    trace::record_free(|| home.to_string(), MemoryKind::Host, block.len());
     resource.deallocate_host(home, block, ready);
 }
 

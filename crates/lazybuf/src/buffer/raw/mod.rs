@@ -30,11 +30,13 @@
 //!
 //! The engine is split by job: this file holds the API, the state and the accesses (plan,
 //! settle, commit); [`copy`] a device copy and its use by the caller; [`execute`] a plan's
-//! allocations, copies and rollback; [`checker`] the coherence checker's comparison.
+//! allocations, copies and rollback; [`checker`] the coherence checker's comparison;
+//! [`observed`] what the transfer guard and the recorder ([`crate::observe`]) see of it.
 
 mod checker;
 mod copy;
 mod execute;
+mod observed;
 
 use std::sync::Arc;
 
@@ -49,10 +51,13 @@ use crate::coherence::{Access, BufferState, Coherence, DeviceId, Location, Plan,
 use crate::device::{Device, Stream};
 use crate::error::{Error, Result};
 use crate::host_memory::{HostMemory, fill_pattern};
+use crate::observe::{self, Cause};
 use crate::resource::MemoryResource;
 
 /// An untyped buffer of `nbytes` bytes, coherent across the host and any number of devices.
 pub struct RawBuffer {
+    /// The buffer's name in guard errors and recorded events.
+    id: u64,
     nbytes: usize,
     home: Device,
     /// The stream of the copy on `home`.
@@ -85,6 +90,7 @@ impl RawBuffer {
     ) -> RawBuffer {
         let stream = home.stream();
         RawBuffer {
+            id: observe::next_buffer_id(),
             nbytes,
             home,
             stream,
@@ -129,6 +135,12 @@ impl RawBuffer {
     /// Where the buffer's memory comes from.
     pub fn resource(&self) -> &Arc<dyn MemoryResource> {
         &self.resource
+    }
+
+    /// The buffer's id: unique in the process, the name transfer-guard errors and recorded
+    /// events give it.
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// The size in bytes.
@@ -220,6 +232,11 @@ impl RawBuffer {
 
     /// Makes the host the current copy for `access`, and returns its bytes.
     pub fn host_access(&mut self, access: Access) -> Result<&mut [u8]> {
+        self.host_access_as(access, Cause::access("host"))
+    }
+
+    /// As [`Self::host_access`], its copies caused by `cause` (for the transfer guard).
+    fn host_access_as(&mut self, access: Access, cause: Cause) -> Result<&mut [u8]> {
         if access == Access::Read && crate::checking::checking() {
             // Only a read that copies nothing can find the host behind a device (a copy from
             // a device makes them equal), and the check changes nothing when it fails.
@@ -228,7 +245,7 @@ impl RawBuffer {
                 self.check_coherence()?;
             }
         }
-        self.access(Location::Host, None, access)?;
+        self.access(Location::Host, None, access, cause)?;
         let n = self.nbytes;
         let host = self.host.as_mut().expect("the host is allocated after a host access");
         // A read leaves the block knowing whether it is all zeros.
@@ -289,7 +306,7 @@ impl RawBuffer {
     }
 
     pub(super) fn hand_out(&mut self, device: &Device, access: Access) -> Result<&mut DeviceCopy> {
-        self.access(Location::Device(device.id()), Some(device), access)?;
+        self.access(Location::Device(device.id()), Some(device), access, Cause::access("device"))?;
         let index = self.copy_index(device.id()).expect("the device is allocated after a device access");
         let copy = &mut self.copies[index];
         copy.hand_out(access == Access::Read);
@@ -300,8 +317,13 @@ impl RawBuffer {
     /// without handing it out.
     pub fn sync(&mut self, device: Option<&Device>) -> Result<()> {
         match device {
-            Some(device) => self.access(Location::Device(device.id()), Some(device), Access::Read),
-            None => self.host_access(Access::Read).map(drop),
+            Some(device) => self.access(
+                Location::Device(device.id()),
+                Some(device),
+                Access::Read,
+                Cause::sync("sync_to_device"),
+            ),
+            None => self.host_access_as(Access::Read, Cause::sync("sync_to_host")).map(drop),
         }
     }
 
@@ -310,6 +332,12 @@ impl RawBuffer {
     pub fn sync_async(&mut self, device: Option<&Device>) -> Result<Transfer> {
         let at = device.map_or(Location::Host, |d| Location::Device(d.id()));
         let plan = self.plan(at, device, Access::Read);
+        let observed = if observe::active() {
+            let call = if device.is_some() { "sync_to_device_async" } else { "sync_to_host_async" };
+            Some(self.observe_plan(&plan, device, Cause::sync(call))?)
+        } else {
+            None
+        };
         let (reads, writes) = self.touched(&plan, at, device, Access::Read);
         self.settle(|op| op.conflicts(&reads, &writes))?;
         if !self.coherence.any_valid() || plan.steps().iter().all(|s| matches!(s, Step::Allocate(_))) {
@@ -332,6 +360,9 @@ impl RawBuffer {
         let ticket = Ticket::all(tickets);
         self.stats = self.stats.plus(delta);
         self.coherence.commit(at, Access::Read, &plan);
+        if let Some(observed) = observed {
+            self.observe_commit(observed);
+        }
         self.inflight.push(InFlight { ticket: ticket.clone(), reads, writes, before, undo, stats: delta });
         Ok(Transfer::new(ticket))
     }
@@ -426,7 +457,7 @@ impl RawBuffer {
             ));
         }
         self.host = Some(block);
-        let adopted = self.access(Location::Host, None, Access::Overwrite);
+        let adopted = self.access(Location::Host, None, Access::Overwrite, Cause::access("adopt_host"));
         if adopted.is_err() {
             self.host = None;
             self.coherence.clear();
@@ -527,8 +558,10 @@ impl RawBuffer {
         self.settle(|op| op.conflicts(&reads, &writes))
     }
 
-    fn access(&mut self, at: Location, device: Option<&Device>, access: Access) -> Result<()> {
+    fn access(&mut self, at: Location, device: Option<&Device>, access: Access, cause: Cause) -> Result<()> {
         let plan = self.plan(at, device, access);
+        // The transfer guard sees the plan's copies before anything runs.
+        let observed = if observe::active() { Some(self.observe_plan(&plan, device, cause)?) } else { None };
         // The blocking calls' fast path: no transfer in flight, nothing to settle. Settling
         // the transfers the access depends on changes no state when they succeed (a transfer
         // commits when it is enqueued), so the plan stays; when one failed, the error returns.
@@ -546,6 +579,9 @@ impl RawBuffer {
         let zero = access == Access::Read && !self.coherence.any_valid();
         if plan.is_empty() && !zero {
             self.coherence.commit(at, access, &plan);
+            if let Some(observed) = observed {
+                self.observe_commit(observed);
+            }
             if access != Access::Read {
                 self.forget_hand_outs();
             }
@@ -560,6 +596,9 @@ impl RawBuffer {
             Ok(()) => {
                 self.stats = stats;
                 self.coherence.commit(at, access, &plan);
+                if let Some(observed) = observed {
+                    self.observe_commit(observed);
+                }
                 if access != Access::Read {
                     self.forget_hand_outs();
                 }
