@@ -55,7 +55,7 @@ pub(super) fn chrome(trace: &Trace) -> String {
                 let dur = duration.map_or(0.0, |d| d.as_nanos() as f64 / 1000.0);
                 let _ = write!(
                     out,
-                    r#"{{"name":"{dir} {bytes} B","cat":"transfer","ph":"X","ts":{ts:.3},"dur":{dur:.3},"pid":1,"tid":{tid},"args":{{"buffer":{buffer},"direction":"{dir}","bytes":{bytes},"from":"{from}","to":"{to}","call":"{call}","reason":"{reason}","async":{is_async}}}"#,
+                    r#"{{"name":"{dir} {bytes} B","cat":"transfer","ph":"X","ts":{ts:.3},"dur":{dur:.3},"pid":1,"tid":{tid},"args":{{"buffer":{buffer},"direction":"{dir}","bytes":{bytes},"from":"{from}","to":"{to}","call":"{call}","reason":"{reason}","async":{is_async}}}}}"#,
                     dir = info.direction.name(),
                     bytes = info.bytes,
                     buffer = info.buffer,
@@ -73,7 +73,7 @@ pub(super) fn chrome(trace: &Trace) -> String {
                 };
                 let _ = write!(
                     out,
-                    r#"{{"name":"allocate {kind} {bytes} B","cat":"memory","ph":"i","s":"t","ts":{ts:.3},"pid":1,"tid":{tid},"args":{{"buffer":{buffer},"device":"{device}","kind":"{kind}","bytes":{bytes},"source":"{source}"}}"#,
+                    r#"{{"name":"allocate {kind} {bytes} B","cat":"memory","ph":"i","s":"t","ts":{ts:.3},"pid":1,"tid":{tid},"args":{{"buffer":{buffer},"device":"{device}","kind":"{kind}","bytes":{bytes},"source":"{source}"}}}}"#,
                     kind = kind.name(),
                     tid = event.thread,
                     device = escape(device),
@@ -83,7 +83,7 @@ pub(super) fn chrome(trace: &Trace) -> String {
             EventKind::Free { device, kind, bytes } => {
                 let _ = write!(
                     out,
-                    r#"{{"name":"free {kind} {bytes} B","cat":"memory","ph":"i","s":"t","ts":{ts:.3},"pid":1,"tid":{tid},"args":{{"device":"{device}","kind":"{kind}","bytes":{bytes}}}"#,
+                    r#"{{"name":"free {kind} {bytes} B","cat":"memory","ph":"i","s":"t","ts":{ts:.3},"pid":1,"tid":{tid},"args":{{"device":"{device}","kind":"{kind}","bytes":{bytes}}}}}"#,
                     kind = kind.name(),
                     tid = event.thread,
                     device = escape(device),
@@ -93,7 +93,7 @@ pub(super) fn chrome(trace: &Trace) -> String {
             EventKind::Pool { hit, device, bytes } => {
                 let _ = write!(
                     out,
-                    r#"{{"name":"pool {what}","cat":"pool","ph":"i","s":"t","ts":{ts:.3},"pid":1,"tid":{tid},"args":{{"device":"{device}","bytes":{bytes},"hit":{hit}}}"#,
+                    r#"{{"name":"pool {what}","cat":"pool","ph":"i","s":"t","ts":{ts:.3},"pid":1,"tid":{tid},"args":{{"device":"{device}","bytes":{bytes},"hit":{hit}}}}}"#,
                     what = if *hit { "hit" } else { "miss" },
                     tid = event.thread,
                     device = escape(device),
@@ -102,7 +102,7 @@ pub(super) fn chrome(trace: &Trace) -> String {
             EventKind::State { buffer, from, to, call } => {
                 let _ = write!(
                     out,
-                    r#"{{"name":"buffer {buffer} {to}","cat":"state","ph":"i","s":"t","ts":{ts:.3},"pid":1,"tid":{tid},"args":{{"buffer":{buffer},"from":"{from}","to":"{to}","call":"{call}"}}"#,
+                    r#"{{"name":"buffer {buffer} {to}","cat":"state","ph":"i","s":"t","ts":{ts:.3},"pid":1,"tid":{tid},"args":{{"buffer":{buffer},"from":"{from}","to":"{to}","call":"{call}"}}}}"#,
                     tid = event.thread,
                     call = escape(call),
                 );

@@ -73,6 +73,7 @@ pub enum Source {
 
 /// What happened.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub enum EventKind {
     /// A copy between memories.
     Transfer {
