@@ -169,7 +169,8 @@ static STATE: Mutex<usize> = Mutex::new(0);
 /// `LAZYBUF_TRANSFER_GUARD`, read once.
 static ENV: OnceLock<Result<()>> = OnceLock::new();
 
-type LogHook = Arc<dyn Fn(&TransferInfo, GuardLevel) + Send + Sync>;
+/// Receives each logged copy and the level that logged it ([`set_log_hook`]).
+pub type LogHook = Arc<dyn Fn(&TransferInfo, GuardLevel) + Send + Sync>;
 static LOG_HOOK: RwLock<Option<LogHook>> = RwLock::new(None);
 
 /// The environment variable that sets the initial process-wide levels.
@@ -305,7 +306,7 @@ pub fn effective(direction: Direction) -> GuardLevel {
 
 /// Sets (or, with `None`, removes) the hook that receives logged copies instead of standard
 /// error.
-pub fn set_log_hook(hook: Option<Arc<dyn Fn(&TransferInfo, GuardLevel) + Send + Sync>>) {
+pub fn set_log_hook(hook: Option<LogHook>) {
     *LOG_HOOK.write().unwrap_or_else(PoisonError::into_inner) = hook;
 }
 
