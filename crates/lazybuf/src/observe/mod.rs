@@ -28,6 +28,8 @@
 pub mod guard;
 mod json;
 pub mod trace;
+#[cfg(feature = "tracing")]
+mod tracing_events;
 
 use std::cell::Cell;
 use std::fmt;
@@ -41,6 +43,8 @@ const GUARD_BIT: u8 = 1;
 const TRACE_BIT: u8 = 2;
 /// `LAZYBUF_TRANSFER_GUARD` not read yet: the first hook reads it.
 const ENV_BIT: u8 = 4;
+/// Events go to the `tracing` crate ([`set_tracing_events`]).
+const TRACING_BIT: u8 = 8;
 
 /// Whether any hook has work to do (bits above). Written under [`guard::STATE`]'s lock.
 static ACTIVE: AtomicU8 = AtomicU8::new(ENV_BIT);
@@ -57,10 +61,33 @@ pub fn recording() -> bool {
     ACTIVE.load(Ordering::Relaxed) & TRACE_BIT != 0
 }
 
-/// `Some(now)` while recording: the start of a copy to record.
+/// Whether events are wanted: the recorder runs, or they go to `tracing`.
+#[inline(always)]
+pub(crate) fn emitting() -> bool {
+    ACTIVE.load(Ordering::Relaxed) & (TRACE_BIT | TRACING_BIT) != 0
+}
+
+/// `Some(now)` while events are wanted: the start of a copy to record.
 #[inline(always)]
 pub(crate) fn clock() -> Option<Instant> {
-    if recording() { Some(Instant::now()) } else { None }
+    if emitting() { Some(Instant::now()) } else { None }
+}
+
+/// Sends every event the recorder would record (copies, allocations, frees, pool lookups,
+/// state transitions) to the `tracing` crate as well, whether or not the recorder runs: target
+/// `lazybuf::observe`, level TRACE, the event's fields as `tracing` fields, for the caller's
+/// own subscribers. Off by default: while off, no event is built for `tracing`. (Copies the
+/// guard logs go to `tracing` at WARN, target `lazybuf::transfer_guard`, whenever the feature
+/// is on.)
+#[cfg(feature = "tracing")]
+pub fn set_tracing_events(on: bool) {
+    set_bit(TRACING_BIT, on);
+}
+
+/// Whether events go to `tracing` ([`set_tracing_events`]).
+#[inline(always)]
+pub(crate) fn tracing_events() -> bool {
+    ACTIVE.load(Ordering::Relaxed) & TRACING_BIT != 0
 }
 
 fn set_bit(bit: u8, on: bool) {
@@ -250,7 +277,7 @@ pub fn transfer(info: impl FnOnce() -> TransferInfo) -> Result<Option<Started>> 
     }
     let info = info();
     guard::check(std::slice::from_ref(&info))?;
-    Ok(recording().then(|| Started { info, start: Instant::now() }))
+    Ok(emitting().then(|| Started { info, start: Instant::now() }))
 }
 
 /// What a [`Started`] copy reports when the engine executes it.

@@ -15,7 +15,9 @@
 //! ui.perfetto.dev and chrome://tracing) and as a plain [`Summary`]: copies and bytes per
 //! buffer, direction and reason.
 //!
-//! Recording off: the hooks cost one atomic load and no event memory exists.
+//! Recording off: the hooks cost one atomic load and no event memory exists. With the crate
+//! feature `tracing`, [`super::set_tracing_events`] sends the same events to the `tracing`
+//! crate, recorder or not.
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, VecDeque};
@@ -235,6 +237,13 @@ fn push(kind: EventKind) {
 
 /// Records `kind`, as of `at` (else now).
 fn push_at(kind: EventKind, at: Option<Instant>) {
+    #[cfg(feature = "tracing")]
+    if super::tracing_events() {
+        super::tracing_events::emit(&kind);
+    }
+    if !super::recording() {
+        return;
+    }
     let thread = THREAD_ID.try_with(|id| *id).unwrap_or(0);
     let given = STACK.try_with(|s| s.borrow().clone()).ok().flatten();
     let mut slot = recorder();
@@ -259,22 +268,12 @@ fn push_at(kind: EventKind, at: Option<Instant>) {
 }
 
 pub(crate) fn record_transfer(info: TransferInfo, stream: usize, start: Instant, duration: Option<Duration>) {
-    #[cfg(feature = "tracing")]
-    tracing::trace!(
-        target: "lazybuf::observe",
-        buffer = info.buffer,
-        direction = info.direction.name(),
-        bytes = info.bytes,
-        call = info.cause.call,
-        reason = info.cause.reason.name(),
-        "transfer"
-    );
     push_at(EventKind::Transfer { info, stream, duration }, Some(start));
 }
 
 /// Records a buffer's new block (only while recording).
 pub(crate) fn record_allocate(buffer: u64, device: impl FnOnce() -> String, kind: MemoryKind, bytes: usize) {
-    if !super::recording() {
+    if !super::emitting() {
         return;
     }
     let hit = POOL_HIT.try_with(Cell::take).ok().flatten();
@@ -284,7 +283,7 @@ pub(crate) fn record_allocate(buffer: u64, device: impl FnOnce() -> String, kind
 
 /// Records a block given back (only while recording).
 pub(crate) fn record_free(device: impl FnOnce() -> String, kind: MemoryKind, bytes: usize) {
-    if super::recording() {
+    if super::emitting() {
         push(EventKind::Free { device: device(), kind, bytes });
     }
 }
@@ -292,7 +291,7 @@ pub(crate) fn record_free(device: impl FnOnce() -> String, kind: MemoryKind, byt
 /// A pool's lookup for a cached block (the hook of the caching resource).
 #[inline]
 pub(crate) fn record_pool(hit: bool, device: impl FnOnce() -> String, bytes: usize) {
-    if super::recording() {
+    if super::emitting() {
         let _ = POOL_HIT.try_with(|h| h.set(Some(hit)));
         push(EventKind::Pool { hit, device: device(), bytes });
     }

@@ -3,7 +3,7 @@
 //! recorder.
 //!
 //! Each hook in [`super`] and [`super::execute`] is one call guarded by one relaxed atomic
-//! load ([`observe::active`], [`observe::recording`]); everything here runs only when that
+//! load ([`observe::active`], `observe::emitting`); everything here runs only when that
 //! load says something observes. The copies seen are exactly those the transfer counters
 //! count: a sync between the host and a device that aliases host memory moves no bytes and
 //! is not a copy.
@@ -16,6 +16,7 @@ use crate::coherence::{BufferState, Location, Plan, Step};
 use crate::device::{Device, Stream};
 use crate::error::Result;
 use crate::observe::{self, Cause, Direction, TransferInfo};
+// `emitting`: the recorder runs or events go to `tracing`.
 
 /// What an observed access remembers between its plan and its commit.
 pub(super) struct Observed {
@@ -60,7 +61,7 @@ impl RawBuffer {
 
     /// Records the state transition of an access that committed.
     pub(super) fn observe_commit(&self, observed: Observed) {
-        if observe::recording() {
+        if observe::emitting() {
             observe::trace::record_state(self.id, observed.before, self.state(), observed.cause.call);
         }
     }
