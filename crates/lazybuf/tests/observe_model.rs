@@ -1,5 +1,6 @@
 //! The model test's extension for `lazybuf::observe`: over random sequences of buffer
-//! operations on every device, the transfer guard (at `log_explicit`) logs, and the recorder
+//! operations on every device (and a second device, for device-to-device copies where a pair
+//! allows them), the transfer guard (at `log_explicit`) logs, and the recorder
 //! records, exactly the copies the transfer counters count: none missed, none invented, per
 //! direction, in copies and bytes. Steps drawn with a refused direction run under
 //! `disallow_explicit` for it: such a step either raises the guard's error naming that
@@ -41,6 +42,10 @@ enum Op {
     CopyTo,
     Invalidate,
     Release,
+    /// Accesses and syncs on a second device (device-to-device copies where the pair allows).
+    OtherRead,
+    OtherWrite,
+    SyncToOther,
 }
 
 fn op_strategy() -> impl Strategy<Value = Op> {
@@ -62,10 +67,13 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         2 => Just(Op::CopyTo),
         1 => Just(Op::Invalidate),
         1 => Just(Op::Release),
+        2 => Just(Op::OtherRead),
+        2 => Just(Op::OtherWrite),
+        1 => Just(Op::SyncToOther),
     ]
 }
 
-fn run(buf: &mut UnifiedBuffer<u32>, op: &Op) -> lazybuf::Result<()> {
+fn run(buf: &mut UnifiedBuffer<u32>, other: &Device, op: &Op) -> lazybuf::Result<()> {
     let len = buf.len();
     match *op {
         Op::HostRead => buf.host().map(drop),
@@ -93,6 +101,9 @@ fn run(buf: &mut UnifiedBuffer<u32>, op: &Op) -> lazybuf::Result<()> {
             buf.release_memory();
             Ok(())
         }
+        Op::OtherRead => buf.device_on(other).map(drop),
+        Op::OtherWrite => buf.device_mut_on(other).map(drop),
+        Op::SyncToOther => buf.sync_to(other),
     }
 }
 
@@ -112,14 +123,16 @@ fn copies(stats: &TransferStats, direction: Direction) -> u64 {
     }
 }
 
-type Snapshot =
-    (lazybuf::BufferState, lazybuf::Residency, lazybuf::Residency, TransferStats, bool, Option<Vec<u32>>);
+type Snapshot = (lazybuf::BufferState, [lazybuf::Residency; 3], TransferStats, bool, Option<Vec<u32>>);
 
-fn snapshot(buf: &UnifiedBuffer<u32>, device: &Device) -> Snapshot {
+fn snapshot(buf: &UnifiedBuffer<u32>, devices: &[Device; 2]) -> Snapshot {
     (
         buf.state(),
-        buf.residency(Location::Host),
-        buf.residency(Location::Device(device.id())),
+        [
+            buf.residency(Location::Host),
+            buf.residency(Location::Device(devices[0].id())),
+            buf.residency(Location::Device(devices[1].id())),
+        ],
         buf.transfer_stats(),
         buf.is_busy(),
         buf.host_if_valid().map(<[u32]>::to_vec),
@@ -127,13 +140,13 @@ fn snapshot(buf: &UnifiedBuffer<u32>, device: &Device) -> Snapshot {
 }
 
 fn sequence(
-    device: &Device,
+    devices: &[Device; 2],
     len: usize,
     steps: &[(Op, Option<Direction>)],
     logged: &Arc<Mutex<Vec<TransferInfo>>>,
     ids: &Arc<Mutex<Vec<u64>>>,
 ) -> Result<(), TestCaseError> {
-    let mut buf = UnifiedBuffer::<u32>::on(&[len], device).unwrap();
+    let mut buf = UnifiedBuffer::<u32>::on(&[len], &devices[0]).unwrap();
     let id = buf.raw().id();
     ids.lock().unwrap().push(id);
     trace::start(trace::TraceOptions::default()).unwrap();
@@ -143,15 +156,15 @@ fn sequence(
             if let Some(direction) = refuse {
                 levels = levels.with(*direction, Some(GuardLevel::DisallowExplicit));
             }
-            let before = snapshot(&buf, device);
+            let before = snapshot(&buf, devices);
             let outcome = {
                 let _scope = guard::scope(levels);
-                run(&mut buf, op)
+                run(&mut buf, &devices[1], op)
             };
             match (outcome, refuse) {
                 (Ok(()), None) => {}
                 (Ok(()), Some(direction)) => {
-                    let moved = bytes(&buf.transfer_stats(), *direction) - bytes(&before.3, *direction);
+                    let moved = bytes(&buf.transfer_stats(), *direction) - bytes(&before.2, *direction);
                     prop_assert_eq!(
                         moved,
                         0,
@@ -165,7 +178,7 @@ fn sequence(
                     prop_assert_eq!(buffer, id);
                     prop_assert_eq!(direction, *refused);
                     prop_assert_eq!(
-                        snapshot(&buf, device),
+                        snapshot(&buf, devices),
                         before,
                         "{:?}: a refused call changed the buffer",
                         op
@@ -215,6 +228,7 @@ fn steps() -> impl Strategy<Value = Vec<(Op, Option<Direction>)>> {
         4 => Just(None),
         1 => Just(Some(Direction::HostToDevice)),
         1 => Just(Some(Direction::DeviceToHost)),
+        1 => Just(Some(Direction::DeviceToDevice)),
     ];
     prop::collection::vec((op_strategy(), refuse), 1..40)
 }
@@ -224,13 +238,16 @@ proptest! {
 
     #[test]
     fn guard_and_recorder_see_exactly_the_counted_copies(
-        device_index in any::<prop::sample::Index>(),
+        pair in any::<(prop::sample::Index, prop::sample::Index)>(),
         len in prop_oneof![Just(0usize), 1..300usize],
         steps in steps(),
     ) {
         let _l = LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let devices = common::devices();
-        let device = &devices[device_index.index(devices.len())];
+        let all = common::devices();
+        let home = pair.0.get(&all).clone();
+        let others: Vec<Device> = all.iter().filter(|d| **d != home).cloned().collect();
+        // With one device, its second location is the same device (its copy is the home copy).
+        let other = if others.is_empty() { home.clone() } else { pair.1.get(&others).clone() };
         let ids = Arc::new(Mutex::new(Vec::new()));
         let logged = Arc::new(Mutex::new(Vec::new()));
         let (hook_ids, sink) = (Arc::clone(&ids), Arc::clone(&logged));
@@ -239,7 +256,7 @@ proptest! {
                 sink.lock().unwrap().push(info.clone());
             }
         })));
-        let result = sequence(device, len, &steps, &logged, &ids);
+        let result = sequence(&[home, other], len, &steps, &logged, &ids);
         guard::set_log_hook(None);
         result?;
     }
