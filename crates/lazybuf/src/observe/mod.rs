@@ -85,6 +85,7 @@ pub fn set_tracing_events(on: bool) {
 }
 
 /// Whether events go to `tracing` ([`set_tracing_events`]).
+#[cfg(feature = "tracing")]
 #[inline(always)]
 pub(crate) fn tracing_events() -> bool {
     ACTIVE.load(Ordering::Relaxed) & TRACING_BIT != 0
