@@ -96,7 +96,11 @@ pub fn load(path: &Path) -> Result<TraceFile> {
 
 fn short(e: &Value) -> String {
     let text = e.to_string();
-    if text.len() > 120 { format!("{}...", &text[..text.floor_char_boundary(120)]) } else { text }
+    if text.chars().count() > 120 {
+        format!("{}...", text.chars().take(120).collect::<String>())
+    } else {
+        text
+    }
 }
 
 /// The plain summary.

@@ -67,12 +67,6 @@ pub(crate) fn emitting() -> bool {
     ACTIVE.load(Ordering::Relaxed) & (TRACE_BIT | TRACING_BIT) != 0
 }
 
-/// `Some(now)` while events are wanted: the start of a copy to record.
-#[inline(always)]
-pub(crate) fn clock() -> Option<Instant> {
-    if emitting() { Some(Instant::now()) } else { None }
-}
-
 /// Sends every event the recorder would record (copies, allocations, frees, pool lookups,
 /// state transitions) to the `tracing` crate as well, whether or not the recorder runs: target
 /// `lazybuf::observe`, level TRACE, the event's fields as `tracing` fields, for the caller's
@@ -262,6 +256,12 @@ impl Started {
         let elapsed = self.start.elapsed();
         trace::record_transfer(self.info, stream, self.start, Some(elapsed));
     }
+}
+
+/// A stream's identity in events ([`Started::enqueued`], [`Started::finished`]): the same for
+/// every clone of the stream, not a runtime handle.
+pub fn stream_id(stream: &crate::device::Stream) -> usize {
+    std::ptr::from_ref(stream.handle()).cast::<()>() as usize
 }
 
 /// The hook for copy sites outside the coherence plans (spilling's write-backs and reloads, a

@@ -60,22 +60,16 @@ impl RawBuffer {
                         device.filter(|d| d.id() == id).expect("plans allocate only the accessed device");
                     self.allocate_on(device, undo, stats)?;
                 }
+                // While observed, the same copy, timed and recorded (observed.rs).
+                Step::Copy { from, to } if crate::observe::emitting() => {
+                    self.copy_observed(from, to, stats, pending.as_deref_mut())?;
+                }
                 Step::Copy { from, to } => {
-                    let start = crate::observe::clock();
                     let after = pending.as_deref().and_then(|tickets| tickets.last().cloned());
                     let ticket = self.copy(from, to, stats, after)?;
-                    let waited = match pending.as_deref_mut() {
-                        Some(tickets) => {
-                            tickets.push(ticket);
-                            false
-                        }
-                        None => {
-                            ticket.wait()?;
-                            true
-                        }
-                    };
-                    if let Some(start) = start {
-                        self.observe_copy(from, to, start, waited);
+                    match pending.as_deref_mut() {
+                        Some(tickets) => tickets.push(ticket),
+                        None => ticket.wait()?,
                     }
                 }
             }
@@ -134,7 +128,8 @@ impl RawBuffer {
 
     /// Enqueues one copy of the whole buffer, ordered after `after` (the plan's previous copy,
     /// when it was not waited for).
-    fn copy(
+    #[inline(always)]
+    pub(super) fn copy(
         &mut self,
         from: Location,
         to: Location,

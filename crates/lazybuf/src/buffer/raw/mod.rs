@@ -232,11 +232,12 @@ impl RawBuffer {
 
     /// Makes the host the current copy for `access`, and returns its bytes.
     pub fn host_access(&mut self, access: Access) -> Result<&mut [u8]> {
-        self.host_access_as(access, Cause::access("host"))
+        self.host_access_as(access, &observed::HOST)
     }
 
     /// As [`Self::host_access`], its copies caused by `cause` (for the transfer guard).
-    fn host_access_as(&mut self, access: Access, cause: Cause) -> Result<&mut [u8]> {
+    #[inline(always)]
+    fn host_access_as(&mut self, access: Access, cause: &'static Cause) -> Result<&mut [u8]> {
         if access == Access::Read && crate::checking::checking() {
             // Only a read that copies nothing can find the host behind a device (a copy from
             // a device makes them equal), and the check changes nothing when it fails.
@@ -306,7 +307,7 @@ impl RawBuffer {
     }
 
     pub(super) fn hand_out(&mut self, device: &Device, access: Access) -> Result<&mut DeviceCopy> {
-        self.access(Location::Device(device.id()), Some(device), access, Cause::access("device"))?;
+        self.access(Location::Device(device.id()), Some(device), access, &observed::DEVICE)?;
         let index = self.copy_index(device.id()).expect("the device is allocated after a device access");
         let copy = &mut self.copies[index];
         copy.hand_out(access == Access::Read);
@@ -321,9 +322,9 @@ impl RawBuffer {
                 Location::Device(device.id()),
                 Some(device),
                 Access::Read,
-                Cause::sync("sync_to_device"),
+                &observed::SYNC_TO_DEVICE,
             ),
-            None => self.host_access_as(Access::Read, Cause::sync("sync_to_host")).map(drop),
+            None => self.host_access_as(Access::Read, &observed::SYNC_TO_HOST).map(drop),
         }
     }
 
@@ -332,12 +333,15 @@ impl RawBuffer {
     pub fn sync_async(&mut self, device: Option<&Device>) -> Result<Transfer> {
         let at = device.map_or(Location::Host, |d| Location::Device(d.id()));
         let plan = self.plan(at, device, Access::Read);
-        let observed = if observe::active() {
-            let call = if device.is_some() { "sync_to_device_async" } else { "sync_to_host_async" };
-            Some(self.observe_plan(&plan, device, Cause::sync(call))?)
-        } else {
-            None
-        };
+        let observed = observe::active();
+        if observed {
+            let cause = if device.is_some() {
+                &observed::SYNC_TO_DEVICE_ASYNC
+            } else {
+                &observed::SYNC_TO_HOST_ASYNC
+            };
+            self.observe_plan(&plan, device, cause)?;
+        }
         let (reads, writes) = self.touched(&plan, at, device, Access::Read);
         self.settle(|op| op.conflicts(&reads, &writes))?;
         if !self.coherence.any_valid() || plan.steps().iter().all(|s| matches!(s, Step::Allocate(_))) {
@@ -360,8 +364,8 @@ impl RawBuffer {
         let ticket = Ticket::all(tickets);
         self.stats = self.stats.plus(delta);
         self.coherence.commit(at, Access::Read, &plan);
-        if let Some(observed) = observed {
-            self.observe_commit(observed);
+        if observed {
+            self.observe_commit();
         }
         self.inflight.push(InFlight { ticket: ticket.clone(), reads, writes, before, undo, stats: delta });
         Ok(Transfer::new(ticket))
@@ -457,7 +461,7 @@ impl RawBuffer {
             ));
         }
         self.host = Some(block);
-        let adopted = self.access(Location::Host, None, Access::Overwrite, Cause::access("adopt_host"));
+        let adopted = self.access(Location::Host, None, Access::Overwrite, &observed::ADOPT_HOST);
         if adopted.is_err() {
             self.host = None;
             self.coherence.clear();
@@ -558,10 +562,27 @@ impl RawBuffer {
         self.settle(|op| op.conflicts(&reads, &writes))
     }
 
-    fn access(&mut self, at: Location, device: Option<&Device>, access: Access, cause: Cause) -> Result<()> {
+    /// Makes `at` current for `access`; `cause`: what the transfer guard and the recorder
+    /// call its copies.
+    #[inline(always)]
+    fn access(
+        &mut self,
+        at: Location,
+        device: Option<&Device>,
+        access: Access,
+        cause: &'static Cause,
+    ) -> Result<()> {
+        // While something observes, the guard sees the plan's copies before anything runs
+        // (observed.rs); otherwise this costs one atomic load.
+        if observe::active() {
+            return self.access_observed(at, device, access, cause);
+        }
+        self.access_unobserved(at, device, access)
+    }
+
+    #[inline(always)]
+    fn access_unobserved(&mut self, at: Location, device: Option<&Device>, access: Access) -> Result<()> {
         let plan = self.plan(at, device, access);
-        // The transfer guard sees the plan's copies before anything runs.
-        let observed = if observe::active() { Some(self.observe_plan(&plan, device, cause)?) } else { None };
         // The blocking calls' fast path: no transfer in flight, nothing to settle. Settling
         // the transfers the access depends on changes no state when they succeed (a transfer
         // commits when it is enqueued), so the plan stays; when one failed, the error returns.
@@ -579,9 +600,6 @@ impl RawBuffer {
         let zero = access == Access::Read && !self.coherence.any_valid();
         if plan.is_empty() && !zero {
             self.coherence.commit(at, access, &plan);
-            if let Some(observed) = observed {
-                self.observe_commit(observed);
-            }
             if access != Access::Read {
                 self.forget_hand_outs();
             }
@@ -596,9 +614,6 @@ impl RawBuffer {
             Ok(()) => {
                 self.stats = stats;
                 self.coherence.commit(at, access, &plan);
-                if let Some(observed) = observed {
-                    self.observe_commit(observed);
-                }
                 if access != Access::Read {
                     self.forget_hand_outs();
                 }
