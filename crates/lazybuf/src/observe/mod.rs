@@ -61,6 +61,13 @@ pub fn recording() -> bool {
     ACTIVE.load(Ordering::Relaxed) & TRACE_BIT != 0
 }
 
+/// Whether the guard may refuse or log (a level other than `allow` is set somewhere, or
+/// `LAZYBUF_TRANSFER_GUARD` is not read yet or malformed).
+#[inline(always)]
+pub(crate) fn guarding() -> bool {
+    ACTIVE.load(Ordering::Relaxed) & (GUARD_BIT | ENV_BIT) != 0
+}
+
 /// Whether events are wanted: the recorder runs, or they go to `tracing`.
 #[inline(always)]
 pub(crate) fn emitting() -> bool {

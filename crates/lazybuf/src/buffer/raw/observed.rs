@@ -60,16 +60,19 @@ impl RawBuffer {
     #[cold]
     pub(super) fn observe_plan(&self, plan: &Plan, device: Option<&Device>, default: &Cause) -> Result<()> {
         let cause = observe::cause_or(*default);
-        let copies: Vec<TransferInfo> = plan
-            .steps()
-            .iter()
-            .filter_map(|step| match *step {
-                Step::Copy { from, to } => self.transfer_info(from, to, device, cause, true),
-                Step::Allocate(_) => None,
-            })
-            .collect();
-        observe::guard::check(&copies)?;
-        let _ = PLANNED.try_with(|p| p.set(Some((cause, self.state()))));
+        if observe::guarding() {
+            let copies: Vec<TransferInfo> = plan
+                .steps()
+                .iter()
+                .filter_map(|step| match *step {
+                    Step::Copy { from, to } => self.transfer_info(from, to, device, cause, true),
+                    Step::Allocate(_) => None,
+                })
+                .collect();
+            observe::guard::check(&copies)?;
+        }
+        let before = if observe::emitting() { self.state() } else { BufferState::Uninitialized };
+        let _ = PLANNED.try_with(|p| p.set(Some((cause, before))));
         Ok(())
     }
 
