@@ -192,3 +192,31 @@ fn recording_off_leaves_no_hook_and_bad_calls_are_errors() {
     assert!(trace::snapshot().unwrap().events.is_empty());
     assert!(trace::stop().unwrap().events.is_empty());
 }
+
+#[test]
+fn copies_reported_through_the_hook_are_recorded_with_their_reason() {
+    let _l = lock();
+    let info = || observe::TransferInfo {
+        buffer: 777_777,
+        direction: Direction::DeviceToHost,
+        bytes: 64,
+        from: "a device".into(),
+        to: "host".into(),
+        cause: observe::Cause { call: "evict", reason: observe::Reason::Eviction },
+    };
+    trace::start(TraceOptions::default()).unwrap();
+    observe::transfer(info).unwrap().expect("recording: a start to report").finished(0);
+    observe::transfer(info).unwrap().expect("recording: a start to report").enqueued(0);
+    let recorded = trace::stop().unwrap();
+    let row = recorded.summary().rows[&(777_777, Direction::DeviceToHost, observe::Reason::Eviction)];
+    assert_eq!((row.copies, row.bytes), (2, 128));
+    let durations: Vec<bool> = recorded
+        .events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::Transfer { info, duration, .. } if info.buffer == 777_777 => Some(duration.is_some()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(durations, [true, false]);
+}

@@ -363,3 +363,45 @@ fn env_child_bad_value() {
     assert!(text.contains("\"disalow\""), "{text}");
     assert!(guard::global().is_err());
 }
+
+/// A copy made outside the coherence plans (spilling's write-back), as its site reports it.
+fn eviction() -> TransferInfo {
+    TransferInfo {
+        buffer: 4242,
+        direction: Direction::DeviceToHost,
+        bytes: 100,
+        from: "a device".into(),
+        to: "host".into(),
+        cause: lazybuf::observe::Cause { call: "evict", reason: lazybuf::observe::Reason::Eviction },
+    }
+}
+
+#[test]
+fn the_hook_for_other_copy_sites_is_guarded_as_an_implicit_copy() {
+    let _l = lock();
+    guard::global().unwrap(); // reads the environment (unset here)
+    let mut built = false;
+    let started = lazybuf::observe::transfer(|| {
+        built = true;
+        eviction()
+    });
+    assert!(matches!(started, Ok(None)) && !built, "nothing observes: the hook builds nothing");
+    {
+        let _scope = guard::scope(only(Direction::DeviceToHost, GuardLevel::Disallow));
+        match lazybuf::observe::transfer(eviction) {
+            Err(Error::TransferGuard { buffer: 4242, call: "evict", explicit: false, .. }) => {}
+            other => panic!("expected the eviction refused, got {other:?}"),
+        }
+        // Another direction is not guarded.
+        let other =
+            lazybuf::observe::transfer(|| TransferInfo { direction: Direction::HostToDevice, ..eviction() });
+        assert!(matches!(other, Ok(None)), "{other:?}");
+    }
+    let seen = log_hook(Arc::new(Mutex::new(vec![4242])));
+    {
+        let _scope = guard::scope(only(Direction::DeviceToHost, GuardLevel::Log));
+        assert!(lazybuf::observe::transfer(eviction).is_ok());
+    }
+    guard::set_log_hook(None);
+    assert_eq!(*seen.lock().unwrap(), vec![eviction()]);
+}
