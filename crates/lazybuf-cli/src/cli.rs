@@ -62,6 +62,19 @@ Examples:
   lazybuf trace plot trace.json -o timeline.png
   lazybuf trace plot trace.json -o timeline.svg --size 1600x900";
 
+const TRACE_SUMMARY_EXAMPLES: &str = "\
+Examples:
+  lazybuf trace summary trace.json
+  lazybuf trace summary trace.json | grep total";
+
+const TRACE_PLOT_EXAMPLES: &str = "\
+Memory in use per device and kind (host or device memory) as step lines on top; each copy as
+a bar below (h2d blue, d2h orange, d2d green; height: its bytes).
+
+Examples:
+  lazybuf trace plot trace.json -o timeline.png
+  lazybuf trace plot trace.json -o timeline.svg --size 1600x900";
+
 /// `lazybuf trace`.
 #[derive(Debug, Args)]
 pub struct TraceArgs {
@@ -74,11 +87,13 @@ pub struct TraceArgs {
 #[derive(Debug, Subcommand)]
 pub enum TraceCommand {
     /// Copies and bytes per buffer, direction and reason; totals; peak memory per device.
+    #[command(after_help = TRACE_SUMMARY_EXAMPLES)]
     Summary {
         /// The trace file.
         file: PathBuf,
     },
     /// Memory in use over time per device and kind, and the copies marked by direction.
+    #[command(after_help = TRACE_PLOT_EXAMPLES)]
     Plot {
         /// The trace file.
         file: PathBuf,

@@ -103,3 +103,18 @@ fn summary_plot_and_bad_files() {
         assert!(err.starts_with("lazybuf: error: "), "{err}");
     }
 }
+
+#[test]
+fn trace_help_has_examples() {
+    for args in [&["trace", "--help"][..], &["trace", "summary", "--help"], &["trace", "plot", "--help"]] {
+        let out = lazybuf(args);
+        assert!(out.status.success());
+        let help = String::from_utf8(out.stdout).unwrap();
+        let examples =
+            help.split("Examples:").nth(1).unwrap_or_else(|| panic!("{args:?}: no examples: {help}"));
+        let command = args[..args.len() - 1].join(" ");
+        let lines =
+            examples.lines().filter(|l| l.trim_start().starts_with(&format!("lazybuf {command}"))).count();
+        assert!(lines >= 2, "{args:?}: {help}");
+    }
+}
