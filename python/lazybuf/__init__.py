@@ -28,6 +28,7 @@ from .exceptions import (
     MetalUnavailableError,
     PyDotComputeError,
     ReentrancyError,
+    TransferGuardError,
 )
 from ._lazybuf import (
     Accelerator,
@@ -81,6 +82,17 @@ from . import _dask
 
 _dask.install()
 
+# Seeing every copy (issue 23): the transfer guard and the event recorder (`lazybuf.trace`).
+from . import trace
+from ._transfer_guard import (
+    get_transfer_guard,
+    set_transfer_guard,
+    transfer_guard,
+    transfer_guard_device_to_device,
+    transfer_guard_device_to_host,
+    transfer_guard_host_to_device,
+)
+
 __all__ = [
     "Accelerator",
     "BackendError",
@@ -121,3 +133,13 @@ __all__ = [
 ]
 __all__ += ["DeviceBuffer", "Memory", "MemoryDevice", "MemoryHost", "MemoryShared", "mr", "to_device"]
 __all__ += ["cli", "show_config", "watch"]
+__all__ += [
+    "TransferGuardError",
+    "get_transfer_guard",
+    "set_transfer_guard",
+    "trace",
+    "transfer_guard",
+    "transfer_guard_device_to_device",
+    "transfer_guard_device_to_host",
+    "transfer_guard_host_to_device",
+]

@@ -62,6 +62,15 @@ __all__ = [
     "_host_frame",
     "_device_frame",
     "_fill_from_device_pointer",
+    "Trace",
+    "_transfer_guard_set_thread",
+    "_transfer_guard_thread",
+    "_transfer_guard_set_global",
+    "_transfer_guard_global",
+    "_trace_start",
+    "_trace_stop",
+    "_trace_snapshot",
+    "_trace_recording",
 ]
 
 _ShapeLike = SupportsIndex | Sequence[SupportsIndex]
@@ -259,6 +268,11 @@ class UnifiedBuffer:
 
     def to_numpy(self) -> np.ndarray:
         """A new NumPy array with a copy of the data (a host read)."""
+
+    @property
+    def buffer_id(self) -> int:
+        """The buffer's id: unique in the process, the name ``TransferGuardError`` and
+        recorded events (``lazybuf.trace``) give it. A new id after ``free()``."""
 
     def transfer_stats(self) -> dict[str, int]:
         """Copies and bytes moved since creation: ``host_to_device_copies``,
@@ -868,3 +882,36 @@ def _fill_from_device_pointer(
     """Copies ``nbytes`` of device memory at ``ptr`` into an UNINITIALIZED CUDA buffer's device
     copy (device-to-device, after the work enqueued on ``stream`` so far); the buffer is then
     DEVICE_ONLY."""
+
+# --- the transfer guard and the event recorder (python/lazybuf/_transfer_guard.py, trace.py) ---
+
+_GuardNames = tuple[str | None, str | None, str | None]
+
+def _transfer_guard_set_thread(h2d: str | None, d2h: str | None, d2d: str | None) -> _GuardNames: ...
+def _transfer_guard_thread() -> _GuardNames: ...
+def _transfer_guard_set_global(h2d: str | None, d2h: str | None, d2d: str | None) -> None: ...
+def _transfer_guard_global() -> _GuardNames: ...
+def _trace_start(capacity: int, python_stack: bool, rust_backtrace: bool) -> None: ...
+def _trace_stop() -> Trace: ...
+def _trace_snapshot() -> Trace: ...
+def _trace_recording() -> bool: ...
+@final
+class Trace:
+    """Recorded events (``lazybuf.trace.stop()``, ``snapshot()``)."""
+
+    def __len__(self) -> int: ...
+    @property
+    def dropped(self) -> int:
+        """Events dropped because the ring was full."""
+
+    def to_chrome_json(self) -> str:
+        """The events as Chrome trace-event JSON (ui.perfetto.dev, chrome://tracing)."""
+
+    def summary(self) -> str:
+        """Copies and bytes per buffer, direction and reason, as text."""
+
+    def summary_rows(self) -> list[tuple[int, str, str, int, int]]:
+        """The summary as rows ``(buffer, direction, reason, copies, bytes)``."""
+
+    def events(self) -> list[dict[str, Any]]:
+        """The events as dicts (``kind``: transfer, allocate, free, pool, state)."""

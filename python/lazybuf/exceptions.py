@@ -13,6 +13,8 @@ in ``lazybuf``), and lazybuf's own errors derive from them where the meaning mat
   ``BufferError``;
 - ``ForkedChildError`` (a ``RuntimeError``), a device its runtime cannot carry into a forked
   child, used there, is a ``BackendError``;
+- ``TransferGuardError`` (a ``RuntimeError``), a copy the transfer guard refused
+  (``lazybuf.transfer_guard``), is a ``BufferError``;
 - ``ReentrancyError`` (a ``RuntimeError``), an object used from inside an operation on it on
   the same thread (a failure callback, a finalizer it ran), is a ``BufferError``.
 
@@ -47,6 +49,7 @@ __all__ = [
     "ForkedChildError",
     "PyDotComputeError",
     "ReentrancyError",
+    "TransferGuardError",
 ]
 
 
@@ -143,3 +146,17 @@ class CoherenceError(RuntimeError, BufferError):
     """The coherence checker (``lazybuf.set_checking(True)``, or ``LAZYBUF_CHECK=1``) found a
     device copy written without ``mark_device_dirty()`` after it was handed out by
     ``.device``."""
+
+
+class TransferGuardError(RuntimeError, BufferError):
+    """The transfer guard (``lazybuf.transfer_guard("disallow")``, ``set_transfer_guard``,
+    ``LAZYBUF_TRANSFER_GUARD``) refused a copy between memories; the call changed nothing.
+    ``buffer_id`` (``UnifiedBuffer.buffer_id``), ``direction`` (``"h2d"``, ``"d2h"``,
+    ``"d2d"``), ``nbytes`` and ``call`` say which copy, and the message why."""
+
+    def __init__(self, message: str, buffer_id: int = 0, direction: str = "", nbytes: int = 0, call: str = "") -> None:
+        RuntimeError.__init__(self, message)
+        self.buffer_id = buffer_id
+        self.direction = direction
+        self.nbytes = nbytes
+        self.call = call

@@ -69,6 +69,7 @@ UNIFIED_CALLS: dict[str, str | None] = {
     "copy_from": "b.copy_from(np.ones(b.shape, b.dtype))",
     "to_numpy": "b.to_numpy()",
     "transfer_stats": "b.transfer_stats()",
+    "buffer_id": "b.buffer_id",
     "release": None,  # ends the buffer: covered by `free`, which keeps it usable
     "__getitem__": "b[0]",
     "__setitem__": "b.__setitem__(0, 1)",

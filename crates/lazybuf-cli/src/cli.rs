@@ -17,6 +17,7 @@ Examples:
   lazybuf bandwidth --max 64MiB --plot bw.png
   lazybuf watch --device opencl:0         memory of one device, until Ctrl-C
   lazybuf check                           the coherence contract on every device
+  lazybuf trace summary trace.json        a trace recorded by lazybuf.trace
 
 Devices are selected as in LAZYBUF_DEVICE: host, gpu, opencl, opencl:1, cuda:0, ...";
 
@@ -46,6 +47,63 @@ pub enum Command {
     /// against a reference model, injected allocation failures. Exits non-zero on a divergence.
     #[command(after_help = CHECK_EXAMPLES)]
     Check(CheckArgs),
+    /// Reads a trace recorded by lazybuf's event recorder (`lazybuf.trace.dump()`): a summary
+    /// of its copies, or a plot of memory in use and copies over time.
+    #[command(after_help = TRACE_EXAMPLES)]
+    Trace(TraceArgs),
+}
+
+const TRACE_EXAMPLES: &str = "\
+The file is Chrome trace-event JSON as lazybuf.trace.dump(path) writes it (docs/OBSERVING.md);
+ui.perfetto.dev opens the same file.
+
+Examples:
+  lazybuf trace summary trace.json          copies and bytes per buffer, direction and reason
+  lazybuf trace plot trace.json -o timeline.png
+  lazybuf trace plot trace.json -o timeline.svg --size 1600x900";
+
+const TRACE_SUMMARY_EXAMPLES: &str = "\
+Examples:
+  lazybuf trace summary trace.json
+  lazybuf trace summary trace.json | grep total";
+
+const TRACE_PLOT_EXAMPLES: &str = "\
+Memory in use per device and kind (host or device memory) as step lines on top; each copy as
+a bar below (h2d blue, d2h orange, d2d green; height: its bytes).
+
+Examples:
+  lazybuf trace plot trace.json -o timeline.png
+  lazybuf trace plot trace.json -o timeline.svg --size 1600x900";
+
+/// `lazybuf trace`.
+#[derive(Debug, Args)]
+pub struct TraceArgs {
+    /// What to do with the trace.
+    #[command(subcommand)]
+    pub command: TraceCommand,
+}
+
+/// `lazybuf trace` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum TraceCommand {
+    /// Copies and bytes per buffer, direction and reason; totals; peak memory per device.
+    #[command(after_help = TRACE_SUMMARY_EXAMPLES)]
+    Summary {
+        /// The trace file.
+        file: PathBuf,
+    },
+    /// Memory in use over time per device and kind, and the copies marked by direction.
+    #[command(after_help = TRACE_PLOT_EXAMPLES)]
+    Plot {
+        /// The trace file.
+        file: PathBuf,
+        /// The plot: FILE.png or FILE.svg.
+        #[arg(long, short = 'o', value_name = "FILE")]
+        output: PathBuf,
+        /// The plot's size in pixels.
+        #[arg(long, value_name = "WxH", default_value = "1200x800", value_parser = parse_plot_size)]
+        size: (u32, u32),
+    },
 }
 
 const DEVICES_EXAMPLES: &str = "\

@@ -43,6 +43,7 @@ pub mod cli;
 pub mod devices;
 pub mod error;
 pub mod output;
+pub mod trace;
 pub mod watch;
 
 use std::ffi::OsString;
@@ -116,6 +117,7 @@ where
         cli::Command::Bandwidth(args) => bandwidth::run(&args, context),
         cli::Command::Watch(args) => watch::run(&args, context),
         cli::Command::Check(args) => check::run(&args, context),
+        cli::Command::Trace(args) => trace::run(&args),
     });
     let status = status.and_then(|code| std::io::stdout().flush().map(|()| code).map_err(CliError::from));
     match status {

@@ -47,6 +47,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyModule, PyTuple, PyWeakrefReference};
 
 use lazybuf::coherence::{Access, Location, Residency};
+use lazybuf::observe::Cause;
 use lazybuf::shape::Shape;
 use lazybuf::{Device, DlpackDevice, MemoryKind, MemoryResource, RawBuffer};
 
@@ -60,6 +61,7 @@ use crate::interop::{
     release_buffer,
 };
 use crate::lock;
+use crate::observe::observed;
 use crate::streams;
 use crate::transfer::{self, PyTransfer};
 use crate::views::Storage;
@@ -371,6 +373,29 @@ fn numpy_module(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
     NUMPY.get_or_try_init(py, || py.import("numpy").map(Bound::unbind)).map(|m| m.bind(py))
 }
 
+/// `.host`'s body.
+fn host_view<'py>(slf: &Bound<'py, UnifiedBuffer>) -> PyResult<Bound<'py, PyAny>> {
+    let py = slf.py();
+    let this = slf.get();
+    let storage = this.storage_if(UnifiedBuffer::stale(Location::Host))?;
+    let cached = this.cached(py, |i| i.host_view.as_ref()).map(|c| c.into_bound(py));
+    let array = storage.host_array(py, Access::Write, &this.shape, this.descr(py), cached.as_ref())?;
+    this.cache(&array, |i| &mut i.host_view);
+    this.track_writable(py, &array)?;
+    Ok(array)
+}
+
+/// `.host_readonly`'s body.
+fn host_readonly_view<'py>(slf: &Bound<'py, UnifiedBuffer>) -> PyResult<Bound<'py, PyAny>> {
+    let py = slf.py();
+    let this = slf.get();
+    let storage = this.storage_if(UnifiedBuffer::stale(Location::Host))?;
+    let cached = this.cached(py, |i| i.host_readonly_view.as_ref()).map(|c| c.into_bound(py));
+    let array = storage.host_array(py, Access::Read, &this.shape, this.descr(py), cached.as_ref())?;
+    this.cache(&array, |i| &mut i.host_readonly_view);
+    Ok(array)
+}
+
 /// Shared by `.device` and `.device_writable`.
 fn device_access<'py>(slf: &Bound<'py, UnifiedBuffer>, access: Access) -> PyResult<Bound<'py, PyAny>> {
     let py = slf.py();
@@ -433,29 +458,15 @@ impl UnifiedBuffer {
     /// write: the next device access copies the host data again.
     #[getter]
     fn host<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
-        let py = slf.py();
-        let this = slf.get();
-        let storage = this.storage_if(UnifiedBuffer::stale(Location::Host))?;
-        let cached = this.cached(py, |i| i.host_view.as_ref()).map(|c| c.into_bound(py));
-        let array = storage.host_array(py, Access::Write, &this.shape, this.descr(py), cached.as_ref())?;
-        this.cache(&array, |i| &mut i.host_view);
-        this.track_writable(py, &array)?;
-        Ok(array)
+        observed(slf.py(), Cause::access(".host"), || host_view(slf))
     }
 
     /// A read-only NumPy view of the host copy: syncs from the device if needed, and does not
     /// count as a write.
     #[getter]
     fn host_readonly<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
-        let py = slf.py();
-        let this = slf.get();
-        let storage = this.storage_if(UnifiedBuffer::stale(Location::Host))?;
-        let cached = this.cached(py, |i| i.host_readonly_view.as_ref()).map(|c| c.into_bound(py));
-        let array = storage.host_array(py, Access::Read, &this.shape, this.descr(py), cached.as_ref())?;
-        this.cache(&array, |i| &mut i.host_readonly_view);
-        Ok(array)
+        observed(slf.py(), Cause::access(".host_readonly"), || host_readonly_view(slf))
     }
-
     /// The buffer on its device, synced from the host if the host is newer: the host ndarray
     /// itself on the host device, a PyOpenCL array on OpenCL (with PyOpenCL installed), a
     /// CuPy array on CUDA (with CuPy installed), else a `DeviceMemoryView`. A device *read*,
@@ -463,14 +474,14 @@ impl UnifiedBuffer {
     /// kernel writes the array, call `mark_device_dirty()`, or take `device_writable` instead.
     #[getter]
     fn device<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
-        device_access(slf, Access::Read)
+        observed(slf.py(), Cause::access(".device"), || device_access(slf, Access::Read))
     }
 
     /// As `.device`, counted as a device write: the host copy becomes stale, so the next host
     /// access copies the kernel's results back without `mark_device_dirty()`.
     #[getter]
     fn device_writable<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
-        device_access(slf, Access::Write)
+        observed(slf.py(), Cause::access(".device_writable"), || device_access(slf, Access::Write))
     }
 
     /// The buffer on a Metal device (a wgpu device on Metal: this buffer's own device, else
@@ -553,24 +564,26 @@ impl UnifiedBuffer {
 
     /// Copies the host data to the device if the device copy is stale.
     fn sync_to_device(&self, py: Python<'_>) -> PyResult<()> {
-        self.access_device(py, Access::Read)
+        observed(py, Cause::sync("sync_to_device"), || self.access_device(py, Access::Read))
     }
 
     /// Copies the device data to the host if the host copy is stale.
     fn sync_to_host(&self, py: Python<'_>) -> PyResult<()> {
-        self.access_host(py, Access::Read)
+        observed(py, Cause::sync("sync_to_host"), || self.access_host(py, Access::Read))
     }
 
     /// As `sync_to_device()`, asynchronously: enqueues the copies and returns a `Transfer` at
     /// once (`await` it, `wait()` or poll `is_complete()`). Meanwhile `state` reports the
     /// state the buffer will have, and any call that needs the memory in flight waits for it.
     fn sync_to_device_async(&self, py: Python<'_>) -> PyResult<PyTransfer> {
-        transfer::start(py, &*self.storage()?, Some(&self.home))
+        observed(py, Cause::sync("sync_to_device_async"), || {
+            transfer::start(py, &*self.storage()?, Some(&self.home))
+        })
     }
 
     /// As `sync_to_host()`, asynchronously (see `sync_to_device_async`).
     fn sync_to_host_async(&self, py: Python<'_>) -> PyResult<PyTransfer> {
-        transfer::start(py, &*self.storage()?, None)
+        observed(py, Cause::sync("sync_to_host_async"), || transfer::start(py, &*self.storage()?, None))
     }
 
     /// The queue or stream lazybuf enqueues this buffer's copies on, as a raw handle (an int):
@@ -590,13 +603,13 @@ impl UnifiedBuffer {
 
     /// Declares a host write: the host is made current, then the device copy is stale.
     fn mark_host_dirty(&self, py: Python<'_>) -> PyResult<()> {
-        self.access_host(py, Access::Write)
+        observed(py, Cause::access("mark_host_dirty"), || self.access_host(py, Access::Write))
     }
 
     /// Declares a device write (by a kernel): the device is made current, then the host copy
     /// is stale (and the writable host views handed out become read-only).
     fn mark_device_dirty(&self, py: Python<'_>) -> PyResult<()> {
-        self.access_device(py, Access::Write)
+        observed(py, Cause::access("mark_device_dirty"), || self.access_device(py, Access::Write))
     }
 
     /// Declares a write on the Metal device `.metal` uses (by a Metal kernel): that copy is
@@ -673,7 +686,14 @@ impl UnifiedBuffer {
 
     /// A copy of the data as a new NumPy array (syncs the host first; not a write).
     fn to_numpy<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        self.storage()?.to_array(py, &self.shape, self.descr(py))
+        observed(py, Cause::sync("to_numpy"), || self.storage()?.to_array(py, &self.shape, self.descr(py)))
+    }
+
+    /// The buffer's id: unique in the process, the name `TransferGuardError` and recorded
+    /// events (`lazybuf.trace`) give it. A new id after `free()`.
+    #[getter]
+    fn buffer_id(&self, py: Python<'_>) -> PyResult<u64> {
+        Ok(self.storage_unordered()?.lock(py)?.id())
     }
 
     /// Copies and bytes moved since the buffer was made, and allocations made.
@@ -763,7 +783,7 @@ impl UnifiedBuffer {
         }
         let (py, this) = (slf.py(), slf.get());
         if host {
-            this.access_host(py, Access::Read)?;
+            observed(py, Cause::sync("allocate"), || this.access_host(py, Access::Read))?;
         }
         if device {
             let (storage, home) = (this.storage()?, this.home.clone());
@@ -839,7 +859,7 @@ impl UnifiedBuffer {
         if !target.getattr("flags")?.getattr("writeable")?.is_truthy()? {
             return Err(PyValueError::new_err("copy_to: expected a writable array, got a read-only one"));
         }
-        let source = UnifiedBuffer::host_readonly(slf)?;
+        let source = observed(py, Cause::sync("copy_to"), || UnifiedBuffer::host_readonly(slf))?;
         np.call_method("copyto", (target, source), Some(&kwargs)).map(drop)
     }
 

@@ -11,7 +11,9 @@
 //! A device used in a forked child that its runtime does not survive
 //! ([`lazybuf::Error::ForkedChild`]) raises `ForkedChildError` (a `RuntimeError`) naming the
 //! device and the `spawn`
-//! start method, as PyTorch and CuPy do for CUDA.
+//! start method, as PyTorch and CuPy do for CUDA. A copy the transfer guard refused
+//! ([`lazybuf::Error::TransferGuard`]) raises `TransferGuardError` (a `RuntimeError`) with the
+//! buffer's id, the direction, the bytes and the call.
 //!
 //! lazybuf's exception classes are defined in Python (`python/lazybuf/exceptions.py`), where
 //! they also derive from PyDotCompute's classes (`BackendUnavailableError` is a
@@ -41,6 +43,9 @@ import_exception!(lazybuf.exceptions, CoherenceError);
 import_exception!(lazybuf.exceptions, ReentrancyError);
 // A device of a runtime that does not survive fork, used in a forked child: a RuntimeError.
 import_exception!(lazybuf.exceptions, ForkedChildError);
+// The transfer guard refused a copy: `TransferGuardError(message, buffer_id, direction, nbytes,
+// call)`, a RuntimeError.
+import_exception!(lazybuf.exceptions, TransferGuardError);
 
 /// Turns the coherence checker on or off for the whole process. While on, a host read of a
 /// SYNCHRONIZED buffer whose device copy was handed out by `.device` since it was last filled
@@ -77,6 +82,10 @@ pub(crate) fn to_py(err: lazybuf::Error) -> PyErr {
         // A device of a runtime that does not survive fork, used in a forked child: the
         // message names the device and says to use the 'spawn' start method.
         E::ForkedChild { .. } => ForkedChildError::new_err(message),
+        // The transfer guard refused a copy (nothing changed): buffer, direction, bytes, call.
+        E::TransferGuard { buffer, direction, bytes, call, .. } => {
+            TransferGuardError::new_err((message, buffer, direction.name(), bytes, call))
+        }
         // A Python callback's own exception (a memory resource's failure callback), as raised.
         E::Callback { payload, .. } => match payload.0.downcast_ref::<PyErr>() {
             Some(err) => Python::attach(|py| err.clone_ref(py)),

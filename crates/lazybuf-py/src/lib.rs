@@ -19,6 +19,8 @@
 //! - [`device_buffer`]: RMM's resizable `DeviceBuffer`; [`hostbuf`] and [`foreign`]: the host
 //!   buffers and device sources of memory objects;
 //! - [`transfer`]: `Transfer`, an asynchronous sync in flight (awaitable);
+//! - [`observe`]: the transfer guard and the event recorder (`lazybuf.transfer_guard`,
+//!   `lazybuf.trace`);
 //! - [`streams`]: lazybuf's stream for the caller, and ordering after the caller's streams;
 //! - [`wire`]: pickling with out-of-band buffers (protocol 5) and the frames of the Dask
 //!   serializers (`python/lazybuf/_dask.py`);
@@ -42,6 +44,7 @@ mod interop;
 mod lock;
 mod memory;
 mod mr;
+mod observe;
 mod pool;
 mod state;
 mod streams;
@@ -91,6 +94,7 @@ fn _lazybuf(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(errors::set_checking, m)?)?;
     m.add_function(wrap_pyfunction!(errors::checking, m)?)?;
     m.add_function(wrap_pyfunction!(_cli_main, m)?)?;
+    observe::register(m)?;
     Ok(())
 }
 

@@ -221,6 +221,33 @@ pub enum Error {
         /// Its backend.
         backend: BackendKind,
     },
+    /// The transfer guard ([`crate::observe::guard`]) refused a copy between memories; the
+    /// call changed nothing. Not retryable: allow the transfer (or make it explicit) first.
+    #[error(
+        "transfer guard refused a {direction} copy of {bytes} bytes ({from} -> {to}) of buffer \
+         {buffer}, caused by {} {call}; the {} guard is '{level}' ({})",
+        if *.explicit { "explicit" } else { "implicit" },
+        .direction.name(),
+        .level.meaning()
+    )]
+    TransferGuard {
+        /// The buffer's id ([`crate::RawBuffer::id`]).
+        buffer: u64,
+        /// Which way the copy would go.
+        direction: crate::observe::Direction,
+        /// The bytes it would move.
+        bytes: usize,
+        /// Where from: `host` or the device's name.
+        from: String,
+        /// Where to.
+        to: String,
+        /// The call that caused it (`"sync_to_device"`, `"host"`).
+        call: &'static str,
+        /// Whether the call asked for the copy itself (an explicit transfer).
+        explicit: bool,
+        /// The guard level that refused it.
+        level: crate::observe::guard::GuardLevel,
+    },
     /// A fault injected by `lazybuf::testing::FaultyDevice` (feature `testing`).
     #[cfg(feature = "testing")]
     #[error("injected fault: {operation} number {count} was told to fail")]

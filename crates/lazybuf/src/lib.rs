@@ -19,6 +19,7 @@
 //!   allocations, untyped memory, a resizable device buffer);
 //! - [`pool`]: memory pools (acquire/release with reuse);
 //! - [`checking`](mod@checking): the coherence checker's switch;
+//! - [`observe`]: the transfer guard and the event recorder (every copy between memories);
 //! - [`testing`] (feature `testing`): a fault-injecting device wrapper (the feature also
 //!   registers the loopback devices, [`backend::loopback`]).
 //!
@@ -47,6 +48,7 @@ pub mod element;
 pub mod error;
 pub mod host_memory;
 pub mod memory;
+pub mod observe;
 pub mod pool;
 pub mod resource;
 pub mod shape;

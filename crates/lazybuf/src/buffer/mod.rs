@@ -390,8 +390,12 @@ impl<T: Element> UnifiedBuffer<T> {
                 actual: out.len(),
             });
         }
-        crate::host_memory::copy_bytes(bytemuck::cast_slice_mut(out), self.raw.host_access(Access::Read)?);
-        Ok(())
+        // An explicit transfer for the transfer guard, as sync_to_host() is.
+        let raw = &mut self.raw;
+        crate::observe::call(crate::observe::Cause::sync("copy_to"), || {
+            crate::host_memory::copy_bytes(bytemuck::cast_slice_mut(out), raw.host_access(Access::Read)?);
+            Ok(())
+        })
     }
 
     /// A copy of the data, read on the host.

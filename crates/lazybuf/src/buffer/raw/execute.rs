@@ -18,6 +18,7 @@ use crate::coherence::{Location, Plan, Step};
 use crate::device::{Device, Stream};
 use crate::error::{Error, Result};
 use crate::host_memory::HostMemory;
+use crate::observe::trace::{self, MemoryKind};
 use crate::resource::MemoryResource;
 
 impl RawBuffer {
@@ -59,6 +60,10 @@ impl RawBuffer {
                         device.filter(|d| d.id() == id).expect("plans allocate only the accessed device");
                     self.allocate_on(device, undo, stats)?;
                 }
+                // While observed, the same copy, timed and recorded (observed.rs).
+                Step::Copy { from, to } if crate::observe::emitting() => {
+                    self.copy_observed(from, to, stats, pending.as_deref_mut())?;
+                }
                 Step::Copy { from, to } => {
                     let after = pending.as_deref().and_then(|tickets| tickets.last().cloned());
                     let ticket = self.copy(from, to, stats, after)?;
@@ -80,6 +85,7 @@ impl RawBuffer {
                 self.resource.deallocate_host(&self.home, block, Ticket::done());
                 return Err(short_block(&*self.resource, "host block", self.nbytes, short));
             }
+            trace::record_allocate(self.id, || self.home.to_string(), MemoryKind::Host, block.len());
             self.host = Some(block);
             undo.host_block = true;
             stats.allocations += 1;
@@ -112,6 +118,7 @@ impl RawBuffer {
                 return Err(short_block(&*self.resource, "device allocation", self.nbytes, short));
             }
             stats.allocations += 1;
+            trace::record_allocate(self.id, || device.to_string(), MemoryKind::Device, memory.len());
             memory
         };
         self.copies.push(DeviceCopy::new(device.clone(), stream, memory));
@@ -121,7 +128,8 @@ impl RawBuffer {
 
     /// Enqueues one copy of the whole buffer, ordered after `after` (the plan's previous copy,
     /// when it was not waited for).
-    fn copy(
+    #[inline(always)]
+    pub(super) fn copy(
         &mut self,
         from: Location,
         to: Location,
@@ -226,6 +234,7 @@ pub(super) fn give_back(resource: &dyn MemoryResource, mut copy: DeviceCopy) {
         return;
     }
     let ready = last_use_or_synchronized(&mut copy);
+    trace::record_free(|| copy.device.to_string(), MemoryKind::Device, copy.memory.len());
     resource.deallocate_device(&copy.device, copy.memory, &copy.stream, ready);
 }
 
@@ -238,6 +247,7 @@ pub(super) fn give_back_host(resource: &dyn MemoryResource, home: &Device, block
         drop(block);
         return;
     }
+    trace::record_free(|| home.to_string(), MemoryKind::Host, block.len());
     resource.deallocate_host(home, block, ready);
 }
 

@@ -30,11 +30,13 @@
 //!
 //! The engine is split by job: this file holds the API, the state and the accesses (plan,
 //! settle, commit); [`copy`] a device copy and its use by the caller; [`execute`] a plan's
-//! allocations, copies and rollback; [`checker`] the coherence checker's comparison.
+//! allocations, copies and rollback; [`checker`] the coherence checker's comparison;
+//! [`observed`] what the transfer guard and the recorder ([`crate::observe`]) see of it.
 
 mod checker;
 mod copy;
 mod execute;
+mod observed;
 
 use std::sync::Arc;
 
@@ -49,10 +51,13 @@ use crate::coherence::{Access, BufferState, Coherence, DeviceId, Location, Plan,
 use crate::device::{Device, Stream};
 use crate::error::{Error, Result};
 use crate::host_memory::{HostMemory, fill_pattern};
+use crate::observe::{self, Cause};
 use crate::resource::MemoryResource;
 
 /// An untyped buffer of `nbytes` bytes, coherent across the host and any number of devices.
 pub struct RawBuffer {
+    /// The buffer's name in guard errors and recorded events.
+    id: u64,
     nbytes: usize,
     home: Device,
     /// The stream of the copy on `home`.
@@ -85,6 +90,7 @@ impl RawBuffer {
     ) -> RawBuffer {
         let stream = home.stream();
         RawBuffer {
+            id: observe::next_buffer_id(),
             nbytes,
             home,
             stream,
@@ -129,6 +135,12 @@ impl RawBuffer {
     /// Where the buffer's memory comes from.
     pub fn resource(&self) -> &Arc<dyn MemoryResource> {
         &self.resource
+    }
+
+    /// The buffer's id: unique in the process, the name transfer-guard errors and recorded
+    /// events give it.
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// The size in bytes.
@@ -220,6 +232,12 @@ impl RawBuffer {
 
     /// Makes the host the current copy for `access`, and returns its bytes.
     pub fn host_access(&mut self, access: Access) -> Result<&mut [u8]> {
+        self.host_access_as(access, &observed::HOST)
+    }
+
+    /// As [`Self::host_access`], its copies caused by `cause` (for the transfer guard).
+    #[inline(always)]
+    fn host_access_as(&mut self, access: Access, cause: &'static Cause) -> Result<&mut [u8]> {
         if access == Access::Read && crate::checking::checking() {
             // Only a read that copies nothing can find the host behind a device (a copy from
             // a device makes them equal), and the check changes nothing when it fails.
@@ -228,7 +246,7 @@ impl RawBuffer {
                 self.check_coherence()?;
             }
         }
-        self.access(Location::Host, None, access)?;
+        self.access(Location::Host, None, access, cause)?;
         let n = self.nbytes;
         let host = self.host.as_mut().expect("the host is allocated after a host access");
         // A read leaves the block knowing whether it is all zeros.
@@ -289,7 +307,7 @@ impl RawBuffer {
     }
 
     pub(super) fn hand_out(&mut self, device: &Device, access: Access) -> Result<&mut DeviceCopy> {
-        self.access(Location::Device(device.id()), Some(device), access)?;
+        self.access(Location::Device(device.id()), Some(device), access, &observed::DEVICE)?;
         let index = self.copy_index(device.id()).expect("the device is allocated after a device access");
         let copy = &mut self.copies[index];
         copy.hand_out(access == Access::Read);
@@ -300,8 +318,13 @@ impl RawBuffer {
     /// without handing it out.
     pub fn sync(&mut self, device: Option<&Device>) -> Result<()> {
         match device {
-            Some(device) => self.access(Location::Device(device.id()), Some(device), Access::Read),
-            None => self.host_access(Access::Read).map(drop),
+            Some(device) => self.access(
+                Location::Device(device.id()),
+                Some(device),
+                Access::Read,
+                &observed::SYNC_TO_DEVICE,
+            ),
+            None => self.host_access_as(Access::Read, &observed::SYNC_TO_HOST).map(drop),
         }
     }
 
@@ -310,6 +333,15 @@ impl RawBuffer {
     pub fn sync_async(&mut self, device: Option<&Device>) -> Result<Transfer> {
         let at = device.map_or(Location::Host, |d| Location::Device(d.id()));
         let plan = self.plan(at, device, Access::Read);
+        let observed = observe::active();
+        if observed {
+            let cause = if device.is_some() {
+                &observed::SYNC_TO_DEVICE_ASYNC
+            } else {
+                &observed::SYNC_TO_HOST_ASYNC
+            };
+            self.observe_plan(&plan, device, cause)?;
+        }
         let (reads, writes) = self.touched(&plan, at, device, Access::Read);
         self.settle(|op| op.conflicts(&reads, &writes))?;
         if !self.coherence.any_valid() || plan.steps().iter().all(|s| matches!(s, Step::Allocate(_))) {
@@ -332,6 +364,9 @@ impl RawBuffer {
         let ticket = Ticket::all(tickets);
         self.stats = self.stats.plus(delta);
         self.coherence.commit(at, Access::Read, &plan);
+        if observed {
+            self.observe_commit();
+        }
         self.inflight.push(InFlight { ticket: ticket.clone(), reads, writes, before, undo, stats: delta });
         Ok(Transfer::new(ticket))
     }
@@ -426,7 +461,7 @@ impl RawBuffer {
             ));
         }
         self.host = Some(block);
-        let adopted = self.access(Location::Host, None, Access::Overwrite);
+        let adopted = self.access(Location::Host, None, Access::Overwrite, &observed::ADOPT_HOST);
         if adopted.is_err() {
             self.host = None;
             self.coherence.clear();
@@ -527,7 +562,26 @@ impl RawBuffer {
         self.settle(|op| op.conflicts(&reads, &writes))
     }
 
-    fn access(&mut self, at: Location, device: Option<&Device>, access: Access) -> Result<()> {
+    /// Makes `at` current for `access`; `cause`: what the transfer guard and the recorder
+    /// call its copies.
+    #[inline(always)]
+    fn access(
+        &mut self,
+        at: Location,
+        device: Option<&Device>,
+        access: Access,
+        cause: &'static Cause,
+    ) -> Result<()> {
+        // While something observes, the guard sees the plan's copies before anything runs
+        // (observed.rs); otherwise this costs one atomic load.
+        if observe::active() {
+            return self.access_observed(at, device, access, cause);
+        }
+        self.access_unobserved(at, device, access)
+    }
+
+    #[inline(always)]
+    fn access_unobserved(&mut self, at: Location, device: Option<&Device>, access: Access) -> Result<()> {
         let plan = self.plan(at, device, access);
         // The blocking calls' fast path: no transfer in flight, nothing to settle. Settling
         // the transfers the access depends on changes no state when they succeed (a transfer

@@ -1,0 +1,227 @@
+//! The transfer guard and the event recorder ([`lazybuf::observe`]) for Python: the functions
+//! behind `lazybuf.transfer_guard` (`python/lazybuf/_transfer_guard.py`) and `lazybuf.trace`
+//! (`python/lazybuf/trace.py`), the `Trace` class, and [`observed`], which `UnifiedBuffer`'s
+//! methods run in so that their copies are attributed to them (explicit or implicit, as the
+//! guard's levels say) and, when asked for, carry the Python stack.
+//!
+//! What does not live here: the guard's and recorder's rules (the core), the context managers
+//! (Python).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use lazybuf::observe::guard::{self, GuardLevel, GuardLevels};
+use lazybuf::observe::trace::{self, EventKind, TraceOptions};
+use lazybuf::observe::{self as core, Cause, Direction};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyModule};
+
+use crate::errors::OrPyErr;
+
+/// Whether events carry the Python stack (`lazybuf.trace.start(python_stack=True)`).
+static PYTHON_STACK: AtomicBool = AtomicBool::new(false);
+
+/// Runs `f`, a `UnifiedBuffer` method's body, as `cause`: one atomic load when nothing
+/// observes.
+pub fn observed<R>(py: Python<'_>, cause: Cause, f: impl FnOnce() -> R) -> R {
+    if !core::active() {
+        return f();
+    }
+    let stack =
+        (core::recording() && PYTHON_STACK.load(Ordering::Relaxed)).then(|| python_stack(py)).flatten();
+    trace::call_with_stack(stack, || core::call(cause, f))
+}
+
+fn python_stack(py: Python<'_>) -> Option<Arc<str>> {
+    let frames = py.import("traceback").ok()?.call_method0("format_stack").ok()?;
+    let frames: Vec<String> = frames.extract().ok()?;
+    Some(frames.concat().into())
+}
+
+fn level(name: Option<&str>, what: &'static str) -> PyResult<Option<GuardLevel>> {
+    name.map(|n| GuardLevel::parse(n, what)).transpose().or_py()
+}
+
+fn levels(h2d: Option<&str>, d2h: Option<&str>, d2d: Option<&str>) -> PyResult<GuardLevels> {
+    Ok(GuardLevels([
+        level(h2d, "transfer_guard: h2d")?,
+        level(d2h, "transfer_guard: d2h")?,
+        level(d2d, "transfer_guard: d2d")?,
+    ]))
+}
+
+type Names = (Option<&'static str>, Option<&'static str>, Option<&'static str>);
+
+fn names(levels: GuardLevels) -> Names {
+    let name = |d| levels.get(d).map(GuardLevel::name);
+    (name(Direction::HostToDevice), name(Direction::DeviceToHost), name(Direction::DeviceToDevice))
+}
+
+/// Sets this thread's guard levels (`None`: the process-wide level applies) and returns the
+/// previous ones; `ValueError` for a name that is not a level.
+#[pyfunction]
+#[pyo3(signature = (h2d, d2h, d2d))]
+pub fn _transfer_guard_set_thread(
+    h2d: Option<&str>,
+    d2h: Option<&str>,
+    d2d: Option<&str>,
+) -> PyResult<Names> {
+    let new = levels(h2d, d2h, d2d)?;
+    Ok(names(guard::set_thread(new)))
+}
+
+/// This thread's own guard levels.
+#[pyfunction]
+pub fn _transfer_guard_thread() -> Names {
+    names(guard::thread())
+}
+
+/// Sets the process-wide level of the directions given (`None`: unchanged).
+#[pyfunction]
+#[pyo3(signature = (h2d, d2h, d2d))]
+pub fn _transfer_guard_set_global(h2d: Option<&str>, d2h: Option<&str>, d2d: Option<&str>) -> PyResult<()> {
+    guard::set_global(levels(h2d, d2h, d2d)?);
+    Ok(())
+}
+
+/// The process-wide levels; `ValueError` when `LAZYBUF_TRANSFER_GUARD` is malformed.
+#[pyfunction]
+pub fn _transfer_guard_global() -> PyResult<Names> {
+    guard::global().map(names).or_py()
+}
+
+/// Starts the recorder.
+#[pyfunction]
+#[pyo3(signature = (capacity, python_stack, rust_backtrace))]
+pub fn _trace_start(capacity: usize, python_stack: bool, rust_backtrace: bool) -> PyResult<()> {
+    trace::start(TraceOptions { capacity, rust_backtrace }).or_py()?;
+    PYTHON_STACK.store(python_stack, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Stops the recorder and returns its events.
+#[pyfunction]
+pub fn _trace_stop() -> PyResult<PyTrace> {
+    let trace = trace::stop().or_py()?;
+    PYTHON_STACK.store(false, Ordering::Relaxed);
+    Ok(PyTrace { trace })
+}
+
+/// The events so far, recording on.
+#[pyfunction]
+pub fn _trace_snapshot() -> PyResult<PyTrace> {
+    trace::snapshot().map(|trace| PyTrace { trace }).or_py()
+}
+
+/// Whether the recorder runs.
+#[pyfunction]
+pub fn _trace_recording() -> bool {
+    trace::is_recording()
+}
+
+/// Recorded events (`lazybuf.trace.stop()`, `snapshot()`).
+#[pyclass(name = "Trace", module = "lazybuf", frozen)]
+pub struct PyTrace {
+    trace: trace::Trace,
+}
+
+#[pymethods]
+impl PyTrace {
+    /// The number of events kept.
+    fn __len__(&self) -> usize {
+        self.trace.events.len()
+    }
+
+    /// Events dropped because the ring was full.
+    #[getter]
+    fn dropped(&self) -> u64 {
+        self.trace.dropped
+    }
+
+    /// The events as Chrome trace-event JSON (ui.perfetto.dev, chrome://tracing).
+    fn to_chrome_json(&self, py: Python<'_>) -> String {
+        py.detach(|| self.trace.to_chrome_json())
+    }
+
+    /// The plain summary: copies and bytes per buffer, direction and reason, as text.
+    fn summary(&self) -> String {
+        self.trace.summary().to_string()
+    }
+
+    /// The summary as rows `(buffer, direction, reason, copies, bytes)`.
+    fn summary_rows(&self) -> Vec<(u64, &'static str, &'static str, u64, u64)> {
+        let summary = self.trace.summary();
+        summary.rows.iter().map(|((b, d, r), t)| (*b, d.name(), r.name(), t.copies, t.bytes)).collect()
+    }
+
+    /// The events as dicts: `kind` (`transfer`, `allocate`, `free`, `pool`, `state`),
+    /// `time_us`, `thread`, `stack` and the kind's own fields.
+    fn events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let list = PyList::empty(py);
+        for event in &self.trace.events {
+            let d = PyDict::new(py);
+            d.set_item("time_us", event.time.as_secs_f64() * 1e6)?;
+            d.set_item("thread", event.thread)?;
+            d.set_item("stack", event.stack.as_deref())?;
+            match &event.kind {
+                EventKind::Transfer { info, duration, .. } => {
+                    d.set_item("kind", "transfer")?;
+                    d.set_item("buffer", info.buffer)?;
+                    d.set_item("direction", info.direction.name())?;
+                    d.set_item("bytes", info.bytes)?;
+                    d.set_item("call", info.cause.call)?;
+                    d.set_item("reason", info.cause.reason.name())?;
+                    d.set_item("duration_us", duration.map(|d| d.as_secs_f64() * 1e6))?;
+                }
+                EventKind::Allocate { buffer, device, kind, bytes, source } => {
+                    d.set_item("kind", "allocate")?;
+                    d.set_item("buffer", buffer)?;
+                    d.set_item("device", device)?;
+                    d.set_item("memory", kind.name())?;
+                    d.set_item("bytes", bytes)?;
+                    d.set_item("source", if *source == trace::Source::Cache { "cache" } else { "upstream" })?;
+                }
+                EventKind::Free { device, kind, bytes } => {
+                    d.set_item("kind", "free")?;
+                    d.set_item("device", device)?;
+                    d.set_item("memory", kind.name())?;
+                    d.set_item("bytes", bytes)?;
+                }
+                EventKind::Pool { hit, device, bytes } => {
+                    d.set_item("kind", "pool")?;
+                    d.set_item("hit", hit)?;
+                    d.set_item("device", device)?;
+                    d.set_item("bytes", bytes)?;
+                }
+                EventKind::State { buffer, from, to, call } => {
+                    d.set_item("kind", "state")?;
+                    d.set_item("buffer", buffer)?;
+                    d.set_item("from", from.to_string())?;
+                    d.set_item("to", to.to_string())?;
+                    d.set_item("call", call)?;
+                }
+                _ => d.set_item("kind", "other")?,
+            }
+            list.append(d)?;
+        }
+        Ok(list)
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Trace(events={}, dropped={})", self.trace.events.len(), self.trace.dropped)
+    }
+}
+
+/// Adds this module's functions and classes to the extension module.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyTrace>()?;
+    m.add_function(wrap_pyfunction!(_transfer_guard_set_thread, m)?)?;
+    m.add_function(wrap_pyfunction!(_transfer_guard_thread, m)?)?;
+    m.add_function(wrap_pyfunction!(_transfer_guard_set_global, m)?)?;
+    m.add_function(wrap_pyfunction!(_transfer_guard_global, m)?)?;
+    m.add_function(wrap_pyfunction!(_trace_start, m)?)?;
+    m.add_function(wrap_pyfunction!(_trace_stop, m)?)?;
+    m.add_function(wrap_pyfunction!(_trace_snapshot, m)?)?;
+    m.add_function(wrap_pyfunction!(_trace_recording, m)?)?;
+    Ok(())
+}

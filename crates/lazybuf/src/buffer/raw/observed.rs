@@ -1,0 +1,175 @@
+//! The engine's side of [`crate::observe`]: a plan's copies shown to the transfer guard before
+//! anything runs, and executed copies, allocations, frees and state transitions shown to the
+//! recorder.
+//!
+//! Each hook in [`super`] and [`super::execute`] is one relaxed atomic load
+//! ([`observe::active`] when a plan is made, `observe::emitting` per copy) and a branch to
+//! the cold code here, which runs only when something observes. The copies seen are exactly
+//! those the transfer counters count: a sync between the host and a device that aliases host
+//! memory moves no bytes and is not a copy.
+
+use std::cell::Cell;
+use std::time::Instant;
+
+use super::RawBuffer;
+use crate::backend::Ticket;
+use crate::buffer::stats::TransferStats;
+use crate::coherence::{Access, BufferState, Location, Plan, Step};
+use crate::device::Device;
+use crate::error::Result;
+use crate::observe::{self, Cause, Direction, TransferInfo};
+
+/// The engine's own causes (calls that name another run in [`observe::call`]).
+pub(super) const HOST: Cause = Cause::access("host");
+pub(super) const DEVICE: Cause = Cause::access("device");
+pub(super) const ADOPT_HOST: Cause = Cause::access("adopt_host");
+pub(super) const SYNC_TO_DEVICE: Cause = Cause::sync("sync_to_device");
+pub(super) const SYNC_TO_HOST: Cause = Cause::sync("sync_to_host");
+pub(super) const SYNC_TO_DEVICE_ASYNC: Cause = Cause::sync("sync_to_device_async");
+pub(super) const SYNC_TO_HOST_ASYNC: Cause = Cause::sync("sync_to_host_async");
+
+thread_local! {
+    /// The cause of the plan this thread is executing, and the buffer's state before it (for
+    /// the recorder's copy and state events).
+    static PLANNED: Cell<Option<(Cause, BufferState)>> = const { Cell::new(None) };
+}
+
+impl RawBuffer {
+    /// An access while something observes: its plan's copies shown to the guard first (a
+    /// refusal returns before anything changes), then the access, then its state transition.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn access_observed(
+        &mut self,
+        at: Location,
+        device: Option<&Device>,
+        access: Access,
+        cause: &'static Cause,
+    ) -> Result<()> {
+        // The same plan the access makes next: planning is pure.
+        let plan = self.plan(at, device, access);
+        self.observe_plan(&plan, device, cause)?;
+        self.access_unobserved(at, device, access)?;
+        self.observe_commit();
+        Ok(())
+    }
+
+    /// Shows the copies of `plan` (an access at the device `device`, or the host) to the
+    /// guard, before any of them runs: its refusal is returned and nothing has changed. Only
+    /// called while [`observe::active`].
+    #[cold]
+    pub(super) fn observe_plan(&self, plan: &Plan, device: Option<&Device>, default: &Cause) -> Result<()> {
+        let cause = observe::cause_or(*default);
+        if observe::guarding() {
+            let copies: Vec<TransferInfo> = plan
+                .steps()
+                .iter()
+                .filter_map(|step| match *step {
+                    Step::Copy { from, to } => self.transfer_info(from, to, device, cause, true),
+                    Step::Allocate(_) => None,
+                })
+                .collect();
+            observe::guard::check(&copies)?;
+        }
+        let before = if observe::emitting() { self.state() } else { BufferState::Uninitialized };
+        let _ = PLANNED.try_with(|p| p.set(Some((cause, before))));
+        Ok(())
+    }
+
+    /// Records the state transition of an access that committed (after [`Self::observe_plan`]).
+    #[cold]
+    pub(super) fn observe_commit(&self) {
+        let planned = PLANNED.try_with(Cell::take).ok().flatten();
+        if let Some((cause, before)) = planned.filter(|_| observe::emitting()) {
+            observe::trace::record_state(self.id, before, self.state(), cause.call);
+        }
+    }
+
+    /// One copy of a plan while events are wanted: as `execute` runs it (enqueued, and waited
+    /// for unless `pending` collects its ticket), then recorded.
+    #[cold]
+    pub(super) fn copy_observed(
+        &mut self,
+        from: Location,
+        to: Location,
+        stats: &mut TransferStats,
+        pending: Option<&mut Vec<Ticket>>,
+    ) -> Result<()> {
+        let start = Instant::now();
+        let after = pending.as_deref().and_then(|tickets| tickets.last().cloned());
+        let ticket = self.copy(from, to, stats, after)?;
+        let waited = match pending {
+            Some(tickets) => {
+                tickets.push(ticket);
+                false
+            }
+            None => {
+                ticket.wait()?;
+                true
+            }
+        };
+        self.observe_copy(from, to, start, waited);
+        Ok(())
+    }
+
+    /// Records one executed copy (`waited`: its call waited for it, which ended just now).
+    fn observe_copy(&self, from: Location, to: Location, start: Instant, waited: bool) {
+        let planned = PLANNED.try_with(Cell::get).ok().flatten();
+        let cause = planned.map_or(Cause::access("access"), |(cause, _)| cause);
+        let Some(info) = self.transfer_info(from, to, None, cause, false) else { return };
+        let on = match (from, to) {
+            (Location::Device(id), Location::Host) | (_, Location::Device(id)) => self.copy_index(id),
+            (Location::Host, Location::Host) => None,
+        };
+        let stream = on.map_or(0, |i| observe::stream_id(&self.copies[i].stream));
+        let started = observe::started_at(info, start);
+        if waited { started.finished(stream) } else { started.enqueued(stream) }
+    }
+
+    /// The copy `from` -> `to` as the guard and recorder see it; `None` when it moves no bytes
+    /// (a device copy that aliases the host block). `planned`: the target may not exist yet
+    /// (it is `device`, to be allocated by the plan).
+    fn transfer_info(
+        &self,
+        from: Location,
+        to: Location,
+        device: Option<&Device>,
+        cause: Cause,
+        planned: bool,
+    ) -> Option<TransferInfo> {
+        let name = |at: Location| -> String {
+            match at {
+                Location::Host => "host".to_string(),
+                Location::Device(id) => match self.copy_index(id) {
+                    Some(i) => self.copies[i].device.to_string(),
+                    None => device
+                        .filter(|d| d.id() == id)
+                        .map_or_else(|| format!("device {id:?}"), Device::to_string),
+                },
+            }
+        };
+        let aliased = |id| match self.copy_index(id) {
+            Some(i) => self.copies[i].memory.is_host_alias(),
+            None => planned && device.is_some_and(|d| d.id() == id && d.is_zero_copy(self.nbytes)),
+        };
+        let direction = match (from, to) {
+            (Location::Host, Location::Device(id)) | (Location::Device(id), Location::Host)
+                if aliased(id) =>
+            {
+                return None;
+            }
+            (Location::Host, Location::Device(_)) => Direction::HostToDevice,
+            (Location::Device(_), Location::Host) => Direction::DeviceToHost,
+            (Location::Device(_), Location::Device(_)) => Direction::DeviceToDevice,
+            (Location::Host, Location::Host) => return None,
+        };
+        Some(TransferInfo {
+            buffer: self.id,
+            direction,
+            bytes: self.nbytes,
+            from: name(from),
+            to: name(to),
+            cause,
+        })
+    }
+}

@@ -1,0 +1,388 @@
+//! The transfer guard: allow, log or refuse the copies lazybuf would make, per direction, per
+//! thread and process-wide, as JAX's `jax.transfer_guard` does.
+//!
+//! **Levels** (JAX's names and meanings). An *explicit* copy is one the caller asked for
+//! (`sync_to_*`, `copy_to`, `to_vec`; in Python also `to_numpy`, `copy_from`, `copy_to`,
+//! `synchronize`, `allocate`); an *implicit* one is made for an access (a host or device view,
+//! `mark_*_dirty`, a fill) or by spilling:
+//!
+//! | level | implicit copies | explicit copies |
+//! |---|---|---|
+//! | `allow` | allowed | allowed |
+//! | `log` | logged | allowed |
+//! | `disallow` | refused | allowed |
+//! | `log_explicit` | logged | logged |
+//! | `disallow_explicit` | refused | refused |
+//!
+//! **Scopes.** Each direction (`h2d`, `d2h`, `d2d`) has a process-wide level ([`set_global`],
+//! initially from `LAZYBUF_TRANSFER_GUARD`, else `allow`) and, per thread, an optional level
+//! that overrides it ([`scope`], [`set_thread`]): a thread's guard never applies to another
+//! thread. `LAZYBUF_TRANSFER_GUARD` is either one level for every direction (`disallow`) or a
+//! comma-separated list (`h2d=disallow,d2h=log`); a value that is neither makes every guarded
+//! check fail with an error that names the accepted values.
+//!
+//! **When.** The engine checks a plan's copies when the plan is made, before anything is
+//! allocated, enqueued or committed: a refused access changes nothing. A logged copy is written
+//! as one line on standard error (or handed to the hook of [`set_log_hook`]) when its plan is
+//! checked.
+
+use std::cell::Cell;
+use std::fmt;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
+
+use super::{Direction, GUARD_BIT, TransferInfo};
+use crate::error::{Error, Result};
+
+/// What the guard does with a copy.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum GuardLevel {
+    /// Every copy runs.
+    #[default]
+    Allow,
+    /// Implicit copies are logged; explicit ones run.
+    Log,
+    /// Implicit copies are refused; explicit ones run.
+    Disallow,
+    /// Every copy is logged.
+    LogExplicit,
+    /// Every copy is refused.
+    DisallowExplicit,
+}
+
+/// The accepted spellings, in order.
+const NAMES: [&str; 5] = ["allow", "log", "disallow", "log_explicit", "disallow_explicit"];
+
+impl GuardLevel {
+    const ALL: [GuardLevel; 5] = [
+        GuardLevel::Allow,
+        GuardLevel::Log,
+        GuardLevel::Disallow,
+        GuardLevel::LogExplicit,
+        GuardLevel::DisallowExplicit,
+    ];
+
+    /// The level's name (`"disallow"`).
+    pub fn name(self) -> &'static str {
+        NAMES[self as usize]
+    }
+
+    /// The level named `name`, else an error naming the accepted values (`what` names the
+    /// argument in it).
+    pub fn parse(name: &str, what: &'static str) -> Result<GuardLevel> {
+        let wanted = name.trim();
+        Self::ALL.into_iter().find(|level| level.name() == wanted).ok_or_else(|| {
+            Error::invalid(what, format!("expected one of {}, got {name:?}", NAMES.join(", ")))
+        })
+    }
+
+    fn from_u8(value: u8) -> GuardLevel {
+        Self::ALL.get(usize::from(value)).copied().unwrap_or_default()
+    }
+
+    fn verdict(self, explicit: bool) -> Verdict {
+        match (self, explicit) {
+            (GuardLevel::Allow, _) | (GuardLevel::Log | GuardLevel::Disallow, true) => Verdict::Allow,
+            (GuardLevel::Log, false) | (GuardLevel::LogExplicit, _) => Verdict::Log,
+            (GuardLevel::Disallow, false) | (GuardLevel::DisallowExplicit, _) => Verdict::Refuse,
+        }
+    }
+
+    /// What the level does, in words, for error messages.
+    pub(crate) fn meaning(self) -> &'static str {
+        match self {
+            GuardLevel::Allow => "every transfer allowed",
+            GuardLevel::Log => "implicit transfers logged, explicit ones allowed",
+            GuardLevel::Disallow => {
+                "implicit transfers refused; explicit ones (sync_to_device(), sync_to_host(), copy_to(), \
+                 to_numpy()) are allowed"
+            }
+            GuardLevel::LogExplicit => "every transfer logged",
+            GuardLevel::DisallowExplicit => "every transfer refused",
+        }
+    }
+}
+
+impl fmt::Display for GuardLevel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+enum Verdict {
+    Allow,
+    Log,
+    Refuse,
+}
+
+/// A level per direction (`None`: not set here), indexed as [`Direction::ALL`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GuardLevels(pub [Option<GuardLevel>; 3]);
+
+impl GuardLevels {
+    /// `level` for every direction.
+    pub fn all(level: GuardLevel) -> GuardLevels {
+        GuardLevels([Some(level); 3])
+    }
+
+    /// The level for `direction`, if set.
+    pub fn get(&self, direction: Direction) -> Option<GuardLevel> {
+        self.0[direction.index()]
+    }
+
+    /// These levels with `direction`'s set to `level`.
+    pub fn with(mut self, direction: Direction, level: Option<GuardLevel>) -> GuardLevels {
+        self.0[direction.index()] = level;
+        self
+    }
+
+    /// Parses `disallow` (every direction) or `h2d=disallow,d2h=log` (the directions named);
+    /// `what` names the setting in errors.
+    pub fn parse(text: &str, what: &'static str) -> Result<GuardLevels> {
+        if !text.contains('=') {
+            return GuardLevel::parse(text, what).map(GuardLevels::all);
+        }
+        let mut levels = GuardLevels::default();
+        for part in text.split(',').filter(|p| !p.trim().is_empty()) {
+            let (key, value) = part.split_once('=').ok_or_else(|| {
+                Error::invalid(what, format!("expected DIRECTION=LEVEL (h2d=disallow), got {part:?}"))
+            })?;
+            let direction = Direction::ALL.into_iter().find(|d| d.name() == key.trim()).ok_or_else(|| {
+                Error::invalid(what, format!("expected a direction h2d, d2h or d2d, got {:?}", key.trim()))
+            })?;
+            levels = levels.with(direction, Some(GuardLevel::parse(value, what)?));
+        }
+        Ok(levels)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.iter().all(Option::is_none)
+    }
+}
+
+/// The process-wide levels, as `GuardLevel as u8`.
+static GLOBAL: [AtomicU8; 3] = [AtomicU8::new(0), AtomicU8::new(0), AtomicU8::new(0)];
+
+/// Serializes the writers of [`GLOBAL`], the thread count and [`super::ACTIVE`].
+static STATE: Mutex<usize> = Mutex::new(0);
+
+/// `LAZYBUF_TRANSFER_GUARD`, read once.
+static ENV: OnceLock<Result<()>> = OnceLock::new();
+
+/// Receives each logged copy and the level that logged it ([`set_log_hook`]).
+pub type LogHook = Arc<dyn Fn(&TransferInfo, GuardLevel) + Send + Sync>;
+static LOG_HOOK: RwLock<Option<LogHook>> = RwLock::new(None);
+
+/// The environment variable that sets the initial process-wide levels.
+pub const ENV_VAR: &str = "LAZYBUF_TRANSFER_GUARD";
+
+/// Takes the writers' lock; `threads` counts the threads with levels of their own.
+fn with_state<R>(f: impl FnOnce(&mut usize) -> R) -> R {
+    // Nothing panics while holding the lock: a poisoned state is still consistent.
+    let mut threads = STATE.lock().unwrap_or_else(PoisonError::into_inner);
+    let result = f(&mut threads);
+    let global_on = GLOBAL.iter().any(|l| l.load(Ordering::Relaxed) != 0);
+    let env_bad = matches!(ENV.get(), Some(Err(_)));
+    super::set_bit(GUARD_BIT, global_on || env_bad || *threads > 0);
+    result
+}
+
+/// Reads `LAZYBUF_TRANSFER_GUARD` if that was not done yet; its error, if it is malformed.
+pub(crate) fn env() -> Result<()> {
+    ENV.get_or_init(|| {
+        let parsed = match std::env::var(ENV_VAR) {
+            Ok(text) if !text.trim().is_empty() => GuardLevels::parse(&text, ENV_VAR).map(Some),
+            _ => Ok(None),
+        };
+        with_state(|_| {
+            if let Ok(Some(levels)) = &parsed {
+                store_global(*levels);
+            }
+        });
+        parsed.map(drop)
+    })
+    .clone()
+    .inspect(|()| super::set_bit(super::ENV_BIT, false))
+    .inspect_err(|_| {
+        // Keep checking: every guarded copy reports the malformed variable.
+        super::set_bit(GUARD_BIT, true);
+        super::set_bit(super::ENV_BIT, false);
+    })
+}
+
+fn store_global(levels: GuardLevels) {
+    for (slot, level) in GLOBAL.iter().zip(levels.0) {
+        if let Some(level) = level {
+            slot.store(level as u8, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Sets the process-wide level of the directions `levels` names (the others keep theirs).
+/// Threads with a level of their own for a direction keep using theirs.
+pub fn set_global(levels: GuardLevels) {
+    // The environment's levels are the starting point, not a later override.
+    let _ = env();
+    with_state(|_| store_global(levels));
+}
+
+/// The process-wide levels (after `LAZYBUF_TRANSFER_GUARD`; its error if it is malformed).
+pub fn global() -> Result<GuardLevels> {
+    env()?;
+    Ok(GuardLevels(std::array::from_fn(|i| Some(GuardLevel::from_u8(GLOBAL[i].load(Ordering::Relaxed))))))
+}
+
+/// A thread's own levels; counted in [`STATE`] while any is set.
+struct ThreadLevels(Cell<GuardLevels>);
+
+impl Drop for ThreadLevels {
+    fn drop(&mut self) {
+        if !self.0.get().is_empty() {
+            with_state(|threads| *threads = threads.saturating_sub(1));
+        }
+    }
+}
+
+thread_local! {
+    static THREAD: ThreadLevels = const { ThreadLevels(Cell::new(GuardLevels([None; 3]))) };
+}
+
+/// Replaces this thread's own levels (`None` per direction: the process-wide level applies)
+/// and returns the previous ones.
+pub fn set_thread(levels: GuardLevels) -> GuardLevels {
+    let _ = env();
+    THREAD
+        .try_with(|t| {
+            let previous = t.0.replace(levels);
+            match (previous.is_empty(), levels.is_empty()) {
+                (true, false) => with_state(|threads| *threads += 1),
+                (false, true) => with_state(|threads| *threads = threads.saturating_sub(1)),
+                _ => {}
+            }
+            previous
+        })
+        .unwrap_or_default()
+}
+
+/// This thread's own levels.
+pub fn thread() -> GuardLevels {
+    THREAD.try_with(|t| t.0.get()).unwrap_or_default()
+}
+
+/// Sets this thread's levels for the directions `levels` names until the scope is dropped
+/// (on this thread: the scope cannot be sent to another one).
+pub fn scope(levels: GuardLevels) -> GuardScope {
+    let current = thread();
+    let mut merged = current;
+    for direction in Direction::ALL {
+        if let Some(level) = levels.get(direction) {
+            merged = merged.with(direction, Some(level));
+        }
+    }
+    set_thread(merged);
+    GuardScope { previous: current, _not_send: std::marker::PhantomData }
+}
+
+/// The levels [`scope`] set, until dropped.
+#[derive(Debug)]
+#[must_use = "the guard applies only while the scope lives"]
+pub struct GuardScope {
+    previous: GuardLevels,
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl Drop for GuardScope {
+    fn drop(&mut self) {
+        set_thread(self.previous);
+    }
+}
+
+/// The level that applies to `direction` on this thread.
+pub fn effective(direction: Direction) -> GuardLevel {
+    thread()
+        .get(direction)
+        .unwrap_or_else(|| GuardLevel::from_u8(GLOBAL[direction.index()].load(Ordering::Relaxed)))
+}
+
+/// Sets (or, with `None`, removes) the hook that receives logged copies instead of standard
+/// error.
+pub fn set_log_hook(hook: Option<LogHook>) {
+    *LOG_HOOK.write().unwrap_or_else(PoisonError::into_inner) = hook;
+}
+
+/// Checks the copies one call is about to make, all before any runs: the first refused one is
+/// the error; when none is, the logged ones are logged.
+pub(crate) fn check(copies: &[TransferInfo]) -> Result<()> {
+    env()?;
+    let mut logged = 0usize;
+    for copy in copies {
+        let level = effective(copy.direction);
+        match level.verdict(copy.cause.reason.is_explicit()) {
+            Verdict::Allow => {}
+            Verdict::Log => logged += 1,
+            Verdict::Refuse => return Err(refused(copy, level)),
+        }
+    }
+    if logged > 0 {
+        for copy in copies {
+            let level = effective(copy.direction);
+            if matches!(level.verdict(copy.cause.reason.is_explicit()), Verdict::Log) {
+                log(copy, level);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn refused(copy: &TransferInfo, level: GuardLevel) -> Error {
+    Error::TransferGuard {
+        buffer: copy.buffer,
+        direction: copy.direction,
+        bytes: copy.bytes,
+        from: copy.from.clone(),
+        to: copy.to.clone(),
+        call: copy.cause.call,
+        explicit: copy.cause.reason.is_explicit(),
+        level,
+    }
+}
+
+fn log(copy: &TransferInfo, level: GuardLevel) {
+    let hook = LOG_HOOK.read().unwrap_or_else(PoisonError::into_inner).clone();
+    if let Some(hook) = hook {
+        hook(copy, level);
+        return;
+    }
+    #[cfg(feature = "tracing")]
+    {
+        tracing::warn!(
+            target: "lazybuf::transfer_guard",
+            buffer = copy.buffer,
+            direction = copy.direction.name(),
+            bytes = copy.bytes,
+            call = copy.cause.call,
+            "transfer guard ({level}): {}",
+            describe(copy)
+        );
+    }
+    #[cfg(not(feature = "tracing"))]
+    {
+        use std::io::Write as _;
+        // A closed or full stderr loses the line; the copy still runs.
+        let _ = writeln!(std::io::stderr(), "lazybuf transfer guard ({level}): {}", describe(copy));
+    }
+}
+
+/// `host-to-device copy of 4096 bytes (host -> dev) of buffer 7, by implicit host access`.
+pub(crate) fn describe(copy: &TransferInfo) -> String {
+    format!(
+        "{} copy of {} bytes ({} -> {}) of buffer {}, caused by {} {}",
+        copy.direction,
+        copy.bytes,
+        copy.from,
+        copy.to,
+        copy.buffer,
+        if copy.cause.reason.is_explicit() { "explicit" } else { "implicit" },
+        copy.cause.call
+    )
+}

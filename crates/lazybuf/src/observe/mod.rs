@@ -1,0 +1,294 @@
+//! Seeing every copy: the transfer guard ([`guard`]) and the event recorder ([`trace`]).
+//!
+//! Every copy lazybuf makes between memories is planned by [`crate::coherence`] and executed
+//! by the buffer engine, which counts it in [`crate::TransferStats`]. This module sees exactly
+//! those copies (a zero-copy sync of a device that aliases host memory moves no bytes: it is
+//! not a copy, here as in the counters):
+//!
+//! - the **guard** decides, when a plan is made and before anything is allocated or enqueued,
+//!   whether each copy of the plan may run: allowed, logged, or refused with
+//!   [`crate::Error::TransferGuard`] (the access then changes nothing);
+//! - the **recorder**, when started, records each copy once it is enqueued (and, for blocking
+//!   calls, waited for), with allocations, frees, pool hits and misses and state transitions.
+//!
+//! **Cost when off.** Both are off unless a guard level other than `allow` is set somewhere
+//! (process-wide, on any thread, or by `LAZYBUF_TRANSFER_GUARD`) or the recorder runs: then
+//! each hook is one relaxed load of one atomic ([`active`], [`recording`]), and no event memory
+//! exists.
+//!
+//! **Other copy sites.** Code that moves a buffer's bytes between memories outside the
+//! coherence plans (spilling's evictions and reloads, a direct download into a caller's
+//! array) must call [`transfer`] before it starts the copy (an error means: do not copy,
+//! change nothing) and [`Started::enqueued`] / [`Started::finished`] after, so the guard and
+//! the recorder miss none.
+//!
+//! What does not live here: the counters ([`crate::buffer`]), the hooks' call sites
+//! (`buffer/raw/observed.rs` and one line per copy site).
+
+pub mod guard;
+mod json;
+pub mod trace;
+#[cfg(feature = "tracing")]
+mod tracing_events;
+
+use std::cell::Cell;
+use std::fmt;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::time::Instant;
+
+use crate::error::Result;
+
+/// Bits of [`ACTIVE`].
+const GUARD_BIT: u8 = 1;
+const TRACE_BIT: u8 = 2;
+/// `LAZYBUF_TRANSFER_GUARD` not read yet: the first hook reads it.
+const ENV_BIT: u8 = 4;
+/// Events go to the `tracing` crate ([`set_tracing_events`]).
+const TRACING_BIT: u8 = 8;
+
+/// Whether any hook has work to do (bits above). Written under [`guard::STATE`]'s lock.
+static ACTIVE: AtomicU8 = AtomicU8::new(ENV_BIT);
+
+/// Whether the guard or the recorder may have something to do: the copy path's one check.
+#[inline(always)]
+pub fn active() -> bool {
+    ACTIVE.load(Ordering::Relaxed) != 0
+}
+
+/// Whether the recorder runs.
+#[inline(always)]
+pub fn recording() -> bool {
+    ACTIVE.load(Ordering::Relaxed) & TRACE_BIT != 0
+}
+
+/// Whether the guard may refuse or log (a level other than `allow` is set somewhere, or
+/// `LAZYBUF_TRANSFER_GUARD` is not read yet or malformed).
+#[inline(always)]
+pub(crate) fn guarding() -> bool {
+    ACTIVE.load(Ordering::Relaxed) & (GUARD_BIT | ENV_BIT) != 0
+}
+
+/// Whether events are wanted: the recorder runs, or they go to `tracing`.
+#[inline(always)]
+pub(crate) fn emitting() -> bool {
+    ACTIVE.load(Ordering::Relaxed) & (TRACE_BIT | TRACING_BIT) != 0
+}
+
+/// Sends every event the recorder would record (copies, allocations, frees, pool lookups,
+/// state transitions) to the `tracing` crate as well, whether or not the recorder runs: target
+/// `lazybuf::observe`, level TRACE, the event's fields as `tracing` fields, for the caller's
+/// own subscribers. Off by default: while off, no event is built for `tracing`. (Copies the
+/// guard logs go to `tracing` at WARN, target `lazybuf::transfer_guard`, whenever the feature
+/// is on.)
+#[cfg(feature = "tracing")]
+pub fn set_tracing_events(on: bool) {
+    set_bit(TRACING_BIT, on);
+}
+
+/// Whether events go to `tracing` ([`set_tracing_events`]).
+#[cfg(feature = "tracing")]
+#[inline(always)]
+pub(crate) fn tracing_events() -> bool {
+    ACTIVE.load(Ordering::Relaxed) & TRACING_BIT != 0
+}
+
+fn set_bit(bit: u8, on: bool) {
+    if on {
+        ACTIVE.fetch_or(bit, Ordering::Relaxed);
+    } else {
+        ACTIVE.fetch_and(!bit, Ordering::Relaxed);
+    }
+}
+
+static NEXT_BUFFER: AtomicU64 = AtomicU64::new(1);
+
+/// A new buffer's id (1, 2, ...: unique in the process), the name errors and events give it.
+pub(crate) fn next_buffer_id() -> u64 {
+    NEXT_BUFFER.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Which way a copy goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Direction {
+    /// Host memory to device memory.
+    HostToDevice,
+    /// Device memory to host memory.
+    DeviceToHost,
+    /// One device's memory to another's.
+    DeviceToDevice,
+}
+
+impl Direction {
+    /// Every direction, in the guard's order.
+    pub const ALL: [Direction; 3] =
+        [Direction::HostToDevice, Direction::DeviceToHost, Direction::DeviceToDevice];
+
+    /// The short name: `h2d`, `d2h`, `d2d`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Direction::HostToDevice => "h2d",
+            Direction::DeviceToHost => "d2h",
+            Direction::DeviceToDevice => "d2d",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl fmt::Display for Direction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Direction::HostToDevice => "host-to-device",
+            Direction::DeviceToHost => "device-to-host",
+            Direction::DeviceToDevice => "device-to-device",
+        })
+    }
+}
+
+/// Why a copy happens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Reason {
+    /// An access that needed a current copy (a host or device view, a `mark_*_dirty`): an
+    /// implicit transfer.
+    Access,
+    /// A call whose job is the copy (`sync_to_*`, `copy_to`, `to_numpy`): an explicit one.
+    Sync,
+    /// Spilling: a write-back or reload the library decided on (implicit).
+    Eviction,
+}
+
+impl Reason {
+    /// `access`, `sync`, `eviction`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Reason::Access => "access",
+            Reason::Sync => "sync",
+            Reason::Eviction => "eviction",
+        }
+    }
+
+    /// Whether the caller asked for the copy itself (JAX's "explicit" transfers).
+    pub fn is_explicit(self) -> bool {
+        self == Reason::Sync
+    }
+}
+
+/// The call that caused a copy, and why.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cause {
+    /// The API call, as its caller knows it (`"sync_to_device"`, `"host"`, `"to_numpy"`).
+    pub call: &'static str,
+    /// Why it copies.
+    pub reason: Reason,
+}
+
+impl Cause {
+    /// An implicit copy, made for an access by `call`.
+    pub const fn access(call: &'static str) -> Cause {
+        Cause { call, reason: Reason::Access }
+    }
+
+    /// An explicit copy, asked for by `call`.
+    pub const fn sync(call: &'static str) -> Cause {
+        Cause { call, reason: Reason::Sync }
+    }
+}
+
+thread_local! {
+    static CALL: Cell<Option<Cause>> = const { Cell::new(None) };
+}
+
+/// Runs `f` as `cause`: the copies it makes on this thread are attributed to `cause` instead
+/// of the engine's own name for them (a binding's `to_numpy` reads the host like any host
+/// access, but it is an explicit transfer). Costs one atomic load when nothing observes.
+#[inline]
+pub fn call<R>(cause: Cause, f: impl FnOnce() -> R) -> R {
+    if !active() {
+        return f();
+    }
+    let previous = CALL.with(|c| c.replace(Some(cause)));
+    let _restore = Restore(previous);
+    f()
+}
+
+struct Restore(Option<Cause>);
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        let previous = self.0;
+        let _ = CALL.try_with(|c| c.set(previous));
+    }
+}
+
+/// The cause set by [`call`] on this thread, else `default`.
+pub(crate) fn cause_or(default: Cause) -> Cause {
+    CALL.try_with(Cell::get).ok().flatten().unwrap_or(default)
+}
+
+/// One copy between memories, as the guard and the recorder see it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TransferInfo {
+    /// The buffer's id ([`crate::RawBuffer::id`]).
+    pub buffer: u64,
+    /// Which way it goes.
+    pub direction: Direction,
+    /// Bytes it moves.
+    pub bytes: usize,
+    /// Where from: `host`, or the device's name.
+    pub from: String,
+    /// Where to.
+    pub to: String,
+    /// What caused it.
+    pub cause: Cause,
+}
+
+/// A copy [`transfer`] let through while recording: report its end.
+#[derive(Debug)]
+#[must_use = "report the copy with enqueued() or finished()"]
+pub struct Started {
+    info: TransferInfo,
+    start: Instant,
+}
+
+impl Started {
+    /// The copy is enqueued and will complete later (its end is not recorded).
+    pub fn enqueued(self, stream: usize) {
+        trace::record_transfer(self.info, stream, self.start, None);
+    }
+
+    /// The copy has completed (it was waited for).
+    pub fn finished(self, stream: usize) {
+        let elapsed = self.start.elapsed();
+        trace::record_transfer(self.info, stream, self.start, Some(elapsed));
+    }
+}
+
+/// A stream's identity in events ([`Started::enqueued`], [`Started::finished`]): the same for
+/// every clone of the stream, not a runtime handle.
+pub fn stream_id(stream: &crate::device::Stream) -> usize {
+    std::ptr::from_ref(stream.handle()).cast::<()>() as usize
+}
+
+/// The hook for copy sites outside the coherence plans (spilling's write-backs and reloads, a
+/// direct download): call it before the copy starts, with what the copy will be. An error (the
+/// guard refuses) means the caller must not copy and must change nothing. `Ok(Some(_))` while
+/// recording: report the copy's end through it. `info` is built only when [`active`].
+///
+/// The copies the engine plans do not go through here: they are checked when planned and
+/// recorded when executed (`buffer/raw/observed.rs`).
+#[inline]
+pub fn transfer(info: impl FnOnce() -> TransferInfo) -> Result<Option<Started>> {
+    if !active() {
+        return Ok(None);
+    }
+    let info = info();
+    guard::check(std::slice::from_ref(&info))?;
+    Ok(emitting().then(|| Started { info, start: Instant::now() }))
+}
+
+/// What a [`Started`] copy reports when the engine executes it.
+pub(crate) fn started_at(info: TransferInfo, start: Instant) -> Started {
+    Started { info, start }
+}

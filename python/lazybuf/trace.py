@@ -1,0 +1,74 @@
+"""``lazybuf.trace``: record what lazybuf does to memory, and export it.
+
+``start()`` begins recording into a bounded ring (``capacity`` events; the oldest are dropped
+and counted when it is full), ``stop()`` ends it and returns a ``Trace``, ``snapshot()`` copies
+the events so far, ``record()`` is the context manager, ``dump(path)`` writes Chrome
+trace-event JSON that ui.perfetto.dev and chrome://tracing open.
+
+Recorded: every copy between memories that ``transfer_stats()`` counts (direction, bytes, the
+call and reason that caused it: ``access``, ``sync`` or ``eviction``, the stream, and its
+duration when the call waited for it), the memory buffers take and give back (device, host or
+device, bytes, from a pool's cache or upstream), pool hits and misses, and state transitions.
+``python_stack=True`` attaches the Python stack of the call to each event,
+``rust_backtrace=True`` the Rust backtrace (both slow). ``Trace.summary()`` is the plain
+summary: copies and bytes per buffer (``UnifiedBuffer.buffer_id``), direction and reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+from . import _lazybuf
+from ._lazybuf import Trace
+
+__all__ = ["Recording", "Trace", "dump", "is_recording", "record", "snapshot", "start", "stop"]
+
+
+def start(*, capacity: int = 1 << 20, python_stack: bool = False, rust_backtrace: bool = False) -> None:
+    """Starts recording. ``ValueError`` when already recording or ``capacity`` is not positive."""
+    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+        raise ValueError(f"trace.start: expected a capacity of at least 1 event, got {capacity!r}")
+    _lazybuf._trace_start(capacity, bool(python_stack), bool(rust_backtrace))
+
+
+def stop() -> Trace:
+    """Stops recording and returns the events. ``ValueError`` when not recording."""
+    return _lazybuf._trace_stop()
+
+
+def snapshot() -> Trace:
+    """The events so far, recording on. ``ValueError`` when not recording."""
+    return _lazybuf._trace_snapshot()
+
+
+def is_recording() -> bool:
+    """Whether the recorder runs."""
+    return _lazybuf._trace_recording()
+
+
+class Recording:
+    """What ``record()`` yields: ``trace`` is the ``Trace`` once the block has ended."""
+
+    trace: Trace | None = None
+
+
+@contextlib.contextmanager
+def record(*, capacity: int = 1 << 20, python_stack: bool = False, rust_backtrace: bool = False) -> Iterator[Recording]:
+    """Records for the duration of the block: ``with lazybuf.trace.record() as rec: ...``,
+    then ``rec.trace``."""
+    start(capacity=capacity, python_stack=python_stack, rust_backtrace=rust_backtrace)
+    recording = Recording()
+    try:
+        yield recording
+    finally:
+        recording.trace = stop()
+
+
+def dump(path: str | os.PathLike[str], trace: Trace | None = None) -> None:
+    """Writes ``trace`` (else a snapshot of the recording in progress) to ``path`` as Chrome
+    trace-event JSON."""
+    data = (trace if trace is not None else snapshot()).to_chrome_json()
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(data)

@@ -1,0 +1,149 @@
+"""lazybuf.trace on every device: the recorder sees exactly the copies transfer_stats()
+counts, the Chrome trace-event JSON it dumps is well formed and its bytes add up, the ring is
+bounded, stacks on request, threads, and recording off records nothing."""
+
+import json
+import threading
+
+import numpy as np
+import pytest
+
+import lazybuf
+
+
+def _devices() -> list[str]:
+    found = ["host"]
+    for d in lazybuf.get_accelerator().devices:
+        if d.backend in ("opencl", "wgpu", "cuda") and d.backend not in found:
+            found.append(d.backend)
+    return found
+
+
+@pytest.fixture(autouse=True)
+def _not_recording():
+    assert not lazybuf.trace.is_recording()
+    yield
+    if lazybuf.trace.is_recording():
+        lazybuf.trace.stop()
+
+
+def _workload(b: lazybuf.UnifiedBuffer) -> None:
+    b.copy_from(np.arange(b.size, dtype=b.dtype))
+    b.sync_to_device()
+    b.mark_device_dirty()
+    b.to_numpy()
+    b.host[0] = 7
+    b.device
+    b.sync_to_host_async().wait()
+    b.mark_device_dirty()
+    b.sync_to_host_async().wait()
+    b.host_readonly
+
+
+def _check_chrome(doc: dict) -> None:
+    """The trace-event format's JSON object form, as Perfetto and chrome://tracing read it."""
+    assert isinstance(doc["traceEvents"], list)
+    for e in doc["traceEvents"]:
+        assert isinstance(e["name"], str) and e["ph"] in {"X", "i", "C", "M"}, e
+        assert isinstance(e["pid"], int), e
+        if e["ph"] != "M":
+            assert isinstance(e["ts"], (int, float)) and e["ts"] >= 0, e
+        if e["ph"] == "X":
+            assert isinstance(e["dur"], (int, float)) and e["dur"] >= 0 and isinstance(e["tid"], int), e
+        if e["ph"] == "i":
+            assert e["s"] in {"t", "p", "g"}, e
+        if e["ph"] == "C":
+            assert all(isinstance(v, (int, float)) for v in e["args"].values()), e
+
+
+@pytest.mark.parametrize("device", _devices())
+def test_the_recorder_sees_exactly_the_counted_copies(device, tmp_path):
+    b = lazybuf.UnifiedBuffer((1000,), np.float32, device=device)
+    with lazybuf.trace.record() as rec:
+        _workload(b)
+    stats = b.transfer_stats()
+    mine = [e for e in rec.trace.events() if e["kind"] == "transfer" and e["buffer"] == b.buffer_id]
+    assert sum(e["bytes"] for e in mine if e["direction"] == "h2d") == stats["host_to_device_bytes"]
+    assert sum(e["bytes"] for e in mine if e["direction"] == "d2h") == stats["device_to_host_bytes"]
+    assert len(mine) == stats["host_to_device_copies"] + stats["device_to_host_copies"]
+    # Explicit syncs are "sync", accesses "access".
+    reasons = {(e["call"], e["reason"]) for e in mine}
+    assert reasons <= {
+        ("sync_to_device", "sync"),
+        ("to_numpy", "sync"),
+        (".device", "access"),
+        ("sync_to_host_async", "sync"),
+        ("mark_device_dirty", "access"),
+        (".host", "access"),
+        (".host_readonly", "access"),
+    }, reasons
+    rows = [r for r in rec.trace.summary_rows() if r[0] == b.buffer_id]
+    assert sum(r[4] for r in rows) == stats["host_to_device_bytes"] + stats["device_to_host_bytes"]
+    assert (f"{b.buffer_id:>8}" in rec.trace.summary()) == bool(rows)
+
+    path = tmp_path / "trace.json"
+    lazybuf.trace.dump(path, rec.trace)
+    doc = json.loads(path.read_text())
+    _check_chrome(doc)
+    copies = [e for e in doc["traceEvents"] if e.get("cat") == "transfer" and e["args"]["buffer"] == b.buffer_id]
+    assert sum(e["args"]["bytes"] for e in copies) == stats["host_to_device_bytes"] + stats["device_to_host_bytes"]
+    states = [e for e in rec.trace.events() if e["kind"] == "state" and e["buffer"] == b.buffer_id]
+    assert states and states[0]["to"] == "HOST_ONLY", states
+    allocations = [e for e in rec.trace.events() if e["kind"] == "allocate" and e["buffer"] == b.buffer_id]
+    assert len(allocations) == stats["allocations"]
+
+
+def test_the_ring_is_bounded_and_counts_what_it_dropped():
+    b = lazybuf.UnifiedBuffer((10,), np.float32)
+    lazybuf.trace.start(capacity=3)
+    for _ in range(20):
+        b.mark_host_dirty()
+        b.mark_device_dirty()
+    trace = lazybuf.trace.stop()
+    assert len(trace) == 3 and trace.dropped > 0
+    assert "dropped" in json.loads(trace.to_chrome_json())["otherData"]
+
+
+def test_stacks_on_request():
+    b = lazybuf.UnifiedBuffer((10,), np.float32)
+    with lazybuf.trace.record(python_stack=True) as rec:
+        b.mark_host_dirty()
+    events = rec.trace.events()
+    assert events and all("test_stacks_on_request" in (e["stack"] or "") for e in events if e.get("buffer") == b.buffer_id)
+    with lazybuf.trace.record() as rec:
+        b.mark_device_dirty()
+    assert all(e["stack"] is None for e in rec.trace.events())
+
+
+def test_recording_off_records_nothing_and_bad_calls_are_clear_errors():
+    b = lazybuf.UnifiedBuffer((10,), np.float32)
+    with pytest.raises(ValueError, match="not recording"):
+        lazybuf.trace.stop()
+    with pytest.raises(ValueError, match="not recording"):
+        lazybuf.trace.snapshot()
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="capacity"):
+            lazybuf.trace.start(capacity=bad)
+    lazybuf.trace.start()
+    with pytest.raises(ValueError, match="already recording"):
+        lazybuf.trace.start()
+    lazybuf.trace.stop()
+    b.mark_host_dirty()
+    b.mark_device_dirty()
+    lazybuf.trace.start()
+    assert len(lazybuf.trace.snapshot()) == 0
+    assert len(lazybuf.trace.stop()) == 0
+
+
+def test_every_thread_is_recorded():
+    buffers = [lazybuf.UnifiedBuffer((100,), np.float32) for _ in range(4)]
+    with lazybuf.trace.record() as rec:
+        threads = [threading.Thread(target=lambda b=b: (b.mark_host_dirty(), b.mark_device_dirty())) for b in buffers]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    events = rec.trace.events()
+    ids = {b.buffer_id for b in buffers}
+    assert {e["buffer"] for e in events if e["kind"] == "state"} >= ids
+    assert len({e["thread"] for e in events if e["kind"] == "state" and e["buffer"] in ids}) == 4

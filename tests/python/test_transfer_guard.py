@@ -1,0 +1,244 @@
+"""lazybuf.transfer_guard on every device: levels per direction, explicit against implicit
+calls, a refused copy changing nothing, threads, the process-wide level and
+LAZYBUF_TRANSFER_GUARD. Expectations follow transfer_stats(): on the host device a sync moves
+no bytes, so nothing is refused or logged there."""
+
+import threading
+
+import numpy as np
+import pytest
+
+import lazybuf
+from conftest import run_python
+
+
+def _devices() -> list[str]:
+    found = ["host"]
+    for d in lazybuf.get_accelerator().devices:
+        if d.backend in ("opencl", "wgpu", "cuda") and d.backend not in found:
+            found.append(d.backend)
+    return found
+
+
+def _host_only(device: str, n: int = 1000, seed: int = 1) -> lazybuf.UnifiedBuffer:
+    b = lazybuf.UnifiedBuffer((n,), np.uint32, device=device)
+    b.copy_from(np.arange(n, dtype=np.uint32) * seed)
+    return b
+
+
+def _moves(device: str) -> bool:
+    """Whether a host-device sync on `device` moves bytes (not the host device's aliasing)."""
+    b = _host_only(device, 16)
+    b.sync_to_device()
+    return b.transfer_stats()["host_to_device_bytes"] > 0
+
+
+def _snapshot(b: lazybuf.UnifiedBuffer):
+    return (b.state, b.transfer_stats())
+
+
+@pytest.mark.parametrize("device", _devices())
+def test_disallow_refuses_implicit_copies_allows_explicit_ones_and_changes_nothing(device):
+    b = _host_only(device, seed=3)
+    before = _snapshot(b)
+    with lazybuf.transfer_guard("disallow"):
+        if _moves(device):
+            with pytest.raises(lazybuf.TransferGuardError) as info:
+                b.device
+            err = info.value
+            assert (err.buffer_id, err.direction, err.nbytes, err.call) == (b.buffer_id, "h2d", 4000, ".device")
+            assert f"buffer {b.buffer_id}" in str(err) and "4000 bytes" in str(err)
+            assert isinstance(err, RuntimeError)
+            with pytest.raises(lazybuf.TransferGuardError):
+                b.mark_device_dirty()
+            assert _snapshot(b) == before
+            b.sync_to_device()  # explicit: allowed under "disallow"
+            assert b.transfer_stats()["host_to_device_copies"] == 1
+        else:
+            b.device
+            b.sync_to_device()
+            assert b.transfer_stats()["host_to_device_bytes"] == 0
+    np.testing.assert_array_equal(b.to_numpy(), np.arange(1000, dtype=np.uint32) * 3)
+
+
+@pytest.mark.parametrize("device", _devices())
+def test_disallow_explicit_refuses_every_call_per_direction_including_async(device):
+    moves = _moves(device)
+    b = _host_only(device, seed=5)
+    before = _snapshot(b)
+    with lazybuf.transfer_guard(h2d="disallow_explicit"):
+        for call in (b.sync_to_device, lambda: b.sync_to_device_async().wait(), lambda: b.device):
+            if moves:
+                with pytest.raises(lazybuf.TransferGuardError):
+                    call()
+                assert _snapshot(b) == before
+            else:
+                call()
+    b.mark_device_dirty()
+    before = _snapshot(b)
+    with lazybuf.transfer_guard_device_to_host("disallow_explicit"):
+        out = np.zeros(1000, np.uint32)
+        calls = (
+            b.sync_to_host,
+            lambda: b.sync_to_host_async().wait(),
+            b.to_numpy,
+            lambda: b.copy_to(out),
+            lambda: b.host,
+            lambda: b.host_readonly,
+        )
+        for call in calls:
+            if moves:
+                with pytest.raises(lazybuf.TransferGuardError) as info:
+                    call()
+                assert info.value.direction == "d2h"
+                assert _snapshot(b) == before
+            else:
+                call()
+        if moves:
+            assert not out.any(), "a refused copy_to wrote its output"
+        # h2d is not guarded here.
+        b.sync_to_device()
+    with lazybuf.transfer_guard_device_to_host("disallow"):
+        # Explicit calls are allowed under "disallow", implicit accesses are not.
+        if moves:
+            with pytest.raises(lazybuf.TransferGuardError):
+                b.host_readonly
+        np.testing.assert_array_equal(b.to_numpy(), np.arange(1000, dtype=np.uint32) * 5)
+
+
+@pytest.mark.parametrize("device", _devices())
+def test_log_levels_log_each_copy_the_counters_count(device, capfd):
+    b = _host_only(device)
+    with lazybuf.transfer_guard("log"):
+        b.device  # implicit: logged
+        b.mark_device_dirty()
+        b.sync_to_host()  # explicit: not logged under "log"
+    err = capfd.readouterr().err
+    lines = [line for line in err.splitlines() if f"of buffer {b.buffer_id}," in line]
+    stats = b.transfer_stats()
+    assert len(lines) == stats["host_to_device_copies"], err
+    assert all("implicit .device" in line for line in lines), lines
+    with lazybuf.transfer_guard("log_explicit"):
+        b.mark_device_dirty()
+        b.sync_to_host()
+    err = capfd.readouterr().err
+    lines = [line for line in err.splitlines() if f"of buffer {b.buffer_id}," in line]
+    assert len(lines) == b.transfer_stats()["device_to_host_copies"] - stats["device_to_host_copies"], err
+    assert all("explicit sync_to_host" in line for line in lines), lines
+
+
+def test_a_threads_guard_stays_on_its_thread():
+    device = next((d for d in _devices() if d != "host" and _moves(d)), None)
+    if device is None:
+        pytest.skip("no device that copies")
+    inside, done = threading.Event(), threading.Event()
+    results = {}
+
+    def other():
+        inside.wait()
+        try:
+            _host_only(device).device
+            results["other"] = "ok"
+        except lazybuf.TransferGuardError as err:
+            results["other"] = err
+        done.set()
+
+    t = threading.Thread(target=other)
+    t.start()
+    with lazybuf.transfer_guard("disallow_explicit"):
+        inside.set()
+        done.wait()
+        with pytest.raises(lazybuf.TransferGuardError):
+            _host_only(device).sync_to_device()
+        assert lazybuf.get_transfer_guard() == {"h2d": "disallow_explicit", "d2h": "disallow_explicit", "d2d": "disallow_explicit"}
+    t.join()
+    assert results["other"] == "ok"
+    assert lazybuf.get_transfer_guard() == {"h2d": "allow", "d2h": "allow", "d2d": "allow"}
+
+
+def test_the_process_wide_level_reaches_other_threads_and_a_thread_level_wins():
+    device = next((d for d in _devices() if d != "host" and _moves(d)), None)
+    if device is None:
+        pytest.skip("no device that copies")
+    results = []
+    lazybuf.set_transfer_guard(h2d="disallow")
+    try:
+        t = threading.Thread(target=lambda: results.append(_try(lambda: _host_only(device).device)))
+        t.start()
+        t.join()
+        with lazybuf.transfer_guard(h2d="allow"):
+            _host_only(device).device
+    finally:
+        lazybuf.set_transfer_guard("allow")
+    assert isinstance(results[0], lazybuf.TransferGuardError), results
+    _host_only(device).device
+
+
+def _try(f):
+    try:
+        return f()
+    except Exception as err:  # noqa: BLE001 - returned for the assertion
+        return err
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: lazybuf.transfer_guard("nope"),
+        lambda: lazybuf.transfer_guard(h2d="disalow"),
+        lambda: lazybuf.transfer_guard(),
+        lambda: lazybuf.set_transfer_guard(d2d=3),
+        lambda: lazybuf.transfer_guard_host_to_device("forbid"),
+    ],
+)
+def test_bad_levels_are_a_clear_value_error(call):
+    with pytest.raises(ValueError, match="allow, log, disallow, log_explicit, disallow_explicit"):
+        call()
+    assert lazybuf.get_transfer_guard() == {"h2d": "allow", "d2h": "allow", "d2d": "allow"}
+
+
+def test_the_environment_variable_sets_the_process_wide_level():
+    device = next((d for d in _devices() if d != "host" and _moves(d)), None)
+    if device is None:
+        pytest.skip("no device that copies")
+    code = f"""
+        import os
+        os.environ["LAZYBUF_TRANSFER_GUARD"] = "h2d=disallow"
+        import numpy as np, lazybuf
+        print(lazybuf.get_transfer_guard())
+        b = lazybuf.UnifiedBuffer((10,), np.float32, device={device!r})
+        b.copy_from(np.ones(10, np.float32))
+        try:
+            b.device
+        except lazybuf.TransferGuardError as err:
+            print("REFUSED", err.direction)
+        b.sync_to_device()
+        print("DONE")
+    """
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr
+    assert "'h2d': 'disallow'" in result.stdout and "REFUSED h2d" in result.stdout, result.stdout
+    assert "DONE" in result.stdout
+
+
+def test_a_malformed_environment_variable_is_a_clear_error():
+    code = """
+        import os
+        os.environ["LAZYBUF_TRANSFER_GUARD"] = "disalow"
+        import numpy as np, lazybuf
+        try:
+            lazybuf.get_transfer_guard()
+        except ValueError as err:
+            print("GET", err)
+        b = lazybuf.UnifiedBuffer((10,), np.float32)
+        try:
+            b.host
+        except ValueError as err:
+            print("USE", err)
+    """
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr
+    for prefix in ("GET", "USE"):
+        line = next(line for line in result.stdout.splitlines() if line.startswith(prefix))
+        assert "LAZYBUF_TRANSFER_GUARD" in line and "disallow_explicit" in line and "'disalow'" not in line, line
+        assert '"disalow"' in line, line
