@@ -405,3 +405,42 @@ fn the_hook_for_other_copy_sites_is_guarded_as_an_implicit_copy() {
     guard::set_log_hook(None);
     assert_eq!(*seen.lock().unwrap(), vec![eviction()]);
 }
+
+/// Device-to-device copies, on every pair of devices that copies directly (the two loopback
+/// devices in CI; CUDA peers on a GPU machine): refused under `disallow` when implicit (a view
+/// on the second device), allowed when explicit (`sync_to`), refused either way under
+/// `disallow_explicit`, and nothing changes when refused.
+#[test]
+fn device_to_device_copies_are_guarded_on_every_peer_pair() {
+    let _l = lock();
+    let all = common::devices();
+    let pairs: Vec<(Device, Device)> = all
+        .iter()
+        .flat_map(|a| all.iter().filter(move |b| b.can_copy_from(a)).map(move |b| (a.clone(), b.clone())))
+        .collect();
+    if std::env::var("LAZYBUF_REQUIRE").is_ok_and(|r| r.split(',').any(|n| n.trim() == "loopback")) {
+        assert!(!pairs.is_empty(), "the loopback devices copy directly between each other");
+    }
+    for (a, b) in pairs {
+        let len = 300;
+        let mut buf = device_dirty(&a, len, 9);
+        let before = (snapshot(&buf, &a), buf.residency(Location::Device(b.id())));
+        {
+            let _scope = guard::scope(only(Direction::DeviceToDevice, GuardLevel::Disallow));
+            expect_refused(buf.device_on(&b).map(drop), &buf, Direction::DeviceToDevice, "device");
+            assert_eq!((snapshot(&buf, &a), buf.residency(Location::Device(b.id()))), before, "{a} -> {b}");
+            buf.sync_to(&b).unwrap(); // explicit: allowed
+            assert_eq!(buf.transfer_stats().device_to_device.copies, 1, "{a} -> {b}");
+        }
+        let mut buf = device_dirty(&a, len, 10);
+        let before = (snapshot(&buf, &a), buf.residency(Location::Device(b.id())));
+        {
+            let _scope = guard::scope(only(Direction::DeviceToDevice, GuardLevel::DisallowExplicit));
+            expect_refused(buf.sync_to(&b), &buf, Direction::DeviceToDevice, "sync_to");
+            assert_eq!((snapshot(&buf, &a), buf.residency(Location::Device(b.id()))), before, "{a} -> {b}");
+        }
+        buf.sync_to(&b).unwrap();
+        assert_eq!(buf.transfer_stats().device_to_device.copies, 1);
+        assert_eq!(buf.host().unwrap(), pattern(10, len), "{a} -> {b}");
+    }
+}

@@ -298,7 +298,7 @@ impl<T: Element> UnifiedBuffer<T> {
 
     /// Makes `device` current (copies only if it is stale).
     pub fn sync_to(&mut self, device: &Device) -> Result<()> {
-        self.raw.sync(Some(device))
+        crate::observe::call(crate::observe::Cause::sync("sync_to"), || self.raw.sync(Some(device)))
     }
 
     /// Makes the host current (copies only if it is stale).
