@@ -234,7 +234,7 @@ pub enum Error {
         /// The buffer's id ([`crate::RawBuffer::id`]).
         buffer: u64,
         /// Which way the copy would go.
-        direction: crate::observe::Direction,
+        direction: crate::observe::kinds::Direction,
         /// The bytes it would move.
         bytes: usize,
         /// Where from: `host` or the device's name.
@@ -246,7 +246,7 @@ pub enum Error {
         /// Whether the call asked for the copy itself (an explicit transfer).
         explicit: bool,
         /// The guard level that refused it.
-        level: crate::observe::guard::GuardLevel,
+        level: crate::observe::kinds::GuardLevel,
     },
     /// A fault injected by `lazybuf::testing::FaultyDevice` (feature `testing`).
     #[cfg(feature = "testing")]

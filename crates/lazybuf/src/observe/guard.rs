@@ -31,27 +31,10 @@ use std::fmt;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 
+pub use super::kinds::GuardLevel;
+use super::kinds::NAMES;
 use super::{Direction, GUARD_BIT, TransferInfo};
 use crate::error::{Error, Result};
-
-/// What the guard does with a copy.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum GuardLevel {
-    /// Every copy runs.
-    #[default]
-    Allow,
-    /// Implicit copies are logged; explicit ones run.
-    Log,
-    /// Implicit copies are refused; explicit ones run.
-    Disallow,
-    /// Every copy is logged.
-    LogExplicit,
-    /// Every copy is refused.
-    DisallowExplicit,
-}
-
-/// The accepted spellings, in order.
-const NAMES: [&str; 5] = ["allow", "log", "disallow", "log_explicit", "disallow_explicit"];
 
 impl GuardLevel {
     const ALL: [GuardLevel; 5] = [

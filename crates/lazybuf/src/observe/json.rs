@@ -13,12 +13,21 @@
 use std::collections::HashMap;
 use std::fmt::Write;
 
-use super::trace::{EventKind, Source, Trace};
+use super::event::{EventKind, Source};
+use super::trace::Trace;
 
 /// Track numbers of streams start here.
 const STREAM_TRACKS: u64 = 1000;
 
-pub(super) fn chrome(trace: &Trace) -> String {
+impl Trace {
+    /// The events as Chrome trace-event JSON (the JSON object format, `traceEvents`), which
+    /// ui.perfetto.dev and chrome://tracing open.
+    pub fn to_chrome_json(&self) -> String {
+        chrome(self)
+    }
+}
+
+fn chrome(trace: &Trace) -> String {
     let mut out = String::with_capacity(64 + trace.events.len() * 260);
     out.push_str("{\"displayTimeUnit\":\"ms\",\"otherData\":{\"dropped\":");
     let _ = write!(out, "{}", trace.dropped);

@@ -25,8 +25,12 @@
 //! What does not live here: the counters ([`crate::buffer`]), the hooks' call sites
 //! (`buffer/raw/observed.rs` and one line per copy site).
 
+mod event;
 pub mod guard;
 mod json;
+pub(crate) mod kinds;
+
+pub use kinds::Direction;
 pub mod trace;
 #[cfg(feature = "tracing")]
 mod tracing_events;
@@ -92,6 +96,15 @@ pub(crate) fn tracing_events() -> bool {
     ACTIVE.load(Ordering::Relaxed) & TRACING_BIT != 0
 }
 
+/// Sends `kind` to `tracing` when [`set_tracing_events`] is on (the recorder's every event).
+#[cfg(feature = "tracing")]
+#[inline]
+pub(crate) fn emit_to_tracing(kind: &event::EventKind) {
+    if tracing_events() {
+        tracing_events::emit(kind);
+    }
+}
+
 fn set_bit(bit: u8, on: bool) {
     if on {
         ACTIVE.fetch_or(bit, Ordering::Relaxed);
@@ -105,36 +118,6 @@ static NEXT_BUFFER: AtomicU64 = AtomicU64::new(1);
 /// A new buffer's id (1, 2, ...: unique in the process), the name errors and events give it.
 pub(crate) fn next_buffer_id() -> u64 {
     NEXT_BUFFER.fetch_add(1, Ordering::Relaxed)
-}
-
-/// Which way a copy goes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Direction {
-    /// Host memory to device memory.
-    HostToDevice,
-    /// Device memory to host memory.
-    DeviceToHost,
-    /// One device's memory to another's.
-    DeviceToDevice,
-}
-
-impl Direction {
-    /// Every direction, in the guard's order.
-    pub const ALL: [Direction; 3] =
-        [Direction::HostToDevice, Direction::DeviceToHost, Direction::DeviceToDevice];
-
-    /// The short name: `h2d`, `d2h`, `d2d`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Direction::HostToDevice => "h2d",
-            Direction::DeviceToHost => "d2h",
-            Direction::DeviceToDevice => "d2d",
-        }
-    }
-
-    fn index(self) -> usize {
-        self as usize
-    }
 }
 
 impl fmt::Display for Direction {

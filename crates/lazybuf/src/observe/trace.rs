@@ -26,6 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+pub use super::event::{Event, EventKind, MemoryKind, Source};
 use super::{Direction, Reason, TRACE_BIT, TransferInfo};
 use crate::coherence::BufferState;
 use crate::error::{Error, Result};
@@ -43,106 +44,6 @@ impl Default for TraceOptions {
     fn default() -> TraceOptions {
         TraceOptions { capacity: 1 << 20, rust_backtrace: false }
     }
-}
-
-/// Host or device memory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum MemoryKind {
-    /// A host block (pageable or pinned).
-    Host,
-    /// A device allocation.
-    Device,
-}
-
-impl MemoryKind {
-    /// `host` or `device`.
-    pub fn name(self) -> &'static str {
-        match self {
-            MemoryKind::Host => "host",
-            MemoryKind::Device => "device",
-        }
-    }
-}
-
-/// Where an allocation came from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Source {
-    /// A block a pool had cached.
-    Cache,
-    /// A new block from the runtime (through a pool's miss, or without a pool).
-    Upstream,
-}
-
-/// What happened.
-#[derive(Clone, Debug, PartialEq)]
-#[non_exhaustive]
-pub enum EventKind {
-    /// A copy between memories.
-    Transfer {
-        /// The copy.
-        info: TransferInfo,
-        /// The stream it ran on (an identity, not a runtime handle).
-        stream: usize,
-        /// Enqueue to completion, when the call waited for it.
-        duration: Option<Duration>,
-    },
-    /// A buffer took a block.
-    Allocate {
-        /// The buffer.
-        buffer: u64,
-        /// The device the memory belongs to (for host blocks, the buffer's device).
-        device: String,
-        /// Host or device memory.
-        kind: MemoryKind,
-        /// The block's size.
-        bytes: usize,
-        /// Cached or new.
-        source: Source,
-    },
-    /// A buffer gave a block back.
-    Free {
-        /// The device.
-        device: String,
-        /// Host or device memory.
-        kind: MemoryKind,
-        /// The block's size.
-        bytes: usize,
-    },
-    /// A pool looked for a cached block.
-    Pool {
-        /// Whether it had one.
-        hit: bool,
-        /// The device.
-        device: String,
-        /// The size asked for.
-        bytes: usize,
-    },
-    /// A buffer's state against its device changed.
-    State {
-        /// The buffer.
-        buffer: u64,
-        /// Before.
-        from: BufferState,
-        /// After.
-        to: BufferState,
-        /// The call.
-        call: &'static str,
-    },
-}
-
-/// One recorded event.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Event {
-    /// Order of recording, from 0.
-    pub seq: u64,
-    /// When, since [`start`].
-    pub time: Duration,
-    /// The recording thread (small numbers, in order of first use).
-    pub thread: u64,
-    /// What happened.
-    pub kind: EventKind,
-    /// The stack that led here, when asked for (Python's and/or Rust's).
-    pub stack: Option<Arc<str>>,
 }
 
 /// What [`stop`] or [`snapshot`] returns.
@@ -238,9 +139,7 @@ fn push(kind: EventKind) {
 /// Records `kind`, as of `at` (else now).
 fn push_at(kind: EventKind, at: Option<Instant>) {
     #[cfg(feature = "tracing")]
-    if super::tracing_events() {
-        super::tracing_events::emit(&kind);
-    }
+    super::emit_to_tracing(&kind);
     if !super::recording() {
         return;
     }
@@ -381,11 +280,5 @@ impl Trace {
             }
         }
         summary
-    }
-
-    /// The events as Chrome trace-event JSON (the JSON object format, `traceEvents`), which
-    /// ui.perfetto.dev and chrome://tracing open.
-    pub fn to_chrome_json(&self) -> String {
-        super::json::chrome(self)
     }
 }

@@ -7,7 +7,7 @@
 //! What does not live here: when events are made ([`super::trace`]), the switch
 //! ([`super::set_tracing_events`]).
 
-use super::trace::{EventKind, Source};
+use super::event::{EventKind, Source};
 
 /// Sends `kind` to the current `tracing` subscriber.
 pub(super) fn emit(kind: &EventKind) {
