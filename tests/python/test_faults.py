@@ -101,6 +101,8 @@ def test_failed_download_changes_nothing(faulty_opencl):
         buf.to_numpy()
     assert buf.state == BufferState.DEVICE_DIRTY
     np.testing.assert_array_equal(buf.to_numpy(), DATA)  # the device bytes survived
+    assert buf.state == BufferState.DEVICE_DIRTY  # to_numpy() reads the device copy directly
+    buf.sync_to_host()
     assert buf.state == BufferState.SYNCHRONIZED
 
 
