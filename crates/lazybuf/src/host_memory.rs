@@ -668,8 +668,10 @@ const PARALLEL_COPY_THREADS: usize = 8;
 /// x16 link does, so host-side copies of large arrays (a host write of a whole buffer, a
 /// `to_vec`, Python's `to_numpy`) would otherwise cost several times their DMA. Copies of
 /// [`PARALLEL_COPY_MIN`] and more are cut into pieces of at least 1 MiB, one per thread, up to
-/// the machine's parallelism and at most 8 threads (the calling thread takes one piece);
-/// smaller copies, and machines with one core, copy on the calling thread. It is
+/// the machine's parallelism and at most 8 threads: the calling thread takes one piece and
+/// lazybuf's parked copy workers the others (started once and kept, so a copy pays a wake-up,
+/// not a thread start; fork-safe: see `copy_workers`); smaller copies, and machines with one
+/// core, copy on the calling thread. It is
 /// [`copy_bytes_raw`] on the slices' addresses, so it stays correct even where a caller's two
 /// slices share bytes (which safe code cannot make, but adopted memory and user pointers can).
 ///
@@ -725,18 +727,183 @@ unsafe fn copy_bytes_with(dst: *mut u8, src: *const u8, len: usize, threads: usi
     let piece = len.div_ceil(threads).next_multiple_of(HEAP_ALIGN);
     // Addresses as integers: raw pointers are not Send.
     let (dst, src) = (dst as usize, src as usize);
-    let copy_piece = move |offset: usize| {
-        let n = piece.min(len - offset);
-        // SAFETY: [offset, offset + n) lies inside both ranges, which are valid for len bytes
-        // and do not overlap (checked above), and each piece is written by one thread only.
-        unsafe { std::ptr::copy_nonoverlapping((src + offset) as *const u8, (dst + offset) as *mut u8, n) }
-    };
-    std::thread::scope(|scope| {
-        for offset in (piece..len).step_by(piece) {
-            scope.spawn(move || copy_piece(offset));
+    // SAFETY: the ranges are valid for len bytes and disjoint (checked above), and nothing
+    // else writes them during the call (the caller's contract); split returns when every
+    // piece is copied.
+    unsafe { copy_workers::split(dst, src, len, piece) }
+}
+
+/// The threads that copy the pieces of split host copies: a few parked workers of lazybuf's
+/// own, started on first use (one fewer than the most pieces a copy has had, at most
+/// [`PARALLEL_COPY_THREADS`] - 1) and kept, so a large copy pays a wake-up, not a thread start
+/// and join (33-55 us each, issue 24). The calling thread copies the first piece and then takes
+/// queued pieces itself while no worker has, so a copy never waits on a worker that is slow to
+/// wake. Fork: `fork` copies only the calling thread, so a child inherits the pool's queue
+/// (its lock possibly held by a worker that no longer exists) without its workers. Each pool
+/// belongs to the process that made it (its pid): a child never touches its parent's pool and
+/// makes a fresh one on its first large copy (the parent's is left alone in the child's memory).
+mod copy_workers {
+    use std::collections::VecDeque;
+    use std::ptr;
+    use std::sync::atomic::{AtomicPtr, Ordering};
+    use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+
+    /// One piece of a split copy (addresses as integers), and its copy's latch.
+    struct Piece {
+        dst: usize,
+        src: usize,
+        len: usize,
+        latch: Arc<Latch>,
+    }
+
+    impl Piece {
+        /// Copies the piece and counts it done.
+        fn run(self) {
+            // SAFETY: the piece lies inside the ranges of a copy whose caller waits (in
+            // `split`) until every piece of it has counted down, so the ranges stay valid;
+            // they are disjoint, and no other piece writes these bytes.
+            unsafe { ptr::copy_nonoverlapping(self.src as *const u8, self.dst as *mut u8, self.len) };
+            self.latch.count_down();
         }
-        copy_piece(0);
-    });
+    }
+
+    /// Counts the pieces of one copy that are not done yet.
+    struct Latch {
+        remaining: Mutex<usize>,
+        done: Condvar,
+    }
+
+    impl Latch {
+        fn count_down(&self) {
+            let mut remaining = lock(&self.remaining);
+            *remaining -= 1;
+            if *remaining == 0 {
+                self.done.notify_all();
+            }
+        }
+
+        fn wait(&self) {
+            let mut remaining = lock(&self.remaining);
+            while *remaining > 0 {
+                remaining = self.done.wait(remaining).unwrap_or_else(PoisonError::into_inner);
+            }
+        }
+    }
+
+    struct Queue {
+        pieces: VecDeque<Piece>,
+        /// Workers started.
+        workers: usize,
+    }
+
+    /// The workers of one process.
+    struct Pool {
+        pid: u32,
+        queue: Mutex<Queue>,
+        work: Condvar,
+    }
+
+    /// The pool of the process that made it; leaked (a few bytes, once per process).
+    static POOL: AtomicPtr<Pool> = AtomicPtr::new(ptr::null_mut());
+
+    /// Nothing panics while these locks are held (a piece is copied outside them), so a
+    /// poisoned one is still consistent.
+    fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+        mutex.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// This process's pool: made on first use, and again in a forked child.
+    fn pool() -> &'static Pool {
+        let pid = std::process::id();
+        loop {
+            let current = POOL.load(Ordering::Acquire);
+            // SAFETY: a non-null POOL points to a leaked Box<Pool>, never freed.
+            if let Some(pool) = unsafe { current.as_ref() }
+                && pool.pid == pid
+            {
+                return pool;
+            }
+            let queue = Mutex::new(Queue { pieces: VecDeque::new(), workers: 0 });
+            let fresh = Box::into_raw(Box::new(Pool { pid, queue, work: Condvar::new() }));
+            match POOL.compare_exchange(current, fresh, Ordering::AcqRel, Ordering::Acquire) {
+                // SAFETY: just leaked; never freed.
+                Ok(_) => return unsafe { &*fresh },
+                // Another thread of this process installed one first: use that (next loop).
+                // SAFETY: `fresh` came from Box::into_raw above and was never shared.
+                Err(_) => drop(unsafe { Box::from_raw(fresh) }),
+            }
+        }
+    }
+
+    impl Pool {
+        /// Starts workers until there are `wanted` (as many as the system gives).
+        fn ensure_workers(&'static self, queue: &mut Queue, wanted: usize) {
+            while queue.workers < wanted {
+                let started = std::thread::Builder::new()
+                    .name("lazybuf-copy".into())
+                    .stack_size(64 << 10)
+                    .spawn(move || self.work_loop());
+                if started.is_err() {
+                    // No thread to be had: the calling thread copies what no worker takes.
+                    return;
+                }
+                queue.workers += 1;
+            }
+        }
+
+        fn work_loop(&self) {
+            loop {
+                let piece = {
+                    let mut queue = lock(&self.queue);
+                    loop {
+                        if let Some(piece) = queue.pieces.pop_front() {
+                            break piece;
+                        }
+                        queue = self.work.wait(queue).unwrap_or_else(PoisonError::into_inner);
+                    }
+                };
+                piece.run();
+            }
+        }
+    }
+
+    /// Copies `len` bytes from `src` to `dst` in pieces of `piece` bytes: the first on the
+    /// calling thread, the others on the workers (or on the calling thread where no worker
+    /// has taken them yet); returns when every piece is done.
+    ///
+    /// # Safety
+    /// The ranges are valid for `len` bytes, do not overlap, and nothing else writes them
+    /// during the call.
+    pub(super) unsafe fn split(dst: usize, src: usize, len: usize, piece: usize) {
+        let count = len.div_ceil(piece);
+        let latch = Arc::new(Latch { remaining: Mutex::new(count), done: Condvar::new() });
+        let make = |offset: usize| Piece {
+            dst: dst + offset,
+            src: src + offset,
+            len: piece.min(len - offset),
+            latch: Arc::clone(&latch),
+        };
+        let pool = pool();
+        {
+            let mut queue = lock(&pool.queue);
+            pool.ensure_workers(&mut queue, count - 1);
+            queue.pieces.extend((piece..len).step_by(piece).map(make));
+        }
+        for _ in 1..count {
+            pool.work.notify_one();
+        }
+        make(0).run();
+        // Help: copy the pieces no worker has taken yet (any copy's: each stays valid until
+        // its own caller's latch is done, which needs that piece).
+        loop {
+            let next = lock(&pool.queue).pieces.pop_front();
+            match next {
+                Some(piece) => piece.run(),
+                None => break,
+            }
+        }
+        latch.wait();
+    }
 }
 
 /// How many threads [`copy_bytes`] uses for `len` bytes.
@@ -768,6 +935,29 @@ pub(crate) fn fill_pattern(bytes: &mut [u8], pattern: &[u8]) {
 
 #[cfg(test)]
 mod tests {
+    /// Copies from many threads at once share the workers: pieces of different copies are
+    /// queued together, and each copy returns only when all of its own bytes are there.
+    #[test]
+    fn concurrent_split_copies_each_get_every_byte() {
+        let handles: Vec<_> = (0..6u8)
+            .map(|t| {
+                std::thread::spawn(move || {
+                    let len = (3 << 20) + 64 * t as usize + 5;
+                    let src: Vec<u8> = (0..len).map(|i| (i % 241) as u8 ^ t).collect();
+                    for round in 0..20 {
+                        let mut dst = vec![0xff; len];
+                        // SAFETY: two distinct vectors of len bytes.
+                        unsafe { super::copy_bytes_with(dst.as_mut_ptr(), src.as_ptr(), len, 2 + round % 7) };
+                        assert!(dst == src, "thread {t}, round {round}");
+                    }
+                })
+            })
+            .collect();
+        for handle in handles {
+            handle.join().unwrap();
+        }
+    }
+
     #[test]
     fn copy_bytes_copies_every_byte_at_every_size() {
         for len in [0, 1, 63, 4096, super::PARALLEL_COPY_MIN - 1, super::PARALLEL_COPY_MIN, (9 << 20) + 13] {
