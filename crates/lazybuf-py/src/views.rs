@@ -392,8 +392,13 @@ impl Storage {
         if n >= OWNED_BLOCK_MIN {
             let resource = default_resource(&device);
             let mut block = py.detach(|| resource.allocate_host(&device, n, false)).or_py()?;
-            // The block is not shared yet: read into it (the GIL released), then wrap it.
-            lock::detach(py, |d| self.lock_detached(d)?.read_into(&mut block).or_py())?;
+            // The block is not shared yet: read into it (the GIL released), then wrap it. On a
+            // failure it goes back to the resource it came from (its accounting included).
+            let read = lock::detach(py, |d| self.lock_detached(d)?.read_into(&mut block).or_py());
+            if let Err(err) = read {
+                resource.deallocate_host(&device, block, Ticket::done());
+                return Err(err);
+            }
             let data = block.as_mut_ptr();
             let owner = Bound::new(py, HostBlock { device, resource, block: Some(block) })?.into_any();
             // SAFETY: the block holds at least n writable bytes, owned by `owner` (the array's
