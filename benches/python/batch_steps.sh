@@ -1,28 +1,34 @@
 #!/usr/bin/env bash
 # Instructions per step of a 4 KiB batch of the seeds' loop (issue 24, item 3), counted by
-# callgrind: for k = 1..5 steps (construct+drop, host write, .device, mark_device_dirty,
-# to_numpy) the batch runs LO and HI times; (Ir(HI) - Ir(LO)) / (HI - LO) is the cost of a
-# batch of k steps, and the difference between k and k-1 is step k's. NumPy's host work
-# (allocate, write, copy out) is counted the same way.
+# callgrind around each step alone (batch_steps.py; the toggles' own cost, step 0, is
+# subtracted). Prints one line per step: device | step | instructions per batch.
 #
-# Usage: bash benches/python/batch_steps.sh DEVICE [PYTHONPATH]   (DEVICE: host, opencl)
+# Usage: bash benches/python/batch_steps.sh DEVICE [PYTHONPATH]
+#   DEVICE: host, opencl (lazybuf's steps) or numpy (NumPy's own host work)
 #   PYTHONPATH: where the lazybuf to count is installed (default: the interpreter's own)
-#   PYTHON (default .venv/bin/python), LO (100), HI (1100)
+#   PYTHON (default .venv/bin/python), BATCHES (300)
 set -euo pipefail
 cd "$(dirname "$0")"
 device="$1"
 export PYTHONPATH="${2:-}"
+export PYTHONHASHSEED=0
 python="${PYTHON:-../../.venv/bin/python}"
-lo="${LO:-100}" hi="${HI:-1100}"
-export PYTHONHASHSEED=0  # the same dict layouts in every run: counts that differ only by the batches
-ir() { valgrind --tool=callgrind --callgrind-out-file=/dev/null "$python" batch_loops.py "$@" 2>&1 | awk '/Collected/ {print $4}'; }
-per_batch() { local a b; a=$(ir "$1" "$device" "$lo" "$2"); b=$(ir "$1" "$device" "$hi" "$2"); echo $(( (b - a) / (hi - lo) )); }
+batches="${BATCHES:-300}"
+ir() {
+  valgrind --tool=callgrind --collect-atstart=no --callgrind-out-file=/dev/null \
+    "$python" batch_steps.py "$@" 2>&1 | awk '/Collected/ {print $4}'
+}
 if [ "$device" = numpy ]; then
-  names=("allocate (np.empty)" "write (a[:] = data)" "copy out (a.copy())")
-  prev=0
-  for k in 1 2 3; do c=$(per_batch numpy "$k"); echo "numpy | ${names[k-1]} | $((c - prev)) | cumulative $c"; prev=$c; done
-  exit 0
+  loop=numpy selector=host names=("allocate (np.empty)" "write (a[:] = data)" "copy out (a.copy())" "drop")
+else
+  loop=lazybuf selector="$device"
+  names=("construct" "host write (copy_from)" ".device" "mark_device_dirty" "to_numpy" "drop")
 fi
-names=("construct + drop" "host write (copy_from)" ".device" "mark_device_dirty" "to_numpy")
-prev=0
-for k in 1 2 3 4 5; do c=$(per_batch new "$k"); echo "$device | ${names[k-1]} | $((c - prev)) | cumulative $c"; prev=$c; done
+base=$(ir "$loop" "$selector" 0 "$batches")
+total=0
+for k in $(seq 1 "${#names[@]}"); do
+  c=$(( ($(ir "$loop" "$selector" "$k" "$batches") - base) / batches ))
+  total=$((total + c))
+  echo "$device | ${names[k-1]} | $c"
+done
+echo "$device | whole batch | $total"
