@@ -865,8 +865,9 @@ impl UnifiedBuffer {
     }
 
     /// Copies the data into `out`, a writable NumPy array of the buffer's shape whose dtype
-    /// the buffer's casts to under NumPy's `same_kind` rule (a host read: syncs from the
-    /// device first if it is newer).
+    /// the buffer's casts to under NumPy's `same_kind` rule. Into a C-contiguous array of the
+    /// buffer's dtype it is `to_numpy(out=out)` (one copy, the state unchanged); otherwise a
+    /// host read (syncing from the device first if it is newer) and `np.copyto`.
     fn copy_to(slf: &Bound<'_, Self>, out: &Bound<'_, PyAny>) -> PyResult<()> {
         let py = slf.py();
         let this = slf.get();
