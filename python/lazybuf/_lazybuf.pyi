@@ -236,8 +236,10 @@ class UnifiedBuffer:
 
     def copy_to(self, out: np.ndarray) -> None:
         """Copy the data into ``out``, a writable array of the buffer's shape whose dtype the
-        buffer's casts to under ``same_kind`` (a host read). TypeError for a non-array or an
-        uncastable dtype, ValueError for another shape or a read-only array."""
+        buffer's casts to under ``same_kind``. TypeError for a non-array or an uncastable dtype,
+        ValueError for another shape or a read-only array. Into an array of the buffer's dtype
+        that is C-contiguous it is ``to_numpy(out=out)`` (one copy, the state unchanged); else
+        a host read followed by ``np.copyto``."""
 
     def synchronize(self) -> None:
         """Make every copy the buffer holds current (a stale host copy from the device, a stale
@@ -266,8 +268,12 @@ class UnifiedBuffer:
         otherwise); lists and scalars convert as ``a[...] = data`` does. ValueError for a
         different shape. A failed call changes nothing."""
 
-    def to_numpy(self) -> np.ndarray:
-        """A new NumPy array with a copy of the data (a host read)."""
+    def to_numpy(self, *, out: np.ndarray | None = None) -> np.ndarray:
+        """A copy of the data: a new NumPy array, or ``out`` filled and returned (a writable
+        C-contiguous array of the buffer's shape and dtype; TypeError for a non-array or
+        another dtype, ValueError for another shape, a strided or a read-only array). One
+        copy: from the host copy when it is current, else straight from the device copy,
+        leaving the host copy stale and the state unchanged."""
 
     @property
     def buffer_id(self) -> int:

@@ -101,6 +101,8 @@ def test_failed_download_changes_nothing(faulty_opencl):
         buf.to_numpy()
     assert buf.state == BufferState.DEVICE_DIRTY
     np.testing.assert_array_equal(buf.to_numpy(), DATA)  # the device bytes survived
+    assert buf.state == BufferState.DEVICE_DIRTY  # to_numpy() reads the device copy directly
+    buf.sync_to_host()
     assert buf.state == BufferState.SYNCHRONIZED
 
 
@@ -190,3 +192,23 @@ def test_a_failure_nobody_waited_for_is_taken_from_its_device(faulty):
     errors = faulty.take_deferred_errors()
     assert any(isinstance(e, RuntimeError) and "injected fault" in str(e) for e in errors), errors
     assert faulty.take_deferred_errors() == [], "taken once"
+
+
+def test_a_failed_read_back_gives_its_cached_block_back(faulty_opencl):
+    """to_numpy() arrays from 1 MiB take a block of the cache: a read-back that fails returns
+    it (the pool's bytes in use are as before) and changes nothing."""
+    import lazybuf
+
+    n = 1 << 19  # 2 MiB: a cached block for the array; PoCL copies (it aliases from 4 MiB)
+    data = np.arange(n, dtype=np.float32)
+    buf = UnifiedBuffer(n, np.float32, device=faulty_opencl)
+    buf.host[:] = data
+    buf.mark_device_dirty()
+    pool = lazybuf.get_memory_pool(faulty_opencl)
+    in_use = pool.stats().bytes_in_use
+    faulty_opencl.fail_copy_in(1)
+    with pytest.raises(RuntimeError, match="injected fault: copy"):
+        buf.to_numpy()
+    assert pool.stats().bytes_in_use == in_use
+    assert buf.state == BufferState.DEVICE_DIRTY
+    np.testing.assert_array_equal(buf.to_numpy(), data)

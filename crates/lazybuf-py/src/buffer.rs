@@ -5,7 +5,8 @@
 //! | Python | core access |
 //! |---|---|
 //! | `.host`, `mark_host_dirty()`, `copy_from()`, writable buffer/DLPack exports | host write |
-//! | `.host_readonly`, `to_numpy()`, `sync_to_host()`, `__array__`, read-only exports | host read |
+//! | `.host_readonly`, `sync_to_host()`, `__array__`, read-only exports | host read |
+//! | `to_numpy()`, `copy_to()` | a read into the caller's array ([`RawBuffer::read_into`]) |
 //! | `.device_writable`, `mark_device_dirty()`, `__cuda_array_interface__` | device write |
 //! | `.device`, `sync_to_device()` | device read |
 //!
@@ -323,6 +324,42 @@ impl UnifiedBuffer {
         let result = freeze(py, &views);
         drop(views);
         result
+    }
+
+    /// `out` as the NumPy array a read-back can fill: an array of the buffer's shape, and
+    /// writable; else a clear error naming what was expected (`method` says whose).
+    fn check_out<'py>(&self, method: &str, out: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyUntypedArray>> {
+        let shape = shape_repr(&self.shape);
+        let Ok(target) = out.cast::<PyUntypedArray>() else {
+            let kind = out.get_type().name().map(|n| n.to_string()).unwrap_or_default();
+            return Err(PyTypeError::new_err(format!(
+                "{method}: expected a NumPy array of shape {shape} to copy into, got {kind}"
+            )));
+        };
+        if target.shape() != self.shape.as_slice() {
+            return Err(PyValueError::new_err(format!(
+                "{method}: expected an array of shape {shape}, got shape {}",
+                shape_repr(target.shape())
+            )));
+        }
+        if !target.getattr("flags")?.getattr("writeable")?.is_truthy()? {
+            return Err(PyValueError::new_err(format!(
+                "{method}: expected a writable array, got a read-only one"
+            )));
+        }
+        Ok(target.clone())
+    }
+
+    /// Copies the data into `target`, a writable C-contiguous array of the buffer's shape and
+    /// dtype (checked by the caller): one copy ([`Storage::read_into_address`]).
+    fn read_into_array(&self, target: &Bound<'_, PyUntypedArray>) -> PyResult<()> {
+        let n = target.len() * target.dtype().itemsize();
+        // SAFETY: target is a live NumPy array (the caller holds it); its fields are valid.
+        let data =
+            unsafe { (*numpy::npyffi::_PyArray_GET_ITEM_DATA(target.as_array_ptr())).data }.cast::<u8>();
+        // SAFETY: a writable C-contiguous array of n bytes, held by the caller until this
+        // returns: its data cannot move or be freed while it is referenced.
+        unsafe { self.storage()?.read_into_address(target.py(), data, n) }
     }
 
     /// The cached object in `field`, cloned under the lock.
@@ -684,9 +721,34 @@ impl UnifiedBuffer {
         storage.copy_from_array(&array)
     }
 
-    /// A copy of the data as a new NumPy array (syncs the host first; not a write).
-    fn to_numpy<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        observed(py, Cause::sync("to_numpy"), || self.storage()?.to_array(py, &self.shape, self.descr(py)))
+    /// A copy of the data as a new NumPy array, or in `out` (a writable C-contiguous NumPy
+    /// array of the buffer's shape and dtype, returned), as CuPy's `get(out=)`. One copy: when
+    /// the host copy is current, from it; when the device copy is newer, straight from the
+    /// device, and the host copy stays stale (the state does not change). Not a write.
+    #[pyo3(signature = (*, out=None))]
+    fn to_numpy<'py>(&self, py: Python<'py>, out: Option<&Bound<'py, PyAny>>) -> PyResult<Bound<'py, PyAny>> {
+        let Some(out) = out else {
+            return observed(py, Cause::sync("to_numpy"), || {
+                self.storage()?.to_array(py, &self.shape, self.descr(py))
+            });
+        };
+        let target = self.check_out("to_numpy", out)?;
+        if !target.dtype().is_equiv_to(self.descr(py)) {
+            return Err(PyTypeError::new_err(format!(
+                "to_numpy: expected out of dtype {}, got {} (to_numpy(out=) copies the bytes; \
+                 copy_to() casts)",
+                self.elem.dtype,
+                target.dtype().str()?
+            )));
+        }
+        if !target.is_c_contiguous() {
+            return Err(PyValueError::new_err(format!(
+                "to_numpy: expected a C-contiguous out array, got one with strides {:?}",
+                target.strides()
+            )));
+        }
+        observed(py, Cause::sync("to_numpy"), || self.read_into_array(&target))?;
+        Ok(out.clone())
     }
 
     /// The buffer's id: unique in the process, the name `TransferGuardError` and recorded
@@ -825,28 +887,21 @@ impl UnifiedBuffer {
     }
 
     /// Copies the data into `out`, a writable NumPy array of the buffer's shape whose dtype
-    /// the buffer's casts to under NumPy's `same_kind` rule (a host read: syncs from the
-    /// device first if it is newer).
+    /// the buffer's casts to under NumPy's `same_kind` rule. Into a C-contiguous array of the
+    /// buffer's dtype it is `to_numpy(out=out)` (one copy, the state unchanged); otherwise a
+    /// host read (syncing from the device first if it is newer) and `np.copyto`.
     fn copy_to(slf: &Bound<'_, Self>, out: &Bound<'_, PyAny>) -> PyResult<()> {
         let py = slf.py();
         let this = slf.get();
-        let shape = shape_repr(&this.shape);
-        let Ok(target) = out.cast::<PyUntypedArray>() else {
-            let kind = out.get_type().name().map(|n| n.to_string()).unwrap_or_default();
-            return Err(PyTypeError::new_err(format!(
-                "copy_to: expected a NumPy array of shape {shape} to copy into, got {kind}"
-            )));
-        };
-        if target.shape() != this.shape.as_slice() {
-            return Err(PyValueError::new_err(format!(
-                "copy_to: expected an array of shape {shape}, got shape {}",
-                shape_repr(target.shape())
-            )));
+        let target = this.check_out("copy_to", out)?;
+        let to = target.dtype();
+        if to.is_equiv_to(this.descr(py)) && target.is_c_contiguous() {
+            // The bytes as they are: one copy, straight from the device when it is newer.
+            return observed(py, Cause::sync("copy_to"), || this.read_into_array(&target));
         }
         let np = numpy_module(py)?;
         let kwargs = PyDict::new(py);
         kwargs.set_item("casting", "same_kind")?;
-        let to = target.dtype();
         if !np.call_method("can_cast", (this.descr(py), &to), Some(&kwargs))?.is_truthy()? {
             return Err(PyTypeError::new_err(format!(
                 "copy_to: cannot cast {} to {} under the same_kind rule; expected an array of \
@@ -855,9 +910,6 @@ impl UnifiedBuffer {
                 to.str()?,
                 this.elem.dtype
             )));
-        }
-        if !target.getattr("flags")?.getattr("writeable")?.is_truthy()? {
-            return Err(PyValueError::new_err("copy_to: expected a writable array, got a read-only one"));
         }
         let source = observed(py, Cause::sync("copy_to"), || UnifiedBuffer::host_readonly(slf))?;
         np.call_method("copyto", (target, source), Some(&kwargs)).map(drop)
@@ -992,8 +1044,11 @@ impl UnifiedBuffer {
         copy: Option<bool>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let py = slf.py();
-        let base =
-            if copy == Some(true) { slf.get().to_numpy(py)? } else { UnifiedBuffer::host_readonly(slf)? };
+        let base = if copy == Some(true) {
+            slf.get().to_numpy(py, None)?
+        } else {
+            UnifiedBuffer::host_readonly(slf)?
+        };
         match dtype.filter(|d| !d.is_none()) {
             None => Ok(base),
             Some(dtype) => {

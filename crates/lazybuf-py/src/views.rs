@@ -379,14 +379,16 @@ impl Storage {
         })
     }
 
-    /// A new NumPy array holding a copy of the host data (the host is made current first).
+    /// A new NumPy array holding a copy of the buffer's data ([`RawBuffer::read_into`]): one
+    /// copy, straight from the device copy when the host
+    /// copy is stale (which then stays stale; see [`RawBuffer::read_into`]).
     ///
     /// Arrays of [`OWNED_BLOCK_MIN`] bytes and more get their memory from the caching resource
     /// of the buffer's device (a [`HostBlock`] is their `.base`, and gives the memory back
     /// when the array is gone), so a loop that calls `to_numpy()` batch after batch reuses
-    /// pages already faulted in (and on CUDA already registered) instead of mapping fresh
-    /// ones; smaller arrays come from NumPy's allocator. The copy runs on several threads
-    /// when it is large ([`lazybuf::host_memory::copy_bytes`]).
+    /// pages already faulted in (and on CUDA registered with the driver once reused) instead
+    /// of mapping fresh ones; smaller arrays come from NumPy's allocator. A host copy runs on
+    /// several threads when it is large ([`lazybuf::host_memory::copy_bytes`]).
     pub(crate) fn to_array<'py>(
         &self,
         py: Python<'py>,
@@ -397,36 +399,61 @@ impl Storage {
             let raw = self.lock(py)?;
             (raw.nbytes(), raw.home().clone())
         };
-        let (array, data) = if n >= OWNED_BLOCK_MIN {
+        if n >= OWNED_BLOCK_MIN {
             let resource = default_resource(&device);
             let mut block = py.detach(|| resource.allocate_host(&device, n, false)).or_py()?;
+            // The block is not shared yet: read into it (the GIL released), then wrap it. On a
+            // failure it goes back to the resource it came from (its accounting included).
+            let read = lock::detach(py, |d| self.lock_detached(d)?.read_into(&mut block).or_py());
+            if let Err(err) = read {
+                resource.deallocate_host(&device, block, Ticket::done());
+                return Err(err);
+            }
             let data = block.as_mut_ptr();
             let owner = Bound::new(py, HostBlock { device, resource, block: Some(block) })?.into_any();
             // SAFETY: the block holds at least n writable bytes, owned by `owner` (the array's
             // base) until the array is gone; nothing else references them.
-            (unsafe { ndarray(py, data, shape, descr, true, owner) }?, data)
-        } else {
-            // SAFETY: a null data pointer makes NumPy allocate the array's own memory.
-            let array = unsafe { ndarray_raw(py, ptr::null_mut(), shape, descr, true) }?;
-            // SAFETY: array is the new NumPy array made above; its fields are valid.
-            let data = unsafe { (*npyffi::_PyArray_GET_ITEM_DATA(array.as_ptr().cast())).data }.cast::<u8>();
-            (array, data)
-        };
-        let data = data as usize;
-        // The copy (and any sync it needs) runs without the GIL; `array` is not yet shared.
+            return unsafe { ndarray(py, data, shape, descr, true, owner) };
+        }
+        // SAFETY: a null data pointer makes NumPy allocate the array's own memory.
+        let array = unsafe { ndarray_raw(py, ptr::null_mut(), shape, descr, true) }?;
+        // SAFETY: array is the new NumPy array made above; its fields are valid.
+        let data = unsafe { (*npyffi::_PyArray_GET_ITEM_DATA(array.as_ptr().cast())).data }.cast::<u8>();
+        // SAFETY: the new array's data holds prod(shape) * itemsize = n bytes, and nothing
+        // else references them until it is returned.
+        unsafe { self.read_into_address(py, data, n) }?;
+        Ok(array)
+    }
+
+    /// Copies the buffer's data into the `len` bytes at `address` ([`RawBuffer::read_into`],
+    /// the GIL released): exactly the buffer's size, or a clear error that changes nothing.
+    ///
+    /// # Safety
+    /// `address` is valid for writes of `len` bytes until this returns, and no other thread
+    /// reads or writes them meanwhile (the caller holds the array they belong to, whose data
+    /// cannot move or be freed while it is referenced).
+    pub unsafe fn read_into_address(&self, py: Python<'_>, address: *mut u8, len: usize) -> PyResult<()> {
+        /// The lender of a block [`HostMemory::adopt`] wraps for one read: owns nothing.
+        struct Lent;
+        impl ForeignHostMemory for Lent {}
+        let address = address as usize;
         lock::detach(py, |d| {
             let mut raw = self.lock_detached(d)?;
-            let n = raw.nbytes();
-            let source = &raw.host_access(Access::Read).or_py()?[..n];
-            if n > 0 {
-                // SAFETY: the new array's data holds prod(shape) * itemsize = n bytes that
-                // nothing else references while this runs; the source has n bytes.
-                let target = unsafe { std::slice::from_raw_parts_mut(data as *mut u8, n) };
-                copy_bytes(target, source);
+            if len != raw.nbytes() {
+                return Err(PyValueError::new_err(format!(
+                    "expected {} bytes to copy into, got {len}",
+                    raw.nbytes()
+                )));
             }
-            Ok::<_, PyErr>(())
-        })?;
-        Ok(array)
+            let Some(start) = NonNull::new(address as *mut u8).filter(|_| len > 0) else {
+                return Ok(());
+            };
+            // SAFETY: the caller's contract: the bytes are writable for len bytes and no one
+            // else uses them until this returns, which drops the block first. They are only
+            // written through it (read_into downloads or copies into them).
+            let mut block = unsafe { HostMemory::adopt(start, len, Box::new(Lent)) };
+            raw.read_into(&mut block).or_py()
+        })
     }
 
     /// Fills every element with the bytes of the 0-d array `value` (where the data is current).

@@ -659,6 +659,15 @@ fn check_machine_size(len: usize) -> Result<()> {
 pub const PARALLEL_COPY_MIN: usize = 2 << 20;
 /// The least each thread of a split copy moves.
 const PARALLEL_COPY_PIECE: usize = 1 << 20;
+/// The most one piece of a split copy moves: larger copies are cut into more pieces than
+/// threads, taken from one queue, so a thread the system deschedules holds up at most one
+/// piece (the others are copied by whoever is running), and a split copy stays about as fast
+/// as one thread's on a machine whose other cores are busy.
+const PARALLEL_COPY_MAX_PIECE: usize = 4 << 20;
+/// Split copies this large or larger write with non-temporal stores (the data cannot stay in
+/// the cache anyway): measured on the development VM, 2 threads with ordinary stores moved
+/// 20.6 GB/s at 64 MiB and 13.3 at 256 MiB, with streaming stores 26.3 and 26.6.
+const PARALLEL_COPY_STREAMING_MIN: usize = 64 << 20;
 /// The most threads one copy uses.
 const PARALLEL_COPY_THREADS: usize = 8;
 
@@ -668,8 +677,10 @@ const PARALLEL_COPY_THREADS: usize = 8;
 /// x16 link does, so host-side copies of large arrays (a host write of a whole buffer, a
 /// `to_vec`, Python's `to_numpy`) would otherwise cost several times their DMA. Copies of
 /// [`PARALLEL_COPY_MIN`] and more are cut into pieces of at least 1 MiB, one per thread, up to
-/// the machine's parallelism and at most 8 threads (the calling thread takes one piece);
-/// smaller copies, and machines with one core, copy on the calling thread. It is
+/// the machine's parallelism and at most 8 threads: the calling thread takes one piece and
+/// lazybuf's parked copy workers the others (started once and kept, so a copy pays a wake-up,
+/// not a thread start; fork-safe: see `copy_workers`); smaller copies, and machines with one
+/// core, copy on the calling thread. It is
 /// [`copy_bytes_raw`] on the slices' addresses, so it stays correct even where a caller's two
 /// slices share bytes (which safe code cannot make, but adopted memory and user pointers can).
 ///
@@ -721,22 +732,244 @@ unsafe fn copy_bytes_with(dst: *mut u8, src: *const u8, len: usize, threads: usi
         unsafe { std::ptr::copy(src, dst, len) };
         return;
     }
-    // Pieces of whole cache lines, so two threads never write one line.
-    let piece = len.div_ceil(threads).next_multiple_of(HEAP_ALIGN);
+    // Pieces of whole cache lines, so two threads never write one line; at most
+    // PARALLEL_COPY_MAX_PIECE each.
+    let piece = len.div_ceil(threads).min(PARALLEL_COPY_MAX_PIECE).next_multiple_of(HEAP_ALIGN);
     // Addresses as integers: raw pointers are not Send.
     let (dst, src) = (dst as usize, src as usize);
-    let copy_piece = move |offset: usize| {
-        let n = piece.min(len - offset);
-        // SAFETY: [offset, offset + n) lies inside both ranges, which are valid for len bytes
-        // and do not overlap (checked above), and each piece is written by one thread only.
-        unsafe { std::ptr::copy_nonoverlapping((src + offset) as *const u8, (dst + offset) as *mut u8, n) }
-    };
-    std::thread::scope(|scope| {
-        for offset in (piece..len).step_by(piece) {
-            scope.spawn(move || copy_piece(offset));
+    // SAFETY: the ranges are valid for len bytes and disjoint (checked above), and nothing
+    // else writes them during the call (the caller's contract); split returns when every
+    // piece is copied.
+    unsafe { copy_workers::split(dst, src, len, piece, threads, len >= PARALLEL_COPY_STREAMING_MIN) }
+}
+
+/// The threads that copy the pieces of split host copies: a few parked workers of lazybuf's
+/// own, started on first use (one fewer than the most threads a copy has used, at most
+/// [`PARALLEL_COPY_THREADS`] - 1) and kept, so a large copy pays a wake-up, not a thread start
+/// and join (33-55 us each, issue 24). The calling thread copies the first piece and then takes
+/// queued pieces itself while no worker has, so a copy waits on a worker only for the piece
+/// that worker is copying (at most [`PARALLEL_COPY_MAX_PIECE`]), never for one slow to wake. Fork: `fork` copies only the calling thread, so a child inherits the pool's queue
+/// (its lock possibly held by a worker that no longer exists) without its workers. Each pool
+/// belongs to the process that made it (its pid): a child never touches its parent's pool and
+/// makes a fresh one on its first large copy (the parent's is left alone in the child's memory).
+mod copy_workers {
+    use std::collections::VecDeque;
+    use std::ptr;
+    use std::sync::atomic::{AtomicPtr, Ordering};
+    use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+
+    /// One piece of a split copy (addresses as integers), and its copy's latch.
+    struct Piece {
+        dst: usize,
+        src: usize,
+        len: usize,
+        /// Copy with non-temporal stores ([`copy_streaming`]).
+        streaming: bool,
+        latch: Arc<Latch>,
+    }
+
+    impl Piece {
+        /// Copies the piece and counts it done.
+        fn run(self) {
+            // SAFETY: the piece lies inside the ranges of a copy whose caller waits (in
+            // `split`) until every piece of it has counted down, so the ranges stay valid;
+            // they are disjoint, and no other piece writes these bytes.
+            unsafe {
+                let (src, dst) = (self.src as *const u8, self.dst as *mut u8);
+                if self.streaming {
+                    copy_streaming(dst, src, self.len);
+                } else {
+                    ptr::copy_nonoverlapping(src, dst, self.len);
+                }
+            }
+            self.latch.count_down();
         }
-        copy_piece(0);
-    });
+    }
+
+    /// Copies `len` bytes with non-temporal stores (x86-64: SSE2 `movntdq`, then `sfence`), as
+    /// glibc's `memcpy` does for one copy larger than its threshold (about 190 MiB on the
+    /// development VM): the pieces of a large split copy are each below that threshold, and
+    /// with ordinary stores they ran at half the speed of one thread's streaming `memcpy`
+    /// (issue 24). Elsewhere, an ordinary copy.
+    ///
+    /// # Safety
+    /// `src` is valid for reads and `dst` for writes of `len` bytes; the ranges do not overlap.
+    unsafe fn copy_streaming(dst: *mut u8, src: *const u8, len: usize) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
+            let head = dst.align_offset(16).min(len);
+            // SAFETY: (every block here) offsets stay inside [0, len), valid for both ranges
+            // (the caller's contract); the streaming stores are to 16-byte aligned addresses
+            // (dst + head is aligned, and i advances by 64); SSE2 is part of x86-64.
+            unsafe {
+                ptr::copy_nonoverlapping(src, dst, head);
+                let mut i = head;
+                while i + 64 <= len {
+                    for k in [0, 16, 32, 48] {
+                        let v = _mm_loadu_si128(src.add(i + k).cast::<__m128i>());
+                        _mm_stream_si128(dst.add(i + k).cast::<__m128i>(), v);
+                    }
+                    i += 64;
+                }
+                ptr::copy_nonoverlapping(src.add(i), dst.add(i), len - i);
+                // The streamed bytes are visible to other threads before the piece counts down.
+                _mm_sfence();
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        // SAFETY: the caller's contract.
+        unsafe {
+            ptr::copy_nonoverlapping(src, dst, len)
+        }
+    }
+
+    /// Counts the pieces of one copy that are not done yet.
+    struct Latch {
+        remaining: Mutex<usize>,
+        done: Condvar,
+    }
+
+    impl Latch {
+        fn count_down(&self) {
+            let mut remaining = lock(&self.remaining);
+            *remaining -= 1;
+            if *remaining == 0 {
+                self.done.notify_all();
+            }
+        }
+
+        fn wait(&self) {
+            let mut remaining = lock(&self.remaining);
+            while *remaining > 0 {
+                remaining = self.done.wait(remaining).unwrap_or_else(PoisonError::into_inner);
+            }
+        }
+    }
+
+    struct Queue {
+        pieces: VecDeque<Piece>,
+        /// Workers started.
+        workers: usize,
+    }
+
+    /// The workers of one process.
+    struct Pool {
+        pid: u32,
+        queue: Mutex<Queue>,
+        work: Condvar,
+    }
+
+    /// The pool of the process that made it; leaked (a few bytes, once per process).
+    static POOL: AtomicPtr<Pool> = AtomicPtr::new(ptr::null_mut());
+
+    /// Nothing panics while these locks are held (a piece is copied outside them), so a
+    /// poisoned one is still consistent.
+    fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+        mutex.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// This process's pool: made on first use, and again in a forked child.
+    fn pool() -> &'static Pool {
+        let pid = std::process::id();
+        loop {
+            let current = POOL.load(Ordering::Acquire);
+            // SAFETY: a non-null POOL points to a leaked Box<Pool>, never freed.
+            if let Some(pool) = unsafe { current.as_ref() }
+                && pool.pid == pid
+            {
+                return pool;
+            }
+            let queue = Mutex::new(Queue { pieces: VecDeque::new(), workers: 0 });
+            let fresh = Box::into_raw(Box::new(Pool { pid, queue, work: Condvar::new() }));
+            match POOL.compare_exchange(current, fresh, Ordering::AcqRel, Ordering::Acquire) {
+                // SAFETY: just leaked; never freed.
+                Ok(_) => return unsafe { &*fresh },
+                // Another thread of this process installed one first: use that (next loop).
+                // SAFETY: `fresh` came from Box::into_raw above and was never shared.
+                Err(_) => drop(unsafe { Box::from_raw(fresh) }),
+            }
+        }
+    }
+
+    impl Pool {
+        /// Starts workers until there are `wanted` (as many as the system gives).
+        fn ensure_workers(&'static self, queue: &mut Queue, wanted: usize) {
+            while queue.workers < wanted {
+                let started = std::thread::Builder::new()
+                    .name("lazybuf-copy".into())
+                    .stack_size(64 << 10)
+                    .spawn(move || self.work_loop());
+                if started.is_err() {
+                    // No thread to be had: the calling thread copies what no worker takes.
+                    return;
+                }
+                queue.workers += 1;
+            }
+        }
+
+        fn work_loop(&self) {
+            loop {
+                let piece = {
+                    let mut queue = lock(&self.queue);
+                    loop {
+                        if let Some(piece) = queue.pieces.pop_front() {
+                            break piece;
+                        }
+                        queue = self.work.wait(queue).unwrap_or_else(PoisonError::into_inner);
+                    }
+                };
+                piece.run();
+            }
+        }
+    }
+
+    /// Copies `len` bytes from `src` to `dst` in pieces of `piece` bytes on `threads` threads
+    /// at most: the first piece on the calling thread, the others on `threads - 1` workers or
+    /// on the calling thread, whichever takes them first; returns when every piece is done.
+    ///
+    /// # Safety
+    /// The ranges are valid for `len` bytes, do not overlap, and nothing else writes them
+    /// during the call.
+    /// With `streaming`, the pieces are copied with non-temporal stores ([`copy_streaming`]).
+    pub(super) unsafe fn split(
+        dst: usize,
+        src: usize,
+        len: usize,
+        piece: usize,
+        threads: usize,
+        streaming: bool,
+    ) {
+        let count = len.div_ceil(piece);
+        let latch = Arc::new(Latch { remaining: Mutex::new(count), done: Condvar::new() });
+        let make = |offset: usize| Piece {
+            dst: dst + offset,
+            src: src + offset,
+            len: piece.min(len - offset),
+            streaming,
+            latch: Arc::clone(&latch),
+        };
+        let pool = pool();
+        {
+            let mut queue = lock(&pool.queue);
+            pool.ensure_workers(&mut queue, threads.min(count) - 1);
+            queue.pieces.extend((piece..len).step_by(piece).map(make));
+        }
+        for _ in 1..threads.min(count) {
+            pool.work.notify_one();
+        }
+        make(0).run();
+        // Help: copy the pieces no worker has taken yet (any copy's: each stays valid until
+        // its own caller's latch is done, which needs that piece).
+        loop {
+            let next = lock(&pool.queue).pieces.pop_front();
+            match next {
+                Some(piece) => piece.run(),
+                None => break,
+            }
+        }
+        latch.wait();
+    }
 }
 
 /// How many threads [`copy_bytes`] uses for `len` bytes.
@@ -768,6 +1001,50 @@ pub(crate) fn fill_pattern(bytes: &mut [u8], pattern: &[u8]) {
 
 #[cfg(test)]
 mod tests {
+    /// Copies from many threads at once share the workers: pieces of different copies are
+    /// queued together, and each copy returns only when all of its own bytes are there.
+    #[test]
+    fn concurrent_split_copies_each_get_every_byte() {
+        let handles: Vec<_> = (0..6u8)
+            .map(|t| {
+                std::thread::spawn(move || {
+                    let len = (3 << 20) + 64 * t as usize + 5;
+                    let src: Vec<u8> = (0..len).map(|i| (i % 241) as u8 ^ t).collect();
+                    for round in 0..20 {
+                        let mut dst = vec![0xff; len];
+                        // SAFETY: two distinct vectors of len bytes.
+                        unsafe { super::copy_bytes_with(dst.as_mut_ptr(), src.as_ptr(), len, 2 + round % 7) };
+                        assert!(dst == src, "thread {t}, round {round}");
+                    }
+                })
+            })
+            .collect();
+        for handle in handles {
+            handle.join().unwrap();
+        }
+    }
+
+    /// Split copies with non-temporal stores (large copies): every byte, at every alignment of
+    /// the destination and lengths that leave a head and a tail around the streamed blocks.
+    #[test]
+    fn streaming_split_copies_copy_every_byte_at_any_alignment() {
+        let total = (5 << 20) + 300;
+        let src: Vec<u8> = (0..total).map(|i: usize| (i.wrapping_mul(2654435761) >> 11) as u8).collect();
+        for (offset, len, piece, threads) in [
+            (0, 1 << 20, 1 << 18, 2),
+            (1, (3 << 20) + 77, 1 << 20, 3),
+            (15, 100, 64, 2),
+            (33, 5 << 20, 3 << 20, 2),
+        ] {
+            let mut dst = vec![0xffu8; total + 64];
+            let start = dst.as_mut_ptr().wrapping_add(offset) as usize;
+            // SAFETY: dst holds offset + len bytes and src len bytes; two distinct vectors.
+            unsafe { super::copy_workers::split(start, src.as_ptr() as usize, len, piece, threads, true) };
+            assert!(dst[offset..offset + len] == src[..len], "offset {offset}, len {len}");
+            assert!(dst[..offset].iter().chain(&dst[offset + len..]).all(|&b| b == 0xff), "outside");
+        }
+    }
+
     #[test]
     fn copy_bytes_copies_every_byte_at_every_size() {
         for len in [0, 1, 63, 4096, super::PARALLEL_COPY_MIN - 1, super::PARALLEL_COPY_MIN, (9 << 20) + 13] {

@@ -122,3 +122,63 @@ fn a_forked_child_gets_a_clear_error_from_runtimes_that_do_not_survive_fork_and_
     let host = lazybuf::devices().into_iter().find(|d| d.backend_kind() == lazybuf::BackendKind::HOST);
     assert!(host.is_some_and(|h| h.survives_fork()), "the host device works in a child");
 }
+
+/// Large host copies run on lazybuf's parked copy workers ([`lazybuf::host_memory::copy_bytes`]),
+/// which a forked child does not inherit: a child forked while the parent's workers are busy
+/// (their queue's lock possibly held at the fork) still copies, correctly, and never hangs.
+#[test]
+fn large_host_copies_work_in_a_forked_child_of_a_process_whose_copy_workers_were_busy() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let len = (8 << 20) + 4099; // above PARALLEL_COPY_MIN: split over the workers
+    let src: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+    let mut dst = vec![0; len];
+    lazybuf::host_memory::copy_bytes(&mut dst, &src); // the parent's workers exist now
+    assert!(dst == src);
+    let stop = Arc::new(AtomicBool::new(false));
+    let busy = {
+        let (stop, src) = (Arc::clone(&stop), src.clone());
+        std::thread::spawn(move || {
+            let mut dst = vec![0; src.len()];
+            while !stop.load(Ordering::Relaxed) {
+                lazybuf::host_memory::copy_bytes(&mut dst, &src);
+            }
+        })
+    };
+    for round in 0..5 {
+        let status = fork_and_wait(Duration::from_secs(30), || {
+            let mut dst = vec![0; src.len()];
+            for _ in 0..3 {
+                lazybuf::host_memory::copy_bytes(&mut dst, &src);
+            }
+            if dst != src {
+                return WRONG_DATA;
+            }
+            // The child's copies were split over workers of its own (the parent's did not
+            // survive the fork): on Linux, its threads are listed in /proc.
+            if cfg!(target_os = "linux") && std::thread::available_parallelism().is_ok_and(|n| n.get() > 1) {
+                let workers = std::fs::read_dir("/proc/self/task")
+                    .map(|tasks| {
+                        tasks
+                            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+                            .filter(|name| name.trim() == "lazybuf-copy")
+                            .count()
+                    })
+                    .unwrap_or(0);
+                if workers == 0 {
+                    return WRONG_ERROR;
+                }
+            }
+            WORKED
+        });
+        assert_eq!(
+            status,
+            Some(WORKED),
+            "round {round}: None means the child hung and was killed, {WRONG_DATA} wrong bytes, \
+             {WRONG_ERROR} no copy worker of its own"
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    busy.join().unwrap();
+}

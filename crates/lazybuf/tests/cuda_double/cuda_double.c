@@ -179,6 +179,32 @@ static long long live_allocations, registrations;
         }                             \
     } while (0)
 
+/* Calls per driver entry point, for tests that count the driver work an operation makes
+ * (`lazybuf_cuda_double_calls`). Every exported `cu*` function counts itself first, under its
+ * own lock (some entry points run without `lock`). */
+#define MAX_ENTRY_POINTS 64
+static pthread_mutex_t calls_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+    const char *name;
+    long long calls;
+} entry_points[MAX_ENTRY_POINTS];
+
+static void count_call(const char *name) {
+    pthread_mutex_lock(&calls_lock);
+    for (int i = 0; i < MAX_ENTRY_POINTS; i++) {
+        if (entry_points[i].name == NULL) {
+            entry_points[i].name = name;
+        }
+        if (entry_points[i].name == name || strcmp(entry_points[i].name, name) == 0) {
+            entry_points[i].calls++;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&calls_lock);
+}
+
+#define COUNTED count_call(__func__)
+
 static long long env_number(const char *name, long long fallback) {
     const char *value = getenv(name);
     if (value == NULL || *value == '\0') return fallback;
@@ -327,6 +353,7 @@ static CUresult free_allocation(const void *p, int device) {
 /* ---- Initialization, version, errors ---- */
 
 EXPORT CUresult cuInit(unsigned flags) {
+    COUNTED;
     if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
     if (!initialized) {
@@ -351,6 +378,7 @@ EXPORT CUresult cuInit(unsigned flags) {
 }
 
 EXPORT CUresult cuDriverGetVersion(int *version) {
+    COUNTED;
     if (version == NULL) return CUDA_ERROR_INVALID_VALUE;
     *version = 12080;
     return CUDA_SUCCESS;
@@ -379,12 +407,14 @@ static const char *error_name(CUresult error) {
 }
 
 EXPORT CUresult cuGetErrorName(CUresult error, const char **name) {
+    COUNTED;
     if (name == NULL) return CUDA_ERROR_INVALID_VALUE;
     *name = error_name(error);
     return *name != NULL ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 EXPORT CUresult cuGetErrorString(CUresult error, const char **text) {
+    COUNTED;
     if (text == NULL) return CUDA_ERROR_INVALID_VALUE;
     /* The double has no prose of its own: the name, marked as coming from the double. */
     static __thread char buffer[96];
@@ -401,6 +431,7 @@ EXPORT CUresult cuGetErrorString(CUresult error, const char **text) {
 /* ---- Devices ---- */
 
 EXPORT CUresult cuDeviceGetCount(int *count) {
+    COUNTED;
     if (count == NULL) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
     GUARD(need_init());
@@ -410,6 +441,7 @@ EXPORT CUresult cuDeviceGetCount(int *count) {
 }
 
 EXPORT CUresult cuDeviceGet(CUdevice *device, int ordinal) {
+    COUNTED;
     if (device == NULL) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
     GUARD(check_device(ordinal));
@@ -419,6 +451,7 @@ EXPORT CUresult cuDeviceGet(CUdevice *device, int ordinal) {
 }
 
 EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
+    COUNTED;
     if (name == NULL || len <= 0) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
     GUARD(check_device(dev));
@@ -428,6 +461,7 @@ EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
 }
 
 EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
+    COUNTED;
     if (bytes == NULL) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
     GUARD(check_device(dev));
@@ -437,6 +471,7 @@ EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
 }
 
 EXPORT CUresult cuDeviceGetAttribute(int *value, int attribute, CUdevice dev) {
+    COUNTED;
     if (value == NULL) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
     GUARD(check_device(dev));
@@ -454,6 +489,7 @@ EXPORT CUresult cuDeviceGetAttribute(int *value, int attribute, CUdevice dev) {
 }
 
 EXPORT CUresult cuDeviceCanAccessPeer(int *can, CUdevice dev, CUdevice peer) {
+    COUNTED;
     if (can == NULL) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
     GUARD(check_device(dev));
@@ -466,6 +502,7 @@ EXPORT CUresult cuDeviceCanAccessPeer(int *can, CUdevice dev, CUdevice peer) {
 /* ---- Contexts ---- */
 
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev) {
+    COUNTED;
     if (ctx == NULL) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
     GUARD(check_device(dev));
@@ -476,6 +513,7 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev) {
 }
 
 EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+    COUNTED;
     pthread_mutex_lock(&lock);
     GUARD(check_device(dev));
     if (devices[dev].ctx.retained == 0) {
@@ -488,6 +526,7 @@ EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
 }
 
 EXPORT CUresult cuCtxSetCurrent(CUcontext ctx) {
+    COUNTED;
     pthread_mutex_lock(&lock);
     GUARD(need_init());
     if (ctx != NULL) GUARD(check_context(ctx));
@@ -497,6 +536,7 @@ EXPORT CUresult cuCtxSetCurrent(CUcontext ctx) {
 }
 
 EXPORT CUresult cuCtxGetCurrent(CUcontext *ctx) {
+    COUNTED;
     if (ctx == NULL) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
     GUARD(need_init());
@@ -506,6 +546,7 @@ EXPORT CUresult cuCtxGetCurrent(CUcontext *ctx) {
 }
 
 EXPORT CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned flags) {
+    COUNTED;
     if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
     GUARD(need_context());
@@ -602,6 +643,7 @@ static CUresult submit(CUstream stream, struct command c) {
 }
 
 EXPORT CUresult cuStreamCreate(CUstream *stream, unsigned flags) {
+    COUNTED;
     if (stream == NULL || flags > 1) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
     GUARD(need_context());
@@ -623,6 +665,7 @@ EXPORT CUresult cuStreamCreate(CUstream *stream, unsigned flags) {
 }
 
 EXPORT CUresult cuStreamDestroy_v2(CUstream stream) {
+    COUNTED;
     pthread_mutex_lock(&lock);
     GUARD(need_init());
     for (CUstream *link = &streams; *link != NULL; link = &(*link)->next) {
@@ -640,6 +683,7 @@ EXPORT CUresult cuStreamDestroy_v2(CUstream stream) {
 }
 
 EXPORT CUresult cuStreamSynchronize(CUstream stream) {
+    COUNTED;
     int device;
     pthread_mutex_lock(&lock);
     GUARD(stream_device(stream, &device));
@@ -660,6 +704,7 @@ static CUresult check_event(CUevent event) {
 }
 
 EXPORT CUresult cuEventCreate(CUevent *event, unsigned flags) {
+    COUNTED;
     if (event == NULL || flags > 15) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
     GUARD(need_context());
@@ -674,6 +719,7 @@ EXPORT CUresult cuEventCreate(CUevent *event, unsigned flags) {
 }
 
 EXPORT CUresult cuEventRecord(CUevent event, CUstream stream) {
+    COUNTED;
     int device;
     pthread_mutex_lock(&lock);
     GUARD(check_event(event));
@@ -697,6 +743,7 @@ EXPORT CUresult cuEventRecord(CUevent event, CUstream stream) {
 }
 
 EXPORT CUresult cuEventQuery(CUevent event) {
+    COUNTED;
     pthread_mutex_lock(&lock);
     GUARD(need_init());
     GUARD(check_event(event));
@@ -706,6 +753,7 @@ EXPORT CUresult cuEventQuery(CUevent event) {
 }
 
 EXPORT CUresult cuEventSynchronize(CUevent event) {
+    COUNTED;
     pthread_mutex_lock(&lock);
     GUARD(need_init());
     GUARD(check_event(event));
@@ -717,6 +765,7 @@ EXPORT CUresult cuEventSynchronize(CUevent event) {
 }
 
 EXPORT CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsigned flags) {
+    COUNTED;
     int device;
     if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
@@ -740,6 +789,7 @@ EXPORT CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsigned flags
 }
 
 EXPORT CUresult cuEventDestroy_v2(CUevent event) {
+    COUNTED;
     pthread_mutex_lock(&lock);
     GUARD(need_init());
     for (CUevent *link = &events; *link != NULL; link = &(*link)->next) {
@@ -758,6 +808,7 @@ EXPORT CUresult cuEventDestroy_v2(CUevent event) {
 /* ---- Memory ---- */
 
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *ptr, size_t size) {
+    COUNTED;
     if (ptr == NULL || size == 0) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
     GUARD(need_context());
@@ -776,6 +827,7 @@ EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *ptr, size_t size) {
 }
 
 EXPORT CUresult cuMemAllocManaged(CUdeviceptr *ptr, size_t size, unsigned flags) {
+    COUNTED;
     if (ptr == NULL || size == 0 || (flags != MEM_ATTACH_GLOBAL && flags != MEM_ATTACH_HOST))
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
@@ -794,6 +846,7 @@ EXPORT CUresult cuMemAllocManaged(CUdeviceptr *ptr, size_t size, unsigned flags)
 }
 
 EXPORT CUresult cuMemPrefetchAsync(CUdeviceptr ptr, size_t count, CUdevice dst, CUstream stream) {
+    COUNTED;
     int device;
     pthread_mutex_lock(&lock);
     GUARD(stream_device(stream, &device));
@@ -812,6 +865,7 @@ EXPORT CUresult cuMemPrefetchAsync(CUdeviceptr ptr, size_t count, CUdevice dst, 
 }
 
 EXPORT CUresult cuMemFree_v2(CUdeviceptr ptr) {
+    COUNTED;
     pthread_mutex_lock(&lock);
     GUARD(need_context());
     struct allocation *a = find_allocation((const void *)(uintptr_t)ptr);
@@ -829,6 +883,7 @@ EXPORT CUresult cuMemFree_v2(CUdeviceptr ptr) {
 }
 
 EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
+    COUNTED;
     if (free_bytes == NULL || total == NULL) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
     GUARD(need_context());
@@ -840,6 +895,7 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
 }
 
 EXPORT CUresult cuMemHostAlloc(void **ptr, size_t size, unsigned flags) {
+    COUNTED;
     if (ptr == NULL || size == 0 || (flags & ~MEMHOSTALLOC_ALL_FLAGS) != 0) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
     GUARD(need_context());
@@ -850,6 +906,7 @@ EXPORT CUresult cuMemHostAlloc(void **ptr, size_t size, unsigned flags) {
 }
 
 EXPORT CUresult cuMemFreeHost(void *ptr) {
+    COUNTED;
     pthread_mutex_lock(&lock);
     GUARD(need_context());
     CUresult status = free_allocation(ptr, -1);
@@ -858,6 +915,7 @@ EXPORT CUresult cuMemFreeHost(void *ptr) {
 }
 
 EXPORT CUresult cuMemHostRegister_v2(void *ptr, size_t size, unsigned flags) {
+    COUNTED;
     if (ptr == NULL || size == 0 || (flags & ~7u) != 0) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
     GUARD(need_context());
@@ -874,6 +932,7 @@ EXPORT CUresult cuMemHostRegister_v2(void *ptr, size_t size, unsigned flags) {
 }
 
 EXPORT CUresult cuMemHostUnregister(void *ptr) {
+    COUNTED;
     pthread_mutex_lock(&lock);
     GUARD(need_context());
     struct allocation *a = find_allocation(ptr);
@@ -884,6 +943,7 @@ EXPORT CUresult cuMemHostUnregister(void *ptr) {
 }
 
 EXPORT CUresult cuMemHostGetFlags(unsigned *flags, void *ptr) {
+    COUNTED;
     if (flags == NULL) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
     GUARD(need_context());
@@ -901,6 +961,7 @@ EXPORT CUresult cuMemHostGetFlags(unsigned *flags, void *ptr) {
  * attributes lazybuf asks; a pointer into no device allocation is CUDA_ERROR_INVALID_VALUE, as
  * the driver answers for memory it does not know. */
 EXPORT CUresult cuPointerGetAttribute(void *data, int attribute, CUdeviceptr ptr) {
+    COUNTED;
     if (data == NULL) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
     GUARD(need_init());
@@ -916,6 +977,7 @@ EXPORT CUresult cuPointerGetAttribute(void *data, int attribute, CUdeviceptr ptr
 /* ---- Copies and fills: checked at the call, run by the stream ---- */
 
 EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream stream) {
+    COUNTED;
     int device;
     pthread_mutex_lock(&lock);
     GUARD(stream_device(stream, &device));
@@ -929,6 +991,7 @@ EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n,
 }
 
 EXPORT CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream stream) {
+    COUNTED;
     int device;
     pthread_mutex_lock(&lock);
     GUARD(stream_device(stream, &device));
@@ -942,6 +1005,7 @@ EXPORT CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstr
 }
 
 EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream) {
+    COUNTED;
     int device;
     pthread_mutex_lock(&lock);
     GUARD(stream_device(stream, &device));
@@ -957,6 +1021,7 @@ EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n,
 #ifndef LAZYBUF_CUDA_DOUBLE_OLD_DRIVER /* the "old driver" build lacks this entry point */
 EXPORT CUresult cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext dst_ctx, CUdeviceptr src, CUcontext src_ctx,
                                   size_t n, CUstream stream) {
+    COUNTED;
     int device;
     pthread_mutex_lock(&lock);
     GUARD(stream_device(stream, &device));
@@ -1003,19 +1068,23 @@ static CUresult memset_2d(CUdeviceptr dst, const void *value, size_t unit, size_
 }
 
 EXPORT CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t count, CUstream stream) {
+    COUNTED;
     return memset_2d(dst, &value, 1, 0, count, 1, stream);
 }
 
 EXPORT CUresult cuMemsetD16Async(CUdeviceptr dst, unsigned short value, size_t count, CUstream stream) {
+    COUNTED;
     return memset_2d(dst, &value, 2, 0, count, 1, stream);
 }
 
 EXPORT CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned value, size_t count, CUstream stream) {
+    COUNTED;
     return memset_2d(dst, &value, 4, 0, count, 1, stream);
 }
 
 EXPORT CUresult cuMemsetD2D32Async(CUdeviceptr dst, size_t pitch, unsigned value, size_t width, size_t height,
                                    CUstream stream) {
+    COUNTED;
     if (pitch == 0) return CUDA_ERROR_INVALID_VALUE;
     return memset_2d(dst, &value, 4, pitch, width, height, stream);
 }
@@ -1089,4 +1158,45 @@ EXPORT long long lazybuf_cuda_double_prefetch_location(CUdeviceptr ptr) {
     long long location = a != NULL && a->managed ? a->location : -3;
     pthread_mutex_unlock(&lock);
     return location;
+}
+
+/* Calls of the driver entry point `name` (e.g. "cuMemcpyHtoDAsync_v2") since the library was
+ * loaded, or since the last `lazybuf_cuda_double_reset_calls`. */
+EXPORT long long lazybuf_cuda_double_calls(const char *name) {
+    long long n = 0;
+    pthread_mutex_lock(&calls_lock);
+    for (int i = 0; i < MAX_ENTRY_POINTS && entry_points[i].name != NULL; i++) {
+        if (strcmp(entry_points[i].name, name) == 0) {
+            n = entry_points[i].calls;
+        }
+    }
+    pthread_mutex_unlock(&calls_lock);
+    return n;
+}
+
+/* Writes the counted entry points as "name=calls" lines (those called at least once) into
+ * `out` (at most `size` bytes, NUL-terminated); returns the length the whole list needs. */
+EXPORT long long lazybuf_cuda_double_call_counts(char *out, long long size) {
+    long long needed = 0;
+    pthread_mutex_lock(&calls_lock);
+    for (int i = 0; i < MAX_ENTRY_POINTS && entry_points[i].name != NULL; i++) {
+        char line[128];
+        int n = snprintf(line, sizeof line, "%s=%lld\n", entry_points[i].name, entry_points[i].calls);
+        if (out != NULL && needed + n < size) {
+            memcpy(out + needed, line, (size_t)n);
+            out[needed + n] = 0;
+        }
+        needed += n;
+    }
+    pthread_mutex_unlock(&calls_lock);
+    return needed;
+}
+
+/* Sets every entry point's call count to zero. */
+EXPORT void lazybuf_cuda_double_reset_calls(void) {
+    pthread_mutex_lock(&calls_lock);
+    for (int i = 0; i < MAX_ENTRY_POINTS && entry_points[i].name != NULL; i++) {
+        entry_points[i].calls = 0;
+    }
+    pthread_mutex_unlock(&calls_lock);
 }

@@ -31,12 +31,15 @@
 //! The engine is split by job: this file holds the API, the state and the accesses (plan,
 //! settle, commit); [`copy`] a device copy and its use by the caller; [`execute`] a plan's
 //! allocations, copies and rollback; [`checker`] the coherence checker's comparison;
-//! [`observed`] what the transfer guard and the recorder ([`crate::observe`]) see of it.
+//! [`observed`] what the transfer guard and the recorder ([`crate::observe`]) see of it;
+//! [`read`] reads into memory outside the buffer (one copy, straight from a device copy when
+//! the host copy is stale).
 
 mod checker;
 mod copy;
 mod execute;
 mod observed;
+mod read;
 
 use std::sync::Arc;
 
@@ -71,6 +74,12 @@ pub struct RawBuffer {
     stats: TransferStats,
     resource: Arc<dyn MemoryResource>,
     inflight: Vec<InFlight>,
+    /// The last read into outside memory took the bytes straight from a device copy, and
+    /// nothing was written since ([`Self::read_into`]).
+    direct_read: bool,
+    /// A host access had to download after such a read: reads into outside memory update the
+    /// host copy first from now on (until the buffer's memory is released or invalidated).
+    host_sync_pays: bool,
 }
 
 impl RawBuffer {
@@ -101,6 +110,8 @@ impl RawBuffer {
             stats: TransferStats::default(),
             resource,
             inflight: Vec::new(),
+            direct_read: false,
+            host_sync_pays: false,
         }
     }
 
@@ -433,6 +444,7 @@ impl RawBuffer {
             give_back_host(&*self.resource, &self.home, block, Ticket::all(host_ready));
         }
         self.coherence.clear();
+        (self.direct_read, self.host_sync_pays) = (false, false);
     }
 
     /// Makes `block`, whose first `nbytes` bytes are the buffer's data, the buffer's host
@@ -475,6 +487,7 @@ impl RawBuffer {
         let finished = self.finish();
         self.home.record_deferred(finished);
         self.coherence.invalidate();
+        (self.direct_read, self.host_sync_pays) = (false, false);
     }
 
     fn copy_index(&self, id: DeviceId) -> Option<usize> {
@@ -605,6 +618,9 @@ impl RawBuffer {
             }
             return Ok(());
         }
+        if at == Location::Host {
+            self.note_host_download(&plan);
+        }
         let mut undo = Undo::default();
         let mut stats = self.stats;
         let executed = self
@@ -629,6 +645,7 @@ impl RawBuffer {
     /// After a write, every other copy is stale (their hand-outs no longer matter to the
     /// checker) and the written copy's own write is declared.
     fn forget_hand_outs(&mut self) {
+        self.direct_read = false;
         for copy in &mut self.copies {
             copy.written();
         }

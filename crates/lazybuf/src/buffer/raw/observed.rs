@@ -27,6 +27,7 @@ pub(super) const SYNC_TO_DEVICE: Cause = Cause::sync("sync_to_device");
 pub(super) const SYNC_TO_HOST: Cause = Cause::sync("sync_to_host");
 pub(super) const SYNC_TO_DEVICE_ASYNC: Cause = Cause::sync("sync_to_device_async");
 pub(super) const SYNC_TO_HOST_ASYNC: Cause = Cause::sync("sync_to_host_async");
+pub(super) const READ_INTO: Cause = Cause::sync("read_into");
 
 thread_local! {
     /// The cause of the plan this thread is executing, and the buffer's state before it (for
@@ -171,5 +172,26 @@ impl RawBuffer {
             to: name(to),
             cause,
         })
+    }
+
+    /// The guard's and the recorder's view of a copy this buffer makes outside its plans (a
+    /// read into outside memory, a spill's write-back or reload), before it starts: a refusal
+    /// is returned and the caller must change nothing; `Ok(Some(_))` while recording, to
+    /// report the copy's end. The cause is the call's ([`observe::call`]), else `default`. A
+    /// sync with a copy that aliases the host block is no copy: nothing to see.
+    #[inline]
+    pub(super) fn observe_outside_copy(
+        &self,
+        from: Location,
+        to: Location,
+        default: Cause,
+    ) -> Result<Option<observe::Started>> {
+        if !observe::active() {
+            return Ok(None);
+        }
+        match self.transfer_info(from, to, None, observe::cause_or(default), false) {
+            Some(info) => observe::transfer(|| info),
+            None => Ok(None),
+        }
     }
 }

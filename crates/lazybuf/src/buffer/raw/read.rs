@@ -1,0 +1,113 @@
+//! Reads into memory outside the buffer: the current bytes copied once into a block the
+//! caller owns ([`RawBuffer::read_into`]), straight from the device copy when the host copy
+//! is stale.
+//!
+//! Updating a stale host copy and then copying it out moves the data twice; reading the
+//! current device copy straight into the caller's block moves it once, and leaves the buffer
+//! as it was: the host copy stays stale, the state does not change and nothing is allocated.
+//! That is cheaper unless the host copy is wanted afterwards anyway, which the buffer learns
+//! the first time it happens: a host access that has to download after a direct read (a
+//! read-modify-write loop on one buffer) makes later reads update the host copy first and
+//! copy from it, as a host read followed by a host copy always did.
+//!
+//! What does not live here: choosing the plan ([`crate::coherence`]), the plan's own copies
+//! ([`super::execute`]).
+
+use super::RawBuffer;
+use crate::backend::HostSpan;
+use crate::buffer::stats::Direction;
+use crate::coherence::{Access, Location, Plan, Residency, Step};
+use crate::error::{Error, Result};
+use crate::host_memory::{HostMemory, copy_bytes_raw};
+
+impl RawBuffer {
+    /// Copies the buffer's current bytes into the first `nbytes` of `out`, once:
+    ///
+    /// - the host copy is current (or nothing is: the buffer reads as zeros), or this buffer
+    ///   has had its host copy downloaded after an earlier direct read: a host read
+    ///   ([`Self::host_access`] with [`Access::Read`], which updates the host copy), then one
+    ///   host copy into `out`;
+    /// - else the current device copy is downloaded straight into `out`
+    ///   ([`Self::download_into`]): the state stays as it was.
+    ///
+    /// `out` must not be the buffer's own host block (it is the caller's memory, which may
+    /// overlap it only when it was lent to the buffer: then the copy runs as `memmove`).
+    /// A failure changes neither the state nor any copy of the buffer; `out`'s bytes are then
+    /// unspecified.
+    pub fn read_into(&mut self, out: &mut HostMemory) -> Result<()> {
+        let n = self.nbytes;
+        if out.len() < n {
+            return Err(Error::invalid(
+                "read_into",
+                format!("expected a block of at least {n} bytes, got {}", out.len()),
+            ));
+        }
+        self.settle_for(Location::Host, None, Access::Read)?;
+        if let Some(index) = self.direct_source() {
+            return self.download_into(index, out);
+        }
+        let source = self.host_access(Access::Read)?.as_ptr();
+        if n > 0 {
+            out.mark_written();
+            // SAFETY: the host copy holds n readable bytes, and nothing writes it while
+            // `self` is borrowed mutably here; `out` holds at least n writable bytes (checked
+            // above). They may share bytes only when `out` is memory lent to both, and
+            // copy_bytes_raw copies as memmove does.
+            unsafe { copy_bytes_raw(out.as_mut_ptr(), source, n) };
+        }
+        Ok(())
+    }
+
+    /// The index of the device copy a read into outside memory should take the bytes from
+    /// directly, when there is one: the host copy is stale or unallocated, a device copy is
+    /// current, and the host copy has not been wanted after such a read.
+    fn direct_source(&self) -> Option<usize> {
+        if self.host_sync_pays || self.nbytes == 0 {
+            return None;
+        }
+        if self.coherence.residency(Location::Host) == Residency::Valid || !self.coherence.any_valid() {
+            return None;
+        }
+        let plan = self.plan(Location::Host, None, Access::Read);
+        plan.steps().iter().find_map(|step| match *step {
+            Step::Copy { from: Location::Device(id), to: Location::Host } => self.copy_index(id),
+            _ => None,
+        })
+    }
+
+    /// The direct-download path: copies device copy `index` (current) into the first
+    /// `nbytes` of `out`, on the copy's stream after the caller's work on it, and waits. The
+    /// transfer counters count it as the download it is (a zero-copy sync when the copy
+    /// aliases host memory), so whatever watches them sees every read-back; the state and
+    /// the buffer's copies are unchanged.
+    fn download_into(&mut self, index: usize, out: &mut HostMemory) -> Result<()> {
+        let n = self.nbytes;
+        let from = Location::Device(self.copies[index].device.id());
+        // Seen by the transfer guard (which may refuse it: nothing has changed yet) and the
+        // recorder, as the plans' copies are.
+        let started = self.observe_outside_copy(from, Location::Host, super::observed::READ_INTO)?;
+        let copy = &mut self.copies[index];
+        copy.before_transfer(out, None)?;
+        out.mark_written();
+        // SAFETY: `out` is the caller's block of at least n bytes (checked by read_into),
+        // borrowed mutably for this call, and the download is waited for before it returns;
+        // the device copy stays allocated and unwritten meanwhile (`self` is borrowed).
+        let ticket = unsafe { copy.stream.download(&copy.memory, HostSpan::of(out, n))? };
+        ticket.wait()?;
+        if let Some(started) = started {
+            started.finished(crate::observe::stream_id(&copy.stream));
+        }
+        self.stats.record(Direction::DeviceToHost, copy.memory.is_host_alias(), n);
+        self.direct_read = true;
+        Ok(())
+    }
+
+    /// Called by every host access that has to copy: once the host copy is wanted after a
+    /// direct read, later reads into outside memory update it first.
+    pub(super) fn note_host_download(&mut self, plan: &Plan) {
+        if self.direct_read && plan.steps().iter().any(|s| matches!(s, Step::Copy { to: Location::Host, .. }))
+        {
+            self.host_sync_pays = true;
+        }
+    }
+}
