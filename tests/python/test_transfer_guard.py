@@ -15,7 +15,7 @@ from conftest import run_python
 def _devices() -> list[str]:
     found = ["host"]
     for d in lazybuf.get_accelerator().devices:
-        if d.backend in ("opencl", "wgpu", "cuda") and d.backend not in found:
+        if d.backend in ("opencl", "wgpu", "cuda", "loopback") and d.backend not in found:
             found.append(d.backend)
     return found
 
@@ -242,3 +242,29 @@ def test_a_malformed_environment_variable_is_a_clear_error():
         line = next(line for line in result.stdout.splitlines() if line.startswith(prefix))
         assert "LAZYBUF_TRANSFER_GUARD" in line and "disallow_explicit" in line and "'disalow'" not in line, line
         assert '"disalow"' in line, line
+
+
+@pytest.mark.parametrize("device", _devices())
+def test_a_read_back_straight_from_the_device_is_guarded_and_recorded(device):
+    """to_numpy() and to_numpy(out=) of a buffer whose device copy is newer copy it straight
+    into the array (not through the plans): the guard sees that download as the explicit
+    copy it is, and the recorder records it."""
+    b = _host_only(device, seed=5)
+    b.sync_to_device()
+    b.mark_device_dirty()
+    expected = np.arange(1000, dtype=np.uint32) * 5
+    before = _snapshot(b)
+    out = np.zeros(1000, np.uint32)
+    if _moves(device):
+        with lazybuf.transfer_guard(d2h="disallow_explicit"):
+            with pytest.raises(lazybuf.TransferGuardError) as info:
+                b.to_numpy()
+            assert (info.value.direction, info.value.call) == ("d2h", "to_numpy")
+            with pytest.raises(lazybuf.TransferGuardError):
+                b.to_numpy(out=out)
+        assert _snapshot(b) == before and not out.any()
+    with lazybuf.transfer_guard(d2h="disallow"), lazybuf.trace.record() as recording:
+        np.testing.assert_array_equal(b.to_numpy(out=out), expected)  # explicit: allowed
+    copies = [e for e in recording.trace.events() if e["kind"] == "transfer" and e["buffer"] == b.buffer_id]
+    assert len(copies) == b.transfer_stats()["device_to_host_copies"] - before[1]["device_to_host_copies"]
+    assert len(copies) == (1 if _moves(device) else 0)
