@@ -48,6 +48,7 @@ pub mod memory;
 pub mod pool;
 pub mod resource;
 pub mod shape;
+pub mod spill;
 #[cfg(feature = "testing")]
 pub mod testing;
 

@@ -195,8 +195,13 @@ impl MemoryResource for DirectResource {
         let backend = device.backend();
         Ok(match kind {
             MemoryKind::Host { pinned } => Block::Host(backend.allocate_host(bytes, pinned)?),
-            MemoryKind::Device => Block::Device(backend.allocate(bytes)?),
-            MemoryKind::Shared => Block::Device(backend.allocate_shared(bytes)?),
+            // Device memory counts against the device's budget, which may spill to make room.
+            MemoryKind::Device => Block::Device(crate::spill::allocate_within_budget(device, bytes, || {
+                backend.allocate(bytes)
+            })?),
+            MemoryKind::Shared => Block::Device(crate::spill::allocate_within_budget(device, bytes, || {
+                backend.allocate_shared(bytes)
+            })?),
         })
     }
 
@@ -204,7 +209,11 @@ impl MemoryResource for DirectResource {
         // Work that failed leaves nothing to wait for (its failure is recorded on the device:
         // a free path cannot return it); either way the block is freed.
         device.record_deferred(ready.wait());
+        let device_bytes = matches!(block, Block::Device(_)).then(|| block.len());
         drop(block);
+        if let Some(bytes) = device_bytes {
+            crate::spill::budget::release(device, bytes);
+        }
     }
 }
 

@@ -35,6 +35,7 @@
 mod checker;
 mod copy;
 mod execute;
+mod spill;
 
 use std::sync::Arc;
 

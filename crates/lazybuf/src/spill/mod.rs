@@ -1,0 +1,37 @@
+//! Spilling under per-device memory budgets: when a device's memory limit (or the runtime's
+//! out-of-memory report) needs room, lazybuf evicts the least recently used device copies of
+//! buffers not in use, and because it knows which copy is current, a copy equal to a current
+//! copy elsewhere is dropped moving no byte; only a copy that holds the only current data is
+//! written back first.
+//!
+//! - [`budget`]: the limit per device ([`set_memory_limit`], [`MEMORY_LIMIT_ENV`]) and the
+//!   device memory lazybuf holds there ([`memory_held`]);
+//! - [`registry`]: the buffers eviction may reach ([`Evictable`]) and their last use;
+//! - [`eviction`]: making room before an allocation (trim caches, then evict);
+//! - [`stats`]: what it did ([`spill_stats`]);
+//! - [`shared`]: [`SharedBuffer`], the Rust buffer eviction can reach.
+//!
+//! **What counts, what is evicted.** Every block of device memory lazybuf takes from a
+//! backend counts against the budget: device copies, cached pool blocks, memory objects
+//! ([`crate::DeviceAllocation`]) and [`crate::DeviceBuffer`]s. Only device copies of
+//! registered buffers are evicted (memory objects and device buffers have no second copy). A
+//! buffer is *in use*, and skipped, while its lock is held (which covers every live device
+//! view in Rust), while a transfer of it is in flight, and in Python while an object that
+//! exposes its memory lives. Zero-copy device copies (the host device's, and PoCL's for large
+//! buffers) hold no device memory: they count nothing and are never evicted.
+//!
+//! See `docs/SPILLING.md` for the design, the guarantees and what is not built.
+
+pub mod budget;
+mod eviction;
+pub mod registry;
+mod shared;
+pub mod stats;
+
+pub use budget::{
+    MEMORY_LIMIT_ENV, memory_held, memory_limit, parse_memory_limits, parse_size, set_memory_limit,
+};
+pub(crate) use eviction::allocate_within_budget;
+pub use registry::{Evictable, Evicted};
+pub use shared::{SharedBuffer, SharedGuard};
+pub use stats::{SpillStats, reset_spill_stats, spill_stats};
