@@ -80,6 +80,13 @@ struct Model {
     data: Vec<u32>,
     to_device: u64,
     to_host: u64,
+    /// Evicted, and not uploaded again since.
+    evicted: bool,
+    /// What eviction did to this buffer, and the bytes its reloads uploaded.
+    evictions: u64,
+    clean_evictions: u64,
+    written_back: u64,
+    read_back: u64,
 }
 
 impl Model {
@@ -90,6 +97,11 @@ impl Model {
             data: pattern(seed, LEN),
             to_device: 0,
             to_host: 0,
+            evicted: false,
+            evictions: 0,
+            clean_evictions: 0,
+            written_back: 0,
+            read_back: 0,
         }
     }
 
@@ -101,6 +113,9 @@ impl Model {
             if device {
                 self.to_device += NBYTES;
                 self.device = Res::Valid;
+                if std::mem::take(&mut self.evicted) {
+                    self.read_back += NBYTES;
+                }
             } else {
                 self.to_host += NBYTES;
                 self.host = Res::Valid;
@@ -124,8 +139,13 @@ impl Model {
 
     /// An eviction of the device copy: written back if it holds the only current data.
     fn evict(&mut self) {
+        self.evictions += 1;
+        self.evicted = true;
         if self.device == Res::Valid && self.host != Res::Valid {
             self.to_host += NBYTES;
+            self.written_back += NBYTES;
+        } else {
+            self.clean_evictions += 1;
         }
         self.host = Res::Valid;
         self.device = Res::Unallocated;
@@ -185,6 +205,12 @@ impl Run {
                 prop_assert!(out == model.data, "buffer {} device data", i);
             }
         }
+        let stats = spill::spill_stats(&self.device);
+        let sum = |f: fn(&Model) -> u64| self.models.iter().map(f).sum::<u64>();
+        prop_assert_eq!(stats.evictions, sum(|m| m.evictions));
+        prop_assert_eq!(stats.clean_evictions, sum(|m| m.clean_evictions));
+        prop_assert_eq!(stats.bytes_written_back, sum(|m| m.written_back));
+        prop_assert_eq!(stats.bytes_read_back, sum(|m| m.read_back));
         let limit = spill::memory_limit(&self.device).unwrap().unwrap();
         prop_assert!(spill::memory_held(&self.device) <= limit, "held above the limit");
         Ok(())

@@ -11,13 +11,11 @@
 //! What does not live here: the eviction of the copy ([`crate::RawBuffer::evict_device_copy`]).
 
 use std::ops::{Deref, DerefMut};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError, Weak};
 
 use super::registry::{self, Evictable, Evicted};
-use super::stats;
 use crate::buffer::UnifiedBuffer;
-use crate::coherence::{Location, Residency};
 use crate::device::Device;
 use crate::element::Element;
 use crate::error::Result;
@@ -42,8 +40,6 @@ struct Entry<T: Element> {
     home: Device,
     spillable: bool,
     last_use: AtomicU64,
-    /// The copy on `home` was evicted and not uploaded again yet.
-    evicted: AtomicBool,
 }
 
 impl<T: Element> SharedBuffer<T> {
@@ -61,7 +57,6 @@ impl<T: Element> SharedBuffer<T> {
             home,
             spillable,
             last_use: AtomicU64::new(registry::tick()),
-            evicted: AtomicBool::new(false),
         });
         if spillable {
             let weak: Weak<Entry<T>> = Arc::downgrade(&entry);
@@ -80,8 +75,7 @@ impl<T: Element> SharedBuffer<T> {
     pub fn lock(&self) -> SharedGuard<'_, T> {
         let buffer = self.entry.buffer.lock().unwrap_or_else(PoisonError::into_inner);
         self.entry.last_use.store(registry::tick(), Ordering::Relaxed);
-        let uploaded_before = buffer.transfer_stats().host_to_device.bytes;
-        SharedGuard { buffer, entry: &self.entry, uploaded_before }
+        SharedGuard { buffer, entry: &self.entry }
     }
 }
 
@@ -104,7 +98,6 @@ impl<T: Element> std::fmt::Debug for SharedBuffer<T> {
 pub struct SharedGuard<'a, T: Element> {
     buffer: MutexGuard<'a, UnifiedBuffer<T>>,
     entry: &'a Entry<T>,
-    uploaded_before: u64,
 }
 
 impl<T: Element> Deref for SharedGuard<'_, T> {
@@ -122,18 +115,8 @@ impl<T: Element> DerefMut for SharedGuard<'_, T> {
 
 impl<T: Element> Drop for SharedGuard<'_, T> {
     fn drop(&mut self) {
-        let entry = self.entry;
-        entry.last_use.store(registry::tick(), Ordering::Relaxed);
-        let home = Location::Device(entry.home.id());
-        if entry.evicted.load(Ordering::Relaxed)
-            && self.buffer.raw().residency(home) != Residency::Unallocated
-        {
-            // The copy evicted from home is back: what this use uploaded was a reload.
-            entry.evicted.store(false, Ordering::Relaxed);
-            let uploaded = self.buffer.transfer_stats().host_to_device.bytes;
-            let reloaded = uploaded.saturating_sub(self.uploaded_before);
-            stats::update(&entry.home, |s| s.bytes_read_back += reloaded);
-        }
+        // The use ends now: that is what least-recently-used order counts.
+        self.entry.last_use.store(registry::tick(), Ordering::Relaxed);
     }
 }
 
@@ -148,10 +131,6 @@ impl<T: Element> Evictable for Entry<T> {
             // Held (in use), or poisoned by a panic while held: not touched.
             Err(TryLockError::WouldBlock | TryLockError::Poisoned(_)) => return None,
         };
-        let result = buffer.raw_mut().evict_device_copy(device);
-        if matches!(result, Ok(Some(_))) && *device == self.home {
-            self.evicted.store(true, Ordering::Relaxed);
-        }
-        Some(result)
+        Some(buffer.raw_mut().evict_device_copy(device))
     }
 }

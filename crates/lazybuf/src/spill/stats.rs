@@ -19,8 +19,8 @@ pub struct SpillStats {
     pub clean_evictions: u64,
     /// Bytes downloaded because an evicted copy held the only current data.
     pub bytes_written_back: u64,
-    /// Bytes uploaded again to this device for buffers evicted from it (the reloads of shared
-    /// buffers, counted when they happen).
+    /// Bytes uploaded again to this device for buffers evicted from it (counted when the
+    /// upload is enqueued).
     pub bytes_read_back: u64,
     /// Times a budget or an out-of-memory report made lazybuf look for memory to free.
     pub spill_requests: u64,

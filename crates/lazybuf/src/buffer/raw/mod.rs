@@ -67,6 +67,8 @@ pub struct RawBuffer {
     stats: TransferStats,
     resource: Arc<dyn MemoryResource>,
     inflight: Vec<InFlight>,
+    /// Devices whose copy was evicted ([`spill`]) and not uploaded again yet.
+    evicted_from: Vec<crate::coherence::DeviceId>,
 }
 
 impl RawBuffer {
@@ -96,6 +98,7 @@ impl RawBuffer {
             stats: TransferStats::default(),
             resource,
             inflight: Vec::new(),
+            evicted_from: Vec::new(),
         }
     }
 

@@ -9,6 +9,7 @@
 
 use super::RawBuffer;
 use super::execute::give_back;
+use crate::coherence::DeviceId;
 use crate::coherence::{Access, Location, Residency};
 use crate::device::Device;
 use crate::error::Result;
@@ -41,6 +42,21 @@ impl RawBuffer {
         let freed = copy.memory.len();
         self.coherence.forget(at);
         give_back(&*self.resource, copy);
+        if !self.evicted_from.contains(&device.id()) {
+            self.evicted_from.push(device.id());
+        }
         Ok(Some(Evicted { freed, written_back }))
+    }
+
+    /// Counts an upload of `bytes` to device `id` as a reload when that device's copy was
+    /// evicted before ([`crate::spill::SpillStats::bytes_read_back`]).
+    pub(super) fn count_reload(&mut self, id: DeviceId, bytes: usize) {
+        if let Some(i) = self.evicted_from.iter().position(|&d| d == id) {
+            self.evicted_from.swap_remove(i);
+            let device = self.copies.iter().find(|c| c.device.id() == id).map(|c| c.device.clone());
+            if let Some(device) = device {
+                crate::spill::stats::update(&device, |s| s.bytes_read_back += bytes as u64);
+            }
+        }
     }
 }
