@@ -42,9 +42,14 @@ from ._lazybuf import (
     caching,
     checking,
     get_accelerator,
+    get_memory_limit,
     get_memory_pool,
+    memory_held,
+    reset_spill_stats,
     set_caching,
     set_checking,
+    set_memory_limit,
+    spill_stats,
     trim,
 )
 from ._pydotcompute import (
@@ -121,3 +126,4 @@ __all__ = [
 ]
 __all__ += ["DeviceBuffer", "Memory", "MemoryDevice", "MemoryHost", "MemoryShared", "mr", "to_device"]
 __all__ += ["cli", "show_config", "watch"]
+__all__ += ["get_memory_limit", "memory_held", "reset_spill_stats", "set_memory_limit", "spill_stats"]

@@ -43,6 +43,7 @@ mod lock;
 mod memory;
 mod mr;
 mod pool;
+mod spill;
 mod state;
 mod streams;
 #[cfg(feature = "testing")]
@@ -91,6 +92,7 @@ fn _lazybuf(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(errors::set_checking, m)?)?;
     m.add_function(wrap_pyfunction!(errors::checking, m)?)?;
     m.add_function(wrap_pyfunction!(_cli_main, m)?)?;
+    spill::add(m)?;
     Ok(())
 }
 

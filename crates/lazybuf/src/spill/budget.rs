@@ -124,32 +124,31 @@ pub fn memory_held(device: &Device) -> u64 {
     ledger(device).used()
 }
 
-/// The environment's limits, parsed once.
-pub(crate) fn env_limits() -> Result<&'static [(String, u64)]> {
-    static PARSED: OnceLock<std::result::Result<Vec<(String, u64)>, String>> = OnceLock::new();
-    let parsed = PARSED.get_or_init(|| match std::env::var(MEMORY_LIMIT_ENV) {
-        Ok(text) => parse_memory_limits(&text).map_err(|err| err.to_string()),
-        Err(_) => Ok(Vec::new()),
+/// The environment's limits, parsed and resolved to devices once: an error when the variable
+/// is malformed or names a device that does not exist.
+pub(crate) fn env_limits() -> Result<&'static [(Device, u64)]> {
+    static RESOLVED: OnceLock<Result<Vec<(Device, u64)>>> = OnceLock::new();
+    let resolved = RESOLVED.get_or_init(|| {
+        let text = std::env::var(MEMORY_LIMIT_ENV).unwrap_or_default();
+        parse_memory_limits(&text)?
+            .into_iter()
+            .map(|(selector, limit)| match crate::discovery::select_device(&selector) {
+                Ok(device) => Ok((device, limit)),
+                Err(err) => Err(Error::invalid(
+                    "LAZYBUF_MEMORY_LIMIT",
+                    format!(
+                        "expected SELECTOR=SIZE pairs naming existing devices; {selector:?} names none: {err}"
+                    ),
+                )),
+            })
+            .collect()
     });
-    parsed.as_deref().map_err(|why| Error::invalid("LAZYBUF_MEMORY_LIMIT", why.clone()))
+    resolved.as_deref().map_err(Error::clone)
 }
 
 /// The environment's limit for `device`, if it names it.
 fn env_limit_for(device: &Device) -> Result<Option<u64>> {
-    for (selector, limit) in env_limits()? {
-        let named = crate::discovery::select_device(selector).map_err(|err| {
-            Error::invalid(
-                "LAZYBUF_MEMORY_LIMIT",
-                format!(
-                    "expected SELECTOR=SIZE pairs naming existing devices; {selector:?} names none: {err}"
-                ),
-            )
-        })?;
-        if named == *device {
-            return Ok(Some(*limit));
-        }
-    }
-    Ok(None)
+    Ok(env_limits()?.iter().find(|(named, _)| named == device).map(|&(_, limit)| limit))
 }
 
 /// Parses [`MEMORY_LIMIT_ENV`]'s syntax: comma-separated `SELECTOR=SIZE` pairs (empty text:

@@ -1,0 +1,176 @@
+//! Spilling from Python: `lazybuf.set_memory_limit`, `get_memory_limit`, `memory_held`,
+//! `spill_stats`, `reset_spill_stats`, and what makes a Python buffer evictable.
+//!
+//! Every buffer's memory ([`Storage`]) registers with the core's eviction registry when it is
+//! made ([`register`]) unless the buffer opted out (`spillable=False`). Eviction only tries a
+//! storage's lock, never waits for it (see [`lazybuf::spill::registry`]), so it cannot
+//! deadlock against a Python thread, with or without the GIL.
+//!
+//! **Exposure.** Once a device handle of a buffer has left its lock (`.device`,
+//! `.device_writable`, DLPack and CUDA Array Interface exports, device frames), an object
+//! lazybuf does not track may use that memory, so the buffer's device copies are never
+//! evicted again for the life of that memory (until the buffer is released or freed). The
+//! flag is set while the lock is held, before the handle is returned, so no eviction can slip
+//! between the two.
+//!
+//! What does not live here: the budget and eviction ([`lazybuf::spill`]).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use lazybuf::spill::{self, Evictable, Evicted};
+use lazybuf::{Device, Result};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyString};
+
+use crate::errors::OrPyErr;
+use crate::views::Storage;
+
+/// A storage's standing with eviction.
+#[derive(Debug)]
+pub struct SpillState {
+    last_use: AtomicU64,
+    spillable: AtomicBool,
+    exposed: AtomicBool,
+}
+
+impl Default for SpillState {
+    fn default() -> Self {
+        SpillState {
+            last_use: AtomicU64::new(spill::registry::tick()),
+            spillable: AtomicBool::new(true),
+            exposed: AtomicBool::new(false),
+        }
+    }
+}
+
+impl SpillState {
+    /// Stamps the storage as used now (each lock of it).
+    pub fn touch(&self) {
+        self.last_use.store(spill::registry::tick(), Ordering::Relaxed);
+    }
+
+    /// Records that a device handle is about to leave the lock (call with the lock held).
+    pub fn expose(&self) {
+        self.exposed.store(true, Ordering::Relaxed);
+    }
+
+    /// Opts the storage out of eviction (or back in).
+    pub fn set_spillable(&self, spillable: bool) {
+        self.spillable.store(spillable, Ordering::Relaxed);
+    }
+
+    /// Whether eviction may free the storage's device copies.
+    pub fn spillable(&self) -> bool {
+        self.spillable.load(Ordering::Relaxed)
+    }
+}
+
+/// Makes `storage` a candidate for eviction for as long as it lives.
+pub fn register(storage: &Arc<Storage>) {
+    let weak: std::sync::Weak<Storage> = Arc::downgrade(storage);
+    spill::registry::register(weak);
+}
+
+impl Evictable for Storage {
+    fn last_use(&self) -> u64 {
+        self.spill().last_use.load(Ordering::Relaxed)
+    }
+
+    fn try_evict(&self, device: &Device) -> Option<Result<Option<Evicted>>> {
+        let state = self.spill();
+        if !state.spillable() || state.exposed.load(Ordering::Relaxed) {
+            return None;
+        }
+        let mut raw = self.try_lock_raw()?;
+        // Exposure is recorded under the lock: checked again now that it is held.
+        if state.exposed.load(Ordering::Relaxed) {
+            return None;
+        }
+        Some(raw.evict_device_copy(device))
+    }
+}
+
+/// A byte count from Python: a non-negative int, or a size string such as "512MiB".
+fn byte_count(nbytes: &Bound<'_, PyAny>) -> PyResult<u64> {
+    if let Ok(text) = nbytes.cast::<PyString>() {
+        return spill::parse_size(text.to_str()?).map_err(|err| PyValueError::new_err(err.to_string()));
+    }
+    if nbytes.is_instance_of::<pyo3::types::PyBool>() {
+        return Err(PyTypeError::new_err(
+            "nbytes must be an int, a size string such as \"512MiB\", or None; got a bool",
+        ));
+    }
+    let value: i128 = nbytes.extract().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "nbytes must be an int, a size string such as \"512MiB\", or None; got {}",
+            nbytes.get_type().name().map_or_else(|_| "an object".into(), |n| n.to_string())
+        ))
+    })?;
+    u64::try_from(value).map_err(|_| {
+        PyValueError::new_err(format!(
+            "nbytes must be a non-negative number of bytes below 2**64, got {value}"
+        ))
+    })
+}
+
+/// Sets the memory limit of `device` (a `lazybuf.Device` or a selector such as "cuda:0") to
+/// `nbytes` (an int, or a size string such as "512MiB"); `None` removes it. Above the limit,
+/// lazybuf evicts the least recently used device copies of buffers not in use before it
+/// allocates.
+#[pyfunction]
+#[pyo3(signature = (device, nbytes))]
+pub fn set_memory_limit(device: &Bound<'_, PyAny>, nbytes: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+    let device = crate::accelerator::device_arg(Some(device))?;
+    let limit = nbytes.filter(|n| !n.is_none()).map(byte_count).transpose()?;
+    spill::set_memory_limit(&device, limit);
+    Ok(())
+}
+
+/// The memory limit of `device` in bytes, or `None`. Raises `ValueError` when
+/// `LAZYBUF_MEMORY_LIMIT` is malformed.
+#[pyfunction]
+pub fn get_memory_limit(device: &Bound<'_, PyAny>) -> PyResult<Option<u64>> {
+    let device = crate::accelerator::device_arg(Some(device))?;
+    spill::memory_limit(&device).or_py()
+}
+
+/// The bytes of device memory lazybuf holds on `device` (what the limit is checked against).
+#[pyfunction]
+pub fn memory_held(device: &Bound<'_, PyAny>) -> PyResult<u64> {
+    Ok(spill::memory_held(&crate::accelerator::device_arg(Some(device))?))
+}
+
+/// What spilling did on `device`, as a dict: evictions, clean_evictions (those that moved no
+/// byte), bytes_written_back, bytes_read_back, spill_requests, spill_failures, seconds.
+#[pyfunction]
+pub fn spill_stats<'py>(py: Python<'py>, device: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
+    let stats = spill::spill_stats(&crate::accelerator::device_arg(Some(device))?);
+    let dict = PyDict::new(py);
+    dict.set_item("evictions", stats.evictions)?;
+    dict.set_item("clean_evictions", stats.clean_evictions)?;
+    dict.set_item("bytes_written_back", stats.bytes_written_back)?;
+    dict.set_item("bytes_read_back", stats.bytes_read_back)?;
+    dict.set_item("spill_requests", stats.spill_requests)?;
+    dict.set_item("spill_failures", stats.spill_failures)?;
+    dict.set_item("seconds", stats.seconds)?;
+    Ok(dict)
+}
+
+/// Sets the spill counters of `device` to zero.
+#[pyfunction]
+pub fn reset_spill_stats(device: &Bound<'_, PyAny>) -> PyResult<()> {
+    spill::reset_spill_stats(&crate::accelerator::device_arg(Some(device))?);
+    Ok(())
+}
+
+/// Adds the functions to the module.
+pub fn add(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(set_memory_limit, m)?)?;
+    m.add_function(wrap_pyfunction!(get_memory_limit, m)?)?;
+    m.add_function(wrap_pyfunction!(memory_held, m)?)?;
+    m.add_function(wrap_pyfunction!(spill_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(reset_spill_stats, m)?)?;
+    Ok(())
+}
