@@ -241,3 +241,45 @@ def test_threads_race_accesses_against_eviction(device):
     assert not errors, errors
     if evicts(device):
         assert lazybuf.spill_stats(device)["evictions"] > 0
+
+
+def test_a_dask_cluster_finishes_a_job_twice_its_device_budget():
+    """One worker process whose device (PoCL's OpenCL device) has a 1 MiB limit
+    (LAZYBUF_MEMORY_LIMIT in its environment) holds 32 buffers of 64 KiB (2 MiB), one in five
+    written on the device, and reads each one again: the job finishes, every sum is right, and
+    the worker evicted (and wrote back the device-written buffers it evicted)."""
+    distributed = pytest.importorskip("distributed")
+    if not any(d.backend == "opencl" for d in _devices()):
+        from conftest import _need
+
+        _need("opencl", "no OpenCL device: the host device's copies hold no device memory to spill")
+    import spill_tasks
+
+    saved = {k: os.environ.get(k) for k in ("LAZYBUF_DEVICE", "LAZYBUF_MEMORY_LIMIT")}
+    os.environ["LAZYBUF_DEVICE"] = "opencl"
+    os.environ["LAZYBUF_MEMORY_LIMIT"] = "opencl:0=1MiB"
+    try:
+        with distributed.LocalCluster(
+            n_workers=1,
+            processes=True,
+            threads_per_worker=2,
+            host="127.0.0.1",
+            dashboard_address=None,
+            worker_dashboard_address=None,
+        ) as cluster, distributed.Client(cluster) as client:
+            made = [client.submit(spill_tasks.make_on_device, seed, N, pure=False) for seed in range(32)]
+            distributed.wait(made)  # all 32 made (2 MiB of device copies) before any is read
+            sums = client.gather([client.submit(spill_tasks.total, m, pure=False) for m in made])
+            assert sums == [spill_tasks.expected_total(seed, N) for seed in range(32)]
+            (report,) = client.run(spill_tasks.spill_report).values()
+            del made
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    assert report["backend"] == "opencl" and report["limit"] == 1 << 20, report
+    assert report["held"] <= report["limit"], report
+    assert report["evictions"] > 0 and report["bytes_written_back"] > 0, report
+    assert report["bytes_read_back"] > 0, report
