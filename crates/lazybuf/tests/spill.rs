@@ -262,3 +262,22 @@ fn threads_race_accesses_against_eviction() {
         spill::set_memory_limit(&device, None);
     }
 }
+
+#[test]
+fn the_benchmarks_write_back_always_policy_downloads_clean_copies_too() {
+    let _serial = serial();
+    for device in devices().into_iter().filter(evicts) {
+        limit_for(&device, 1);
+        spill::set_eviction_policy(spill::EvictionPolicy::WriteBackAlways);
+        let a = shared(&device, 1, true);
+        a.lock().sync_to_device().unwrap();
+        shared(&device, 2, true).lock().sync_to_device().unwrap();
+        spill::set_eviction_policy(spill::EvictionPolicy::CoherenceAware);
+        let mut a = a.lock();
+        assert_eq!(a.state(), BufferState::HostOnly, "{device}");
+        assert_eq!(a.transfer_stats().device_to_host.bytes, NBYTES, "{device}");
+        assert_eq!(spill::spill_stats(&device).bytes_written_back, NBYTES, "{device}");
+        assert_eq!(a.host().unwrap(), pattern(1, LEN), "{device}");
+        spill::set_memory_limit(&device, None);
+    }
+}

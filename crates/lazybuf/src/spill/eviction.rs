@@ -18,6 +18,7 @@
 //!
 //! What does not live here: the eviction of one copy ([`crate::RawBuffer::evict_device_copy`]).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use super::budget::{self, Ledger};
@@ -26,6 +27,34 @@ use super::stats;
 use crate::backend::DeviceMemory;
 use crate::device::Device;
 use crate::error::{Error, Result};
+
+/// How an evicted copy that is *not* the only current one is treated.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum EvictionPolicy {
+    /// Freed moving no byte (the default; what lazybuf's knowledge of copies buys).
+    #[default]
+    CoherenceAware,
+    /// Downloaded to the host before it is freed, as a spiller that does not know which copy
+    /// is current must do. For benchmarks that measure what coherence-aware eviction saves;
+    /// never useful otherwise.
+    WriteBackAlways,
+}
+
+static WRITE_BACK_ALWAYS: AtomicBool = AtomicBool::new(false);
+
+/// Sets the process-wide eviction policy (see [`EvictionPolicy`]: for benchmarks only).
+pub fn set_eviction_policy(policy: EvictionPolicy) {
+    WRITE_BACK_ALWAYS.store(policy == EvictionPolicy::WriteBackAlways, Ordering::Relaxed);
+}
+
+/// The process-wide eviction policy.
+pub fn eviction_policy() -> EvictionPolicy {
+    if WRITE_BACK_ALWAYS.load(Ordering::Relaxed) {
+        EvictionPolicy::WriteBackAlways
+    } else {
+        EvictionPolicy::CoherenceAware
+    }
+}
 
 /// Takes `bytes` of device memory from `allocate` under `device`'s budget, making room first
 /// where a limit needs it, and making room and retrying once where the backend reports

@@ -32,6 +32,7 @@ pub use budget::{
     MEMORY_LIMIT_ENV, memory_held, memory_limit, parse_memory_limits, parse_size, set_memory_limit,
 };
 pub(crate) use eviction::allocate_within_budget;
+pub use eviction::{EvictionPolicy, eviction_policy, set_eviction_policy};
 pub use registry::{Evictable, Evicted};
 pub use shared::{SharedBuffer, SharedGuard};
 pub use stats::{SpillStats, reset_spill_stats, spill_stats};
