@@ -3,14 +3,14 @@
 //!
 //! Every block of device memory ([`crate::MemoryKind::Device`] and
 //! [`crate::MemoryKind::Shared`]) that [`crate::DirectResource`] takes from a backend is
-//! charged to its device's [`Ledger`] and released when it goes back: buffers' device copies,
+//! charged to its device's ledger and released when it goes back: buffers' device copies,
 //! blocks a pool keeps cached, memory objects and `DeviceBuffer`s all count. Zero-copy device
 //! copies (aliases of a host block) hold no device memory and count nothing.
 //!
 //! A limit comes from [`set_memory_limit`] or, for devices no call has set, from the
 //! environment variable [`MEMORY_LIMIT_ENV`] (`cuda:0=8GiB,opencl:0=512MiB`), read once.
 //!
-//! What does not live here: making room under a limit ([`super::eviction`]).
+//! What does not live here: making room under a limit (`spill::eviction`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -7,9 +7,9 @@
 //! - [`budget`]: the limit per device ([`set_memory_limit`], [`MEMORY_LIMIT_ENV`]) and the
 //!   device memory lazybuf holds there ([`memory_held`]);
 //! - [`registry`]: the buffers eviction may reach ([`Evictable`]) and their last use;
-//! - [`eviction`]: making room before an allocation (trim caches, then evict);
+//! - `eviction`: making room before an allocation (trim caches, then evict);
 //! - [`stats`]: what it did ([`spill_stats`]);
-//! - [`shared`]: [`SharedBuffer`], the Rust buffer eviction can reach.
+//! - `shared`: [`SharedBuffer`], the Rust buffer eviction can reach.
 //!
 //! **What counts, what is evicted.** Every block of device memory lazybuf takes from a
 //! backend counts against the budget: device copies, cached pool blocks, memory objects

@@ -7,7 +7,7 @@
 //! buffer whose lock is held is in use, and skipped, so eviction never waits for a thread that
 //! holds a buffer's lock while it allocates.
 //!
-//! What does not live here: choosing and evicting ([`super::eviction`]), the eviction of one
+//! What does not live here: choosing and evicting (`spill::eviction`), the eviction of one
 //! buffer's copy ([`crate::RawBuffer::evict_device_copy`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};

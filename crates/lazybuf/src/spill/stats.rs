@@ -1,6 +1,6 @@
 //! Spill counters per device: what eviction did, and what it cost.
 //!
-//! What does not live here: the eviction itself ([`super::eviction`]).
+//! What does not live here: the eviction itself (`spill::eviction`).
 
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock, PoisonError};
