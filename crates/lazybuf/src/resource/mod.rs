@@ -194,7 +194,12 @@ impl MemoryResource for DirectResource {
     fn allocate(&self, device: &Device, kind: MemoryKind, bytes: usize, _stream: &Stream) -> Result<Block> {
         let backend = device.backend();
         Ok(match kind {
-            MemoryKind::Host { pinned } => Block::Host(backend.allocate_host(bytes, pinned)?),
+            // Host memory counts against the host limit, which may spill host copies to disk.
+            MemoryKind::Host { pinned } => {
+                Block::Host(crate::spill::allocate_host_within_budget(bytes, || {
+                    backend.allocate_host(bytes, pinned)
+                })?)
+            }
             // Device memory counts against the device's budget, which may spill to make room.
             MemoryKind::Device => Block::Device(crate::spill::allocate_within_budget(device, bytes, || {
                 backend.allocate(bytes)
@@ -209,10 +214,12 @@ impl MemoryResource for DirectResource {
         // Work that failed leaves nothing to wait for (its failure is recorded on the device:
         // a free path cannot return it); either way the block is freed.
         device.record_deferred(ready.wait());
-        let device_bytes = matches!(block, Block::Device(_)).then(|| block.len());
+        let (bytes, on_device) = (block.len(), matches!(block, Block::Device(_)));
         drop(block);
-        if let Some(bytes) = device_bytes {
+        if on_device {
             crate::spill::budget::release(device, bytes);
+        } else {
+            crate::spill::budget::release_host(bytes);
         }
     }
 }

@@ -48,6 +48,11 @@ impl Ledger {
         self.used.load(Ordering::Relaxed)
     }
 
+    /// Charges `bytes` whether or not they fit (a block larger than asked for).
+    pub(crate) fn try_charge_unchecked(&self, bytes: usize) {
+        self.used.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
     /// Charges `bytes` if they fit under the limit (checked and charged in one step, so
     /// racing allocations cannot pass the limit together); returns whether they did.
     pub(crate) fn try_charge(&self, bytes: usize) -> bool {
@@ -79,6 +84,38 @@ pub(crate) fn ledger(device: &Device) -> Arc<Ledger> {
         .entry(device.id())
         .or_insert_with(|| Arc::new(Ledger { limit: AtomicU64::new(from_env), used: AtomicU64::new(0) }));
     Arc::clone(ledger)
+}
+
+/// The host's ledger: host blocks lazybuf takes from backends (buffers' host copies, cached
+/// host blocks, pinned memory), against the host memory limit.
+pub(crate) fn host_ledger() -> &'static Ledger {
+    static HOST: Ledger = Ledger { limit: AtomicU64::new(UNLIMITED), used: AtomicU64::new(0) };
+    &HOST
+}
+
+/// Sets (`Some`) or clears (`None`) the host memory limit in bytes: above it, lazybuf writes
+/// host copies that hold the only current data of shared buffers to spill files
+/// ([`crate::spill::disk`]) before it allocates more host memory.
+pub fn set_host_memory_limit(limit: Option<u64>) {
+    host_ledger().limit.store(limit.unwrap_or(UNLIMITED), Ordering::Relaxed);
+}
+
+/// The host memory limit (`None`: no limit).
+pub fn host_memory_limit() -> Option<u64> {
+    host_ledger().limit()
+}
+
+/// The bytes of host memory lazybuf holds (what the host limit is checked against).
+pub fn host_memory_held() -> u64 {
+    host_ledger().used()
+}
+
+/// Counts `bytes` of host memory given back.
+pub(crate) fn release_host(bytes: usize) {
+    let ledger = host_ledger();
+    let _ = ledger
+        .used
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| Some(u.saturating_sub(bytes as u64)));
 }
 
 /// Counts `bytes` of device memory taken on `device`.

@@ -27,6 +27,7 @@ use super::stats;
 use crate::backend::DeviceMemory;
 use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::host_memory::HostMemory;
 
 /// How an evicted copy that is *not* the only current one is treated.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -162,4 +163,64 @@ fn make_room(device: &Device, mut enough: impl FnMut() -> bool) -> (bool, Option
 fn trim(device: &Device) {
     crate::resource::default_memory_pool(device).trim();
     device.trim();
+}
+
+/// Takes a host block of `bytes` from `allocate` under the host memory limit, first writing
+/// the host copies of least recently used shared buffers to spill files where the limit needs
+/// room (after trimming the caches). The block is charged to the host until
+/// [`super::budget::release_host`] gives it back.
+pub(crate) fn allocate_host_within_budget(
+    bytes: usize,
+    allocate: impl Fn() -> Result<HostMemory>,
+) -> Result<HostMemory> {
+    let ledger = budget::host_ledger();
+    if !ledger.try_charge(bytes) {
+        let start = Instant::now();
+        crate::resource::trim();
+        let mut fits = ledger.try_charge(bytes);
+        let mut failure = None;
+        if !fits {
+            for candidate in registry::candidates() {
+                match candidate.try_spill_host() {
+                    None | Some(Ok(None)) => continue,
+                    Some(Err(err)) => {
+                        failure.get_or_insert(err);
+                    }
+                    Some(Ok(Some(_))) => {
+                        crate::resource::trim();
+                        if ledger.try_charge(bytes) {
+                            fits = true;
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        stats::add_time(&Device::host(), start.elapsed());
+        if !fits {
+            if let Some(failure) = failure {
+                return Err(failure);
+            }
+            let limit = ledger.limit().unwrap_or(u64::MAX);
+            return Err(Error::OutOfMemory {
+                device: format!(
+                    "the host (its memory limit is {limit} bytes; {} are held and no more host copies can be \
+                     written to disk: the others are in use, pinned, not the only current copy, or not shared)",
+                    ledger.used()
+                ),
+                requested: bytes,
+                code: None,
+            });
+        }
+    }
+    let result = allocate();
+    match &result {
+        Ok(block) if block.len() != bytes => {
+            budget::release_host(bytes);
+            ledger.try_charge_unchecked(block.len());
+        }
+        Ok(_) => {}
+        Err(_) => budget::release_host(bytes),
+    }
+    result
 }

@@ -9,6 +9,8 @@
 //! - [`registry`]: the buffers eviction may reach ([`Evictable`]) and their last use;
 //! - `eviction`: making room before an allocation (trim caches, then evict);
 //! - [`stats`]: what it did ([`spill_stats`]);
+//! - [`disk`]: the disk tier, spill files for host copies under the host limit
+//!   ([`set_host_memory_limit`]);
 //! - `shared`: [`SharedBuffer`], the Rust buffer eviction can reach.
 //!
 //! **What counts, what is evicted.** Every block of device memory lazybuf takes from a
@@ -23,16 +25,18 @@
 //! See `docs/SPILLING.md` for the design, the guarantees and what is not built.
 
 pub mod budget;
+pub mod disk;
 mod eviction;
 pub mod registry;
 mod shared;
 pub mod stats;
 
 pub use budget::{
-    MEMORY_LIMIT_ENV, memory_held, memory_limit, parse_memory_limits, parse_size, set_memory_limit,
+    MEMORY_LIMIT_ENV, host_memory_held, host_memory_limit, memory_held, memory_limit, parse_memory_limits,
+    parse_size, set_host_memory_limit, set_memory_limit,
 };
-pub(crate) use eviction::allocate_within_budget;
 pub use eviction::{EvictionPolicy, eviction_policy, set_eviction_policy};
+pub(crate) use eviction::{allocate_host_within_budget, allocate_within_budget};
 pub use registry::{Evictable, Evicted};
 pub use shared::{SharedBuffer, SharedGuard};
 pub use stats::{SpillStats, reset_spill_stats, spill_stats};

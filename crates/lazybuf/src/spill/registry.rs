@@ -37,6 +37,15 @@ pub trait Evictable: Send + Sync {
     /// `Some(Err(_))` when the write-back failed (the buffer then keeps its copy, data and
     /// state). Must never wait for a lock.
     fn try_evict(&self, device: &Device) -> Option<Result<Option<Evicted>>>;
+
+    /// Writes the buffer's host copy to a spill file and frees it, if the buffer is not in use
+    /// and its host copy is the only current data (see
+    /// [`crate::RawBuffer::spill_host_to_disk`]): the bytes written, `Some(Ok(None))` when
+    /// there was nothing to spill, `None` when in use. The default spills nothing: a buffer
+    /// whose host memory may be exposed to code lazybuf cannot see must not be spilled.
+    fn try_spill_host(&self) -> Option<Result<Option<usize>>> {
+        None
+    }
 }
 
 /// The next tick of the logical clock uses are stamped with.

@@ -8,6 +8,9 @@
 //! ever tries the lock, never waits for it. Each lock stamps the buffer as used now (the
 //! least recently used buffers are evicted first).
 //!
+//! Under the host memory limit ([`super::set_host_memory_limit`]) a shared buffer whose only
+//! data is its (unpinned) host copy may have it written to a spill file ([`super::disk`]).
+//!
 //! What does not live here: the eviction of the copy ([`crate::RawBuffer::evict_device_copy`]).
 
 use std::ops::{Deref, DerefMut};
@@ -132,5 +135,12 @@ impl<T: Element> Evictable for Entry<T> {
             Err(TryLockError::WouldBlock | TryLockError::Poisoned(_)) => return None,
         };
         Some(buffer.raw_mut().evict_device_copy(device))
+    }
+
+    fn try_spill_host(&self) -> Option<Result<Option<usize>>> {
+        // Host slices of a shared buffer live inside its lock's guard: a free lock means no
+        // one holds one.
+        let mut buffer = self.buffer.try_lock().ok()?;
+        Some(buffer.raw_mut().spill_host_to_disk())
     }
 }

@@ -22,6 +22,10 @@ pub struct SpillStats {
     /// Bytes uploaded again to this device for buffers evicted from it (counted when the
     /// upload is enqueued).
     pub bytes_read_back: u64,
+    /// Bytes of this device's buffers' host copies written to spill files (the disk tier).
+    pub bytes_to_disk: u64,
+    /// Bytes of this device's buffers read back from spill files.
+    pub bytes_from_disk: u64,
     /// Times a budget or an out-of-memory report made lazybuf look for memory to free.
     pub spill_requests: u64,
     /// Times it could not free enough (the allocation then failed).

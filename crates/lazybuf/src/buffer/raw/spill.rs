@@ -6,13 +6,20 @@
 //! freed only once that succeeded. States follow the contract: SYNCHRONIZED and HOST_DIRTY
 //! become HOST_ONLY at once, DEVICE_ONLY and DEVICE_DIRTY become HOST_ONLY after the
 //! write-back; the next device access allocates and uploads again.
+//!
+//! The disk tier: a host copy that is the only current data (no device copy at all) can be
+//! written to a spill file and its block freed ([`RawBuffer::spill_host_to_disk`]); the state
+//! stays HOST_ONLY, and every access first reads the file back into a new host block
+//! ([`RawBuffer::reload_from_disk`]), failing with nothing changed when it cannot.
 
 use super::RawBuffer;
-use super::execute::give_back;
+use super::execute::{give_back, give_back_host};
+use crate::backend::Ticket;
 use crate::coherence::DeviceId;
 use crate::coherence::{Access, Location, Residency};
 use crate::device::Device;
 use crate::error::Result;
+use crate::spill::disk::SpillFile;
 use crate::spill::{Evicted, EvictionPolicy};
 
 impl RawBuffer {
@@ -69,5 +76,60 @@ impl RawBuffer {
                 crate::spill::stats::update(&device, |s| s.bytes_read_back += bytes as u64);
             }
         }
+    }
+
+    /// Writes the host copy to a spill file and frees its block, when the host copy is the
+    /// buffer's only data: valid, with no device copy (of any kind) and no transfer in flight,
+    /// not pinned (pinned memory is never written to disk behind the user's back) and not
+    /// adopted from another owner. Returns the bytes written, `Ok(None)` when the buffer does
+    /// not qualify (or holds no byte). A failed write changes nothing.
+    pub fn spill_host_to_disk(&mut self) -> Result<Option<usize>> {
+        let qualifies = self.nbytes > 0
+            && self.on_disk.is_none()
+            && self.copies.is_empty()
+            && self.inflight.is_empty()
+            && self.coherence.residency(Location::Host) == Residency::Valid
+            && self.host.as_ref().is_some_and(|h| !h.is_pinned() && !h.is_adopted());
+        if !qualifies {
+            return Ok(None);
+        }
+        let host = self.host.as_ref().expect("a valid host copy has a block");
+        let file = SpillFile::write(&host.as_slice()[..self.nbytes])?;
+        let block = self.host.take().expect("checked above");
+        give_back_host(&*self.resource, &self.home, block, Ticket::done());
+        self.on_disk = Some(file);
+        crate::spill::stats::update(&self.home, |s| s.bytes_to_disk += self.nbytes as u64);
+        Ok(Some(self.nbytes))
+    }
+
+    /// Whether the host copy is in a spill file now.
+    pub fn is_on_disk(&self) -> bool {
+        self.on_disk.is_some()
+    }
+
+    /// Reads a host copy spilled to disk back into a new host block (the file is removed);
+    /// nothing to do otherwise. On failure the buffer keeps its spill file and its state.
+    pub(super) fn reload_from_disk(&mut self) -> Result<()> {
+        let Some(file) = self.on_disk.as_ref() else {
+            return Ok(());
+        };
+        let mut block = self.resource.allocate_host(&self.home, self.nbytes, self.pinned)?;
+        let read = match block.len() < self.nbytes {
+            true => Err(crate::Error::LengthMismatch {
+                operation: "read back from disk",
+                expected: self.nbytes,
+                actual: block.len(),
+            }),
+            false => file.read_into(&mut block.as_mut_slice()[..self.nbytes]),
+        };
+        if let Err(err) = read {
+            self.resource.deallocate_host(&self.home, block, Ticket::done());
+            return Err(err);
+        }
+        block.mark_written();
+        self.host = Some(block);
+        self.on_disk = None;
+        crate::spill::stats::update(&self.home, |s| s.bytes_from_disk += self.nbytes as u64);
+        Ok(())
     }
 }
