@@ -42,12 +42,15 @@ from ._lazybuf import (
     caching,
     checking,
     get_accelerator,
+    get_host_memory_limit,
     get_memory_limit,
     get_memory_pool,
+    host_memory_held,
     memory_held,
     reset_spill_stats,
     set_caching,
     set_checking,
+    set_host_memory_limit,
     set_memory_limit,
     spill_stats,
     trim,
@@ -127,3 +130,11 @@ __all__ = [
 __all__ += ["DeviceBuffer", "Memory", "MemoryDevice", "MemoryHost", "MemoryShared", "mr", "to_device"]
 __all__ += ["cli", "show_config", "watch"]
 __all__ += ["get_memory_limit", "memory_held", "reset_spill_stats", "set_memory_limit", "spill_stats"]
+__all__ += ["get_host_memory_limit", "host_memory_held", "set_host_memory_limit"]
+
+# Spill files of buffers still alive at exit (the interpreter need not finalize them) go too.
+import atexit as _atexit
+
+from ._lazybuf import _remove_spill_files
+
+_atexit.register(_remove_spill_files)

@@ -64,6 +64,10 @@ __all__ = [
     "reset_spill_stats",
     "set_memory_limit",
     "spill_stats",
+    "get_host_memory_limit",
+    "host_memory_held",
+    "set_host_memory_limit",
+    "_remove_spill_files",
 ]
 
 _ShapeLike = SupportsIndex | Sequence[SupportsIndex]
@@ -586,10 +590,25 @@ def memory_held(device: str | Device) -> int:
 
 def spill_stats(device: str | Device) -> dict[str, int | float]:
     """What spilling did on ``device``: evictions, clean_evictions, bytes_written_back,
-    bytes_read_back, spill_requests, spill_failures, seconds."""
+    bytes_read_back, bytes_to_disk, bytes_from_disk (host copies of its buffers), spill_requests,
+    spill_failures, seconds."""
 
 def reset_spill_stats(device: str | Device) -> None:
     """Sets the spill counters of ``device`` to zero."""
+
+def set_host_memory_limit(nbytes: int | str | None) -> None:
+    """Sets the host memory limit (an int, or a size string such as ``"8GiB"``); ``None``
+    removes it. Above it, host copies that are a buffer's only data go to spill files
+    (``LAZYBUF_SPILL_DIR``) and come back at the buffer's next use."""
+
+def get_host_memory_limit() -> int | None:
+    """The host memory limit in bytes, or None."""
+
+def host_memory_held() -> int:
+    """The bytes of host memory lazybuf holds (checked against the host limit)."""
+
+def _remove_spill_files() -> int:
+    """Removes the spill files this process still has (registered with ``atexit``)."""
 
 @final
 class DeviceMemoryView:

@@ -287,3 +287,105 @@ def test_a_dask_cluster_finishes_a_job_twice_its_device_budget():
     assert report["held"] <= report["limit"], report
     assert report["evictions"] > 0 and report["bytes_written_back"] > 0, report
     assert report["bytes_read_back"] > 0, report
+
+
+# --- the disk tier ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def host_limit():
+    """A host memory limit helper that removes the limit afterwards."""
+
+    def room_for(copies: int) -> None:
+        lazybuf.trim()
+        lazybuf.set_host_memory_limit(lazybuf.host_memory_held() + copies * NBYTES)
+
+    yield room_for
+    lazybuf.set_host_memory_limit(None)
+
+
+def test_host_limits_round_trip_and_bad_input_says_what_was_expected():
+    assert lazybuf.get_host_memory_limit() is None
+    lazybuf.set_host_memory_limit("1GiB")
+    assert lazybuf.get_host_memory_limit() == 1 << 30
+    lazybuf.set_host_memory_limit(None)
+    assert lazybuf.get_host_memory_limit() is None
+    with pytest.raises(ValueError, match="non-negative"):
+        lazybuf.set_host_memory_limit(-5)
+    with pytest.raises(TypeError, match="nbytes must be an int"):
+        lazybuf.set_host_memory_limit([1])
+
+
+def test_host_copies_go_to_disk_and_come_back(host_limit):
+    lazybuf.reset_spill_stats("host")
+    host_limit(3)
+    bufs = [holding("host", i) for i in range(5)]  # copy_from hands no address out
+    stats = lazybuf.spill_stats("host")
+    assert stats["bytes_to_disk"] == 2 * NBYTES
+    assert lazybuf.host_memory_held() <= lazybuf.get_host_memory_limit()
+    assert all(b.state == BufferState.HOST_ONLY for b in bufs)
+    np.testing.assert_array_equal(bufs[0].to_numpy(), expected(0))  # read back from disk
+    assert lazybuf.spill_stats("host")["bytes_from_disk"] == NBYTES
+    lazybuf.set_host_memory_limit(None)
+    for i, buf in enumerate(bufs):
+        np.testing.assert_array_equal(buf.to_numpy(), expected(i))
+
+
+def test_an_exposed_host_copy_is_never_written_to_disk(host_limit):
+    lazybuf.reset_spill_stats("host")
+    host_limit(1)
+    exposed = holding("host", 1)
+    view = exposed.host_readonly  # a NumPy array over the host copy
+    with pytest.raises(MemoryError, match="host"):
+        holding("host", 2)
+    np.testing.assert_array_equal(view, expected(1))
+    assert lazybuf.spill_stats("host")["bytes_to_disk"] == 0
+    assert exposed.state == BufferState.HOST_ONLY
+
+
+def test_spill_files_are_removed_at_exit(tmp_path):
+    code = f"""
+import numpy as np, lazybuf
+lazybuf.trim()
+lazybuf.set_host_memory_limit(lazybuf.host_memory_held() + {NBYTES})
+keep = [lazybuf.UnifiedBuffer({N}, np.float32, device="host") for _ in range(3)]
+for b in keep:
+    b.copy_from(np.ones({N}, np.float32))
+import os
+print(len(os.listdir({str(tmp_path)!r})))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "LAZYBUF_DEVICE": "host", "LAZYBUF_SPILL_DIR": str(tmp_path)},
+    )
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout.strip()) == 2  # two of the three were on disk while it ran
+    assert os.listdir(tmp_path) == []  # and the files went at exit
+
+
+def test_an_unwritable_spill_directory_is_a_clear_error_and_nothing_is_lost():
+    code = f"""
+import numpy as np, lazybuf
+lazybuf.trim()
+lazybuf.set_host_memory_limit(lazybuf.host_memory_held() + {NBYTES})
+first = lazybuf.UnifiedBuffer({N}, np.float32, device="host")
+first.copy_from(np.full({N}, 3, np.float32))
+try:
+    lazybuf.UnifiedBuffer({N}, np.float32, device="host").copy_from(np.ones({N}, np.float32))
+except ValueError as err:
+    print(err)
+lazybuf.set_host_memory_limit(None)
+assert (first.to_numpy() == 3).all() and str(first.state) == "HOST_ONLY", first.state
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "LAZYBUF_DEVICE": "host", "LAZYBUF_SPILL_DIR": "/proc/lazybuf-cannot-be-made"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert "could not create the directory" in done.stdout and "keeps its host copy" in done.stdout, done.stdout

@@ -258,7 +258,7 @@ impl UnifiedBuffer {
 
     /// Makes the host current for `access` (the GIL released meanwhile).
     fn access_host(&self, py: Python<'_>, access: Access) -> PyResult<()> {
-        self.storage()?.host_address_nogil(py, access).map(drop)
+        self.storage()?.sync_host_nogil(py, access)
     }
 
     /// Makes the device current for `access` (the GIL released meanwhile); a write makes the

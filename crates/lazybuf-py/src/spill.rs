@@ -13,6 +13,10 @@
 //! flag is set while the lock is held, before the handle is returned, so no eviction can slip
 //! between the two.
 //!
+//! The same goes for host addresses and the disk tier: once a host address has left the lock
+//! (`.host`, `.host_readonly`, the buffer protocol, `__array_interface__`, host DLPack), the
+//! buffer's host copy is never written to disk again for the life of that memory.
+//!
 //! What does not live here: the budget and eviction ([`lazybuf::spill`]).
 
 use std::sync::Arc;
@@ -33,6 +37,7 @@ pub struct SpillState {
     last_use: AtomicU64,
     spillable: AtomicBool,
     exposed: AtomicBool,
+    host_exposed: AtomicBool,
 }
 
 impl Default for SpillState {
@@ -41,6 +46,7 @@ impl Default for SpillState {
             last_use: AtomicU64::new(spill::registry::tick()),
             spillable: AtomicBool::new(true),
             exposed: AtomicBool::new(false),
+            host_exposed: AtomicBool::new(false),
         }
     }
 }
@@ -54,6 +60,12 @@ impl SpillState {
     /// Records that a device handle is about to leave the lock (call with the lock held).
     pub fn expose(&self) {
         self.exposed.store(true, Ordering::Relaxed);
+    }
+
+    /// Records that a host address is about to leave the lock (call with the lock held): the
+    /// host block may be used by a NumPy array or an export, so it is never spilled to disk.
+    pub fn expose_host(&self) {
+        self.host_exposed.store(true, Ordering::Relaxed);
     }
 
     /// Opts the storage out of eviction (or back in).
@@ -89,6 +101,21 @@ impl Evictable for Storage {
             return None;
         }
         Some(raw.evict_device_copy(device))
+    }
+
+    fn try_spill_host(&self) -> Option<Result<Option<usize>>> {
+        let state = self.spill();
+        // A device handle on the host device is the host block too.
+        let exposed =
+            |s: &SpillState| s.exposed.load(Ordering::Relaxed) || s.host_exposed.load(Ordering::Relaxed);
+        if !state.spillable() || exposed(state) {
+            return None;
+        }
+        let mut raw = self.try_lock_raw()?;
+        if exposed(state) {
+            return None;
+        }
+        Some(raw.spill_host_to_disk())
     }
 }
 
@@ -152,6 +179,8 @@ pub fn spill_stats<'py>(py: Python<'py>, device: &Bound<'py, PyAny>) -> PyResult
     dict.set_item("clean_evictions", stats.clean_evictions)?;
     dict.set_item("bytes_written_back", stats.bytes_written_back)?;
     dict.set_item("bytes_read_back", stats.bytes_read_back)?;
+    dict.set_item("bytes_to_disk", stats.bytes_to_disk)?;
+    dict.set_item("bytes_from_disk", stats.bytes_from_disk)?;
     dict.set_item("spill_requests", stats.spill_requests)?;
     dict.set_item("spill_failures", stats.spill_failures)?;
     dict.set_item("seconds", stats.seconds)?;
@@ -165,6 +194,35 @@ pub fn reset_spill_stats(device: &Bound<'_, PyAny>) -> PyResult<()> {
     Ok(())
 }
 
+/// Sets the host memory limit to `nbytes` (an int, or a size string such as "8GiB"); `None`
+/// removes it. Above it, lazybuf writes host copies that are a buffer's only data to spill
+/// files (`LAZYBUF_SPILL_DIR`) before it allocates more host memory.
+#[pyfunction]
+#[pyo3(signature = (nbytes))]
+pub fn set_host_memory_limit(nbytes: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+    let limit = nbytes.filter(|n| !n.is_none()).map(byte_count).transpose()?;
+    spill::set_host_memory_limit(limit);
+    Ok(())
+}
+
+/// The host memory limit in bytes, or `None`.
+#[pyfunction]
+pub fn get_host_memory_limit() -> Option<u64> {
+    spill::host_memory_limit()
+}
+
+/// The bytes of host memory lazybuf holds (what the host limit is checked against).
+#[pyfunction]
+pub fn host_memory_held() -> u64 {
+    spill::host_memory_held()
+}
+
+/// Removes the spill files this process still has (at interpreter exit).
+#[pyfunction]
+pub fn _remove_spill_files() -> usize {
+    spill::disk::remove_spill_files()
+}
+
 /// Adds the functions to the module.
 pub fn add(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(set_memory_limit, m)?)?;
@@ -172,5 +230,9 @@ pub fn add(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(memory_held, m)?)?;
     m.add_function(wrap_pyfunction!(spill_stats, m)?)?;
     m.add_function(wrap_pyfunction!(reset_spill_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(set_host_memory_limit, m)?)?;
+    m.add_function(wrap_pyfunction!(get_host_memory_limit, m)?)?;
+    m.add_function(wrap_pyfunction!(host_memory_held, m)?)?;
+    m.add_function(wrap_pyfunction!(_remove_spill_files, m)?)?;
     Ok(())
 }

@@ -200,7 +200,10 @@ impl Storage {
 
     /// Makes the host current for `access` and returns the address of its bytes.
     pub fn host_address(&self, detached: &Detached, access: Access) -> PyResult<*mut u8> {
-        host_address_in(&mut *self.lock_detached(detached)?, access)
+        let mut raw = self.lock_detached(detached)?;
+        // The address leaves the lock: the host block may be used by objects lazybuf cannot see.
+        self.spill.expose_host();
+        host_address_in(&mut raw, access)
     }
 
     /// [`Self::host_address`] with the GIL released (it may copy), so other Python threads
@@ -211,6 +214,7 @@ impl Storage {
     /// with the GIL held ([`Self::immediate`]).
     pub fn host_address_nogil(&self, py: Python<'_>, access: Access) -> PyResult<*mut u8> {
         if let Some(mut raw) = self.immediate(None, access) {
+            self.spill.expose_host();
             return host_address_in(&mut raw, access);
         }
         let address = lock::detach(py, |d| self.host_address(d, access).map(|a| a as usize))?;
@@ -252,6 +256,16 @@ impl Storage {
         unsafe impl Send for Handle {}
         let handle = lock::detach(py, |d| self.device_handle(d, device, access).map(Handle))?;
         Ok(handle.0)
+    }
+
+    /// Makes the host copy current for `access` (a sync, or a declared write), with the GIL
+    /// released unless the access is bookkeeping only; no address leaves the lock, so the host
+    /// copy stays spillable ([`crate::spill`]).
+    pub fn sync_host_nogil(&self, py: Python<'_>, access: Access) -> PyResult<()> {
+        if let Some(mut raw) = self.immediate(None, access) {
+            return raw.host_access(access).map(drop).or_py();
+        }
+        lock::detach(py, |d| self.lock_detached(d)?.host_access(access).map(drop).or_py())
     }
 
     /// Makes `device`'s copy current for `access` (a sync, or a declared write), with the GIL

@@ -12,10 +12,12 @@
 //! What does not live here: choosing what to spill (`spill::eviction`), the buffer's side
 //! ([`crate::RawBuffer::spill_host_to_disk`]).
 
+use std::collections::HashSet;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock, PoisonError};
 
 use crate::error::{Error, Result};
 
@@ -31,6 +33,20 @@ pub fn spill_dir() -> PathBuf {
         Some(dir) if !dir.is_empty() => PathBuf::from(dir),
         _ => std::env::temp_dir().join(format!("lazybuf-spill-{}", std::process::id())),
     }
+}
+
+/// The spill files this process has now.
+fn live_files() -> &'static Mutex<HashSet<PathBuf>> {
+    static LIVE: OnceLock<Mutex<HashSet<PathBuf>>> = OnceLock::new();
+    LIVE.get_or_init(Mutex::default)
+}
+
+/// Removes every spill file this process still has (for an exit that drops no buffer: the
+/// Python package calls it at interpreter exit). Buffers whose file is removed lose their
+/// data, so call it only when none will be used again. Returns the files removed.
+pub fn remove_spill_files() -> usize {
+    let files: Vec<PathBuf> = live_files().lock().unwrap_or_else(PoisonError::into_inner).drain().collect();
+    files.iter().filter(|path| std::fs::remove_file(path).is_ok()).count()
 }
 
 /// One buffer's bytes in a spill file, removed when dropped.
@@ -58,6 +74,7 @@ impl SpillFile {
             )
         };
         std::fs::create_dir_all(&dir).map_err(|err| failed("create the directory of", err))?;
+        live_files().lock().unwrap_or_else(PoisonError::into_inner).insert(path.clone());
         let file = SpillFile { path: path.clone(), len: bytes.len() };
         // From here the file is removed on failure (by dropping `file`).
         let mut out = File::create(&path).map_err(|err| failed("create", err))?;
@@ -114,5 +131,6 @@ impl Drop for SpillFile {
     fn drop(&mut self) {
         // Never panics: a file already gone (or a directory removed by hand) is fine.
         let _ = std::fs::remove_file(&self.path);
+        live_files().lock().unwrap_or_else(PoisonError::into_inner).remove(&self.path);
     }
 }
