@@ -138,3 +138,25 @@ fn an_unwritable_spill_directory_is_a_clear_error_and_nothing_is_lost() {
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+#[test]
+fn a_failed_read_back_changes_nothing() {
+    let _serial = serial();
+    for inner in devices() {
+        let (device, faults) = lazybuf::testing::FaultyDevice::wrap(&inner);
+        host_limit_for(1);
+        let first = shared(&device, 1, false);
+        let _second = shared(&device, 2, false);
+        assert!(first.lock().raw().is_on_disk(), "{device}");
+        spill::set_host_memory_limit(None);
+        // The host block the read-back needs cannot be had: the access fails, the data stays on disk.
+        faults.fail_allocation_in(1);
+        let err = first.lock().host().map(|h| h.len()).unwrap_err();
+        assert!(matches!(err, lazybuf::Error::InjectedFault { .. }), "{device}: {err}");
+        let mut first = first.lock();
+        assert!(first.raw().is_on_disk(), "{device}");
+        assert_eq!(first.state(), BufferState::HostOnly, "{device}");
+        assert_eq!(first.host().unwrap(), pattern(1, LEN), "{device}");
+        assert!(!first.raw().is_on_disk(), "{device}");
+    }
+}
