@@ -2,7 +2,8 @@
 # Builds the lazybuf Python package once (maturin, release, abi3 wheel), installs it into a
 # virtual environment with the test dependencies, and runs the Python tests (tests/python/).
 # PyOpenCL is installed so the interop tests run against the same PoCL device as the Rust
-# tests. Exits non-zero on any failure.
+# tests. After the first pytest pass it builds the Python API reference (scripts/api-docs.sh,
+# pdoc; a warning fails it). Exits non-zero on any failure.
 #
 # The wheel under test is built with the crate feature `testing` (lazybuf.testing: the
 # fault-injecting device, for tests/python/test_faults.py); wheels built from pyproject.toml
@@ -31,7 +32,7 @@ fi
 step "installing build and test dependencies into $venv"
 "$venv/bin/python" -m pip install -q --disable-pip-version-check \
   maturin==1.16.0 numpy==2.4.6 pytest==9.2.0 pyopencl==2026.1.4 ml_dtypes==0.5.4 mypy==2.4.1 \
-  "dask[distributed]==2026.8.0"
+  "dask[distributed]==2026.8.0" pdoc==16.0.0
 
 # `--features testing`: the test wheel has lazybuf.testing (see above).
 step "building the wheel (maturin, release, feature testing)"
@@ -50,6 +51,11 @@ step "type stubs against the built module (mypy stubtest)"
 (cd tests/python && "$py" -m mypy.stubtest lazybuf)
 step "pytest tests/python"
 (cd tests/python && "$py" -m pytest -q -p no:cacheprovider "$@" .)
+
+# The Python API reference from the installed wheel's docstrings and stubs (pdoc), into
+# target/api-docs; any warning fails it (docs/API.md).
+step "API reference (pdoc, warnings are errors)"
+LAZYBUF_PY_VENV="$venv" bash scripts/api-docs.sh
 
 # Again with the CUDA driver test double standing in for libcuda (machines without a GPU):
 # the CUDA paths (DeviceMemoryView, __cuda_array_interface__, DLPack on kDLCUDA) run, and

@@ -24,7 +24,7 @@ if [ "${#missing[@]}" -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 clinfo -l
-# The run needs about 4 GB of disk (README, Tests); say what there is, so a full disk is plain.
+# The run needs about 4 GB of disk (docs/TESTING.md); say what there is, so a full disk is plain.
 df -h . | tail -n 1
 ls /usr/share/vulkan/icd.d/
 # Mesa's device-select Vulkan layer prints "error: XDG_RUNTIME_DIR is invalid or not set" on
@@ -37,8 +37,9 @@ if [ -z "${XDG_RUNTIME_DIR:-}" ]; then
 fi
 
 # --- Rust: lints, one build, then the test binaries from that build ---------------------------
-# A missing OpenCL or wgpu (lavapipe) device is a failure here, not a smaller test run.
-export LAZYBUF_REQUIRE=opencl,wgpu
+# A missing OpenCL or wgpu (lavapipe) device is a failure here, not a smaller test run; so is a
+# missing loopback device (the test-only backend the `testing` feature registers).
+export LAZYBUF_REQUIRE=opencl,wgpu,loopback
 export PROPTEST_CASES="${PROPTEST_CASES:-2000}"
 # One build per run: incremental caches would only add ~1.5 GB of disk (CI machines' disks can
 # be small; see docs/RELIABILITY.md).

@@ -10,18 +10,21 @@ Access rules (what each call does to the buffer's copies):
   a *host read*. The host is made current; nothing becomes stale.
 - ``.device_writable``, ``mark_device_dirty()``, ``__cuda_array_interface__``: a *device
   write*. The device is made current, then the host copy is stale (kernels may write it).
-- ``.device``, ``sync_to_device()``: a *device read*, as in the seeds: after a kernel writes
-  ``.device``, call ``mark_device_dirty()`` (or use ``.device_writable``). On the host device
-  both return the host array itself, whose writes reach every copy at once.
+- ``.device``, ``sync_to_device()``: a *device read*, as in PyDotCompute's documentation:
+  after a kernel writes ``.device``, call ``mark_device_dirty()`` (or use
+  ``.device_writable``). On the host device both return the host array itself, whose writes
+  reach every copy at once.
 
 Views (NumPy arrays, memoryviews, DLPack capsules, PyOpenCL/CuPy arrays, DeviceMemoryView)
 keep the buffer's memory alive: releasing or dropping a buffer never frees memory a view can
 still reach. A released buffer raises ``ValueError`` on any use.
 """
 
+from __future__ import annotations  # forward references, for tools that execute stubs (pdoc)
+
 from collections.abc import Coroutine, Generator, Sequence
 from types import GenericAlias, TracebackType
-from typing import Any, SupportsIndex, final
+from typing import Any, SupportsIndex, TypeAlias, final
 
 from typing_extensions import disjoint_base
 
@@ -71,7 +74,7 @@ __all__ = [
 ]
 
 _ShapeLike = SupportsIndex | Sequence[SupportsIndex]
-_DeviceLike = str | Device | None
+_DeviceLike: TypeAlias = "str | Device | None"  # a string: Device is defined below
 
 def set_checking(on: bool) -> None:
     """Turns the coherence checker on or off for the whole process (``LAZYBUF_CHECK=1`` turns
@@ -132,8 +135,8 @@ class UnifiedBuffer:
     @property
     def device(self) -> Any:
         """The buffer on its device, synced first if the host is newer; a device read (the
-        buffer is SYNCHRONIZED after it, as in the seeds). After a kernel writes it, call
-        ``mark_device_dirty()`` so the next host access copies the results back.
+        buffer is SYNCHRONIZED after it, as in PyDotCompute's documentation). After a kernel
+        writes it, call ``mark_device_dirty()`` so the next host access copies the results back.
         Host device: the same ndarray as ``.host``. OpenCL: a ``pyopencl.array.Array`` sharing
         the buffer's cl_mem on lazybuf's queue (PyOpenCL installed). CUDA: a ``cupy.ndarray``
         over the device pointer (CuPy installed). Otherwise a ``DeviceMemoryView``."""
@@ -354,6 +357,11 @@ class Device:
     def shares_host_memory(self) -> bool: ...
     @property
     def is_gpu(self) -> bool: ...
+    @property
+    def survives_fork(self) -> bool:
+        """Whether the device keeps working in a child made by ``os.fork()`` (the host device);
+        elsewhere a forked child gets ``ForkedChildError`` (use the ``'spawn'`` start method)."""
+
     @property
     def total_memory(self) -> int: ...
     @property

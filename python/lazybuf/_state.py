@@ -1,4 +1,4 @@
-"""``BufferState``: which copy of a buffer is current, with the seeds' string values.
+"""``BufferState``: which copy of a buffer is current, with PyDotCompute's string values.
 
 Pure Python because an ``Enum`` is the natural Python type; the extension module looks its
 members up by value (see ``crates/lazybuf-py/src/state.rs``).

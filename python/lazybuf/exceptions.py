@@ -18,8 +18,9 @@ in ``lazybuf``), and lazybuf's own errors derive from them where the meaning mat
 
 ``BufferNotAllocatedError`` and ``BufferSyncError`` exist for ``except`` clauses and
 ``isinstance`` checks, but lazybuf never raises them: a buffer allocates at first use (the
-seeds write ``buf.host[:] = ...`` on a new buffer), and a failed copy raises the runtime's
-error (``CUDARuntimeError``, ``RuntimeError``, ``MemoryError``) and changes nothing.
+PyDotCompute examples write ``buf.host[:] = ...`` on a new buffer), and a failed copy raises
+the runtime's error (``CUDARuntimeError``, ``RuntimeError``, ``MemoryError``) and changes
+nothing.
 
 ``BufferError`` here is *not* Python's builtin ``BufferError`` (PyDotCompute's shadows it the
 same way); ``lazybuf.__all__`` leaves it out so that ``from lazybuf import *`` does not shadow

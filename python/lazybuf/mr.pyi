@@ -5,12 +5,17 @@ concern each over an upstream they keep alive: ``LimitingResourceAdaptor``,
 ``set_current_device_resource`` makes a resource the one buffers, memory objects and device
 buffers on a device take their memory from when given none."""
 
+from __future__ import annotations  # forward references, for tools that execute stubs (pdoc)
+
 from collections.abc import Callable
-from typing import Any, SupportsIndex, final
+from typing import Any, ClassVar, SupportsIndex, final
 
 from typing_extensions import disjoint_base
 
-from ._lazybuf import _DeviceLike
+from ._lazybuf import Device
+
+# As in _lazybuf.pyi (spelled out here: the extension module has no such name at run time).
+_DeviceLike = str | Device | None
 
 __all__ = [
     "DirectMemoryResource",
@@ -77,6 +82,8 @@ class LimitingResourceAdaptor(MemoryResource):
 @final
 class Statistics:
     """One level of counters."""
+
+    __hash__: ClassVar[None] = None  # type: ignore[assignment]  # compared by value, so unhashable
 
     @property
     def current_bytes(self) -> int: ...

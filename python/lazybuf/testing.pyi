@@ -2,9 +2,14 @@
 (``maturin build --features testing``; scripts/test-python.sh builds its wheel so). Release
 wheels have no ``lazybuf.testing``."""
 
+from __future__ import annotations  # forward references, for tools that execute stubs (pdoc)
+
 from typing import final
 
-from ._lazybuf import Device, _DeviceLike
+from ._lazybuf import Device
+
+# As in _lazybuf.pyi (spelled out here: the extension module has no such name at run time).
+_DeviceLike = str | Device | None
 
 __all__ = ["FaultyDevice"]
 

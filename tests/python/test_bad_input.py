@@ -97,7 +97,7 @@ def test_bfloat16_without_ml_dtypes_is_a_clear_type_error():
         (
             "tpu",
             r"expected one of gpu, cuda\[:N\], opencl\[:N\], "
-            r"(wgpu\[:N\], vulkan\[:N\], metal\[:N\], dx12\[:N\], )?host\[:N\]",
+            r"(wgpu\[:N\], vulkan\[:N\], metal\[:N\], dx12\[:N\], )?(loopback\[:N\], )?host\[:N\]",
         ),
         ("host:7", "out of range"),
         ("host:x", "non-negative integer"),

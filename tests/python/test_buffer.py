@@ -58,6 +58,10 @@ def test_bfloat16_with_ml_dtypes():
     buf.copy_from(np.array([1.0, 2.0, 3.5, -1.0], dtype=ml_dtypes.bfloat16))
     np.testing.assert_array_equal(buf.to_numpy().astype(np.float32), [1.0, 2.0, 3.5, -1.0])
     assert buf.host.dtype == np.dtype(ml_dtypes.bfloat16)
+    state = buf.state
+    with pytest.raises(AttributeError, match="bfloat16 has no array-interface type string"):
+        buf.__array_interface__  # noqa: B018 (NumPy's interface has no bfloat16 type string)
+    assert buf.state == state
     buf.fill(0.5)
     assert buf.to_numpy().astype(np.float32).tolist() == [0.5] * 4
     buf2 = UnifiedBuffer(2, ml_dtypes.bfloat16)

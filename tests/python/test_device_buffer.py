@@ -354,8 +354,8 @@ def test_dlpack(device):
         copy_.copy_from_device(db)
         assert copy_.tobytes() == b"dlpack"
     else:
-        # The message names the real backend (OpenCL, wgpu).
-        backend = {"opencl": "OpenCL", "wgpu": "wgpu"}[device.backend]
+        # The message names the real backend (OpenCL, wgpu, the test-only loopback).
+        backend = {"opencl": "OpenCL", "wgpu": "wgpu", "loopback": "loopback"}[device.backend]
         with pytest.raises(BufferError, match=f"{backend} device memory"):
             db.__dlpack_device__()
         with pytest.raises(BufferError, match=f"{backend} device memory"):

@@ -196,7 +196,7 @@ import lazybuf
 from lazybuf import UnifiedBuffer, get_accelerator
 
 device = [d for d in get_accelerator().devices if d.selector == sys.argv[1]][0]
-survives = device.backend == "host"
+survives = device.survives_fork
 parent_buf = UnifiedBuffer((4096,), np.uint32, device=device)
 parent_buf.host[:] = np.arange(4096, dtype=np.uint32)
 parent_buf.sync_to_device()  # the parent uses the device: its runtime runs its threads
@@ -252,7 +252,8 @@ while True:
 def test_a_forked_child_gets_a_clear_error_on_a_device_its_runtime_does_not_survive(device):
     """os.fork() after the parent used the device: OpenCL, CUDA and wgpu devices raise a
     RuntimeError naming the device and the 'spawn' start method in the child (without the
-    check the child hangs, killed here after 30 s: status 5); the host device works there."""
+    check the child hangs, killed here after 30 s: status 5); devices that survive fork (the
+    host device, the test-only loopback devices) work there."""
     result = subprocess.run(
         [sys.executable, "-c", FORK_CHILD, device.selector], capture_output=True, text=True, timeout=90
     )
@@ -288,7 +289,7 @@ def test_a_multiprocessing_fork_worker_is_refused_and_a_spawn_worker_works(devic
             worker.join()
             pytest.fail(f"a {method} worker using {device} hung")
         outcome, detail = queue.get(timeout=10)
-        if method == "spawn" or device.backend == "host":
+        if method == "spawn" or device.survives_fork:
             assert outcome == "ok" and detail == 16.0, (method, detail)
         else:
             assert outcome == "refused", (method, detail)

@@ -32,7 +32,7 @@ import lazybuf
 import lazybuf.mr as mr
 from lazybuf import DeviceBuffer, MemoryDevice, MemoryHost, MemoryShared, UnifiedBuffer
 
-TITLES = {"host": "host", "opencl": "OpenCL", "cuda": "CUDA", "wgpu": "wgpu"}
+TITLES = {"host": "host", "opencl": "OpenCL", "cuda": "CUDA", "wgpu": "wgpu", "loopback": "loopback"}
 
 
 def _devices():

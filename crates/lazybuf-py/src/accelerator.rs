@@ -29,7 +29,7 @@ use crate::errors::OrPyErr;
 static SELECTED: Mutex<Option<Device>> = Mutex::new(None);
 
 /// The device new buffers go to when no `device=` is given.
-pub fn current_device() -> PyResult<Device> {
+pub(crate) fn current_device() -> PyResult<Device> {
     let selected = SELECTED.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
     match selected {
         Some(device) => Ok(device),
@@ -38,7 +38,7 @@ pub fn current_device() -> PyResult<Device> {
 }
 
 /// The selector string (`"opencl:1"`) that names `device` in [`lazybuf::select_device`].
-pub fn selector(device: &Device) -> String {
+pub(crate) fn selector(device: &Device) -> String {
     let kind = device.backend_kind();
     let index =
         lazybuf::devices().iter().filter(|d| d.backend_kind() == kind).position(|d| d == device).unwrap_or(0);
@@ -47,7 +47,7 @@ pub fn selector(device: &Device) -> String {
 
 /// Resolves a `device=` argument: `None` (the current device, see `get_accelerator()`), a
 /// selector string (`"host"`, `"opencl:0"`, `"cuda"`), or a `Device`.
-pub fn device_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Device> {
+pub(crate) fn device_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Device> {
     let Some(obj) = obj.filter(|o| !o.is_none()) else {
         return current_device();
     };
@@ -66,7 +66,7 @@ pub fn device_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Device> {
 
 /// The device recorded in a pickle: `selector` if this process has it, else the current device,
 /// with a `RuntimeWarning` that says so (the data is kept either way).
-pub fn pickled_device(py: Python<'_>, recorded: &str) -> PyResult<Device> {
+pub(crate) fn pickled_device(py: Python<'_>, recorded: &str) -> PyResult<Device> {
     match lazybuf::select_device(recorded) {
         Ok(device) => Ok(device),
         Err(err) => {
@@ -93,7 +93,7 @@ fn source_name(source: MemorySource) -> &'static str {
 
 /// One device: what it is and how much memory it has.
 #[pyclass(name = "Device", module = "lazybuf", frozen, eq, hash, subclass)]
-pub struct PyDevice {
+pub(crate) struct PyDevice {
     device: Device,
 }
 
@@ -111,12 +111,12 @@ impl std::hash::Hash for PyDevice {
 
 impl PyDevice {
     /// Wraps a core device.
-    pub fn new(device: Device) -> Self {
+    pub(crate) fn new(device: Device) -> Self {
         PyDevice { device }
     }
 
     /// The core device.
-    pub fn device(&self) -> &Device {
+    pub(crate) fn device(&self) -> &Device {
         &self.device
     }
 }
@@ -151,6 +151,13 @@ impl PyDevice {
     #[getter]
     fn is_gpu(&self) -> bool {
         self.device.info().is_gpu
+    }
+
+    /// Whether the device keeps working in a child made by ``os.fork()`` (the host device);
+    /// elsewhere a forked child gets ``ForkedChildError`` (use the ``'spawn'`` start method).
+    #[getter]
+    fn survives_fork(&self) -> bool {
+        self.device.survives_fork()
     }
 
     /// Total memory in bytes.
@@ -263,7 +270,7 @@ impl PyDevice {
 
 /// The process's devices and the current device: `lazybuf.get_accelerator()`.
 #[pyclass(name = "Accelerator", module = "lazybuf", frozen)]
-pub struct Accelerator;
+pub(crate) struct Accelerator;
 
 /// The index `device_id` names in `devices`, for `get_device`/`set_device`: any integer,
 /// Python's or one with `__index__` (`numpy.int64`, as PyDotCompute's list indexing took);
@@ -431,7 +438,7 @@ impl Accelerator {
 
 /// The accelerator: `lazybuf.get_accelerator()`, the same object on every call.
 #[pyfunction]
-pub fn get_accelerator(py: Python<'_>) -> PyResult<Py<Accelerator>> {
+pub(crate) fn get_accelerator(py: Python<'_>) -> PyResult<Py<Accelerator>> {
     static ACCELERATOR: PyOnceLock<Py<Accelerator>> = PyOnceLock::new();
     ACCELERATOR.get_or_try_init(py, || Py::new(py, Accelerator)).map(|a| a.clone_ref(py))
 }

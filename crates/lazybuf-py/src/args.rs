@@ -23,13 +23,13 @@ use pyo3::types::{
 };
 
 /// NumPy's limit on the number of dimensions (`NPY_MAXDIMS` in NumPy 2).
-pub const MAX_DIMS: usize = 64;
+pub(crate) const MAX_DIMS: usize = 64;
 
 /// Parses a shape: an int `n` is `(n,)`; otherwise a sized sequence of ints (a tuple, a list,
 /// a NumPy array, a range...). As in NumPy, iterators and generators, strings, bytes, mappings
 /// and sets are not shapes (`TypeError`), and no more than [`MAX_DIMS`] + 1 items are ever
 /// read, so an endless sequence fails at once.
-pub fn shape(obj: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
+pub(crate) fn shape(obj: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
     let items: Vec<Bound<'_, PyAny>> = if let Ok(tuple) = obj.cast::<PyTuple>() {
         tuple.iter().collect()
     } else if let Ok(list) = obj.cast::<PyList>() {
@@ -145,7 +145,7 @@ fn is_data(obj: &Bound<'_, PyAny>) -> PyResult<bool> {
 /// Whether a constructor's first argument is a byte size (see the module docs) rather than a
 /// source of data: a Python int or NumPy integer scalar (not bool), or an object with
 /// `__index__` that is no array or other memory.
-pub fn is_size(obj: &Bound<'_, PyAny>) -> PyResult<bool> {
+pub(crate) fn is_size(obj: &Bound<'_, PyAny>) -> PyResult<bool> {
     if obj.is_instance_of::<PyBool>() {
         return Ok(false);
     }
@@ -160,7 +160,7 @@ pub fn is_size(obj: &Bound<'_, PyAny>) -> PyResult<bool> {
 /// A byte size argument named `what` (see the module docs): not negative and at most
 /// `isize::MAX`. Not an int: `TypeError`; an array: `TypeError` (arrays are data, not sizes);
 /// negative or too large: `ValueError`; what the object's own `__index__` raises propagates.
-pub fn size(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<usize> {
+pub(crate) fn size(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<usize> {
     let py = obj.py();
     let value = if obj.is_instance_of::<PyInt>() {
         obj.clone()
@@ -196,7 +196,7 @@ pub fn size(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<usize> {
 /// bytes, read as `numpy.frombuffer(data, dtype)` and so must hold exactly the buffer's
 /// `nbytes`; anything else (a list, a scalar, a buffer of typed elements) is values, converted
 /// to `descr` as `numpy.asarray(data, dtype)` converts them.
-pub fn copy_source<'py>(
+pub(crate) fn copy_source<'py>(
     data: &Bound<'py, PyAny>,
     descr: &Bound<'py, PyArrayDescr>,
     shape: &[usize],
@@ -239,7 +239,7 @@ fn raw_bytes_len(data: &Bound<'_, PyAny>) -> PyResult<Option<usize>> {
 }
 
 /// A shape as Python prints a tuple: `(3,)`, `(2, 3)`, `()`.
-pub fn shape_repr(shape: &[usize]) -> String {
+pub(crate) fn shape_repr(shape: &[usize]) -> String {
     match shape {
         [one] => format!("({one},)"),
         _ => format!("({})", shape.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")),
@@ -247,6 +247,6 @@ pub fn shape_repr(shape: &[usize]) -> String {
 }
 
 /// `repr(obj)`, or a placeholder when that fails.
-pub fn repr(obj: &Bound<'_, PyAny>) -> String {
+pub(crate) fn repr(obj: &Bound<'_, PyAny>) -> String {
     obj.repr().map(|r| r.to_string()).unwrap_or_else(|_| "<unprintable>".into())
 }

@@ -75,7 +75,7 @@ use crate::{args, state, wire};
 /// Used from inside its own allocation (a memory resource's failure callback) it raises
 /// `lazybuf.ReentrancyError` instead of waiting.
 #[pyclass(name = "UnifiedBuffer", module = "lazybuf", frozen, weakref)]
-pub struct UnifiedBuffer {
+pub(crate) struct UnifiedBuffer {
     shape: Vec<usize>,
     elem: ElementType,
     home: Device,
@@ -109,7 +109,7 @@ struct Inner {
 
 /// What a release takes out of a buffer; [`Released::finish`] it once the buffer's lock is
 /// released (dropping views may run Python code).
-pub struct Released {
+pub(crate) struct Released {
     _storage: Arc<Storage>,
     views: Vec<Py<PyAny>>,
     writable: Vec<(usize, Py<PyWeakrefReference>)>,
@@ -118,7 +118,7 @@ pub struct Released {
 impl Released {
     /// Makes the writable host views handed out read-only (a write through them now would
     /// be lost), then drops the buffer's holds.
-    pub fn finish(self, py: Python<'_>) -> PyResult<()> {
+    pub(crate) fn finish(self, py: Python<'_>) -> PyResult<()> {
         let result = freeze(py, &self.writable);
         drop(self.views);
         drop(self.writable);
@@ -143,7 +143,7 @@ fn freeze(py: Python<'_>, views: &[(usize, Py<PyWeakrefReference>)]) -> PyResult
 impl UnifiedBuffer {
     /// A buffer of `shape` and `elem` on `home`, with memory from `resource` (the backends
     /// when `None`). Allocates nothing.
-    pub fn create(
+    pub(crate) fn create(
         shape: Vec<usize>,
         elem: ElementType,
         home: Device,
@@ -174,7 +174,7 @@ impl UnifiedBuffer {
     /// ([`streams::order_after_cupy`]), so every call that may use the copy waits for the
     /// kernels CuPy enqueued there. Calls that cannot enqueue work on the device copy take
     /// [`Self::storage_unordered`] or [`Self::storage_if`] instead, to stay cheap.
-    pub fn storage(&self) -> PyResult<Arc<Storage>> {
+    pub(crate) fn storage(&self) -> PyResult<Arc<Storage>> {
         self.storage_if(|_| true)
     }
 
@@ -211,13 +211,13 @@ impl UnifiedBuffer {
     }
 
     /// Whether this buffer came from a pool.
-    pub fn has_pool(&self) -> bool {
+    pub(crate) fn has_pool(&self) -> bool {
         self.pool.is_some()
     }
 
     /// Gives up the buffer's hold on its memory. The caller [`Released::finish`]es the
     /// result (the lock is released by then).
-    pub fn take(&self) -> PyResult<Released> {
+    pub(crate) fn take(&self) -> PyResult<Released> {
         let mut inner = self.inner();
         let storage = inner.storage.take().ok_or_else(released)?;
         if inner.untracked_export {
@@ -469,8 +469,8 @@ impl UnifiedBuffer {
     /// The buffer on its device, synced from the host if the host is newer: the host ndarray
     /// itself on the host device, a PyOpenCL array on OpenCL (with PyOpenCL installed), a
     /// CuPy array on CUDA (with CuPy installed), else a `DeviceMemoryView`. A device *read*,
-    /// as in the seeds (`.device` leaves the buffer SYNCHRONIZED): after a kernel writes the
-    /// array, call `mark_device_dirty()`, or take `device_writable` instead.
+    /// as in PyDotCompute's documentation (`.device` leaves the buffer SYNCHRONIZED): after a
+    /// kernel writes the array, call `mark_device_dirty()`, or take `device_writable` instead.
     #[getter]
     fn device<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
         device_access(slf, Access::Read)
@@ -1013,19 +1013,16 @@ impl UnifiedBuffer {
     /// buffer object is gone.
     #[getter]
     fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let typestr = typestr(self.elem.dtype).ok_or_else(|| {
-            PyAttributeError::new_err("bfloat16 has no array-interface type string; use .host or __dlpack__")
-        })?;
+        if typestr(self.elem.dtype).is_none() {
+            // Refused before the host read, which would change the state.
+            return Err(PyAttributeError::new_err(format!(
+                "{} has no array-interface type string; use .host or __dlpack__",
+                self.elem.dtype
+            )));
+        }
         let address = self.storage()?.host_address_nogil(py, Access::Read)?;
         self.inner().untracked_export = true;
-        let dict = PyDict::new(py);
-        dict.set_item("shape", PyTuple::new(py, &self.shape)?)?;
-        dict.set_item("typestr", &typestr)?;
-        dict.set_item("descr", vec![("", typestr)])?;
-        dict.set_item("data", (address as usize, true))?;
-        dict.set_item("strides", py.None())?;
-        dict.set_item("version", 3)?;
-        Ok(dict)
+        crate::interop::array_interface(py, address as usize, &self.shape, self.elem.dtype)
     }
 
     /// CUDA Array Interface (version 3) over the device copy, for buffers on a CUDA device
@@ -1116,27 +1113,27 @@ fn ensure<'py>(slf: &Bound<'py, UnifiedBuffer>, start: &str) -> PyResult<Bound<'
 /// Read-only access for the other binding modules (pickling and Dask frames, [`crate::wire`]).
 impl UnifiedBuffer {
     /// The dimensions.
-    pub fn dims(&self) -> &[usize] {
+    pub(crate) fn dims(&self) -> &[usize] {
         &self.shape
     }
 
     /// The size in bytes.
-    pub fn byte_len(&self) -> usize {
+    pub(crate) fn byte_len(&self) -> usize {
         self.nbytes()
     }
 
     /// The NumPy dtype of the elements.
-    pub fn descr_of<'py>(&self, py: Python<'py>) -> &Bound<'py, PyArrayDescr> {
+    pub(crate) fn descr_of<'py>(&self, py: Python<'py>) -> &Bound<'py, PyArrayDescr> {
         self.descr(py)
     }
 
     /// Whether page-locked host memory was requested.
-    pub fn pinned_requested(&self) -> bool {
+    pub(crate) fn pinned_requested(&self) -> bool {
         self.pinned
     }
 
     /// The buffer's own device.
-    pub fn home_device(&self) -> &Device {
+    pub(crate) fn home_device(&self) -> &Device {
         &self.home
     }
 }
@@ -1144,7 +1141,7 @@ impl UnifiedBuffer {
 /// Unpickles a buffer (see `__reduce__`).
 #[pyfunction]
 #[pyo3(signature = (shape, dtype, pinned, data, origin=None))]
-pub fn _rebuild_buffer<'py>(
+pub(crate) fn _rebuild_buffer<'py>(
     py: Python<'py>,
     shape: &Bound<'py, PyAny>,
     dtype: &Bound<'py, PyAny>,

@@ -45,7 +45,7 @@ use crate::interop::{self, DlpackArgs, ExportedBytes};
 use crate::lock::{self, Detached, GilFreeGuard, GilFreeMutex};
 
 /// A device buffer shared by its Python object and the DLPack tensors made from it.
-pub struct BufferCell {
+pub(crate) struct BufferCell {
     /// Waited for only with the GIL released, never by the thread holding it ([`crate::lock`]):
     /// a resize may call a failure callback of its resource while it holds the buffer.
     buffer: GilFreeMutex<DeviceBuffer>,
@@ -54,14 +54,14 @@ pub struct BufferCell {
 impl BufferCell {
     /// The buffer, from a detached thread ([`lock::detach`]); `ReentrancyError` on the thread
     /// that holds it already (a failure callback reading the buffer it is resizing).
-    pub fn lock(&self, detached: &Detached) -> PyResult<GilFreeGuard<'_, DeviceBuffer>> {
+    pub(crate) fn lock(&self, detached: &Detached) -> PyResult<GilFreeGuard<'_, DeviceBuffer>> {
         self.buffer.lock_detached(detached)
     }
 }
 
 /// A resizable buffer of bytes in device memory.
 #[pyclass(name = "DeviceBuffer", module = "lazybuf", frozen, weakref)]
-pub struct PyDeviceBuffer {
+pub(crate) struct PyDeviceBuffer {
     cell: Arc<BufferCell>,
     device: Device,
     /// The Python resource the memory comes from, kept alive with the buffer.
@@ -70,7 +70,7 @@ pub struct PyDeviceBuffer {
 
 impl PyDeviceBuffer {
     /// The shared buffer.
-    pub fn cell(&self) -> &Arc<BufferCell> {
+    pub(crate) fn cell(&self) -> &Arc<BufferCell> {
         &self.cell
     }
 
@@ -95,7 +95,7 @@ impl PyDeviceBuffer {
     }
 
     /// A device buffer on `device` holding a copy of `data`'s bytes (checked as `to_device`).
-    pub fn from_host(
+    pub(crate) fn from_host(
         py: Python<'_>,
         data: &Bound<'_, PyAny>,
         device: Device,
@@ -111,8 +111,9 @@ impl PyDeviceBuffer {
 
     /// The raw handle as an int, valid until the next reallocation (see the module docs).
     fn raw_address(&self, py: Python<'_>) -> PyResult<usize> {
-        // SAFETY: the address is only handed to Python as an int.
-        self.with(py, |buffer| unsafe { buffer.raw().native_int() })
+        // SAFETY: the memory is live (held here) and its device's; the address is only handed
+        // to Python as an int.
+        self.with(py, |buffer| unsafe { buffer.device().native_handle(buffer.raw()) })
     }
 }
 
@@ -358,8 +359,9 @@ impl PyDeviceBuffer {
             )));
         }
         let (address, size) = self.with(py, |b| {
-            // SAFETY: the address is only handed to Python as an int.
-            (unsafe { b.raw().native_int() }, b.size())
+            // SAFETY: the memory is live (held here) and its device's; the address is only
+            // handed to Python as an int.
+            (unsafe { b.device().native_handle(b.raw()) }, b.size())
         })?;
         interop::cuda_array_interface(py, address, &[size], lazybuf::DType::U8, false)
     }
@@ -382,7 +384,7 @@ impl PyDeviceBuffer {
             self.with(py, |b| {
                 // SAFETY: the address is handed to the tensor with a hold on its allocation,
                 // which keeps it valid until the tensor's deleter runs.
-                let address = unsafe { b.raw().native_int() };
+                let address = unsafe { b.device().native_handle(b.raw()) };
                 let owner: Arc<dyn std::any::Any + Send + Sync> = Arc::new(b.hold());
                 ExportedBytes { address, nbytes: b.size(), owner }
             })
@@ -424,7 +426,7 @@ impl PyDeviceBuffer {
 /// `to_device(b, device=None)`: see `DeviceBuffer.to_device`.
 #[pyfunction]
 #[pyo3(signature = (b, *, device=None, mr=None))]
-pub fn to_device(
+pub(crate) fn to_device(
     py: Python<'_>,
     b: &Bound<'_, PyAny>,
     device: Option<&Bound<'_, PyAny>>,
@@ -436,7 +438,7 @@ pub fn to_device(
 
 /// Unpickles a DeviceBuffer (see `__reduce__`).
 #[pyfunction]
-pub fn _rebuild_device_buffer(
+pub(crate) fn _rebuild_device_buffer(
     py: Python<'_>,
     data: &Bound<'_, PyAny>,
     device: &str,

@@ -23,7 +23,7 @@ use crate::accelerator::PyDevice;
 use crate::views::{MemoryOwner, Storage, device_handles};
 
 /// The device object for a non-host device, given the handle of its (current) copy.
-pub fn device_object<'py>(
+pub(crate) fn device_object<'py>(
     py: Python<'py>,
     storage: &Arc<Storage>,
     home: &Device,
@@ -52,8 +52,8 @@ pub fn device_object<'py>(
     }
     let view = DeviceMemoryView {
         device: home.clone(),
-        // SAFETY: `handle` is a live allocation's: the caller holds the storage.
-        handle: unsafe { handle.native_int() },
+        // SAFETY: `handle` is a live allocation of `home`'s: the caller holds the storage.
+        handle: unsafe { home.native_handle(handle) },
         nbytes,
         shape: shape.to_vec(),
         dtype,
@@ -148,7 +148,7 @@ fn cupy_array<'py>(
 /// (CUDA), `cl_mem` (OpenCL) or the graphics API's buffer handle (wgpu: a `VkBuffer` on
 /// Vulkan) as an int. Keeps the buffer's memory alive while it lives.
 #[pyclass(name = "DeviceMemoryView", module = "lazybuf", frozen)]
-pub struct DeviceMemoryView {
+pub(crate) struct DeviceMemoryView {
     device: Device,
     handle: usize,
     nbytes: usize,

@@ -20,22 +20,15 @@ use crate::args::repr;
 use crate::errors::bad_dtype;
 
 /// A buffer's element type: the core's tag and the NumPy descriptor its views carry.
-pub struct ElementType {
+pub(crate) struct ElementType {
     /// The core's element type.
-    pub dtype: DType,
+    pub(crate) dtype: DType,
     /// The NumPy dtype of every view (for bfloat16, `ml_dtypes`'s).
-    pub descr: Py<PyArrayDescr>,
-}
-
-impl ElementType {
-    /// A second handle to the same element type.
-    pub fn clone_ref(&self, py: Python<'_>) -> ElementType {
-        ElementType { dtype: self.dtype, descr: self.descr.clone_ref(py) }
-    }
+    pub(crate) descr: Py<PyArrayDescr>,
 }
 
 /// Resolves a `dtype=` argument; `None` means the default, float32.
-pub fn resolve(py: Python<'_>, obj: Option<&Bound<'_, PyAny>>) -> PyResult<ElementType> {
+pub(crate) fn resolve(py: Python<'_>, obj: Option<&Bound<'_, PyAny>>) -> PyResult<ElementType> {
     let Some(obj) = obj.filter(|o| !o.is_none()) else {
         return Ok(float32(py));
     };
@@ -50,7 +43,7 @@ pub fn resolve(py: Python<'_>, obj: Option<&Bound<'_, PyAny>>) -> PyResult<Eleme
 }
 
 /// Maps a NumPy descriptor to the core's element type.
-pub fn classify(descr: Bound<'_, PyArrayDescr>) -> PyResult<ElementType> {
+pub(crate) fn classify(descr: Bound<'_, PyArrayDescr>) -> PyResult<ElementType> {
     if descr.has_fields() || descr.has_subarray() {
         return Err(bad_dtype(format!("structured dtype {} has fields or subarrays", repr(&descr))));
     }
@@ -95,7 +88,7 @@ fn bfloat16(py: Python<'_>) -> PyResult<ElementType> {
 }
 
 /// The PEP 3118 format character of an element type (`None` for bfloat16, which has none).
-pub fn buffer_format(dtype: DType) -> Option<&'static std::ffi::CStr> {
+pub(crate) fn buffer_format(dtype: DType) -> Option<&'static std::ffi::CStr> {
     Some(match dtype {
         DType::U8 => c"B",
         DType::U16 => c"H",
@@ -115,7 +108,7 @@ pub fn buffer_format(dtype: DType) -> Option<&'static std::ffi::CStr> {
 }
 
 /// The array-interface type string (`"<f4"`) of an element type (`None` for bfloat16).
-pub fn typestr(dtype: DType) -> Option<String> {
+pub(crate) fn typestr(dtype: DType) -> Option<String> {
     let kind = match dtype {
         DType::F16 | DType::F32 | DType::F64 => 'f',
         DType::I8 | DType::I16 | DType::I32 | DType::I64 => 'i',
@@ -138,7 +131,7 @@ pub fn typestr(dtype: DType) -> Option<String> {
 /// ints truncate, NaN into ints raises `ValueError`, NumPy scalars follow NumPy's own rules
 /// (`np.int64(2**40)` into int8 raises `OverflowError`, into uint8 wraps, as NumPy does). A
 /// sequence or an array of one or more dimensions is not a scalar: `ValueError`.
-pub fn fill_scalar<'py>(
+pub(crate) fn fill_scalar<'py>(
     value: &Bound<'py, PyAny>,
     descr: &Bound<'py, PyArrayDescr>,
 ) -> PyResult<Bound<'py, PyUntypedArray>> {

@@ -48,18 +48,18 @@ import_exception!(lazybuf.exceptions, ForkedChildError);
 /// `CoherenceError` when they differ: a kernel wrote `.device` without `mark_device_dirty()`.
 /// Off by default; `LAZYBUF_CHECK=1` in the environment turns it on at start.
 #[pyfunction]
-pub fn set_checking(on: bool) {
+pub(crate) fn set_checking(on: bool) {
     lazybuf::set_checking(on);
 }
 
 /// Whether the coherence checker is on (see `set_checking`).
 #[pyfunction]
-pub fn checking() -> bool {
+pub(crate) fn checking() -> bool {
     lazybuf::checking()
 }
 
 /// Converts a lazybuf error into the Python exception users expect.
-pub fn to_py(err: lazybuf::Error) -> PyErr {
+pub(crate) fn to_py(err: lazybuf::Error) -> PyErr {
     use lazybuf::Error as E;
     let message = err.to_string();
     match err {
@@ -87,7 +87,7 @@ pub fn to_py(err: lazybuf::Error) -> PyErr {
 }
 
 /// `?`-friendly conversion of core results.
-pub trait OrPyErr<T> {
+pub(crate) trait OrPyErr<T> {
     /// Maps the error with [`to_py`].
     fn or_py(self) -> PyResult<T>;
 }
@@ -99,7 +99,7 @@ impl<T> OrPyErr<T> for lazybuf::Result<T> {
 }
 
 /// The error for any use of a buffer after it was released.
-pub fn released() -> PyErr {
+pub(crate) fn released() -> PyErr {
     PyValueError::new_err(
         "this UnifiedBuffer was released (to its memory pool, or by leaving its `with` block); \
          expected a live buffer: acquire or create a new one",
@@ -107,7 +107,7 @@ pub fn released() -> PyErr {
 }
 
 /// The error for an element type lazybuf cannot hold.
-pub fn bad_dtype(detail: impl std::fmt::Display) -> PyErr {
+pub(crate) fn bad_dtype(detail: impl std::fmt::Display) -> PyErr {
     PyTypeError::new_err(format!(
         "unsupported dtype: {detail}; expected one of float16, float32, float64, int8, int16, \
          int32, int64, uint8, uint16, uint32, uint64, complex64, complex128 (native byte order), \

@@ -50,7 +50,7 @@ unsafe fn borrowed(device: &Device, address: usize, nbytes: usize) -> PyResult<M
 }
 
 /// A resolved source of `copy_from_device`.
-pub enum Source {
+pub(crate) enum Source {
     /// A lazybuf memory object.
     Memory(Arc<MemoryCell>),
     /// A lazybuf device buffer (its first `size` bytes).
@@ -62,7 +62,7 @@ pub enum Source {
 /// What keeps foreign memory alive while it is copied: the producer, or its DLPack tensor.
 /// Held, never read: dropping it is what releases the memory.
 #[allow(dead_code)]
-pub enum KeepAlive {
+pub(crate) enum KeepAlive {
     /// Nothing to keep (lazybuf's own objects keep themselves).
     Nothing,
     /// The object whose interface handed out the pointer.
@@ -73,7 +73,7 @@ pub enum KeepAlive {
 
 impl Source {
     /// Resolves `obj` (see the module docs); `what` names the call in messages.
-    pub fn resolve(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<(Source, KeepAlive)> {
+    pub(crate) fn resolve(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<(Source, KeepAlive)> {
         if let Ok(memory) = obj.cast::<PyMemory>() {
             return Ok((Source::Memory(memory.get().cell().clone()), KeepAlive::Nothing));
         }
@@ -96,7 +96,7 @@ impl Source {
 
     /// Runs `f` with the source's memory and the number of its bytes to copy. Locks the
     /// source's own lock: never call it with that lock held.
-    pub fn with<R>(&self, detached: &Detached, f: impl FnOnce(&Memory, usize) -> R) -> PyResult<R> {
+    pub(crate) fn with<R>(&self, detached: &Detached, f: impl FnOnce(&Memory, usize) -> R) -> PyResult<R> {
         Ok(match self {
             Source::Memory(cell) => {
                 let memory = cell.lock(detached)?;
@@ -113,7 +113,7 @@ impl Source {
 
     /// The address that orders the locks of two objects (the source's lock is taken first
     /// when it is lower); 0 for foreign memory, which has no lock.
-    pub fn lock_order(&self) -> usize {
+    pub(crate) fn lock_order(&self) -> usize {
         match self {
             Source::Memory(cell) => Arc::as_ptr(cell) as usize,
             Source::Buffer(cell) => Arc::as_ptr(cell) as usize,
@@ -122,12 +122,12 @@ impl Source {
     }
 
     /// Whether the source is the memory behind `cell`'s lock (a copy onto itself).
-    pub fn is_memory(&self, cell: &Arc<MemoryCell>) -> bool {
+    pub(crate) fn is_memory(&self, cell: &Arc<MemoryCell>) -> bool {
         matches!(self, Source::Memory(c) if Arc::ptr_eq(c, cell))
     }
 
     /// Whether the source is the device buffer behind `cell`'s lock.
-    pub fn is_buffer(&self, cell: &Arc<BufferCell>) -> bool {
+    pub(crate) fn is_buffer(&self, cell: &Arc<BufferCell>) -> bool {
         matches!(self, Source::Buffer(c) if Arc::ptr_eq(c, cell))
     }
 }

@@ -25,7 +25,7 @@ use pyo3::prelude::*;
 use crate::args::repr;
 
 /// An acquired buffer-protocol export; released (with the GIL) when dropped.
-pub struct HostBuffer {
+pub(crate) struct HostBuffer {
     view: NonNull<ffi::Py_buffer>,
 }
 
@@ -38,7 +38,7 @@ unsafe impl Sync for HostBuffer {}
 impl HostBuffer {
     /// Acquires `obj`'s bytes for reading (`writable` false) or writing, and checks them.
     /// `what` names the argument in messages (`"copy_from_host: obj"`).
-    pub fn get(obj: &Bound<'_, PyAny>, writable: bool, what: &str) -> PyResult<HostBuffer> {
+    pub(crate) fn get(obj: &Bound<'_, PyAny>, writable: bool, what: &str) -> PyResult<HostBuffer> {
         let py = obj.py();
         let mut flags = ffi::PyBUF_STRIDES | ffi::PyBUF_FORMAT;
         if writable {
@@ -118,12 +118,12 @@ impl HostBuffer {
     }
 
     /// The length in bytes.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         usize::try_from(self.view().len).unwrap_or(0)
     }
 
     /// The addresses the bytes occupy.
-    pub fn range(&self) -> std::ops::Range<usize> {
+    pub(crate) fn range(&self) -> std::ops::Range<usize> {
         let start = self.view().buf as usize;
         start..start + self.len()
     }
@@ -131,12 +131,12 @@ impl HostBuffer {
     /// Whether the bytes share any address with `memory`'s host addresses (a view of the
     /// memory object itself): such copies go through a temporary copy, never between
     /// overlapping slices.
-    pub fn overlaps(&self, memory: &lazybuf::Memory) -> bool {
+    pub(crate) fn overlaps(&self, memory: &lazybuf::Memory) -> bool {
         ranges_overlap(memory.host_range(), Some(self.range()))
     }
 
     /// The bytes.
-    pub fn bytes(&self) -> &[u8] {
+    pub(crate) fn bytes(&self) -> &[u8] {
         let (ptr, len) = (self.view().buf.cast::<u8>(), self.len());
         if ptr.is_null() || len == 0 {
             return &[];
@@ -149,7 +149,7 @@ impl HostBuffer {
 
     /// The bytes, for writing (an export acquired `writable`).
     #[allow(clippy::mut_from_ref)]
-    pub fn bytes_mut(&mut self) -> &mut [u8] {
+    pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
         let (ptr, len) = (self.view().buf.cast::<u8>(), self.len());
         if ptr.is_null() || len == 0 {
             return &mut [];
@@ -175,7 +175,7 @@ impl Drop for HostBuffer {
 }
 
 /// Whether two optional address ranges share an address.
-pub fn ranges_overlap(a: Option<std::ops::Range<usize>>, b: Option<std::ops::Range<usize>>) -> bool {
+pub(crate) fn ranges_overlap(a: Option<std::ops::Range<usize>>, b: Option<std::ops::Range<usize>>) -> bool {
     match (a, b) {
         (Some(a), Some(b)) => a.start < b.end && b.start < a.end,
         _ => false,
@@ -183,7 +183,7 @@ pub fn ranges_overlap(a: Option<std::ops::Range<usize>>, b: Option<std::ops::Ran
 }
 
 /// A copy of `bytes` in a new vector, allocated fallibly ([`lazybuf::Error::OutOfMemory`]).
-pub fn staged(bytes: &[u8]) -> lazybuf::Result<Vec<u8>> {
+pub(crate) fn staged(bytes: &[u8]) -> lazybuf::Result<Vec<u8>> {
     let mut copy = Vec::new();
     copy.try_reserve_exact(bytes.len()).map_err(|_| out_of_memory(bytes.len()))?;
     copy.extend_from_slice(bytes);
@@ -196,13 +196,13 @@ fn out_of_memory(requested: usize) -> lazybuf::Error {
 
 /// A new uint8 NumPy array of `n` bytes with unspecified contents (`numpy.empty`: NumPy's
 /// `MemoryError` when the host cannot allocate it).
-pub fn new_array<'py>(py: Python<'py>, n: usize) -> PyResult<Bound<'py, PyAny>> {
+pub(crate) fn new_array<'py>(py: Python<'py>, n: usize) -> PyResult<Bound<'py, PyAny>> {
     py.import("numpy")?.call_method1("empty", (n, "uint8"))
 }
 
 /// Copies host bytes into the first bytes of `memory`, through a temporary copy when they
 /// are a view of that memory.
-pub fn copy_in(memory: &mut lazybuf::Memory, host: &HostBuffer) -> lazybuf::Result<()> {
+pub(crate) fn copy_in(memory: &mut lazybuf::Memory, host: &HostBuffer) -> lazybuf::Result<()> {
     if host.overlaps(memory) {
         let staged = staged(host.bytes())?;
         return memory.copy_from_host(&staged);
@@ -212,7 +212,7 @@ pub fn copy_in(memory: &mut lazybuf::Memory, host: &HostBuffer) -> lazybuf::Resu
 
 /// Copies the first `n` bytes of `memory` into `host`, through a temporary copy when `host`
 /// is a view of that memory.
-pub fn copy_out(memory: &lazybuf::Memory, host: &mut HostBuffer, n: usize) -> lazybuf::Result<()> {
+pub(crate) fn copy_out(memory: &lazybuf::Memory, host: &mut HostBuffer, n: usize) -> lazybuf::Result<()> {
     if host.overlaps(memory) {
         let mut staged = Vec::new();
         staged.try_reserve_exact(n).map_err(|_| out_of_memory(n))?;
@@ -226,7 +226,11 @@ pub fn copy_out(memory: &lazybuf::Memory, host: &mut HostBuffer, n: usize) -> la
 
 /// Copies the first `n` bytes of `src` into `dst`, through a host copy when the two share host
 /// addresses (foreign memory that is a view of `dst`).
-pub fn copy_between(dst: &mut lazybuf::Memory, src: &lazybuf::Memory, n: usize) -> lazybuf::Result<()> {
+pub(crate) fn copy_between(
+    dst: &mut lazybuf::Memory,
+    src: &lazybuf::Memory,
+    n: usize,
+) -> lazybuf::Result<()> {
     if ranges_overlap(dst.host_range(), src.host_range()) {
         let staged = src.to_vec()?;
         return dst.copy_from_host(&staged[..n]);

@@ -226,7 +226,7 @@ pub(crate) struct Exporter {
 
 impl Exporter {
     /// `nbytes` at `address` on `device` as a 1-d uint8 tensor, kept alive by `owner`.
-    pub fn bytes(
+    pub(crate) fn bytes(
         address: *mut c_void,
         nbytes: usize,
         device: DLDevice,
@@ -407,6 +407,31 @@ pub(crate) fn cuda_array_interface<'py>(
     dict.set_item("version", 3)?;
     // lazybuf's copies are complete when they return: no stream to synchronize with.
     dict.set_item("stream", py.None())?;
+    Ok(dict)
+}
+
+// --- NumPy's array interface ------------------------------------------------------------
+
+/// A NumPy array interface (version 3) dictionary for read-only, C-contiguous host memory at
+/// `address`.
+pub(crate) fn array_interface<'py>(
+    py: Python<'py>,
+    address: usize,
+    shape: &[usize],
+    dtype: DType,
+) -> PyResult<Bound<'py, PyDict>> {
+    let typestr = typestr(dtype).ok_or_else(|| {
+        PyAttributeError::new_err(format!(
+            "{dtype} has no array-interface type string; use .host or __dlpack__"
+        ))
+    })?;
+    let dict = PyDict::new(py);
+    dict.set_item("shape", pyo3::types::PyTuple::new(py, shape)?)?;
+    dict.set_item("typestr", &typestr)?;
+    dict.set_item("descr", vec![("", typestr)])?;
+    dict.set_item("data", (address, true))?;
+    dict.set_item("strides", py.None())?;
+    dict.set_item("version", 3)?;
     Ok(dict)
 }
 

@@ -34,10 +34,10 @@ use crate::errors::ReentrancyError;
 /// Proof that the calling thread is detached from the interpreter (it does not hold the GIL):
 /// only [`detach`] makes one, for the closure it runs. Neither `Send` nor `Sync`, so it cannot
 /// leave that closure's thread, nor be returned out of it.
-pub struct Detached(PhantomData<*const ()>);
+pub(crate) struct Detached(PhantomData<*const ()>);
 
 /// Runs `f` with the GIL released (as [`Python::detach`]), giving it the proof of that.
-pub fn detach<T: Send>(py: Python<'_>, f: impl Send + FnOnce(&Detached) -> T) -> T {
+pub(crate) fn detach<T: Send>(py: Python<'_>, f: impl Send + FnOnce(&Detached) -> T) -> T {
     py.detach(|| f(&Detached(PhantomData)))
 }
 
@@ -52,7 +52,7 @@ fn thread_number() -> u64 {
 
 /// A mutex that is never waited for with the GIL held, nor by the thread that holds it (see
 /// the module docs).
-pub struct GilFreeMutex<T> {
+pub(crate) struct GilFreeMutex<T> {
     value: Mutex<T>,
     /// [`thread_number`] of the thread holding the lock; 0 when none does.
     holder: AtomicU64,
@@ -61,19 +61,19 @@ pub struct GilFreeMutex<T> {
 }
 
 /// The lock of a [`GilFreeMutex`], held.
-pub struct GilFreeGuard<'a, T> {
+pub(crate) struct GilFreeGuard<'a, T> {
     guard: MutexGuard<'a, T>,
     holder: &'a AtomicU64,
 }
 
 impl<T: Send> GilFreeMutex<T> {
     /// `value` behind the lock; `what` names it in errors.
-    pub fn new(value: T, what: &'static str) -> Self {
+    pub(crate) fn new(value: T, what: &'static str) -> Self {
         GilFreeMutex { value: Mutex::new(value), holder: AtomicU64::new(0), what }
     }
 
     /// The lock at once if it is free; `None` if another thread (or this one) holds it.
-    pub fn try_lock(&self) -> Option<GilFreeGuard<'_, T>> {
+    pub(crate) fn try_lock(&self) -> Option<GilFreeGuard<'_, T>> {
         match self.value.try_lock() {
             Ok(guard) => Some(self.held(guard)),
             // A poisoned lock means a panic happened while it was held; every core object
@@ -86,7 +86,7 @@ impl<T: Send> GilFreeMutex<T> {
     /// The lock, from a thread attached to the interpreter: taken at once when free;
     /// [`ReentrancyError`] when this thread holds it already; otherwise waited for with the
     /// GIL released.
-    pub fn lock(&self, py: Python<'_>) -> PyResult<GilFreeGuard<'_, T>> {
+    pub(crate) fn lock(&self, py: Python<'_>) -> PyResult<GilFreeGuard<'_, T>> {
         if let Some(guard) = self.try_lock() {
             return Ok(guard);
         }
@@ -101,7 +101,7 @@ impl<T: Send> GilFreeMutex<T> {
 
     /// The lock, from a thread detached from the interpreter: waited for unless this thread
     /// holds it already ([`ReentrancyError`]).
-    pub fn lock_detached(&self, _detached: &Detached) -> PyResult<GilFreeGuard<'_, T>> {
+    pub(crate) fn lock_detached(&self, _detached: &Detached) -> PyResult<GilFreeGuard<'_, T>> {
         if let Some(guard) = self.try_lock() {
             return Ok(guard);
         }

@@ -55,7 +55,7 @@ use crate::lock::{self, Detached, GilFreeGuard, GilFreeMutex};
 
 /// A memory object's allocation, shared by the objects made zero-copy from it and by the
 /// exports (buffer protocol, DLPack) of it.
-pub struct MemoryCell {
+pub(crate) struct MemoryCell {
     /// Waited for only with the GIL released, never by the thread holding it ([`crate::lock`]).
     memory: GilFreeMutex<Memory>,
 }
@@ -63,7 +63,7 @@ pub struct MemoryCell {
 impl MemoryCell {
     /// The memory, from a detached thread ([`lock::detach`]); `ReentrancyError` on the thread
     /// that holds it already.
-    pub fn lock(&self, detached: &Detached) -> PyResult<GilFreeGuard<'_, Memory>> {
+    pub(crate) fn lock(&self, detached: &Detached) -> PyResult<GilFreeGuard<'_, Memory>> {
         self.memory.lock_detached(detached)
     }
 }
@@ -71,7 +71,7 @@ impl MemoryCell {
 /// An untyped allocation of one memory kind (the base class of `MemoryDevice`, `MemoryHost`
 /// and `MemoryShared`).
 #[pyclass(name = "Memory", module = "lazybuf", frozen, subclass, weakref)]
-pub struct PyMemory {
+pub(crate) struct PyMemory {
     cell: Arc<MemoryCell>,
     device: Device,
     kind: MemoryKind,
@@ -101,7 +101,7 @@ fn class_name(kind: MemoryKind) -> &'static str {
 
 impl PyMemory {
     /// The shared allocation.
-    pub fn cell(&self) -> &Arc<MemoryCell> {
+    pub(crate) fn cell(&self) -> &Arc<MemoryCell> {
         &self.cell
     }
 
@@ -246,8 +246,9 @@ impl PyMemory {
     }
 
     fn raw_address(&self, py: Python<'_>) -> PyResult<usize> {
-        // SAFETY: the address is only handed to Python as an int; the memory never moves.
-        self.with(py, |m| unsafe { m.raw().native_int() })
+        // SAFETY: the memory is live (held here) and its device's; the address is only handed
+        // to Python as an int, and the memory never moves.
+        self.with(py, |m| unsafe { m.device().native_handle(m.raw()) })
     }
 
     /// Buffer protocol over all the bytes: 1-d unsigned bytes, always writable (as dpctl's;
@@ -471,7 +472,7 @@ impl PyMemory {
 
 /// Device memory: not host accessible (`memoryview()` raises `TypeError`).
 #[pyclass(name = "MemoryDevice", module = "lazybuf", extends = PyMemory, frozen)]
-pub struct PyMemoryDevice;
+pub(crate) struct PyMemoryDevice;
 
 #[pymethods]
 impl PyMemoryDevice {
@@ -493,7 +494,7 @@ impl PyMemoryDevice {
 
 /// Page-locked host memory, with the buffer protocol.
 #[pyclass(name = "MemoryHost", module = "lazybuf", extends = PyMemory, frozen)]
-pub struct PyMemoryHost;
+pub(crate) struct PyMemoryHost;
 
 #[pymethods]
 impl PyMemoryHost {
@@ -526,7 +527,7 @@ impl PyMemoryHost {
 
 /// Memory the host and the device both address, with the buffer protocol.
 #[pyclass(name = "MemoryShared", module = "lazybuf", extends = PyMemory, frozen)]
-pub struct PyMemoryShared;
+pub(crate) struct PyMemoryShared;
 
 #[pymethods]
 impl PyMemoryShared {
@@ -576,7 +577,7 @@ impl PyMemoryShared {
 /// not know), then allocates it on the recorded device (or the current one, with a
 /// `RuntimeWarning`, when this process lacks it) and copies the bytes in.
 #[pyfunction]
-pub fn _rebuild_memory(
+pub(crate) fn _rebuild_memory(
     py: Python<'_>,
     device: &str,
     kind: &str,

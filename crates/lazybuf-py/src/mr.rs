@@ -59,11 +59,11 @@ use crate::errors::OrPyErr;
 
 /// The most resources a chain may have (a source counts as 1, each adaptor or pool over it
 /// adds 1); see the module docs.
-pub const MAX_DEPTH: usize = 256;
+pub(crate) const MAX_DEPTH: usize = 256;
 
 /// A memory resource (the base class of every resource in `lazybuf.mr`).
 #[pyclass(name = "MemoryResource", module = "lazybuf.mr", subclass, frozen)]
-pub struct PyResource {
+pub(crate) struct PyResource {
     resource: Arc<dyn MemoryResource>,
     upstream: Option<Py<PyAny>>,
     /// The number of resources in the chain down to the source (1 for a source).
@@ -76,11 +76,6 @@ impl PyResource {
             Some(up) => PyResource { resource, upstream: Some(up.object), depth: up.depth + 1 },
             None => PyResource { resource, upstream: None, depth: 1 },
         }
-    }
-
-    /// The core resource.
-    pub fn resource(&self) -> &Arc<dyn MemoryResource> {
-        &self.resource
     }
 }
 
@@ -106,12 +101,13 @@ fn identity(resource: &Arc<dyn MemoryResource>) -> usize {
     Arc::as_ptr(resource).cast::<()>() as usize
 }
 
-/// The handle of a block as an int (its address, device pointer or `cl_mem`).
-fn handle(block: &Block) -> usize {
+/// The handle of a block of `device` as an int (its address, device pointer or `cl_mem`).
+fn handle(device: &Device, block: &Block) -> usize {
     match block {
         Block::Host(host) => host.as_ptr() as usize,
-        // SAFETY: the handle is only turned into an int.
-        Block::Device(memory) => unsafe { memory.raw().native_int() },
+        // SAFETY: the memory is live (borrowed here) and `device`'s; the handle is only turned
+        // into an int.
+        Block::Device(memory) => unsafe { device.native_handle(memory.raw()) },
     }
 }
 
@@ -142,7 +138,7 @@ impl PyResource {
         let block = py
             .detach(|| self.resource.allocate(&device, MemoryKind::Device, nbytes, &device.stream()))
             .or_py()?;
-        let key = handle(&block);
+        let key = handle(&device, &block);
         let raw = RawAllocation { device, block, resource: self.resource.clone() };
         registry().insert((identity(&self.resource), key), raw);
         Ok(key)
@@ -186,7 +182,7 @@ fn resource_of(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Arc<dyn MemoryRes
 }
 
 /// An optional `mr=` argument: `None` for the default.
-pub fn resource_arg(mr: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Arc<dyn MemoryResource>>> {
+pub(crate) fn resource_arg(mr: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Arc<dyn MemoryResource>>> {
     mr.filter(|m| !m.is_none()).map(|m| resource_of(m, "mr")).transpose()
 }
 
@@ -219,7 +215,7 @@ fn upstream(upstream_mr: &Bound<'_, PyAny>) -> PyResult<(Arc<dyn MemoryResource>
 
 /// The runtimes themselves: every allocation is the runtime's, every free frees.
 #[pyclass(name = "DirectMemoryResource", module = "lazybuf.mr", extends = PyResource, frozen)]
-pub struct PyDirect;
+pub(crate) struct PyDirect;
 
 #[pymethods]
 impl PyDirect {
@@ -232,7 +228,7 @@ impl PyDirect {
 /// lazybuf's caching pool (size classes, reuse by kind and device, trim and retry on
 /// out-of-memory) over `upstream_mr` (default: the runtimes).
 #[pyclass(name = "PoolMemoryResource", module = "lazybuf.mr", extends = PyResource, frozen)]
-pub struct PyPool {
+pub(crate) struct PyPool {
     pool: Arc<CachingResource>,
     limit: Option<Arc<LimitingResource>>,
 }
@@ -292,7 +288,7 @@ impl PyPool {
 
 /// Refuses allocations beyond `allocation_limit` bytes outstanding (`MemoryError`).
 #[pyclass(name = "LimitingResourceAdaptor", module = "lazybuf.mr", extends = PyResource, frozen)]
-pub struct PyLimiting {
+pub(crate) struct PyLimiting {
     limit: Arc<LimitingResource>,
 }
 
@@ -320,7 +316,7 @@ impl PyLimiting {
 /// One level of a statistics adaptor's counters (RMM's `rmm.statistics.Statistics`).
 #[pyclass(name = "Statistics", module = "lazybuf.mr", frozen, eq)]
 #[derive(PartialEq)]
-pub struct PyStatistics {
+pub(crate) struct PyStatistics {
     stats: Statistics,
 }
 
@@ -369,7 +365,7 @@ impl PyStatistics {
 /// Counts the bytes asked for and the allocations made through it (current, peak, total) on
 /// a stack of counter levels.
 #[pyclass(name = "StatisticsResourceAdaptor", module = "lazybuf.mr", extends = PyResource, frozen)]
-pub struct PyStatisticsAdaptor {
+pub(crate) struct PyStatisticsAdaptor {
     stats: Arc<StatisticsResource>,
 }
 
@@ -407,7 +403,7 @@ impl PyStatisticsAdaptor {
 /// Records every allocation outstanding through it (address, size, kind, device, and the
 /// call stack with `capture_stacks`), for leak hunting.
 #[pyclass(name = "TrackingResourceAdaptor", module = "lazybuf.mr", extends = PyResource, frozen)]
-pub struct PyTrackingAdaptor {
+pub(crate) struct PyTrackingAdaptor {
     tracking: Arc<TrackingResource>,
 }
 
@@ -444,7 +440,7 @@ impl PyTrackingAdaptor {
 /// Calls `callback(nbytes)` when an allocation runs out of memory: a true result retries it,
 /// a false one raises the `MemoryError`; an exception from the callback propagates.
 #[pyclass(name = "FailureCallbackResourceAdaptor", module = "lazybuf.mr", extends = PyResource, frozen)]
-pub struct PyFailureCallbackAdaptor;
+pub(crate) struct PyFailureCallbackAdaptor;
 
 #[pymethods]
 impl PyFailureCallbackAdaptor {
@@ -494,7 +490,10 @@ static DEFAULTS: Mutex<Option<HashMap<DeviceId, Py<PyAny>>>> = Mutex::new(None);
 /// every call while that stays so.
 #[pyfunction]
 #[pyo3(signature = (device=None))]
-pub fn get_current_device_resource(py: Python<'_>, device: Option<&Bound<'_, PyAny>>) -> PyResult<Py<PyAny>> {
+pub(crate) fn get_current_device_resource(
+    py: Python<'_>,
+    device: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Py<PyAny>> {
     let device = crate::accelerator::device_arg(device)?;
     if let Some(set) = current().as_ref().and_then(|m| m.get(&device.id())) {
         return Ok(set.clone_ref(py));
@@ -536,7 +535,10 @@ pub fn get_current_device_resource(py: Python<'_>, device: Option<&Bound<'_, PyA
 /// back to the default. Existing buffers keep theirs.
 #[pyfunction]
 #[pyo3(signature = (mr, device=None))]
-pub fn set_current_device_resource(mr: &Bound<'_, PyAny>, device: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+pub(crate) fn set_current_device_resource(
+    mr: &Bound<'_, PyAny>,
+    device: Option<&Bound<'_, PyAny>>,
+) -> PyResult<()> {
     let device = crate::accelerator::device_arg(device)?;
     let mut current = current();
     let map = current.get_or_insert_with(HashMap::new);
@@ -551,7 +553,7 @@ pub fn set_current_device_resource(mr: &Bound<'_, PyAny>, device: Option<&Bound<
 }
 
 /// Builds `lazybuf.mr` and registers it in `sys.modules` (`import lazybuf.mr` works).
-pub fn register(parent: &Bound<'_, PyModule>) -> PyResult<()> {
+pub(crate) fn register(parent: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = parent.py();
     let module = PyModule::new(py, "mr")?;
     module.setattr("__doc__", PyString::new(py, "Memory resources, as RMM's rmm.mr has them."))?;

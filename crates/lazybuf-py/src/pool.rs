@@ -33,7 +33,7 @@ use crate::{args, dtype};
 /// A pool of buffer memory on one device. Frozen, with no mutable state of its own (the
 /// core's pool is internally synchronized): safe to use from any thread.
 #[pyclass(name = "MemoryPool", module = "lazybuf", frozen)]
-pub struct PyMemoryPool {
+pub(crate) struct PyMemoryPool {
     pool: MemoryPool,
     /// Whether this is a device's process-wide pool (`get_memory_pool()`), where buffers made
     /// without a pool take their memory while caching by default is on.
@@ -299,7 +299,7 @@ impl PyMemoryPool {
 
 /// A pool's counters (bytes are whole size-class blocks).
 #[pyclass(name = "PoolStats", module = "lazybuf", frozen)]
-pub struct PyPoolStats {
+pub(crate) struct PyPoolStats {
     stats: PoolStats,
 }
 
@@ -367,27 +367,30 @@ impl PyPoolStats {
 /// call for a device.
 #[pyfunction]
 #[pyo3(signature = (device=None))]
-pub fn get_memory_pool(py: Python<'_>, device: Option<&Bound<'_, PyAny>>) -> PyResult<Py<PyMemoryPool>> {
+pub(crate) fn get_memory_pool(
+    py: Python<'_>,
+    device: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Py<PyMemoryPool>> {
     shared_pool(py, crate::accelerator::device_arg(device)?)
 }
 
 /// Whether buffers made from now on take their memory from their device's caching pool (the
 /// default; `LAZYBUF_CACHE=0` in the environment turns it off at start).
 #[pyfunction]
-pub fn caching() -> bool {
+pub(crate) fn caching() -> bool {
     lazybuf::caching()
 }
 
 /// Turns caching by default on or off for buffers made from now on; buffers keep the memory
 /// source they were made with.
 #[pyfunction]
-pub fn set_caching(on: bool) {
+pub(crate) fn set_caching(on: bool) {
     lazybuf::set_caching(on)
 }
 
 /// Gives every block the default caches hold back to the runtimes (and frees the backends'
 /// staging memory); returns the cached bytes freed.
 #[pyfunction]
-pub fn trim(py: Python<'_>) -> u64 {
+pub(crate) fn trim(py: Python<'_>) -> u64 {
     py.detach(lazybuf::trim)
 }

@@ -33,7 +33,7 @@ use crate::views::Storage;
 
 /// A storage's standing with eviction.
 #[derive(Debug)]
-pub struct SpillState {
+pub(crate) struct SpillState {
     last_use: AtomicU64,
     spillable: AtomicBool,
     exposed: AtomicBool,
@@ -53,34 +53,34 @@ impl Default for SpillState {
 
 impl SpillState {
     /// Stamps the storage as used now (each lock of it).
-    pub fn touch(&self) {
+    pub(crate) fn touch(&self) {
         self.last_use.store(spill::registry::tick(), Ordering::Relaxed);
     }
 
     /// Records that a device handle is about to leave the lock (call with the lock held).
-    pub fn expose(&self) {
+    pub(crate) fn expose(&self) {
         self.exposed.store(true, Ordering::Relaxed);
     }
 
     /// Records that a host address is about to leave the lock (call with the lock held): the
     /// host block may be used by a NumPy array or an export, so it is never spilled to disk.
-    pub fn expose_host(&self) {
+    pub(crate) fn expose_host(&self) {
         self.host_exposed.store(true, Ordering::Relaxed);
     }
 
     /// Opts the storage out of eviction (or back in).
-    pub fn set_spillable(&self, spillable: bool) {
+    pub(crate) fn set_spillable(&self, spillable: bool) {
         self.spillable.store(spillable, Ordering::Relaxed);
     }
 
     /// Whether eviction may free the storage's device copies.
-    pub fn spillable(&self) -> bool {
+    pub(crate) fn spillable(&self) -> bool {
         self.spillable.load(Ordering::Relaxed)
     }
 }
 
 /// Makes `storage` a candidate for eviction for as long as it lives.
-pub fn register(storage: &Arc<Storage>) {
+pub(crate) fn register(storage: &Arc<Storage>) {
     let weak: std::sync::Weak<Storage> = Arc::downgrade(storage);
     spill::registry::register(weak);
 }
@@ -148,7 +148,7 @@ fn byte_count(nbytes: &Bound<'_, PyAny>) -> PyResult<u64> {
 /// allocates.
 #[pyfunction]
 #[pyo3(signature = (device, nbytes))]
-pub fn set_memory_limit(device: &Bound<'_, PyAny>, nbytes: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+pub(crate) fn set_memory_limit(device: &Bound<'_, PyAny>, nbytes: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
     let device = crate::accelerator::device_arg(Some(device))?;
     let limit = nbytes.filter(|n| !n.is_none()).map(byte_count).transpose()?;
     spill::set_memory_limit(&device, limit);
@@ -158,21 +158,21 @@ pub fn set_memory_limit(device: &Bound<'_, PyAny>, nbytes: Option<&Bound<'_, PyA
 /// The memory limit of `device` in bytes, or `None`. Raises `ValueError` when
 /// `LAZYBUF_MEMORY_LIMIT` is malformed.
 #[pyfunction]
-pub fn get_memory_limit(device: &Bound<'_, PyAny>) -> PyResult<Option<u64>> {
+pub(crate) fn get_memory_limit(device: &Bound<'_, PyAny>) -> PyResult<Option<u64>> {
     let device = crate::accelerator::device_arg(Some(device))?;
     spill::memory_limit(&device).or_py()
 }
 
 /// The bytes of device memory lazybuf holds on `device` (what the limit is checked against).
 #[pyfunction]
-pub fn memory_held(device: &Bound<'_, PyAny>) -> PyResult<u64> {
+pub(crate) fn memory_held(device: &Bound<'_, PyAny>) -> PyResult<u64> {
     Ok(spill::memory_held(&crate::accelerator::device_arg(Some(device))?))
 }
 
 /// What spilling did on `device`, as a dict: evictions, clean_evictions (those that moved no
 /// byte), bytes_written_back, bytes_read_back, spill_requests, spill_failures, seconds.
 #[pyfunction]
-pub fn spill_stats<'py>(py: Python<'py>, device: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
+pub(crate) fn spill_stats<'py>(py: Python<'py>, device: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
     let stats = spill::spill_stats(&crate::accelerator::device_arg(Some(device))?);
     let dict = PyDict::new(py);
     dict.set_item("evictions", stats.evictions)?;
@@ -189,7 +189,7 @@ pub fn spill_stats<'py>(py: Python<'py>, device: &Bound<'py, PyAny>) -> PyResult
 
 /// Sets the spill counters of `device` to zero.
 #[pyfunction]
-pub fn reset_spill_stats(device: &Bound<'_, PyAny>) -> PyResult<()> {
+pub(crate) fn reset_spill_stats(device: &Bound<'_, PyAny>) -> PyResult<()> {
     spill::reset_spill_stats(&crate::accelerator::device_arg(Some(device))?);
     Ok(())
 }
@@ -199,7 +199,7 @@ pub fn reset_spill_stats(device: &Bound<'_, PyAny>) -> PyResult<()> {
 /// files (`LAZYBUF_SPILL_DIR`) before it allocates more host memory.
 #[pyfunction]
 #[pyo3(signature = (nbytes))]
-pub fn set_host_memory_limit(nbytes: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+pub(crate) fn set_host_memory_limit(nbytes: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
     let limit = nbytes.filter(|n| !n.is_none()).map(byte_count).transpose()?;
     spill::set_host_memory_limit(limit);
     Ok(())
@@ -207,24 +207,24 @@ pub fn set_host_memory_limit(nbytes: Option<&Bound<'_, PyAny>>) -> PyResult<()> 
 
 /// The host memory limit in bytes, or `None`.
 #[pyfunction]
-pub fn get_host_memory_limit() -> Option<u64> {
+pub(crate) fn get_host_memory_limit() -> Option<u64> {
     spill::host_memory_limit()
 }
 
 /// The bytes of host memory lazybuf holds (what the host limit is checked against).
 #[pyfunction]
-pub fn host_memory_held() -> u64 {
+pub(crate) fn host_memory_held() -> u64 {
     spill::host_memory_held()
 }
 
 /// Removes the spill files this process still has (at interpreter exit).
 #[pyfunction]
-pub fn _remove_spill_files() -> usize {
+pub(crate) fn _remove_spill_files() -> usize {
     spill::disk::remove_spill_files()
 }
 
 /// Adds the functions to the module.
-pub fn add(m: &Bound<'_, PyModule>) -> PyResult<()> {
+pub(crate) fn add(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(set_memory_limit, m)?)?;
     m.add_function(wrap_pyfunction!(get_memory_limit, m)?)?;
     m.add_function(wrap_pyfunction!(memory_held, m)?)?;

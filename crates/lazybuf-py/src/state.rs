@@ -21,7 +21,7 @@ const ALL: [BufferState; 7] = [
 ];
 
 /// The Python enum member for `state`.
-pub fn to_python(py: Python<'_>, state: BufferState) -> PyResult<Py<PyAny>> {
+pub(crate) fn to_python(py: Python<'_>, state: BufferState) -> PyResult<Py<PyAny>> {
     static MEMBERS: PyOnceLock<Vec<(BufferState, Py<PyAny>)>> = PyOnceLock::new();
     let members = MEMBERS.get_or_try_init(py, || -> PyResult<_> {
         let class = py.import("lazybuf._state")?.getattr("BufferState")?;

@@ -32,7 +32,7 @@ use crate::views::{Storage, device_handles};
 /// The raw handle of the stream lazybuf uses for this buffer, as an int: its
 /// `cl_command_queue` on OpenCL, its `CUstream` on CUDA, 0 on the host (whose work is done
 /// when each call returns).
-pub fn raw_stream(py: Python<'_>, storage: &Storage) -> PyResult<usize> {
+pub(crate) fn raw_stream(py: Python<'_>, storage: &Storage) -> PyResult<usize> {
     let raw = storage.lock(py)?;
     // SAFETY: the handle is only turned into an int for the caller, who may use it while the
     // buffer's device is open (lazybuf keeps its own streams alive as long as the device).
@@ -72,7 +72,7 @@ fn handle_of(stream: &Bound<'_, PyAny>) -> PyResult<usize> {
 /// Orders lazybuf's next work on `home`'s copy of the buffer (transfers into or out of it,
 /// fills, its release) after the work enqueued on `stream` so far. Nothing to do on the host
 /// device, whose work is done when each call returns.
-pub fn order_after(
+pub(crate) fn order_after(
     py: Python<'_>,
     storage: &Storage,
     home: &Device,
@@ -108,7 +108,7 @@ fn order_after_handle(py: Python<'_>, storage: &Storage, home: &Device, handle: 
 /// the buffer's device (`cupy.cuda.get_current_stream(device_id).ptr`), unless that is the
 /// legacy default stream (handle 0), which lazybuf's blocking default stream is ordered with
 /// already. Costs one call into CuPy; an event and a stream wait only for another stream.
-pub fn order_after_cupy(py: Python<'_>, storage: &Storage, home: &Device) -> PyResult<()> {
+pub(crate) fn order_after_cupy(py: Python<'_>, storage: &Storage, home: &Device) -> PyResult<()> {
     /// `cupy.cuda.get_current_stream` (Python-visible in every CuPy since 9; it takes the
     /// device since 11), looked up once.
     static CURRENT_STREAM: PyOnceLock<Py<PyAny>> = PyOnceLock::new();

@@ -21,7 +21,7 @@ use crate::accelerator::PyDevice;
 
 /// A device whose n-th allocation or n-th copy fails; a `lazybuf.Device` wrapping another.
 #[pyclass(name = "FaultyDevice", module = "lazybuf.testing", extends = PyDevice, frozen)]
-pub struct PyFaultyDevice {
+pub(crate) struct PyFaultyDevice {
     inner: lazybuf::Device,
     plan: Arc<FaultPlan>,
 }
@@ -99,7 +99,7 @@ impl PyFaultyDevice {
 
 /// Builds the `lazybuf.testing` module and registers it in `sys.modules` as `lazybuf.testing`
 /// (so `import lazybuf.testing` works).
-pub fn register(parent: &Bound<'_, PyModule>) -> PyResult<()> {
+pub(crate) fn register(parent: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = parent.py();
     let module = PyModule::new(py, "testing")?;
     module

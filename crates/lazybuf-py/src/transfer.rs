@@ -8,7 +8,7 @@
 //!
 //! While a transfer is in flight the buffer reports the state it will have when it completes;
 //! a later call that needs the memory the transfer uses waits for it first, and a failed
-//! transfer puts the buffer back as it was (see the README's "Completion" section).
+//! transfer puts the buffer back as it was (see docs/CONTRACT.md, "Completion").
 //!
 //! What does not live here: starting the transfer (the core's `RawBuffer::sync_async`, called
 //! by [`start`]) and the buffer's methods ([`crate::buffer`]).
@@ -23,13 +23,13 @@ use crate::views::Storage;
 
 /// An asynchronous sync in flight (see the module docs).
 #[pyclass(name = "Transfer", module = "lazybuf", frozen)]
-pub struct PyTransfer {
+pub(crate) struct PyTransfer {
     transfer: lazybuf::Transfer,
 }
 
 /// Enqueues the copies that make `device`'s copy (the host's when `None`) current and returns
 /// at once; nothing is copied when that copy is current already.
-pub fn start(py: Python<'_>, storage: &Storage, device: Option<&Device>) -> PyResult<PyTransfer> {
+pub(crate) fn start(py: Python<'_>, storage: &Storage, device: Option<&Device>) -> PyResult<PyTransfer> {
     let transfer = lock::detach(py, |d| storage.lock_detached(d)?.sync_async(device).or_py())?;
     Ok(PyTransfer { transfer })
 }

@@ -44,7 +44,7 @@ use crate::hostbuf::HostBuffer;
 use crate::lock::{self, Detached, GilFreeGuard, GilFreeMutex};
 
 /// A buffer's memory, shared by the buffer and every view of it.
-pub struct Storage {
+pub(crate) struct Storage {
     /// Waited for only with the GIL released, never by the thread holding it ([`crate::lock`]).
     raw: GilFreeMutex<RawBuffer>,
     /// Whether a CuPy array over the device copy was handed out: from then on each call on
@@ -57,7 +57,7 @@ pub struct Storage {
 /// Keeps a buffer's memory alive: the `.base` of every NumPy view lazybuf makes, and the
 /// owner attached to PyOpenCL and CuPy arrays.
 #[pyclass(name = "MemoryOwner", module = "lazybuf", frozen)]
-pub struct MemoryOwner {
+pub(crate) struct MemoryOwner {
     storage: Arc<Storage>,
 }
 
@@ -73,7 +73,7 @@ impl MemoryOwner {
 
 impl MemoryOwner {
     /// An owner that keeps `storage` alive.
-    pub fn new(storage: &Arc<Storage>) -> Self {
+    pub(crate) fn new(storage: &Arc<Storage>) -> Self {
         MemoryOwner { storage: Arc::clone(storage) }
     }
 }
@@ -81,13 +81,13 @@ impl MemoryOwner {
 /// `to_numpy()` arrays of this many bytes and more own a block from lazybuf's caching
 /// resource instead of NumPy's allocator: from here on glibc maps fresh pages for each array
 /// (its dynamic mmap threshold tops out at 32 MiB), and each page faults at the copy.
-pub const OWNED_BLOCK_MIN: usize = 1 << 20;
+pub(crate) const OWNED_BLOCK_MIN: usize = 1 << 20;
 
 /// Host memory from a memory resource that a NumPy array owns: the `.base` of the arrays
-/// `to_numpy()` returns from [`OWNED_BLOCK_MIN`] bytes up. The memory goes back to the
+/// `to_numpy()` returns from 1 MiB (`OWNED_BLOCK_MIN`) up. The memory goes back to the
 /// resource (lazybuf's cache, by default) when the array is gone.
 #[pyclass(name = "HostBlock", module = "lazybuf", frozen)]
-pub struct HostBlock {
+pub(crate) struct HostBlock {
     device: Device,
     resource: Arc<dyn MemoryResource>,
     block: Option<HostMemory>,
@@ -156,7 +156,7 @@ fn empty_address() -> *mut u8 {
 
 impl Storage {
     /// Wraps a core buffer.
-    pub fn new(raw: RawBuffer) -> Arc<Storage> {
+    pub(crate) fn new(raw: RawBuffer) -> Arc<Storage> {
         let raw = GilFreeMutex::new(raw, "UnifiedBuffer");
         let storage = Arc::new(Storage { raw, cupy_held: AtomicBool::new(false), spill: Default::default() });
         crate::spill::register(&storage);
@@ -164,42 +164,42 @@ impl Storage {
     }
 
     /// Its standing with eviction.
-    pub fn spill(&self) -> &crate::spill::SpillState {
+    pub(crate) fn spill(&self) -> &crate::spill::SpillState {
         &self.spill
     }
 
     /// The core buffer if its lock is free (eviction never waits for it).
-    pub fn try_lock_raw(&self) -> Option<GilFreeGuard<'_, RawBuffer>> {
+    pub(crate) fn try_lock_raw(&self) -> Option<GilFreeGuard<'_, RawBuffer>> {
         self.raw.try_lock()
     }
 
     /// Records that CuPy holds an array over the device copy.
-    pub fn mark_cupy_held(&self) {
+    pub(crate) fn mark_cupy_held(&self) {
         self.cupy_held.store(true, Ordering::Relaxed);
     }
 
     /// Whether CuPy was handed an array over the device copy.
-    pub fn cupy_held(&self) -> bool {
+    pub(crate) fn cupy_held(&self) -> bool {
         self.cupy_held.load(Ordering::Relaxed)
     }
 
     /// The core buffer, from a thread attached to the interpreter: waited for with the GIL
     /// released; `ReentrancyError` on the thread that holds it already ([`crate::lock`]).
-    pub fn lock(&self, py: Python<'_>) -> PyResult<GilFreeGuard<'_, RawBuffer>> {
+    pub(crate) fn lock(&self, py: Python<'_>) -> PyResult<GilFreeGuard<'_, RawBuffer>> {
         let raw = self.raw.lock(py)?;
         self.spill.touch();
         Ok(raw)
     }
 
     /// The core buffer, from a detached thread (inside [`lock::detach`]).
-    pub fn lock_detached(&self, detached: &Detached) -> PyResult<GilFreeGuard<'_, RawBuffer>> {
+    pub(crate) fn lock_detached(&self, detached: &Detached) -> PyResult<GilFreeGuard<'_, RawBuffer>> {
         let raw = self.raw.lock_detached(detached)?;
         self.spill.touch();
         Ok(raw)
     }
 
     /// Makes the host current for `access` and returns the address of its bytes.
-    pub fn host_address(&self, detached: &Detached, access: Access) -> PyResult<*mut u8> {
+    pub(crate) fn host_address(&self, detached: &Detached, access: Access) -> PyResult<*mut u8> {
         let mut raw = self.lock_detached(detached)?;
         // The address leaves the lock: the host block may be used by objects lazybuf cannot see.
         self.spill.expose_host();
@@ -212,7 +212,7 @@ impl Storage {
     ///
     /// When the access is bookkeeping only and the storage lock is free, it is made in place,
     /// with the GIL held ([`Self::immediate`]).
-    pub fn host_address_nogil(&self, py: Python<'_>, access: Access) -> PyResult<*mut u8> {
+    pub(crate) fn host_address_nogil(&self, py: Python<'_>, access: Access) -> PyResult<*mut u8> {
         if let Some(mut raw) = self.immediate(None, access) {
             self.spill.expose_host();
             return host_address_in(&mut raw, access);
@@ -238,7 +238,7 @@ impl Storage {
 
     /// [`Self::device_handle`] with the GIL released (it may copy); in place when the access
     /// is bookkeeping only ([`Self::immediate`]).
-    pub fn device_handle_nogil(
+    pub(crate) fn device_handle_nogil(
         &self,
         py: Python<'_>,
         device: &Device,
@@ -261,7 +261,7 @@ impl Storage {
     /// Makes the host copy current for `access` (a sync, or a declared write), with the GIL
     /// released unless the access is bookkeeping only; no address leaves the lock, so the host
     /// copy stays spillable ([`crate::spill`]).
-    pub fn sync_host_nogil(&self, py: Python<'_>, access: Access) -> PyResult<()> {
+    pub(crate) fn sync_host_nogil(&self, py: Python<'_>, access: Access) -> PyResult<()> {
         if let Some(mut raw) = self.immediate(None, access) {
             return raw.host_access(access).map(drop).or_py();
         }
@@ -271,7 +271,7 @@ impl Storage {
     /// Makes `device`'s copy current for `access` (a sync, or a declared write), with the GIL
     /// released unless the access is bookkeeping only; no handle leaves the lock, so the copy
     /// stays evictable ([`crate::spill`]).
-    pub fn sync_device_nogil(&self, py: Python<'_>, device: &Device, access: Access) -> PyResult<()> {
+    pub(crate) fn sync_device_nogil(&self, py: Python<'_>, device: &Device, access: Access) -> PyResult<()> {
         if let Some(mut raw) = self.immediate(Some(device), access) {
             return raw.device_access(device, access).map(drop).or_py();
         }
@@ -279,7 +279,12 @@ impl Storage {
     }
 
     /// Makes `device`'s copy current for `access` and returns the runtime's handle to it.
-    pub fn device_handle(&self, detached: &Detached, device: &Device, access: Access) -> PyResult<RawMemory> {
+    pub(crate) fn device_handle(
+        &self,
+        detached: &Detached,
+        device: &Device,
+        access: Access,
+    ) -> PyResult<RawMemory> {
         let mut raw = self.lock_detached(detached)?;
         // The handle leaves the lock: the copy may be used by objects lazybuf cannot see.
         self.spill.expose();
@@ -288,7 +293,7 @@ impl Storage {
 
     /// A NumPy view of the host copy, made current for `access`. `cached` is returned when it
     /// is still exactly that view (same memory, shape, dtype and writeability).
-    pub fn host_array<'py>(
+    pub(crate) fn host_array<'py>(
         self: &Arc<Self>,
         py: Python<'py>,
         access: Access,
@@ -307,7 +312,12 @@ impl Storage {
     /// [`Self::array_at`] (always writable there: this memory is every copy at once, so
     /// writes cannot make copies disagree; the seeds: `.device` is "the same NumPy array as
     /// host").
-    pub fn host_device_address(&self, py: Python<'_>, device: &Device, access: Access) -> PyResult<*mut u8> {
+    pub(crate) fn host_device_address(
+        &self,
+        py: Python<'_>,
+        device: &Device,
+        access: Access,
+    ) -> PyResult<*mut u8> {
         let handle = self.device_handle_nogil(py, device, access)?;
         match handle.host_ptr() {
             Some(address) if !address.is_null() => Ok(address),
@@ -324,7 +334,7 @@ impl Storage {
     /// `address` must come from [`Self::host_address`], [`Self::host_address_nogil`] or
     /// [`Self::host_device_address`] of this same storage (valid for its nbytes while the
     /// storage lives), and `shape` and `descr` must describe exactly the buffer's nbytes.
-    pub unsafe fn array_at<'py>(
+    pub(crate) unsafe fn array_at<'py>(
         self: &Arc<Self>,
         py: Python<'py>,
         address: *mut u8,
@@ -353,7 +363,7 @@ impl Storage {
     /// memory already, the frame is read-only or of another size, or another buffer adopted
     /// some of these bytes already. The caller vouches that nothing else writes the frame's
     /// bytes from now on (a frame distributed received is deserialized once).
-    pub fn adopt_frame(&self, frame: &Bound<'_, PyAny>) -> PyResult<bool> {
+    pub(crate) fn adopt_frame(&self, frame: &Bound<'_, PyAny>) -> PyResult<bool> {
         let range = match HostBuffer::get(frame, true, "a received frame") {
             Ok(export) => export.range(),
             Err(_) => return Ok(false),
@@ -381,7 +391,7 @@ impl Storage {
 
     /// Overwrites the host copy with the bytes of `src`, a C-contiguous array of the buffer's
     /// dtype and size (checked here; nothing changes when the check fails).
-    pub fn copy_from_array(&self, src: &Bound<'_, PyUntypedArray>) -> PyResult<()> {
+    pub(crate) fn copy_from_array(&self, src: &Bound<'_, PyUntypedArray>) -> PyResult<()> {
         let itemsize = src.dtype().itemsize();
         let nbytes = src.len() * itemsize;
         let contiguous = src.is_c_contiguous();
@@ -429,7 +439,7 @@ impl Storage {
     /// pages already faulted in (and on CUDA already registered) instead of mapping fresh
     /// ones; smaller arrays come from NumPy's allocator. The copy runs on several threads
     /// when it is large ([`lazybuf::host_memory::copy_bytes`]).
-    pub fn to_array<'py>(
+    pub(crate) fn to_array<'py>(
         &self,
         py: Python<'py>,
         shape: &[usize],
@@ -472,7 +482,7 @@ impl Storage {
     }
 
     /// Fills every element with the bytes of the 0-d array `value` (where the data is current).
-    pub fn fill_from_scalar(&self, value: &Bound<'_, PyUntypedArray>) -> PyResult<()> {
+    pub(crate) fn fill_from_scalar(&self, value: &Bound<'_, PyUntypedArray>) -> PyResult<()> {
         let n = value.dtype().itemsize();
         if value.len() != 1 || !value.is_c_contiguous() {
             return Err(PyValueError::new_err("fill: expected a single scalar value"));
@@ -572,7 +582,7 @@ unsafe fn ndarray_raw<'py>(
 
 /// The runtime handles of `device` (context, queue or stream), as integers for Python
 /// libraries that wrap them (PyOpenCL retains what it wraps).
-pub fn device_handles(device: &Device) -> lazybuf::backend::RawDevice {
+pub(crate) fn device_handles(device: &Device) -> lazybuf::backend::RawDevice {
     // SAFETY: the handles are borrowed from a device opened by discovery, which lives for the
     // whole process; Python wrappers that keep them retain them (PyOpenCL's retain=True).
     unsafe { device.raw() }

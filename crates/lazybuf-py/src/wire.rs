@@ -28,10 +28,8 @@
 //! What does not live here: the Dask registration and headers (`python/lazybuf/_dask.py`),
 //! raw host memory sharing ([`crate::views`]).
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
-
 use numpy::PyUntypedArray;
-use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyByteArray, PyBytes, PyDict, PyMemoryView, PyTuple};
@@ -71,7 +69,7 @@ fn host_bytes<'py>(buf: &Bound<'py, UnifiedBuffer>) -> PyResult<Option<Bound<'py
 
 /// `__reduce_ex__(protocol)` for protocol 5 and later (see the module docs): the rebuild
 /// function and `(shape, dtype name, pinned, PickleBuffer or None)`.
-pub fn reduce_out_of_band<'py>(
+pub(crate) fn reduce_out_of_band<'py>(
     buf: &Bound<'py, UnifiedBuffer>,
 ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
     let py = buf.py();
@@ -96,7 +94,7 @@ pub fn reduce_out_of_band<'py>(
 
 /// What a pickle records of the device a buffer lives on: its selector (`"opencl:0"`) and
 /// its name, so the unpickling process can tell whether it has the same device.
-pub fn origin_of(device: &Device) -> (String, String) {
+pub(crate) fn origin_of(device: &Device) -> (String, String) {
     (selector(device), device.name().to_string())
 }
 
@@ -167,7 +165,7 @@ fn copy_raw_bytes(buf: &Bound<'_, UnifiedBuffer>, flat: &Bound<'_, PyAny>) -> Py
 /// Received frames of this many bytes and more are adopted as the host copy (see
 /// [`_rebuild_buffer_from_bytes`]); smaller ones are copied, which costs less than keeping
 /// their message alive.
-pub const ADOPT_MIN_BYTES: usize = 64 << 10;
+pub(crate) const ADOPT_MIN_BYTES: usize = 64 << 10;
 
 /// Makes `flat` (from [`checked_bytes`]) the host copy of `buf` without a copy, when that is
 /// safe and worth it: a pageable buffer, a writable frame of [`ADOPT_MIN_BYTES`] or more that
@@ -219,7 +217,7 @@ fn allocation_size(view: &Bound<'_, PyMemoryView>) -> PyResult<Option<usize>> {
 /// A new buffer of `shape` and `dtype` (nothing allocated yet) on `device` if given, else on
 /// the device `origin` records when this process has it, else on the current device; pinned
 /// when `pinned` and that device can pin host memory (see the module docs).
-pub fn new_buffer<'py>(
+pub(crate) fn new_buffer<'py>(
     py: Python<'py>,
     shape: &Bound<'py, PyAny>,
     dtype: &Bound<'py, PyAny>,
@@ -253,7 +251,7 @@ pub fn new_buffer<'py>(
 #[pyfunction]
 #[pyo3(signature = (shape, dtype, pinned, data, device=None, adopt=false, origin=None))]
 #[allow(clippy::too_many_arguments)]
-pub fn _rebuild_buffer_from_bytes<'py>(
+pub(crate) fn _rebuild_buffer_from_bytes<'py>(
     py: Python<'py>,
     shape: &Bound<'py, PyAny>,
     dtype: &Bound<'py, PyAny>,
@@ -278,7 +276,9 @@ pub fn _rebuild_buffer_from_bytes<'py>(
 /// the buffer's host copy (zero-copy; a host read, which syncs first when only the device
 /// copy is current), or `None` when the buffer holds no data.
 #[pyfunction]
-pub fn _host_frame<'py>(buf: &Bound<'py, UnifiedBuffer>) -> PyResult<Option<Bound<'py, PyMemoryView>>> {
+pub(crate) fn _host_frame<'py>(
+    buf: &Bound<'py, UnifiedBuffer>,
+) -> PyResult<Option<Bound<'py, PyMemoryView>>> {
     host_bytes(buf)?.map(|view| PyMemoryView::from(&view)).transpose()
 }
 
@@ -287,7 +287,7 @@ pub fn _host_frame<'py>(buf: &Bound<'py, UnifiedBuffer>) -> PyResult<Option<Boun
 /// (version 3, shape `(nbytes,)`, `|u1`, read-only) and `nbytes`. Keeps the buffer's memory
 /// alive while it exists.
 #[pyclass(name = "DeviceFrame", module = "lazybuf", frozen)]
-pub struct DeviceFrame {
+pub(crate) struct DeviceFrame {
     device: Device,
     ptr: u64,
     nbytes: usize,
@@ -346,7 +346,7 @@ fn not_cuda(what: &str, device: &Device) -> PyErr {
 /// device read: uploads first if only the host copy is current; the serializer avoids that by
 /// sending such buffers' host frame instead), or `None` when the buffer holds no data.
 #[pyfunction]
-pub fn _device_frame(buf: &Bound<'_, UnifiedBuffer>) -> PyResult<Option<DeviceFrame>> {
+pub(crate) fn _device_frame(buf: &Bound<'_, UnifiedBuffer>) -> PyResult<Option<DeviceFrame>> {
     let py = buf.py();
     let this = buf.get();
     let home = this.home_device();
@@ -375,7 +375,7 @@ pub fn _device_frame(buf: &Bound<'_, UnifiedBuffer>) -> PyResult<Option<DeviceFr
 /// the call, and `stream` a live stream of the buffer's device.
 #[pyfunction]
 #[pyo3(signature = (buf, ptr, nbytes, stream=None))]
-pub fn _fill_from_device_pointer(
+pub(crate) fn _fill_from_device_pointer(
     buf: &Bound<'_, UnifiedBuffer>,
     ptr: u64,
     nbytes: usize,
@@ -395,8 +395,7 @@ pub fn _fill_from_device_pointer(
             shape_repr(this.dims())
         )));
     }
-    // A CUDA device (checked above): its context, queue and memory handles are the driver's.
-    let (context, storage) = (device_handles(&home).context_int(), this.storage()?);
+    let storage = this.storage()?;
     lock::detach(py, |d| {
         let mut raw = storage.lock_detached(d)?;
         if raw.state() != BufferState::Uninitialized {
@@ -418,59 +417,25 @@ pub fn _fill_from_device_pointer(
         if expected == 0 {
             return raw.device_access(&home, Access::Overwrite).map(drop).or_py();
         }
-        // SAFETY: the handles are only passed to the driver below, while the buffer (and so its
-        // device, stream and memory) is locked and alive.
-        let (dst, stream) =
-            unsafe { (raw.device_access(&home, Access::Overwrite).or_py()?.raw(), raw.stream().raw()) };
-        let (dst, stream) = (dst.as_int() as u64, stream.as_int());
-        let copied = device_to_device(context as *mut _, stream, dst, ptr, expected);
+        // The received frame as memory of the buffer's device, borrowed for this call: the
+        // backend checks that the pointer is its device's memory.
+        let raw_src = device_handles(&home)
+            .memory_from_int(ptr as usize)
+            .ok_or_else(|| not_cuda("a copy from device memory", &home))?;
+        // SAFETY: the caller vouches that `ptr` is valid device memory of `nbytes` bytes for the
+        // length of this call (the __cuda_array_interface__ contract); the borrow ends here.
+        let src = unsafe { lazybuf::Memory::borrowed(&home, raw_src, expected) }.or_py()?;
+        let src = src.device_memory().ok_or_else(|| not_cuda("a copy from device memory", &home))?;
+        let stream = raw.stream().clone();
+        let copied = raw
+            .device_access_mut(&home, Access::Overwrite)
+            .and_then(|dst| stream.copy(src, dst, expected))
+            .and_then(|ticket| ticket.wait())
+            .or_py();
         if copied.is_err() {
             // Nothing was valid before: the buffer holds no data again.
             raw.invalidate();
         }
         copied
-    })
-}
-
-/// One device-to-device copy of `bytes` from `src` to `dst` on `stream`, waited for, with
-/// `context` current for the call only (the thread's previous context is restored).
-fn device_to_device(
-    context: *mut std::ffi::c_void,
-    stream: usize,
-    dst: u64,
-    src: u64,
-    bytes: usize,
-) -> PyResult<()> {
-    use cudarc::driver::{result, sys};
-    let context: sys::CUcontext = context.cast();
-    let stream: sys::CUstream = stream as sys::CUstream;
-    let driver_error = |call: &str, err: result::DriverError| {
-        PyRuntimeError::new_err(format!("{call} failed: {:?} (copying a received device frame)", err.0))
-    };
-    // cudarc panics on a symbol the driver lacks; every call here is one lazybuf's CUDA backend
-    // checked for before it opened this device (backend::cuda::REQUIRED_SYMBOLS), and this
-    // catch_unwind keeps any panic from reaching Python all the same.
-    let outcome = catch_unwind(AssertUnwindSafe(|| {
-        let previous = result::ctx::get_current().map_err(|e| driver_error("cuCtxGetCurrent", e))?;
-        // SAFETY: context is the retained primary context of the buffer's open CUDA device,
-        // alive while the device is (for the whole process).
-        unsafe { result::ctx::set_current(context) }.map_err(|e| driver_error("cuCtxSetCurrent", e))?;
-        // SAFETY: dst is the buffer's own device allocation of at least `bytes` (the buffer is
-        // locked, so nothing else uses it); src is valid device memory of `bytes` bytes for the
-        // length of this call (the caller's contract); stream is the buffer's stream of that
-        // context. The copy is waited for before the function returns, so neither outlives it.
-        let enqueued = unsafe { result::memcpy_dtod_async(dst, src, bytes, stream) }
-            .map_err(|e| driver_error("cuMemcpyDtoDAsync", e));
-        let copied = enqueued.and_then(|()| {
-            // SAFETY: stream is a live stream of the current context.
-            unsafe { result::stream::synchronize(stream) }.map_err(|e| driver_error("cuStreamSynchronize", e))
-        });
-        // SAFETY: previous was the thread's current context (or none) a moment ago.
-        let restored = unsafe { result::ctx::set_current(previous.unwrap_or(std::ptr::null_mut())) }
-            .map_err(|e| driver_error("cuCtxSetCurrent", e));
-        copied.and(restored)
-    }));
-    outcome.unwrap_or_else(|_| {
-        Err(PyRuntimeError::new_err("the CUDA driver could not be called (cudarc panicked)"))
     })
 }

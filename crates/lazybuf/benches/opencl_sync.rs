@@ -18,7 +18,6 @@
 
 use std::path::{Path, PathBuf};
 use std::ptr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput};
@@ -197,7 +196,7 @@ fn main() {
         let no_zero_copy = OpenClOptions { zero_copy_min_bytes: usize::MAX };
         // SAFETY: (bench) `id` is the device id of a live OpenCL device.
         let backend = unsafe { OpenClBackend::open_with(id, no_zero_copy) }.unwrap();
-        let copying = Device::from_backend(Arc::new(backend));
+        let copying = Device::open(backend);
         let name = format!("dev{i}");
         report.push((device.name().to_string(), bench_device(&mut c, &name, device, &copying)));
     }

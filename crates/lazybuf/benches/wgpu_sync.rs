@@ -175,7 +175,7 @@ fn staging_twin(device: &Device) -> Option<Device> {
     }
     let twin =
         WgpuBackend::open_with(backend.adapter().clone(), WgpuOptions { mapped_transfers: false }).ok()?;
-    Some(Device::from_backend(std::sync::Arc::new(twin)))
+    Some(Device::open(twin))
 }
 
 fn bench_device(c: &mut Criterion, name: &str, device: &Device) -> Vec<String> {

@@ -13,8 +13,8 @@ use std::sync::{Arc, OnceLock};
 
 use crate::backend::deferred::DeferredErrors;
 use crate::backend::{
-    Backend, DeviceInfo, DeviceMemory, HostSpan, MemoryInfo, RawDevice, RawStream, StreamHandle, Ticket,
-    check_fits,
+    Backend, Checked, DeviceInfo, DeviceMemory, HostSpan, MemoryInfo, RawDevice, RawMemory, RawStream,
+    Runtime, StreamHandle, Ticket, check_fits,
 };
 use crate::coherence::DeviceId;
 use crate::error::{BackendKind, Result};
@@ -53,15 +53,19 @@ struct Opened {
 static OPENED: AtomicU64 = AtomicU64::new(0);
 
 impl Device {
-    /// Gives an opened backend an identity. Each call makes a new, distinct device. A backend
-    /// whose runtime does not survive `fork` is kept behind a guard that refuses it in a forked
-    /// child ([`crate::backend::fork`]).
+    /// Gives an opened backend an identity. Each call makes a new, distinct device. A runtime
+    /// gets its backend from [`crate::backend::checked::open`] (or [`Device::open`]).
     pub fn from_backend(backend: Arc<dyn Backend>) -> Device {
-        let backend = crate::backend::fork::guard(backend);
         let stream = backend.default_stream();
         let id = DeviceId(NonZeroU64::MIN.saturating_add(OPENED.fetch_add(1, Ordering::Relaxed)));
         let deferred = DeferredErrors::default();
         Device { inner: Arc::new(Opened { id, backend, stream, cached: AtomicU64::new(0), deferred }) }
+    }
+
+    /// Opens `runtime` as a device: behind the checked layer ([`crate::backend::checked`]),
+    /// with a new identity.
+    pub fn open<R: Runtime>(runtime: R) -> Device {
+        Device::from_backend(crate::backend::checked::open(runtime))
     }
 
     /// The host device: memory is host memory, views alias it and syncs copy nothing. Always
@@ -192,6 +196,17 @@ impl Device {
         self.inner.backend.raw()
     }
 
+    /// The handle foreign code uses for `memory`, memory of this device, as an integer: the
+    /// raw handle's [`RawMemory::as_int`], except on wgpu, where it is the graphics API's own
+    /// buffer handle (a `VkBuffer` on Vulkan; 0 on other graphics APIs and when empty).
+    ///
+    /// # Safety
+    /// `memory` is live memory of this device (a wgpu buffer is read).
+    pub unsafe fn native_handle(&self, memory: RawMemory) -> usize {
+        // SAFETY: forwarded contract.
+        unsafe { self.inner.backend.native_handle(memory) }
+    }
+
     /// Whether a selector name other than the backend's own picks this device (wgpu's
     /// `vulkan`, `metal`, `dx12`: the graphics API under it).
     pub fn answers_to(&self, selector: &str) -> bool {
@@ -204,17 +219,16 @@ impl Device {
         self.inner.backend.survives_fork()
     }
 
-    /// The backend that drives the device, as its own type `B` (a
-    /// [`crate::backend::wgpu::WgpuBackend`], say), for its backend-specific methods; `None`
-    /// when another type drives it.
-    pub fn backend_as<B: Backend>(&self) -> Option<&B> {
-        (crate::backend::fork::unguarded(&*self.inner.backend) as &dyn std::any::Any).downcast_ref::<B>()
+    /// The runtime that drives the device, as its own type `R` (a
+    /// [`crate::backend::wgpu::WgpuBackend`], say), for its runtime-specific methods; `None`
+    /// when another runtime drives it.
+    pub fn backend_as<R: Runtime>(&self) -> Option<&R> {
+        (&*self.inner.backend as &dyn std::any::Any).downcast_ref::<Checked<R>>().map(Checked::runtime)
     }
 
-    /// The backend that drives the device. For a backend whose runtime does not survive
-    /// `fork` (OpenCL, CUDA, wgpu) this is the guard in front of it
-    /// ([`crate::backend::fork::ForkGuard`]). Its operations take unchecked input: enqueue
-    /// work through [`Stream`]'s operations, which check it.
+    /// The backend that drives the device (the checked layer over its runtime). Its
+    /// operations take lengths unchecked: enqueue work through [`Stream`]'s operations, which
+    /// check them.
     pub(crate) fn backend(&self) -> &dyn Backend {
         &*self.inner.backend
     }
@@ -292,8 +306,8 @@ impl Stream {
         &*self.handle
     }
 
-    /// Refuses memory that is not this stream's device's.
-    #[inline]
+    /// Refuses memory that is not this stream's device's (for empty operations, which do not
+    /// reach the backend, where the check is made for the others).
     fn check_owned(&self, operation: &'static str, memory: &DeviceMemory) -> Result<()> {
         check_owned(&self.device, operation, memory)
     }
@@ -307,12 +321,11 @@ impl Stream {
     #[inline]
     pub unsafe fn upload(&self, src: HostSpan, dst: &mut DeviceMemory) -> Result<Ticket> {
         check_fits("upload", dst.len(), src.len())?;
-        self.check_owned("upload", dst)?;
         if src.is_empty() {
-            return Ok(Ticket::done());
+            return self.check_owned("upload", dst).map(|()| Ticket::done());
         }
-        // SAFETY: forwarded contract; checked above: `src` is not empty and fits `dst`, this
-        // device's memory.
+        // SAFETY: forwarded contract; checked above: `src` is not empty and fits `dst` (the
+        // backend checks that `dst` is this device's).
         unsafe { self.device.backend().upload(&*self.handle, src, dst) }
     }
 
@@ -326,12 +339,11 @@ impl Stream {
     #[inline]
     pub unsafe fn download(&self, src: &DeviceMemory, dst: HostSpan) -> Result<Ticket> {
         check_fits("download", src.len(), dst.len())?;
-        self.check_owned("download", src)?;
         if dst.is_empty() {
-            return Ok(Ticket::done());
+            return self.check_owned("download", src).map(|()| Ticket::done());
         }
-        // SAFETY: forwarded contract; checked above: `dst` is not empty and fits in `src`,
-        // this device's memory.
+        // SAFETY: forwarded contract; checked above: `dst` is not empty and fits in `src` (the
+        // backend checks that `src` is this device's).
         unsafe { self.device.backend().download(&*self.handle, src, dst) }
     }
 
@@ -340,7 +352,6 @@ impl Stream {
     /// [`crate::Error::InvalidArgument`], on every device).
     pub fn fill(&self, dst: &mut DeviceMemory, pattern: &[u8], bytes: usize) -> Result<Ticket> {
         check_fits("fill", dst.len(), bytes)?;
-        self.check_owned("fill", dst)?;
         if !matches!(pattern.len(), 1 | 2 | 4 | 8 | 16) || !bytes.is_multiple_of(pattern.len()) {
             return Err(crate::Error::invalid(
                 "fill",
@@ -351,10 +362,11 @@ impl Stream {
             ));
         }
         if bytes == 0 {
-            return Ok(Ticket::done());
+            return self.check_owned("fill", dst).map(|()| Ticket::done());
         }
         // SAFETY: checked above: `bytes` is not 0 and fits `dst`, the pattern is one element
-        // of 1, 2, 4, 8 or 16 bytes dividing it; `dst` is this device's memory.
+        // of 1, 2, 4, 8 or 16 bytes dividing it (the backend checks that `dst` is this
+        // device's).
         unsafe { self.device.backend().fill(&*self.handle, dst, pattern, bytes) }
     }
 
@@ -362,12 +374,14 @@ impl Stream {
     /// stream's device.
     pub fn copy(&self, src: &DeviceMemory, dst: &mut DeviceMemory, bytes: usize) -> Result<Ticket> {
         check_fits("copy", src.len().min(dst.len()), bytes)?;
-        self.check_owned("copy", src)?;
-        self.check_owned("copy", dst)?;
         if bytes == 0 {
-            return Ok(Ticket::done());
+            return self
+                .check_owned("copy", src)
+                .and_then(|()| self.check_owned("copy", dst))
+                .map(|()| Ticket::done());
         }
-        // SAFETY: checked above: `bytes` is not 0 and fits both, both are this device's.
+        // SAFETY: checked above: `bytes` is not 0 and fits both (the backend checks that both
+        // are this device's).
         unsafe { self.device.backend().copy(&*self.handle, src, dst, bytes) }
     }
 
@@ -385,17 +399,17 @@ impl Stream {
         if !self.device.can_copy_from(src_device) {
             return None;
         }
-        let checked = check_fits("copy_from_peer", src.len().min(dst.len()), bytes)
-            .and_then(|()| self.check_owned("copy_from_peer", dst))
-            .and_then(|()| check_owned(src_device, "copy_from_peer", src));
-        if let Err(err) = checked {
+        if let Err(err) = check_fits("copy_from_peer", src.len().min(dst.len()), bytes) {
             return Some(Err(err));
         }
         if bytes == 0 {
-            return Some(Ok(Ticket::done()));
+            let owned = self
+                .check_owned("copy_from_peer", dst)
+                .and_then(|()| check_owned(src_device, "copy_from_peer", src));
+            return Some(owned.map(|()| Ticket::done()));
         }
-        // SAFETY: checked above: `bytes` is not 0 and fits both, `dst` is this device's memory
-        // and `src` is `src_device`'s.
+        // SAFETY: checked above: `bytes` is not 0 and fits both (the backend checks that `dst`
+        // is this device's memory and `src` is `src_device`'s).
         unsafe { self.device.backend().copy_from_peer(&*self.handle, src_device.backend(), src, dst, bytes) }
     }
 
@@ -403,10 +417,6 @@ impl Stream {
     /// device (`to_device`) or to the host, so the next accesses there do not fault; other
     /// memory, and empty memory, needs nothing.
     pub fn prefetch(&self, memory: &DeviceMemory, to_device: bool) -> Result<Ticket> {
-        self.check_owned("prefetch", memory)?;
-        if memory.is_empty() {
-            return Ok(Ticket::done());
-        }
         self.device.backend().prefetch(&*self.handle, memory, to_device)
     }
 
@@ -417,7 +427,6 @@ impl Stream {
 }
 
 /// Refuses memory that is not `device`'s, with an error naming what was expected.
-#[inline]
 fn check_owned(device: &Device, operation: &'static str, memory: &DeviceMemory) -> Result<()> {
     if device.backend().owns(memory) {
         return Ok(());

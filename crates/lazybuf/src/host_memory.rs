@@ -30,7 +30,7 @@
 //! (`GlobalMemoryStatusEx`'s `ullTotalPageFile`: RAM plus page files) on Windows.
 //!
 //! What does not live here: which kind of host memory a buffer gets (the backend decides in
-//! [`crate::backend::Backend::allocate_host`]).
+//! [`crate::backend::Runtime::allocate`]).
 
 use std::alloc::{self, Layout};
 use std::fmt;

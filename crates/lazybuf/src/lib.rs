@@ -8,8 +8,9 @@
 //! - [`error`], [`shape`], [`element`], [`coherence`]: the error type, shapes, element types,
 //!   and the contract as pure code (which copy is valid, what must move);
 //! - [`host_memory`]: host blocks (pageable, page-locked, runtime-owned, registered);
-//! - [`backend`]: the device interface (streams, tickets, memory) and one folder per runtime
-//!   (host, OpenCL, CUDA, wgpu), listed in one table;
+//! - [`backend`]: the device interface: the typed `Runtime` trait each runtime implements, the
+//!   one checked layer over all of them, streams, tickets and memory; one folder per runtime
+//!   (host, OpenCL, CUDA, wgpu, and the test-only loopback devices), listed in one table;
 //! - [`device`] and [`discovery`]: device and stream handles, the default device;
 //! - [`resource`]: where buffers get memory (the backends directly, caching, limits), and
 //!   caching by default;
@@ -18,7 +19,8 @@
 //!   allocations, untyped memory, a resizable device buffer);
 //! - [`pool`]: memory pools (acquire/release with reuse);
 //! - [`checking`](mod@checking): the coherence checker's switch;
-//! - [`testing`] (feature `testing`): a fault-injecting device wrapper.
+//! - [`testing`] (feature `testing`): a fault-injecting device wrapper (the feature also
+//!   registers the loopback devices, [`backend::loopback`]).
 //!
 //! ## Platforms
 //!
@@ -76,6 +78,16 @@ pub use resource::{
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]
 struct ReadmeDoctests;
+
+/// The Rust guide's examples (docs/RUST.md), compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/RUST.md")]
+struct RustGuideDoctests;
+
+/// The memory guide's examples (docs/MEMORY.md), compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/MEMORY.md")]
+struct MemoryGuideDoctests;
 
 #[cfg(test)]
 mod send_sync {

@@ -204,15 +204,6 @@ impl FaultyDevice {
     }
 }
 
-/// The backend a faulty device wraps (or `backend` itself).
-fn unwrap(backend: &dyn Backend) -> &dyn Backend {
-    let backend = crate::backend::fork::unguarded(backend);
-    match (backend as &dyn std::any::Any).downcast_ref::<FaultyDevice>() {
-        Some(faulty) => unwrap(faulty.backend()),
-        None => backend,
-    }
-}
-
 impl Backend for FaultyDevice {
     fn info(&self) -> &DeviceInfo {
         self.inner.info()
@@ -239,23 +230,13 @@ impl Backend for FaultyDevice {
         unsafe { self.backend().wrap_stream(raw) }
     }
 
-    fn allocate_host(&self, bytes: usize, pinned: bool) -> Result<HostMemory> {
-        self.allocation()?;
-        self.backend().allocate_host(bytes, pinned)
-    }
-
     fn pins_host_memory(&self) -> bool {
         self.backend().pins_host_memory()
     }
 
-    fn allocate(&self, bytes: usize) -> Result<DeviceMemory> {
+    fn allocate(&self, kind: crate::backend::MemoryKind, bytes: usize) -> Result<crate::backend::Block> {
         self.allocation()?;
-        self.backend().allocate(bytes)
-    }
-
-    fn allocate_shared(&self, bytes: usize) -> Result<DeviceMemory> {
-        self.allocation()?;
-        self.backend().allocate_shared(bytes)
+        self.backend().allocate(kind, bytes)
     }
 
     unsafe fn borrow(&self, raw: crate::backend::RawMemory, len: usize) -> Result<DeviceMemory> {
@@ -368,7 +349,7 @@ impl Backend for FaultyDevice {
     }
 
     fn can_copy_from_peer(&self, src: &dyn Backend) -> bool {
-        self.backend().can_copy_from_peer(unwrap(src))
+        self.backend().can_copy_from_peer(src)
     }
 
     unsafe fn copy_from_peer(
@@ -379,7 +360,6 @@ impl Backend for FaultyDevice {
         dst: &mut DeviceMemory,
         bytes: usize,
     ) -> Option<Result<Ticket>> {
-        let src_backend = unwrap(src_backend);
         if !self.backend().can_copy_from_peer(src_backend) {
             return None;
         }
@@ -391,7 +371,7 @@ impl Backend for FaultyDevice {
             scribble(self.backend(), stream, dst, bytes);
             return Some(Ok(self.plan.ticket(Ticket::done(), fault)));
         }
-        // SAFETY: forwarded contract (the unwrapped backend drives the same memory).
+        // SAFETY: forwarded contract.
         let inner = unsafe { self.backend().copy_from_peer(stream, src_backend, src, dst, bytes) }?;
         Some(inner.map(|inner| self.plan.ticket(inner, None)))
     }
@@ -416,12 +396,26 @@ impl Backend for FaultyDevice {
         self.backend().prepare_host(host);
     }
 
+    unsafe fn native_handle(&self, memory: crate::backend::RawMemory) -> usize {
+        // SAFETY: forwarded contract.
+        unsafe { self.backend().native_handle(memory) }
+    }
+
     fn answers_to(&self, selector: &str) -> bool {
         self.backend().answers_to(selector)
     }
 
     fn trim(&self) {
         self.backend().trim();
+    }
+
+    fn take_deferred_errors(&self) -> (Vec<Error>, u64) {
+        self.backend().take_deferred_errors()
+    }
+
+    /// The faults are injected here; the memory is the wrapped device's.
+    fn wrapped(&self) -> Option<&dyn Backend> {
+        Some(self.backend())
     }
 }
 

@@ -199,7 +199,7 @@ fn devices_and_opencl_twins() -> Vec<Device> {
         let RawDevice::OpenCl { device: id, .. } = (unsafe { device.raw() }) else { continue };
         // SAFETY: (test) `id` is the device id of a live OpenCL device.
         let twin = unsafe { OpenClBackend::open_with(id, OpenClOptions::default()) }.unwrap();
-        devices.push(Device::from_backend(std::sync::Arc::new(twin)));
+        devices.push(Device::open(twin));
     }
     devices
 }

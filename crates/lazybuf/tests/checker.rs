@@ -73,6 +73,13 @@ fn kernel_write(view: &lazybuf::DeviceView<'_, u32>, value: u32) {
             queue.submit([]);
             view.stream().synchronize().unwrap();
         }
+        #[cfg(feature = "loopback")]
+        (RawMemory::Loopback(address), RawStream::Loopback(_)) => {
+            // SAFETY: (test) a loopback device's memory is this process's memory at `address`,
+            // `view.len()` u32s long and live while the view is; its stream is immediate.
+            let words = unsafe { std::slice::from_raw_parts_mut(address as *mut u32, view.len()) };
+            words.fill(value);
+        }
         (other, _) => panic!("no kernel for {other:?}"),
     }
 }
@@ -96,6 +103,13 @@ fn kernel_write(view: &lazybuf::DeviceView<'_, u32>, value: u32) {
             queue.write_buffer(buffer, 0, bytemuck::cast_slice(&words));
             queue.submit([]);
             view.stream().synchronize().unwrap();
+        }
+        #[cfg(feature = "loopback")]
+        (RawMemory::Loopback(address), RawStream::Loopback(_)) => {
+            // SAFETY: (test) a loopback device's memory is this process's memory at `address`,
+            // `view.len()` u32s long and live while the view is; its stream is immediate.
+            let words = unsafe { std::slice::from_raw_parts_mut(address as *mut u32, view.len()) };
+            words.fill(value);
         }
         (other, _) => panic!("no kernel for {other:?}"),
     }

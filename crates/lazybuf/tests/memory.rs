@@ -141,6 +141,11 @@ fn raw_handles_are_the_runtime_handles() {
                         assert_eq!(device.backend_kind(), BackendKind::WGPU);
                         buffer.is_null()
                     }
+                    #[cfg(feature = "loopback")]
+                    RawMemory::Loopback(address) => {
+                        assert_eq!(device.backend_kind(), BackendKind::LOOPBACK);
+                        address == 0
+                    }
                     other => panic!("{device}: unexpected {other:?}"),
                 };
                 assert_eq!(empty, len == 0, "{device} {kind:?} x {len}: {raw:?}");

@@ -2,7 +2,7 @@
 //!
 //! Random sequences of every buffer operation run against a real buffer (on every device, and
 //! on two devices at once) and against a plain reference model written from SPEC section 1
-//! and the completion rules of the README. After every step the test checks: the data (every
+//! and the completion rules of docs/CONTRACT.md. After every step the test checks: the data (every
 //! element the model knows), the state against both devices, the bytes moved in each
 //! direction, zero-copy syncs, and the number of allocations. The model counts exactly the
 //! copies the contract requires, so a transfer the contract does not require fails the test.
@@ -21,7 +21,7 @@
 //! a fault at wait, the first call that waits for its transfer) must return that error and
 //! leave state, counters and every valid byte as they were before that transfer.
 //! Asynchronous syncs (`SyncAsync`) are settled by `Poll`, `Finish`, or the first access that
-//! depends on them, as the README's completion rules say.
+//! depends on them, as the completion rules (docs/CONTRACT.md) say.
 //!
 //! The coherence checker is on for the whole binary: a sequence that declares every write
 //! must never trip it. `PROPTEST_CASES` sets the number of sequences (default 2000).

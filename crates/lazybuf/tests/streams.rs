@@ -2,8 +2,8 @@
 //!
 //! - While a transfer is in flight the buffer reports the state it will have when the transfer
 //!   completes; a transfer that fails puts the buffer back as it was before it, and its error
-//!   is reported by its handle and by the first call that waits for it (README, "Transfers in
-//!   flight"). Shown on every device with `FaultyDevice` holding completions until released.
+//!   is reported by its handle and by the first call that waits for it (docs/CONTRACT.md,
+//!   "Completion"). Shown on every device with `FaultyDevice` holding completions until released.
 //! - The double-buffering pattern overlaps for real: on PoCL the transfer of one buffer is
 //!   still in flight, held back by an OpenCL user event, while the host fills the other
 //!   (`cuda_async.rs` shows the same through the CUDA driver test double).

@@ -9,7 +9,11 @@
 //! - wgpu: a storage buffer on lazybuf's device, `Queue::write_buffer` and a wait for the
 //!   submitted work; a copy to a reused read-back buffer, `map_async` and a copy out of the
 //!   mapping (as wgpu's own examples read results back); waits poll without blocking;
-//! - the host device: `memcpy` into a second host block (it has no device memory of its own).
+//! - the host device: `memcpy` into a second host block (it has no device memory of its own);
+//! - any other backend (one this tool does not call directly, such as the test-only loopback
+//!   devices): lazybuf's own backend edge, blocking [`lazybuf::Stream`] uploads and downloads
+//!   of device memory straight from the backend (no buffer, no cache, no coherence), so a new
+//!   backend is measured without a line here.
 //!
 //! This is the only module of the crate with `unsafe` code: the runtime calls cannot be made
 //! without it. Each handle comes from a live [`Device`] that outlives the [`RawCopy`].
@@ -41,6 +45,8 @@ enum Target {
     },
     #[cfg(feature = "wgpu")]
     Wgpu(WgpuTarget),
+    /// Any other backend: its device memory through lazybuf's backend edge.
+    Edge { memory: lazybuf::backend::DeviceMemory, stream: lazybuf::Stream },
 }
 
 impl RawCopy {
@@ -89,7 +95,17 @@ impl RawCopy {
                 Target::Wgpu(WgpuTarget::new(wgpu_device, queue, len)?)
             }
             #[allow(unreachable_patterns)]
-            other => return Err(CliError::new(format!("no raw baseline for {device} ({other:?})"))),
+            _ => {
+                let stream = device.stream();
+                let kind = lazybuf::MemoryKind::Device;
+                match lazybuf::MemoryResource::allocate(&lazybuf::DirectResource, device, kind, len, &stream)?
+                {
+                    lazybuf::Block::Device(memory) => Target::Edge { memory, stream },
+                    lazybuf::Block::Host(_) => {
+                        return Err(CliError::new(format!("{device} gave host memory for device memory")));
+                    }
+                }
+            }
         };
         Ok(RawCopy { target, len, _device: device.clone() })
     }
@@ -133,6 +149,11 @@ impl RawCopy {
             }
             #[cfg(feature = "wgpu")]
             Target::Wgpu(target) => target.upload(src)?,
+            Target::Edge { memory, stream } => {
+                // SAFETY: `src` stays borrowed until the ticket is waited for, here.
+                unsafe { stream.upload(lazybuf::backend::HostSpan::of_slice(&src[..len]), memory) }?
+                    .wait()?;
+            }
         }
         Ok(())
     }
@@ -176,6 +197,11 @@ impl RawCopy {
             }
             #[cfg(feature = "wgpu")]
             Target::Wgpu(target) => target.download(dst)?,
+            Target::Edge { memory, stream } => {
+                let span = lazybuf::backend::HostSpan::of_mut_slice(&mut dst[..len]);
+                // SAFETY: `dst` stays exclusively borrowed until the ticket is waited for, here.
+                unsafe { stream.download(memory, span) }?.wait()?;
+            }
         }
         Ok(())
     }
@@ -210,6 +236,8 @@ impl Drop for RawCopy {
             // wgpu frees its buffers when the last reference is dropped.
             #[cfg(feature = "wgpu")]
             Target::Wgpu(_) => {}
+            // Freed by its drop; every copy was waited for.
+            Target::Edge { .. } => {}
         }
     }
 }

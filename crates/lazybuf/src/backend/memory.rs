@@ -1,13 +1,14 @@
 //! Memory as backends see it: device allocations ([`DeviceMemory`] over a backend's
-//! [`MemoryHandle`]) and the host side of a transfer ([`HostSpan`]).
+//! [`MemoryHandle`]), blocks of any kind ([`Block`]) and the host side of a transfer
+//! ([`HostSpan`]).
 //!
 //! What does not live here: host blocks themselves ([`crate::host_memory`]).
 
-use std::any::Any;
+use std::any::{Any, TypeId};
 use std::fmt;
 use std::ptr::NonNull;
 
-use super::info::RawMemory;
+use super::raw::RawMemory;
 use crate::error::{Error, Result};
 use crate::host_memory::{HostMemory, Pinning};
 
@@ -69,19 +70,24 @@ pub struct DeviceMemory {
     host_alias: bool,
     shared: bool,
     handle: Box<dyn MemoryHandle>,
+    /// The handle's type, read once here so that every downcast is a compare rather than a
+    /// call through the vtable (the checked layer downcasts on every operation).
+    handle_type: TypeId,
 }
 
 impl DeviceMemory {
     /// Wraps a backend's handle to `len` bytes; `host_alias` when it is a zero-copy alias of
     /// a host block.
     pub fn new(len: usize, host_alias: bool, handle: Box<dyn MemoryHandle>) -> Self {
-        DeviceMemory { len, host_alias, shared: false, handle }
+        let handle_type = (*handle).type_id();
+        DeviceMemory { len, host_alias, shared: false, handle, handle_type }
     }
 
     /// Wraps a backend's handle to `len` bytes of shared memory ([`MemoryKind::Shared`]),
     /// which the host addresses too ([`MemoryHandle::host_address`] must answer).
     pub fn shared(len: usize, handle: Box<dyn MemoryHandle>) -> Self {
-        DeviceMemory { len, host_alias: false, shared: true, handle }
+        let handle_type = (*handle).type_id();
+        DeviceMemory { len, host_alias: false, shared: true, handle, handle_type }
     }
 
     /// [`MemoryKind::Shared`] or [`MemoryKind::Device`].
@@ -105,8 +111,14 @@ impl DeviceMemory {
     }
 
     /// The backend's handle, if it is of type `H`.
+    #[inline]
     pub fn handle<H: MemoryHandle>(&self) -> Option<&H> {
-        (&*self.handle as &dyn Any).downcast_ref::<H>()
+        if self.handle_type != TypeId::of::<H>() {
+            return None;
+        }
+        // SAFETY: the box holds an `H` (its type id, read when it was boxed, is `H`'s), so the
+        // data pointer of the trait object points at an `H`, borrowed as long as `self`.
+        Some(unsafe { &*(&*self.handle as *const dyn MemoryHandle).cast::<H>() })
     }
 
     /// The address of the first byte if the host can use this memory directly.
@@ -215,5 +227,41 @@ impl HostSpan {
     pub unsafe fn bytes_mut<'a>(&self) -> &'a mut [u8] {
         // SAFETY: the caller's promise.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+/// A block of memory of any kind, as [`super::Backend::allocate`] and the memory resources
+/// hand it out: host memory, or memory a device addresses (device or shared memory).
+#[derive(Debug)]
+pub enum Block {
+    /// Host memory ([`MemoryKind::Host`]).
+    Host(HostMemory),
+    /// Device or shared memory ([`MemoryKind::Device`], [`MemoryKind::Shared`]).
+    Device(DeviceMemory),
+}
+
+impl Block {
+    /// The size in bytes (at least what was asked for).
+    pub fn len(&self) -> usize {
+        match self {
+            Block::Host(block) => block.len(),
+            Block::Device(memory) => memory.len(),
+        }
+    }
+
+    /// Whether the block is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The kind of memory the block is.
+    pub fn kind(&self) -> MemoryKind {
+        match self {
+            // A registered block is pageable memory the driver page-locked for speed.
+            Block::Host(block) => MemoryKind::Host {
+                pinned: block.is_pinned() && !matches!(block.pinning(), Pinning::Registered(_)),
+            },
+            Block::Device(memory) => memory.kind(),
+        }
     }
 }

@@ -10,28 +10,40 @@
 //! different streams is ordered only through [`Backend::wait_on`]. A blocking call is the same
 //! operation followed by [`Ticket::wait`].
 //!
+//! **Two layers.** A runtime implements the typed [`Runtime`] trait, with its own memory and
+//! stream types, and sees only validated input. The one generic [`checked::Checked`] layer puts
+//! every runtime behind the dynamic [`Backend`] trait the rest of lazybuf uses: it downcasts
+//! and ownership-checks every handle once, refuses runtimes in forked children, and wraps
+//! allocations ([`checked`]); lengths and fill patterns are checked just above it, by
+//! [`crate::Stream`].
+//!
 //! **One folder per runtime, one table.** Every backend folder has the same files: `mod.rs`
 //! (probing, opening, the runtime's error codes, and its [`Registration`]), `device.rs` (the
-//! [`Backend`] impl) and `memory.rs` (its memory, stream and completion types). Runtime calls
+//! [`Runtime`] impl) and `memory.rs` (its memory, stream and completion types). Runtime calls
 //! live in those folders and nowhere else. [`REGISTERED`] lists the backends compiled in:
-//! adding a backend is its folder plus one line there.
+//! adding a backend is its folder plus one line there (and, for a new kind of raw handle, its
+//! variants in [`RawMemory`], [`RawStream`] and [`RawDevice`]).
 //!
-//! **Forked children.** A backend whose runtime does not survive `fork`
-//! ([`Backend::survives_fork`]) is refused in a forked child, with a clear error, by the
-//! [`fork::ForkGuard`] every device of it is opened behind; see [`fork`].
+//! **Forked children.** A runtime that does not survive `fork` ([`Runtime::SURVIVES_FORK`]) is
+//! refused in a forked child, with a clear error, by the checked layer; see [`fork`].
 //!
 //! What does not live here: pools, limits and statistics (policies over a backend, in
 //! [`crate::resource`] and [`crate::pool`]), and the public [`crate::Device`] handle.
 
+pub mod checked;
 pub mod deferred;
 pub mod fork;
 mod info;
 mod memory;
+mod raw;
+mod runtime;
 mod ticket;
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod host;
+#[cfg(feature = "loopback")]
+pub mod loopback;
 #[cfg(feature = "opencl")]
 pub mod opencl;
 #[cfg(feature = "wgpu")]
@@ -41,11 +53,12 @@ use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
-pub use info::{
-    DeviceInfo, DlpackDevice, DlpackDevices, MemoryInfo, MemorySource, RawDevice, RawMemory, RawStream,
-};
+pub use checked::Checked;
+pub use info::{DeviceInfo, DlpackDevice, DlpackDevices, MemoryInfo, MemorySource};
 pub(crate) use memory::check_fits;
-pub use memory::{DeviceMemory, HostSpan, MemoryHandle, MemoryKind};
+pub use memory::{Block, DeviceMemory, HostSpan, MemoryHandle, MemoryKind};
+pub use raw::{RawDevice, RawMemory, RawStream};
+pub use runtime::{Allocated, Runtime, host_block};
 pub use ticket::{Completion, Signal, Ticket};
 
 use crate::error::{BackendKind, Result};
@@ -57,7 +70,11 @@ pub trait StreamHandle: Any + Send + Sync + fmt::Debug {
     fn raw(&self) -> RawStream;
 }
 
-/// One device's runtime operations.
+/// One device's runtime operations, as the rest of lazybuf drives them (the dynamic layer).
+///
+/// Every runtime reaches this trait through [`checked::Checked`]: implement [`Runtime`], not
+/// this. (Wrappers that add one concern over another backend, such as the fault-injecting
+/// test device, implement it directly and forward.)
 ///
 /// Transfers act on the first bytes of an allocation (a block may be larger than the buffer
 /// using it). An operation that fails to *enqueue* returns the error and has done nothing; one
@@ -65,20 +82,20 @@ pub trait StreamHandle: Any + Send + Sync + fmt::Debug {
 /// are then unspecified.
 ///
 /// **Checked input.** Callers reach the operations (`upload`, `download`, `fill`, `copy`,
-/// `copy_from_peer`, `prefetch`) only through [`crate::Stream`], which checks the generic
-/// contract once, for every backend: lengths fit the memory (else an
-/// [`crate::Error::LengthMismatch`]), the memory is this device's ([`Backend::owns`]) and the
-/// stream is (a [`crate::Stream`] carries its device), a fill's pattern is 1, 2, 4, 8 or 16
-/// bytes and divides its length, and nothing is empty (an empty operation is a completed
-/// ticket there, with no call here). A backend sees only such input: the operations are
-/// `unsafe`, and their `# Safety` sections say what the caller checked.
+/// `copy_from_peer`, `prefetch`) only through [`crate::Stream`], which checks the arguments
+/// once, for every backend: lengths fit the memory (else an [`crate::Error::LengthMismatch`]),
+/// a fill's pattern is 1, 2, 4, 8 or 16 bytes and divides its length, and nothing is empty (an
+/// empty operation is a completed ticket there, with no call here), and the stream is one this
+/// backend made (a [`crate::Stream`] carries its own device's handle). The operations are
+/// `unsafe`, and their `# Safety` sections say what the caller checked. The checked layer
+/// checks the memory (it is this device's) before its runtime sees it.
 pub trait Backend: Any + Send + Sync + fmt::Debug {
     /// What the device is.
     fn info(&self) -> &DeviceInfo;
 
     /// Whether the runtime keeps working in a child made by `fork` of a process that opened
-    /// the device. False (the default) where the runtime runs threads of its own that `fork`
-    /// does not copy: the device is then refused in a forked child ([`fork`]).
+    /// the device ([`Runtime::SURVIVES_FORK`]; where not, the checked layer refuses the device
+    /// in a forked child, see [`fork`]).
     fn survives_fork(&self) -> bool {
         false
     }
@@ -107,34 +124,17 @@ pub trait Backend: Any + Send + Sync + fmt::Debug {
         ))
     }
 
-    /// Host memory for a buffer that lives on this device: page-locked when `pinned` (an
-    /// error if that is impossible, never a silent pageable fallback).
-    fn allocate_host(&self, bytes: usize, pinned: bool) -> Result<HostMemory> {
-        if pinned { HostMemory::allocate_locked(bytes) } else { HostMemory::allocate(bytes) }
-    }
-
-    /// Whether [`Backend::allocate_host`] can give page-locked memory (false where pinned host
+    /// Whether [`Backend::allocate`] can give page-locked host memory (false where pinned host
     /// memory has no meaning, as for wgpu: asking for it there is an error).
     fn pins_host_memory(&self) -> bool {
         true
     }
 
-    /// Allocates `bytes` of device memory with unspecified contents.
-    fn allocate(&self, bytes: usize) -> Result<DeviceMemory>;
-
-    /// Allocates `bytes` of shared memory ([`MemoryKind::Shared`]: the host and the device
-    /// both address it) with unspecified contents; an error naming why where the device has
-    /// none.
-    fn allocate_shared(&self, bytes: usize) -> Result<DeviceMemory> {
-        let _ = bytes;
-        Err(crate::Error::invalid(
-            "allocate_shared",
-            format!(
-                "{} has no shared memory (expected a CUDA device with managed memory, an OpenCL device with fine-grained SVM, or the host)",
-                self.info().name
-            ),
-        ))
-    }
+    /// Allocates `bytes` of `kind` with unspecified contents: a host block for a buffer that
+    /// lives on this device (page-locked when pinned: an error if that is impossible, never a
+    /// silent pageable fallback), device memory, or shared memory ([`MemoryKind::Shared`]: the
+    /// host and the device both address it; an error naming why where the device has none).
+    fn allocate(&self, kind: MemoryKind, bytes: usize) -> Result<Block>;
 
     /// Device memory over `len` bytes at `raw` that the caller owns and lazybuf did not
     /// allocate (a CUDA pointer into this device's memory, a `cl_mem` of this device's
@@ -161,10 +161,7 @@ pub trait Backend: Any + Send + Sync + fmt::Debug {
 
     /// Enqueues a move of shared memory's pages to the device (`to_device`) or to the host,
     /// so the next accesses there do not fault; other memory needs nothing.
-    fn prefetch(&self, stream: &dyn StreamHandle, memory: &DeviceMemory, to_device: bool) -> Result<Ticket> {
-        let _ = (stream, memory, to_device);
-        Ok(Ticket::done())
-    }
+    fn prefetch(&self, stream: &dyn StreamHandle, memory: &DeviceMemory, to_device: bool) -> Result<Ticket>;
 
     /// Whether a buffer of `bytes` on this device aliases its host block, so that its syncs
     /// move no bytes. [`Backend::alias_host`] must alias exactly when this is true.
@@ -192,8 +189,8 @@ pub trait Backend: Any + Send + Sync + fmt::Debug {
     ///
     /// # Safety
     /// `src` must stay valid for reads, and unwritten, until the returned ticket is complete.
-    /// The input is checked ([`crate::Stream::upload`]): `src` is not empty and not longer than
-    /// `dst`.
+    /// `stream` is one this backend made. The input is checked ([`crate::Stream::upload`]):
+    /// `src` is not empty and not longer than `dst`.
     unsafe fn upload(
         &self,
         stream: &dyn StreamHandle,
@@ -205,16 +202,17 @@ pub trait Backend: Any + Send + Sync + fmt::Debug {
     ///
     /// # Safety
     /// `dst` must stay valid for writes, and otherwise untouched, until the returned ticket
-    /// is complete. The input is checked ([`crate::Stream::download`]): `dst` is not empty and
-    /// not longer than `src`.
+    /// is complete. `stream` is one this backend made. The input is checked
+    /// ([`crate::Stream::download`]): `dst` is not empty and not longer than `src`.
     unsafe fn download(&self, stream: &dyn StreamHandle, src: &DeviceMemory, dst: HostSpan)
     -> Result<Ticket>;
 
     /// Enqueues a fill of the first `bytes` of `dst` with repetitions of `pattern`.
     ///
     /// # Safety
-    /// The input is checked ([`crate::Stream::fill`]): `bytes` is not 0 and at most
-    /// `dst.len()`, `pattern` is one element of 1, 2, 4, 8 or 16 bytes and divides `bytes`.
+    /// `stream` is one this backend made. The input is checked ([`crate::Stream::fill`]):
+    /// `bytes` is not 0 and at most `dst.len()`, `pattern` is one element of 1, 2, 4, 8 or 16
+    /// bytes and divides `bytes`.
     unsafe fn fill(
         &self,
         stream: &dyn StreamHandle,
@@ -226,8 +224,8 @@ pub trait Backend: Any + Send + Sync + fmt::Debug {
     /// Enqueues a copy of the first `bytes` of `src` into `dst`, both on this device.
     ///
     /// # Safety
-    /// The input is checked ([`crate::Stream::copy`]): `bytes` is not 0 and at most the
-    /// length of each.
+    /// `stream` is one this backend made. The input is checked ([`crate::Stream::copy`]):
+    /// `bytes` is not 0 and at most the length of each.
     unsafe fn copy(
         &self,
         stream: &dyn StreamHandle,
@@ -248,8 +246,9 @@ pub trait Backend: Any + Send + Sync + fmt::Debug {
     /// cannot copy directly. The caller orders `stream` after the source's last writer.
     ///
     /// # Safety
-    /// The input is checked ([`crate::Stream::copy_from_peer`]): `bytes` is not 0 and at most
-    /// the length of each, `dst` is this device's memory and `src` is `src_backend`'s.
+    /// `stream` is one this backend made. The input is checked
+    /// ([`crate::Stream::copy_from_peer`]): `bytes` is not 0 and at most the length of each,
+    /// `dst` is this device's memory and `src` is `src_backend`'s.
     unsafe fn copy_from_peer(
         &self,
         stream: &dyn StreamHandle,
@@ -279,6 +278,16 @@ pub trait Backend: Any + Send + Sync + fmt::Debug {
     /// own kernels.
     fn raw(&self) -> RawDevice;
 
+    /// The handle foreign code uses for `memory`, as an integer: [`RawMemory::as_int`], except
+    /// where the runtime's handle wraps another API's (a wgpu buffer: its `VkBuffer` on Vulkan,
+    /// 0 on other graphics APIs and when empty).
+    ///
+    /// # Safety
+    /// `memory` is live memory of this device.
+    unsafe fn native_handle(&self, memory: RawMemory) -> usize {
+        memory.as_int()
+    }
+
     /// Whether a selector name other than the backend's own picks this device (wgpu's
     /// `vulkan`, `metal`, `dx12`: the graphics API under it). See [`SELECTOR_ALIASES`].
     fn answers_to(&self, selector: &str) -> bool {
@@ -301,6 +310,13 @@ pub trait Backend: Any + Send + Sync + fmt::Debug {
     fn take_deferred_errors(&self) -> (Vec<crate::error::Error>, u64) {
         (Vec::new(), 0)
     }
+
+    /// The backend this one wraps, for a wrapper that adds one concern over another backend
+    /// and drives that backend's memory (so a peer copy can recognise the runtime under it);
+    /// `None` for a runtime's own [`checked::Checked`] layer.
+    fn wrapped(&self) -> Option<&dyn Backend> {
+        None
+    }
 }
 
 /// How discovery finds the devices of one backend.
@@ -320,6 +336,8 @@ pub static REGISTERED: &[Registration] = &[
     opencl::REGISTRATION,
     #[cfg(feature = "wgpu")]
     wgpu::REGISTRATION,
+    #[cfg(feature = "loopback")]
+    loopback::REGISTRATION,
 ];
 
 /// Selector names that pick a subset of one backend's devices, each with that backend: its

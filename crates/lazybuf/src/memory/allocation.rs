@@ -193,6 +193,15 @@ impl<T: Element> DeviceAllocation<T> {
         &self.device
     }
 
+    /// The device (or shared) memory, for [`Stream`]'s operations (a copy into a buffer's
+    /// device copy, say); `None` for host memory.
+    pub fn device_memory(&self) -> Option<&DeviceMemory> {
+        match &self.block {
+            Block::Device(memory) => Some(memory),
+            Block::Host(_) => None,
+        }
+    }
+
     /// The alignment in bytes the allocation's address is guaranteed to have (for OpenCL
     /// device memory: its device address).
     pub fn alignment(&self) -> usize {

@@ -57,47 +57,12 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
+pub use crate::backend::Block;
 use crate::backend::{DeviceMemory, MemoryKind, Ticket};
 use crate::coherence::DeviceId;
 use crate::device::{Device, Stream};
 use crate::error::Result;
-use crate::host_memory::{HostMemory, Pinning};
-
-/// A block a resource hands out: host memory, or memory a device addresses (device or
-/// shared memory).
-#[derive(Debug)]
-pub enum Block {
-    /// Host memory ([`MemoryKind::Host`]).
-    Host(HostMemory),
-    /// Device or shared memory ([`MemoryKind::Device`], [`MemoryKind::Shared`]).
-    Device(DeviceMemory),
-}
-
-impl Block {
-    /// The size in bytes (at least what was asked for).
-    pub fn len(&self) -> usize {
-        match self {
-            Block::Host(block) => block.len(),
-            Block::Device(memory) => memory.len(),
-        }
-    }
-
-    /// Whether the block is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// The kind of memory the block is.
-    pub fn kind(&self) -> MemoryKind {
-        match self {
-            // A registered block is pageable memory the driver page-locked for speed.
-            Block::Host(block) => MemoryKind::Host {
-                pinned: block.is_pinned() && !matches!(block.pinning(), Pinning::Registered(_)),
-            },
-            Block::Device(memory) => memory.kind(),
-        }
-    }
-}
+use crate::host_memory::HostMemory;
 
 /// A source of memory of every kind, for buffers and memory objects.
 ///
@@ -192,22 +157,15 @@ impl DirectResource {
 
 impl MemoryResource for DirectResource {
     fn allocate(&self, device: &Device, kind: MemoryKind, bytes: usize, _stream: &Stream) -> Result<Block> {
-        let backend = device.backend();
-        Ok(match kind {
+        let allocate = || device.backend().allocate(kind, bytes);
+        match kind {
             // Host memory counts against the host limit, which may spill host copies to disk.
-            MemoryKind::Host { pinned } => {
-                Block::Host(crate::spill::allocate_host_within_budget(bytes, || {
-                    backend.allocate_host(bytes, pinned)
-                })?)
-            }
+            MemoryKind::Host { .. } => crate::spill::allocate_host_within_budget(bytes, allocate),
             // Device memory counts against the device's budget, which may spill to make room.
-            MemoryKind::Device => Block::Device(crate::spill::allocate_within_budget(device, bytes, || {
-                backend.allocate(bytes)
-            })?),
-            MemoryKind::Shared => Block::Device(crate::spill::allocate_within_budget(device, bytes, || {
-                backend.allocate_shared(bytes)
-            })?),
-        })
+            MemoryKind::Device | MemoryKind::Shared => {
+                crate::spill::allocate_within_budget(device, bytes, allocate)
+            }
+        }
     }
 
     fn deallocate(&self, device: &Device, block: Block, _stream: &Stream, ready: Ticket) {

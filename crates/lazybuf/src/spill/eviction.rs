@@ -24,10 +24,9 @@ use std::time::Instant;
 use super::budget::{self, Ledger};
 use super::registry;
 use super::stats;
-use crate::backend::DeviceMemory;
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::host_memory::HostMemory;
+use crate::resource::Block;
 
 /// How an evicted copy that is *not* the only current one is treated.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -64,8 +63,8 @@ pub fn eviction_policy() -> EvictionPolicy {
 pub(crate) fn allocate_within_budget(
     device: &Device,
     bytes: usize,
-    allocate: impl Fn() -> Result<DeviceMemory>,
-) -> Result<DeviceMemory> {
+    allocate: impl Fn() -> Result<Block>,
+) -> Result<Block> {
     budget::env_limits()?;
     let ledger = budget::ledger(device);
     reserve(device, &ledger, bytes)?;
@@ -171,8 +170,8 @@ fn trim(device: &Device) {
 /// [`super::budget::release_host`] gives it back.
 pub(crate) fn allocate_host_within_budget(
     bytes: usize,
-    allocate: impl Fn() -> Result<HostMemory>,
-) -> Result<HostMemory> {
+    allocate: impl Fn() -> Result<Block>,
+) -> Result<Block> {
     let ledger = budget::host_ledger();
     if !ledger.try_charge(bytes) {
         let start = Instant::now();

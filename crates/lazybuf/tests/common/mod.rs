@@ -70,7 +70,7 @@ pub fn staging_twins() -> Vec<Device> {
                 .map(|backend| {
                     let options = WgpuOptions { mapped_transfers: false };
                     let twin = WgpuBackend::open_with(backend.adapter().clone(), options).unwrap();
-                    Device::from_backend(std::sync::Arc::new(twin))
+                    Device::open(twin)
                 })
                 .collect()
         })

@@ -1,4 +1,4 @@
-//! The CUDA [`Backend`] implementation: one retained primary context and one default stream
+//! The CUDA [`Runtime`]: one retained primary context and one default stream
 //! per device (a blocking stream, so it is ordered with the legacy default stream that CuPy,
 //! PyTorch and Numba launch on by default; more, non-blocking, streams can be made),
 //! asynchronous copies whose tickets are events recorded after them.
@@ -28,12 +28,13 @@ use std::sync::{Arc, PoisonError};
 
 use cudarc::driver::{result, sys};
 
-use super::memory::{CudaEvent, CudaMemory, CudaStream, PageRegistration, PinnedBlock, Shared};
+use super::memory::{CudaEvent, CudaMemory, CudaStream, Shared};
+use super::pinned::{PageRegistration, PinnedBlock};
 use super::staging::{PIPELINE_MIN, Staging};
 use super::{Context, cuda_error};
 use crate::backend::{
-    Backend, DeviceInfo, DeviceMemory, HostSpan, MemoryInfo, MemoryKind, MemorySource, RawDevice, RawMemory,
-    RawStream, StreamHandle, Ticket,
+    Allocated, DeviceInfo, HostSpan, MemoryInfo, MemoryKind, MemorySource, RawDevice, RawMemory, RawStream,
+    Runtime, Ticket,
 };
 use crate::error::{BackendKind, Error, Result};
 use crate::host_memory::{HostMemory, Pinning};
@@ -119,24 +120,19 @@ impl CudaBackend {
         })
     }
 
-    fn memory<'m>(&self, memory: &'m DeviceMemory) -> Result<&'m CudaMemory> {
-        match memory.handle::<CudaMemory>() {
-            Some(m) if Arc::ptr_eq(&m.context, &self.context) => Ok(m),
-            _ => Err(Error::invalid(
-                "CUDA device",
-                format!("expected memory of {}, got {memory:?}", self.info.name),
-            )),
+    /// `bytes` of managed memory ([`MemoryKind::Shared`]), or why the device has none.
+    fn allocate_managed(&self, bytes: usize) -> Result<CudaMemory> {
+        if !self.managed_memory {
+            return Err(Error::invalid(
+                "allocate_shared",
+                format!(
+                    "{} has no managed memory (CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY is 0); expected a device that supports cuMemAllocManaged",
+                    self.info.name
+                ),
+            ));
         }
-    }
-
-    fn stream<'s>(&self, stream: &'s dyn StreamHandle) -> Result<&'s CudaStream> {
-        match (stream as &dyn Any).downcast_ref::<CudaStream>() {
-            Some(s) if Arc::ptr_eq(&s.context, &self.context) => Ok(s),
-            _ => Err(Error::invalid(
-                "CUDA device",
-                format!("expected a stream of {}, got {stream:?}", self.info.name),
-            )),
-        }
+        let _bound = self.context.bind()?;
+        CudaMemory::allocate_managed(&self.context, &self.shared, bytes, &self.info.name)
     }
 
     /// The staging pipeline, made on first use; `None` when no staging can be had (pinning
@@ -160,7 +156,10 @@ impl CudaBackend {
     }
 }
 
-impl Backend for CudaBackend {
+impl Runtime for CudaBackend {
+    type Memory = CudaMemory;
+    type Stream = CudaStream;
+
     fn info(&self) -> &DeviceInfo {
         &self.info
     }
@@ -171,16 +170,16 @@ impl Backend for CudaBackend {
         Ok(MemoryInfo { free: free as u64, total: total as u64, source: MemorySource::Runtime, cached: 0 })
     }
 
-    fn default_stream(&self) -> Arc<dyn StreamHandle> {
+    fn default_stream(&self) -> Arc<CudaStream> {
         self.stream.clone()
     }
 
-    fn create_stream(&self) -> Result<Arc<dyn StreamHandle>> {
+    fn create_stream(&self) -> Result<Arc<CudaStream>> {
         let _bound = self.context.bind()?;
         Ok(Arc::new(CudaStream::create(&self.context, false)?))
     }
 
-    unsafe fn wrap_stream(&self, raw: RawStream) -> Result<Arc<dyn StreamHandle>> {
+    unsafe fn wrap_stream(&self, raw: RawStream) -> Result<Arc<CudaStream>> {
         match raw {
             // The driver cannot tell a stream's context without another entry point; that it
             // belongs to this device's is the caller's promise.
@@ -189,40 +188,32 @@ impl Backend for CudaBackend {
         }
     }
 
-    fn allocate_host(&self, bytes: usize, pinned: bool) -> Result<HostMemory> {
-        if !pinned {
-            return HostMemory::allocate(bytes);
-        }
-        if bytes == 0 {
-            return HostMemory::allocate_locked(0);
-        }
-        let _bound = self.context.bind()?;
-        let name = format!("page-locked host memory for {}", self.info.name);
-        PinnedBlock::allocate(&self.context, bytes, sys::CU_MEMHOSTALLOC_PORTABLE, &name)
+    /// Pinned host blocks are `cuMemHostAlloc`'s (portable); shared memory is managed memory.
+    fn allocate(&self, kind: MemoryKind, bytes: usize) -> Result<Allocated<CudaMemory>> {
+        Ok(match kind {
+            MemoryKind::Host { pinned: false } => Allocated::Host(HostMemory::allocate(bytes)?),
+            MemoryKind::Host { pinned: true } if bytes == 0 => {
+                Allocated::Host(HostMemory::allocate_locked(0)?)
+            }
+            MemoryKind::Host { pinned: true } => {
+                let _bound = self.context.bind()?;
+                let name = format!("page-locked host memory for {}", self.info.name);
+                Allocated::Host(PinnedBlock::allocate(
+                    &self.context,
+                    bytes,
+                    sys::CU_MEMHOSTALLOC_PORTABLE,
+                    &name,
+                )?)
+            }
+            MemoryKind::Device => {
+                let _bound = self.context.bind()?;
+                Allocated::Memory(CudaMemory::allocate(&self.context, &self.shared, bytes, &self.info.name)?)
+            }
+            MemoryKind::Shared => Allocated::Memory(self.allocate_managed(bytes)?),
+        })
     }
 
-    fn allocate(&self, bytes: usize) -> Result<DeviceMemory> {
-        let _bound = self.context.bind()?;
-        let memory = CudaMemory::allocate(&self.context, &self.shared, bytes, &self.info.name)?;
-        Ok(DeviceMemory::new(bytes, false, Box::new(memory)))
-    }
-
-    fn allocate_shared(&self, bytes: usize) -> Result<DeviceMemory> {
-        if !self.managed_memory {
-            return Err(Error::invalid(
-                "allocate_shared",
-                format!(
-                    "{} has no managed memory (CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY is 0); expected a device that supports cuMemAllocManaged",
-                    self.info.name
-                ),
-            ));
-        }
-        let _bound = self.context.bind()?;
-        let memory = CudaMemory::allocate_managed(&self.context, &self.shared, bytes, &self.info.name)?;
-        Ok(DeviceMemory::shared(bytes, Box::new(memory)))
-    }
-
-    unsafe fn borrow(&self, raw: RawMemory, len: usize) -> Result<DeviceMemory> {
+    unsafe fn borrow(&self, raw: RawMemory, len: usize) -> Result<CudaMemory> {
         let RawMemory::Cuda(ptr) = raw else {
             return Err(Error::invalid("borrow", format!("expected a CUDA device pointer, got {raw:?}")));
         };
@@ -243,8 +234,7 @@ impl Backend for CudaBackend {
                 ));
             }
         }
-        let memory = CudaMemory::borrowed(&self.context, &self.shared, ptr);
-        Ok(DeviceMemory::new(len, false, Box::new(memory)))
+        Ok(CudaMemory::borrowed(&self.context, &self.shared, ptr))
     }
 
     fn alignment(&self, kind: MemoryKind) -> usize {
@@ -256,9 +246,13 @@ impl Backend for CudaBackend {
         }
     }
 
-    fn prefetch(&self, stream: &dyn StreamHandle, memory: &DeviceMemory, to_device: bool) -> Result<Ticket> {
-        let len = memory.len();
-        let (stream, memory) = (self.stream(stream)?, self.memory(memory)?);
+    unsafe fn prefetch(
+        &self,
+        stream: &CudaStream,
+        memory: &CudaMemory,
+        len: usize,
+        to_device: bool,
+    ) -> Result<Ticket> {
         // Prefetching is a hint: memory that is not managed, or a device where the host and
         // the device cannot use managed memory at once (which the driver refuses to prefetch
         // on), needs nothing.
@@ -274,17 +268,16 @@ impl Backend for CudaBackend {
         Self::ticket(stream)
     }
 
-    fn owns(&self, memory: &DeviceMemory) -> bool {
-        self.memory(memory).is_ok()
+    fn owns(&self, memory: &CudaMemory) -> bool {
+        Arc::ptr_eq(&memory.context, &self.context)
     }
 
-    unsafe fn upload(
-        &self,
-        stream: &dyn StreamHandle,
-        src: HostSpan,
-        dst: &mut DeviceMemory,
-    ) -> Result<Ticket> {
-        let (stream, dst) = (self.stream(stream)?, self.memory(dst)?.ptr);
+    fn owns_stream(&self, stream: &CudaStream) -> bool {
+        Arc::ptr_eq(&stream.context, &self.context)
+    }
+
+    unsafe fn upload(&self, stream: &CudaStream, src: HostSpan, dst: &CudaMemory) -> Result<Ticket> {
+        let dst = dst.ptr;
         let _bound = self.context.bind()?;
         if Self::needs_staging(&src)
             && let Some(staging) = self.staging()
@@ -299,13 +292,8 @@ impl Backend for CudaBackend {
         Self::ticket(stream)
     }
 
-    unsafe fn download(
-        &self,
-        stream: &dyn StreamHandle,
-        src: &DeviceMemory,
-        dst: HostSpan,
-    ) -> Result<Ticket> {
-        let (stream, src) = (self.stream(stream)?, self.memory(src)?.ptr);
+    unsafe fn download(&self, stream: &CudaStream, src: &CudaMemory, dst: HostSpan) -> Result<Ticket> {
+        let src = src.ptr;
         let _bound = self.context.bind()?;
         if Self::needs_staging(&dst)
             && let Some(staging) = self.staging()
@@ -322,12 +310,12 @@ impl Backend for CudaBackend {
 
     unsafe fn fill(
         &self,
-        stream: &dyn StreamHandle,
-        dst: &mut DeviceMemory,
+        stream: &CudaStream,
+        dst: &CudaMemory,
         pattern: &[u8],
         bytes: usize,
     ) -> Result<Ticket> {
-        let (stream, dst) = (self.stream(stream)?, self.memory(dst)?.ptr);
+        let dst = dst.ptr;
         // The pattern is 1, 2, 4, 8 or 16 bytes and divides `bytes` (checked by Stream); its
         // period (the shortest repeating unit) divides it, so it is 1, 2, 4, 8 or 16 too.
         let period = period(pattern);
@@ -363,12 +351,12 @@ impl Backend for CudaBackend {
 
     unsafe fn copy(
         &self,
-        stream: &dyn StreamHandle,
-        src: &DeviceMemory,
-        dst: &mut DeviceMemory,
+        stream: &CudaStream,
+        src: &CudaMemory,
+        dst: &CudaMemory,
         bytes: usize,
     ) -> Result<Ticket> {
-        let (stream, src, dst) = (self.stream(stream)?, self.memory(src)?.ptr, self.memory(dst)?.ptr);
+        let (src, dst) = (src.ptr, dst.ptr);
         let _bound = self.context.bind()?;
         // SAFETY: both allocations hold at least `bytes` and are distinct (`dst` is borrowed
         // mutably while `src` is borrowed shared).
@@ -377,24 +365,21 @@ impl Backend for CudaBackend {
         Self::ticket(stream)
     }
 
-    fn can_copy_from_peer(&self, src: &dyn Backend) -> bool {
-        (src as &dyn Any)
-            .downcast_ref::<CudaBackend>()
-            .is_some_and(|src| self.peers.iter().any(|peer| Arc::ptr_eq(peer, &src.context)))
+    fn can_copy_from_peer(&self, src: &CudaBackend) -> bool {
+        self.peers.iter().any(|peer| Arc::ptr_eq(peer, &src.context))
     }
 
     unsafe fn copy_from_peer(
         &self,
-        stream: &dyn StreamHandle,
-        _src_backend: &dyn Backend,
-        src: &DeviceMemory,
-        dst: &mut DeviceMemory,
+        stream: &CudaStream,
+        _src_runtime: &CudaBackend,
+        source: &CudaMemory,
+        dst: &CudaMemory,
         bytes: usize,
     ) -> Option<Result<Ticket>> {
-        let source = src.handle::<CudaMemory>()?;
         let peer = self.peers.iter().find(|peer| Arc::ptr_eq(peer, &source.context))?;
+        let dst = dst.ptr;
         let copy = || {
-            let (stream, dst) = (self.stream(stream)?, self.memory(dst)?.ptr);
             let _bound = self.context.bind()?;
             // SAFETY: source.ptr holds at least `bytes` in `peer`, dst holds at least `bytes`
             // here; both stay allocated until the copy's event completes (the engine waits).
@@ -414,8 +399,7 @@ impl Backend for CudaBackend {
         Some(copy())
     }
 
-    fn wait_on(&self, stream: &dyn StreamHandle, ticket: &Ticket) -> Result<()> {
-        let stream = self.stream(stream)?;
+    fn wait_on(&self, stream: &CudaStream, ticket: &Ticket) -> Result<()> {
         let _bound = self.context.bind()?;
         for part in ticket.parts() {
             match (&*part as &dyn Any).downcast_ref::<CudaEvent>() {
@@ -430,8 +414,7 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
-    fn marker(&self, stream: &dyn StreamHandle) -> Result<Ticket> {
-        let stream = self.stream(stream)?;
+    fn marker(&self, stream: &CudaStream) -> Result<Ticket> {
         let _bound = self.context.bind()?;
         Self::ticket(stream)
     }

@@ -6,7 +6,7 @@
 //! Here: opening (the guarded probe, one retained primary context per device, peer access),
 //! the `Context` every handle keeps alive and binds to the calling thread only for the
 //! length of one operation (`Bound`), the driver's status codes and their mapping to
-//! [`crate::Error`], and the registration. The [`Backend`] impl is in
+//! [`crate::Error`], and the registration. The [`crate::backend::Runtime`] impl is in
 //! `device.rs`; memory, streams, events and host-page registrations in `memory.rs`; the
 //! asynchronous pinned staging pipeline for pageable transfers in `staging.rs`.
 //!
@@ -18,6 +18,7 @@
 
 mod device;
 mod memory;
+mod pinned;
 mod staging;
 #[cfg(test)]
 mod tests;
@@ -134,7 +135,7 @@ fn open_devices() -> Result<Vec<Arc<dyn Backend>>> {
     let mut devices: Vec<Arc<dyn Backend>> = Vec::with_capacity(contexts.len());
     for context in &contexts {
         let peers = contexts.iter().filter(|peer| context.enable_peer_access(peer)).cloned().collect();
-        devices.push(Arc::new(CudaBackend::open(context.clone(), peers)?));
+        devices.push(crate::backend::checked::open(CudaBackend::open(context.clone(), peers)?));
     }
     Ok(devices)
 }

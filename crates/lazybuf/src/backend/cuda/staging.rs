@@ -30,7 +30,7 @@ use std::thread::JoinHandle;
 
 use cudarc::driver::{result, sys};
 
-use super::memory::PinnedBlock;
+use super::pinned::PinnedBlock;
 use super::{Context, cuda_error};
 use crate::backend::{HostSpan, Signal, Ticket};
 use crate::error::{Error, Result};

@@ -1,4 +1,4 @@
-//! Tests of every CUDA [`Backend`] operation, on whatever CUDA devices the process finds: the
+//! Tests of every CUDA [`crate::backend::Runtime`] operation (through the checked layer), on whatever CUDA devices the process finds: the
 //! driver-API test double under `scripts/test-cuda-double.sh`, or a GPU. Without a CUDA device
 //! each test prints a visible skip. Buffer-level, fault-injection and real-GPU tests are in
 //! `tests/cuda*.rs`.
@@ -8,7 +8,9 @@ use cudarc::driver::sys;
 use super::REGISTER_MIN_BYTES;
 use super::staging::{CHUNK, PIPELINE_MIN};
 use crate::Result;
-use crate::backend::{DeviceMemory, HostSpan, MemorySource, RawDevice, RawMemory, Ticket};
+use crate::backend::{
+    Backend, Block, DeviceMemory, HostSpan, MemoryKind, MemorySource, RawDevice, RawMemory, Ticket,
+};
 use crate::device::Device;
 use crate::error::{BackendKind, Error};
 use crate::host_memory::{HostMemory, Pinning, fill_pattern};
@@ -27,6 +29,28 @@ fn cuda_devices(test: &str) -> Vec<Device> {
         );
     }
     found
+}
+
+/// One allocation of each kind, as the tests ask for them.
+trait AllocateKind {
+    fn allocate_device(&self, bytes: usize) -> Result<DeviceMemory>;
+    fn allocate_host_block(&self, bytes: usize, pinned: bool) -> Result<HostMemory>;
+}
+
+impl AllocateKind for dyn Backend {
+    fn allocate_device(&self, bytes: usize) -> Result<DeviceMemory> {
+        match self.allocate(MemoryKind::Device, bytes)? {
+            Block::Device(memory) => Ok(memory),
+            Block::Host(_) => panic!("asked for device memory, got a host block"),
+        }
+    }
+
+    fn allocate_host_block(&self, bytes: usize, pinned: bool) -> Result<HostMemory> {
+        match self.allocate(MemoryKind::Host { pinned }, bytes)? {
+            Block::Host(block) => Ok(block),
+            Block::Device(_) => panic!("asked for a host block, got device memory"),
+        }
+    }
 }
 
 fn ramp(n: usize) -> Vec<u8> {
@@ -70,8 +94,8 @@ fn download(device: &Device, memory: &DeviceMemory, n: usize) -> Vec<u8> {
 fn every_operation_acts_on_a_prefix() {
     for device in cuda_devices("every_operation_acts_on_a_prefix") {
         let (backend, ops) = (device.backend(), Ops(&device));
-        let mut a = backend.allocate(1000).unwrap();
-        let mut b = backend.allocate(1000).unwrap();
+        let mut a = backend.allocate_device(1000).unwrap();
+        let mut b = backend.allocate_device(1000).unwrap();
         ops.fill(&mut a, &[0xEE], 1000).unwrap();
         ops.fill(&mut b, &[0xDD], 1000).unwrap();
         ops.upload(&ramp(600), &mut a).unwrap();
@@ -95,8 +119,8 @@ fn every_operation_acts_on_a_prefix() {
 fn lengths_beyond_an_allocation_and_bad_patterns_are_errors() {
     for device in cuda_devices("lengths_beyond_an_allocation_and_bad_patterns_are_errors") {
         let (backend, ops) = (device.backend(), Ops(&device));
-        let mut a = backend.allocate(64).unwrap();
-        let mut b = backend.allocate(32).unwrap();
+        let mut a = backend.allocate_device(64).unwrap();
+        let mut b = backend.allocate_device(32).unwrap();
         let mismatch = |r: crate::Result<()>| matches!(r, Err(Error::LengthMismatch { .. }));
         assert!(mismatch(ops.upload(&[0; 65], &mut a)));
         assert!(mismatch(ops.download_into(&a, &mut [0; 65])));
@@ -121,21 +145,20 @@ fn memory_of_another_device_is_refused() {
     let devices = cuda_devices("memory_of_another_device_is_refused");
     let host = Device::host();
     for device in &devices {
-        let mut foreign = host.backend().allocate(16).unwrap();
+        let mut foreign = host.backend().allocate_device(16).unwrap();
         let err = Ops(device).upload(&[1; 16], &mut foreign).unwrap_err().to_string();
         assert!(err.contains("expected memory of"), "{err}");
-        let mut mine = device.backend().allocate(16).unwrap();
-        // SAFETY: the host stream is refused before anything is enqueued.
-        let err = unsafe {
-            device.backend().upload(host.stream().handle(), HostSpan::of_slice(&[1; 16]), &mut mine)
-        }
-        .unwrap_err()
-        .to_string();
+        // Another device's stream: refused by the safe operations. (The enqueuing ones take
+        // the stream of a `Stream`, which is always its own device's: a precondition there,
+        // asserted in debug builds.)
+        let err = device.backend().marker(host.stream().handle()).unwrap_err().to_string();
+        assert!(err.contains("expected a stream of"), "{err}");
+        let err = device.backend().wait_on(host.stream().handle(), &Ticket::done()).unwrap_err().to_string();
         assert!(err.contains("expected a stream of"), "{err}");
     }
     if let [first, second, ..] = &devices[..] {
-        let theirs = second.backend().allocate(16).unwrap();
-        let mut mine = first.backend().allocate(16).unwrap();
+        let theirs = second.backend().allocate_device(16).unwrap();
+        let mut mine = first.backend().allocate_device(16).unwrap();
         assert!(Ops(first).copy(&theirs, &mut mine, 16).is_err());
     }
 }
@@ -159,7 +182,7 @@ fn fills_every_element_size_with_memsets() {
             // Tiny, odd and large counts, never a power of two.
             for elements in [1, 1000, 65536 / pattern.len() + 1, 300_007] {
                 let bytes = elements * pattern.len();
-                let mut memory = backend.allocate(bytes + 8).unwrap();
+                let mut memory = backend.allocate_device(bytes + 8).unwrap();
                 ops.fill(&mut memory, &[0xAB], bytes + 8).unwrap();
                 ops.fill(&mut memory, pattern, bytes).unwrap();
                 let got = download(&device, &memory, bytes + 8);
@@ -176,7 +199,7 @@ fn fills_every_element_size_with_memsets() {
 fn pinned_host_memory_is_page_locked_portable_and_not_write_combined() {
     for device in cuda_devices("pinned_host_memory_is_page_locked_portable_and_not_write_combined") {
         let backend = device.backend();
-        let mut block = backend.allocate_host(1 << 20, true).unwrap();
+        let mut block = backend.allocate_host_block(1 << 20, true).unwrap();
         assert!(block.is_pinned());
         assert!(block.as_slice().iter().all(|&b| b == 0), "fresh pinned memory reads as zeros");
         block.as_mut_slice().copy_from_slice(&ramp(1 << 20));
@@ -193,8 +216,8 @@ fn pinned_host_memory_is_page_locked_portable_and_not_write_combined() {
         assert_ne!(flags & sys::CU_MEMHOSTALLOC_PORTABLE, 0);
         assert_eq!(flags & sys::CU_MEMHOSTALLOC_WRITECOMBINED, 0);
 
-        assert!(!backend.allocate_host(1 << 20, false).unwrap().is_pinned());
-        let empty = backend.allocate_host(0, true).unwrap();
+        assert!(!backend.allocate_host_block(1 << 20, false).unwrap().is_pinned());
+        let empty = backend.allocate_host_block(0, true).unwrap();
         assert!(empty.is_pinned() && empty.is_empty());
     }
 }
@@ -208,12 +231,12 @@ fn large_transfers_round_trip_pinned_and_pageable() {
     for device in cuda_devices("large_transfers_round_trip_pinned_and_pageable") {
         let (backend, ops) = (device.backend(), Ops(&device));
         for pinned in [false, true] {
-            let mut host = backend.allocate_host(n, pinned).unwrap();
+            let mut host = backend.allocate_host_block(n, pinned).unwrap();
             host.as_mut_slice().copy_from_slice(&data);
-            let mut memory = backend.allocate(n + 100).unwrap();
+            let mut memory = backend.allocate_device(n + 100).unwrap();
             ops.fill(&mut memory, &[0x77], n + 100).unwrap();
             ops.upload_async(HostSpan::of(&host, n), &mut memory).unwrap().wait().unwrap();
-            let mut back = backend.allocate_host(n, pinned).unwrap();
+            let mut back = backend.allocate_host_block(n, pinned).unwrap();
             // SAFETY: `back` is untouched until the ticket is waited for, here.
             unsafe { device.stream().download(&memory, HostSpan::of(&back, n)) }.unwrap().wait().unwrap();
             back.mark_written();
@@ -232,7 +255,7 @@ fn concurrent_transfers_from_many_threads() {
                 scope.spawn(move || {
                     let n = PIPELINE_MIN + usize::from(t) * 4099;
                     let data: Vec<u8> = ramp(n).into_iter().map(|b| b ^ t).collect();
-                    let mut memory = device.backend().allocate(n).unwrap();
+                    let mut memory = device.backend().allocate_device(n).unwrap();
                     let stream = device.create_stream().unwrap();
                     for _ in 0..3 {
                         // SAFETY: data outlives the wait below.
@@ -262,9 +285,9 @@ fn peer_copies_go_straight_between_devices() {
         eprintln!("SKIPPED peer_copies_go_straight_between_devices: the driver allows no peer access");
         return;
     }
-    let mut src = a.allocate(5000).unwrap();
+    let mut src = a.allocate_device(5000).unwrap();
     Ops(first).upload(&ramp(5000), &mut src).unwrap();
-    let mut dst = b.allocate(6000).unwrap();
+    let mut dst = b.allocate_device(6000).unwrap();
     Ops(second).fill(&mut dst, &[0x44], 6000).unwrap();
     let stream = second.stream();
     stream.copy_from_peer(first, &src, &mut dst, 4000).expect("peers copy directly").unwrap().wait().unwrap();
@@ -274,7 +297,7 @@ fn peer_copies_go_straight_between_devices() {
     let err = stream.copy_from_peer(first, &src, &mut dst, 5001).unwrap().unwrap_err();
     assert!(matches!(err, Error::LengthMismatch { .. }), "{err}");
     // Host memory is not a peer: no direct copy.
-    let host_memory = Device::host().backend().allocate(16).unwrap();
+    let host_memory = Device::host().backend().allocate_device(16).unwrap();
     assert!(stream.copy_from_peer(&Device::host(), &host_memory, &mut dst, 16).is_none());
 }
 
@@ -291,10 +314,10 @@ fn discovery_reports_what_the_driver_says() {
         assert!(major >= 3);
         assert!(matches!(device.backend().raw(), RawDevice::Cuda { context, stream }
             if !context.is_null() && !stream.is_null()));
-        let memory = device.backend().allocate(64).unwrap();
+        let memory = device.backend().allocate_device(64).unwrap();
         // SAFETY: only reads the handle.
         assert!(matches!(unsafe { memory.raw() }, RawMemory::Cuda(ptr) if ptr != 0));
-        let empty = device.backend().allocate(0).unwrap();
+        let empty = device.backend().allocate_device(0).unwrap();
         // SAFETY: only reads the handle.
         assert_eq!(unsafe { empty.raw() }, RawMemory::Cuda(0));
     }
@@ -305,7 +328,7 @@ fn discovery_reports_what_the_driver_says() {
 fn allocations_larger_than_the_device_are_out_of_memory() {
     for device in cuda_devices("allocations_larger_than_the_device_are_out_of_memory") {
         let too_big = device.info().total_memory as usize + (1 << 20);
-        let err = device.backend().allocate(too_big).unwrap_err();
+        let err = device.backend().allocate_device(too_big).unwrap_err();
         assert!(err.is_out_of_memory(), "{err}");
         assert!(err.to_string().contains(device.name()), "{err}");
     }
@@ -331,7 +354,7 @@ fn operations_leave_the_callers_current_context_as_it_was() {
         for device in &devices {
             // SAFETY: null unbinds; the others are live primary contexts of opened devices.
             assert_eq!(unsafe { sys::cuCtxSetCurrent(before) }, sys::CUresult::CUDA_SUCCESS);
-            let mut memory = device.backend().allocate(PIPELINE_MIN).unwrap();
+            let mut memory = device.backend().allocate_device(PIPELINE_MIN).unwrap();
             Ops(device).upload(&ramp(PIPELINE_MIN), &mut memory).unwrap();
             device.memory_info().unwrap();
             drop(memory);
@@ -346,7 +369,7 @@ fn copies_return_at_once_and_their_tickets_complete() {
         let backend = device.backend();
         for n in [1000, PIPELINE_MIN + 7] {
             let data = ramp(n);
-            let mut memory = backend.allocate(n).unwrap();
+            let mut memory = backend.allocate_device(n).unwrap();
             let ticket = Ops(&device).upload_async(HostSpan::of_slice(&data), &mut memory).unwrap();
             ticket.wait().unwrap();
             assert!(ticket.poll().unwrap(), "a waited ticket is complete");
@@ -361,8 +384,8 @@ fn streams_are_ordered_through_tickets() {
         let backend = device.backend();
         let (first, second) = (device.create_stream().unwrap(), device.create_stream().unwrap());
         let data = ramp(1 << 16);
-        let mut a = backend.allocate(data.len()).unwrap();
-        let mut b = backend.allocate(data.len()).unwrap();
+        let mut a = backend.allocate_device(data.len()).unwrap();
+        let mut b = backend.allocate_device(data.len()).unwrap();
         // SAFETY: data outlives every wait below.
         let uploaded = unsafe { first.upload(HostSpan::of_slice(&data), &mut a) }.unwrap();
         second.wait_for(&uploaded).unwrap();
@@ -391,13 +414,13 @@ fn pageable_blocks_moved_twice_are_registered_with_the_driver() {
             assert_eq!(small.pinning(), Pinning::Pageable, "small blocks are never registered");
         }
         // A registered block transfers like pinned memory and still round-trips.
-        let mut memory = backend.allocate(large.len()).unwrap();
+        let mut memory = backend.allocate_device(large.len()).unwrap();
         let data = ramp(large.len());
         large.as_mut_slice().copy_from_slice(&data);
         Ops(&device).upload_async(HostSpan::of(&large, large.len()), &mut memory).unwrap().wait().unwrap();
         assert!(download(&device, &memory, large.len()) == data);
         drop(large); // unregisters before unmapping
-        let pinned = backend.allocate_host(REGISTER_MIN_BYTES, true).unwrap();
+        let pinned = backend.allocate_host_block(REGISTER_MIN_BYTES, true).unwrap();
         let mut pinned = pinned;
         backend.prepare_host(&mut pinned);
         backend.prepare_host(&mut pinned);

@@ -1,4 +1,4 @@
-//! The host device's [`Backend`] implementation: every operation is a memcpy or memset done
+//! The host device's [`Runtime`]: every operation is a memcpy or memset done
 //! before the call returns, so every ticket is complete.
 
 use std::ptr::NonNull;
@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use super::memory::{HostDeviceMemory, HostStream};
 use crate::backend::{
-    Backend, DeviceInfo, DeviceMemory, HostSpan, MemoryInfo, MemorySource, RawDevice, RawMemory, RawStream,
-    StreamHandle, Ticket,
+    Allocated, DeviceInfo, HostSpan, MemoryInfo, MemoryKind, MemorySource, RawDevice, RawMemory, RawStream,
+    Runtime, Ticket, host_block,
 };
 use crate::error::{BackendKind, Error, Result};
 use crate::host_memory::{HostMemory, copy_bytes_raw, fill_pattern};
@@ -44,54 +44,49 @@ impl Default for HostBackend {
     }
 }
 
-fn handle(mem: &DeviceMemory) -> Result<&HostDeviceMemory> {
-    mem.handle::<HostDeviceMemory>().ok_or_else(|| {
-        Error::invalid("host device", format!("expected memory of the host device, got {mem:?}"))
-    })
-}
-
-impl Backend for HostBackend {
-    fn info(&self) -> &DeviceInfo {
-        &self.info
-    }
+impl Runtime for HostBackend {
+    type Memory = HostDeviceMemory;
+    type Stream = HostStream;
 
     /// The host device runs no threads of its own: it works in a forked child as anywhere.
-    fn survives_fork(&self) -> bool {
-        true
+    const SURVIVES_FORK: bool = true;
+
+    fn info(&self) -> &DeviceInfo {
+        &self.info
     }
 
     fn memory_info(&self) -> Result<MemoryInfo> {
         system_memory()
     }
 
-    fn default_stream(&self) -> Arc<dyn StreamHandle> {
+    fn default_stream(&self) -> Arc<HostStream> {
         HostStream::shared()
     }
 
-    fn create_stream(&self) -> Result<Arc<dyn StreamHandle>> {
+    fn create_stream(&self) -> Result<Arc<HostStream>> {
         // Work on the host is done when its call returns: every stream is the same stream.
         Ok(HostStream::shared())
     }
 
-    unsafe fn wrap_stream(&self, raw: RawStream) -> Result<Arc<dyn StreamHandle>> {
+    unsafe fn wrap_stream(&self, raw: RawStream) -> Result<Arc<HostStream>> {
         match raw {
             RawStream::Host => Ok(HostStream::shared()),
             other => Err(Error::invalid("wrap_stream", format!("expected the host's stream, got {other:?}"))),
         }
     }
 
-    fn allocate(&self, bytes: usize) -> Result<DeviceMemory> {
-        let block = HostMemory::allocate(bytes)?;
-        Ok(DeviceMemory::new(bytes, false, Box::new(HostDeviceMemory::owned(block))))
+    /// The host's device and shared memory are host memory: the host device and the host are
+    /// one.
+    fn allocate(&self, kind: MemoryKind, bytes: usize) -> Result<Allocated<HostDeviceMemory>> {
+        Ok(match kind {
+            MemoryKind::Host { pinned } => Allocated::Host(host_block(bytes, pinned)?),
+            MemoryKind::Device | MemoryKind::Shared => {
+                Allocated::Memory(HostDeviceMemory::owned(HostMemory::allocate(bytes)?))
+            }
+        })
     }
 
-    /// The host's shared memory is host memory: the host device and the host are one.
-    fn allocate_shared(&self, bytes: usize) -> Result<DeviceMemory> {
-        let block = HostMemory::allocate(bytes)?;
-        Ok(DeviceMemory::shared(bytes, Box::new(HostDeviceMemory::owned(block))))
-    }
-
-    unsafe fn borrow(&self, raw: RawMemory, len: usize) -> Result<DeviceMemory> {
+    unsafe fn borrow(&self, raw: RawMemory, len: usize) -> Result<HostDeviceMemory> {
         let RawMemory::Host(ptr) = raw else {
             return Err(Error::invalid("borrow", format!("expected host memory, got {raw:?}")));
         };
@@ -101,74 +96,62 @@ impl Backend for HostBackend {
             None => return Err(Error::invalid("borrow", format!("a null address for {len} bytes"))),
         };
         // SAFETY: the caller's promise: ptr is valid for len bytes while the memory lives.
-        let memory = unsafe { HostDeviceMemory::borrowed(ptr, len) };
-        Ok(DeviceMemory::new(len, false, Box::new(memory)))
+        Ok(unsafe { HostDeviceMemory::borrowed(ptr, len) })
     }
 
     fn zero_copy(&self, _bytes: usize) -> bool {
         true
     }
 
-    fn alias_host(&self, host: &mut HostMemory, bytes: usize) -> Option<Result<DeviceMemory>> {
-        let len = bytes.min(host.len());
-        Some(Ok(DeviceMemory::new(len, true, Box::new(HostDeviceMemory::alias(host, len)))))
+    fn alias_host(&self, host: &mut HostMemory, bytes: usize) -> Option<Result<HostDeviceMemory>> {
+        Some(Ok(HostDeviceMemory::alias(host, bytes)))
     }
 
-    fn owns(&self, memory: &DeviceMemory) -> bool {
-        memory.handle::<HostDeviceMemory>().is_some()
-    }
-
-    unsafe fn upload(&self, _: &dyn StreamHandle, src: HostSpan, dst: &mut DeviceMemory) -> Result<Ticket> {
-        let dst = handle(dst)?;
+    unsafe fn upload(&self, _: &HostStream, src: HostSpan, dst: &HostDeviceMemory) -> Result<Ticket> {
         // SAFETY: src is readable for its length (the caller's promise, and the copy is done
-        // before returning); dst holds at least src.len() bytes (checked by the caller, see
-        // `Backend::upload`) and &mut DeviceMemory makes this the only access. The two may
-        // overlap (memory borrowed from the caller can lie anywhere): copy_bytes_raw copies as
-        // memmove does.
+        // before returning); dst holds at least src.len() bytes and no one else accesses it
+        // (the caller's promise, see `Runtime::upload`). The two may overlap (memory borrowed
+        // from the caller can lie anywhere): copy_bytes_raw copies as memmove does.
         unsafe { copy_bytes_raw(dst.ptr(), src.ptr().cast_const(), src.len()) };
         Ok(Ticket::done())
     }
 
-    unsafe fn download(&self, _: &dyn StreamHandle, src: &DeviceMemory, dst: HostSpan) -> Result<Ticket> {
-        let src = handle(src)?;
+    unsafe fn download(&self, _: &HostStream, src: &HostDeviceMemory, dst: HostSpan) -> Result<Ticket> {
         // SAFETY: dst is writable for its length and untouched meanwhile (the caller's
-        // promise); src holds at least dst.len() bytes (checked by the caller, see
-        // `Backend::download`), only read here. They may overlap: copy_bytes_raw copies as
-        // memmove does.
+        // promise); src holds at least dst.len() bytes (see `Runtime::download`), only read
+        // here. They may overlap: copy_bytes_raw copies as memmove does.
         unsafe { copy_bytes_raw(dst.ptr(), src.ptr().cast_const(), dst.len()) };
         Ok(Ticket::done())
     }
 
     unsafe fn fill(
         &self,
-        _: &dyn StreamHandle,
-        dst: &mut DeviceMemory,
+        _: &HostStream,
+        dst: &HostDeviceMemory,
         pattern: &[u8],
         bytes: usize,
     ) -> Result<Ticket> {
-        let dst = handle(dst)?;
-        // SAFETY: &mut DeviceMemory is the only access to these bytes; an alias's host block
-        // is not borrowed while its buffer fills (the buffer holds &mut self).
+        // SAFETY: no one else accesses dst meanwhile (the caller's promise); an alias's host
+        // block is not borrowed while its buffer fills (the buffer holds &mut self).
         fill_pattern(&mut unsafe { dst.bytes_mut() }[..bytes], pattern);
         Ok(Ticket::done())
     }
 
     unsafe fn copy(
         &self,
-        _: &dyn StreamHandle,
-        src: &DeviceMemory,
-        dst: &mut DeviceMemory,
+        _: &HostStream,
+        src: &HostDeviceMemory,
+        dst: &HostDeviceMemory,
         bytes: usize,
     ) -> Result<Ticket> {
-        let (src, dst) = (handle(src)?, handle(dst)?);
-        // SAFETY: both hold at least `bytes` (checked by the caller, see `Backend::copy`); dst
-        // is exclusively borrowed. Borrowed memory may overlap: copy_bytes_raw copies as
+        // SAFETY: both hold at least `bytes` and no one else accesses dst (the caller's
+        // promise, see `Runtime::copy`). Borrowed memory may overlap: copy_bytes_raw copies as
         // memmove does.
         unsafe { copy_bytes_raw(dst.ptr(), src.ptr().cast_const(), bytes) };
         Ok(Ticket::done())
     }
 
-    fn marker(&self, _: &dyn StreamHandle) -> Result<Ticket> {
+    fn marker(&self, _: &HostStream) -> Result<Ticket> {
         Ok(Ticket::done())
     }
 

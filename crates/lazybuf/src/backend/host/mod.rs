@@ -24,5 +24,5 @@ impl BackendKind {
 /// The host device's backend: one per process.
 pub fn backend() -> Arc<dyn Backend> {
     static HOST: OnceLock<Arc<dyn Backend>> = OnceLock::new();
-    HOST.get_or_init(|| Arc::new(HostBackend::new())).clone()
+    HOST.get_or_init(|| crate::backend::checked::open(HostBackend::new())).clone()
 }

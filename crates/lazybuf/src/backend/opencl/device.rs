@@ -1,4 +1,4 @@
-//! The OpenCL [`Backend`] implementation: one context per device, in-order queues as streams,
+//! The OpenCL [`Runtime`]: one context per device, in-order queues as streams,
 //! non-blocking enqueues whose events are the tickets.
 
 use std::any::Any;
@@ -16,8 +16,8 @@ use cl3::types::{CL_BLOCKING, CL_NON_BLOCKING, cl_context, cl_device_id, cl_even
 use super::memory::{MappedHostMemory, OpenClEvent, OpenClMemory, OpenClStream, SvmAllocation, free_svm};
 use super::{cl_error, code, is_out_of_memory};
 use crate::backend::{
-    Backend, DeviceInfo, DeviceMemory, HostSpan, MemoryInfo, MemoryKind, MemorySource, RawDevice, RawMemory,
-    RawStream, StreamHandle, Ticket,
+    Allocated, DeviceInfo, HostSpan, MemoryInfo, MemoryKind, MemorySource, RawDevice, RawMemory, RawStream,
+    Runtime, Ticket,
 };
 use crate::error::{BackendKind, Error, Result};
 use crate::host_memory::{HostMemory, Pinning};
@@ -154,24 +154,23 @@ impl OpenClBackend {
         })
     }
 
-    fn memory<'m>(&self, memory: &'m DeviceMemory) -> Result<&'m OpenClMemory> {
-        match memory.handle::<OpenClMemory>() {
-            Some(m) if m.context == self.context => Ok(m),
-            _ => Err(Error::invalid(
-                "OpenCL device",
-                format!("expected memory of {}, got {memory:?}", self.info.name),
-            )),
+    /// `bytes` of fine-grained SVM ([`MemoryKind::Shared`]), or why the device has none.
+    fn allocate_shared(&self, bytes: usize) -> Result<OpenClMemory> {
+        if self.svm_capabilities & dev::CL_DEVICE_SVM_FINE_GRAIN_BUFFER == 0 {
+            let has = if self.svm_capabilities & dev::CL_DEVICE_SVM_COARSE_GRAIN_BUFFER != 0 {
+                "only coarse-grained SVM, which the host cannot use without maps"
+            } else {
+                "no shared virtual memory"
+            };
+            return Err(Error::invalid(
+                "allocate_shared",
+                format!(
+                    "{} has {has}; expected a device with fine-grained buffer SVM (CL_DEVICE_SVM_FINE_GRAIN_BUFFER)",
+                    self.info.name
+                ),
+            ));
         }
-    }
-
-    fn stream<'s>(&self, stream: &'s dyn StreamHandle) -> Result<&'s OpenClStream> {
-        match (stream as &dyn Any).downcast_ref::<OpenClStream>() {
-            Some(s) if s.context == self.context => Ok(s),
-            _ => Err(Error::invalid(
-                "OpenCL device",
-                format!("expected a stream of {}, got {stream:?}", self.info.name),
-            )),
-        }
+        if bytes == 0 { self.create(0, 0, ptr::null_mut()) } else { self.create_svm(bytes) }
     }
 
     /// Flushes what `enqueue` put on `stream` and hands out its event as a ticket.
@@ -378,7 +377,10 @@ impl Drop for OpenClBackend {
     }
 }
 
-impl Backend for OpenClBackend {
+impl Runtime for OpenClBackend {
+    type Memory = OpenClMemory;
+    type Stream = OpenClStream;
+
     fn info(&self) -> &DeviceInfo {
         &self.info
     }
@@ -394,15 +396,15 @@ impl Backend for OpenClBackend {
         })
     }
 
-    fn default_stream(&self) -> Arc<dyn StreamHandle> {
+    fn default_stream(&self) -> Arc<OpenClStream> {
         self.stream.clone()
     }
 
-    fn create_stream(&self) -> Result<Arc<dyn StreamHandle>> {
+    fn create_stream(&self) -> Result<Arc<OpenClStream>> {
         Ok(Arc::new(new_queue(self.context, self.device)?))
     }
 
-    unsafe fn wrap_stream(&self, raw: RawStream) -> Result<Arc<dyn StreamHandle>> {
+    unsafe fn wrap_stream(&self, raw: RawStream) -> Result<Arc<OpenClStream>> {
         let RawStream::OpenCl(queue) = raw else {
             return Err(Error::invalid("wrap_stream", format!("expected an OpenCL queue, got {raw:?}")));
         };
@@ -426,41 +428,23 @@ impl Backend for OpenClBackend {
         Ok(Arc::new(OpenClStream::owning(queue, context)))
     }
 
-    /// Pinned blocks are runtime-allocated, mapped host memory (see `allocate_mapped`); an
-    /// empty pinned block has nothing to map.
-    fn allocate_host(&self, bytes: usize, pinned: bool) -> Result<HostMemory> {
-        match (pinned, bytes) {
-            (false, _) => HostMemory::allocate(bytes),
-            (true, 0) => HostMemory::allocate_locked(0),
-            (true, _) => self.allocate_mapped(bytes),
-        }
+    /// Pinned host blocks are runtime-allocated, mapped host memory (see `allocate_mapped`;
+    /// an empty pinned block has nothing to map); shared memory is fine-grained SVM.
+    fn allocate(&self, kind: MemoryKind, bytes: usize) -> Result<Allocated<OpenClMemory>> {
+        Ok(match kind {
+            MemoryKind::Host { pinned: false } => Allocated::Host(HostMemory::allocate(bytes)?),
+            MemoryKind::Host { pinned: true } if bytes == 0 => {
+                Allocated::Host(HostMemory::allocate_locked(0)?)
+            }
+            MemoryKind::Host { pinned: true } => Allocated::Host(self.allocate_mapped(bytes)?),
+            MemoryKind::Device => {
+                Allocated::Memory(self.create(bytes, clmem::CL_MEM_READ_WRITE, ptr::null_mut())?)
+            }
+            MemoryKind::Shared => Allocated::Memory(self.allocate_shared(bytes)?),
+        })
     }
 
-    fn allocate(&self, bytes: usize) -> Result<DeviceMemory> {
-        let memory = self.create(bytes, clmem::CL_MEM_READ_WRITE, ptr::null_mut())?;
-        Ok(DeviceMemory::new(bytes, false, Box::new(memory)))
-    }
-
-    fn allocate_shared(&self, bytes: usize) -> Result<DeviceMemory> {
-        if self.svm_capabilities & dev::CL_DEVICE_SVM_FINE_GRAIN_BUFFER == 0 {
-            let has = if self.svm_capabilities & dev::CL_DEVICE_SVM_COARSE_GRAIN_BUFFER != 0 {
-                "only coarse-grained SVM, which the host cannot use without maps"
-            } else {
-                "no shared virtual memory"
-            };
-            return Err(Error::invalid(
-                "allocate_shared",
-                format!(
-                    "{} has {has}; expected a device with fine-grained buffer SVM (CL_DEVICE_SVM_FINE_GRAIN_BUFFER)",
-                    self.info.name
-                ),
-            ));
-        }
-        let memory = if bytes == 0 { self.create(0, 0, ptr::null_mut())? } else { self.create_svm(bytes)? };
-        Ok(DeviceMemory::shared(bytes, Box::new(memory)))
-    }
-
-    unsafe fn borrow(&self, raw: RawMemory, len: usize) -> Result<DeviceMemory> {
+    unsafe fn borrow(&self, raw: RawMemory, len: usize) -> Result<OpenClMemory> {
         let RawMemory::OpenCl(mem) = raw else {
             return Err(Error::invalid("borrow", format!("expected an OpenCL cl_mem, got {raw:?}")));
         };
@@ -478,7 +462,7 @@ impl Backend for OpenClBackend {
                 svm: ptr::null_mut(),
                 held,
             };
-            return Ok(DeviceMemory::new(0, false, Box::new(memory)));
+            return Ok(memory);
         }
         let context = match clmem::get_mem_object_info(mem, clmem::CL_MEM_CONTEXT) {
             Ok(InfoType::Ptr(context)) => context as cl_context,
@@ -509,7 +493,7 @@ impl Backend for OpenClBackend {
             svm: ptr::null_mut(),
             held,
         };
-        Ok(DeviceMemory::new(len, false, Box::new(memory)))
+        Ok(memory)
     }
 
     fn alignment(&self, kind: MemoryKind) -> usize {
@@ -523,29 +507,20 @@ impl Backend for OpenClBackend {
         self.info.shares_host_memory && bytes >= self.options.zero_copy_min_bytes
     }
 
-    fn alias_host(&self, host: &mut HostMemory, bytes: usize) -> Option<Result<DeviceMemory>> {
-        let bytes = bytes.min(host.len());
-        if !self.zero_copy(bytes) {
-            return None;
-        }
+    fn alias_host(&self, host: &mut HostMemory, bytes: usize) -> Option<Result<OpenClMemory>> {
         let flags = clmem::CL_MEM_READ_WRITE | clmem::CL_MEM_USE_HOST_PTR;
-        Some(
-            self.create(bytes, flags, host.as_mut_ptr().cast())
-                .map(|m| DeviceMemory::new(m.len, true, Box::new(m))),
-        )
+        Some(self.create(bytes, flags, host.as_mut_ptr().cast()))
     }
 
-    fn owns(&self, memory: &DeviceMemory) -> bool {
-        self.memory(memory).is_ok()
+    fn owns(&self, memory: &OpenClMemory) -> bool {
+        memory.context == self.context
     }
 
-    unsafe fn upload(
-        &self,
-        stream: &dyn StreamHandle,
-        src: HostSpan,
-        dst: &mut DeviceMemory,
-    ) -> Result<Ticket> {
-        let (stream, dst) = (self.stream(stream)?, self.memory(dst)?);
+    fn owns_stream(&self, stream: &OpenClStream) -> bool {
+        stream.context == self.context
+    }
+
+    unsafe fn upload(&self, stream: &OpenClStream, src: HostSpan, dst: &OpenClMemory) -> Result<Ticket> {
         if dst.host_ptr == src.ptr().cast_const() {
             return self.map_unmap(stream, dst.mem, src.len(), clmem::CL_MAP_WRITE_INVALIDATE_REGION);
         }
@@ -567,13 +542,7 @@ impl Backend for OpenClBackend {
         })
     }
 
-    unsafe fn download(
-        &self,
-        stream: &dyn StreamHandle,
-        src: &DeviceMemory,
-        dst: HostSpan,
-    ) -> Result<Ticket> {
-        let (stream, src) = (self.stream(stream)?, self.memory(src)?);
+    unsafe fn download(&self, stream: &OpenClStream, src: &OpenClMemory, dst: HostSpan) -> Result<Ticket> {
         if src.host_ptr == dst.ptr().cast_const() {
             return self.map_unmap(stream, src.mem, dst.len(), clmem::CL_MAP_READ);
         }
@@ -597,12 +566,11 @@ impl Backend for OpenClBackend {
 
     unsafe fn fill(
         &self,
-        stream: &dyn StreamHandle,
-        dst: &mut DeviceMemory,
+        stream: &OpenClStream,
+        dst: &OpenClMemory,
         pattern: &[u8],
         bytes: usize,
     ) -> Result<Ticket> {
-        let (stream, dst) = (self.stream(stream)?, self.memory(dst)?);
         self.enqueued(stream, "clEnqueueFillBuffer", || {
             // SAFETY: dst.mem is live and holds at least `bytes`; the runtime copies the
             // pattern at enqueue time.
@@ -623,20 +591,18 @@ impl Backend for OpenClBackend {
 
     unsafe fn copy(
         &self,
-        stream: &dyn StreamHandle,
-        src: &DeviceMemory,
-        dst: &mut DeviceMemory,
+        stream: &OpenClStream,
+        src: &OpenClMemory,
+        dst: &OpenClMemory,
         bytes: usize,
     ) -> Result<Ticket> {
-        let (stream, src, dst) = (self.stream(stream)?, self.memory(src)?, self.memory(dst)?);
         self.enqueued(stream, "clEnqueueCopyBuffer", || {
             // SAFETY: both buffers are live, distinct and hold at least `bytes` on this context.
             unsafe { cq::enqueue_copy_buffer(stream.queue, src.mem, dst.mem, 0, 0, bytes, 0, ptr::null()) }
         })
     }
 
-    fn wait_on(&self, stream: &dyn StreamHandle, ticket: &Ticket) -> Result<()> {
-        let stream = self.stream(stream)?;
+    fn wait_on(&self, stream: &OpenClStream, ticket: &Ticket) -> Result<()> {
         let mut events = Vec::new();
         for part in ticket.parts() {
             match (&*part as &dyn Any).downcast_ref::<OpenClEvent>() {
@@ -656,8 +622,7 @@ impl Backend for OpenClBackend {
         Ok(())
     }
 
-    fn marker(&self, stream: &dyn StreamHandle) -> Result<Ticket> {
-        let stream = self.stream(stream)?;
+    fn marker(&self, stream: &OpenClStream) -> Result<Ticket> {
         self.enqueued(stream, "clEnqueueMarkerWithWaitList", || {
             // SAFETY: the queue is live; an empty wait list marks everything enqueued so far.
             unsafe { cq::enqueue_marker_with_wait_list(stream.queue, 0, ptr::null()) }

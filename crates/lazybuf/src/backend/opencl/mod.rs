@@ -14,7 +14,7 @@
 //! copying; small ones copy, which is cheaper than a map there (docs/BENCHMARKS.md).
 //!
 //! Here: probing and opening, the OpenCL status codes lazybuf names, and the registration.
-//! The [`Backend`] impl is in `device.rs`; buffers, queues and events
+//! The [`crate::backend::Runtime`] impl is in `device.rs`; buffers, queues and events
 //! in `memory.rs`.
 
 mod device;
@@ -59,7 +59,7 @@ pub fn open_all() -> Result<Vec<Arc<dyn Backend>>> {
         for id in ids {
             // SAFETY: `id` was just returned by clGetDeviceIDs for a loaded platform.
             let backend = unsafe { OpenClBackend::open(id) }?;
-            devices.push(Arc::new(backend));
+            devices.push(crate::backend::checked::open(backend));
         }
     }
     Ok(devices)

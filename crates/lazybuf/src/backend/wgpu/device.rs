@@ -1,4 +1,4 @@
-//! The wgpu [`Backend`] implementation: storage buffers as device memory, one command buffer
+//! The wgpu [`Runtime`]: storage buffers as device memory, one command buffer
 //! and one submission per operation, staging buffers for the host's side of transfers, and
 //! tickets finished by wgpu's callbacks.
 //!
@@ -14,7 +14,7 @@
 //! **No zero-copy aliasing.** A wgpu buffer is either usable by the GPU or mapped for the host,
 //! never both, and a mapping is granted only after every submission that uses the buffer; so a
 //! device copy that *is* the host copy (OpenCL's `CL_MEM_USE_HOST_PTR`) cannot be built, and
-//! [`Backend::zero_copy`] is false: every sync moves its bytes once.
+//! [`Runtime::zero_copy`] is false: every sync moves its bytes once.
 
 use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,8 +25,8 @@ use super::memory::{Context, WgpuCompletion, WgpuMemory, WgpuStream};
 use super::staging::{Direction, Staging};
 use super::{API_SELECTORS, Status, native, vendor_name, wgpu_error};
 use crate::backend::{
-    Backend, DeviceInfo, DeviceMemory, HostSpan, MemoryInfo, MemoryKind, MemorySource, RawDevice, RawStream,
-    StreamHandle, Ticket,
+    Allocated, DeviceInfo, HostSpan, MemoryInfo, MemoryKind, MemorySource, RawDevice, RawMemory, RawStream,
+    Runtime, Ticket,
 };
 use crate::error::{BackendKind, Error, Result};
 use crate::host_memory::HostMemory;
@@ -165,16 +165,6 @@ impl WgpuBackend {
         self.context.take_uncaptured()
     }
 
-    fn memory<'m>(&self, memory: &'m DeviceMemory) -> Result<&'m WgpuMemory> {
-        match memory.handle::<WgpuMemory>() {
-            Some(m) if Arc::ptr_eq(&m.context, &self.context) => Ok(m),
-            _ => Err(Error::invalid(
-                "wgpu device",
-                format!("expected memory of {}, got {memory:?}", self.info.name),
-            )),
-        }
-    }
-
     /// The buffer of a non-empty allocation.
     fn buffer<'m>(&self, memory: &'m WgpuMemory) -> Result<&'m wgpu::Buffer> {
         memory
@@ -183,13 +173,38 @@ impl WgpuBackend {
             .ok_or_else(|| Error::invalid("wgpu device", "an empty allocation has no buffer"))
     }
 
-    fn stream<'s>(&self, stream: &'s dyn StreamHandle) -> Result<&'s WgpuStream> {
-        match (stream as &dyn Any).downcast_ref::<WgpuStream>() {
-            Some(s) if Arc::ptr_eq(&s.context, &self.context) => Ok(s),
-            _ => Err(Error::invalid(
-                "wgpu device",
-                format!("expected a stream of {}, got {stream:?}", self.info.name),
-            )),
+    /// A storage buffer of `bytes` (none for 0 bytes).
+    fn allocate_device(&self, bytes: usize) -> Result<WgpuMemory> {
+        self.context.check_alive()?;
+        let held = self.held.clone();
+        let context = self.context.clone();
+        if bytes == 0 {
+            return Ok(WgpuMemory { buffer: None, held, context });
+        }
+        self.check_size(bytes)?;
+        let size = padded(bytes);
+        let buffer = self.context.scoped("Device::create_buffer", bytes, || {
+            self.context.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("lazybuf"),
+                size,
+                usage: self.storage_usage(),
+                mapped_at_creation: false,
+            })
+        })?;
+        held.fetch_add(size, Ordering::Relaxed);
+        Ok(WgpuMemory { buffer: Some(buffer), held, context })
+    }
+
+    /// Why pinned host memory cannot be had here.
+    fn no_pinned_memory(&self, bytes: usize) -> Error {
+        Error::PinningFailed {
+            requested: bytes,
+            reason: format!(
+                "{} is a wgpu device, which has no pinned host memory (wgpu transfers through its \
+                 own mapped staging buffers); ask for pageable host memory instead (Rust: \
+                 `pinned: false`; Python: `pinned=False`)",
+                self.info.name
+            ),
         }
     }
 
@@ -249,15 +264,15 @@ impl WgpuBackend {
     }
 }
 
-impl Backend for WgpuBackend {
+/// Does not survive `fork` (the default): Mesa's lavapipe (and GPU drivers) run threads of
+/// their own, and a forked child's first wait on the parent's device hangs (tests/fork.rs
+/// showed it, before the guard).
+impl Runtime for WgpuBackend {
+    type Memory = WgpuMemory;
+    type Stream = WgpuStream;
+
     fn info(&self) -> &DeviceInfo {
         &self.info
-    }
-
-    /// No: Mesa's lavapipe (and GPU drivers) run threads of their own, and a forked child's
-    /// first wait on the parent's device hangs (tests/fork.rs showed it, before the guard).
-    fn survives_fork(&self) -> bool {
-        false
     }
 
     /// Vulkan with `VK_EXT_memory_budget`: the driver's budget minus usage of the device-local
@@ -287,17 +302,17 @@ impl Backend for WgpuBackend {
         ))
     }
 
-    fn default_stream(&self) -> Arc<dyn StreamHandle> {
+    fn default_stream(&self) -> Arc<WgpuStream> {
         self.stream.clone()
     }
 
     /// Another handle to the device's one queue (wgpu has one queue per device).
-    fn create_stream(&self) -> Result<Arc<dyn StreamHandle>> {
+    fn create_stream(&self) -> Result<Arc<WgpuStream>> {
         self.context.check_alive()?;
         Ok(Arc::new(WgpuStream::new(self.context.clone())))
     }
 
-    unsafe fn wrap_stream(&self, raw: RawStream) -> Result<Arc<dyn StreamHandle>> {
+    unsafe fn wrap_stream(&self, raw: RawStream) -> Result<Arc<WgpuStream>> {
         match raw {
             RawStream::Wgpu(queue) if std::ptr::eq(queue, &self.context.queue) => self.create_stream(),
             other => Err(Error::invalid(
@@ -311,45 +326,25 @@ impl Backend for WgpuBackend {
     }
 
     /// Pinned host memory has no meaning for wgpu, which copies through its own mapped
-    /// staging buffers whatever the host memory is: asking for it is an error.
-    fn allocate_host(&self, bytes: usize, pinned: bool) -> Result<HostMemory> {
-        if pinned {
-            return Err(Error::PinningFailed {
-                requested: bytes,
-                reason: format!(
-                    "{} is a wgpu device, which has no pinned host memory (wgpu transfers through its \
-                     own mapped staging buffers); ask for pageable host memory instead (Rust: \
-                     `pinned: false`; Python: `pinned=False`)",
+    /// staging buffers whatever the host memory is: asking for it is an error. So is shared
+    /// memory, which wgpu does not have.
+    fn allocate(&self, kind: MemoryKind, bytes: usize) -> Result<Allocated<WgpuMemory>> {
+        match kind {
+            MemoryKind::Host { pinned: false } => Ok(Allocated::Host(HostMemory::allocate(bytes)?)),
+            MemoryKind::Host { pinned: true } => Err(self.no_pinned_memory(bytes)),
+            MemoryKind::Device => Ok(Allocated::Memory(self.allocate_device(bytes)?)),
+            MemoryKind::Shared => Err(Error::invalid(
+                "allocate",
+                format!(
+                    "{} has no shared memory (expected a CUDA device with managed memory, an OpenCL device with fine-grained SVM, or the host)",
                     self.info.name
                 ),
-            });
+            )),
         }
-        HostMemory::allocate(bytes)
     }
 
     fn pins_host_memory(&self) -> bool {
         false
-    }
-
-    fn allocate(&self, bytes: usize) -> Result<DeviceMemory> {
-        self.context.check_alive()?;
-        let held = self.held.clone();
-        let context = self.context.clone();
-        if bytes == 0 {
-            return Ok(DeviceMemory::new(0, false, Box::new(WgpuMemory { buffer: None, held, context })));
-        }
-        self.check_size(bytes)?;
-        let size = padded(bytes);
-        let buffer = self.context.scoped("Device::create_buffer", bytes, || {
-            self.context.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("lazybuf"),
-                size,
-                usage: self.storage_usage(),
-                mapped_at_creation: false,
-            })
-        })?;
-        held.fetch_add(size, Ordering::Relaxed);
-        Ok(DeviceMemory::new(bytes, false, Box::new(WgpuMemory { buffer: Some(buffer), held, context })))
     }
 
     fn alignment(&self, kind: MemoryKind) -> usize {
@@ -359,17 +354,15 @@ impl Backend for WgpuBackend {
         }
     }
 
-    fn owns(&self, memory: &DeviceMemory) -> bool {
-        self.memory(memory).is_ok()
+    fn owns(&self, memory: &WgpuMemory) -> bool {
+        Arc::ptr_eq(&memory.context, &self.context)
     }
 
-    unsafe fn upload(
-        &self,
-        stream: &dyn StreamHandle,
-        src: HostSpan,
-        dst: &mut DeviceMemory,
-    ) -> Result<Ticket> {
-        let (_, dst) = (self.stream(stream)?, self.memory(dst)?);
+    fn owns_stream(&self, stream: &WgpuStream) -> bool {
+        Arc::ptr_eq(&stream.context, &self.context)
+    }
+
+    unsafe fn upload(&self, _: &WgpuStream, src: HostSpan, dst: &WgpuMemory) -> Result<Ticket> {
         let dst = self.buffer(dst)?;
         if self.mapped {
             // SAFETY: the caller keeps src valid and unwritten until the ticket completes; it
@@ -405,13 +398,7 @@ impl Backend for WgpuBackend {
         Ok(self.submitted())
     }
 
-    unsafe fn download(
-        &self,
-        stream: &dyn StreamHandle,
-        src: &DeviceMemory,
-        dst: HostSpan,
-    ) -> Result<Ticket> {
-        let (stream, src) = (self.stream(stream)?, self.memory(src)?);
+    unsafe fn download(&self, stream: &WgpuStream, src: &WgpuMemory, dst: HostSpan) -> Result<Ticket> {
         let src = self.buffer(src)?;
         if self.mapped {
             // SAFETY: the caller keeps dst valid, and untouched by anyone else, until the
@@ -457,14 +444,7 @@ impl Backend for WgpuBackend {
         Ok(ticket)
     }
 
-    unsafe fn fill(
-        &self,
-        stream: &dyn StreamHandle,
-        dst: &mut DeviceMemory,
-        pattern: &[u8],
-        bytes: usize,
-    ) -> Result<Ticket> {
-        let (_, dst) = (self.stream(stream)?, self.memory(dst)?);
+    unsafe fn fill(&self, _: &WgpuStream, dst: &WgpuMemory, pattern: &[u8], bytes: usize) -> Result<Ticket> {
         let dst = self.buffer(dst)?;
         let whole = bytes - bytes % 4;
         let zero = pattern.iter().all(|&b| b == 0);
@@ -495,12 +475,11 @@ impl Backend for WgpuBackend {
 
     unsafe fn copy(
         &self,
-        stream: &dyn StreamHandle,
-        src: &DeviceMemory,
-        dst: &mut DeviceMemory,
+        _: &WgpuStream,
+        src: &WgpuMemory,
+        dst: &WgpuMemory,
         bytes: usize,
     ) -> Result<Ticket> {
-        let (_, src, dst) = (self.stream(stream)?, self.memory(src)?, self.memory(dst)?);
         let (src, dst) = (self.buffer(src)?, self.buffer(dst)?);
         let whole = bytes - bytes % 4;
         let kernels = if whole < bytes { Some(self.kernels()?) } else { None };
@@ -517,8 +496,7 @@ impl Backend for WgpuBackend {
 
     /// Work of this device needs no ordering (it shares one queue); other completions are
     /// waited for here.
-    fn wait_on(&self, stream: &dyn StreamHandle, ticket: &Ticket) -> Result<()> {
-        self.stream(stream)?;
+    fn wait_on(&self, _: &WgpuStream, ticket: &Ticket) -> Result<()> {
         for part in ticket.parts() {
             let ours = (&*part as &dyn Any)
                 .downcast_ref::<WgpuCompletion>()
@@ -530,8 +508,7 @@ impl Backend for WgpuBackend {
         Ok(())
     }
 
-    fn marker(&self, stream: &dyn StreamHandle) -> Result<Ticket> {
-        let stream = self.stream(stream)?;
+    fn marker(&self, stream: &WgpuStream) -> Result<Ticket> {
         self.context.scoped("Queue::submit", 0, || {
             self.context.queue.submit([]);
         })?;
@@ -546,6 +523,13 @@ impl Backend for WgpuBackend {
 
     fn raw(&self) -> RawDevice {
         RawDevice::Wgpu { device: &self.context.device, queue: &self.context.queue }
+    }
+
+    /// The graphics API's own handle of the buffer: the `VkBuffer` on Vulkan; 0 on other APIs
+    /// and for an empty allocation.
+    unsafe fn native_handle(&self, memory: RawMemory) -> usize {
+        // SAFETY: forwarded contract: a live allocation of this device.
+        unsafe { super::native_buffer_handle(memory) }.unwrap_or(0) as usize
     }
 
     fn answers_to(&self, selector: &str) -> bool {

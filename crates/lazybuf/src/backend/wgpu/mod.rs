@@ -105,7 +105,7 @@ fn open_adapters() -> Result<Vec<Arc<dyn Backend>>> {
     for adapter in adapters {
         let name = adapter.get_info().name;
         match WgpuBackend::open(adapter) {
-            Ok(backend) => devices.push(Arc::new(backend)),
+            Ok(backend) => devices.push(crate::backend::checked::open(backend)),
             Err(err) => failures.push(format!("{name}: {err}")),
         }
     }
