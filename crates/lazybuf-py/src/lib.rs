@@ -44,6 +44,7 @@ mod memory;
 mod mr;
 mod pool;
 mod spill;
+mod spill_state;
 mod state;
 mod streams;
 #[cfg(feature = "testing")]

@@ -2,7 +2,7 @@
 //! `spill_stats`, `reset_spill_stats`, and what makes a Python buffer evictable.
 //!
 //! Every buffer's memory ([`Storage`]) registers with the core's eviction registry when it is
-//! made ([`register`]) unless the buffer opted out (`spillable=False`). Eviction only tries a
+//! made (`Storage::new`); a buffer that opted out (`spillable=False`) is skipped. Eviction only tries a
 //! storage's lock, never waits for it (see [`lazybuf::spill::registry`]), so it cannot
 //! deadlock against a Python thread, with or without the GIL.
 //!
@@ -19,9 +19,6 @@
 //!
 //! What does not live here: the budget and eviction ([`lazybuf::spill`]).
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-
 use lazybuf::spill::{self, Evictable, Evicted};
 use lazybuf::{Device, Result};
 use pyo3::exceptions::{PyTypeError, PyValueError};
@@ -29,75 +26,22 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
 
 use crate::errors::OrPyErr;
+use crate::spill_state::SpillState;
 use crate::views::Storage;
-
-/// A storage's standing with eviction.
-#[derive(Debug)]
-pub(crate) struct SpillState {
-    last_use: AtomicU64,
-    spillable: AtomicBool,
-    exposed: AtomicBool,
-    host_exposed: AtomicBool,
-}
-
-impl Default for SpillState {
-    fn default() -> Self {
-        SpillState {
-            last_use: AtomicU64::new(spill::registry::tick()),
-            spillable: AtomicBool::new(true),
-            exposed: AtomicBool::new(false),
-            host_exposed: AtomicBool::new(false),
-        }
-    }
-}
-
-impl SpillState {
-    /// Stamps the storage as used now (each lock of it).
-    pub(crate) fn touch(&self) {
-        self.last_use.store(spill::registry::tick(), Ordering::Relaxed);
-    }
-
-    /// Records that a device handle is about to leave the lock (call with the lock held).
-    pub(crate) fn expose(&self) {
-        self.exposed.store(true, Ordering::Relaxed);
-    }
-
-    /// Records that a host address is about to leave the lock (call with the lock held): the
-    /// host block may be used by a NumPy array or an export, so it is never spilled to disk.
-    pub(crate) fn expose_host(&self) {
-        self.host_exposed.store(true, Ordering::Relaxed);
-    }
-
-    /// Opts the storage out of eviction (or back in).
-    pub(crate) fn set_spillable(&self, spillable: bool) {
-        self.spillable.store(spillable, Ordering::Relaxed);
-    }
-
-    /// Whether eviction may free the storage's device copies.
-    pub(crate) fn spillable(&self) -> bool {
-        self.spillable.load(Ordering::Relaxed)
-    }
-}
-
-/// Makes `storage` a candidate for eviction for as long as it lives.
-pub(crate) fn register(storage: &Arc<Storage>) {
-    let weak: std::sync::Weak<Storage> = Arc::downgrade(storage);
-    spill::registry::register(weak);
-}
 
 impl Evictable for Storage {
     fn last_use(&self) -> u64 {
-        self.spill().last_use.load(Ordering::Relaxed)
+        self.spill().last_use()
     }
 
     fn try_evict(&self, device: &Device) -> Option<Result<Option<Evicted>>> {
         let state = self.spill();
-        if !state.spillable() || state.exposed.load(Ordering::Relaxed) {
+        if !state.spillable() || state.exposed() {
             return None;
         }
         let mut raw = self.try_lock_raw()?;
         // Exposure is recorded under the lock: checked again now that it is held.
-        if state.exposed.load(Ordering::Relaxed) {
+        if state.exposed() {
             return None;
         }
         Some(raw.evict_device_copy(device))
@@ -106,8 +50,7 @@ impl Evictable for Storage {
     fn try_spill_host(&self) -> Option<Result<Option<usize>>> {
         let state = self.spill();
         // A device handle on the host device is the host block too.
-        let exposed =
-            |s: &SpillState| s.exposed.load(Ordering::Relaxed) || s.host_exposed.load(Ordering::Relaxed);
+        let exposed = |s: &SpillState| s.exposed() || s.host_exposed();
         if !state.spillable() || exposed(state) {
             return None;
         }

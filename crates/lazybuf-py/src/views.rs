@@ -51,7 +51,7 @@ pub(crate) struct Storage {
     /// the buffer orders lazybuf after CuPy's current stream ([`crate::streams::order_after_cupy`]).
     cupy_held: AtomicBool,
     /// Its standing with eviction ([`crate::spill`]).
-    spill: crate::spill::SpillState,
+    spill: crate::spill_state::SpillState,
 }
 
 /// Keeps a buffer's memory alive: the `.base` of every NumPy view lazybuf makes, and the
@@ -159,12 +159,14 @@ impl Storage {
     pub(crate) fn new(raw: RawBuffer) -> Arc<Storage> {
         let raw = GilFreeMutex::new(raw, "UnifiedBuffer");
         let storage = Arc::new(Storage { raw, cupy_held: AtomicBool::new(false), spill: Default::default() });
-        crate::spill::register(&storage);
+        // A candidate for eviction for as long as it lives (crate::spill says how).
+        let weak: std::sync::Weak<Storage> = Arc::downgrade(&storage);
+        lazybuf::spill::registry::register(weak);
         storage
     }
 
     /// Its standing with eviction.
-    pub(crate) fn spill(&self) -> &crate::spill::SpillState {
+    pub(crate) fn spill(&self) -> &crate::spill_state::SpillState {
         &self.spill
     }
 
