@@ -11,7 +11,8 @@
 //! checks, for every buffer: the state, the data, the bytes moved in each direction (the
 //! contract's minimum plus exactly the write-backs eviction required), that the buffer the
 //! step used was not evicted during it, that a buffer held with a live device view while
-//! another allocates is not evicted, and that the device never holds more than its limit.
+//! another allocates is not evicted, that a buffer with an asynchronous transfer in flight is
+//! not evicted, and that the device never holds more than its limit.
 //! Copy faults are part of the sequences (through `lazybuf::testing::FaultyDevice`): a step
 //! that fails, whether its own copy or an eviction's write-back failed, changes nothing for
 //! its buffer, and an eviction whose write-back failed left its buffer as it was.
@@ -41,6 +42,9 @@ enum Op {
     DeviceOverwrite(usize, u32),
     SyncToDevice(usize),
     SyncToHost(usize),
+    /// An asynchronous upload: the buffer has a transfer in flight until a later call of it
+    /// settles it, and must not be evicted meanwhile.
+    SyncAsync(usize),
     MarkHostDirty(usize),
     MarkDeviceDirty(usize),
     /// Holds the first buffer's device view while the second one uploads.
@@ -58,6 +62,7 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         2 => (buf.clone(), any::<u32>()).prop_map(|(b, s)| Op::DeviceOverwrite(b, s)),
         3 => buf.clone().prop_map(Op::SyncToDevice),
         1 => buf.clone().prop_map(Op::SyncToHost),
+        2 => buf.clone().prop_map(Op::SyncAsync),
         1 => buf.clone().prop_map(Op::MarkHostDirty),
         2 => buf.clone().prop_map(Op::MarkDeviceDirty),
         2 => (buf.clone(), buf).prop_map(|(a, b)| Op::HoldWhileUploading(a, b)),
@@ -168,6 +173,8 @@ struct Run {
     zero_copy: bool,
     bufs: Vec<SharedBuffer<u32>>,
     models: Vec<Model>,
+    /// Which buffers had a transfer in flight when the step began.
+    busy: Vec<bool>,
 }
 
 impl Run {
@@ -182,6 +189,7 @@ impl Run {
             let gone = self.device_residency(i) == Residency::Unallocated;
             if gone && self.models[i].device != Res::Unallocated {
                 prop_assert!(!self.zero_copy, "a zero-copy device copy was evicted");
+                prop_assert!(!self.busy[i], "buffer {} was evicted with a transfer in flight", i);
                 self.models[i].evict();
             }
         }
@@ -254,9 +262,10 @@ fn run(inner: &Device, ops: &[Op]) -> Result<(), TestCaseError> {
         .collect();
     let models = (0..BUFFERS as u32).map(Model::new).collect();
     let zero_copy = device.is_zero_copy(LEN * 4);
-    let mut run = Run { device, zero_copy, bufs, models };
+    let mut run = Run { device, zero_copy, bufs, models, busy: vec![false; BUFFERS] };
     let mut armed = None;
     for op in ops {
+        run.busy = run.bufs.iter().map(|b| b.lock().is_busy()).collect();
         if let Some(n) = armed.take() {
             faults.fail_copy_in(n);
         }
@@ -293,6 +302,9 @@ fn run(inner: &Device, ops: &[Op]) -> Result<(), TestCaseError> {
             }
             Op::SyncToHost(i) => {
                 run.step(i, |b| b.sync_to_host(), |m| m.read(false))?;
+            }
+            Op::SyncAsync(i) => {
+                run.step(i, |b| b.sync_to_device_async().map(drop), |m| m.read(true))?;
             }
             Op::MarkHostDirty(i) => {
                 run.step(i, |b| b.mark_host_dirty(), |m| m.write(false, false))?;
