@@ -1,4 +1,4 @@
-//! Making room: what happens before lazybuf takes device memory from a backend.
+//! Making room: what happens before lazybuf takes memory from a backend.
 //!
 //! [`allocate_within_budget`] wraps every device allocation of [`crate::DirectResource`]:
 //!
@@ -11,6 +11,10 @@
 //! 2. **Without a limit**, when the backend reports out-of-memory: the same trimming and
 //!    eviction until the request's bytes were freed, then the allocation is tried once more.
 //! 3. **Without either**, nothing here runs but the counting of held bytes.
+//!
+//! [`allocate_host_within_budget`] wraps its host allocations: under a host limit
+//! ([`super::set_host_memory_limit`]) it trims the caches, then writes the host copies of least
+//! recently used shared buffers to spill files ([`super::disk`]) until the request fits.
 //!
 //! Eviction never waits for a buffer's lock ([`super::registry`]), so a thread that allocates
 //! while it holds its own buffer's lock (every buffer access does) cannot deadlock against
@@ -124,7 +128,8 @@ fn reserve(device: &Device, ledger: &Ledger, bytes: usize) -> Result<()> {
 }
 
 /// Trims the device's caches, then evicts least recently used copies on `device`, asking
-/// `enough` after the trim and after each eviction, until it says so. Returns whether it did, and the first write-back failure met on the way.
+/// `enough` after the trim and after each eviction, until it says so. Returns whether it did,
+/// and the first write-back failure met on the way.
 fn make_room(device: &Device, mut enough: impl FnMut() -> bool) -> (bool, Option<Error>) {
     let start = Instant::now();
     stats::update(device, |s| s.spill_requests += 1);
