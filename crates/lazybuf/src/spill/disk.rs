@@ -1,5 +1,5 @@
 //! The disk tier: spill files holding host copies that were the only current data of their
-//! buffer, written when the host's memory limit needs room ([`set_host_memory_limit`]) and read
+//! buffer, written when the host's memory limit needs room ([`super::set_host_memory_limit`]) and read
 //! back at the buffer's next access.
 //!
 //! Files live in the spill directory: `LAZYBUF_SPILL_DIR`, else `lazybuf-spill-<pid>` under the
