@@ -43,9 +43,17 @@ from ._lazybuf import (
     caching,
     checking,
     get_accelerator,
+    get_host_memory_limit,
+    get_memory_limit,
     get_memory_pool,
+    host_memory_held,
+    memory_held,
+    reset_spill_stats,
     set_caching,
     set_checking,
+    set_host_memory_limit,
+    set_memory_limit,
+    spill_stats,
     trim,
 )
 from ._pydotcompute import (
@@ -143,3 +151,12 @@ __all__ += [
     "transfer_guard_device_to_host",
     "transfer_guard_host_to_device",
 ]
+__all__ += ["get_memory_limit", "memory_held", "reset_spill_stats", "set_memory_limit", "spill_stats"]
+__all__ += ["get_host_memory_limit", "host_memory_held", "set_host_memory_limit"]
+
+# Spill files of buffers still alive at exit (the interpreter need not finalize them) go too.
+import atexit as _atexit
+
+from ._lazybuf import _remove_spill_files
+
+_atexit.register(_remove_spill_files)

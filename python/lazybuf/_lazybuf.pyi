@@ -71,6 +71,15 @@ __all__ = [
     "_trace_stop",
     "_trace_snapshot",
     "_trace_recording",
+    "get_memory_limit",
+    "memory_held",
+    "reset_spill_stats",
+    "set_memory_limit",
+    "spill_stats",
+    "get_host_memory_limit",
+    "host_memory_held",
+    "set_host_memory_limit",
+    "_remove_spill_files",
 ]
 
 _ShapeLike = SupportsIndex | Sequence[SupportsIndex]
@@ -108,6 +117,7 @@ class UnifiedBuffer:
         *,
         pinned: bool = False,
         device: _DeviceLike = None,
+        spillable: bool = True,
     ) -> UnifiedBuffer:
         """Create a buffer on ``device`` (default: the current device, see
         ``get_accelerator()``; a selector such as ``"host"`` or ``"opencl:0"``, or a
@@ -115,7 +125,8 @@ class UnifiedBuffer:
         ``numpy.dtype`` accepts among float16/32/64, (u)int8-64, complex64/128, or
         ``"bfloat16"`` with ``ml_dtypes`` installed (None: float32). ``pinned`` asks for
         page-locked host memory (an error at first use if it cannot be locked, never a silent
-        fallback).
+        fallback). ``spillable=False`` keeps the device copy from being evicted under a
+        memory limit (``set_memory_limit``).
 
         Raises ValueError (bad or oversized shape, unknown device), TypeError (unsupported
         dtype, non-integer shape)."""
@@ -168,6 +179,10 @@ class UnifiedBuffer:
     @property
     def pinned(self) -> bool:
         """Whether page-locked host memory was requested."""
+
+    @property
+    def spillable(self) -> bool:
+        """Whether lazybuf may evict the device copy under a memory limit."""
 
     @property
     def is_pinned(self) -> bool:
@@ -587,6 +602,41 @@ def set_caching(on: bool) -> None:
 
 def trim() -> int:
     """Frees every block the default caches hold; returns the bytes freed."""
+
+def set_memory_limit(device: str | Device, nbytes: int | str | None) -> None:
+    """Sets the memory limit of ``device`` to ``nbytes`` (an int, or a size string such as
+    ``"512MiB"``); ``None`` removes it. Above the limit lazybuf evicts the least recently used
+    device copies of buffers not in use before it allocates. Raises ValueError for a negative
+    size or a bad size string, TypeError for another type."""
+
+def get_memory_limit(device: str | Device) -> int | None:
+    """The memory limit of ``device`` in bytes, or None. Raises ValueError when
+    ``LAZYBUF_MEMORY_LIMIT`` is malformed."""
+
+def memory_held(device: str | Device) -> int:
+    """The bytes of device memory lazybuf holds on ``device`` (checked against the limit)."""
+
+def spill_stats(device: str | Device) -> dict[str, int | float]:
+    """What spilling did on ``device``: evictions, clean_evictions, bytes_written_back,
+    bytes_read_back, bytes_to_disk, bytes_from_disk (host copies of its buffers), spill_requests,
+    spill_failures, seconds."""
+
+def reset_spill_stats(device: str | Device) -> None:
+    """Sets the spill counters of ``device`` to zero."""
+
+def set_host_memory_limit(nbytes: int | str | None) -> None:
+    """Sets the host memory limit (an int, or a size string such as ``"8GiB"``); ``None``
+    removes it. Above it, host copies that are a buffer's only data go to spill files
+    (``LAZYBUF_SPILL_DIR``) and come back at the buffer's next use."""
+
+def get_host_memory_limit() -> int | None:
+    """The host memory limit in bytes, or None."""
+
+def host_memory_held() -> int:
+    """The bytes of host memory lazybuf holds (checked against the host limit)."""
+
+def _remove_spill_files() -> int:
+    """Removes the spill files this process still has (registered with ``atexit``)."""
 
 @final
 class DeviceMemoryView:

@@ -45,6 +45,7 @@ UNIFIED_CALLS: dict[str, str | None] = {
     "ndim": "b.ndim",
     "state": "b.state",
     "pinned": "b.pinned",
+    "spillable": "b.spillable",
     "is_pinned": "b.is_pinned",
     "device_handle": "b.device_handle",
     "released": "b.released",

@@ -1,5 +1,7 @@
 //! `lazybuf watch`: memory in use, held by lazybuf's pool (in use and cached), and free, for
-//! one device or all, every interval until Ctrl-C (or `--count` refreshes).
+//! one device or all, every interval until Ctrl-C (or `--count` refreshes); with the device's
+//! memory limit and what spilling did under it ([`lazybuf::spill`]): evictions (of which
+//! clean, moving no byte) and the bytes written back.
 //!
 //! On a terminal the rows are redrawn in place (the cursor moves back up over them); otherwise
 //! every refresh appends one row per device, with the time since the start, so the output can
@@ -15,8 +17,21 @@ use crate::devices::{selector_of, source_label, source_name};
 use crate::output::{Terminal, format_bytes};
 use crate::{Context, Result, devices};
 
-const HEADER: [&str; 8] =
-    ["TIME", "DEVICE", "IN USE", "POOL IN USE", "POOL CACHED", "FREE", "TOTAL", "FREE FROM"];
+/// The columns; `FREE FROM` stays last (it has no fixed width).
+const HEADER: [&str; COLUMNS] = [
+    "TIME",
+    "DEVICE",
+    "IN USE",
+    "POOL IN USE",
+    "POOL CACHED",
+    "FREE",
+    "TOTAL",
+    "LIMIT",
+    "EVICTED/CLEAN",
+    "WRITTEN BACK",
+    "FREE FROM",
+];
+const COLUMNS: usize = 11;
 
 /// Runs `lazybuf watch`. Ctrl-C ends it cleanly (status 0).
 pub fn run(args: &WatchArgs, context: &Context) -> Result<i32> {
@@ -72,36 +87,46 @@ fn sleep(interval: Duration, context: &Context) -> bool {
 }
 
 /// One row's cells for `device` now.
-pub fn sample(device: &Device, name: &str, elapsed: Duration) -> [String; 8] {
+pub fn sample(device: &Device, name: &str, elapsed: Duration) -> [String; COLUMNS] {
     let time = format!("{:.1}s", elapsed.as_secs_f64());
     let pool = MemoryPool::for_device(device).stats();
-    match device.memory_info() {
-        Ok(m) => [
-            time,
-            name.to_string(),
+    let spilled = lazybuf::spill::spill_stats(device);
+    let limit = match lazybuf::spill::memory_limit(device) {
+        Ok(Some(limit)) => format_bytes(limit),
+        Ok(None) => "none".into(),
+        Err(_) => "bad env".into(),
+    };
+    let evicted = format!("{}/{}", spilled.evictions, spilled.clean_evictions);
+    let written_back = format_bytes(spilled.bytes_written_back);
+    let (in_use, free, total, from) = match device.memory_info() {
+        Ok(m) => (
             format_bytes(m.total.saturating_sub(m.free)),
-            format_bytes(pool.bytes_in_use),
-            format_bytes(pool.bytes_cached),
             format_bytes(m.free),
             format_bytes(m.total),
             source_label(source_name(m.source)).to_string(),
-        ],
-        Err(err) => [
-            time,
-            name.to_string(),
-            "?".into(),
-            format_bytes(pool.bytes_in_use),
-            format_bytes(pool.bytes_cached),
-            "?".into(),
-            format_bytes(device.info().total_memory),
-            format!("error: {err}"),
-        ],
-    }
+        ),
+        Err(err) => {
+            ("?".into(), "?".into(), format_bytes(device.info().total_memory), format!("error: {err}"))
+        }
+    };
+    [
+        time,
+        name.to_string(),
+        in_use,
+        format_bytes(pool.bytes_in_use),
+        format_bytes(pool.bytes_cached),
+        free,
+        total,
+        limit,
+        evicted,
+        written_back,
+        from,
+    ]
 }
 
 /// Cells in fixed-width columns, so rows line up from one refresh to the next.
-fn row(cells: &[String; 8]) -> String {
-    const WIDTHS: [usize; 7] = [8, 10, 11, 12, 12, 11, 11];
+fn row(cells: &[String; COLUMNS]) -> String {
+    const WIDTHS: [usize; COLUMNS - 1] = [8, 10, 11, 12, 12, 11, 11, 10, 13, 12];
     let mut line = String::new();
     for (i, cell) in cells.iter().enumerate() {
         match WIDTHS.get(i) {
@@ -123,9 +148,22 @@ mod tests {
         assert_eq!(cells[0], "1.5s");
         assert_eq!(cells[1], "host");
         assert!(cells[5].ends_with("iB"), "free: {cells:?}");
-        assert_eq!(cells[7], "system (MemAvailable)");
+        assert_eq!(cells[10], "system (MemAvailable)");
         let line = row(&cells);
         assert!(line.starts_with("1.5s      host"), "{line}");
+    }
+
+    /// On a device of its own (a fault-free wrapper of the host), so no other test's limit
+    /// shows.
+    #[cfg(feature = "testing")]
+    #[test]
+    fn a_sample_shows_the_limit_and_the_spill_counters() {
+        let device = lazybuf::testing::FaultyDevice::wrap(&Device::host()).0;
+        let cells = sample(&device, "faulty", Duration::ZERO);
+        assert_eq!(&cells[7..10], ["none", "0/0", "0 B"], "{cells:?}");
+        lazybuf::spill::set_memory_limit(&device, Some(3 << 20));
+        let cells = sample(&device, "faulty", Duration::ZERO);
+        assert_eq!(cells[7], "3 MiB", "{cells:?}");
     }
 
     #[test]

@@ -261,13 +261,13 @@ impl UnifiedBuffer {
 
     /// Makes the host current for `access` (the GIL released meanwhile).
     fn access_host(&self, py: Python<'_>, access: Access) -> PyResult<()> {
-        self.storage()?.host_address_nogil(py, access).map(drop)
+        self.storage()?.sync_host_nogil(py, access)
     }
 
     /// Makes the device current for `access` (the GIL released meanwhile); a write makes the
     /// writable host views read-only.
     fn access_device(&self, py: Python<'_>, access: Access) -> PyResult<()> {
-        self.storage()?.device_handle_nogil(py, &self.home, access)?;
+        self.storage()?.sync_device_nogil(py, &self.home, access)?;
         if access != Access::Read {
             self.freeze_if_host_stale(py)?;
         }
@@ -476,18 +476,28 @@ fn device_access<'py>(slf: &Bound<'py, UnifiedBuffer>, access: Access) -> PyResu
 #[pymethods]
 impl UnifiedBuffer {
     #[new]
-    #[pyo3(signature = (shape, dtype=None, *, pinned=false, device=None))]
+    #[pyo3(signature = (shape, dtype=None, *, pinned=false, device=None, spillable=true))]
     fn py_new(
         py: Python<'_>,
         shape: &Bound<'_, PyAny>,
         dtype: Option<&Bound<'_, PyAny>>,
         pinned: bool,
         device: Option<&Bound<'_, PyAny>>,
+        spillable: bool,
     ) -> PyResult<Self> {
         let dims = args::shape(shape)?;
         let elem = dtype::resolve(py, dtype)?;
         let home = crate::accelerator::device_arg(device)?;
-        UnifiedBuffer::create(dims, elem, home, pinned, None, None)
+        let buffer = UnifiedBuffer::create(dims, elem, home, pinned, None, None)?;
+        buffer.storage()?.spill().set_spillable(spillable);
+        Ok(buffer)
+    }
+
+    /// Whether lazybuf may evict the device copy under a memory limit (`spillable=False` at
+    /// creation opts out; see `lazybuf.set_memory_limit`).
+    #[getter]
+    fn spillable(&self) -> PyResult<bool> {
+        Ok(self.storage()?.spill().spillable())
     }
 
     /// A writable NumPy view of the host copy (zero-copy; its `.base` keeps the memory
@@ -655,7 +665,7 @@ impl UnifiedBuffer {
     fn mark_metal_dirty(&self, py: Python<'_>) -> PyResult<()> {
         let storage = self.storage()?;
         let metal = metal_device(&self.home)?;
-        storage.device_handle_nogil(py, &metal, Access::Write)?;
+        storage.sync_device_nogil(py, &metal, Access::Write)?;
         self.freeze_if_host_stale(py)
     }
 
@@ -865,7 +875,14 @@ impl UnifiedBuffer {
             let storage = this.storage()?;
             let raw = storage.lock(slf.py())?;
             let resource = Arc::clone(raw.resource());
-            Storage::new(RawBuffer::with_resource(raw.nbytes(), this.home.clone(), this.pinned, resource))
+            let fresh = Storage::new(RawBuffer::with_resource(
+                raw.nbytes(),
+                this.home.clone(),
+                this.pinned,
+                resource,
+            ));
+            fresh.spill().set_spillable(storage.spill().spillable());
+            fresh
         };
         this.replace_storage(fresh)?.finish(slf.py())
     }

@@ -46,6 +46,8 @@ mod memory;
 mod mr;
 mod observe;
 mod pool;
+mod spill;
+mod spill_state;
 mod state;
 mod streams;
 #[cfg(feature = "testing")]
@@ -95,6 +97,7 @@ fn _lazybuf(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(errors::checking, m)?)?;
     m.add_function(wrap_pyfunction!(_cli_main, m)?)?;
     observe::register(m)?;
+    spill::add(m)?;
     Ok(())
 }
 

@@ -50,6 +50,8 @@ pub(crate) struct Storage {
     /// Whether a CuPy array over the device copy was handed out: from then on each call on
     /// the buffer orders lazybuf after CuPy's current stream ([`crate::streams::order_after_cupy`]).
     cupy_held: AtomicBool,
+    /// Its standing with eviction ([`crate::spill`]).
+    spill: crate::spill_state::SpillState,
 }
 
 /// Keeps a buffer's memory alive: the `.base` of every NumPy view lazybuf makes, and the
@@ -155,7 +157,22 @@ fn empty_address() -> *mut u8 {
 impl Storage {
     /// Wraps a core buffer.
     pub(crate) fn new(raw: RawBuffer) -> Arc<Storage> {
-        Arc::new(Storage { raw: GilFreeMutex::new(raw, "UnifiedBuffer"), cupy_held: AtomicBool::new(false) })
+        let raw = GilFreeMutex::new(raw, "UnifiedBuffer");
+        let storage = Arc::new(Storage { raw, cupy_held: AtomicBool::new(false), spill: Default::default() });
+        // A candidate for eviction for as long as it lives (crate::spill says how).
+        let weak: std::sync::Weak<Storage> = Arc::downgrade(&storage);
+        lazybuf::spill::registry::register(weak);
+        storage
+    }
+
+    /// Its standing with eviction.
+    pub(crate) fn spill(&self) -> &crate::spill_state::SpillState {
+        &self.spill
+    }
+
+    /// The core buffer if its lock is free (eviction never waits for it).
+    pub(crate) fn try_lock_raw(&self) -> Option<GilFreeGuard<'_, RawBuffer>> {
+        self.raw.try_lock()
     }
 
     /// Records that CuPy holds an array over the device copy.
@@ -171,17 +188,24 @@ impl Storage {
     /// The core buffer, from a thread attached to the interpreter: waited for with the GIL
     /// released; `ReentrancyError` on the thread that holds it already ([`crate::lock`]).
     pub(crate) fn lock(&self, py: Python<'_>) -> PyResult<GilFreeGuard<'_, RawBuffer>> {
-        self.raw.lock(py)
+        let raw = self.raw.lock(py)?;
+        self.spill.touch();
+        Ok(raw)
     }
 
     /// The core buffer, from a detached thread (inside [`lock::detach`]).
     pub(crate) fn lock_detached(&self, detached: &Detached) -> PyResult<GilFreeGuard<'_, RawBuffer>> {
-        self.raw.lock_detached(detached)
+        let raw = self.raw.lock_detached(detached)?;
+        self.spill.touch();
+        Ok(raw)
     }
 
     /// Makes the host current for `access` and returns the address of its bytes.
     pub(crate) fn host_address(&self, detached: &Detached, access: Access) -> PyResult<*mut u8> {
-        host_address_in(&mut *self.lock_detached(detached)?, access)
+        let mut raw = self.lock_detached(detached)?;
+        // The address leaves the lock: the host block may be used by objects lazybuf cannot see.
+        self.spill.expose_host();
+        host_address_in(&mut raw, access)
     }
 
     /// [`Self::host_address`] with the GIL released (it may copy), so other Python threads
@@ -192,6 +216,7 @@ impl Storage {
     /// with the GIL held ([`Self::immediate`]).
     pub(crate) fn host_address_nogil(&self, py: Python<'_>, access: Access) -> PyResult<*mut u8> {
         if let Some(mut raw) = self.immediate(None, access) {
+            self.spill.expose_host();
             return host_address_in(&mut raw, access);
         }
         let address = lock::detach(py, |d| self.host_address(d, access).map(|a| a as usize))?;
@@ -206,7 +231,11 @@ impl Storage {
     /// held (`try_lock`), and an immediate access waits for nothing.
     fn immediate(&self, device: Option<&Device>, access: Access) -> Option<GilFreeGuard<'_, RawBuffer>> {
         let raw = self.raw.try_lock()?;
-        raw.access_is_immediate(device, access).then_some(raw)
+        let immediate = raw.access_is_immediate(device, access).then_some(raw);
+        if immediate.is_some() {
+            self.spill.touch();
+        }
+        immediate
     }
 
     /// [`Self::device_handle`] with the GIL released (it may copy); in place when the access
@@ -218,6 +247,8 @@ impl Storage {
         access: Access,
     ) -> PyResult<RawMemory> {
         if let Some(mut raw) = self.immediate(Some(device), access) {
+            // The handle leaves the lock: the copy may be used by objects lazybuf cannot see.
+            self.spill.expose();
             return device_handle_in(&mut raw, device, access);
         }
         /// A handle crossing the detached closure's boundary.
@@ -229,6 +260,26 @@ impl Storage {
         Ok(handle.0)
     }
 
+    /// Makes the host copy current for `access` (a sync, or a declared write), with the GIL
+    /// released unless the access is bookkeeping only; no address leaves the lock, so the host
+    /// copy stays spillable ([`crate::spill`]).
+    pub(crate) fn sync_host_nogil(&self, py: Python<'_>, access: Access) -> PyResult<()> {
+        if let Some(mut raw) = self.immediate(None, access) {
+            return raw.host_access(access).map(drop).or_py();
+        }
+        lock::detach(py, |d| self.lock_detached(d)?.host_access(access).map(drop).or_py())
+    }
+
+    /// Makes `device`'s copy current for `access` (a sync, or a declared write), with the GIL
+    /// released unless the access is bookkeeping only; no handle leaves the lock, so the copy
+    /// stays evictable ([`crate::spill`]).
+    pub(crate) fn sync_device_nogil(&self, py: Python<'_>, device: &Device, access: Access) -> PyResult<()> {
+        if let Some(mut raw) = self.immediate(Some(device), access) {
+            return raw.device_access(device, access).map(drop).or_py();
+        }
+        lock::detach(py, |d| self.lock_detached(d)?.device_access(device, access).map(drop).or_py())
+    }
+
     /// Makes `device`'s copy current for `access` and returns the runtime's handle to it.
     pub(crate) fn device_handle(
         &self,
@@ -236,7 +287,10 @@ impl Storage {
         device: &Device,
         access: Access,
     ) -> PyResult<RawMemory> {
-        device_handle_in(&mut *self.lock_detached(detached)?, device, access)
+        let mut raw = self.lock_detached(detached)?;
+        // The handle leaves the lock: the copy may be used by objects lazybuf cannot see.
+        self.spill.expose();
+        device_handle_in(&mut raw, device, access)
     }
 
     /// A NumPy view of the host copy, made current for `access`. `cached` is returned when it

@@ -52,6 +52,7 @@ pub mod observe;
 pub mod pool;
 pub mod resource;
 pub mod shape;
+pub mod spill;
 #[cfg(feature = "testing")]
 pub mod testing;
 

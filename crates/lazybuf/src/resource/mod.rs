@@ -157,14 +157,28 @@ impl DirectResource {
 
 impl MemoryResource for DirectResource {
     fn allocate(&self, device: &Device, kind: MemoryKind, bytes: usize, _stream: &Stream) -> Result<Block> {
-        device.backend().allocate(kind, bytes)
+        let allocate = || device.backend().allocate(kind, bytes);
+        match kind {
+            // Host memory counts against the host limit, which may spill host copies to disk.
+            MemoryKind::Host { .. } => crate::spill::allocate_host_within_budget(bytes, allocate),
+            // Device memory counts against the device's budget, which may spill to make room.
+            MemoryKind::Device | MemoryKind::Shared => {
+                crate::spill::allocate_within_budget(device, bytes, allocate)
+            }
+        }
     }
 
     fn deallocate(&self, device: &Device, block: Block, _stream: &Stream, ready: Ticket) {
         // Work that failed leaves nothing to wait for (its failure is recorded on the device:
         // a free path cannot return it); either way the block is freed.
         device.record_deferred(ready.wait());
+        let (bytes, on_device) = (block.len(), matches!(block, Block::Device(_)));
         drop(block);
+        if on_device {
+            crate::spill::budget::release(device, bytes);
+        } else {
+            crate::spill::budget::release_host(bytes);
+        }
     }
 }
 

@@ -150,6 +150,7 @@ impl RawBuffer {
                 let ticket = unsafe { copy.stream.upload(HostSpan::of(host, n), &mut copy.memory)? };
                 copy.written();
                 stats.record(Direction::HostToDevice, copy.memory.is_host_alias(), n);
+                self.count_reload(id, n);
                 Ok(ticket)
             }
             (Location::Device(id), Location::Host) => {

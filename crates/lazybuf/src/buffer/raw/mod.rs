@@ -40,6 +40,7 @@ mod copy;
 mod execute;
 mod observed;
 mod read;
+mod spill;
 
 use std::sync::Arc;
 
@@ -80,6 +81,11 @@ pub struct RawBuffer {
     /// A host access had to download after such a read: reads into outside memory update the
     /// host copy first from now on (until the buffer's memory is released or invalidated).
     host_sync_pays: bool,
+    /// Devices whose copy was evicted ([`spill`]) and not uploaded again yet.
+    evicted_from: Vec<crate::coherence::DeviceId>,
+    /// The host copy, written to disk under the host memory limit ([`spill`]): the host
+    /// location is valid while `host` is `None`; every access reads it back first.
+    on_disk: Option<crate::spill::disk::SpillFile>,
 }
 
 impl RawBuffer {
@@ -112,6 +118,8 @@ impl RawBuffer {
             inflight: Vec::new(),
             direct_read: false,
             host_sync_pays: false,
+            evicted_from: Vec::new(),
+            on_disk: None,
         }
     }
 
@@ -249,6 +257,7 @@ impl RawBuffer {
     /// As [`Self::host_access`], its copies caused by `cause` (for the transfer guard).
     #[inline(always)]
     fn host_access_as(&mut self, access: Access, cause: &'static Cause) -> Result<&mut [u8]> {
+        self.reload_from_disk()?;
         if access == Access::Read && crate::checking::checking() {
             // Only a read that copies nothing can find the host behind a device (a copy from
             // a device makes them equal), and the check changes nothing when it fails.
@@ -273,7 +282,10 @@ impl RawBuffer {
     /// make it in place.
     pub fn access_is_immediate(&self, device: Option<&Device>, access: Access) -> bool {
         let at = device.map_or(Location::Host, |d| Location::Device(d.id()));
-        if !self.inflight.is_empty() || self.coherence.residency(at) != Residency::Valid {
+        if !self.inflight.is_empty()
+            || self.coherence.residency(at) != Residency::Valid
+            || self.on_disk.is_some()
+        {
             return false;
         }
         match (at, access) {
@@ -342,6 +354,7 @@ impl RawBuffer {
     /// As [`Self::sync`], asynchronously: enqueues the copies and returns at once. See the
     /// module docs for the state while the transfer is in flight and after it fails.
     pub fn sync_async(&mut self, device: Option<&Device>) -> Result<Transfer> {
+        self.reload_from_disk()?;
         let at = device.map_or(Location::Host, |d| Location::Device(d.id()));
         let plan = self.plan(at, device, Access::Read);
         let observed = observe::active();
@@ -390,6 +403,7 @@ impl RawBuffer {
     /// unknown, so it is marked stale when another copy is current (and, when it was the only
     /// current copy, its bytes are the runtime's partial result: the error says so).
     pub fn fill(&mut self, pattern: &[u8]) -> Result<()> {
+        self.reload_from_disk()?;
         let home = Location::Device(self.home.id());
         let valid = |c: &Coherence, loc: &Location| c.residency(*loc) == Residency::Valid;
         self.finish()?;
@@ -430,6 +444,7 @@ impl RawBuffer {
     /// Frees every copy: the buffer is uninitialized again and holds no memory. Transfers in
     /// flight are waited for first (their failures no longer matter: the data is gone).
     pub fn release_memory(&mut self) {
+        self.on_disk = None;
         // A transfer that failed unobserved: recorded on the buffer's device, not lost.
         let finished = self.finish();
         self.home.record_deferred(finished);
@@ -459,7 +474,11 @@ impl RawBuffer {
     /// misaligned for their element type.
     pub fn adopt_host(&mut self, block: HostMemory) -> Result<()> {
         let refuse = |why: String| Err(Error::invalid("adopt_host", why));
-        if self.host.is_some() || !self.copies.is_empty() || !self.inflight.is_empty() {
+        if self.host.is_some()
+            || !self.copies.is_empty()
+            || !self.inflight.is_empty()
+            || self.on_disk.is_some()
+        {
             return refuse("expected a buffer that holds no memory yet".into());
         }
         if self.pinned && !block.is_pinned() {
@@ -486,6 +505,10 @@ impl RawBuffer {
         // A transfer that failed unobserved: recorded on the buffer's device, not lost.
         let finished = self.finish();
         self.home.record_deferred(finished);
+        if self.on_disk.take().is_some() {
+            // The spilled bytes no longer matter, and their block is gone: no host memory.
+            self.coherence.forget(Location::Host);
+        }
         self.coherence.invalidate();
         (self.direct_read, self.host_sync_pays) = (false, false);
     }
@@ -595,6 +618,7 @@ impl RawBuffer {
 
     #[inline(always)]
     fn access_unobserved(&mut self, at: Location, device: Option<&Device>, access: Access) -> Result<()> {
+        self.reload_from_disk()?;
         let plan = self.plan(at, device, access);
         // The blocking calls' fast path: no transfer in flight, nothing to settle. Settling
         // the transfers the access depends on changes no state when they succeed (a transfer

@@ -28,6 +28,8 @@ pub(super) const SYNC_TO_HOST: Cause = Cause::sync("sync_to_host");
 pub(super) const SYNC_TO_DEVICE_ASYNC: Cause = Cause::sync("sync_to_device_async");
 pub(super) const SYNC_TO_HOST_ASYNC: Cause = Cause::sync("sync_to_host_async");
 pub(super) const READ_INTO: Cause = Cause::sync("read_into");
+/// A spill's write-back of an evicted device copy: a copy the library decided on.
+pub(super) const EVICT: Cause = Cause { call: "evict", reason: observe::Reason::Eviction };
 
 thread_local! {
     /// The cause of the plan this thread is executing, and the buffer's state before it (for

@@ -1,0 +1,181 @@
+//! Spilling from Python: `lazybuf.set_memory_limit`, `get_memory_limit`, `memory_held`,
+//! `spill_stats`, `reset_spill_stats`, and what makes a Python buffer evictable.
+//!
+//! Every buffer's memory ([`Storage`]) registers with the core's eviction registry when it is
+//! made (`Storage::new`); a buffer that opted out (`spillable=False`) is skipped. Eviction only tries a
+//! storage's lock, never waits for it (see [`lazybuf::spill::registry`]), so it cannot
+//! deadlock against a Python thread, with or without the GIL.
+//!
+//! **Exposure.** Once a device handle of a buffer has left its lock (`.device`,
+//! `.device_writable`, DLPack and CUDA Array Interface exports, device frames), an object
+//! lazybuf does not track may use that memory, so the buffer's device copies are never
+//! evicted again for the life of that memory (until the buffer is released or freed). The
+//! flag is set while the lock is held, before the handle is returned, so no eviction can slip
+//! between the two.
+//!
+//! The same goes for host addresses and the disk tier: once a host address has left the lock
+//! (`.host`, `.host_readonly`, the buffer protocol, `__array_interface__`, host DLPack), the
+//! buffer's host copy is never written to disk again for the life of that memory.
+//!
+//! What does not live here: the budget and eviction ([`lazybuf::spill`]).
+
+use lazybuf::spill::{self, Evictable, Evicted};
+use lazybuf::{Device, Result};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyString};
+
+use crate::errors::OrPyErr;
+use crate::spill_state::SpillState;
+use crate::views::Storage;
+
+impl Evictable for Storage {
+    fn last_use(&self) -> u64 {
+        self.spill().last_use()
+    }
+
+    fn try_evict(&self, device: &Device) -> Option<Result<Option<Evicted>>> {
+        let state = self.spill();
+        if !state.spillable() || state.exposed() {
+            return None;
+        }
+        let mut raw = self.try_lock_raw()?;
+        // Exposure is recorded under the lock: checked again now that it is held.
+        if state.exposed() {
+            return None;
+        }
+        Some(raw.evict_device_copy(device))
+    }
+
+    fn try_spill_host(&self) -> Option<Result<Option<usize>>> {
+        let state = self.spill();
+        // A device handle on the host device is the host block too.
+        let exposed = |s: &SpillState| s.exposed() || s.host_exposed();
+        if !state.spillable() || exposed(state) {
+            return None;
+        }
+        let mut raw = self.try_lock_raw()?;
+        if exposed(state) {
+            return None;
+        }
+        Some(raw.spill_host_to_disk())
+    }
+}
+
+/// A byte count from Python: a non-negative int, or a size string such as "512MiB".
+fn byte_count(nbytes: &Bound<'_, PyAny>) -> PyResult<u64> {
+    if let Ok(text) = nbytes.cast::<PyString>() {
+        return spill::parse_size(text.to_str()?).map_err(|err| PyValueError::new_err(err.to_string()));
+    }
+    if nbytes.is_instance_of::<pyo3::types::PyBool>() {
+        return Err(PyTypeError::new_err(
+            "nbytes must be an int, a size string such as \"512MiB\", or None; got a bool",
+        ));
+    }
+    let value: i128 = nbytes.extract().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "nbytes must be an int, a size string such as \"512MiB\", or None; got {}",
+            nbytes.get_type().name().map_or_else(|_| "an object".into(), |n| n.to_string())
+        ))
+    })?;
+    u64::try_from(value).map_err(|_| {
+        PyValueError::new_err(format!(
+            "nbytes must be a non-negative number of bytes below 2**64, got {value}"
+        ))
+    })
+}
+
+/// Sets the memory limit of `device` (a `lazybuf.Device` or a selector such as "cuda:0") to
+/// `nbytes` (an int, or a size string such as "512MiB"); `None` removes it. Above the limit,
+/// lazybuf evicts the least recently used device copies of buffers not in use before it
+/// allocates.
+#[pyfunction]
+#[pyo3(signature = (device, nbytes))]
+pub(crate) fn set_memory_limit(device: &Bound<'_, PyAny>, nbytes: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+    let device = crate::accelerator::device_arg(Some(device))?;
+    let limit = nbytes.filter(|n| !n.is_none()).map(byte_count).transpose()?;
+    spill::set_memory_limit(&device, limit);
+    Ok(())
+}
+
+/// The memory limit of `device` in bytes, or `None`. Raises `ValueError` when
+/// `LAZYBUF_MEMORY_LIMIT` is malformed.
+#[pyfunction]
+pub(crate) fn get_memory_limit(device: &Bound<'_, PyAny>) -> PyResult<Option<u64>> {
+    let device = crate::accelerator::device_arg(Some(device))?;
+    spill::memory_limit(&device).or_py()
+}
+
+/// The bytes of device memory lazybuf holds on `device` (what the limit is checked against).
+#[pyfunction]
+pub(crate) fn memory_held(device: &Bound<'_, PyAny>) -> PyResult<u64> {
+    Ok(spill::memory_held(&crate::accelerator::device_arg(Some(device))?))
+}
+
+/// What spilling did on `device`, as a dict: evictions, clean_evictions (those that moved no
+/// byte), bytes_written_back, bytes_read_back, spill_requests, spill_failures, seconds.
+#[pyfunction]
+pub(crate) fn spill_stats<'py>(py: Python<'py>, device: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
+    let stats = spill::spill_stats(&crate::accelerator::device_arg(Some(device))?);
+    let dict = PyDict::new(py);
+    dict.set_item("evictions", stats.evictions)?;
+    dict.set_item("clean_evictions", stats.clean_evictions)?;
+    dict.set_item("bytes_written_back", stats.bytes_written_back)?;
+    dict.set_item("bytes_read_back", stats.bytes_read_back)?;
+    dict.set_item("bytes_to_disk", stats.bytes_to_disk)?;
+    dict.set_item("bytes_from_disk", stats.bytes_from_disk)?;
+    dict.set_item("spill_requests", stats.spill_requests)?;
+    dict.set_item("spill_failures", stats.spill_failures)?;
+    dict.set_item("seconds", stats.seconds)?;
+    Ok(dict)
+}
+
+/// Sets the spill counters of `device` to zero.
+#[pyfunction]
+pub(crate) fn reset_spill_stats(device: &Bound<'_, PyAny>) -> PyResult<()> {
+    spill::reset_spill_stats(&crate::accelerator::device_arg(Some(device))?);
+    Ok(())
+}
+
+/// Sets the host memory limit to `nbytes` (an int, or a size string such as "8GiB"); `None`
+/// removes it. Above it, lazybuf writes host copies that are a buffer's only data to spill
+/// files (`LAZYBUF_SPILL_DIR`) before it allocates more host memory.
+#[pyfunction]
+#[pyo3(signature = (nbytes))]
+pub(crate) fn set_host_memory_limit(nbytes: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+    let limit = nbytes.filter(|n| !n.is_none()).map(byte_count).transpose()?;
+    spill::set_host_memory_limit(limit);
+    Ok(())
+}
+
+/// The host memory limit in bytes, or `None`.
+#[pyfunction]
+pub(crate) fn get_host_memory_limit() -> Option<u64> {
+    spill::host_memory_limit()
+}
+
+/// The bytes of host memory lazybuf holds (what the host limit is checked against).
+#[pyfunction]
+pub(crate) fn host_memory_held() -> u64 {
+    spill::host_memory_held()
+}
+
+/// Removes the spill files this process still has (at interpreter exit).
+#[pyfunction]
+pub(crate) fn _remove_spill_files() -> usize {
+    spill::disk::remove_spill_files()
+}
+
+/// Adds the functions to the module.
+pub(crate) fn add(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(set_memory_limit, m)?)?;
+    m.add_function(wrap_pyfunction!(get_memory_limit, m)?)?;
+    m.add_function(wrap_pyfunction!(memory_held, m)?)?;
+    m.add_function(wrap_pyfunction!(spill_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(reset_spill_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(set_host_memory_limit, m)?)?;
+    m.add_function(wrap_pyfunction!(get_host_memory_limit, m)?)?;
+    m.add_function(wrap_pyfunction!(host_memory_held, m)?)?;
+    m.add_function(wrap_pyfunction!(_remove_spill_files, m)?)?;
+    Ok(())
+}

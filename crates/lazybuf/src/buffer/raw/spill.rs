@@ -1,0 +1,135 @@
+//! Eviction of one device copy, for spilling under a memory budget ([`crate::spill`]).
+//!
+//! A copy that is stale, or equal to a current copy elsewhere, is freed moving no byte; a
+//! copy that holds the only current data is first downloaded to the host (the same blocking
+//! host read any access makes, through the backend's pinned staging where it has one), and
+//! freed only once that succeeded. States follow the contract: SYNCHRONIZED and HOST_DIRTY
+//! become HOST_ONLY at once, DEVICE_ONLY and DEVICE_DIRTY become HOST_ONLY after the
+//! write-back; the next device access allocates and uploads again.
+//!
+//! The disk tier: a host copy that is the only current data (no device copy at all) can be
+//! written to a spill file and its block freed ([`RawBuffer::spill_host_to_disk`]); the state
+//! stays HOST_ONLY, and every access first reads the file back into a new host block
+//! ([`RawBuffer::reload_from_disk`]), failing with nothing changed when it cannot.
+
+use super::RawBuffer;
+use super::execute::{give_back, give_back_host};
+use crate::backend::Ticket;
+use crate::coherence::DeviceId;
+use crate::coherence::{Access, Location, Residency};
+use crate::device::Device;
+use crate::error::Result;
+use crate::spill::disk::SpillFile;
+use crate::spill::{Evicted, EvictionPolicy};
+
+impl RawBuffer {
+    /// Frees this buffer's copy on `device`, writing it back to the host first when it holds
+    /// the only current data. `Ok(None)` when there is nothing to free: no copy there, a copy
+    /// that aliases the host block (it holds no device memory), or a transfer in flight (the
+    /// buffer is in use). A failed write-back returns its error and changes nothing: the copy,
+    /// the state and every valid byte stay as they were.
+    pub fn evict_device_copy(&mut self, device: &Device) -> Result<Option<Evicted>> {
+        let Some(index) = self.copy_index(device.id()) else {
+            return Ok(None);
+        };
+        if self.copies[index].memory.is_host_alias() || !self.inflight.is_empty() {
+            return Ok(None);
+        }
+        let at = Location::Device(device.id());
+        let only_current = self.coherence.residency(at) == Residency::Valid
+            && !self.coherence.locations().any(|(loc, r)| loc != at && r == Residency::Valid);
+        let mut written_back = 0;
+        if only_current {
+            // A blocking host read: on failure it frees what it allocated and commits nothing.
+            self.access(Location::Host, None, Access::Read, &super::observed::EVICT)?;
+            written_back = self.nbytes;
+        } else if self.coherence.residency(at) == Residency::Valid
+            && self.coherence.residency(Location::Host) == Residency::Valid
+            && crate::spill::eviction_policy() == EvictionPolicy::WriteBackAlways
+        {
+            // The benchmarks' blind spiller: the same download, although the host is current.
+            self.coherence.mark_stale(Location::Host);
+            if let Err(err) = self.access(Location::Host, None, Access::Read, &super::observed::EVICT) {
+                self.coherence.restore(Location::Host, Residency::Valid);
+                return Err(err);
+            }
+            written_back = self.nbytes;
+        }
+        let index = self.copy_index(device.id()).expect("a write-back keeps the device copy");
+        let copy = self.copies.remove(index);
+        let freed = copy.memory.len();
+        self.coherence.forget(at);
+        give_back(&*self.resource, copy);
+        if !self.evicted_from.contains(&device.id()) {
+            self.evicted_from.push(device.id());
+        }
+        Ok(Some(Evicted { freed, written_back }))
+    }
+
+    /// Counts an upload of `bytes` to device `id` as a reload when that device's copy was
+    /// evicted before ([`crate::spill::SpillStats::bytes_read_back`]).
+    pub(super) fn count_reload(&mut self, id: DeviceId, bytes: usize) {
+        if let Some(i) = self.evicted_from.iter().position(|&d| d == id) {
+            self.evicted_from.swap_remove(i);
+            let device = self.copies.iter().find(|c| c.device.id() == id).map(|c| c.device.clone());
+            if let Some(device) = device {
+                crate::spill::stats::update(&device, |s| s.bytes_read_back += bytes as u64);
+            }
+        }
+    }
+
+    /// Writes the host copy to a spill file and frees its block, when the host copy is the
+    /// buffer's only data: valid, with no device copy (of any kind) and no transfer in flight,
+    /// not pinned (pinned memory is never written to disk behind the user's back) and not
+    /// adopted from another owner. Returns the bytes written, `Ok(None)` when the buffer does
+    /// not qualify (or holds no byte). A failed write changes nothing.
+    pub fn spill_host_to_disk(&mut self) -> Result<Option<usize>> {
+        let qualifies = self.nbytes > 0
+            && self.on_disk.is_none()
+            && self.copies.is_empty()
+            && self.inflight.is_empty()
+            && self.coherence.residency(Location::Host) == Residency::Valid
+            && self.host.as_ref().is_some_and(|h| !h.is_pinned() && !h.is_adopted());
+        if !qualifies {
+            return Ok(None);
+        }
+        let host = self.host.as_ref().expect("a valid host copy has a block");
+        let file = SpillFile::write(&host.as_slice()[..self.nbytes])?;
+        let block = self.host.take().expect("checked above");
+        give_back_host(&*self.resource, &self.home, block, Ticket::done());
+        self.on_disk = Some(file);
+        crate::spill::stats::update(&self.home, |s| s.bytes_to_disk += self.nbytes as u64);
+        Ok(Some(self.nbytes))
+    }
+
+    /// Whether the host copy is in a spill file now.
+    pub fn is_on_disk(&self) -> bool {
+        self.on_disk.is_some()
+    }
+
+    /// Reads a host copy spilled to disk back into a new host block (the file is removed);
+    /// nothing to do otherwise. On failure the buffer keeps its spill file and its state.
+    pub(super) fn reload_from_disk(&mut self) -> Result<()> {
+        let Some(file) = self.on_disk.as_ref() else {
+            return Ok(());
+        };
+        let mut block = self.resource.allocate_host(&self.home, self.nbytes, self.pinned)?;
+        let read = match block.len() < self.nbytes {
+            true => Err(crate::Error::LengthMismatch {
+                operation: "read back from disk",
+                expected: self.nbytes,
+                actual: block.len(),
+            }),
+            false => file.read_into(&mut block.as_mut_slice()[..self.nbytes]),
+        };
+        if let Err(err) = read {
+            self.resource.deallocate_host(&self.home, block, Ticket::done());
+            return Err(err);
+        }
+        block.mark_written();
+        self.host = Some(block);
+        self.on_disk = None;
+        crate::spill::stats::update(&self.home, |s| s.bytes_from_disk += self.nbytes as u64);
+        Ok(())
+    }
+}

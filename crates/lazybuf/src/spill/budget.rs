@@ -1,0 +1,292 @@
+//! Per-device memory budgets: the limit set for a device, and the bytes of device memory
+//! lazybuf holds on it.
+//!
+//! Every block of device memory ([`crate::MemoryKind::Device`] and
+//! [`crate::MemoryKind::Shared`]) that [`crate::DirectResource`] takes from a backend is
+//! charged to its device's ledger and released when it goes back: buffers' device copies,
+//! blocks a pool keeps cached, memory objects and `DeviceBuffer`s all count. Zero-copy device
+//! copies (aliases of a host block) hold no device memory and count nothing.
+//!
+//! A limit comes from [`set_memory_limit`] or, for devices no call has set, from the
+//! environment variable [`MEMORY_LIMIT_ENV`] (`cuda:0=8GiB,opencl:0=512MiB`), read once.
+//!
+//! What does not live here: making room under a limit (`spill::eviction`).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+
+use crate::coherence::DeviceId;
+use crate::device::Device;
+use crate::error::{Error, Result};
+
+/// The environment variable that sets budgets: comma-separated `SELECTOR=SIZE` pairs, where
+/// SELECTOR is a device selector ([`crate::select_device`]) and SIZE a byte count with an
+/// optional unit (`B`, `KB`, `MB`, `GB`, `TB`, `KiB`, `MiB`, `GiB`, `TiB`).
+pub const MEMORY_LIMIT_ENV: &str = "LAZYBUF_MEMORY_LIMIT";
+
+/// No limit.
+const UNLIMITED: u64 = u64::MAX;
+
+/// One device's budget and the device memory lazybuf holds on it.
+#[derive(Debug)]
+pub(crate) struct Ledger {
+    /// The limit in bytes; [`UNLIMITED`] for none.
+    limit: AtomicU64,
+    /// Bytes of device memory held (buffers, cached blocks, memory objects).
+    used: AtomicU64,
+}
+
+impl Ledger {
+    /// The limit, `None` for none.
+    pub(crate) fn limit(&self) -> Option<u64> {
+        Some(self.limit.load(Ordering::Relaxed)).filter(|&l| l != UNLIMITED)
+    }
+
+    /// The bytes held now.
+    pub(crate) fn used(&self) -> u64 {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    /// Charges `bytes` whether or not they fit (a block larger than asked for).
+    pub(crate) fn try_charge_unchecked(&self, bytes: usize) {
+        self.used.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
+    /// Charges `bytes` if they fit under the limit (checked and charged in one step, so
+    /// racing allocations cannot pass the limit together); returns whether they did.
+    pub(crate) fn try_charge(&self, bytes: usize) -> bool {
+        let limit = self.limit.load(Ordering::Relaxed);
+        self.used
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
+                used.checked_add(bytes as u64).filter(|&total| total <= limit)
+            })
+            .is_ok()
+    }
+}
+
+fn ledgers() -> &'static Mutex<HashMap<DeviceId, Arc<Ledger>>> {
+    static LEDGERS: OnceLock<Mutex<HashMap<DeviceId, Arc<Ledger>>>> = OnceLock::new();
+    LEDGERS.get_or_init(Mutex::default)
+}
+
+/// The ledger of `device`, made at the first call (with the environment's limit for it, if
+/// any: one the environment names but cannot be matched is left unset; [`memory_limit`]
+/// reports the environment's errors).
+pub(crate) fn ledger(device: &Device) -> Arc<Ledger> {
+    if let Some(ledger) = ledgers().lock().unwrap_or_else(PoisonError::into_inner).get(&device.id()) {
+        return Arc::clone(ledger);
+    }
+    // Resolving the environment's selectors opens the device registry: not under the lock.
+    let from_env = env_limit_for(device).ok().flatten().unwrap_or(UNLIMITED);
+    let mut ledgers = ledgers().lock().unwrap_or_else(PoisonError::into_inner);
+    let ledger = ledgers
+        .entry(device.id())
+        .or_insert_with(|| Arc::new(Ledger { limit: AtomicU64::new(from_env), used: AtomicU64::new(0) }));
+    Arc::clone(ledger)
+}
+
+/// The host's ledger: host blocks lazybuf takes from backends (buffers' host copies, cached
+/// host blocks, pinned memory), against the host memory limit.
+pub(crate) fn host_ledger() -> &'static Ledger {
+    static HOST: Ledger = Ledger { limit: AtomicU64::new(UNLIMITED), used: AtomicU64::new(0) };
+    &HOST
+}
+
+/// Sets (`Some`) or clears (`None`) the host memory limit in bytes: above it, lazybuf writes
+/// host copies that hold the only current data of shared buffers to spill files
+/// ([`crate::spill::disk`]) before it allocates more host memory.
+pub fn set_host_memory_limit(limit: Option<u64>) {
+    host_ledger().limit.store(limit.unwrap_or(UNLIMITED), Ordering::Relaxed);
+}
+
+/// The host memory limit (`None`: no limit).
+pub fn host_memory_limit() -> Option<u64> {
+    host_ledger().limit()
+}
+
+/// The bytes of host memory lazybuf holds (what the host limit is checked against).
+pub fn host_memory_held() -> u64 {
+    host_ledger().used()
+}
+
+/// Counts `bytes` of host memory given back.
+pub(crate) fn release_host(bytes: usize) {
+    let ledger = host_ledger();
+    let _ = ledger
+        .used
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| Some(u.saturating_sub(bytes as u64)));
+}
+
+/// Counts `bytes` of device memory taken on `device`.
+pub(crate) fn charge(device: &Device, bytes: usize) {
+    ledger(device).used.fetch_add(bytes as u64, Ordering::Relaxed);
+}
+
+/// Counts `bytes` of device memory given back on `device`.
+pub(crate) fn release(device: &Device, bytes: usize) {
+    let ledger = ledger(device);
+    // Never below zero, whatever the order of racing calls.
+    let _ = ledger
+        .used
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| Some(u.saturating_sub(bytes as u64)));
+}
+
+/// Sets (`Some`) or clears (`None`) the memory limit of `device`, in bytes. Above it, lazybuf
+/// evicts device copies before it allocates (see [`crate::spill`]); a limit below what is held
+/// now takes effect at the next allocation. Overrides the environment's limit for `device`.
+///
+/// ```
+/// let host = lazybuf::Device::host();
+/// lazybuf::spill::set_memory_limit(&host, Some(1 << 30));
+/// assert_eq!(lazybuf::spill::memory_limit(&host)?, Some(1 << 30));
+/// lazybuf::spill::set_memory_limit(&host, None);
+/// assert_eq!(lazybuf::spill::memory_limit(&host)?, None);
+/// # Ok::<(), lazybuf::Error>(())
+/// ```
+pub fn set_memory_limit(device: &Device, limit: Option<u64>) {
+    ledger(device).limit.store(limit.unwrap_or(UNLIMITED), Ordering::Relaxed);
+}
+
+/// The memory limit of `device` (`None`: no limit). An error when [`MEMORY_LIMIT_ENV`] is set
+/// but malformed, or names a device that does not exist.
+pub fn memory_limit(device: &Device) -> Result<Option<u64>> {
+    env_limits()?;
+    Ok(ledger(device).limit())
+}
+
+/// The bytes of device memory lazybuf holds on `device` now: device copies, cached pool
+/// blocks, memory objects (what a limit is checked against).
+pub fn memory_held(device: &Device) -> u64 {
+    ledger(device).used()
+}
+
+/// The environment's limits, parsed and resolved to devices once: an error when the variable
+/// is malformed or names a device that does not exist.
+pub(crate) fn env_limits() -> Result<&'static [(Device, u64)]> {
+    static RESOLVED: OnceLock<Result<Vec<(Device, u64)>>> = OnceLock::new();
+    let resolved = RESOLVED.get_or_init(|| {
+        let text = std::env::var(MEMORY_LIMIT_ENV).unwrap_or_default();
+        parse_memory_limits(&text)?
+            .into_iter()
+            .map(|(selector, limit)| match crate::discovery::select_device(&selector) {
+                Ok(device) => Ok((device, limit)),
+                Err(err) => Err(Error::invalid(
+                    "LAZYBUF_MEMORY_LIMIT",
+                    format!(
+                        "expected SELECTOR=SIZE pairs naming existing devices; {selector:?} names none: {err}"
+                    ),
+                )),
+            })
+            .collect()
+    });
+    resolved.as_deref().map_err(Error::clone)
+}
+
+/// The environment's limit for `device`, if it names it.
+fn env_limit_for(device: &Device) -> Result<Option<u64>> {
+    Ok(env_limits()?.iter().find(|(named, _)| named == device).map(|&(_, limit)| limit))
+}
+
+/// Parses [`MEMORY_LIMIT_ENV`]'s syntax: comma-separated `SELECTOR=SIZE` pairs (empty text:
+/// none). The selectors are not resolved here.
+///
+/// ```
+/// let limits = lazybuf::spill::parse_memory_limits("cuda:0=8GiB, opencl:0=512MiB")?;
+/// assert_eq!(limits, [("cuda:0".to_string(), 8 << 30), ("opencl:0".to_string(), 512 << 20)]);
+/// assert!(lazybuf::spill::parse_memory_limits("cuda:0=lots").is_err());
+/// # Ok::<(), lazybuf::Error>(())
+/// ```
+pub fn parse_memory_limits(text: &str) -> Result<Vec<(String, u64)>> {
+    let bad = |why: String| Error::invalid("LAZYBUF_MEMORY_LIMIT", why);
+    let mut limits = Vec::new();
+    for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let Some((selector, size)) = pair.split_once('=') else {
+            return Err(bad(format!("expected SELECTOR=SIZE (like cuda:0=8GiB), got {pair:?}")));
+        };
+        let selector = selector.trim();
+        if selector.is_empty() {
+            return Err(bad(format!("expected a device selector before '=' (like cuda:0), got {pair:?}")));
+        }
+        limits.push((selector.to_ascii_lowercase(), parse_size(size)?));
+    }
+    Ok(limits)
+}
+
+/// Parses a byte count with an optional unit: `512`, `512B`, `1.5GB`, `8GiB`.
+pub fn parse_size(text: &str) -> Result<u64> {
+    let text = text.trim();
+    let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(text.len());
+    let (number, unit) = (&text[..split], text[split..].trim());
+    let scale: u64 = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        "kib" => 1 << 10,
+        "mib" => 1 << 20,
+        "gib" => 1 << 30,
+        "tib" => 1 << 40,
+        _ => {
+            return Err(Error::invalid(
+                "LAZYBUF_MEMORY_LIMIT",
+                format!(
+                    "expected a size unit B, KB, MB, GB, TB, KiB, MiB, GiB or TiB, got {unit:?} in {text:?}"
+                ),
+            ));
+        }
+    };
+    let value: f64 = number.parse().ok().filter(|v: &f64| v.is_finite() && *v >= 0.0).ok_or_else(|| {
+        Error::invalid(
+            "LAZYBUF_MEMORY_LIMIT",
+            format!("expected a non-negative number of bytes (like 512MiB), got {text:?}"),
+        )
+    })?;
+    let bytes = value * scale as f64;
+    if bytes >= u64::MAX as f64 {
+        return Err(Error::invalid(
+            "LAZYBUF_MEMORY_LIMIT",
+            format!("expected a size below 16 EiB, got {text:?}"),
+        ));
+    }
+    Ok(bytes as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_units() {
+        assert_eq!(parse_size("512").unwrap(), 512);
+        assert_eq!(parse_size(" 2KiB ").unwrap(), 2048);
+        assert_eq!(parse_size("1.5GB").unwrap(), 1_500_000_000);
+        assert_eq!(parse_size("8gib").unwrap(), 8 << 30);
+        assert_eq!(parse_size("0").unwrap(), 0);
+    }
+
+    #[test]
+    fn bad_sizes_say_what_was_expected() {
+        for (text, expected) in [
+            ("lots", "expected a size unit"),
+            ("", "expected a non-negative number"),
+            ("-1MiB", "expected a size unit"),
+            ("1..2GB", "expected a non-negative number"),
+            ("99999999TiB", "below 16 EiB"),
+        ] {
+            let err = parse_size(text).unwrap_err().to_string();
+            assert!(err.contains(expected) && err.contains("LAZYBUF_MEMORY_LIMIT"), "{text:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn pairs_parse_and_bad_pairs_are_named() {
+        assert_eq!(parse_memory_limits("").unwrap(), []);
+        assert_eq!(parse_memory_limits("HOST=1KiB,").unwrap(), [("host".to_string(), 1024)]);
+        let err = parse_memory_limits("cuda:0").unwrap_err().to_string();
+        assert!(err.contains("expected SELECTOR=SIZE"), "{err}");
+        let err = parse_memory_limits("=5").unwrap_err().to_string();
+        assert!(err.contains("expected a device selector"), "{err}");
+    }
+}

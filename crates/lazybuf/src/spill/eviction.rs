@@ -1,0 +1,230 @@
+//! Making room: what happens before lazybuf takes memory from a backend.
+//!
+//! [`allocate_within_budget`] wraps every device allocation of [`crate::DirectResource`]:
+//!
+//! 1. **Under a limit** ([`super::set_memory_limit`]): when the request does not fit, the
+//!    device's cached pool blocks and backend staging are trimmed first; then device copies of
+//!    registered buffers are evicted, least recently used first, trimming again after each
+//!    (an evicted copy's memory goes back to its buffer's resource, often the pool), until the
+//!    request fits. If nothing more can be evicted, the allocation fails with
+//!    [`Error::OutOfMemory`] naming the limit, and nothing was lost.
+//! 2. **Without a limit**, when the backend reports out-of-memory: the same trimming and
+//!    eviction until the request's bytes were freed, then the allocation is tried once more.
+//! 3. **Without either**, nothing here runs but the counting of held bytes.
+//!
+//! [`allocate_host_within_budget`] wraps its host allocations: under a host limit
+//! ([`super::set_host_memory_limit`]) it trims the caches, then writes the host copies of least
+//! recently used shared buffers to spill files ([`super::disk`]) until the request fits.
+//!
+//! Eviction never waits for a buffer's lock ([`super::registry`]), so a thread that allocates
+//! while it holds its own buffer's lock (every buffer access does) cannot deadlock against
+//! another one doing the same.
+//!
+//! What does not live here: the eviction of one copy ([`crate::RawBuffer::evict_device_copy`]).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use super::budget::{self, Ledger};
+use super::registry;
+use super::stats;
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::resource::Block;
+
+/// How an evicted copy that is *not* the only current one is treated.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum EvictionPolicy {
+    /// Freed moving no byte (the default; what lazybuf's knowledge of copies buys).
+    #[default]
+    CoherenceAware,
+    /// Downloaded to the host before it is freed, as a spiller that does not know which copy
+    /// is current must do. For benchmarks that measure what coherence-aware eviction saves;
+    /// never useful otherwise.
+    WriteBackAlways,
+}
+
+static WRITE_BACK_ALWAYS: AtomicBool = AtomicBool::new(false);
+
+/// Sets the process-wide eviction policy (see [`EvictionPolicy`]: for benchmarks only).
+pub fn set_eviction_policy(policy: EvictionPolicy) {
+    WRITE_BACK_ALWAYS.store(policy == EvictionPolicy::WriteBackAlways, Ordering::Relaxed);
+}
+
+/// The process-wide eviction policy.
+pub fn eviction_policy() -> EvictionPolicy {
+    if WRITE_BACK_ALWAYS.load(Ordering::Relaxed) {
+        EvictionPolicy::WriteBackAlways
+    } else {
+        EvictionPolicy::CoherenceAware
+    }
+}
+
+/// Takes `bytes` of device memory from `allocate` under `device`'s budget, making room first
+/// where a limit needs it, and making room and retrying once where the backend reports
+/// out-of-memory. The memory handed out is charged to the device until
+/// [`super::budget::release`] gives it back.
+pub(crate) fn allocate_within_budget(
+    device: &Device,
+    bytes: usize,
+    allocate: impl Fn() -> Result<Block>,
+) -> Result<Block> {
+    budget::env_limits()?;
+    let ledger = budget::ledger(device);
+    reserve(device, &ledger, bytes)?;
+    let result = allocate().or_else(|err| {
+        if !err.is_out_of_memory() {
+            return Err(err);
+        }
+        // Memory given back to the backend (by trims, and by evictions through them).
+        let before = ledger.used();
+        let freed = || before.saturating_sub(ledger.used());
+        let (_, failure) = make_room(device, || freed() >= bytes as u64);
+        if freed() == 0 {
+            // Nothing could be freed: the runtime's error stands (a write-back that failed on
+            // the way is recorded on the device).
+            if let Some(failure) = failure {
+                device.record_deferred_error(failure);
+            }
+            return Err(err);
+        }
+        allocate()
+    });
+    match &result {
+        Ok(memory) if memory.len() != bytes => {
+            budget::release(device, bytes);
+            budget::charge(device, memory.len());
+        }
+        Ok(_) => {}
+        Err(_) => budget::release(device, bytes),
+    }
+    result
+}
+
+/// Charges `bytes` to `ledger`, evicting until they fit under its limit.
+fn reserve(device: &Device, ledger: &Ledger, bytes: usize) -> Result<()> {
+    if ledger.try_charge(bytes) {
+        return Ok(());
+    }
+    let (fits, failure) = make_room(device, || ledger.try_charge(bytes));
+    if fits {
+        return Ok(());
+    }
+    stats::update(device, |s| s.spill_failures += 1);
+    if let Some(failure) = failure {
+        // A write-back that failed: the buffer kept its copy, and its error explains the refusal.
+        return Err(failure);
+    }
+    let limit = ledger.limit().unwrap_or(u64::MAX);
+    Err(Error::OutOfMemory {
+        device: format!(
+            "{device} (its memory limit is {limit} bytes; {} are held and nothing more can be evicted: \
+             the other device copies are in use, not spillable, or memory objects)",
+            ledger.used()
+        ),
+        requested: bytes,
+        code: None,
+    })
+}
+
+/// Trims the device's caches, then evicts least recently used copies on `device`, asking
+/// `enough` after the trim and after each eviction, until it says so. Returns whether it did,
+/// and the first write-back failure met on the way.
+fn make_room(device: &Device, mut enough: impl FnMut() -> bool) -> (bool, Option<Error>) {
+    let start = Instant::now();
+    stats::update(device, |s| s.spill_requests += 1);
+    trim(device);
+    let mut done = enough();
+    let mut failure = None;
+    if !done {
+        for candidate in registry::candidates() {
+            match candidate.try_evict(device) {
+                None | Some(Ok(None)) => continue,
+                Some(Err(err)) => {
+                    failure.get_or_insert(err);
+                }
+                Some(Ok(Some(evicted))) => {
+                    stats::update(device, |s| {
+                        s.evictions += 1;
+                        s.clean_evictions += u64::from(evicted.written_back == 0);
+                        s.bytes_written_back += evicted.written_back as u64;
+                    });
+                    trim(device);
+                    if enough() {
+                        done = true;
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    stats::add_time(device, start.elapsed());
+    (done, failure)
+}
+
+/// Gives the device's cached memory back: its default pool's blocks and the backend's
+/// staging memory.
+fn trim(device: &Device) {
+    crate::resource::default_memory_pool(device).trim();
+    device.trim();
+}
+
+/// Takes a host block of `bytes` from `allocate` under the host memory limit, first writing
+/// the host copies of least recently used shared buffers to spill files where the limit needs
+/// room (after trimming the caches). The block is charged to the host until
+/// [`super::budget::release_host`] gives it back.
+pub(crate) fn allocate_host_within_budget(
+    bytes: usize,
+    allocate: impl Fn() -> Result<Block>,
+) -> Result<Block> {
+    let ledger = budget::host_ledger();
+    if !ledger.try_charge(bytes) {
+        let start = Instant::now();
+        crate::resource::trim();
+        let mut fits = ledger.try_charge(bytes);
+        let mut failure = None;
+        if !fits {
+            for candidate in registry::candidates() {
+                match candidate.try_spill_host() {
+                    None | Some(Ok(None)) => continue,
+                    Some(Err(err)) => {
+                        failure.get_or_insert(err);
+                    }
+                    Some(Ok(Some(_))) => {
+                        crate::resource::trim();
+                        if ledger.try_charge(bytes) {
+                            fits = true;
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        stats::add_time(&Device::host(), start.elapsed());
+        if !fits {
+            if let Some(failure) = failure {
+                return Err(failure);
+            }
+            let limit = ledger.limit().unwrap_or(u64::MAX);
+            return Err(Error::OutOfMemory {
+                device: format!(
+                    "the host (its memory limit is {limit} bytes; {} are held and no more host copies can be \
+                     written to disk: the others are in use, pinned, not the only current copy, or not shared)",
+                    ledger.used()
+                ),
+                requested: bytes,
+                code: None,
+            });
+        }
+    }
+    let result = allocate();
+    match &result {
+        Ok(block) if block.len() != bytes => {
+            budget::release_host(bytes);
+            ledger.try_charge_unchecked(block.len());
+        }
+        Ok(_) => {}
+        Err(_) => budget::release_host(bytes),
+    }
+    result
+}

@@ -1,0 +1,60 @@
+//! Spill counters per device: what eviction did, and what it cost.
+//!
+//! What does not live here: the eviction itself (`spill::eviction`).
+
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock, PoisonError};
+use std::time::Duration;
+
+use crate::coherence::DeviceId;
+use crate::device::Device;
+
+/// What spilling did on one device since the process started (or the last
+/// [`reset_spill_stats`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SpillStats {
+    /// Device copies evicted.
+    pub evictions: u64,
+    /// Evictions that moved no byte: the copy was stale, or equal to a current copy elsewhere.
+    pub clean_evictions: u64,
+    /// Bytes downloaded because an evicted copy held the only current data.
+    pub bytes_written_back: u64,
+    /// Bytes uploaded again to this device for buffers evicted from it (counted when the
+    /// upload is enqueued).
+    pub bytes_read_back: u64,
+    /// Bytes of this device's buffers' host copies written to spill files (the disk tier).
+    pub bytes_to_disk: u64,
+    /// Bytes of this device's buffers read back from spill files.
+    pub bytes_from_disk: u64,
+    /// Times a budget or an out-of-memory report made lazybuf look for memory to free.
+    pub spill_requests: u64,
+    /// Times it could not free enough (the allocation then failed).
+    pub spill_failures: u64,
+    /// Wall time spent making room (trimming, write-backs, frees), in seconds.
+    pub seconds: f64,
+}
+
+fn table() -> &'static Mutex<HashMap<DeviceId, SpillStats>> {
+    static TABLE: OnceLock<Mutex<HashMap<DeviceId, SpillStats>>> = OnceLock::new();
+    TABLE.get_or_init(Mutex::default)
+}
+
+/// Applies `change` to `device`'s counters.
+pub(crate) fn update(device: &Device, change: impl FnOnce(&mut SpillStats)) {
+    change(table().lock().unwrap_or_else(PoisonError::into_inner).entry(device.id()).or_default());
+}
+
+/// Counts `elapsed` time spent making room on `device`.
+pub(crate) fn add_time(device: &Device, elapsed: Duration) {
+    update(device, |s| s.seconds += elapsed.as_secs_f64());
+}
+
+/// The spill counters of `device`.
+pub fn spill_stats(device: &Device) -> SpillStats {
+    table().lock().unwrap_or_else(PoisonError::into_inner).get(&device.id()).copied().unwrap_or_default()
+}
+
+/// Sets `device`'s spill counters to zero.
+pub fn reset_spill_stats(device: &Device) {
+    table().lock().unwrap_or_else(PoisonError::into_inner).remove(&device.id());
+}

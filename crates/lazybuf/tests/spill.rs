@@ -1,0 +1,283 @@
+//! Spilling under per-device budgets (issue 22), on every device: clean copies are evicted
+//! moving no byte, copies holding the only current data are written back first, buffers in
+//! use and opted-out buffers are never evicted, memory objects count but stay, a failed
+//! write-back changes nothing, and threads race accesses against eviction.
+//!
+//! Budgets and the eviction registry are process-wide, so the tests of this binary take one
+//! lock and run one at a time. Limits are set relative to what the device already holds.
+//! Buffers are 64 KiB, below the size at which a host-sharing OpenCL device aliases host
+//! memory; on a zero-copy device (the host device) device copies hold no device memory, so
+//! nothing is evicted there and the tests check that instead.
+
+mod common;
+
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use common::{devices, pattern};
+use lazybuf::spill::{self, SharedBuffer};
+use lazybuf::testing::FaultyDevice;
+use lazybuf::{
+    AllocationOptions, BufferOptions, BufferState, Device, DeviceAllocation, DirectResource, MemoryKind,
+    UnifiedBuffer,
+};
+
+const LEN: usize = 16 * 1024;
+const NBYTES: u64 = (LEN * 4) as u64;
+
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A spillable shared buffer on `device` holding `pattern(seed)` on the host (HOST_ONLY).
+fn shared(device: &Device, seed: u32, spillable: bool) -> SharedBuffer<u32> {
+    let options = BufferOptions { device: Some(device.clone()), ..BufferOptions::default() };
+    let mut buf = UnifiedBuffer::<u32>::with_options(&[LEN], options).unwrap();
+    buf.copy_from(&pattern(seed, LEN)).unwrap();
+    SharedBuffer::with_spillable(buf, spillable)
+}
+
+/// Room for `copies` more device copies than `device` holds now.
+fn limit_for(device: &Device, copies: u64) {
+    lazybuf::trim();
+    spill::set_memory_limit(device, Some(spill::memory_held(device) + copies * NBYTES));
+    spill::reset_spill_stats(device);
+}
+
+fn evicts(device: &Device) -> bool {
+    !device.is_zero_copy(LEN * 4)
+}
+
+#[test]
+fn a_synchronized_copy_is_evicted_moving_no_byte() {
+    let _serial = serial();
+    for device in devices() {
+        limit_for(&device, 2);
+        let bufs: Vec<_> = (0..3).map(|i| shared(&device, i, true)).collect();
+        for buf in &bufs {
+            let mut b = buf.lock();
+            b.reset_transfer_stats();
+            b.sync_to_device().unwrap();
+        }
+        let held = spill::memory_held(&device);
+        let stats = spill::spill_stats(&device);
+        if evicts(&device) {
+            // The third upload needed room: the least recently used copy (the first) went.
+            assert_eq!(bufs[0].lock().state(), BufferState::HostOnly, "{device}");
+            assert_eq!(bufs[0].lock().transfer_stats().device_to_host.bytes, 0, "{device}");
+            assert_eq!(
+                (stats.evictions, stats.clean_evictions, stats.bytes_written_back),
+                (1, 1, 0),
+                "{device}"
+            );
+            assert!(held <= spill::memory_limit(&device).unwrap().unwrap(), "{device}");
+        } else {
+            assert_eq!(stats.evictions, 0, "{device}");
+        }
+        for buf in &bufs[1..] {
+            assert_eq!(buf.lock().state(), BufferState::Synchronized, "{device}");
+        }
+        // The evicted buffer uploads again at its next device access, and its data is intact.
+        let mut first = bufs[0].lock();
+        first.sync_to_device().unwrap();
+        assert_eq!(first.state(), BufferState::Synchronized, "{device}");
+        assert_eq!(first.host().unwrap(), pattern(0, LEN), "{device}");
+        drop(first);
+        if evicts(&device) {
+            let stats = spill::spill_stats(&device);
+            assert_eq!(stats.evictions, 2, "{device}");
+            assert_eq!(stats.bytes_read_back, NBYTES, "{device}");
+        }
+        spill::set_memory_limit(&device, None);
+    }
+}
+
+#[test]
+fn a_copy_holding_the_only_current_data_is_written_back_first() {
+    let _serial = serial();
+    for device in devices() {
+        limit_for(&device, 1);
+        let a = shared(&device, 1, true);
+        {
+            let mut a = a.lock();
+            a.reset_transfer_stats();
+            a.device_overwrite().unwrap().write_from(&pattern(77, LEN)).unwrap();
+            assert_eq!(a.state(), BufferState::DeviceDirty);
+        }
+        let b = shared(&device, 2, true);
+        b.lock().sync_to_device().unwrap();
+        let mut a = a.lock();
+        if evicts(&device) {
+            assert_eq!(a.state(), BufferState::HostOnly, "{device}");
+            assert_eq!(a.transfer_stats().device_to_host.bytes, NBYTES, "{device}");
+            let stats = spill::spill_stats(&device);
+            assert_eq!((stats.evictions, stats.clean_evictions, stats.bytes_written_back), (1, 0, NBYTES));
+        } else {
+            assert_eq!(a.state(), BufferState::DeviceDirty, "{device}");
+        }
+        assert_eq!(a.host().unwrap(), pattern(77, LEN), "{device}");
+        spill::set_memory_limit(&device, None);
+    }
+}
+
+#[test]
+fn buffers_in_use_or_opted_out_are_never_evicted() {
+    let _serial = serial();
+    for device in devices() {
+        limit_for(&device, 2);
+        let in_use = shared(&device, 1, true);
+        let opted_out = shared(&device, 2, false);
+        let newcomer = shared(&device, 3, true);
+        opted_out.lock().sync_to_device().unwrap();
+        let mut held = in_use.lock();
+        let view = held.device().unwrap();
+        // Both older copies are untouchable: the third one does not fit.
+        let err = newcomer.lock().sync_to_device();
+        assert_eq!(view.len(), LEN);
+        if evicts(&device) {
+            let err = err.unwrap_err();
+            assert!(err.is_out_of_memory() && err.to_string().contains("memory limit"), "{device}: {err}");
+            assert_eq!(newcomer.lock().state(), BufferState::HostOnly, "{device}");
+        } else {
+            err.unwrap();
+        }
+        assert_eq!(held.state(), BufferState::Synchronized, "{device}");
+        assert_eq!(opted_out.lock().state(), BufferState::Synchronized, "{device}");
+        assert!(!opted_out.is_spillable());
+        drop(held);
+        // Once the view and the lock are gone, the copy in use before is the one evicted.
+        newcomer.lock().sync_to_device().unwrap();
+        let expected = if evicts(&device) { BufferState::HostOnly } else { BufferState::Synchronized };
+        assert_eq!(in_use.lock().state(), expected, "{device}");
+        assert_eq!(in_use.lock().host().unwrap(), pattern(1, LEN), "{device}");
+        spill::set_memory_limit(&device, None);
+    }
+}
+
+#[test]
+fn memory_objects_count_against_the_budget_but_are_never_evicted() {
+    let _serial = serial();
+    for device in devices() {
+        limit_for(&device, 2);
+        let before = spill::memory_held(&device);
+        let options = AllocationOptions { resource: Some(DirectResource::shared()), ..Default::default() };
+        let object = DeviceAllocation::<u8>::with_options(
+            &device,
+            MemoryKind::Device,
+            NBYTES as usize,
+            options.clone(),
+        )
+        .unwrap();
+        assert!(spill::memory_held(&device) >= before + NBYTES, "{device}");
+        let a = shared(&device, 1, true);
+        a.lock().sync_to_device().unwrap();
+        // The object and the buffer fill the budget: a second object of the same size needs
+        // the buffer's copy evicted (where it holds device memory), never the first object.
+        let second =
+            DeviceAllocation::<u8>::with_options(&device, MemoryKind::Device, NBYTES as usize, options);
+        let second = second.unwrap();
+        if evicts(&device) {
+            assert_eq!(a.lock().state(), BufferState::HostOnly, "{device}");
+            let third =
+                DeviceAllocation::<u8>::with_options(&device, MemoryKind::Device, 1, Default::default());
+            assert!(third.unwrap_err().is_out_of_memory(), "{device}");
+        }
+        assert_eq!(object.nbytes(), NBYTES as usize);
+        drop((object, second));
+        // Both objects gave their memory back; the buffer's copy was evicted (or never held any).
+        assert_eq!(spill::memory_held(&device), before, "{device}");
+        spill::set_memory_limit(&device, None);
+    }
+}
+
+#[test]
+fn a_failed_write_back_changes_nothing() {
+    let _serial = serial();
+    for inner in devices().into_iter().filter(evicts) {
+        let (device, faults) = FaultyDevice::wrap(&inner);
+        limit_for(&device, 1);
+        let a = shared(&device, 1, true);
+        a.lock().device_overwrite().unwrap().write_from(&pattern(9, LEN)).unwrap();
+        let b = shared(&device, 2, true);
+        faults.fail_copy_in(1);
+        let err = b.lock().sync_to_device().unwrap_err();
+        assert!(matches!(err, lazybuf::Error::InjectedFault { .. }), "{device}: {err}");
+        faults.disarm();
+        assert_eq!(b.lock().state(), BufferState::HostOnly, "{device}");
+        let mut a_locked = a.lock();
+        assert_eq!(a_locked.state(), BufferState::DeviceDirty, "{device}");
+        assert_eq!(spill::spill_stats(&device).evictions, 0, "{device}");
+        assert_eq!(a_locked.device().unwrap().len(), LEN);
+        assert_eq!(a_locked.host().unwrap(), pattern(9, LEN), "{device}");
+        drop(a_locked);
+        // Disarmed, the same upload evicts the (now synchronized) copy for free.
+        b.lock().sync_to_device().unwrap();
+        assert_eq!(a.lock().state(), BufferState::HostOnly, "{device}");
+        assert_eq!(b.lock().host().unwrap(), pattern(2, LEN), "{device}");
+        spill::set_memory_limit(&device, None);
+    }
+}
+
+#[test]
+fn threads_race_accesses_against_eviction() {
+    let _serial = serial();
+    for device in devices() {
+        // Four threads each hold one buffer's lock while it allocates: room for five copies
+        // always leaves one to evict, and eight buffers make eviction constant.
+        limit_for(&device, 5);
+        let bufs: Vec<_> = (0..8).map(|i| shared(&device, i, true)).collect();
+        std::thread::scope(|scope| {
+            for t in 0..4u32 {
+                let bufs = &bufs;
+                let device = &device;
+                scope.spawn(move || {
+                    for round in 0..40u32 {
+                        // Each thread writes its own two buffers; everyone's uploads evict everyone's.
+                        let i = (t * 2 + round % 2) as usize;
+                        let mut b = bufs[i].lock();
+                        let seed = 1000 + t * 100 + round;
+                        match round % 3 {
+                            0 => b.host_mut().unwrap().copy_from_slice(&pattern(seed, LEN)),
+                            1 => b.device_overwrite().unwrap().write_from(&pattern(seed, LEN)).unwrap(),
+                            _ => {
+                                let before = b.host().unwrap().to_vec();
+                                b.sync_to_device().unwrap();
+                                let mut out = vec![0u32; LEN];
+                                b.device().unwrap().read_into(&mut out).unwrap();
+                                assert_eq!(out, before, "{device}");
+                                continue;
+                            }
+                        }
+                        // Whatever eviction does between these locks, the write is kept.
+                        drop(b);
+                        assert_eq!(bufs[i].lock().host().unwrap(), pattern(seed, LEN), "{device}");
+                        assert!(spill::memory_held(device) <= spill::memory_limit(device).unwrap().unwrap());
+                    }
+                });
+            }
+        });
+        if evicts(&device) {
+            assert!(spill::spill_stats(&device).evictions > 0, "{device}");
+        }
+        spill::set_memory_limit(&device, None);
+    }
+}
+
+#[test]
+fn the_benchmarks_write_back_always_policy_downloads_clean_copies_too() {
+    let _serial = serial();
+    for device in devices().into_iter().filter(evicts) {
+        limit_for(&device, 1);
+        spill::set_eviction_policy(spill::EvictionPolicy::WriteBackAlways);
+        let a = shared(&device, 1, true);
+        a.lock().sync_to_device().unwrap();
+        shared(&device, 2, true).lock().sync_to_device().unwrap();
+        spill::set_eviction_policy(spill::EvictionPolicy::CoherenceAware);
+        let mut a = a.lock();
+        assert_eq!(a.state(), BufferState::HostOnly, "{device}");
+        assert_eq!(a.transfer_stats().device_to_host.bytes, NBYTES, "{device}");
+        assert_eq!(spill::spill_stats(&device).bytes_written_back, NBYTES, "{device}");
+        assert_eq!(a.host().unwrap(), pattern(1, LEN), "{device}");
+        spill::set_memory_limit(&device, None);
+    }
+}

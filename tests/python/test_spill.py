@@ -1,0 +1,391 @@
+"""Spilling under per-device memory limits (issue 22) from Python, on every device found:
+``set_memory_limit`` / ``get_memory_limit`` / ``LAZYBUF_MEMORY_LIMIT``, clean evictions that move
+no byte, write-backs of copies that hold the only current data, buffers that are exposed or
+opted out never evicted, a failed write-back that changes nothing, ``spill_stats``, and threads
+racing accesses against eviction.
+
+Buffers are 64 KiB: below the size at which a host-sharing OpenCL device aliases host memory.
+On the host device a buffer's device copy is the host memory itself: it holds no device memory,
+so nothing is evicted there, and the tests check that instead. Limits are set relative to what
+the device holds already, and removed after each test.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import lazybuf
+from lazybuf import BufferState
+
+N = 16 * 1024  # float32 elements: 64 KiB
+NBYTES = N * 4
+
+
+def _devices() -> list[lazybuf.Device]:
+    return list(lazybuf.get_accelerator().devices)
+
+
+@pytest.fixture(params=_devices(), ids=lambda d: d.selector)
+def device(request):
+    d = request.param
+    yield d
+    lazybuf.set_memory_limit(d, None)
+
+
+def evicts(device) -> bool:
+    """Whether a 64 KiB device copy holds device memory there (so eviction frees some)."""
+    return device.backend != "host"
+
+
+def limit_for(device, copies: int) -> int:
+    """Room for `copies` more device copies than `device` holds now."""
+    lazybuf.trim()
+    limit = lazybuf.memory_held(device) + copies * NBYTES
+    lazybuf.set_memory_limit(device, limit)
+    lazybuf.reset_spill_stats(device)
+    return limit
+
+
+def holding(device, seed: int, **kwargs) -> lazybuf.UnifiedBuffer:
+    buf = lazybuf.UnifiedBuffer(N, np.float32, device=device, **kwargs)
+    buf.copy_from(np.arange(N, dtype=np.float32) + seed)
+    return buf
+
+
+def expected(seed: int) -> np.ndarray:
+    return np.arange(N, dtype=np.float32) + seed
+
+
+def test_limits_round_trip_and_bad_input_says_what_was_expected(host_device):
+    assert lazybuf.get_memory_limit(host_device) is None
+    lazybuf.set_memory_limit(host_device, 1 << 20)
+    assert lazybuf.get_memory_limit("host") == 1 << 20
+    lazybuf.set_memory_limit("host", "2MiB")
+    assert lazybuf.get_memory_limit(host_device) == 2 << 20
+    lazybuf.set_memory_limit("host", None)
+    assert lazybuf.get_memory_limit("host") is None
+    with pytest.raises(ValueError, match="non-negative"):
+        lazybuf.set_memory_limit("host", -1)
+    with pytest.raises(ValueError, match="expected a size unit"):
+        lazybuf.set_memory_limit("host", "lots")
+    with pytest.raises(TypeError, match="nbytes must be an int"):
+        lazybuf.set_memory_limit("host", 1.5)
+    with pytest.raises(TypeError, match="got a bool"):
+        lazybuf.set_memory_limit("host", True)
+    with pytest.raises(ValueError, match="no device matches"):
+        lazybuf.set_memory_limit("opencl:99", 1)
+    assert lazybuf.get_memory_limit("host") is None
+
+
+def _with_env(value: str, code: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "LAZYBUF_DEVICE": "host", "LAZYBUF_MEMORY_LIMIT": value},
+    )
+
+
+def test_the_environment_sets_limits():
+    done = _with_env("host=1.5MiB", "import lazybuf; print(lazybuf.get_memory_limit('host'))")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(3 << 19)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("host", "expected SELECTOR=SIZE"),
+        ("host=lots", "expected a size unit"),
+        ("=5", "expected a device selector"),
+        ("tpu:0=1GiB", "names none"),
+    ],
+)
+def test_a_bad_environment_is_a_clear_error(value, message):
+    code = "import lazybuf\ntry:\n    lazybuf.get_memory_limit('host')\nexcept ValueError as e:\n    print(e)\n"
+    done = _with_env(value, code)
+    assert done.returncode == 0, done.stderr
+    assert "LAZYBUF_MEMORY_LIMIT" in done.stdout and message in done.stdout, done.stdout
+
+
+def test_a_synchronized_copy_is_evicted_moving_no_byte(device):
+    limit = limit_for(device, 2)
+    bufs = [holding(device, i) for i in range(3)]
+    for buf in bufs:
+        buf.sync_to_device()
+    stats = lazybuf.spill_stats(device)
+    if evicts(device):
+        assert bufs[0].state == BufferState.HOST_ONLY
+        assert (stats["evictions"], stats["clean_evictions"], stats["bytes_written_back"]) == (1, 1, 0)
+        assert lazybuf.memory_held(device) <= limit
+    else:
+        assert stats["evictions"] == 0
+        assert bufs[0].state == BufferState.SYNCHRONIZED
+    assert all(b.state == BufferState.SYNCHRONIZED for b in bufs[1:])
+    bufs[0].sync_to_device()
+    np.testing.assert_array_equal(bufs[0].to_numpy(), expected(0))
+    if evicts(device):
+        assert lazybuf.spill_stats(device)["bytes_read_back"] == NBYTES
+
+
+def test_a_copy_holding_the_only_current_data_is_written_back_first(device):
+    limit_for(device, 1)
+    a = holding(device, 1)
+    a.sync_to_device()
+    a.fill(7.0)  # at the current device copy: the host goes stale
+    assert a.state == BufferState.DEVICE_DIRTY
+    holding(device, 2).sync_to_device()
+    stats = lazybuf.spill_stats(device)
+    if evicts(device):
+        assert a.state == BufferState.HOST_ONLY
+        assert (stats["evictions"], stats["clean_evictions"], stats["bytes_written_back"]) == (1, 0, NBYTES)
+    else:
+        assert a.state == BufferState.DEVICE_DIRTY
+    np.testing.assert_array_equal(a.to_numpy(), np.full(N, 7.0, np.float32))
+
+
+def test_exposed_and_opted_out_buffers_are_never_evicted(device):
+    limit_for(device, 2)
+    exposed = holding(device, 1)
+    exposed_view = exposed.device  # an object over the device memory, which lazybuf cannot track
+    opted_out = holding(device, 2, spillable=False)
+    assert not opted_out.spillable and exposed.spillable
+    opted_out.sync_to_device()
+    newcomer = holding(device, 3)
+    if evicts(device):
+        with pytest.raises(MemoryError, match="memory limit"):
+            newcomer.sync_to_device()
+        assert newcomer.state == BufferState.HOST_ONLY
+        # (The pool retries a refused allocation once after trimming: one or two failures.)
+        assert lazybuf.spill_stats(device)["spill_failures"] >= 1
+    else:
+        newcomer.sync_to_device()
+    assert exposed.state == BufferState.SYNCHRONIZED
+    assert opted_out.state == BufferState.SYNCHRONIZED
+    del exposed_view
+    np.testing.assert_array_equal(opted_out.to_numpy(), expected(2))
+
+
+def test_memory_objects_count_against_the_limit(device):
+    limit_for(device, 2)
+    before = lazybuf.memory_held(device)
+    held = lazybuf.DeviceBuffer(size=NBYTES, device=device, mr=None)
+    assert lazybuf.memory_held(device) >= before + NBYTES
+    a = holding(device, 1)
+    a.sync_to_device()
+    second = lazybuf.DeviceBuffer(size=NBYTES, device=device)
+    if evicts(device):
+        assert a.state == BufferState.HOST_ONLY  # the buffer made room; the object was not touched
+    assert held.size == NBYTES and second.size == NBYTES
+
+
+def test_a_failed_write_back_changes_nothing():
+    testing = pytest.importorskip("lazybuf.testing")
+    for inner in [d for d in _devices() if evicts(d)]:
+        faulty = testing.FaultyDevice(inner)
+        try:
+            limit_for(faulty, 1)
+            a = holding(faulty, 1)
+            a.sync_to_device()
+            a.fill(5.0)
+            b = holding(faulty, 2)
+            faulty.fail_copy_in(1)
+            with pytest.raises(RuntimeError, match="injected fault"):
+                b.sync_to_device()
+            faulty.disarm()
+            assert a.state == BufferState.DEVICE_DIRTY
+            assert b.state == BufferState.HOST_ONLY
+            assert lazybuf.spill_stats(faulty)["evictions"] == 0
+            np.testing.assert_array_equal(a.to_numpy(), np.full(N, 5.0, np.float32))
+            b.sync_to_device()  # disarmed: a is synchronized now, and evicted for free
+            assert a.state == BufferState.HOST_ONLY
+            np.testing.assert_array_equal(b.to_numpy(), expected(2))
+        finally:
+            lazybuf.set_memory_limit(faulty, None)
+
+
+def test_threads_race_accesses_against_eviction(device):
+    # Four threads each hold one buffer's lock while it allocates: room for five copies always
+    # leaves one to evict, and eight buffers make eviction constant.
+    limit_for(device, 5)
+    bufs = [holding(device, i) for i in range(8)]
+    errors: list[BaseException] = []
+
+    def work(t: int) -> None:
+        try:
+            for round_ in range(30):
+                buf = bufs[t * 2 + round_ % 2]  # each thread writes its own two buffers
+                value = float(t * 1000 + round_)
+                if round_ % 3 == 0:
+                    buf.copy_from(np.full(N, value, np.float32))
+                else:
+                    buf.sync_to_device()
+                    buf.fill(value)  # on the device copy: only the device holds it now
+                buf.sync_to_device()
+                np.testing.assert_array_equal(buf.to_numpy(), np.full(N, value, np.float32))
+        except BaseException as err:  # noqa: BLE001 - reported by the main thread
+            errors.append(err)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    if evicts(device):
+        assert lazybuf.spill_stats(device)["evictions"] > 0
+
+
+@pytest.mark.skipif(
+    os.environ.get("LAZYBUF_SKIP_CLUSTER") == "1",
+    reason="LAZYBUF_SKIP_CLUSTER=1 (scripts/test-python.sh runs the cluster tests once)",
+)
+def test_a_dask_cluster_finishes_a_job_twice_its_device_budget():
+    """One worker process whose device (PoCL's OpenCL device) has a 1 MiB limit
+    (LAZYBUF_MEMORY_LIMIT in its environment) holds 32 buffers of 64 KiB (2 MiB), one in five
+    written on the device, and reads each one again: the job finishes, every sum is right, and
+    the worker evicted (and wrote back the device-written buffers it evicted)."""
+    distributed = pytest.importorskip("distributed")
+    if not any(d.backend == "opencl" for d in _devices()):
+        from conftest import _need
+
+        _need("opencl", "no OpenCL device: the host device's copies hold no device memory to spill")
+    import spill_tasks
+
+    saved = {k: os.environ.get(k) for k in ("LAZYBUF_DEVICE", "LAZYBUF_MEMORY_LIMIT")}
+    os.environ["LAZYBUF_DEVICE"] = "opencl"
+    os.environ["LAZYBUF_MEMORY_LIMIT"] = "opencl:0=1MiB"
+    try:
+        with distributed.LocalCluster(
+            n_workers=1,
+            processes=True,
+            threads_per_worker=2,
+            host="127.0.0.1",
+            dashboard_address=None,
+            worker_dashboard_address=None,
+        ) as cluster, distributed.Client(cluster) as client:
+            made = [client.submit(spill_tasks.make_on_device, seed, N, pure=False) for seed in range(32)]
+            distributed.wait(made)  # all 32 made (2 MiB of device copies) before any is read
+            sums = client.gather([client.submit(spill_tasks.total, m, pure=False) for m in made])
+            assert sums == [spill_tasks.expected_total(seed, N) for seed in range(32)]
+            (report,) = client.run(spill_tasks.spill_report).values()
+            del made
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    assert report["backend"] == "opencl" and report["limit"] == 1 << 20, report
+    assert report["held"] <= report["limit"], report
+    assert report["evictions"] > 0 and report["bytes_written_back"] > 0, report
+    assert report["bytes_read_back"] > 0, report
+
+
+# --- the disk tier ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def host_limit():
+    """A host memory limit helper that removes the limit afterwards."""
+
+    def room_for(copies: int) -> None:
+        lazybuf.trim()
+        lazybuf.set_host_memory_limit(lazybuf.host_memory_held() + copies * NBYTES)
+
+    yield room_for
+    lazybuf.set_host_memory_limit(None)
+
+
+def test_host_limits_round_trip_and_bad_input_says_what_was_expected():
+    assert lazybuf.get_host_memory_limit() is None
+    lazybuf.set_host_memory_limit("1GiB")
+    assert lazybuf.get_host_memory_limit() == 1 << 30
+    lazybuf.set_host_memory_limit(None)
+    assert lazybuf.get_host_memory_limit() is None
+    with pytest.raises(ValueError, match="non-negative"):
+        lazybuf.set_host_memory_limit(-5)
+    with pytest.raises(TypeError, match="nbytes must be an int"):
+        lazybuf.set_host_memory_limit([1])
+
+
+def test_host_copies_go_to_disk_and_come_back(host_limit):
+    lazybuf.reset_spill_stats("host")
+    host_limit(3)
+    bufs = [holding("host", i) for i in range(5)]  # copy_from hands no address out
+    stats = lazybuf.spill_stats("host")
+    assert stats["bytes_to_disk"] == 2 * NBYTES
+    assert lazybuf.host_memory_held() <= lazybuf.get_host_memory_limit()
+    assert all(b.state == BufferState.HOST_ONLY for b in bufs)
+    np.testing.assert_array_equal(bufs[0].to_numpy(), expected(0))  # read back from disk
+    assert lazybuf.spill_stats("host")["bytes_from_disk"] == NBYTES
+    lazybuf.set_host_memory_limit(None)
+    for i, buf in enumerate(bufs):
+        np.testing.assert_array_equal(buf.to_numpy(), expected(i))
+
+
+def test_an_exposed_host_copy_is_never_written_to_disk(host_limit):
+    lazybuf.reset_spill_stats("host")
+    host_limit(1)
+    exposed = holding("host", 1)
+    view = exposed.host_readonly  # a NumPy array over the host copy
+    with pytest.raises(MemoryError, match="host"):
+        holding("host", 2)
+    np.testing.assert_array_equal(view, expected(1))
+    assert lazybuf.spill_stats("host")["bytes_to_disk"] == 0
+    assert exposed.state == BufferState.HOST_ONLY
+
+
+def test_spill_files_are_removed_at_exit(tmp_path):
+    code = f"""
+import numpy as np, lazybuf
+lazybuf.trim()
+lazybuf.set_host_memory_limit(lazybuf.host_memory_held() + {NBYTES})
+keep = [lazybuf.UnifiedBuffer({N}, np.float32, device="host") for _ in range(3)]
+for b in keep:
+    b.copy_from(np.ones({N}, np.float32))
+import os
+print(len(os.listdir({str(tmp_path)!r})))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "LAZYBUF_DEVICE": "host", "LAZYBUF_SPILL_DIR": str(tmp_path)},
+    )
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout.strip()) == 2  # two of the three were on disk while it ran
+    assert os.listdir(tmp_path) == []  # and the files went at exit
+
+
+def test_an_unwritable_spill_directory_is_a_clear_error_and_nothing_is_lost():
+    code = f"""
+import numpy as np, lazybuf
+lazybuf.trim()
+lazybuf.set_host_memory_limit(lazybuf.host_memory_held() + {NBYTES})
+first = lazybuf.UnifiedBuffer({N}, np.float32, device="host")
+first.copy_from(np.full({N}, 3, np.float32))
+try:
+    lazybuf.UnifiedBuffer({N}, np.float32, device="host").copy_from(np.ones({N}, np.float32))
+except ValueError as err:
+    print(err)
+lazybuf.set_host_memory_limit(None)
+assert (first.to_numpy() == 3).all() and str(first.state) == "HOST_ONLY", first.state
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "LAZYBUF_DEVICE": "host", "LAZYBUF_SPILL_DIR": "/proc/lazybuf-cannot-be-made"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert "could not create the directory" in done.stdout and "keeps its host copy" in done.stdout, done.stdout
