@@ -1,4 +1,4 @@
-//! Spilling under per-device budgets (issue 22), on every device: clean copies are evicted
+//! Spilling under per-device budgets, on every device: clean copies are evicted
 //! moving no byte, copies holding the only current data are written back first, buffers in
 //! use and opted-out buffers are never evicted, memory objects count but stay, a failed
 //! write-back changes nothing, and threads race accesses against eviction.
@@ -278,6 +278,58 @@ fn the_benchmarks_write_back_always_policy_downloads_clean_copies_too() {
         assert_eq!(a.transfer_stats().device_to_host.bytes, NBYTES, "{device}");
         assert_eq!(spill::spill_stats(&device).bytes_written_back, NBYTES, "{device}");
         assert_eq!(a.host().unwrap(), pattern(1, LEN), "{device}");
+        spill::set_memory_limit(&device, None);
+    }
+}
+
+/// A write-back is a copy like any other: the transfer guard sees it as an implicit
+/// device-to-host copy made by `evict`, so under `d2h=disallow` it is refused, the allocation
+/// that needed the room fails, and nothing changes; explicitly allowed, the same upload evicts.
+#[test]
+fn the_transfer_guard_sees_write_backs() {
+    use lazybuf::observe::guard::{self, GuardLevel, GuardLevels};
+    use lazybuf::observe::{Direction, Reason};
+    let _serial = serial();
+    for device in devices().into_iter().filter(evicts) {
+        limit_for(&device, 1);
+        let a = shared(&device, 1, true);
+        a.lock().device_overwrite().unwrap().write_from(&pattern(31, LEN)).unwrap();
+        let b = shared(&device, 2, true);
+        {
+            let levels = GuardLevels::default().with(Direction::DeviceToHost, Some(GuardLevel::Disallow));
+            let _scope = guard::scope(levels);
+            let err = b.lock().sync_to_device().unwrap_err();
+            match &err {
+                lazybuf::Error::TransferGuard { direction, call, bytes, .. } => {
+                    assert_eq!(
+                        (*direction, *call, *bytes as u64),
+                        (Direction::DeviceToHost, "evict", NBYTES)
+                    );
+                }
+                other => panic!("{device}: expected the guard to refuse the write-back, got {other}"),
+            }
+            assert_eq!(b.lock().state(), BufferState::HostOnly, "{device}");
+            assert_eq!(a.lock().state(), BufferState::DeviceDirty, "{device}");
+            assert_eq!(spill::spill_stats(&device).evictions, 0, "{device}");
+        }
+        // Recorded with its reason once allowed.
+        lazybuf::observe::trace::start(Default::default()).unwrap();
+        b.lock().sync_to_device().unwrap();
+        let trace = lazybuf::observe::trace::stop().unwrap();
+        let id = a.lock().raw().id();
+        let write_backs = trace
+            .events
+            .iter()
+            .filter(|e| match &e.kind {
+                lazybuf::observe::trace::EventKind::Transfer { info, .. } => {
+                    info.buffer == id && info.cause.reason == Reason::Eviction
+                }
+                _ => false,
+            })
+            .count();
+        assert_eq!(write_backs, 1, "{device}");
+        assert_eq!(a.lock().state(), BufferState::HostOnly, "{device}");
+        assert_eq!(a.lock().host().unwrap(), pattern(31, LEN), "{device}");
         spill::set_memory_limit(&device, None);
     }
 }
