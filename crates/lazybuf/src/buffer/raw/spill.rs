@@ -68,7 +68,16 @@ impl RawBuffer {
 
     /// Counts an upload of `bytes` to device `id` as a reload when that device's copy was
     /// evicted before ([`crate::spill::SpillStats::bytes_read_back`]).
+    #[inline(always)]
     pub(super) fn count_reload(&mut self, id: DeviceId, bytes: usize) {
+        if !self.evicted_from.is_empty() {
+            self.count_reload_of_evicted(id, bytes);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn count_reload_of_evicted(&mut self, id: DeviceId, bytes: usize) {
         if let Some(i) = self.evicted_from.iter().position(|&d| d == id) {
             self.evicted_from.swap_remove(i);
             let device = self.copies.iter().find(|c| c.device.id() == id).map(|c| c.device.clone());
@@ -109,7 +118,18 @@ impl RawBuffer {
 
     /// Reads a host copy spilled to disk back into a new host block (the file is removed);
     /// nothing to do otherwise. On failure the buffer keeps its spill file and its state.
+    /// Every access calls it: the common case (nothing on disk) is one inlined test.
+    #[inline(always)]
     pub(super) fn reload_from_disk(&mut self) -> Result<()> {
+        if self.on_disk.is_none() {
+            return Ok(());
+        }
+        self.reload_spilled_host_copy()
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn reload_spilled_host_copy(&mut self) -> Result<()> {
         let Some(file) = self.on_disk.as_ref() else {
             return Ok(());
         };
