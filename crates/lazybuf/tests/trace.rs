@@ -220,3 +220,44 @@ fn copies_reported_through_the_hook_are_recorded_with_their_reason() {
         .collect();
     assert_eq!(durations, [true, false]);
 }
+
+/// State changes made outside the plans are recorded too, named after their call: a fill on
+/// the device, an invalidation, a release of the memory.
+#[test]
+fn fills_invalidations_and_releases_record_their_state_transitions() {
+    let _l = lock();
+    for device in common::devices() {
+        let mut buf = UnifiedBuffer::<u32>::on(&[64], &device).unwrap();
+        buf.host_mut().unwrap().copy_from_slice(&pattern(2, 64));
+        buf.sync_to_device().unwrap(); // SYNCHRONIZED: the fill runs on the device
+        let id = buf.raw().id();
+        trace::start(TraceOptions::default()).unwrap();
+        buf.fill(7).unwrap();
+        buf.raw_mut().invalidate();
+        buf.host_mut().unwrap()[0] = 1;
+        buf.raw_mut().release_memory();
+        let recorded = trace::stop().unwrap();
+        let states: Vec<(&str, BufferState, BufferState)> = recorded
+            .events
+            .iter()
+            .filter_map(|e| match &e.kind {
+                EventKind::State { buffer, from, to, call } if *buffer == id => Some((*call, *from, *to)),
+                _ => None,
+            })
+            .collect();
+        // The fill writes the device copy (on the host device too, whose copy aliases the host
+        // block: the states follow the table there as everywhere).
+        assert_eq!(
+            states[0],
+            ("fill", BufferState::Synchronized, BufferState::DeviceDirty),
+            "{device}: {states:?}"
+        );
+        assert_eq!(
+            states[1],
+            ("invalidate", BufferState::DeviceDirty, BufferState::Uninitialized),
+            "{device}"
+        );
+        assert_eq!(states.last().unwrap().0, "release_memory", "{device}: {states:?}");
+        assert_eq!(states.last().unwrap().2, BufferState::Uninitialized, "{device}");
+    }
+}

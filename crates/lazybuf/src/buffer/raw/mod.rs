@@ -418,9 +418,15 @@ impl RawBuffer {
                 .find(|loc| valid(&self.coherence, loc) && *loc != Location::Host)
         };
         let Some(Location::Device(id)) = device_target else {
-            fill_pattern(self.host_access(Access::Overwrite)?, pattern);
+            // A host access: the guard and the recorder see it as the fill's.
+            fill_pattern(self.host_access_as(Access::Overwrite, &observed::FILL)?, pattern);
             return Ok(());
         };
+        self.observe_state("fill", |buffer| buffer.fill_device(id, pattern))
+    }
+
+    /// Fills the current copy on device `id` (see [`Self::fill`]).
+    fn fill_device(&mut self, id: DeviceId, pattern: &[u8]) -> Result<()> {
         let i = self.copy_index(id).expect("a valid device copy is allocated");
         let copy = &mut self.copies[i];
         let filled = copy
@@ -444,6 +450,10 @@ impl RawBuffer {
     /// Frees every copy: the buffer is uninitialized again and holds no memory. Transfers in
     /// flight are waited for first (their failures no longer matter: the data is gone).
     pub fn release_memory(&mut self) {
+        self.observe_state("release_memory", Self::release_all);
+    }
+
+    fn release_all(&mut self) {
         self.on_disk = None;
         // A transfer that failed unobserved: recorded on the buffer's device, not lost.
         let finished = self.finish();
@@ -502,6 +512,10 @@ impl RawBuffer {
 
     /// Forgets the contents (state UNINITIALIZED) but keeps every allocation for reuse.
     pub fn invalidate(&mut self) {
+        self.observe_state("invalidate", Self::forget_contents);
+    }
+
+    fn forget_contents(&mut self) {
         // A transfer that failed unobserved: recorded on the buffer's device, not lost.
         let finished = self.finish();
         self.home.record_deferred(finished);

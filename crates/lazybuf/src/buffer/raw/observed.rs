@@ -28,6 +28,7 @@ pub(super) const SYNC_TO_HOST: Cause = Cause::sync("sync_to_host");
 pub(super) const SYNC_TO_DEVICE_ASYNC: Cause = Cause::sync("sync_to_device_async");
 pub(super) const SYNC_TO_HOST_ASYNC: Cause = Cause::sync("sync_to_host_async");
 pub(super) const READ_INTO: Cause = Cause::sync("read_into");
+pub(super) const FILL: Cause = Cause::access("fill");
 /// A spill's write-back of an evicted device copy: a copy the library decided on.
 pub(super) const EVICT: Cause = Cause { call: "evict", reason: observe::Reason::Eviction };
 
@@ -195,5 +196,18 @@ impl RawBuffer {
             Some(info) => observe::transfer(|| info),
             None => Ok(None),
         }
+    }
+
+    /// Runs `change`, a state change outside the plans (a release, an invalidation, a fill on a
+    /// device), and records its transition, named `call`, while events are wanted.
+    #[inline]
+    pub(super) fn observe_state<R>(&mut self, call: &'static str, change: impl FnOnce(&mut Self) -> R) -> R {
+        if !observe::emitting() {
+            return change(self);
+        }
+        let before = self.state();
+        let result = change(self);
+        observe::trace::record_state(self.id, before, self.state(), call);
+        result
     }
 }
