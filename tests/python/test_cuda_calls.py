@@ -1,9 +1,10 @@
-"""Driver calls per batch of the seeds' loops (issue 24, item 2), counted by the CUDA driver
-test double per entry point (`lazybuf_cuda_double_call_counts`).
+"""Driver calls per batch of the PyDotCompute examples' loops, counted by the CUDA driver test
+double per entry point (`lazybuf_cuda_double_call_counts`).
 
 Steady state (after warm-up batches), per batch: no allocation, no pinning or registration,
-exactly one upload and one download (none for double buffering, which reads nothing back),
-and the waits counted below. The minimum is one wait, the read-back's; lazybuf also waits for
+no event created or destroyed (a context keeps the events of finished tickets for the next
+ones), exactly one upload and one download (none for double buffering, which reads nothing
+back), and the waits counted below. The minimum is one wait, the read-back's; lazybuf also waits for
 the upload that `.device` makes (a blocking access waits for its copy), so the loops with a
 read-back wait twice: docs/BENCHMARKS.md ("Driver calls per batch") lists every entry point
 against the minimum. The counts are exact, so a change that adds driver work fails here.
@@ -29,6 +30,7 @@ ALLOCATIONS = ("cuMemAlloc_v2", "cuMemAllocManaged", "cuMemHostAlloc", "cuMemFre
 PINNING = ("cuMemHostRegister_v2", "cuMemHostUnregister", "cuMemHostAlloc")
 WAITS = ("cuStreamSynchronize", "cuEventSynchronize", "cuCtxSynchronize")
 UPLOAD, DOWNLOAD = "cuMemcpyHtoDAsync_v2", "cuMemcpyDtoHAsync_v2"
+EVENTS_MADE = ("cuEventCreate", "cuEventDestroy", "cuEventDestroy_v2")
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +72,7 @@ def check_minimum(measured, uploads, downloads, waits):
     for i, calls in enumerate(measured):
         assert total(calls, ALLOCATIONS) == 0, (i, calls)
         assert total(calls, PINNING) == 0, (i, calls)
+        assert total(calls, EVENTS_MADE) == 0, (i, calls)
         assert calls.get(UPLOAD, 0) == uploads, (i, calls)
         assert calls.get(DOWNLOAD, 0) == downloads, (i, calls)
         assert total(calls, WAITS) == waits, (i, calls)

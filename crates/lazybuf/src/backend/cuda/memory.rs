@@ -188,8 +188,7 @@ impl CudaStream {
 
     /// Records a new event on the stream, as a completion; `context` must be current.
     pub(super) fn record(&self) -> Result<Arc<CudaEvent>> {
-        let event = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
-            .map_err(|err| cuda_error("cuEventCreate", err))?;
+        let event = self.context.take_event()?;
         let event = Arc::new(CudaEvent { event, context: self.context.clone(), outcome: OnceLock::new() });
         // SAFETY: live event and stream of the current context.
         unsafe { result::event::record(event.event, self.stream) }
@@ -273,8 +272,12 @@ impl Drop for CudaEvent {
         if crate::backend::fork::in_forked_child() {
             return; // leaked: the runtime is gone in a forked child (backend::fork)
         }
-        // SAFETY: the event was created in `record` and is destroyed once; the driver keeps
-        // it until its work is done. Statuses are ignored: drop must not panic.
+        // Kept for the next ticket of this context, no driver call; else destroyed.
+        if self.context.keep_event(self.event) {
+            return;
+        }
+        // SAFETY: the event was taken in `record` and is destroyed once; the driver keeps it
+        // until its work is done. Statuses are ignored: drop must not panic.
         unsafe {
             let _bound = self.context.bind();
             let _ = result::event::destroy(self.event);

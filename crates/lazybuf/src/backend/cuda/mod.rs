@@ -30,7 +30,7 @@ pub use staging::{CHUNK as STAGING_CHUNK, PIPELINE_MIN as STAGING_MIN_BYTES};
 use crate::backend::deferred::DeferredErrors;
 use std::marker::PhantomData;
 use std::panic::AssertUnwindSafe;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use cudarc::driver::result::{self, DriverError};
 use cudarc::driver::sys;
@@ -162,7 +162,13 @@ pub(crate) struct Context {
     ctx: sys::CUcontext,
     /// Failures of this context's drop and free paths (a failed `cuMemFree`), not yet taken.
     pub(crate) deferred: DeferredErrors,
+    /// Events of tickets that are gone, kept for the next tickets (at most [`SPARE_EVENTS`]):
+    /// a copy then records a kept event instead of creating one and destroying it later.
+    spare_events: Mutex<Vec<sys::CUevent>>,
 }
+
+/// The most events a context keeps for reuse (the rest are destroyed when their ticket goes).
+const SPARE_EVENTS: usize = 64;
 
 // SAFETY: the driver API is thread-safe and a context may be made current on any thread
 // (CUDA programming guide, "Context"); this value only holds the handle and the device ordinal.
@@ -176,7 +182,12 @@ impl Context {
         // SAFETY: device was returned by cuDeviceGet; the context is released in Drop.
         let ctx = unsafe { result::primary_ctx::retain(device) }
             .map_err(|err| cuda_error("cuDevicePrimaryCtxRetain", err))?;
-        Ok(Arc::new(Context { device, ctx, deferred: DeferredErrors::default() }))
+        Ok(Arc::new(Context {
+            device,
+            ctx,
+            deferred: DeferredErrors::default(),
+            spare_events: Mutex::new(Vec::new()),
+        }))
     }
 
     /// Makes this context current on the calling thread until the guard is dropped: driver
@@ -195,6 +206,29 @@ impl Context {
 
     pub(crate) fn raw(&self) -> sys::CUcontext {
         self.ctx
+    }
+
+    /// An event of this context for a ticket (timing disabled): a kept one, else a new one.
+    /// The context must be current.
+    pub(crate) fn take_event(&self) -> Result<sys::CUevent> {
+        if let Some(event) = self.spare_events.lock().unwrap_or_else(PoisonError::into_inner).pop() {
+            return Ok(event);
+        }
+        result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+            .map_err(|err| cuda_error("cuEventCreate", err))
+    }
+
+    /// Keeps `event`, whose ticket is gone, for a later ticket; `false` when enough are kept
+    /// (the caller destroys it). Recording a kept event again is what the driver allows for any
+    /// event: the next `cuEventRecord` replaces what it captured, and nothing waits on it any
+    /// more (waits already made captured the work they wait for).
+    pub(crate) fn keep_event(&self, event: sys::CUevent) -> bool {
+        let mut spare = self.spare_events.lock().unwrap_or_else(PoisonError::into_inner);
+        if spare.len() >= SPARE_EVENTS {
+            return false;
+        }
+        spare.push(event);
+        true
     }
 
     pub(crate) fn device(&self) -> sys::CUdevice {
@@ -246,6 +280,16 @@ impl Drop for Context {
     fn drop(&mut self) {
         if crate::backend::fork::in_forked_child() {
             return; // leaked: the runtime is gone in a forked child (backend::fork)
+        }
+        let spare = std::mem::take(self.spare_events.get_mut().unwrap_or_else(PoisonError::into_inner));
+        if !spare.is_empty()
+            && let Ok(_bound) = self.bind()
+        {
+            for event in spare {
+                // SAFETY: each kept event was created on this context and is destroyed once;
+                // no ticket holds it. The status is ignored: drop must not panic.
+                let _ = unsafe { result::event::destroy(event) };
+            }
         }
         // SAFETY: the context was retained once in `retain` and is released once here. The
         // status is ignored: drop must not panic, and a failed release only leaks.
