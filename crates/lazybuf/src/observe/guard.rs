@@ -25,6 +25,24 @@
 //! allocated, enqueued or committed: a refused access changes nothing. A logged copy is written
 //! as one line on standard error (or handed to the hook of [`set_log_hook`]) when its plan is
 //! checked.
+//!
+//! ```
+//! use lazybuf::observe::guard::{self, GuardLevel, GuardLevels};
+//! use lazybuf::observe::Direction;
+//! use lazybuf::{Device, Error, UnifiedBuffer};
+//!
+//! let device = Device::host(); // any device; on the host a sync moves no byte, so none is refused
+//! let mut buf = UnifiedBuffer::<f32>::on(&[256], &device)?;
+//! buf.host_mut()?.fill(1.0);
+//! // On this thread, until `_scope` goes: implicit host-to-device copies are refused.
+//! let _scope = guard::scope(GuardLevels::default().with(Direction::HostToDevice, Some(GuardLevel::Disallow)));
+//! match buf.device() {
+//!     Err(Error::TransferGuard { call, bytes, .. }) => println!("refused: {call} would copy {bytes} bytes"),
+//!     other => { other?; } // a zero-copy device: nothing to refuse
+//! }
+//! buf.sync_to_device()?; // explicit: allowed under `disallow`
+//! # Ok::<(), lazybuf::Error>(())
+//! ```
 
 use std::cell::Cell;
 use std::fmt;

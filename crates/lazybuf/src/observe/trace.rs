@@ -18,6 +18,21 @@
 //! Recording off: the hooks cost one atomic load and no event memory exists. With the crate
 //! feature `tracing`, [`super::set_tracing_events`] sends the same events to the `tracing`
 //! crate, recorder or not.
+//!
+//! ```
+//! use lazybuf::observe::trace;
+//! use lazybuf::{Device, UnifiedBuffer};
+//!
+//! trace::start(trace::TraceOptions::default())?;
+//! let mut buf = UnifiedBuffer::<u32>::on(&[1024], &lazybuf::default_device()?)?;
+//! buf.host_mut()?.fill(7);
+//! buf.sync_to_device()?;
+//! let recorded = trace::stop()?;
+//! println!("{}", recorded.summary()); // copies and bytes per buffer, direction and reason
+//! let json = recorded.to_chrome_json(); // open in ui.perfetto.dev or chrome://tracing
+//! assert!(json.contains("traceEvents"));
+//! # Ok::<(), lazybuf::Error>(())
+//! ```
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, VecDeque};

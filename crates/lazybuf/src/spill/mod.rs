@@ -23,6 +23,23 @@
 //! buffers) hold no device memory: they count nothing and are never evicted.
 //!
 //! See `docs/SPILLING.md` for the design, the guarantees and what is not built.
+//!
+//! ```
+//! use lazybuf::spill::{self, SharedBuffer};
+//! use lazybuf::{Device, UnifiedBuffer};
+//!
+//! let device = lazybuf::default_device()?; // a GPU's memory is what a budget is for
+//! spill::set_memory_limit(&device, Some(256 << 20)); // at most 256 MiB of device memory
+//! // A buffer eviction may reach: shared, behind a lock it can try.
+//! let buf = SharedBuffer::new(UnifiedBuffer::<f32>::on(&[1024], &device)?);
+//! buf.lock().host_mut()?.fill(1.0);
+//! buf.lock().sync_to_device()?; // room is made first when the budget needs it
+//! assert!(spill::memory_held(&device) <= spill::memory_limit(&device)?.unwrap());
+//! let stats = spill::spill_stats(&device); // evictions, clean ones, bytes written back...
+//! assert_eq!(stats.bytes_written_back, 0);
+//! spill::set_memory_limit(&device, None);
+//! # Ok::<(), lazybuf::Error>(())
+//! ```
 
 pub mod budget;
 pub mod disk;
