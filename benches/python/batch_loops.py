@@ -1,5 +1,5 @@
 """The seeds' batch loops at 4 KiB, for counting driver calls and instructions per batch
-(issue 24, items 2 and 3; docs/BENCHMARKS.md says how each count is taken).
+(docs/BENCHMARKS.md says how each count is taken).
 
     python batch_loops.py LOOP DEVICE BATCHES [STEPS]
 

@@ -1,4 +1,4 @@
-"""Instructions per step of a 4 KiB batch (issue 24, item 3), counted by callgrind with
+"""Instructions per step of a 4 KiB batch, counted by callgrind with
 collection toggled on only around the step measured (`cg_toggle.c`, through ctypes), in every
 one of BATCHES batches after three warm-up batches:
 

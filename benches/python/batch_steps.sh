@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Instructions per step of a 4 KiB batch of the seeds' loop (issue 24, item 3), counted by
+# Instructions per step of a 4 KiB batch of the seeds' loop, counted by
 # callgrind around each step alone (batch_steps.py; the toggles' own cost, step 0, is
 # subtracted). Prints one line per step: device | step | instructions per batch.
 #

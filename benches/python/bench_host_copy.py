@@ -1,4 +1,4 @@
-"""Large host copies (issue 24, item 4): lazybuf's host copy against one thread's memcpy and
+"""Large host copies: lazybuf's host copy against one thread's memcpy and
 NumPy's copy, in one process, per size.
 
 - `memcpy (1 thread)`: `ctypes.memmove` between two preallocated arrays (libc, one call);

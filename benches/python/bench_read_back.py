@@ -1,4 +1,4 @@
-"""Read-back of a buffer whose device copy is newer (issue 24, item 1): `to_numpy()` and, where
+"""Read-back of a buffer whose device copy is newer: `to_numpy()` and, where
 the build has it, `to_numpy(out=)`, against NumPy's copy of the same bytes and a single-thread
 memcpy, in one process.
 
@@ -6,7 +6,7 @@ Each round makes the device copy current and the host copy stale (`mark_device_d
 bytes moved) and reads it back; the time is the median over `--reps` rounds of the read-back
 alone. On the CUDA driver test double (LD_LIBRARY_PATH=target/cuda-double) "device" memory is
 host memory and a download is one memcpy on the stream's worker, so the count of copies shows
-as time: before issue 24 a read-back was a download into the host copy and a copy out (two),
+as time: before the one-copy read-back, a read-back was a download into the host copy and a copy out (two),
 now it is one.
 
 Usage: python bench_read_back.py [--device cuda] [--sizes 4MiB,64MiB] [--reps N]

@@ -1,4 +1,4 @@
-"""The event recorder's cost on the seeds' batch workflow (issue 23, docs/BENCHMARKS.md).
+"""The event recorder's cost on the seeds' batch workflow (docs/BENCHMARKS.md).
 
 Runs the "batch, new buffer" workflow of ``bench_workflows.py`` (a new buffer, a host write, a
 device access with a kernel's write, ``mark_device_dirty()``, ``to_numpy()``) with the recorder

@@ -68,7 +68,7 @@ from ._state import BufferState
 # PyDotCompute's name for what a device reports (lazybuf's Device has its fields).
 DeviceProperties = Device
 
-# Memory objects without coherence tracking (issue 11).
+# Memory objects without coherence tracking.
 from ._lazybuf import DeviceBuffer, Memory, MemoryDevice, MemoryHost, MemoryShared, to_device
 
 mr = _sys.modules["lazybuf.mr"]  # memory resources (RMM's rmm.mr), registered by the extension
@@ -90,7 +90,7 @@ from . import _dask
 
 _dask.install()
 
-# Seeing every copy (issue 23): the transfer guard and the event recorder (`lazybuf.trace`).
+# Seeing every copy: the transfer guard and the event recorder (`lazybuf.trace`).
 from . import trace
 from ._transfer_guard import (
     get_transfer_guard,

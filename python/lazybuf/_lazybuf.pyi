@@ -686,7 +686,7 @@ def _cli_main(argv: list[str]) -> int:
     """Runs the ``lazybuf`` command-line tool with ``argv`` (program name first); returns its
     exit status. ``python -m lazybuf`` calls it."""
 
-# --- Memory objects without coherence tracking (issue 11) ----------------------------------
+# --- Memory objects without coherence tracking ----------------------------------
 
 __all__ += [
     "DeviceBuffer",

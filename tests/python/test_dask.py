@@ -1,4 +1,4 @@
-"""Pickling with protocol 5 and the Dask integration (python/lazybuf/_dask.py, issue 15).
+"""Pickling with protocol 5 and the Dask integration (python/lazybuf/_dask.py).
 
 - protocol 5 hands out the host copy itself as a PickleBuffer (checked by address), syncs a
   buffer whose device copy alone is current first (counted), and older protocols still work;

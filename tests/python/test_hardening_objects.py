@@ -1,4 +1,4 @@
-"""Hardening of memory objects, DeviceBuffer and memory resources (issue 20): the defects a
+"""Hardening of memory objects, DeviceBuffer and memory resources: the defects a
 hostile tester found, each a test that failed before its fix.
 
 - the default resource is one object per device, and raw allocations live until they are

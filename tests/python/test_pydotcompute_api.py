@@ -1,4 +1,4 @@
-"""PyDotCompute 0.2.0's public API on lazybuf (issue 12, docs/MIGRATING.md).
+"""PyDotCompute 0.2.0's public API on lazybuf (docs/MIGRATING.md).
 
 Each test is written from what PyDotCompute's own code does (pydotcompute/core/
 unified_buffer.py, memory_pool.py, accelerator.py, exceptions.py; its unit tests'

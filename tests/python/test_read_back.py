@@ -1,4 +1,4 @@
-"""Read-backs move the data once (issue 24, item 1): `to_numpy()`, `to_numpy(out=)` and
+"""Read-backs move the data once: `to_numpy()`, `to_numpy(out=)` and
 `copy_to()` of a buffer whose device copy is newer copy the device copy straight into the
 array and leave the buffer as it was (the host copy stale, the state unchanged); a buffer whose
 host copy is wanted after such a read (read-modify-write on one buffer) updates the host copy

@@ -1,4 +1,4 @@
-"""Spilling under per-device memory limits (issue 22) from Python, on every device found:
+"""Spilling under per-device memory limits from Python, on every device found:
 ``set_memory_limit`` / ``get_memory_limit`` / ``LAZYBUF_MEMORY_LIMIT``, clean evictions that move
 no byte, write-backs of copies that hold the only current data, buffers that are exposed or
 opted out never evicted, a failed write-back that changes nothing, ``spill_stats``, and threads

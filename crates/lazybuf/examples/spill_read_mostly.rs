@@ -1,4 +1,4 @@
-//! The spilling benchmark (issue 22, item 8): a read-mostly loop whose working set is twice the
+//! The spilling benchmark: a read-mostly loop whose working set is twice the
 //! device's memory budget, run on every device found whose copies hold device memory (the host
 //! device's alias host memory and never spill), under four policies:
 //!

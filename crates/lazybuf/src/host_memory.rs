@@ -746,7 +746,7 @@ unsafe fn copy_bytes_with(dst: *mut u8, src: *const u8, len: usize, threads: usi
 /// The threads that copy the pieces of split host copies: a few parked workers of lazybuf's
 /// own, started on first use (one fewer than the most threads a copy has used, at most
 /// [`PARALLEL_COPY_THREADS`] - 1) and kept, so a large copy pays a wake-up, not a thread start
-/// and join (33-55 us each, issue 24). The calling thread copies the first piece and then takes
+/// and join (33-55 us each). The calling thread copies the first piece and then takes
 /// queued pieces itself while no worker has, so a copy waits on a worker only for the piece
 /// that worker is copying (at most [`PARALLEL_COPY_MAX_PIECE`]), never for one slow to wake. Fork: `fork` copies only the calling thread, so a child inherits the pool's queue
 /// (its lock possibly held by a worker that no longer exists) without its workers. Each pool
@@ -789,8 +789,8 @@ mod copy_workers {
     /// Copies `len` bytes with non-temporal stores (x86-64: SSE2 `movntdq`, then `sfence`), as
     /// glibc's `memcpy` does for one copy larger than its threshold (about 190 MiB on the
     /// development VM): the pieces of a large split copy are each below that threshold, and
-    /// with ordinary stores they ran at half the speed of one thread's streaming `memcpy`
-    /// (issue 24). Elsewhere, an ordinary copy.
+    /// with ordinary stores they ran at half the speed of one thread's streaming `memcpy`.
+    /// Elsewhere, an ordinary copy.
     ///
     /// # Safety
     /// `src` is valid for reads and `dst` for writes of `len` bytes; the ranges do not overlap.

@@ -1,4 +1,4 @@
-//! Spilling on out-of-memory without a budget (issue 22, item 1), through the CUDA driver-API
+//! Spilling on out-of-memory without a budget, through the CUDA driver-API
 //! test double, whose next allocation can be made to report `CUDA_ERROR_OUT_OF_MEMORY`: with
 //! an evictable device copy lazybuf evicts it and retries once; with none the runtime's error
 //! stands and nothing changed.

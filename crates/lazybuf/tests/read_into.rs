@@ -1,4 +1,4 @@
-//! Reads into outside memory ([`RawBuffer::read_into`], issue 24 item 1), on every device: the
+//! Reads into outside memory ([`RawBuffer::read_into`]), on every device: the
 //! current bytes copied once, straight from a newer device copy (the state unchanged), or
 //! from the host copy once the buffer has had to update it after such a read.
 

@@ -1,4 +1,4 @@
-//! The disk tier (issue 22, item 3): under a host memory limit, host copies that are the only
+//! The disk tier: under a host memory limit, host copies that are the only
 //! current data of shared buffers go to spill files and come back at the next access; pinned
 //! copies never go; files go with their data; a spill directory that cannot be written is a
 //! clear error and nothing is lost (in a child process, which gets its own directory).

@@ -1,4 +1,4 @@
-//! Model-based property test of spilling (issue 22, item 6): random sequences of accesses to
+//! Model-based property test of spilling: random sequences of accesses to
 //! several shared buffers on one device whose memory limit holds only two of their device
 //! copies, so sequences evict and reload constantly.
 //!
