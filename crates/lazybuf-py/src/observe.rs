@@ -154,7 +154,8 @@ impl PyTrace {
         summary.rows.iter().map(|((b, d, r), t)| (*b, d.name(), r.name(), t.copies, t.bytes)).collect()
     }
 
-    /// The events as dicts: `kind` (`transfer`, `allocate`, `free`, `pool`, `state`),
+    /// The events as dicts: `kind` (`transfer`, `allocate`, `free`, `pool`, `state`,
+    /// `rollback`, `checker_read`),
     /// `time_us`, `thread`, `stack` and the kind's own fields.
     fn events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let list = PyList::empty(py);
@@ -181,8 +182,9 @@ impl PyTrace {
                     d.set_item("bytes", bytes)?;
                     d.set_item("source", if *source == trace::Source::Cache { "cache" } else { "upstream" })?;
                 }
-                EventKind::Free { device, kind, bytes } => {
+                EventKind::Free { buffer, device, kind, bytes } => {
                     d.set_item("kind", "free")?;
+                    d.set_item("buffer", buffer)?;
                     d.set_item("device", device)?;
                     d.set_item("memory", kind.name())?;
                     d.set_item("bytes", bytes)?;
@@ -199,6 +201,19 @@ impl PyTrace {
                     d.set_item("from", from.to_string())?;
                     d.set_item("to", to.to_string())?;
                     d.set_item("call", call)?;
+                }
+                EventKind::Rollback { buffer, op, call } => {
+                    d.set_item("kind", "rollback")?;
+                    d.set_item("buffer", buffer)?;
+                    d.set_item("op", op)?;
+                    d.set_item("call", call)?;
+                }
+                EventKind::CheckerRead { buffer, device, bytes, duration } => {
+                    d.set_item("kind", "checker_read")?;
+                    d.set_item("buffer", buffer)?;
+                    d.set_item("device", device)?;
+                    d.set_item("bytes", bytes)?;
+                    d.set_item("duration_us", duration.as_secs_f64() * 1e6)?;
                 }
                 _ => d.set_item("kind", "other")?,
             }

@@ -7,6 +7,16 @@
 //! `host()` on the host device and on the first OpenCL device (if any) with the recorder off,
 //! then on (no stacks), interleaved five times (the medians are printed); then records 100 000
 //! events and times `Trace::to_chrome_json()` (the dump) and `Trace::summary()`.
+//!
+//! For instruction counts under `valgrind --tool=callgrind` (no timing, nothing printed):
+//!
+//! ```text
+//! trace_cost batch N host|opencl off|on    # N batch rounds: new 4 KiB buffer, host write,
+//!                                          # device(), mark_device_dirty(), to_vec(), drop
+//! trace_cost events N off|on               # N rounds of mark_host_dirty() + mark_device_dirty()
+//!                                          # on the host device: two state events each
+//! ```
+//! (instructions at N minus instructions at 0, over N, is one round's cost).
 
 use std::time::{Duration, Instant};
 
@@ -31,10 +41,60 @@ fn median(mut v: Vec<Duration>) -> Duration {
     v[v.len() / 2]
 }
 
+/// One round of the seeds' batch workflow on `device` (what `bench_trace.py` times in Python).
+fn batch(device: &Device) -> lazybuf::Result<()> {
+    let mut buf = UnifiedBuffer::<f32>::on(&[1024], device)?;
+    buf.host_mut()?.fill(2.0);
+    std::hint::black_box(buf.device()?);
+    buf.mark_device_dirty()?;
+    std::hint::black_box(buf.to_vec()?);
+    Ok(())
+}
+
+fn opencl() -> Option<Device> {
+    lazybuf::devices().into_iter().find(|d| d.backend_kind().name() == "opencl")
+}
+
+/// The callgrind modes (module docs).
+fn counted(args: &[String]) -> lazybuf::Result<()> {
+    let n: usize = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(0);
+    let on = args.last().map(String::as_str) == Some("on");
+    let device = if args.get(3).map(String::as_str) == Some("opencl") {
+        opencl().ok_or_else(|| lazybuf::Error::invalid("trace_cost", "no OpenCL device"))?
+    } else {
+        Device::host()
+    };
+    // Warm up outside the counted rounds' difference: the first round opens the runtime.
+    batch(&device)?;
+    if on {
+        trace::start(TraceOptions { capacity: 1 << 22, rust_backtrace: false })?;
+    }
+    if args[1] == "batch" {
+        for _ in 0..n {
+            batch(&device)?;
+        }
+    } else {
+        let mut buf = UnifiedBuffer::<f32>::on(&[1024], &device)?;
+        buf.host_mut()?.fill(1.0);
+        for _ in 0..n {
+            buf.mark_host_dirty()?;
+            buf.mark_device_dirty()?;
+        }
+    }
+    if on {
+        std::hint::black_box(trace::stop()?.events.len());
+    }
+    Ok(())
+}
+
 fn main() -> lazybuf::Result<()> {
-    let rounds: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(20_000);
+    let args: Vec<String> = std::env::args().collect();
+    if matches!(args.get(1).map(String::as_str), Some("batch" | "events")) {
+        return counted(&args);
+    }
+    let rounds: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(20_000);
     let mut devices = vec![Device::host()];
-    devices.extend(lazybuf::devices().into_iter().find(|d| d.backend_kind().name() == "opencl"));
+    devices.extend(opencl());
     for device in &devices {
         let (mut off, mut on) = (Vec::new(), Vec::new());
         for _ in 0..5 {
@@ -45,11 +105,15 @@ fn main() -> lazybuf::Result<()> {
         }
         let (off, on) = (median(off), median(on));
         let per = |d: Duration| d.as_nanos() as f64 / rounds as f64;
+        trace::start(TraceOptions { capacity: 1 << 22, rust_backtrace: false })?;
+        round_trips(device, rounds)?;
+        let events = trace::stop()?.events.len() as f64 / rounds as f64;
         println!(
-            "{device}: recorder off {:.0} ns/round, on {:.0} ns/round ({:+.1}%)",
+            "{device}: recorder off {:.0} ns/round, on {:.0} ns/round ({:+.1}%), {events:.1} events/round, {:.1} ns/event",
             per(off),
             per(on),
-            (per(on) / per(off) - 1.0) * 100.0
+            (per(on) / per(off) - 1.0) * 100.0,
+            (per(on) - per(off)) / events,
         );
     }
     trace::start(TraceOptions { capacity: 100_000, rust_backtrace: false })?;

@@ -261,3 +261,324 @@ fn fills_invalidations_and_releases_record_their_state_transitions() {
         assert_eq!(states.last().unwrap().2, BufferState::Uninitialized, "{device}");
     }
 }
+
+/// The recorded copies of `id` per direction, as the summary counts them.
+fn summed(recorded: &trace::Trace, id: u64) -> [(u64, u64); 3] {
+    let summary = recorded.summary();
+    Direction::ALL.map(|direction| {
+        summary
+            .rows
+            .iter()
+            .filter(|((b, d, _), _)| *b == id && *d == direction)
+            .fold((0, 0), |(c, n), (_, t)| (c + t.copies, n + t.bytes))
+    })
+}
+
+/// What the counters of `after` add to `before`, per direction.
+fn counted(before: lazybuf::TransferStats, after: lazybuf::TransferStats) -> [(u64, u64); 3] {
+    let pairs = |s: lazybuf::TransferStats| {
+        [s.host_to_device, s.device_to_host, s.device_to_device].map(|c| (c.copies, c.bytes))
+    };
+    let (b, a) = (pairs(before), pairs(after));
+    [0, 1, 2].map(|i| (a[i].0 - b[i].0, a[i].1 - b[i].1))
+}
+
+fn transfers_of(recorded: &trace::Trace, id: u64) -> Vec<(u64, Direction, &'static str)> {
+    recorded
+        .events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::Transfer { info, op, .. } if info.buffer == id => {
+                Some((*op, info.direction, info.cause.call))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+fn rollbacks_of(recorded: &trace::Trace, id: u64) -> Vec<u64> {
+    recorded
+        .events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::Rollback { buffer, op, .. } if *buffer == id => Some(*op),
+            _ => None,
+        })
+        .collect()
+}
+
+/// An asynchronous sync whose copy fails when it is settled is undone: its copy is rolled back
+/// (in the counters and in the trace's summary alike) and the state transition of the undoing
+/// is recorded.
+#[test]
+fn a_failed_async_transfer_records_its_rollback_and_state_transition() {
+    let _l = lock();
+    for base in common::devices() {
+        let (device, faults) = lazybuf::testing::FaultyDevice::wrap(&base);
+        let len = 1000;
+        let mut buf = common::direct(&device, len);
+        buf.host_mut().unwrap().copy_from_slice(&pattern(3, len));
+        buf.sync_to_device().unwrap();
+        buf.mark_host_dirty().unwrap();
+        let id = buf.raw().id();
+        let before = buf.transfer_stats();
+        trace::start(TraceOptions::default()).unwrap();
+        faults.defer_copy_faults(true);
+        faults.fail_copy_in(1);
+        let copies = !device.is_zero_copy(len * 4);
+        let asked = faults.copies();
+        let _transfer = buf.sync_to_device_async().unwrap();
+        let settled = buf.finish();
+        let recorded = trace::stop().unwrap();
+        faults.disarm();
+        assert_eq!(summed(&recorded, id), counted(before, buf.transfer_stats()), "{device}");
+        let transfers = transfers_of(&recorded, id);
+        let rollbacks = rollbacks_of(&recorded, id);
+        let states: Vec<(&str, BufferState, BufferState)> = recorded
+            .events
+            .iter()
+            .filter_map(|e| match &e.kind {
+                EventKind::State { buffer, from, to, call } if *buffer == id => Some((*call, *from, *to)),
+                _ => None,
+            })
+            .collect();
+        if faults.copies() == asked {
+            // A device whose copy aliases the host block may not call the runtime at all:
+            // nothing failed, nothing to undo.
+            assert!(!copies, "{device}");
+            settled.unwrap();
+            assert!(transfers.is_empty() && rollbacks.is_empty(), "{device}");
+            assert_eq!(states.len(), 1, "{device}: {states:?}");
+            continue;
+        }
+        // The sync's upload fails (on a device that aliases the host block too, where the
+        // runtime is still called), and its undoing puts the state back.
+        assert!(settled.is_err(), "{device}: the injected fault surfaces");
+        assert_eq!(buf.state(), BufferState::HostDirty, "{device}");
+        assert_eq!(
+            states,
+            [
+                ("sync_to_device_async", BufferState::HostDirty, BufferState::Synchronized),
+                ("rollback", BufferState::Synchronized, BufferState::HostDirty),
+            ],
+            "{device}"
+        );
+        if copies {
+            assert_eq!(transfers.len(), 1, "{device}: {transfers:?}");
+            assert_eq!(transfers[0].1, Direction::HostToDevice, "{device}");
+            assert_eq!(rollbacks, [transfers[0].0], "{device}");
+            let doc: Value = serde_json::from_str(&recorded.to_chrome_json()).unwrap();
+            let events = doc["traceEvents"].as_array().unwrap();
+            events.iter().for_each(check_event);
+            assert!(events.iter().any(|e| e["cat"] == "rollback" && e["args"]["buffer"] == id));
+            assert!(
+                events
+                    .iter()
+                    .filter(|e| e["cat"] == "transfer" && e["args"]["buffer"] == id)
+                    .all(|e| e["args"]["rolled_back"] == true)
+            );
+        } else {
+            // A sync with a copy that aliases the host block moves nothing: no copy to undo.
+            assert!(transfers.is_empty() && rollbacks.is_empty(), "{device}");
+        }
+    }
+}
+
+/// A plan of two copies (device to host, host to another device) whose second copy fails:
+/// the first copy ran and stays in the timeline, but the counters take it back and so does
+/// the summary, through the rollback event of its plan.
+#[test]
+fn a_copy_before_a_failed_later_copy_of_its_plan_is_rolled_back() {
+    let _l = lock();
+    for home in common::devices() {
+        let (other, faults) = lazybuf::testing::FaultyDevice::wrap(&home);
+        let len = 1000;
+        let mut buf = common::direct(&home, len);
+        buf.host_mut().unwrap().copy_from_slice(&pattern(4, len));
+        buf.sync_to_device().unwrap();
+        buf.mark_device_dirty().unwrap();
+        let id = buf.raw().id();
+        let before = buf.transfer_stats();
+        trace::start(TraceOptions::default()).unwrap();
+        faults.fail_copy_in(1);
+        let result = buf.device_on(&other).map(drop);
+        let recorded = trace::stop().unwrap();
+        faults.disarm();
+        assert_eq!(summed(&recorded, id), counted(before, buf.transfer_stats()), "{home}");
+        assert_eq!(buf.transfer_stats(), before, "{home}: a failed access counts nothing");
+        let transfers = transfers_of(&recorded, id);
+        let rollbacks = rollbacks_of(&recorded, id);
+        // Every recorded copy belongs to a rolled-back plan; a copy into the faulty device
+        // fails before it is recorded.
+        assert!(
+            transfers.iter().all(|(op, ..)| rollbacks.contains(op)),
+            "{home}: {transfers:?} {rollbacks:?}"
+        );
+        assert!(result.is_err(), "{home}: the injected fault surfaces");
+        if !home.is_zero_copy(len * 4) && !other.can_copy_from(&home) {
+            // The download ran first: it is in the trace, and rolled back.
+            assert_eq!(transfers.len(), 1, "{home}: {transfers:?}");
+            assert_eq!(transfers[0].1, Direction::DeviceToHost, "{home}");
+            assert_eq!(rollbacks, [transfers[0].0], "{home}");
+        }
+        assert_eq!(buf.to_vec().unwrap(), pattern(4, len), "{home}");
+    }
+}
+
+/// Every free names the buffer that owned the block, on every path: a release, a drop, and
+/// the undoing of a failed access that had allocated.
+#[test]
+fn frees_name_the_buffer_that_owned_the_memory() {
+    let _l = lock();
+    for base in common::devices() {
+        let (device, faults) = lazybuf::testing::FaultyDevice::wrap(&base);
+        let len = 1000;
+        trace::start(TraceOptions::default()).unwrap();
+        let mut buf = common::direct(&device, len);
+        let id = buf.raw().id();
+        buf.host_mut().unwrap().copy_from_slice(&pattern(5, len));
+        // The upload fails after the device memory was allocated: the allocation is undone.
+        faults.fail_copy_in(1);
+        let failed = buf.sync_to_device();
+        faults.disarm();
+        buf.sync_to_device().unwrap();
+        drop(buf);
+        let recorded = trace::stop().unwrap();
+        assert!(failed.is_err(), "{device}: the injected fault surfaces");
+        let (mut allocated, mut freed) = (0, 0);
+        for event in &recorded.events {
+            match &event.kind {
+                EventKind::Allocate { buffer, bytes, .. } if *buffer == id => allocated += bytes,
+                EventKind::Free { buffer, bytes, .. } => {
+                    assert!(buffer.is_some(), "{device}: a buffer's free names no buffer");
+                    if *buffer == Some(id) {
+                        freed += bytes;
+                    }
+                }
+                _ => {}
+            }
+        }
+        assert!(allocated > 0, "{device}");
+        assert_eq!(freed, allocated, "{device}: every block the buffer took is freed under its id");
+        let doc: Value = serde_json::from_str(&recorded.to_chrome_json()).unwrap();
+        let events = doc["traceEvents"].as_array().unwrap();
+        assert!(
+            events
+                .iter()
+                .any(|e| e["name"].as_str().is_some_and(|n| n.starts_with("free"))
+                    && e["args"]["buffer"] == id)
+        );
+    }
+}
+
+/// The coherence checker's read of a device copy is recorded as what it is: a checker read,
+/// no copy (not in the summary, not in the counters), and the transfer guard does not refuse
+/// it (the user turned the checker on).
+#[test]
+fn the_checkers_comparison_read_is_its_own_event_and_no_copy() {
+    let _l = lock();
+    for device in common::devices() {
+        let len = 1000;
+        let mut buf = UnifiedBuffer::<u32>::on(&[len], &device).unwrap();
+        buf.host_mut().unwrap().copy_from_slice(&pattern(6, len));
+        buf.device().unwrap(); // handed out for reading: the checker compares it
+        let id = buf.raw().id();
+        let before = buf.transfer_stats();
+        lazybuf::set_checking(true);
+        trace::start(TraceOptions::default()).unwrap();
+        let read = {
+            let _refuse = observe::guard::scope(observe::guard::GuardLevels::all(
+                observe::guard::GuardLevel::DisallowExplicit,
+            ));
+            buf.host().map(<[u32]>::to_vec)
+        };
+        let recorded = trace::stop().unwrap();
+        lazybuf::set_checking(false);
+        assert_eq!(read.unwrap(), pattern(6, len), "{device}: the guard does not refuse the checker");
+        assert_eq!(buf.transfer_stats(), before, "{device}: the checker's read is not counted");
+        assert!(transfers_of(&recorded, id).is_empty(), "{device}");
+        assert_eq!(summed(&recorded, id), [(0, 0); 3], "{device}");
+        let reads: Vec<usize> = recorded
+            .events
+            .iter()
+            .filter_map(|e| match &e.kind {
+                EventKind::CheckerRead { buffer, bytes, .. } if *buffer == id => Some(*bytes),
+                _ => None,
+            })
+            .collect();
+        // A copy that aliases the host block is the host block: nothing to compare.
+        let expected: &[usize] = if device.is_zero_copy(len * 4) { &[] } else { &[len * 4] };
+        assert_eq!(reads, expected, "{device}");
+        let doc: Value = serde_json::from_str(&recorded.to_chrome_json()).unwrap();
+        let events = doc["traceEvents"].as_array().unwrap();
+        events.iter().for_each(check_event);
+        assert_eq!(events.iter().filter(|e| e["cat"] == "checker").count(), expected.len(), "{device}");
+    }
+}
+
+/// Events of several threads are all gathered, each thread's in its order: those still staged
+/// in a running thread's chunk, and those of threads that have exited.
+#[test]
+fn every_threads_events_are_gathered_in_order() {
+    let _l = lock();
+    let device = common::devices().pop().unwrap();
+    trace::start(TraceOptions::default()).unwrap();
+    let (go, wait) = std::sync::mpsc::channel::<()>();
+    let (done, finished) = std::sync::mpsc::channel::<u64>();
+    // One thread records and stays alive (its events are staged), one records and exits.
+    let staying = {
+        let device = device.clone();
+        std::thread::spawn(move || {
+            let mut buf = UnifiedBuffer::<u32>::on(&[16], &device).unwrap();
+            for _ in 0..10 {
+                buf.mark_host_dirty().unwrap();
+                buf.mark_device_dirty().unwrap();
+            }
+            done.send(buf.raw().id()).unwrap();
+            wait.recv().unwrap();
+        })
+    };
+    let exited = {
+        let device = device.clone();
+        std::thread::spawn(move || {
+            let mut buf = UnifiedBuffer::<u32>::on(&[16], &device).unwrap();
+            for _ in 0..100 {
+                buf.mark_host_dirty().unwrap();
+                buf.mark_device_dirty().unwrap();
+            }
+            buf.raw().id()
+        })
+        .join()
+        .unwrap()
+    };
+    let staying_id = finished.recv().unwrap();
+    let snapshot = trace::snapshot().unwrap();
+    go.send(()).unwrap();
+    staying.join().unwrap();
+    let recorded = trace::stop().unwrap();
+    for (trace, what) in [(&snapshot, "snapshot"), (&recorded, "stop")] {
+        for (id, rounds) in [(staying_id, 10), (exited, 100)] {
+            let states: Vec<BufferState> = trace
+                .events
+                .iter()
+                .filter_map(|e| match &e.kind {
+                    EventKind::State { buffer, to, .. } if *buffer == id => Some(*to),
+                    _ => None,
+                })
+                .filter(|to| matches!(to, BufferState::HostDirty | BufferState::DeviceDirty))
+                .collect();
+            // Each round after the first: dirty host, then dirty device.
+            assert!(states.len() > 2 * (rounds - 1), "{what}: {id}: {states:?}");
+            let last = &states[states.len() - 2 * (rounds - 1)..];
+            assert!(
+                last.chunks(2).all(|w| w == [BufferState::HostDirty, BufferState::DeviceDirty]),
+                "{what}: {states:?}"
+            );
+        }
+        let seqs: Vec<u64> = trace.events.iter().map(|e| e.seq).collect();
+        assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1));
+        assert!(trace.events.windows(2).all(|w| w[0].thread != w[1].thread
+            || w[0].time <= w[1].time
+            || matches!(w[1].kind, EventKind::Transfer { .. })));
+    }
+}

@@ -84,6 +84,9 @@ pub(super) struct InFlight {
     pub(super) undo: Undo,
     /// What the transfer added to the buffer's counters.
     pub(super) stats: TransferStats,
+    /// Its plan's number in the recorder's events (0: none of its copies was recorded), for
+    /// the rollback event when it fails.
+    pub(super) op: u64,
 }
 
 impl InFlight {

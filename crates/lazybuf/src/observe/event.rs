@@ -1,6 +1,7 @@
 //! What the recorder records: one [`Event`] per thing lazybuf did to memory, of an
 //! [`EventKind`]. The recorder ([`super::trace`]), the JSON export ([`super::json`]) and the
-//! `tracing` events read these types; they depend on nothing of those.
+//! `tracing` events read these types; they depend on nothing of those. (While recording,
+//! events are staged as plain numbers, `record.rs`, and become these when exported.)
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -48,6 +49,10 @@ pub enum EventKind {
         stream: usize,
         /// Enqueue to completion, when the call waited for it.
         duration: Option<Duration>,
+        /// The plan execution (one access or sync) that made it, unique in the process; 0 for
+        /// a copy outside the plans. A later [`EventKind::Rollback`] of the same `op` undoes
+        /// it in the counters, and in [`super::trace::Trace::summary`].
+        op: u64,
     },
     /// A buffer took a block.
     Allocate {
@@ -64,6 +69,8 @@ pub enum EventKind {
     },
     /// A buffer gave a block back.
     Free {
+        /// The buffer that owned it (`None`: memory no buffer owned).
+        buffer: Option<u64>,
         /// The device.
         device: String,
         /// Host or device memory.
@@ -90,6 +97,32 @@ pub enum EventKind {
         to: BufferState,
         /// The call.
         call: &'static str,
+    },
+    /// The copies of plan execution `op` were undone: a later step of the same plan failed,
+    /// or an asynchronous transfer failed when it was settled. The transfer counters take
+    /// them back, and so does [`super::trace::Trace::summary`]; the copies stay in the
+    /// timeline (their bytes did move).
+    Rollback {
+        /// The buffer.
+        buffer: u64,
+        /// The plan execution whose copies are undone ([`EventKind::Transfer`]'s `op`).
+        op: u64,
+        /// The call that made them.
+        call: &'static str,
+    },
+    /// The coherence checker ([`crate::checking`]) read a device copy back to compare it with
+    /// the host: a download into the checker's own scratch memory, not a lazybuf transfer (the
+    /// counters do not count it, the summary does not either, and the transfer guard does not
+    /// refuse it: the checker is a debugging tool the user turned on).
+    CheckerRead {
+        /// The buffer.
+        buffer: u64,
+        /// The device read from.
+        device: String,
+        /// Bytes read.
+        bytes: usize,
+        /// Enqueue to completion (the checker waits for it).
+        duration: Duration,
     },
 }
 

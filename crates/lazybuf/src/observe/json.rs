@@ -8,9 +8,13 @@
 //! copy, whose end is not recorded); memory in use per device and kind as counter events
 //! (`ph: "C"`, name `memory <device> <kind>`, args `{"bytes": n}`). Every copy's `args` hold
 //! `buffer`, `direction` (`h2d`, `d2h`, `d2d`), `bytes`, `from`, `to`, `call`, `reason`,
-//! `async`. Times are microseconds since the recorder started.
+//! `async`, `op` (its plan execution) and `rolled_back` (a later rollback event of the same
+//! `op` undid it in the counters); a rollback is an instant event (`cat: "rollback"`) on its
+//! thread's track, a coherence checker read a complete event (`cat: "checker"`) there too.
+//! Frees name the `buffer` that owned the block (`null`: none). Times are microseconds since
+//! the recorder started.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt::Write;
 
 use super::event::{EventKind, Source};
@@ -36,6 +40,14 @@ fn chrome(trace: &Trace) -> String {
     let mut streams: HashMap<usize, u64> = HashMap::new();
     let mut threads: Vec<u64> = Vec::new();
     let mut in_use: HashMap<(String, &'static str), i128> = HashMap::new();
+    let undone: HashSet<(u64, u64)> = trace
+        .events
+        .iter()
+        .filter_map(|event| match event.kind {
+            EventKind::Rollback { buffer, op, .. } => Some((buffer, op)),
+            _ => None,
+        })
+        .collect();
     for event in &trace.events {
         let ts = event.time.as_nanos() as f64 / 1000.0;
         if !matches!(event.kind, EventKind::Transfer { .. }) && !threads.contains(&event.thread) {
@@ -49,7 +61,7 @@ fn chrome(trace: &Trace) -> String {
         out.push(',');
         let mut memory = None;
         match &event.kind {
-            EventKind::Transfer { info, stream, duration } => {
+            EventKind::Transfer { info, stream, duration, op } => {
                 let next = STREAM_TRACKS + streams.len() as u64;
                 let tid = *streams.entry(*stream).or_insert_with(|| {
                     let device = if info.direction == super::Direction::DeviceToHost { &info.from } else { &info.to };
@@ -64,7 +76,7 @@ fn chrome(trace: &Trace) -> String {
                 let dur = duration.map_or(0.0, |d| d.as_nanos() as f64 / 1000.0);
                 let _ = write!(
                     out,
-                    r#"{{"name":"{dir} {bytes} B","cat":"transfer","ph":"X","ts":{ts:.3},"dur":{dur:.3},"pid":1,"tid":{tid},"args":{{"buffer":{buffer},"direction":"{dir}","bytes":{bytes},"from":"{from}","to":"{to}","call":"{call}","reason":"{reason}","async":{is_async}}}}}"#,
+                    r#"{{"name":"{dir} {bytes} B","cat":"transfer","ph":"X","ts":{ts:.3},"dur":{dur:.3},"pid":1,"tid":{tid},"args":{{"buffer":{buffer},"direction":"{dir}","bytes":{bytes},"from":"{from}","to":"{to}","call":"{call}","reason":"{reason}","async":{is_async},"op":{op},"rolled_back":{rolled_back}}}}}"#,
                     dir = info.direction.name(),
                     bytes = info.bytes,
                     buffer = info.buffer,
@@ -73,6 +85,7 @@ fn chrome(trace: &Trace) -> String {
                     call = escape(info.cause.call),
                     reason = info.cause.reason.name(),
                     is_async = duration.is_none(),
+                    rolled_back = *op != 0 && undone.contains(&(info.buffer, *op)),
                 );
             }
             EventKind::Allocate { buffer, device, kind, bytes, source } => {
@@ -89,13 +102,14 @@ fn chrome(trace: &Trace) -> String {
                 );
                 memory = Some((device, kind.name(), *bytes as i128));
             }
-            EventKind::Free { device, kind, bytes } => {
+            EventKind::Free { buffer, device, kind, bytes } => {
                 let _ = write!(
                     out,
-                    r#"{{"name":"free {kind} {bytes} B","cat":"memory","ph":"i","s":"t","ts":{ts:.3},"pid":1,"tid":{tid},"args":{{"device":"{device}","kind":"{kind}","bytes":{bytes}}}}}"#,
+                    r#"{{"name":"free {kind} {bytes} B","cat":"memory","ph":"i","s":"t","ts":{ts:.3},"pid":1,"tid":{tid},"args":{{"buffer":{buffer},"device":"{device}","kind":"{kind}","bytes":{bytes}}}}}"#,
                     kind = kind.name(),
                     tid = event.thread,
                     device = escape(device),
+                    buffer = buffer.map_or_else(|| "null".to_string(), |b| b.to_string()),
                 );
                 memory = Some((device, kind.name(), -(*bytes as i128)));
             }
@@ -114,6 +128,23 @@ fn chrome(trace: &Trace) -> String {
                     r#"{{"name":"buffer {buffer} {to}","cat":"state","ph":"i","s":"t","ts":{ts:.3},"pid":1,"tid":{tid},"args":{{"buffer":{buffer},"from":"{from}","to":"{to}","call":"{call}"}}}}"#,
                     tid = event.thread,
                     call = escape(call),
+                );
+            }
+            EventKind::Rollback { buffer, op, call } => {
+                let _ = write!(
+                    out,
+                    r#"{{"name":"buffer {buffer} rollback","cat":"rollback","ph":"i","s":"t","ts":{ts:.3},"pid":1,"tid":{tid},"args":{{"buffer":{buffer},"op":{op},"call":"{call}"}}}}"#,
+                    tid = event.thread,
+                    call = escape(call),
+                );
+            }
+            EventKind::CheckerRead { buffer, device, bytes, duration } => {
+                let _ = write!(
+                    out,
+                    r#"{{"name":"checker read {bytes} B","cat":"checker","ph":"X","ts":{ts:.3},"dur":{dur:.3},"pid":1,"tid":{tid},"args":{{"buffer":{buffer},"device":"{device}","bytes":{bytes}}}}}"#,
+                    dur = duration.as_nanos() as f64 / 1000.0,
+                    tid = event.thread,
+                    device = escape(device),
                 );
             }
         }

@@ -29,6 +29,7 @@ mod event;
 pub mod guard;
 mod json;
 pub(crate) mod kinds;
+mod record;
 
 pub use kinds::Direction;
 pub mod trace;
@@ -94,15 +95,6 @@ pub fn set_tracing_events(on: bool) {
 #[inline(always)]
 pub(crate) fn tracing_events() -> bool {
     ACTIVE.load(Ordering::Relaxed) & TRACING_BIT != 0
-}
-
-/// Sends `kind` to `tracing` when [`set_tracing_events`] is on (the recorder's every event).
-#[cfg(feature = "tracing")]
-#[inline]
-pub(crate) fn emit_to_tracing(kind: &event::EventKind) {
-    if tracing_events() {
-        tracing_events::emit(kind);
-    }
 }
 
 fn set_bit(bit: u8, on: bool) {
@@ -238,13 +230,12 @@ pub struct Started {
 impl Started {
     /// The copy is enqueued and will complete later (its end is not recorded).
     pub fn enqueued(self, stream: usize) {
-        trace::record_transfer(self.info, stream, self.start, None);
+        trace::record_transfer(self.info, stream, self.start, false);
     }
 
     /// The copy has completed (it was waited for).
     pub fn finished(self, stream: usize) {
-        let elapsed = self.start.elapsed();
-        trace::record_transfer(self.info, stream, self.start, Some(elapsed));
+        trace::record_transfer(self.info, stream, self.start, true);
     }
 }
 
@@ -269,9 +260,4 @@ pub fn transfer(info: impl FnOnce() -> TransferInfo) -> Result<Option<Started>> 
     let info = info();
     guard::check(std::slice::from_ref(&info))?;
     Ok(emitting().then(|| Started { info, start: Instant::now() }))
-}
-
-/// What a [`Started`] copy reports when the engine executes it.
-pub(crate) fn started_at(info: TransferInfo, start: Instant) -> Started {
-    Started { info, start }
 }

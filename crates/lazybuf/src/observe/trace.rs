@@ -7,15 +7,25 @@
 //! when the call waited for it: enqueue to completion, as the blocking call saw it; an
 //! asynchronous sync's copies are recorded when enqueued, without a duration), the memory
 //! buffers take and give back (device, host or device kind, bytes, served from a pool's
-//! cache or from upstream), pool hits and misses, and each buffer's state transitions. On
-//! request each event carries the Rust backtrace, and the stack its binding gave
-//! ([`call_with_stack`]: Python's).
+//! cache or from upstream, and for frees the buffer that owned the block), pool hits and
+//! misses, each buffer's state transitions (those of a failed asynchronous transfer's undoing
+//! included), the rollback of a plan's copies when a later step of the plan fails or its
+//! asynchronous transfer fails ([`EventKind::Rollback`]: the counters take those copies back,
+//! and so does the [`Summary`]), and the coherence checker's comparison reads
+//! ([`EventKind::CheckerRead`], no transfer). On request each event carries the Rust
+//! backtrace, and the stack its binding gave ([`call_with_stack`]: Python's).
+//!
+//! Each thread stages its events in a chunk of its own (`record.rs`): an event is a few
+//! plain numbers (devices and calls by number, names resolved when a trace is exported), one
+//! `Instant::now()` and no lock or allocation. [`snapshot`] and [`stop`] gather every
+//! thread's events, ordered by time (a thread's own events in the order it recorded them).
 //!
 //! A [`Trace`] exports as Chrome trace-event JSON ([`Trace::to_chrome_json`], for
 //! ui.perfetto.dev and chrome://tracing) and as a plain [`Summary`]: copies and bytes per
 //! buffer, direction and reason.
 //!
-//! Recording off: the hooks cost one atomic load and no event memory exists. With the crate
+//! Recording off: the hooks cost one atomic load and no ring exists (a thread that recorded
+//! keeps its small staging chunk until it records again or exits). With the crate
 //! feature `tracing`, [`super::set_tracing_events`] sends the same events to the `tracing`
 //! crate, recorder or not.
 //!
@@ -34,16 +44,16 @@
 //! # Ok::<(), lazybuf::Error>(())
 //! ```
 
-use std::cell::{Cell, RefCell};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashSet};
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub use super::event::{Event, EventKind, MemoryKind, Source};
-use super::{Direction, Reason, TRACE_BIT, TransferInfo};
+use super::record::{self, Dev, Entry, HOST, Local, Names, Raw};
+use super::{Cause, Direction, Reason, TRACE_BIT, TransferInfo};
 use crate::coherence::BufferState;
+use crate::device::Device;
 use crate::error::{Error, Result};
 
 /// How to record.
@@ -70,52 +80,45 @@ pub struct Trace {
     pub dropped: u64,
 }
 
-struct Recorder {
-    options: TraceOptions,
-    origin: Instant,
-    events: VecDeque<Event>,
-    seq: u64,
-    dropped: u64,
-}
-
-static RECORDER: Mutex<Option<Recorder>> = Mutex::new(None);
-
-fn recorder() -> std::sync::MutexGuard<'static, Option<Recorder>> {
-    // Nothing panics while holding the lock: a poisoned ring is still consistent.
-    RECORDER.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 /// Starts recording; an error if recording already or `capacity` is 0.
 pub fn start(options: TraceOptions) -> Result<()> {
     if options.capacity == 0 {
         return Err(Error::invalid("trace.start", "expected a capacity of at least 1 event, got 0"));
     }
-    let mut slot = recorder();
-    if slot.is_some() {
+    let mut global = record::global();
+    if global.session.is_some() {
         return Err(Error::invalid("trace.start", "the recorder is already recording; stop() it first"));
     }
-    *slot = Some(Recorder { options, origin: Instant::now(), events: VecDeque::new(), seq: 0, dropped: 0 });
+    record::begin(&mut global, options.capacity, options.rust_backtrace);
     super::set_bit(TRACE_BIT, true);
     Ok(())
 }
 
-/// Stops recording and returns what was recorded; an error if not recording.
+/// Stops recording and returns what was recorded (every thread's events, in order); an error
+/// if not recording.
 pub fn stop() -> Result<Trace> {
-    let mut slot = recorder();
-    let Some(rec) = slot.take() else {
+    let mut global = record::global();
+    if global.session.is_none() {
         return Err(Error::invalid("trace.stop", "the recorder is not recording; start() it first"));
-    };
+    }
+    let (entries, dropped) = record::collect(&global);
+    let origin = global.session.as_ref().map_or(0, |s| s.origin);
     super::set_bit(TRACE_BIT, false);
-    Ok(Trace { events: rec.events.into(), dropped: rec.dropped })
+    drop(record::end(&mut global));
+    drop(global);
+    Ok(export(entries, dropped, origin))
 }
 
 /// What was recorded so far, recording on; an error if not recording.
 pub fn snapshot() -> Result<Trace> {
-    let slot = recorder();
-    let Some(rec) = slot.as_ref() else {
+    let global = record::global();
+    let Some(session) = global.session.as_ref() else {
         return Err(Error::invalid("trace.snapshot", "the recorder is not recording; start() it first"));
     };
-    Ok(Trace { events: rec.events.iter().cloned().collect(), dropped: rec.dropped })
+    let origin = session.origin;
+    let (entries, dropped) = record::collect(&global);
+    drop(global);
+    Ok(export(entries, dropped, origin))
 }
 
 /// Whether the recorder runs.
@@ -123,98 +126,227 @@ pub fn is_recording() -> bool {
     super::recording()
 }
 
-static NEXT_THREAD: AtomicU64 = AtomicU64::new(1);
+/// The public events of `entries`, names resolved.
+fn export(entries: Vec<Entry>, dropped: u64, origin: u64) -> Trace {
+    let names = record::names();
+    let events = entries
+        .into_iter()
+        .enumerate()
+        .map(|(seq, entry)| {
+            let (kind, at) = resolve(entry.raw, entry.time, &names);
+            Event {
+                seq: dropped + seq as u64,
+                time: Duration::from_nanos(at.saturating_sub(origin)),
+                thread: entry.thread,
+                kind,
+                stack: entry.stack,
+            }
+        })
+        .collect();
+    Trace { events, dropped }
+}
 
-thread_local! {
-    static THREAD_ID: u64 = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
-    static STACK: RefCell<Option<Arc<str>>> = const { RefCell::new(None) };
-    /// The outcome of this thread's last pool lookup: whether it hit.
-    static POOL_HIT: Cell<Option<bool>> = const { Cell::new(None) };
+/// The public kind of `raw`, recorded at `time`, and the time it is shown at (a copy's or a
+/// checker read's start).
+fn resolve(raw: Raw, time: u64, names: &Names) -> (EventKind, u64) {
+    let name = |device: Dev| names.device(device).to_string();
+    match raw {
+        Raw::Transfer { buffer, op, direction, bytes, from, to, call, reason, stream, start, waited } => (
+            EventKind::Transfer {
+                info: TransferInfo {
+                    buffer,
+                    direction,
+                    bytes: bytes as usize,
+                    from: name(from),
+                    to: name(to),
+                    cause: Cause { call: names.call(call), reason },
+                },
+                stream: stream as usize,
+                duration: waited.then(|| Duration::from_nanos(time.saturating_sub(start))),
+                op,
+            },
+            start,
+        ),
+        Raw::Allocate { buffer, device, kind, bytes, source } => {
+            (EventKind::Allocate { buffer, device: name(device), kind, bytes: bytes as usize, source }, time)
+        }
+        Raw::Free { buffer, device, kind, bytes } => (
+            EventKind::Free {
+                buffer: (buffer != 0).then_some(buffer),
+                device: name(device),
+                kind,
+                bytes: bytes as usize,
+            },
+            time,
+        ),
+        Raw::Pool { hit, device, bytes } => {
+            (EventKind::Pool { hit, device: name(device), bytes: bytes as usize }, time)
+        }
+        Raw::State { buffer, from, to, call } => {
+            (EventKind::State { buffer, from, to, call: names.call(call) }, time)
+        }
+        Raw::Rollback { buffer, op, call } => {
+            (EventKind::Rollback { buffer, op, call: names.call(call) }, time)
+        }
+        Raw::CheckerRead { buffer, device, bytes, start } => (
+            EventKind::CheckerRead {
+                buffer,
+                device: name(device),
+                bytes: bytes as usize,
+                duration: Duration::from_nanos(time.saturating_sub(start)),
+            },
+            start,
+        ),
+    }
 }
 
 /// Runs `f` with `stack` (a binding's call stack, in words) attached to the events it records
 /// on this thread.
 pub fn call_with_stack<R>(stack: Option<Arc<str>>, f: impl FnOnce() -> R) -> R {
-    let previous = STACK.with(|s| s.replace(stack));
+    let previous = record::with_local(|l| l.stack.replace(stack)).flatten();
     struct Put(Option<Arc<str>>);
     impl Drop for Put {
         fn drop(&mut self) {
             let previous = self.0.take();
-            let _ = STACK.try_with(|s| *s.borrow_mut() = previous);
+            let _ = record::with_local(|l| *l.stack.borrow_mut() = previous);
         }
     }
     let _put = Put(previous);
     f()
 }
 
-fn push(kind: EventKind) {
-    push_at(kind, None);
+/// Records the event `build` makes (while events are wanted: the caller checked
+/// [`super::emitting`]), stamped now.
+#[inline]
+fn emit(build: impl FnOnce(&Local) -> Raw) {
+    record::with_local(|local| {
+        let raw = build(local);
+        let at = local.now();
+        #[cfg(feature = "tracing")]
+        if super::tracing_events() {
+            super::tracing_events::emit(&resolve(raw, at, &record::names()).0);
+        }
+        local.push(at, raw);
+    });
 }
 
-/// Records `kind`, as of `at` (else now).
-fn push_at(kind: EventKind, at: Option<Instant>) {
-    #[cfg(feature = "tracing")]
-    super::emit_to_tracing(&kind);
-    if !super::recording() {
-        return;
-    }
-    let thread = THREAD_ID.try_with(|id| *id).unwrap_or(0);
-    let given = STACK.try_with(|s| s.borrow().clone()).ok().flatten();
-    let mut slot = recorder();
-    let Some(rec) = slot.as_mut() else { return };
-    let stack = if rec.options.rust_backtrace {
-        let rust = std::backtrace::Backtrace::force_capture().to_string();
-        Some(match given {
-            Some(given) => format!("{given}\n{rust}").into(),
-            None => rust.into(),
-        })
-    } else {
-        given
-    };
-    if rec.events.len() >= rec.options.capacity {
-        rec.events.pop_front();
-        rec.dropped += 1;
-    }
-    let time = at.map_or_else(|| rec.origin.elapsed(), |at| at.saturating_duration_since(rec.origin));
-    let event = Event { seq: rec.seq, time, thread, kind, stack };
-    rec.seq += 1;
-    rec.events.push_back(event);
+/// Now, as events count time (nanoseconds since a process-wide epoch): a copy's start.
+#[inline]
+pub(crate) fn now() -> u64 {
+    record::with_local(Local::now).unwrap_or_else(record::now)
 }
 
-pub(crate) fn record_transfer(info: TransferInfo, stream: usize, start: Instant, duration: Option<Duration>) {
-    push_at(EventKind::Transfer { info, stream, duration }, Some(start));
+/// A new plan execution's number, for its copies' events and their rollback.
+pub(crate) fn next_op() -> u64 {
+    record::with_local(Local::next_op).unwrap_or(0)
 }
 
-/// Records a buffer's new block (only while recording).
-pub(crate) fn record_allocate(buffer: u64, device: impl FnOnce() -> String, kind: MemoryKind, bytes: usize) {
+/// One copy the engine executed (its devices: `None` is the host).
+pub(crate) struct CopyEvent<'a> {
+    pub(crate) buffer: u64,
+    pub(crate) op: u64,
+    pub(crate) direction: Direction,
+    pub(crate) bytes: usize,
+    pub(crate) from: Option<&'a Device>,
+    pub(crate) to: Option<&'a Device>,
+    pub(crate) cause: Cause,
+    pub(crate) stream: usize,
+    /// When it started ([`now`]).
+    pub(crate) start: u64,
+    /// Whether the call waited for it (it ended just now).
+    pub(crate) waited: bool,
+}
+
+/// Records a copy the engine executed.
+pub(crate) fn record_copy(copy: CopyEvent<'_>) {
+    emit(|local| {
+        let dev = |d: Option<&Device>| d.map_or(HOST, |d| local.dev(d));
+        Raw::Transfer {
+            buffer: copy.buffer,
+            op: copy.op,
+            direction: copy.direction,
+            bytes: copy.bytes as u64,
+            from: dev(copy.from),
+            to: dev(copy.to),
+            call: local.call(copy.cause.call),
+            reason: copy.cause.reason,
+            stream: copy.stream as u64,
+            start: copy.start,
+            waited: copy.waited,
+        }
+    });
+}
+
+/// Records a copy reported through [`super::transfer`] (devices known by name).
+pub(crate) fn record_transfer(info: TransferInfo, stream: usize, start: Instant, waited: bool) {
+    let (from, to) = (record::named_device(&info.from), record::named_device(&info.to));
+    emit(|local| Raw::Transfer {
+        buffer: info.buffer,
+        op: 0,
+        direction: info.direction,
+        bytes: info.bytes as u64,
+        from,
+        to,
+        call: local.call(info.cause.call),
+        reason: info.cause.reason,
+        stream: stream as u64,
+        start: record::since_epoch(start),
+        waited,
+    });
+}
+
+/// Records a buffer's new block (only while events are wanted).
+#[inline]
+pub(crate) fn record_allocate(buffer: u64, device: &Device, kind: MemoryKind, bytes: usize) {
     if !super::emitting() {
         return;
     }
-    let hit = POOL_HIT.try_with(Cell::take).ok().flatten();
-    let source = if hit == Some(true) { Source::Cache } else { Source::Upstream };
-    push(EventKind::Allocate { buffer, device: device(), kind, bytes, source });
+    emit(|local| {
+        let hit = local.pool_hit.take();
+        let source = if hit == Some(true) { Source::Cache } else { Source::Upstream };
+        Raw::Allocate { buffer, device: local.dev(device), kind, bytes: bytes as u64, source }
+    });
 }
 
-/// Records a block given back (only while recording).
-pub(crate) fn record_free(device: impl FnOnce() -> String, kind: MemoryKind, bytes: usize) {
+/// Records a block `buffer` gave back (only while events are wanted).
+#[inline]
+pub(crate) fn record_free(buffer: Option<u64>, device: &Device, kind: MemoryKind, bytes: usize) {
     if super::emitting() {
-        push(EventKind::Free { device: device(), kind, bytes });
+        emit(|local| Raw::Free {
+            buffer: buffer.unwrap_or(0),
+            device: local.dev(device),
+            kind,
+            bytes: bytes as u64,
+        });
     }
 }
 
 /// A pool's lookup for a cached block (the hook of the caching resource).
 #[inline]
-pub(crate) fn record_pool(hit: bool, device: impl FnOnce() -> String, bytes: usize) {
+pub(crate) fn record_pool(hit: bool, device: &Device, bytes: usize) {
     if super::emitting() {
-        let _ = POOL_HIT.try_with(|h| h.set(Some(hit)));
-        push(EventKind::Pool { hit, device: device(), bytes });
+        emit(|local| {
+            local.pool_hit.set(Some(hit));
+            Raw::Pool { hit, device: local.dev(device), bytes: bytes as u64 }
+        });
     }
 }
 
+/// A buffer's state transition (none when `from == to`).
 pub(crate) fn record_state(buffer: u64, from: BufferState, to: BufferState, call: &'static str) {
     if from != to {
-        push(EventKind::State { buffer, from, to, call });
+        emit(|local| Raw::State { buffer, from, to, call: local.call(call) });
     }
+}
+
+/// The copies of plan execution `op` of `buffer` were undone.
+pub(crate) fn record_rollback(buffer: u64, op: u64, call: &'static str) {
+    emit(|local| Raw::Rollback { buffer, op, call: local.call(call) });
+}
+
+/// The coherence checker read `bytes` of `device`'s copy back, from `start` ([`now`]) to now.
+pub(crate) fn record_checker_read(buffer: u64, device: &Device, bytes: usize, start: u64) {
+    emit(|local| Raw::CheckerRead { buffer, device: local.dev(device), bytes: bytes as u64, start });
 }
 
 /// Copies and bytes of one buffer, direction and reason.
@@ -284,11 +416,23 @@ impl fmt::Display for Summary {
 }
 
 impl Trace {
-    /// Copies and bytes per buffer, direction and reason.
+    /// Copies and bytes per buffer, direction and reason: the copies the transfer counters
+    /// count (copies a [`EventKind::Rollback`] undid are left out, checker reads are no copies).
     pub fn summary(&self) -> Summary {
         let mut summary = Summary { dropped: self.dropped, ..Summary::default() };
+        let undone: HashSet<(u64, u64)> = self
+            .events
+            .iter()
+            .filter_map(|event| match event.kind {
+                EventKind::Rollback { buffer, op, .. } if op != 0 => Some((buffer, op)),
+                _ => None,
+            })
+            .collect();
         for event in &self.events {
-            if let EventKind::Transfer { info, .. } = &event.kind {
+            if let EventKind::Transfer { info, op, .. } = &event.kind {
+                if undone.contains(&(info.buffer, *op)) {
+                    continue;
+                }
                 let t = summary.rows.entry((info.buffer, info.direction, info.cause.reason)).or_default();
                 t.copies += 1;
                 t.bytes += info.bytes as u64;

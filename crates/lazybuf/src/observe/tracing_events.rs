@@ -1,8 +1,8 @@
 //! The recorder's events as `tracing` events (crate feature `tracing`), for the caller's own
 //! subscribers: target `lazybuf::observe`, level TRACE, message the event's kind
-//! (`transfer`, `allocate`, `free`, `pool`, `state`), and its fields as `tracing` fields
-//! (`buffer`, `direction`, `bytes`, `from`, `to`, `call`, `reason`, `stream`, `duration_ns`;
-//! `device`, `kind`, `source`; `hit`; `from_state`, `to_state`).
+//! (`transfer`, `allocate`, `free`, `pool`, `state`, `rollback`, `checker_read`), and its
+//! fields as `tracing` fields (`buffer`, `direction`, `bytes`, `from`, `to`, `call`, `reason`,
+//! `stream`, `duration_ns`, `op`; `device`, `kind`, `source`; `hit`; `from_state`, `to_state`).
 //!
 //! What does not live here: when events are made ([`super::trace`]), the switch
 //! ([`super::set_tracing_events`]).
@@ -13,7 +13,7 @@ use super::event::{EventKind, Source};
 pub(super) fn emit(kind: &EventKind) {
     const TARGET: &str = "lazybuf::observe";
     match kind {
-        EventKind::Transfer { info, stream, duration } => tracing::trace!(
+        EventKind::Transfer { info, stream, duration, op } => tracing::trace!(
             target: TARGET,
             buffer = info.buffer,
             direction = info.direction.name(),
@@ -24,6 +24,7 @@ pub(super) fn emit(kind: &EventKind) {
             reason = info.cause.reason.name(),
             stream = *stream as u64,
             duration_ns = duration.map(|d| d.as_nanos() as u64),
+            op = *op,
             "transfer"
         ),
         EventKind::Allocate { buffer, device, kind, bytes, source } => tracing::trace!(
@@ -35,8 +36,9 @@ pub(super) fn emit(kind: &EventKind) {
             source = if *source == Source::Cache { "cache" } else { "upstream" },
             "allocate"
         ),
-        EventKind::Free { device, kind, bytes } => tracing::trace!(
+        EventKind::Free { buffer, device, kind, bytes } => tracing::trace!(
             target: TARGET,
+            buffer = *buffer,
             device = device.as_str(),
             kind = kind.name(),
             bytes = *bytes as u64,
@@ -56,6 +58,21 @@ pub(super) fn emit(kind: &EventKind) {
             to_state = %to,
             call = *call,
             "state"
+        ),
+        EventKind::Rollback { buffer, op, call } => tracing::trace!(
+            target: TARGET,
+            buffer = *buffer,
+            op = *op,
+            call = *call,
+            "rollback"
+        ),
+        EventKind::CheckerRead { buffer, device, bytes, duration } => tracing::trace!(
+            target: TARGET,
+            buffer = *buffer,
+            device = device.as_str(),
+            bytes = *bytes as u64,
+            duration_ns = duration.as_nanos() as u64,
+            "checker_read"
         ),
     }
 }

@@ -364,7 +364,7 @@ impl CachingResource {
             slot.outstanding += 1;
             Some((cached.block, slot.device.clone()))
         });
-        crate::observe::trace::record_pool(found.is_some(), || stream.device().to_string(), key.bytes);
+        crate::observe::trace::record_pool(found.is_some(), stream.device(), key.bytes);
         match found {
             Some((block, device)) => {
                 let n = block.len() as u64;

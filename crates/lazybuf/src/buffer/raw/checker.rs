@@ -2,6 +2,10 @@
 //! host copy must equal every valid device copy handed out for reading on a device that does
 //! not alias it; a difference means a kernel wrote the copy without `mark_device_dirty()`.
 //!
+//! Its read of a device copy is no transfer: the transfer counters do not count it and the
+//! transfer guard does not refuse it (the user turned the checker on to debug); the recorder
+//! shows it as a `CheckerRead` event.
+//!
 //! What does not live here: the switch ([`crate::checking`]) and when the check runs
 //! ([`RawBuffer::host_access`]).
 
@@ -35,8 +39,14 @@ impl RawBuffer {
                 })?;
                 scratch.resize(n, 0);
             }
+            // Recorded as what it is: a read for the comparison, not a transfer (no counter
+            // counts it and the transfer guard does not refuse it: the checker was turned on).
+            let start = crate::observe::emitting().then(crate::observe::trace::now);
             // SAFETY: scratch lives and is untouched until the ticket is waited for, here.
             unsafe { copy.stream.download(&copy.memory, HostSpan::of_mut_slice(&mut scratch))? }.wait()?;
+            if let Some(start) = start {
+                crate::observe::trace::record_checker_read(self.id, &copy.device, n, start);
+            }
             if let Some(first_difference) =
                 scratch.iter().zip(&host.as_slice()[..n]).position(|(d, h)| d != h)
             {

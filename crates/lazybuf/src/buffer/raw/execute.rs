@@ -85,7 +85,7 @@ impl RawBuffer {
                 self.resource.deallocate_host(&self.home, block, Ticket::done());
                 return Err(short_block(&*self.resource, "host block", self.nbytes, short));
             }
-            trace::record_allocate(self.id, || self.home.to_string(), MemoryKind::Host, block.len());
+            trace::record_allocate(self.id, &self.home, MemoryKind::Host, block.len());
             self.host = Some(block);
             undo.host_block = true;
             stats.allocations += 1;
@@ -118,7 +118,7 @@ impl RawBuffer {
                 return Err(short_block(&*self.resource, "device allocation", self.nbytes, short));
             }
             stats.allocations += 1;
-            trace::record_allocate(self.id, || device.to_string(), MemoryKind::Device, memory.len());
+            trace::record_allocate(self.id, device, MemoryKind::Device, memory.len());
             memory
         };
         self.copies.push(DeviceCopy::new(device.clone(), stream, memory));
@@ -198,12 +198,12 @@ impl RawBuffer {
         {
             let copy = self.copies.remove(i);
             copy.device.record_deferred(ready.wait());
-            give_back(&*self.resource, copy);
+            give_back(&*self.resource, copy, self.id);
         }
         if undo.host_block
             && let Some(block) = self.host.take()
         {
-            give_back_host(&*self.resource, &self.home, block, ready);
+            give_back_host(&*self.resource, &self.home, block, ready, self.id);
         }
     }
 }
@@ -227,28 +227,35 @@ pub(super) fn last_use_or_synchronized(copy: &mut DeviceCopy) -> Ticket {
     }
 }
 
-/// Returns a device copy's memory to the resource, after the caller's use of it (aliases own
-/// no memory: just dropped).
-pub(super) fn give_back(resource: &dyn MemoryResource, mut copy: DeviceCopy) {
+/// Returns a device copy's memory, which buffer `buffer` owned, to the resource, after the
+/// caller's use of it (aliases own no memory: just dropped).
+pub(super) fn give_back(resource: &dyn MemoryResource, mut copy: DeviceCopy, buffer: u64) {
     if copy.memory.is_host_alias() {
         drop(copy.memory);
         return;
     }
     let ready = last_use_or_synchronized(&mut copy);
-    trace::record_free(|| copy.device.to_string(), MemoryKind::Device, copy.memory.len());
+    trace::record_free(Some(buffer), &copy.device, MemoryKind::Device, copy.memory.len());
     resource.deallocate_device(&copy.device, copy.memory, &copy.stream, ready);
 }
 
-/// Gives a host block back to the resource it came from once `ready` completes; an adopted
-/// block, which no resource allocated, goes back to its lender instead, after `ready`.
-pub(super) fn give_back_host(resource: &dyn MemoryResource, home: &Device, block: HostMemory, ready: Ticket) {
+/// Gives a host block of buffer `buffer` back to the resource it came from once `ready`
+/// completes; an adopted block, which no resource allocated, goes back to its lender instead,
+/// after `ready`.
+pub(super) fn give_back_host(
+    resource: &dyn MemoryResource,
+    home: &Device,
+    block: HostMemory,
+    ready: Ticket,
+    buffer: u64,
+) {
     if block.is_adopted() {
         // Its lender may reuse the bytes at once: nothing may still read or write them.
         home.record_deferred(ready.wait());
         drop(block);
         return;
     }
-    trace::record_free(|| home.to_string(), MemoryKind::Host, block.len());
+    trace::record_free(Some(buffer), home, MemoryKind::Host, block.len());
     resource.deallocate_host(home, block, ready);
 }
 

@@ -383,15 +383,24 @@ impl RawBuffer {
             // (Their failure, if any, is this one's consequence: recorded, not returned.)
             self.home.record_deferred(Ticket::all(tickets).wait());
             self.rollback(undo, Ticket::done());
+            if observed {
+                self.observe_abort();
+            }
             return Err(err);
         }
         let ticket = Ticket::all(tickets);
         self.stats = self.stats.plus(delta);
         self.coherence.commit(at, Access::Read, &plan);
-        if observed {
-            self.observe_commit();
-        }
-        self.inflight.push(InFlight { ticket: ticket.clone(), reads, writes, before, undo, stats: delta });
+        let op = if observed { self.observe_commit() } else { 0 };
+        self.inflight.push(InFlight {
+            ticket: ticket.clone(),
+            reads,
+            writes,
+            before,
+            undo,
+            stats: delta,
+            op,
+        });
         Ok(Transfer::new(ticket))
     }
 
@@ -463,10 +472,10 @@ impl RawBuffer {
             if copy.memory.is_host_alias() {
                 host_ready.push(last_use_or_synchronized(&mut copy));
             }
-            give_back(&*self.resource, copy);
+            give_back(&*self.resource, copy, self.id);
         }
         if let Some(block) = self.host.take() {
-            give_back_host(&*self.resource, &self.home, block, Ticket::all(host_ready));
+            give_back_host(&*self.resource, &self.home, block, Ticket::all(host_ready), self.id);
         }
         self.coherence.clear();
         (self.direct_read, self.host_sync_pays) = (false, false);
@@ -552,7 +561,8 @@ impl RawBuffer {
             }
             let op = self.inflight.remove(i);
             if let Err(err) = op.ticket.wait() {
-                op.undo_state(&mut self.coherence);
+                // Its state put back, and (while observed) the undoing recorded.
+                self.observe_undo(op.op, |buffer| op.undo_state(&mut buffer.coherence));
                 self.stats = self.stats.minus(op.stats);
                 // The ticket was just waited for (and its error is returned): nothing uses
                 // what the transfer allocated any more.

@@ -9,7 +9,6 @@
 //! memory moves no bytes and is not a copy.
 
 use std::cell::Cell;
-use std::time::Instant;
 
 use super::RawBuffer;
 use crate::backend::Ticket;
@@ -17,6 +16,7 @@ use crate::buffer::stats::TransferStats;
 use crate::coherence::{Access, BufferState, Location, Plan, Step};
 use crate::device::Device;
 use crate::error::Result;
+use crate::observe::trace;
 use crate::observe::{self, Cause, Direction, TransferInfo};
 
 /// The engine's own causes (calls that name another run in [`observe::call`]).
@@ -32,10 +32,20 @@ pub(super) const FILL: Cause = Cause::access("fill");
 /// A spill's write-back of an evicted device copy: a copy the library decided on.
 pub(super) const EVICT: Cause = Cause { call: "evict", reason: observe::Reason::Eviction };
 
+/// The plan this thread is executing, as the recorder sees it.
+#[derive(Clone, Copy)]
+struct Planned {
+    cause: Cause,
+    /// The buffer's state before it.
+    before: BufferState,
+    /// Its number in copy and rollback events (0: nothing emitted when it was planned).
+    op: u64,
+    /// Whether a copy of it was recorded.
+    copied: bool,
+}
+
 thread_local! {
-    /// The cause of the plan this thread is executing, and the buffer's state before it (for
-    /// the recorder's copy and state events).
-    static PLANNED: Cell<Option<(Cause, BufferState)>> = const { Cell::new(None) };
+    static PLANNED: Cell<Option<Planned>> = const { Cell::new(None) };
 }
 
 impl RawBuffer {
@@ -53,7 +63,10 @@ impl RawBuffer {
         // The same plan the access makes next: planning is pure.
         let plan = self.plan(at, device, access);
         self.observe_plan(&plan, device, cause)?;
-        self.access_unobserved(at, device, access)?;
+        if let Err(err) = self.access_unobserved(at, device, access) {
+            self.observe_abort();
+            return Err(err);
+        }
         self.observe_commit();
         Ok(())
     }
@@ -75,18 +88,53 @@ impl RawBuffer {
                 .collect();
             observe::guard::check(&copies)?;
         }
-        let before = if observe::emitting() { self.state() } else { BufferState::Uninitialized };
-        let _ = PLANNED.try_with(|p| p.set(Some((cause, before))));
+        let planned = if observe::emitting() {
+            Planned { cause, before: self.state(), op: trace::next_op(), copied: false }
+        } else {
+            Planned { cause, before: BufferState::Uninitialized, op: 0, copied: false }
+        };
+        let _ = PLANNED.try_with(|p| p.set(Some(planned)));
         Ok(())
     }
 
-    /// Records the state transition of an access that committed (after [`Self::observe_plan`]).
+    /// Records the state transition of an access that committed (after [`Self::observe_plan`]);
+    /// returns the plan's number when a copy of it was recorded (else 0), for the rollback of
+    /// an asynchronous transfer that fails later.
     #[cold]
-    pub(super) fn observe_commit(&self) {
+    pub(super) fn observe_commit(&self) -> u64 {
         let planned = PLANNED.try_with(Cell::take).ok().flatten();
-        if let Some((cause, before)) = planned.filter(|_| observe::emitting()) {
-            observe::trace::record_state(self.id, before, self.state(), cause.call);
+        match planned.filter(|p| p.op != 0 && observe::emitting()) {
+            Some(p) => {
+                trace::record_state(self.id, p.before, self.state(), p.cause.call);
+                if p.copied { p.op } else { 0 }
+            }
+            None => 0,
         }
+    }
+
+    /// The plan of [`Self::observe_plan`] failed and was undone: the copies recorded for it
+    /// are rolled back, as the counters roll them back (its state did not change).
+    #[cold]
+    pub(super) fn observe_abort(&self) {
+        let planned = PLANNED.try_with(Cell::take).ok().flatten();
+        if let Some(p) = planned.filter(|p| p.copied && observe::emitting()) {
+            trace::record_rollback(self.id, p.op, p.cause.call);
+        }
+    }
+
+    /// A failed asynchronous transfer was undone (its state put back by `undo`): records the
+    /// rollback of its copies (`op`, from [`Self::observe_commit`]; 0 when none was recorded)
+    /// and the state transition.
+    pub(super) fn observe_undo(&mut self, op: u64, undo: impl FnOnce(&mut Self)) {
+        if !observe::emitting() {
+            return undo(self);
+        }
+        let before = self.state();
+        undo(self);
+        if op != 0 {
+            trace::record_rollback(self.id, op, "rollback");
+        }
+        trace::record_state(self.id, before, self.state(), "rollback");
     }
 
     /// One copy of a plan while events are wanted: as `execute` runs it (enqueued, and waited
@@ -99,7 +147,7 @@ impl RawBuffer {
         stats: &mut TransferStats,
         pending: Option<&mut Vec<Ticket>>,
     ) -> Result<()> {
-        let start = Instant::now();
+        let start = trace::now();
         let after = pending.as_deref().and_then(|tickets| tickets.last().cloned());
         let ticket = self.copy(from, to, stats, after)?;
         let waited = match pending {
@@ -117,17 +165,44 @@ impl RawBuffer {
     }
 
     /// Records one executed copy (`waited`: its call waited for it, which ended just now).
-    fn observe_copy(&self, from: Location, to: Location, start: Instant, waited: bool) {
-        let planned = PLANNED.try_with(Cell::get).ok().flatten();
-        let cause = planned.map_or(Cause::access("access"), |(cause, _)| cause);
-        let Some(info) = self.transfer_info(from, to, None, cause, false) else { return };
-        let on = match (from, to) {
-            (Location::Device(id), Location::Host) | (_, Location::Device(id)) => self.copy_index(id),
-            (Location::Host, Location::Host) => None,
+    fn observe_copy(&self, from: Location, to: Location, start: u64, waited: bool) {
+        let device = |at: Location| match at {
+            Location::Host => None,
+            Location::Device(id) => self.copy_index(id),
         };
-        let stream = on.map_or(0, |i| observe::stream_id(&self.copies[i].stream));
-        let started = observe::started_at(info, start);
-        if waited { started.finished(stream) } else { started.enqueued(stream) }
+        let (source, target) = (device(from), device(to));
+        let direction = match (from, to) {
+            (Location::Host, Location::Device(_)) => Direction::HostToDevice,
+            (Location::Device(_), Location::Host) => Direction::DeviceToHost,
+            (Location::Device(_), Location::Device(_)) => Direction::DeviceToDevice,
+            (Location::Host, Location::Host) => return,
+        };
+        // A sync with a copy that aliases the host block moves no bytes: no copy.
+        let aliased = |i: Option<usize>| i.is_some_and(|i| self.copies[i].memory.is_host_alias());
+        if direction != Direction::DeviceToDevice && (aliased(source) || aliased(target)) {
+            return;
+        }
+        let planned = PLANNED.try_with(|p| {
+            let mut planned = p.get()?;
+            planned.copied = true;
+            p.set(Some(planned));
+            Some(planned)
+        });
+        let planned = planned.ok().flatten();
+        let (cause, op) = planned.map_or((Cause::access("access"), 0), |p| (p.cause, p.op));
+        let on = if direction == Direction::DeviceToHost { source } else { target };
+        trace::record_copy(trace::CopyEvent {
+            buffer: self.id,
+            op,
+            direction,
+            bytes: self.nbytes,
+            from: source.map(|i| &self.copies[i].device),
+            to: target.map(|i| &self.copies[i].device),
+            cause,
+            stream: on.map_or(0, |i| observe::stream_id(&self.copies[i].stream)),
+            start,
+            waited,
+        });
     }
 
     /// The copy `from` -> `to` as the guard and recorder see it; `None` when it moves no bytes
@@ -207,7 +282,7 @@ impl RawBuffer {
         }
         let before = self.state();
         let result = change(self);
-        observe::trace::record_state(self.id, before, self.state(), call);
+        trace::record_state(self.id, before, self.state(), call);
         result
     }
 }

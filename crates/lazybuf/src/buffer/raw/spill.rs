@@ -59,7 +59,7 @@ impl RawBuffer {
         let copy = self.copies.remove(index);
         let freed = copy.memory.len();
         self.coherence.forget(at);
-        give_back(&*self.resource, copy);
+        give_back(&*self.resource, copy, self.id);
         if !self.evicted_from.contains(&device.id()) {
             self.evicted_from.push(device.id());
         }
@@ -105,7 +105,7 @@ impl RawBuffer {
         let host = self.host.as_ref().expect("a valid host copy has a block");
         let file = SpillFile::write(&host.as_slice()[..self.nbytes])?;
         let block = self.host.take().expect("checked above");
-        give_back_host(&*self.resource, &self.home, block, Ticket::done());
+        give_back_host(&*self.resource, &self.home, block, Ticket::done(), self.id);
         self.on_disk = Some(file);
         crate::spill::stats::update(&self.home, |s| s.bytes_to_disk += self.nbytes as u64);
         Ok(Some(self.nbytes))

@@ -1,0 +1,687 @@
+//! The recorder's hot path: events as small `Copy` records ([`Raw`]) staged per thread and
+//! gathered into one ring.
+//!
+//! An event names its devices by number (a [`crate::coherence::DeviceId`]'s, 0 for the host)
+//! and its call by an interned number; the names are registered once per device or call (a
+//! per-thread cache remembers which are) and looked up only when a trace is exported
+//! ([`names`]). Each recording thread writes its events into a chunk of its own, [`CHUNK`]
+//! events of [`WORDS`] relaxed atomic words each, publishing each with one release store of
+//! the chunk's length: no lock, no allocation, no read-modify-write per event. A full chunk is
+//! decoded into the session's ring under the global lock ([`flush`]); so are a thread's events
+//! when it exits. [`collect`] (snapshot and stop) reads the ring and every registered thread's
+//! unflushed events under that lock, and merges them by timestamp (a thread's events keep
+//! their order: the sort is stable and a thread's clock never goes back).
+//!
+//! Each session has a generation number: a thread whose chunk belongs to an older session
+//! takes a new chunk at its next event (the old one is dropped). After [`stop`], a thread
+//! keeps its last chunk (at most `CHUNK * WORDS * 8` bytes) until its next recorded event or its
+//! exit: nothing else of the recorder exists while it is off.
+//!
+//! Events that carry a stack (a binding's, or the Rust backtrace) take a slow path: the
+//! thread's chunk is flushed and the event goes to the ring directly.
+//!
+//! What does not live here: the public types and export ([`super::trace`], [`super::event`],
+//! [`super::json`]).
+
+use std::cell::{Cell, OnceCell, RefCell};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::time::Instant;
+
+use super::event::{MemoryKind, Source};
+use super::{Direction, Reason};
+use crate::coherence::BufferState;
+use crate::device::Device;
+
+/// Words per staged event.
+pub(super) const WORDS: usize = 9;
+/// Events per thread chunk.
+pub(super) const CHUNK: usize = 64;
+
+/// A device in a record: a `DeviceId`'s number, [`HOST`], or a device known only by name
+/// (`NAMED | n`, copies reported through [`super::transfer`]).
+pub(super) type Dev = u64;
+/// The host memory of a copy.
+pub(super) const HOST: Dev = 0;
+const NAMED: Dev = 1 << 63;
+
+/// An interned call name ([`Local::call`]).
+pub(super) type Call = u32;
+
+/// One event as recorded: plain numbers, names resolved on export.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Raw {
+    Transfer {
+        buffer: u64,
+        /// The plan execution that made it (0: none), for [`Raw::Rollback`].
+        op: u64,
+        direction: Direction,
+        bytes: u64,
+        from: Dev,
+        to: Dev,
+        call: Call,
+        reason: Reason,
+        stream: u64,
+        /// Nanoseconds since the epoch at which it started.
+        start: u64,
+        /// Whether the call waited for it (it ended when recorded).
+        waited: bool,
+    },
+    Allocate {
+        buffer: u64,
+        device: Dev,
+        kind: MemoryKind,
+        bytes: u64,
+        source: Source,
+    },
+    Free {
+        /// 0: no buffer owned it.
+        buffer: u64,
+        device: Dev,
+        kind: MemoryKind,
+        bytes: u64,
+    },
+    Pool {
+        hit: bool,
+        device: Dev,
+        bytes: u64,
+    },
+    State {
+        buffer: u64,
+        from: BufferState,
+        to: BufferState,
+        call: Call,
+    },
+    Rollback {
+        buffer: u64,
+        op: u64,
+        call: Call,
+    },
+    CheckerRead {
+        buffer: u64,
+        device: Dev,
+        bytes: u64,
+        start: u64,
+    },
+}
+
+/// `BufferState`s in declaration order (`state as u64` indexes it).
+const STATES: [BufferState; 7] = [
+    BufferState::Uninitialized,
+    BufferState::HostOnly,
+    BufferState::DeviceOnly,
+    BufferState::Synchronized,
+    BufferState::HostDirty,
+    BufferState::DeviceDirty,
+    BufferState::Elsewhere,
+];
+const REASONS: [Reason; 3] = [Reason::Access, Reason::Sync, Reason::Eviction];
+const KINDS: [MemoryKind; 2] = [MemoryKind::Host, MemoryKind::Device];
+
+fn reason_index(reason: Reason) -> u64 {
+    match reason {
+        Reason::Access => 0,
+        Reason::Sync => 1,
+        Reason::Eviction => 2,
+    }
+}
+
+fn kind_index(kind: MemoryKind) -> u64 {
+    match kind {
+        MemoryKind::Host => 0,
+        MemoryKind::Device => 1,
+    }
+}
+
+/// Tags (low byte of word 1).
+const T_TRANSFER: u64 = 1;
+const T_ALLOCATE: u64 = 2;
+const T_FREE: u64 = 3;
+const T_POOL: u64 = 4;
+const T_STATE: u64 = 5;
+const T_ROLLBACK: u64 = 6;
+const T_CHECKER: u64 = 7;
+
+impl Raw {
+    /// Word 0 is the time; word 1 the tag (bits 0..8), small fields (8..32) and the call
+    /// (32..64); the rest per kind.
+    #[inline(always)]
+    fn encode(self, time: u64) -> [u64; WORDS] {
+        let mut w = [0u64; WORDS];
+        w[0] = time;
+        match self {
+            Raw::Transfer { buffer, op, direction, bytes, from, to, call, reason, stream, start, waited } => {
+                w[1] = T_TRANSFER
+                    | (direction.index() as u64) << 8
+                    | reason_index(reason) << 12
+                    | u64::from(waited) << 16
+                    | u64::from(call) << 32;
+                w[2] = buffer;
+                w[3] = bytes;
+                w[4] = from;
+                w[5] = to;
+                w[6] = stream;
+                w[7] = op;
+                w[8] = start;
+            }
+            Raw::Allocate { buffer, device, kind, bytes, source } => {
+                w[1] = T_ALLOCATE | kind_index(kind) << 8 | u64::from(source == Source::Cache) << 12;
+                w[2] = buffer;
+                w[3] = bytes;
+                w[4] = device;
+            }
+            Raw::Free { buffer, device, kind, bytes } => {
+                w[1] = T_FREE | kind_index(kind) << 8;
+                w[2] = buffer;
+                w[3] = bytes;
+                w[4] = device;
+            }
+            Raw::Pool { hit, device, bytes } => {
+                w[1] = T_POOL | u64::from(hit) << 8;
+                w[3] = bytes;
+                w[4] = device;
+            }
+            Raw::State { buffer, from, to, call } => {
+                w[1] = T_STATE | (from as u64) << 8 | (to as u64) << 16 | u64::from(call) << 32;
+                w[2] = buffer;
+            }
+            Raw::Rollback { buffer, op, call } => {
+                w[1] = T_ROLLBACK | u64::from(call) << 32;
+                w[2] = buffer;
+                w[7] = op;
+            }
+            Raw::CheckerRead { buffer, device, bytes, start } => {
+                w[1] = T_CHECKER;
+                w[2] = buffer;
+                w[3] = bytes;
+                w[4] = device;
+                w[8] = start;
+            }
+        }
+        w
+    }
+
+    /// The record of `w` ([`Self::encode`]); `None` for words no event wrote.
+    fn decode(w: &[u64; WORDS]) -> Option<Raw> {
+        let small = |shift: u32, bits: u32| ((w[1] >> shift) & ((1 << bits) - 1)) as usize;
+        let call = (w[1] >> 32) as Call;
+        Some(match w[1] & 0xff {
+            T_TRANSFER => Raw::Transfer {
+                buffer: w[2],
+                op: w[7],
+                direction: *Direction::ALL.get(small(8, 4))?,
+                bytes: w[3],
+                from: w[4],
+                to: w[5],
+                call,
+                reason: *REASONS.get(small(12, 4))?,
+                stream: w[6],
+                start: w[8],
+                waited: small(16, 1) == 1,
+            },
+            T_ALLOCATE => Raw::Allocate {
+                buffer: w[2],
+                device: w[4],
+                kind: *KINDS.get(small(8, 4))?,
+                bytes: w[3],
+                source: if small(12, 1) == 1 { Source::Cache } else { Source::Upstream },
+            },
+            T_FREE => Raw::Free { buffer: w[2], device: w[4], kind: *KINDS.get(small(8, 4))?, bytes: w[3] },
+            T_POOL => Raw::Pool { hit: small(8, 1) == 1, device: w[4], bytes: w[3] },
+            T_STATE => Raw::State {
+                buffer: w[2],
+                from: *STATES.get(small(8, 8))?,
+                to: *STATES.get(small(16, 8))?,
+                call,
+            },
+            T_ROLLBACK => Raw::Rollback { buffer: w[2], op: w[7], call },
+            T_CHECKER => Raw::CheckerRead { buffer: w[2], device: w[4], bytes: w[3], start: w[8] },
+            _ => return None,
+        })
+    }
+}
+
+/// One event in the ring (or gathered by [`collect`]).
+#[derive(Clone, Debug)]
+pub(super) struct Entry {
+    /// Nanoseconds since the epoch.
+    pub(super) time: u64,
+    pub(super) thread: u64,
+    pub(super) raw: Raw,
+    pub(super) stack: Option<Arc<str>>,
+}
+
+/// A thread's chunk, readable by [`collect`] on any thread.
+struct Chunk {
+    thread: u64,
+    /// Events published (the producer's release store).
+    len: AtomicUsize,
+    words: Box<[AtomicU64]>,
+}
+
+impl Chunk {
+    fn new(thread: u64) -> Chunk {
+        Chunk {
+            thread,
+            len: AtomicUsize::new(0),
+            words: (0..CHUNK * WORDS).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    /// Decodes the published events into `out`.
+    fn read(&self, out: &mut impl Extend<Entry>) {
+        let n = self.len.load(Ordering::Acquire).min(CHUNK);
+        out.extend((0..n).filter_map(|i| {
+            let mut w = [0u64; WORDS];
+            for (k, word) in w.iter_mut().enumerate() {
+                *word = self.words[i * WORDS + k].load(Ordering::Relaxed);
+            }
+            Raw::decode(&w).map(|raw| Entry { time: w[0], thread: self.thread, raw, stack: None })
+        }));
+    }
+}
+
+/// One recording session.
+pub(super) struct Session {
+    pub(super) generation: u64,
+    pub(super) capacity: usize,
+    /// Its start, in nanoseconds since the epoch.
+    pub(super) origin: u64,
+    pub(super) ring: VecDeque<Entry>,
+    pub(super) dropped: u64,
+}
+
+impl Session {
+    fn push(&mut self, entry: Entry) {
+        if self.ring.len() >= self.capacity {
+            self.ring.pop_front();
+            self.dropped += 1;
+        }
+        self.ring.push_back(entry);
+    }
+}
+
+pub(super) struct Global {
+    pub(super) session: Option<Session>,
+    /// The chunks of the threads that record in the current session.
+    threads: Vec<Arc<Chunk>>,
+}
+
+static GLOBAL: Mutex<Global> = Mutex::new(Global { session: None, threads: Vec::new() });
+/// The current session's generation; 0 while not recording.
+static GENERATION: AtomicU64 = AtomicU64::new(0);
+static LAST_GENERATION: AtomicU64 = AtomicU64::new(0);
+/// Attach the Rust backtrace to every event.
+static BACKTRACE: AtomicBool = AtomicBool::new(false);
+static EPOCH: OnceLock<Instant> = OnceLock::new();
+static NEXT_THREAD: AtomicU64 = AtomicU64::new(1);
+
+pub(super) fn global() -> MutexGuard<'static, Global> {
+    // Nothing panics while holding the lock: a poisoned ring is still consistent.
+    GLOBAL.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn epoch() -> Instant {
+    *EPOCH.get_or_init(Instant::now)
+}
+
+/// Nanoseconds since the epoch.
+pub(super) fn now() -> u64 {
+    since_epoch(Instant::now())
+}
+
+pub(super) fn since_epoch(at: Instant) -> u64 {
+    at.saturating_duration_since(epoch()).as_nanos() as u64
+}
+
+/// Begins a session (the caller checked none runs); returns nothing, the hooks see it at once.
+pub(super) fn begin(global: &mut Global, capacity: usize, backtrace: bool) {
+    let generation = LAST_GENERATION.fetch_add(1, Ordering::Relaxed) + 1;
+    global.threads.clear();
+    global.session = Some(Session { generation, capacity, origin: now(), ring: VecDeque::new(), dropped: 0 });
+    BACKTRACE.store(backtrace, Ordering::Relaxed);
+    GENERATION.store(generation, Ordering::Release);
+}
+
+/// Ends the session: no thread records into it any more (a thread racing with the end may
+/// still write into its chunk, which nobody reads again).
+pub(super) fn end(global: &mut Global) -> Option<Session> {
+    GENERATION.store(0, Ordering::Release);
+    global.threads.clear();
+    global.session.take()
+}
+
+/// Every event of the session so far, oldest first: the ring and each thread's unflushed
+/// events, merged by time, at most `capacity` (the oldest beyond it are counted in `dropped`).
+pub(super) fn collect(global: &Global) -> (Vec<Entry>, u64) {
+    let Some(session) = global.session.as_ref() else { return (Vec::new(), 0) };
+    let mut all: Vec<Entry> = session.ring.iter().cloned().collect();
+    for chunk in &global.threads {
+        chunk.read(&mut all);
+    }
+    all.sort_by_key(|e| e.time);
+    let mut dropped = session.dropped;
+    if all.len() > session.capacity {
+        let excess = all.len() - session.capacity;
+        all.drain(..excess);
+        dropped += excess as u64;
+    }
+    (all, dropped)
+}
+
+/// This thread's recorder state.
+pub(super) struct Local {
+    thread: u64,
+    /// The session generation `chunk` belongs to (0: none).
+    generation: Cell<u64>,
+    chunk: RefCell<Option<Arc<Chunk>>>,
+    /// Events in `chunk` (the producer's own count).
+    len: Cell<usize>,
+    epoch: OnceCell<Instant>,
+    /// A stack the binding attached ([`super::trace::call_with_stack`]).
+    pub(super) stack: RefCell<Option<Arc<str>>>,
+    /// Recently seen devices and calls, known to be registered.
+    devices: [Cell<u64>; 4],
+    next_device: Cell<usize>,
+    calls: [Cell<(usize, usize, Call)>; 8],
+    /// The last pool lookup's outcome, for the allocation that follows.
+    pub(super) pool_hit: Cell<Option<bool>>,
+    next_op: Cell<u64>,
+}
+
+impl Local {
+    fn new() -> Local {
+        Local {
+            thread: NEXT_THREAD.fetch_add(1, Ordering::Relaxed),
+            generation: Cell::new(0),
+            chunk: RefCell::new(None),
+            len: Cell::new(0),
+            epoch: OnceCell::new(),
+            stack: RefCell::new(None),
+            devices: Default::default(),
+            next_device: Cell::new(0),
+            calls: Default::default(),
+            pool_hit: Cell::new(None),
+            next_op: Cell::new(0),
+        }
+    }
+
+    /// `device`'s number in events (its name registered on first sight).
+    #[inline]
+    pub(super) fn dev(&self, device: &Device) -> Dev {
+        let id = device.id().0.get();
+        if self.devices.iter().any(|d| d.get() == id) {
+            return id;
+        }
+        self.dev_slow(id, device)
+    }
+
+    #[cold]
+    fn dev_slow(&self, id: u64, device: &Device) -> Dev {
+        names().devices.entry(id).or_insert_with(|| device.to_string().into());
+        let slot = self.next_device.get();
+        self.devices[slot % self.devices.len()].set(id);
+        self.next_device.set(slot + 1);
+        id
+    }
+
+    /// `call`'s number in events.
+    #[inline]
+    pub(super) fn call(&self, call: &'static str) -> Call {
+        let (ptr, len) = (call.as_ptr() as usize, call.len());
+        let slot = &self.calls[((ptr >> 3) ^ len) % self.calls.len()];
+        let (p, l, id) = slot.get();
+        if p == ptr && l == len {
+            return id;
+        }
+        let id = intern_call(call);
+        slot.set((ptr, len, id));
+        id
+    }
+
+    /// A new plan execution's number (unique in the process).
+    pub(super) fn next_op(&self) -> u64 {
+        let n = self.next_op.get() + 1;
+        self.next_op.set(n);
+        self.thread << 40 | n
+    }
+
+    /// Records `raw`, as of `at` (nanoseconds since the epoch).
+    #[inline]
+    pub(super) fn push(&self, at: u64, raw: Raw) {
+        let generation = GENERATION.load(Ordering::Acquire);
+        if generation == 0 {
+            return;
+        }
+        if generation != self.generation.get() && !self.join(generation) {
+            return;
+        }
+        if BACKTRACE.load(Ordering::Relaxed) || self.stack.borrow().is_some() {
+            self.push_with_stack(at, raw);
+            return;
+        }
+        let mut len = self.len.get();
+        if len == CHUNK {
+            self.flush();
+            len = 0;
+        }
+        let chunk = self.chunk.borrow();
+        let Some(chunk) = chunk.as_ref() else { return };
+        let words = raw.encode(at);
+        let slot = &chunk.words[len * WORDS..(len + 1) * WORDS];
+        for (word, value) in slot.iter().zip(words) {
+            word.store(value, Ordering::Relaxed);
+        }
+        chunk.len.store(len + 1, Ordering::Release);
+        self.len.set(len + 1);
+    }
+
+    /// Nanoseconds since the epoch, now.
+    #[inline]
+    pub(super) fn now(&self) -> u64 {
+        let epoch = *self.epoch.get_or_init(epoch);
+        Instant::now().saturating_duration_since(epoch).as_nanos() as u64
+    }
+
+    /// Takes a chunk for session `generation`; false if that session has ended already.
+    #[cold]
+    fn join(&self, generation: u64) -> bool {
+        let mut global = global();
+        if global.session.as_ref().is_none_or(|s| s.generation != generation) {
+            return false;
+        }
+        let chunk = Arc::new(Chunk::new(self.thread));
+        global.threads.push(Arc::clone(&chunk));
+        *self.chunk.borrow_mut() = Some(chunk);
+        self.len.set(0);
+        self.generation.set(generation);
+        true
+    }
+
+    /// Moves this thread's chunk into the ring (when its session still runs) and empties it.
+    #[cold]
+    fn flush(&self) {
+        let mut global = global();
+        self.flush_locked(&mut global);
+    }
+
+    fn flush_locked(&self, global: &mut Global) {
+        let chunk = self.chunk.borrow();
+        let Some(chunk) = chunk.as_ref() else { return };
+        if let Some(session) = global.session.as_mut().filter(|s| s.generation == self.generation.get()) {
+            let mut entries = Vec::with_capacity(self.len.get());
+            chunk.read(&mut entries);
+            for entry in entries {
+                session.push(entry);
+            }
+        }
+        chunk.len.store(0, Ordering::Release);
+        self.len.set(0);
+    }
+
+    /// An event with a stack: after this thread's staged events, straight into the ring.
+    #[cold]
+    fn push_with_stack(&self, at: u64, raw: Raw) {
+        let given = self.stack.borrow().clone();
+        let stack = if BACKTRACE.load(Ordering::Relaxed) {
+            let rust = std::backtrace::Backtrace::force_capture().to_string();
+            Some(match given {
+                Some(given) => format!("{given}\n{rust}").into(),
+                None => rust.into(),
+            })
+        } else {
+            given
+        };
+        let mut global = global();
+        self.flush_locked(&mut global);
+        if let Some(session) = global.session.as_mut().filter(|s| s.generation == self.generation.get()) {
+            session.push(Entry { time: at, thread: self.thread, raw, stack });
+        }
+    }
+}
+
+impl Drop for Local {
+    /// At thread exit: the staged events go to the ring, the chunk leaves the registry.
+    fn drop(&mut self) {
+        let Some(chunk) = self.chunk.borrow().clone() else { return };
+        let mut global = global();
+        self.flush_locked(&mut global);
+        global.threads.retain(|c| !Arc::ptr_eq(c, &chunk));
+    }
+}
+
+thread_local! {
+    static LOCAL: Local = Local::new();
+}
+
+/// Runs `f` with this thread's recorder state (`None` while the thread exits).
+#[inline]
+pub(super) fn with_local<R>(f: impl FnOnce(&Local) -> R) -> Option<R> {
+    LOCAL.try_with(f).ok()
+}
+
+/// The names events refer to by number.
+pub(super) struct Names {
+    pub(super) devices: HashMap<u64, Arc<str>>,
+    /// Devices known only by name, `NAMED | index`.
+    named: Vec<Arc<str>>,
+    pub(super) calls: Vec<&'static str>,
+    call_ids: HashMap<(usize, usize), Call>,
+}
+
+static NAMES: Mutex<Option<Names>> = Mutex::new(None);
+
+pub(super) struct NamesGuard(MutexGuard<'static, Option<Names>>);
+
+impl std::ops::Deref for NamesGuard {
+    type Target = Names;
+    fn deref(&self) -> &Names {
+        self.0.as_ref().expect("names are made when locked")
+    }
+}
+
+impl std::ops::DerefMut for NamesGuard {
+    fn deref_mut(&mut self) -> &mut Names {
+        self.0.as_mut().expect("names are made when locked")
+    }
+}
+
+pub(super) fn names() -> NamesGuard {
+    let mut guard = NAMES.lock().unwrap_or_else(PoisonError::into_inner);
+    guard.get_or_insert_with(|| Names {
+        devices: HashMap::new(),
+        named: Vec::new(),
+        calls: Vec::new(),
+        call_ids: HashMap::new(),
+    });
+    NamesGuard(guard)
+}
+
+#[cold]
+fn intern_call(call: &'static str) -> Call {
+    let mut names = names();
+    let key = (call.as_ptr() as usize, call.len());
+    if let Some(&id) = names.call_ids.get(&key) {
+        return id;
+    }
+    let id = names.calls.len() as Call;
+    names.calls.push(call);
+    names.call_ids.insert(key, id);
+    id
+}
+
+/// The number of a device known only by `name` (`host` is [`HOST`]).
+pub(super) fn named_device(name: &str) -> Dev {
+    if name == "host" {
+        return HOST;
+    }
+    let mut names = names();
+    if let Some(i) = names.named.iter().position(|n| &**n == name) {
+        return NAMED | i as u64;
+    }
+    names.named.push(name.into());
+    NAMED | (names.named.len() - 1) as u64
+}
+
+impl Names {
+    /// The name of `device`.
+    pub(super) fn device(&self, device: Dev) -> Arc<str> {
+        if device == HOST {
+            return "host".into();
+        }
+        if device & NAMED != 0 {
+            return self.named.get((device & !NAMED) as usize).cloned().unwrap_or_else(|| "?".into());
+        }
+        self.devices.get(&device).cloned().unwrap_or_else(|| format!("device {device}").into())
+    }
+
+    /// The name of `call`.
+    pub(super) fn call(&self, call: Call) -> &'static str {
+        self.calls.get(call as usize).copied().unwrap_or("?")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_state_round_trips() {
+        for (i, state) in STATES.iter().enumerate() {
+            assert_eq!(*state as usize, i);
+        }
+        for (from, to) in STATES.iter().zip(STATES.iter().rev()) {
+            let raw = Raw::State { buffer: 7, from: *from, to: *to, call: 3 };
+            assert_eq!(Raw::decode(&raw.encode(11)), Some(raw));
+        }
+    }
+
+    #[test]
+    fn every_kind_round_trips() {
+        let raws = [
+            Raw::Transfer {
+                buffer: 1,
+                op: 2,
+                direction: Direction::DeviceToDevice,
+                bytes: 3,
+                from: 4,
+                to: NAMED | 5,
+                call: 6,
+                reason: Reason::Eviction,
+                stream: 7,
+                start: 8,
+                waited: true,
+            },
+            Raw::Allocate { buffer: 1, device: 2, kind: MemoryKind::Device, bytes: 3, source: Source::Cache },
+            Raw::Free { buffer: 0, device: HOST, kind: MemoryKind::Host, bytes: 9 },
+            Raw::Pool { hit: true, device: 4, bytes: 5 },
+            Raw::Rollback { buffer: 1, op: 2, call: u32::MAX },
+            Raw::CheckerRead { buffer: 1, device: 2, bytes: 3, start: 4 },
+        ];
+        for raw in raws {
+            assert_eq!(Raw::decode(&raw.encode(42)), Some(raw));
+        }
+        assert_eq!(Raw::decode(&[0; WORDS]), None);
+    }
+}
