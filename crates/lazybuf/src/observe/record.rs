@@ -242,7 +242,38 @@ impl Raw {
     }
 }
 
-/// One event in the ring (or gathered by [`collect`]).
+/// Events in the ring, still encoded (decoded by [`collect`]), in the order they reached it.
+#[derive(Clone, Debug)]
+pub(super) enum Block {
+    /// A thread's chunk, as it was full (or as the thread exited).
+    Chunk { thread: u64, words: Box<[u64]> },
+    /// One event with a stack.
+    Stacked { thread: u64, words: [u64; WORDS], stack: Arc<str> },
+}
+
+impl Block {
+    fn len(&self) -> usize {
+        match self {
+            Block::Chunk { words, .. } => words.len() / WORDS,
+            Block::Stacked { .. } => 1,
+        }
+    }
+
+    fn decode_into(&self, out: &mut Vec<Entry>) {
+        match self {
+            Block::Chunk { thread, words } => out.extend(words.chunks_exact(WORDS).filter_map(|slot| {
+                let words: &[u64; WORDS] = slot.try_into().ok()?;
+                Raw::decode(words).map(|raw| Entry { time: words[0], thread: *thread, raw, stack: None })
+            })),
+            Block::Stacked { thread, words, stack } => out.extend(
+                Raw::decode(words)
+                    .map(|raw| Entry { time: words[0], thread: *thread, raw, stack: Some(Arc::clone(stack)) }),
+            ),
+        }
+    }
+}
+
+/// One event gathered by [`collect`].
 #[derive(Clone, Debug)]
 pub(super) struct Entry {
     /// Nanoseconds since the epoch.
@@ -269,16 +300,11 @@ impl Chunk {
         }
     }
 
-    /// Decodes the published events into `out`.
-    fn read(&self, out: &mut impl Extend<Entry>) {
+    /// A copy of the published events.
+    fn read(&self) -> Block {
         let n = self.len.load(Ordering::Acquire).min(CHUNK);
-        out.extend((0..n).filter_map(|i| {
-            let mut w = [0u64; WORDS];
-            for (k, word) in w.iter_mut().enumerate() {
-                *word = self.words[i * WORDS + k].load(Ordering::Relaxed);
-            }
-            Raw::decode(&w).map(|raw| Entry { time: w[0], thread: self.thread, raw, stack: None })
-        }));
+        let words = self.words[..n * WORDS].iter().map(|w| w.load(Ordering::Relaxed)).collect();
+        Block::Chunk { thread: self.thread, words }
     }
 }
 
@@ -288,17 +314,26 @@ pub(super) struct Session {
     pub(super) capacity: usize,
     /// Its start, in nanoseconds since the epoch.
     pub(super) origin: u64,
-    pub(super) ring: VecDeque<Entry>,
+    ring: VecDeque<Block>,
+    /// Events in `ring`.
+    held: usize,
     pub(super) dropped: u64,
 }
 
 impl Session {
-    fn push(&mut self, entry: Entry) {
-        if self.ring.len() >= self.capacity {
+    /// Adds `block`; drops the oldest blocks while the rest hold `capacity` events.
+    fn push(&mut self, block: Block) {
+        self.held += block.len();
+        self.ring.push_back(block);
+        while let Some(front) = self.ring.front() {
+            let n = front.len();
+            if self.held - n < self.capacity {
+                break;
+            }
+            self.held -= n;
+            self.dropped += n as u64;
             self.ring.pop_front();
-            self.dropped += 1;
         }
-        self.ring.push_back(entry);
     }
 }
 
@@ -339,7 +374,7 @@ pub(super) fn since_epoch(at: Instant) -> u64 {
 pub(super) fn begin(global: &mut Global, capacity: usize, backtrace: bool) {
     let generation = LAST_GENERATION.fetch_add(1, Ordering::Relaxed) + 1;
     global.threads.clear();
-    global.session = Some(Session { generation, capacity, origin: now(), ring: VecDeque::new(), dropped: 0 });
+    global.session = Some(Session { generation, capacity, origin: now(), ring: VecDeque::new(), held: 0, dropped: 0 });
     BACKTRACE.store(backtrace, Ordering::Relaxed);
     GENERATION.store(generation, Ordering::Release);
 }
@@ -356,9 +391,12 @@ pub(super) fn end(global: &mut Global) -> Option<Session> {
 /// events, merged by time, at most `capacity` (the oldest beyond it are counted in `dropped`).
 pub(super) fn collect(global: &Global) -> (Vec<Entry>, u64) {
     let Some(session) = global.session.as_ref() else { return (Vec::new(), 0) };
-    let mut all: Vec<Entry> = session.ring.iter().cloned().collect();
+    let mut all = Vec::with_capacity(session.held + global.threads.len() * CHUNK);
+    for block in &session.ring {
+        block.decode_into(&mut all);
+    }
     for chunk in &global.threads {
-        chunk.read(&mut all);
+        chunk.read().decode_into(&mut all);
     }
     all.sort_by_key(|e| e.time);
     let mut dropped = session.dropped;
@@ -379,8 +417,13 @@ pub(super) struct Local {
     /// Events in `chunk` (the producer's own count).
     len: Cell<usize>,
     epoch: OnceCell<Instant>,
-    /// A stack the binding attached ([`super::trace::call_with_stack`]).
-    pub(super) stack: RefCell<Option<Arc<str>>>,
+    /// A stack the binding attached ([`Local::set_stack`]).
+    stack: RefCell<Option<Arc<str>>>,
+    /// Whether events take the slow path: a stack is attached, or the session attaches the
+    /// Rust backtrace.
+    slow: Cell<bool>,
+    /// The session attaches the Rust backtrace.
+    backtrace: Cell<bool>,
     /// Recently seen devices and calls, known to be registered.
     devices: [Cell<u64>; 4],
     next_device: Cell<usize>,
@@ -399,6 +442,8 @@ impl Local {
             len: Cell::new(0),
             epoch: OnceCell::new(),
             stack: RefCell::new(None),
+            slow: Cell::new(false),
+            backtrace: Cell::new(false),
             devices: Default::default(),
             next_device: Cell::new(0),
             calls: Default::default(),
@@ -429,14 +474,19 @@ impl Local {
     /// `call`'s number in events.
     #[inline]
     pub(super) fn call(&self, call: &'static str) -> Call {
+        // A two-way cache: the slot pair the pointer hashes to, most recent first.
         let (ptr, len) = (call.as_ptr() as usize, call.len());
-        let slot = &self.calls[((ptr >> 3) ^ len) % self.calls.len()];
-        let (p, l, id) = slot.get();
-        if p == ptr && l == len {
-            return id;
+        let pair = ((ptr ^ len).wrapping_mul(0x9E37_79B9) >> 7) % (self.calls.len() / 2) * 2;
+        let (first, second) = (&self.calls[pair], &self.calls[pair + 1]);
+        for slot in [first, second] {
+            let (p, l, id) = slot.get();
+            if p == ptr && l == len {
+                return id;
+            }
         }
         let id = intern_call(call);
-        slot.set((ptr, len, id));
+        second.set(first.get());
+        first.set((ptr, len, id));
         id
     }
 
@@ -457,7 +507,7 @@ impl Local {
         if generation != self.generation.get() && !self.join(generation) {
             return;
         }
-        if BACKTRACE.load(Ordering::Relaxed) || self.stack.borrow().is_some() {
+        if self.slow.get() {
             self.push_with_stack(at, raw);
             return;
         }
@@ -496,7 +546,15 @@ impl Local {
         *self.chunk.borrow_mut() = Some(chunk);
         self.len.set(0);
         self.generation.set(generation);
+        self.backtrace.set(BACKTRACE.load(Ordering::Relaxed));
+        self.slow.set(self.backtrace.get() || self.stack.borrow().is_some());
         true
+    }
+
+    /// Attaches `stack` to this thread's events (until replaced); returns the previous one.
+    pub(super) fn set_stack(&self, stack: Option<Arc<str>>) -> Option<Arc<str>> {
+        self.slow.set(self.backtrace.get() || stack.is_some());
+        self.stack.replace(stack)
     }
 
     /// Moves this thread's chunk into the ring (when its session still runs) and empties it.
@@ -509,12 +567,10 @@ impl Local {
     fn flush_locked(&self, global: &mut Global) {
         let chunk = self.chunk.borrow();
         let Some(chunk) = chunk.as_ref() else { return };
-        if let Some(session) = global.session.as_mut().filter(|s| s.generation == self.generation.get()) {
-            let mut entries = Vec::with_capacity(self.len.get());
-            chunk.read(&mut entries);
-            for entry in entries {
-                session.push(entry);
-            }
+        if let Some(session) = global.session.as_mut().filter(|s| s.generation == self.generation.get())
+            && self.len.get() > 0
+        {
+            session.push(chunk.read());
         }
         chunk.len.store(0, Ordering::Release);
         self.len.set(0);
@@ -524,7 +580,7 @@ impl Local {
     #[cold]
     fn push_with_stack(&self, at: u64, raw: Raw) {
         let given = self.stack.borrow().clone();
-        let stack = if BACKTRACE.load(Ordering::Relaxed) {
+        let stack = if self.backtrace.get() {
             let rust = std::backtrace::Backtrace::force_capture().to_string();
             Some(match given {
                 Some(given) => format!("{given}\n{rust}").into(),
@@ -536,7 +592,13 @@ impl Local {
         let mut global = global();
         self.flush_locked(&mut global);
         if let Some(session) = global.session.as_mut().filter(|s| s.generation == self.generation.get()) {
-            session.push(Entry { time: at, thread: self.thread, raw, stack });
+            match stack {
+                Some(stack) => session.push(Block::Stacked { thread: self.thread, words: raw.encode(at), stack }),
+                None => {
+                    let words = raw.encode(at).into();
+                    session.push(Block::Chunk { thread: self.thread, words });
+                }
+            }
         }
     }
 }

@@ -203,12 +203,12 @@ fn resolve(raw: Raw, time: u64, names: &Names) -> (EventKind, u64) {
 /// Runs `f` with `stack` (a binding's call stack, in words) attached to the events it records
 /// on this thread.
 pub fn call_with_stack<R>(stack: Option<Arc<str>>, f: impl FnOnce() -> R) -> R {
-    let previous = record::with_local(|l| l.stack.replace(stack)).flatten();
+    let previous = record::with_local(|l| l.set_stack(stack)).flatten();
     struct Put(Option<Arc<str>>);
     impl Drop for Put {
         fn drop(&mut self) {
             let previous = self.0.take();
-            let _ = record::with_local(|l| *l.stack.borrow_mut() = previous);
+            let _ = record::with_local(|l| l.set_stack(previous));
         }
     }
     let _put = Put(previous);

@@ -51,7 +51,6 @@ thread_local! {
 impl RawBuffer {
     /// An access while something observes: its plan's copies shown to the guard first (a
     /// refusal returns before anything changes), then the access, then its state transition.
-    #[cold]
     #[inline(never)]
     pub(super) fn access_observed(
         &mut self,
@@ -60,10 +59,16 @@ impl RawBuffer {
         access: Access,
         cause: &'static Cause,
     ) -> Result<()> {
-        // The same plan the access makes next: planning is pure.
+        // The same plan the access makes next (planning is pure): reused when nothing is on
+        // disk (a reload changes what the access plans).
         let plan = self.plan(at, device, access);
         self.observe_plan(&plan, device, cause)?;
-        if let Err(err) = self.access_unobserved(at, device, access) {
+        let done = if self.on_disk.is_none() {
+            self.access_planned(at, device, access, &plan)
+        } else {
+            self.access_unobserved(at, device, access)
+        };
+        if let Err(err) = done {
             self.observe_abort();
             return Err(err);
         }
@@ -74,7 +79,6 @@ impl RawBuffer {
     /// Shows the copies of `plan` (an access at the device `device`, or the host) to the
     /// guard, before any of them runs: its refusal is returned and nothing has changed. Only
     /// called while [`observe::active`].
-    #[cold]
     pub(super) fn observe_plan(&self, plan: &Plan, device: Option<&Device>, default: &Cause) -> Result<()> {
         let cause = observe::cause_or(*default);
         if observe::guarding() {
@@ -100,7 +104,6 @@ impl RawBuffer {
     /// Records the state transition of an access that committed (after [`Self::observe_plan`]);
     /// returns the plan's number when a copy of it was recorded (else 0), for the rollback of
     /// an asynchronous transfer that fails later.
-    #[cold]
     pub(super) fn observe_commit(&self) -> u64 {
         let planned = PLANNED.try_with(Cell::take).ok().flatten();
         match planned.filter(|p| p.op != 0 && observe::emitting()) {
@@ -139,7 +142,6 @@ impl RawBuffer {
 
     /// One copy of a plan while events are wanted: as `execute` runs it (enqueued, and waited
     /// for unless `pending` collects its ticket), then recorded.
-    #[cold]
     pub(super) fn copy_observed(
         &mut self,
         from: Location,
@@ -147,7 +149,8 @@ impl RawBuffer {
         stats: &mut TransferStats,
         pending: Option<&mut Vec<Ticket>>,
     ) -> Result<()> {
-        let start = trace::now();
+        // A copy that aliases the host block moves no bytes: nothing to time or record.
+        let start = self.moves_bytes(from, to).then(trace::now);
         let after = pending.as_deref().and_then(|tickets| tickets.last().cloned());
         let ticket = self.copy(from, to, stats, after)?;
         let waited = match pending {
@@ -160,8 +163,21 @@ impl RawBuffer {
                 true
             }
         };
-        self.observe_copy(from, to, start, waited);
+        if let Some(start) = start {
+            self.observe_copy(from, to, start, waited);
+        }
         Ok(())
+    }
+
+    /// Whether the executed copy `from` -> `to` moves bytes (it is no sync with a copy that
+    /// aliases the host block).
+    fn moves_bytes(&self, from: Location, to: Location) -> bool {
+        let aliased = |id| self.copy_index(id).is_some_and(|i| self.copies[i].memory.is_host_alias());
+        match (from, to) {
+            (Location::Host, Location::Device(id)) | (Location::Device(id), Location::Host) => !aliased(id),
+            (Location::Device(_), Location::Device(_)) => true,
+            (Location::Host, Location::Host) => false,
+        }
     }
 
     /// Records one executed copy (`waited`: its call waited for it, which ended just now).
