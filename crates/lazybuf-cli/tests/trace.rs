@@ -104,6 +104,25 @@ fn summary_plot_and_bad_files() {
     }
 }
 
+/// A copy the recorder marked rolled back (a later step of its plan failed, and the counters
+/// took it back) is not counted by the summary, as `Trace::summary()` does not count it.
+#[test]
+fn the_summary_leaves_rolled_back_copies_out() {
+    let copy = |bytes: u64, rolled_back: bool| {
+        format!(
+            r#"{{"name":"d2h","cat":"transfer","ph":"X","ts":1.0,"dur":2.0,"pid":1,"tid":1000,"args":{{"buffer":7,"direction":"d2h","bytes":{bytes},"from":"a","to":"host","call":"device","reason":"access","async":false,"op":3,"rolled_back":{rolled_back}}}}}"#
+        )
+    };
+    let path = temp("rolled_back.json");
+    let text = format!(r#"{{"traceEvents":[{},{}]}}"#, copy(100, true), copy(40, false));
+    std::fs::write(&path, text).unwrap();
+    let out = lazybuf(&["trace", "summary", path.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let total = text.lines().find(|l| l.trim_start().starts_with("total")).unwrap();
+    assert_eq!(total.split_whitespace().collect::<Vec<_>>(), ["total", "d2h", "1", "40"], "{text}");
+}
+
 #[test]
 fn trace_help_has_examples() {
     for args in [&["trace", "--help"][..], &["trace", "summary", "--help"], &["trace", "plot", "--help"]] {

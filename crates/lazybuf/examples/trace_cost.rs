@@ -6,7 +6,8 @@
 //! times ROUNDS rounds of `mark_host_dirty()` + `sync_to_device()` + `mark_device_dirty()` +
 //! `host()` on the host device and on the first OpenCL device (if any) with the recorder off,
 //! then on (no stacks), interleaved five times (the medians are printed); then records 100 000
-//! events and times `Trace::to_chrome_json()` (the dump) and `Trace::summary()`.
+//! events and times `trace::stop()` (gathering the threads' events and naming them),
+//! `Trace::to_chrome_json()` (the dump) and `Trace::summary()`.
 //!
 //! For instruction counts under `valgrind --tool=callgrind` (no timing, nothing printed):
 //!
@@ -122,7 +123,9 @@ fn main() -> lazybuf::Result<()> {
     }
     trace::start(TraceOptions { capacity: 100_000, rust_backtrace: false })?;
     round_trips(&Device::host(), 60_000)?;
+    let start = Instant::now();
     let recorded = trace::stop()?;
+    let stopped = start.elapsed();
     let start = Instant::now();
     let json = recorded.to_chrome_json();
     let dump = start.elapsed();
@@ -130,8 +133,9 @@ fn main() -> lazybuf::Result<()> {
     let summary = recorded.summary();
     let summarized = start.elapsed();
     println!(
-        "dump of {} events: {:.1} ms ({} bytes of JSON); summary: {:.1} ms ({} rows)",
+        "stop (gathering and naming {} events): {:.1} ms; dump: {:.1} ms ({} bytes of JSON); summary: {:.1} ms ({} rows)",
         recorded.events.len(),
+        stopped.as_secs_f64() * 1e3,
         dump.as_secs_f64() * 1e3,
         json.len(),
         summarized.as_secs_f64() * 1e3,

@@ -3,7 +3,9 @@
 //! trace-event JSON, see docs/OBSERVING.md) read back.
 //!
 //! The summary lists copies and bytes per buffer, direction and reason, their totals, and the
-//! peak memory in use per device and kind; the plot ([`plot`]) draws memory in use over time
+//! peak memory in use per device and kind (copies marked `rolled_back`, which the transfer
+//! counters took back when a later step of their plan failed, are left out, as
+//! `Trace::summary()` leaves them out); the plot ([`plot`]) draws memory in use over time
 //! per device and kind, with the copies marked by direction.
 
 pub mod plot;
@@ -34,6 +36,9 @@ pub struct Copy {
     pub bytes: u64,
     /// `access`, `sync` or `eviction`.
     pub reason: String,
+    /// A later rollback of its plan undid it in the transfer counters (`args.rolled_back`):
+    /// it ran (the plot draws it) but the summary does not count it.
+    pub rolled_back: bool,
 }
 
 /// A trace file, read.
@@ -80,6 +85,7 @@ pub fn load(path: &Path) -> Result<TraceFile> {
                     direction: field("direction")?,
                     bytes: number("bytes")?,
                     reason: field("reason")?,
+                    rolled_back: args["rolled_back"].as_bool().unwrap_or(false),
                 });
             }
             (Some("C"), Some("memory")) => {
@@ -107,7 +113,7 @@ fn short(e: &Value) -> String {
 pub fn summary(file: &TraceFile) -> String {
     let mut rows: BTreeMap<(u64, &str, &str), (u64, u64)> = BTreeMap::new();
     let mut totals: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
-    for c in &file.copies {
+    for c in file.copies.iter().filter(|c| !c.rolled_back) {
         for entry in [
             rows.entry((c.buffer, &c.direction, &c.reason)).or_default(),
             totals.entry(&c.direction).or_default(),

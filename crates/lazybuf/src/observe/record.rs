@@ -265,10 +265,12 @@ impl Block {
                 let words: &[u64; WORDS] = slot.try_into().ok()?;
                 Raw::decode(words).map(|raw| Entry { time: words[0], thread: *thread, raw, stack: None })
             })),
-            Block::Stacked { thread, words, stack } => out.extend(
-                Raw::decode(words)
-                    .map(|raw| Entry { time: words[0], thread: *thread, raw, stack: Some(Arc::clone(stack)) }),
-            ),
+            Block::Stacked { thread, words, stack } => out.extend(Raw::decode(words).map(|raw| Entry {
+                time: words[0],
+                thread: *thread,
+                raw,
+                stack: Some(Arc::clone(stack)),
+            })),
         }
     }
 }
@@ -374,7 +376,8 @@ pub(super) fn since_epoch(at: Instant) -> u64 {
 pub(super) fn begin(global: &mut Global, capacity: usize, backtrace: bool) {
     let generation = LAST_GENERATION.fetch_add(1, Ordering::Relaxed) + 1;
     global.threads.clear();
-    global.session = Some(Session { generation, capacity, origin: now(), ring: VecDeque::new(), held: 0, dropped: 0 });
+    global.session =
+        Some(Session { generation, capacity, origin: now(), ring: VecDeque::new(), held: 0, dropped: 0 });
     BACKTRACE.store(backtrace, Ordering::Relaxed);
     GENERATION.store(generation, Ordering::Release);
 }
@@ -593,7 +596,9 @@ impl Local {
         self.flush_locked(&mut global);
         if let Some(session) = global.session.as_mut().filter(|s| s.generation == self.generation.get()) {
             match stack {
-                Some(stack) => session.push(Block::Stacked { thread: self.thread, words: raw.encode(at), stack }),
+                Some(stack) => {
+                    session.push(Block::Stacked { thread: self.thread, words: raw.encode(at), stack })
+                }
                 None => {
                     let words = raw.encode(at).into();
                     session.push(Block::Chunk { thread: self.thread, words });

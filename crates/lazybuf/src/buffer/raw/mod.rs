@@ -649,7 +649,13 @@ impl RawBuffer {
 
     /// [`Self::access_unobserved`] once nothing is on disk and `plan` is the access's plan.
     #[inline(always)]
-    fn access_planned(&mut self, at: Location, device: Option<&Device>, access: Access, plan: &Plan) -> Result<()> {
+    fn access_planned(
+        &mut self,
+        at: Location,
+        device: Option<&Device>,
+        access: Access,
+        plan: &Plan,
+    ) -> Result<()> {
         // The blocking calls' fast path: no transfer in flight, nothing to settle. Settling
         // the transfers the access depends on changes no state when they succeed (a transfer
         // commits when it is enqueued), so the plan stays; when one failed, the error returns.
