@@ -660,7 +660,7 @@ impl RawBuffer {
         // the transfers the access depends on changes no state when they succeed (a transfer
         // commits when it is enqueued), so the plan stays; when one failed, the error returns.
         if !self.inflight.is_empty() {
-            let (reads, writes) = self.touched(&plan, at, device, access);
+            let (reads, writes) = self.touched(plan, at, device, access);
             self.settle(|op| op.conflicts(&reads, &writes))?;
         }
         if at == Location::Host {
@@ -672,24 +672,24 @@ impl RawBuffer {
         // A read of data nobody holds sees zeros, never a previous user's bytes.
         let zero = access == Access::Read && !self.coherence.any_valid();
         if plan.is_empty() && !zero {
-            self.coherence.commit(at, access, &plan);
+            self.coherence.commit(at, access, plan);
             if access != Access::Read {
                 self.forget_hand_outs();
             }
             return Ok(());
         }
         if at == Location::Host {
-            self.note_host_download(&plan);
+            self.note_host_download(plan);
         }
         let mut undo = Undo::default();
         let mut stats = self.stats;
         let executed = self
-            .execute(&plan, device, &mut undo, &mut stats, None)
+            .execute(plan, device, &mut undo, &mut stats, None)
             .and_then(|()| if zero { self.zero(at) } else { Ok(()) });
         match executed {
             Ok(()) => {
                 self.stats = stats;
-                self.coherence.commit(at, access, &plan);
+                self.coherence.commit(at, access, plan);
                 if access != Access::Read {
                     self.forget_hand_outs();
                 }
