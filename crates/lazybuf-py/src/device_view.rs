@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use numpy::PyArrayDescr;
+use numpy::{PyArrayDescr, PyArrayDescrMethods};
 use pyo3::exceptions::PyAttributeError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -76,17 +76,24 @@ fn optional<'py>(
     cell.get_or_init(py, || py.import(name).ok().map(Bound::unbind)).as_ref().map(|m| m.bind(py).clone())
 }
 
-/// PyOpenCL command-queue wrappers, one per lazybuf queue, so user kernels enqueued on the
-/// array's queue are ordered with lazybuf's copies.
-fn pyopencl_queue<'py>(py: Python<'py>, cl: &Bound<'py, PyAny>, queue: usize) -> PyResult<Bound<'py, PyAny>> {
+/// PyOpenCL command-queue wrappers and their contexts, one per lazybuf queue (made once: a
+/// queue's `context` property asks the runtime and wraps a new object each time), so user
+/// kernels enqueued on the array's queue are ordered with lazybuf's copies.
+fn pyopencl_queue<'py>(
+    py: Python<'py>,
+    cl: &Bound<'py, PyAny>,
+    queue: usize,
+) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
     static QUEUES: PyOnceLock<Py<PyDict>> = PyOnceLock::new();
     let queues = QUEUES.get_or_init(py, || PyDict::new(py).unbind()).bind(py);
     if let Some(found) = queues.get_item(queue)? {
-        return Ok(found);
+        return found.extract();
     }
     let wrapped = cl.getattr("CommandQueue")?.call_method1("from_int_ptr", (queue, true))?;
-    queues.set_item(queue, &wrapped)?;
-    Ok(wrapped)
+    let context = wrapped.getattr("context")?;
+    let pair = (wrapped, context);
+    queues.set_item(queue, &pair)?;
+    Ok(pair)
 }
 
 fn pyopencl_array<'py>(
@@ -99,7 +106,14 @@ fn pyopencl_array<'py>(
     owner: Bound<'py, MemoryOwner>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let cl = py.import("pyopencl")?;
-    let queue = pyopencl_queue(py, cl.as_any(), queue)?;
+    let (queue, context) = pyopencl_queue(py, cl.as_any(), queue)?;
+    let size: usize = shape.iter().product();
+    let itemsize = descr.itemsize();
+    // C-contiguous strides, in bytes.
+    let mut strides = vec![itemsize; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        strides[i] = strides[i + 1] * shape[i + 1].max(1);
+    }
     let shape = pyo3::types::PyTuple::new(py, shape)?;
     if mem == 0 {
         // An empty buffer has no cl_mem; an empty PyOpenCL array allocates nothing either.
@@ -107,9 +121,26 @@ fn pyopencl_array<'py>(
     }
     let buffer = cl.getattr("Buffer")?.call_method1("from_int_ptr", (mem, true))?;
     buffer.setattr("_lazybuf_owner", owner)?;
-    let kwargs = PyDict::new(py);
-    kwargs.set_item("data", buffer)?;
-    cla.getattr("Array")?.call((queue, shape, descr), Some(&kwargs))
+    let array = cla.getattr("Array")?;
+    // PyOpenCL's fast constructor (the one its own views use): the shape, strides, size and
+    // context given, it skips the checks that cost about 10 µs a call, most of a small batch's
+    // `.device` (docs/BENCHMARKS.md). A PyOpenCL without it gets the checked constructor.
+    let fast = PyDict::new(py);
+    fast.set_item("data", &buffer)?;
+    fast.set_item("strides", pyo3::types::PyTuple::new(py, &strides)?)?;
+    fast.set_item("_fast", true)?;
+    fast.set_item("_size", size)?;
+    fast.set_item("_context", &context)?;
+    fast.set_item("_queue", &queue)?;
+    match array.call((py.None(), &shape, descr), Some(&fast)) {
+        Ok(made) => Ok(made),
+        Err(err) if err.is_instance_of::<pyo3::exceptions::PyTypeError>(py) => {
+            let kwargs = PyDict::new(py);
+            kwargs.set_item("data", buffer)?;
+            array.call((queue, shape, descr), Some(&kwargs))
+        }
+        Err(err) => Err(err),
+    }
 }
 
 /// A CuPy array over device memory lazybuf owns (`owner` keeps it alive). The device is
