@@ -269,3 +269,23 @@ def test_pyopencl_arrays_match_pyopencls_own_constructor(pyopencl, opencl_device
     assert made.flags.c_contiguous and checked.flags.c_contiguous
     np.testing.assert_array_equal(made.get(), data)
     np.testing.assert_array_equal((made + made).get(), data + data)  # a PyOpenCL kernel on it
+
+
+def test_pyopencl_without_the_fast_constructor_gets_the_checked_one(pyopencl, opencl_device, monkeypatch):
+    """A PyOpenCL whose `Array` takes no `_fast` arguments still gets correct arrays."""
+    import pyopencl.array as cla
+
+    calls = []
+
+    class Checked(cla.Array):
+        def __init__(self, cq, shape, dtype, data=None):
+            calls.append(shape)
+            super().__init__(cq, shape, dtype, data=data)
+
+    monkeypatch.setattr(cla, "Array", Checked)
+    buf = UnifiedBuffer((2, 3), np.float32, device=opencl_device)
+    buf.copy_from(np.arange(6, dtype=np.float32).reshape(2, 3))
+    array = buf.device
+    assert isinstance(array, Checked) and calls == [(2, 3)]
+    assert array.strides == (12, 4)
+    np.testing.assert_array_equal(array.get(), np.arange(6, dtype=np.float32).reshape(2, 3))
