@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use numpy::{PyArrayDescr, PyArrayDescrMethods};
 use pyo3::exceptions::PyAttributeError;
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyModule};
@@ -105,7 +106,9 @@ fn pyopencl_array<'py>(
     descr: &Bound<'py, PyArrayDescr>,
     owner: Bound<'py, MemoryOwner>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let cl = py.import("pyopencl")?;
+    /// The `pyopencl` module, imported once (an import per call costs more than the rest).
+    static CL: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+    let cl = CL.get_or_try_init(py, || py.import("pyopencl").map(Bound::unbind))?.bind(py);
     let (queue, context) = pyopencl_queue(py, cl.as_any(), queue)?;
     let size: usize = shape.iter().product();
     let itemsize = descr.itemsize();
@@ -117,26 +120,27 @@ fn pyopencl_array<'py>(
     let shape = pyo3::types::PyTuple::new(py, shape)?;
     if mem == 0 {
         // An empty buffer has no cl_mem; an empty PyOpenCL array allocates nothing either.
-        return cla.getattr("empty")?.call1((queue, shape, descr));
+        return cla.getattr(intern!(py, "empty"))?.call1((queue, shape, descr));
     }
-    let buffer = cl.getattr("Buffer")?.call_method1("from_int_ptr", (mem, true))?;
-    buffer.setattr("_lazybuf_owner", owner)?;
-    let array = cla.getattr("Array")?;
+    let buffer = cl.getattr(intern!(py, "Buffer"))?.call_method1(intern!(py, "from_int_ptr"), (mem, true))?;
+    buffer.setattr(intern!(py, "_lazybuf_owner"), owner)?;
+    let array = cla.getattr(intern!(py, "Array"))?;
     // PyOpenCL's fast constructor (the one its own views use): the shape, strides, size and
     // context given, it skips the checks that cost about 10 µs a call, most of a small batch's
-    // `.device` (docs/BENCHMARKS.md). A PyOpenCL without it gets the checked constructor.
+    // `.device` (docs/BENCHMARKS.md). The keywords are interned strings, which Python matches
+    // to parameters by identity. A PyOpenCL without it gets the checked constructor.
     let fast = PyDict::new(py);
-    fast.set_item("data", &buffer)?;
-    fast.set_item("strides", pyo3::types::PyTuple::new(py, &strides)?)?;
-    fast.set_item("_fast", true)?;
-    fast.set_item("_size", size)?;
-    fast.set_item("_context", &context)?;
-    fast.set_item("_queue", &queue)?;
+    fast.set_item(intern!(py, "data"), &buffer)?;
+    fast.set_item(intern!(py, "strides"), pyo3::types::PyTuple::new(py, &strides)?)?;
+    fast.set_item(intern!(py, "_fast"), true)?;
+    fast.set_item(intern!(py, "_size"), size)?;
+    fast.set_item(intern!(py, "_context"), &context)?;
+    fast.set_item(intern!(py, "_queue"), &queue)?;
     match array.call((py.None(), &shape, descr), Some(&fast)) {
         Ok(made) => Ok(made),
         Err(err) if err.is_instance_of::<pyo3::exceptions::PyTypeError>(py) => {
             let kwargs = PyDict::new(py);
-            kwargs.set_item("data", buffer)?;
+            kwargs.set_item(intern!(py, "data"), buffer)?;
             array.call((queue, shape, descr), Some(&kwargs))
         }
         Err(err) => Err(err),
