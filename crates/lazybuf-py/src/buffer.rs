@@ -65,6 +65,7 @@ use crate::lock;
 use crate::observe::observed;
 use crate::streams;
 use crate::transfer::{self, PyTransfer};
+use crate::views::Exposure;
 use crate::views::Storage;
 use crate::{args, state, wire};
 
@@ -94,27 +95,28 @@ pub(crate) struct UnifiedBuffer {
 struct Inner {
     /// The memory; `None` once released.
     storage: Option<Arc<Storage>>,
-    /// Held (never read) after a release when the buffer handed its address to a consumer
-    /// that keeps the buffer object rather than a view (`__array_interface__`,
-    /// `__cuda_array_interface__`): that memory then lives as long as the buffer object.
-    retained: Option<Arc<Storage>>,
-    untracked_export: bool,
-    host_view: Option<Py<PyAny>>,
-    host_readonly_view: Option<Py<PyAny>>,
-    device_view: Option<(usize, Py<PyAny>)>,
+    /// The exposures of addresses handed to consumers that keep the buffer object rather than
+    /// a view (`__array_interface__`, `__cuda_array_interface__`), one per memory and kind:
+    /// that memory stays in use (never evicted or written to disk) and alive, also after a
+    /// release or `free()`, for as long as the buffer object lives.
+    exports: Vec<Exposure>,
+    /// The last views handed out (`.host`, `.host_readonly`, `.device` with its handle), to
+    /// hand out again while still valid. Held weakly: a view holds its memory's exposure, so a
+    /// strong cache would keep the memory in use (unevictable) for the buffer's whole life;
+    /// a weak one hands the same view out while the caller still has it, and a new one after.
+    host_view: Option<Py<PyWeakrefReference>>,
+    host_readonly_view: Option<Py<PyWeakrefReference>>,
+    device_view: Option<(usize, Py<PyWeakrefReference>)>,
     /// Weak references to the writable host arrays handed out (`.host`), keyed by address:
     /// made read-only when the host copy goes stale or the buffer is released.
     writable_views: Vec<(usize, Py<PyWeakrefReference>)>,
-    /// Memory given up by `free()` whose address a consumer holding the buffer object got
-    /// (see `retained`): kept while the buffer object lives.
-    freed_exports: Vec<Arc<Storage>>,
 }
 
 /// What a release takes out of a buffer; [`Released::finish`] it once the buffer's lock is
 /// released (dropping views may run Python code).
 pub(crate) struct Released {
     _storage: Arc<Storage>,
-    views: Vec<Py<PyAny>>,
+    views: Vec<Py<PyWeakrefReference>>,
     writable: Vec<(usize, Py<PyWeakrefReference>)>,
 }
 
@@ -188,15 +190,26 @@ impl UnifiedBuffer {
         let storage = self.storage_unordered()?;
         if storage.cupy_held() {
             Python::attach(|py| {
-                let uses = uses_device(&*storage.lock(py)?);
-                if uses { streams::order_after_cupy(py, &storage, &self.home) } else { Ok(()) }
+                // A CuPy array dropped since the last call may have left kernels on CuPy's
+                // stream: ordering after them now lets eviction free the copy again
+                // (`SpillState::cupy_unordered`). Taken first, so a drop meanwhile sets it again.
+                let unordered = storage.spill().take_cupy_unordered();
+                let ordered = storage.lock(py).and_then(|raw| {
+                    let uses = unordered || uses_device(&raw);
+                    drop(raw);
+                    if uses { streams::order_after_cupy(py, &storage, &self.home) } else { Ok(()) }
+                });
+                if ordered.is_err() && unordered {
+                    storage.spill().set_cupy_unordered();
+                }
+                ordered
             })?;
         }
         Ok(storage)
     }
 
     /// The memory, for calls that enqueue no work on the device copy.
-    fn storage_unordered(&self) -> PyResult<Arc<Storage>> {
+    pub(crate) fn storage_unordered(&self) -> PyResult<Arc<Storage>> {
         self.held_storage().ok_or_else(released)
     }
 
@@ -222,10 +235,8 @@ impl UnifiedBuffer {
     /// result (the lock is released by then).
     pub(crate) fn take(&self) -> PyResult<Released> {
         let mut inner = self.inner();
+        // The memory of `exports` stays with them (they hold it) while the object lives.
         let storage = inner.storage.take().ok_or_else(released)?;
-        if inner.untracked_export {
-            inner.retained = Some(Arc::clone(&storage));
-        }
         let views = [
             inner.host_view.take(),
             inner.host_readonly_view.take(),
@@ -243,10 +254,8 @@ impl UnifiedBuffer {
     /// memory goes back to where it came from once no view of it remains.
     fn replace_storage(&self, fresh: Arc<Storage>) -> PyResult<Released> {
         let mut inner = self.inner();
+        // The old memory's `exports` keep it (alive, and in use) while the object lives.
         let old = inner.storage.replace(fresh).ok_or_else(released)?;
-        if std::mem::take(&mut inner.untracked_export) {
-            inner.freed_exports.push(Arc::clone(&old));
-        }
         let views = [
             inner.host_view.take(),
             inner.host_readonly_view.take(),
@@ -362,16 +371,46 @@ impl UnifiedBuffer {
         unsafe { self.storage()?.read_into_address(target.py(), data, n) }
     }
 
-    /// The cached object in `field`, cloned under the lock.
-    fn cached(&self, py: Python<'_>, field: impl FnOnce(&Inner) -> Option<&Py<PyAny>>) -> Option<Py<PyAny>> {
-        let inner = self.inner();
-        field(&inner).map(|c| c.clone_ref(py))
+    /// The cached view in `field`, if it is still alive (see `Inner::host_view`).
+    fn cached<'py>(
+        &self,
+        py: Python<'py>,
+        field: impl FnOnce(&Inner) -> Option<&Py<PyWeakrefReference>>,
+    ) -> Option<Bound<'py, PyAny>> {
+        let weak = field(&self.inner()).map(|w| w.clone_ref(py));
+        weak.and_then(|w| w.bind(py).upgrade())
     }
 
-    /// Stores `object` in `field`; the object it replaces is dropped after the lock.
-    fn cache(&self, object: &Bound<'_, PyAny>, field: impl FnOnce(&mut Inner) -> &mut Option<Py<PyAny>>) {
-        let previous = field(&mut self.inner()).replace(object.clone().unbind());
+    /// Remembers `object` weakly in `field` (forgets the field's view when `object` cannot be
+    /// referenced weakly); what it replaces is dropped after the lock.
+    fn cache(
+        &self,
+        object: &Bound<'_, PyAny>,
+        field: impl FnOnce(&mut Inner) -> &mut Option<Py<PyWeakrefReference>>,
+    ) {
+        let weak = PyWeakrefReference::new(object).ok().map(Bound::unbind);
+        let previous = std::mem::replace(field(&mut self.inner()), weak);
         drop(previous);
+    }
+
+    /// Keeps `exposure` (of an address given to a consumer that holds this buffer object)
+    /// while the object lives; one per memory and kind is enough.
+    fn keep_export(&self, exposure: Exposure) {
+        let duplicate = {
+            let mut inner = self.inner();
+            let held = inner
+                .exports
+                .iter()
+                .any(|e| Arc::ptr_eq(e.storage(), exposure.storage()) && e.kind() == exposure.kind());
+            if held {
+                Some(exposure)
+            } else {
+                inner.exports.push(exposure);
+                None
+            }
+        };
+        // Dropped after the lock: it may free memory (and a resource may run Python code).
+        drop(duplicate);
     }
 }
 
@@ -415,7 +454,7 @@ fn host_view<'py>(slf: &Bound<'py, UnifiedBuffer>) -> PyResult<Bound<'py, PyAny>
     let py = slf.py();
     let this = slf.get();
     let storage = this.storage_if(UnifiedBuffer::stale(Location::Host))?;
-    let cached = this.cached(py, |i| i.host_view.as_ref()).map(|c| c.into_bound(py));
+    let cached = this.cached(py, |i| i.host_view.as_ref());
     let array = storage.host_array(py, Access::Write, &this.shape, this.descr(py), cached.as_ref())?;
     this.cache(&array, |i| &mut i.host_view);
     this.track_writable(py, &array)?;
@@ -427,7 +466,7 @@ fn host_readonly_view<'py>(slf: &Bound<'py, UnifiedBuffer>) -> PyResult<Bound<'p
     let py = slf.py();
     let this = slf.get();
     let storage = this.storage_if(UnifiedBuffer::stale(Location::Host))?;
-    let cached = this.cached(py, |i| i.host_readonly_view.as_ref()).map(|c| c.into_bound(py));
+    let cached = this.cached(py, |i| i.host_readonly_view.as_ref());
     let array = storage.host_array(py, Access::Read, &this.shape, this.descr(py), cached.as_ref())?;
     this.cache(&array, |i| &mut i.host_readonly_view);
     Ok(array)
@@ -442,33 +481,41 @@ fn device_access<'py>(slf: &Bound<'py, UnifiedBuffer>, access: Access) -> PyResu
         // The host device's copy is the host memory itself: writes through this array change
         // every copy at once, so it is writable whatever the access (the seeds: `.device`
         // "returns the same NumPy array as host").
-        let address = storage.host_device_address(py, &this.home, access)?;
+        let (address, exposure) = storage.host_device_address(py, &this.home, access)?;
         if access != Access::Read {
             this.freeze_if_host_stale(py)?;
         }
-        let cached = this.cached(py, |i| i.host_view.as_ref()).map(|c| c.into_bound(py));
+        let cached = this.cached(py, |i| i.host_view.as_ref());
         // SAFETY: the address is this storage's host-device alias, from host_device_address;
         // shape and dtype are the buffer's own.
-        let array =
-            unsafe { storage.array_at(py, address, &this.shape, this.descr(py), true, cached.as_ref()) }?;
+        let array = unsafe {
+            storage.array_at(py, address, exposure, &this.shape, this.descr(py), true, cached.as_ref())
+        }?;
         this.cache(&array, |i| &mut i.host_view);
         return Ok(array);
     }
-    let handle = storage.device_handle_nogil(py, &this.home, access)?;
+    let (handle, exposure) = storage.device_handle_nogil(py, &this.home, access)?;
     if access != Access::Read {
         this.freeze_if_host_stale(py)?;
     }
     let key = handle.as_int();
-    let cached = {
-        let inner = this.inner();
-        inner.device_view.as_ref().filter(|(k, _)| *k == key).map(|(_, v)| v.clone_ref(py))
-    };
+    // A live cached view over this very handle holds its own exposure: this one is dropped.
+    let cached = this.cached(py, |i| i.device_view.as_ref().filter(|(k, _)| *k == key).map(|(_, v)| v));
     if let Some(view) = cached {
-        return Ok(view.into_bound(py));
+        return Ok(view);
     }
-    let object =
-        device_object(py, &storage, &this.home, handle, &this.shape, this.elem.dtype, this.descr(py))?;
-    let previous = this.inner().device_view.replace((key, object.clone().unbind()));
+    let object = device_object(
+        py,
+        &storage,
+        &this.home,
+        handle,
+        exposure,
+        &this.shape,
+        this.elem.dtype,
+        this.descr(py),
+    )?;
+    let weak = PyWeakrefReference::new(&object).ok().map(|w| (key, w.unbind()));
+    let previous = std::mem::replace(&mut this.inner().device_view, weak);
     drop(previous);
     Ok(object)
 }
@@ -544,8 +591,8 @@ impl UnifiedBuffer {
         if metal == this.home {
             return device_access(slf, Access::Read);
         }
-        let handle = storage.device_handle_nogil(py, &metal, Access::Read)?;
-        device_object(py, &storage, &metal, handle, &this.shape, this.elem.dtype, this.descr(py))
+        let (handle, exposure) = storage.device_handle_nogil(py, &metal, Access::Read)?;
+        device_object(py, &storage, &metal, handle, exposure, &this.shape, this.elem.dtype, this.descr(py))
     }
 
     /// The dimensions.
@@ -1038,8 +1085,9 @@ impl UnifiedBuffer {
         let memory = |writable: bool| {
             // A writable export is a host write, a read-only one a host read.
             let access = if writable { Access::Write } else { Access::Read };
-            let address = storage.host_address_nogil(py, access)?;
-            Ok(ExportedHost { address, writable, owner: Box::new(Arc::clone(&storage)) })
+            // The export holds the exposure: the host copy stays in use until it is released.
+            let (address, exposure) = storage.host_address_nogil(py, access)?;
+            Ok(ExportedHost { address, writable, owner: Box::new(exposure) })
         };
         // SAFETY: view is the Py_buffer CPython passed to this slot; the address is the
         // storage's host block, valid while the export's clone of the storage lives.
@@ -1095,8 +1143,8 @@ impl UnifiedBuffer {
                 self.elem.dtype
             )));
         }
-        let address = self.storage()?.host_address_nogil(py, Access::Read)?;
-        self.inner().untracked_export = true;
+        let (address, exposure) = self.storage()?.host_address_nogil(py, Access::Read)?;
+        self.keep_export(exposure);
         crate::interop::array_interface(py, address as usize, &self.shape, self.elem.dtype)
     }
 
@@ -1110,8 +1158,9 @@ impl UnifiedBuffer {
                 selector(&self.home)
             )));
         }
-        let address = self.storage()?.device_handle_nogil(py, &self.home, Access::Write)?.as_int();
-        self.inner().untracked_export = true;
+        let (handle, exposure) = self.storage()?.device_handle_nogil(py, &self.home, Access::Write)?;
+        let address = handle.as_int();
+        self.keep_export(exposure);
         self.freeze_if_host_stale(py)?;
         cuda_array_interface(py, address, &self.shape, self.elem.dtype, false)
     }

@@ -21,36 +21,46 @@ use lazybuf::backend::{RawDevice, RawMemory};
 use lazybuf::{DType, Device};
 
 use crate::accelerator::PyDevice;
+use crate::views::Exposure;
 use crate::views::{MemoryOwner, Storage, device_handles};
 
-/// The device object for a non-host device, given the handle of its (current) copy.
+/// The device object for a non-host device, given the handle of its (current) copy and the
+/// exposure that came with it: the object's owner holds it, so the copy is not evicted while
+/// the object lives.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn device_object<'py>(
     py: Python<'py>,
     storage: &Arc<Storage>,
     home: &Device,
     handle: RawMemory,
+    mut exposure: Exposure,
     shape: &[usize],
     dtype: DType,
     descr: &Bound<'py, PyArrayDescr>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let owner = Bound::new(py, MemoryOwner::new(storage))?;
     let nbytes = shape.iter().product::<usize>() * dtype.size();
     let raw_device = device_handles(home);
     // PyOpenCL wraps OpenCL handles only.
     if let (RawMemory::OpenCl(_), RawDevice::OpenCl { .. }) = (handle, raw_device)
         && let Some(cl) = optional(py, &PYOPENCL, "pyopencl.array")
     {
+        let owner = Bound::new(py, MemoryOwner::new(exposure))?;
         return pyopencl_array(py, &cl, raw_device.queue_int(), handle.as_int(), shape, descr, owner);
     }
     if let Some(ordinal) = home.info().ordinal
         && crate::interop::addresses_cuda(home)
         && let Some(cupy) = optional(py, &CUPY, "cupy")
     {
+        // Once the array is gone, kernels CuPy enqueued through it may still be pending: the
+        // copy is then kept until lazybuf is ordered after them (`SpillState::cupy_unordered`).
+        exposure.held_by_cupy();
+        let owner = Bound::new(py, MemoryOwner::new(exposure))?;
         let ordinal = i32::try_from(ordinal).unwrap_or(i32::MAX);
         let array = cupy_array(&cupy, handle.as_int() as u64, ordinal, nbytes, shape, descr, owner)?;
         storage.mark_cupy_held();
         return Ok(array);
     }
+    let owner = Bound::new(py, MemoryOwner::new(exposure))?;
     let view = DeviceMemoryView {
         device: home.clone(),
         // SAFETY: `handle` is a live allocation of `home`'s: the caller holds the storage.
@@ -181,8 +191,9 @@ fn cupy_array<'py>(
 
 /// A buffer's copy on a device, for code that takes raw handles: `ptr` is the `CUdeviceptr`
 /// (CUDA), `cl_mem` (OpenCL) or the graphics API's buffer handle (wgpu: a `VkBuffer` on
-/// Vulkan) as an int. Keeps the buffer's memory alive while it lives.
-#[pyclass(name = "DeviceMemoryView", module = "lazybuf", frozen)]
+/// Vulkan) as an int. Keeps the buffer's memory alive, and its device copy in use (not
+/// evicted), while it lives.
+#[pyclass(name = "DeviceMemoryView", module = "lazybuf", frozen, weakref)]
 pub(crate) struct DeviceMemoryView {
     device: Device,
     handle: usize,
