@@ -1,8 +1,9 @@
 """Spilling under per-device memory limits from Python, on every device found:
 ``set_memory_limit`` / ``get_memory_limit`` / ``LAZYBUF_MEMORY_LIMIT``, clean evictions that move
-no byte, write-backs of copies that hold the only current data, buffers that are exposed or
-opted out never evicted, a failed write-back that changes nothing, ``spill_stats``, and threads
-racing accesses against eviction.
+no byte, write-backs of copies that hold the only current data, buffers that are exposed (while
+the exposing object lives; test_spill_exposure.py has the scopes) or opted out not evicted, a
+failed write-back that changes nothing, ``spill_stats``, and threads racing accesses against
+eviction.
 
 Buffers are 64 KiB: below the size at which a host-sharing OpenCL device aliases host memory.
 On the host device a buffer's device copy is the host memory itself: it holds no device memory,
