@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -459,3 +461,75 @@ def test_exposures_takes_a_live_buffer():
     buf.release()
     with pytest.raises(ValueError, match="released"):
         testing.exposures(buf)
+
+
+# --- CuPy: a dropped array's kernels may still be pending ------------------------------------
+
+FAKE_CUPY = '''
+import gc, sys, types
+import numpy as np
+
+# Just enough of CuPy for lazybuf's `.device` and its ordering after CuPy's current stream.
+cupy, cuda = types.ModuleType("cupy"), types.ModuleType("cupy.cuda")
+class UnownedMemory:
+    def __init__(self, ptr, size, owner, device_id):
+        self.owner = owner
+class MemoryPointer:
+    def __init__(self, mem, offset):
+        self.mem = mem
+class ndarray:
+    def __init__(self, shape, dtype, memptr=None):
+        self.data = memptr
+class Stream:
+    ptr = 0  # the legacy default stream: ordered with lazybuf's already
+orderings = []
+def get_current_stream(device_id=None):
+    orderings.append(device_id)
+    return Stream()
+cuda.UnownedMemory, cuda.MemoryPointer, cuda.get_current_stream = UnownedMemory, MemoryPointer, get_current_stream
+cupy.cuda, cupy.ndarray = cuda, ndarray
+sys.modules["cupy"], sys.modules["cupy.cuda"] = cupy, cuda
+
+import lazybuf, lazybuf.testing
+N = 16 * 1024
+d = [d for d in lazybuf.get_accelerator().devices if d.backend == "cuda"][0]
+lazybuf.trim()
+lazybuf.set_memory_limit(d, lazybuf.memory_held(d) + N * 4)
+a = lazybuf.UnifiedBuffer(N, np.float32, device=d)
+a.copy_from(np.arange(N, dtype=np.float32))
+b = lazybuf.UnifiedBuffer(N, np.float32, device=d)
+b.copy_from(np.ones(N, np.float32))
+
+def b_fits():
+    try:
+        b.sync_to_device()
+        return True
+    except MemoryError:
+        return False
+
+arr = a.device
+assert isinstance(arr, ndarray), type(arr)
+assert lazybuf.testing.exposures(a) == (1, 0)
+assert not b_fits(), "evicted while its CuPy array lives"
+del arr
+gc.collect()
+assert lazybuf.testing.exposures(a) == (0, 0)
+assert not b_fits(), "evicted before lazybuf was ordered after CuPy's stream"
+before = len(orderings)
+a.sync_to_host()  # a call on the buffer: orders lazybuf after CuPy's current stream
+assert len(orderings) > before
+assert b_fits(), "still kept after the ordering"
+assert lazybuf.spill_stats(d)["evictions"] == 1
+assert a.state == lazybuf.BufferState.HOST_ONLY
+np.testing.assert_array_equal(a.to_numpy(), np.arange(N, dtype=np.float32))
+print("ok")
+'''
+
+
+def test_a_dropped_cupy_array_keeps_the_copy_until_lazybuf_is_ordered_after_cupy():
+    if not any(is_cuda(d) for d in _devices()):
+        pytest.skip("no CUDA device (run with the CUDA driver test double)")
+    # A child process: lazybuf probes for CuPy once per process, and this one is a stand-in.
+    done = subprocess.run([sys.executable, "-c", FAKE_CUPY], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
