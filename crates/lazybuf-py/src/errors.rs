@@ -74,7 +74,7 @@ pub(crate) fn to_py(err: lazybuf::Error) -> PyErr {
 fn to_py_with(err: lazybuf::Error, message: String) -> PyErr {
     use lazybuf::Error as E;
     match err {
-        E::WriteBack { source, .. } => to_py_with(*source, message),
+        E::WriteBack { source, .. } => to_py_with(std::sync::Arc::unwrap_or_clone(source), message),
         E::InvalidShape { .. } | E::LengthMismatch { .. } | E::InvalidArgument { .. } => {
             PyValueError::new_err(message)
         }

@@ -269,7 +269,7 @@ pub enum Error {
         /// The bytes the write-back had to move.
         bytes: usize,
         /// The write-back's own error.
-        source: Box<Error>,
+        source: std::sync::Arc<Error>,
     },
     /// A fault injected by `lazybuf::testing::FaultyDevice` (feature `testing`).
     #[cfg(feature = "testing")]

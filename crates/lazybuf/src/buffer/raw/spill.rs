@@ -105,7 +105,7 @@ impl RawBuffer {
             requested: None,
             buffer: self.id,
             bytes: self.nbytes,
-            source: Box::new(err),
+            source: std::sync::Arc::new(err),
         }
     }
 
