@@ -164,7 +164,8 @@ fn child_spilling_through_its_directory() {
             spill::reset_spill_stats(&device);
             lazybuf::trim();
             spill::set_host_memory_limit(Some(spill::host_memory_held() + bytes + bytes / 2));
-            let first = SharedBuffer::new(UnifiedBuffer::<u32>::from_slice(&pattern(1, len), &device).unwrap());
+            let first =
+                SharedBuffer::new(UnifiedBuffer::<u32>::from_slice(&pattern(1, len), &device).unwrap());
             let second = UnifiedBuffer::<u32>::from_slice(&pattern(2, len), &device).unwrap();
             assert!(first.lock().raw().is_on_disk(), "{device} {len}");
             let stats = spill::spill_stats(&device);

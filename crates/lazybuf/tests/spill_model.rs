@@ -32,7 +32,8 @@ use common::pattern;
 use lazybuf::spill::{self, SharedBuffer};
 use lazybuf::testing::FaultyDevice;
 use lazybuf::{
-    BufferOptions, BufferState, Device, Location, MemoryKind, MemoryPool, PoolConfig, Residency, UnifiedBuffer,
+    BufferOptions, BufferState, Device, Location, MemoryKind, MemoryPool, PoolConfig, Residency,
+    UnifiedBuffer,
 };
 use proptest::prelude::*;
 
@@ -259,7 +260,11 @@ impl Run {
             prop_assert!(*buffer != own_id && *bytes as u64 == NBYTES, "write-back error {:?}", result);
             let named = self.bufs.iter().position(|b| b.lock().raw().id() == *buffer);
             let named = named.expect("the buffer named is one of the run's");
-            prop_assert!(self.device_residency(named) != Residency::Unallocated, "buffer {} lost its copy", named);
+            prop_assert!(
+                self.device_residency(named) != Residency::Unallocated,
+                "buffer {} lost its copy",
+                named
+            );
         }
         if result.is_ok() {
             change(&mut self.models[i]);
@@ -372,7 +377,11 @@ fn run(inner: &Device, ops: &[Op]) -> Result<(), TestCaseError> {
                 // Room was made with the pool trimmed first (a failed upload gave its new
                 // block back to the pool after the room was made).
                 if uploaded.is_ok() && spill::spill_stats(&run.device).evictions > evictions_before {
-                    prop_assert_eq!(cached_device_bytes(&run.pool), 0, "evicted while the pool cached a block");
+                    prop_assert_eq!(
+                        cached_device_bytes(&run.pool),
+                        0,
+                        "evicted while the pool cached a block"
+                    );
                 }
                 run.pool.release(pooled).unwrap();
                 run.observe_evictions(&[])?;

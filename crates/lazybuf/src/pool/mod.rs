@@ -213,9 +213,12 @@ impl fmt::Debug for MemoryPool {
     }
 }
 
+/// The caches of pools made, with their device, weakly held.
+type LivePools = Mutex<Vec<(DeviceId, Weak<CachingResource>)>>;
+
 /// The caches of every pool made, by device, weakly held.
-fn live_pools() -> &'static Mutex<Vec<(DeviceId, Weak<CachingResource>)>> {
-    static LIVE: OnceLock<Mutex<Vec<(DeviceId, Weak<CachingResource>)>>> = OnceLock::new();
+fn live_pools() -> &'static LivePools {
+    static LIVE: OnceLock<LivePools> = OnceLock::new();
     LIVE.get_or_init(Mutex::default)
 }
 

@@ -253,15 +253,12 @@ fn refuses_direct_io(err: &std::io::Error) -> bool {
 fn staging(len: usize) -> std::io::Result<HostMemory> {
     let refused = || std::io::Error::from_raw_os_error(EINVAL);
     let block = HostMemory::allocate(len.next_multiple_of(ALIGN).max(PAGED)).map_err(|_| refused())?;
-    match block.as_ptr().addr() % ALIGN {
-        0 => Ok(block),
-        _ => Err(refused()),
-    }
+    if block.as_ptr().addr().is_multiple_of(ALIGN) { Ok(block) } else { Err(refused()) }
 }
 
 /// Whether `bytes` can be read or written with direct I/O where they are.
 fn is_aligned(bytes: &[u8]) -> bool {
-    bytes.as_ptr().addr() % ALIGN == 0 && bytes.len() % ALIGN == 0
+    bytes.as_ptr().addr().is_multiple_of(ALIGN) && bytes.len().is_multiple_of(ALIGN)
 }
 
 /// Writes `bytes` in [`CHUNK`]s of aligned I/O: straight from `bytes` where a chunk is
