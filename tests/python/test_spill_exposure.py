@@ -90,8 +90,11 @@ def expected(seed: int) -> np.ndarray:
 
 
 def gone(*_: object) -> None:
-    """Collects garbage (the exposing objects were deleted by the caller)."""
+    """Collects garbage (the exposing objects were deleted by the caller) and drops the views
+    buffers keep for reuse that nothing else references, as spilling does when it needs room
+    (`test_a_view_only_its_buffer_keeps_is_dropped_when_spilling_needs_room` shows it)."""
     gc.collect()
+    testing.reclaim()
 
 
 # --- a DLPack consumer in ctypes, for device capsules nothing installed here consumes ------
@@ -215,6 +218,47 @@ def test_an_exposed_buffer_lets_eviction_take_another(device):
     np.testing.assert_array_equal(c.to_numpy(), expected(3))
 
 
+@pytest.mark.parametrize("view", ["device", "device_writable"])
+def test_a_view_only_its_buffer_keeps_is_dropped_when_spilling_needs_room(device, view):
+    """The buffer keeps its last views (the same object comes back, cheaply, for a caller who
+    drops it each time), which keeps the memory in use; when eviction finds too little to evict
+    it drops every kept view nothing else references and tries again."""
+    limit_for(device, 1)
+    a = holding(device, 1)
+    first = getattr(a, view)
+    assert getattr(a, view) is first  # kept: the same object again
+    del first
+    gc.collect()
+    kept = testing.exposures(a)
+    assert sum(kept) == 1  # the buffer's own kept view
+    b = holding(device, 2)
+    b.sync_to_device()  # needs a's room (where copies hold device memory)
+    if evicts(device):
+        assert testing.exposures(a) == (0, 0)
+        assert lazybuf.spill_stats(device)["evictions"] == 1
+        assert a.state == BufferState.HOST_ONLY
+    np.testing.assert_array_equal(a.to_numpy(), expected(1))
+    np.testing.assert_array_equal(b.to_numpy(), expected(2))
+
+
+def test_a_kept_view_someone_else_references_stays(device):
+    """A view the caller still holds (or a view of it) is not dropped by spilling."""
+    if not evicts(device):
+        pytest.skip(f"{device.selector} copies hold no device memory")
+    limit_for(device, 1)
+    a = holding(device, 1)
+    held = a.device
+    view_of_it = a.host[1:]  # a NumPy view of the kept `.host`: the base stays referenced
+    b = holding(device, 2)
+    with pytest.raises(MemoryError, match="memory limit"):
+        b.sync_to_device()
+    assert a.device is held
+    assert testing.exposures(a) == (1, 1)
+    del held, view_of_it
+    b.sync_to_device()
+    assert a.state == BufferState.HOST_ONLY
+
+
 def test_a_cached_device_view_does_not_keep_its_buffer_in_use(device):
     limit_for(device, 1)
     a = holding(device, 1)
@@ -256,7 +300,7 @@ def test_an_exposure_in_a_reference_cycle_ends_when_the_collector_frees_it(devic
     cycle: list = [a.device, a.host]
     cycle.append(cycle)
     del cycle
-    gc.collect()
+    gone()
     assert testing.exposures(a) == (0, 0)
 
 
@@ -362,6 +406,23 @@ def test_array_interface_keeps_the_host_copy_while_the_buffer_object_lives(host_
     del a
     gone()
     np.testing.assert_array_equal(holding("host", 2).to_numpy(), expected(2))
+
+
+@pytest.mark.parametrize("view", ["host", "host_readonly"])
+def test_a_host_view_only_its_buffer_keeps_is_dropped_when_the_disk_tier_needs_room(host_limit, view):
+    """As for device views: the disk tier drops kept host views nothing else references."""
+    host_limit(1)
+    a = holding("host", 1)
+    first = getattr(a, view)
+    assert getattr(a, view) is first
+    del first
+    gc.collect()
+    assert testing.exposures(a) == (0, 1)  # the buffer's own kept view
+    b = holding("host", 2)  # needs a's host room: a's copy goes to disk
+    assert testing.exposures(a) == (0, 0)
+    assert lazybuf.spill_stats("host")["bytes_to_disk"] == NBYTES
+    np.testing.assert_array_equal(a.to_numpy(), expected(1))
+    np.testing.assert_array_equal(b.to_numpy(), expected(2))
 
 
 def test_a_cached_host_view_does_not_keep_its_buffer_in_use(host_limit):

@@ -101,15 +101,51 @@ struct Inner {
     /// release or `free()`, for as long as the buffer object lives.
     exports: Vec<Exposure>,
     /// The last views handed out (`.host`, `.host_readonly`, `.device` with its handle), to
-    /// hand out again while still valid. Held weakly: a view holds its memory's exposure, so a
-    /// strong cache would keep the memory in use (unevictable) for the buffer's whole life;
-    /// a weak one hands the same view out while the caller still has it, and a new one after.
+    /// hand out again while still valid: the same object, while the caller or `kept` holds it
+    /// (weak references, so a view `kept` let go of is never handed out after it died).
     host_view: Option<Py<PyWeakrefReference>>,
     host_readonly_view: Option<Py<PyWeakrefReference>>,
     device_view: Option<(usize, Py<PyWeakrefReference>)>,
+    /// The same views held strongly, so that a caller who drops the view each call gets the
+    /// same object back (rebuilding one costs more than the access). A view that only this
+    /// holds uses nothing: when spilling needs room, [`reclaim_kept_views`] drops every kept
+    /// view no other object references, which ends its exposure.
+    kept: Kept,
     /// Weak references to the writable host arrays handed out (`.host`), keyed by address:
     /// made read-only when the host copy goes stale or the buffer is released.
     writable_views: Vec<(usize, Py<PyWeakrefReference>)>,
+}
+
+/// The views a buffer keeps alive (see `Inner::kept`), one per cache.
+#[derive(Default)]
+struct Kept {
+    host: Option<Py<PyAny>>,
+    host_readonly: Option<Py<PyAny>>,
+    device: Option<Py<PyAny>>,
+    /// Whether the buffer object is in [`KEPT`]'s list.
+    listed: bool,
+}
+
+impl Kept {
+    fn slot(&mut self, slot: Slot) -> &mut Option<Py<PyAny>> {
+        match slot {
+            Slot::Host => &mut self.host,
+            Slot::HostReadonly => &mut self.host_readonly,
+            Slot::Device => &mut self.device,
+        }
+    }
+
+    fn take_all(&mut self) -> Vec<Py<PyAny>> {
+        [self.host.take(), self.host_readonly.take(), self.device.take()].into_iter().flatten().collect()
+    }
+}
+
+/// Which cached view.
+#[derive(Clone, Copy)]
+enum Slot {
+    Host,
+    HostReadonly,
+    Device,
 }
 
 /// What a release takes out of a buffer; [`Released::finish`] it once the buffer's lock is
@@ -117,6 +153,7 @@ struct Inner {
 pub(crate) struct Released {
     _storage: Arc<Storage>,
     views: Vec<Py<PyWeakrefReference>>,
+    kept: Vec<Py<PyAny>>,
     writable: Vec<(usize, Py<PyWeakrefReference>)>,
 }
 
@@ -126,6 +163,7 @@ impl Released {
     pub(crate) fn finish(self, py: Python<'_>) -> PyResult<()> {
         let result = freeze(py, &self.writable);
         drop(self.views);
+        drop(self.kept);
         drop(self.writable);
         result
     }
@@ -245,6 +283,7 @@ impl UnifiedBuffer {
         Ok(Released {
             _storage: storage,
             views: views.into_iter().flatten().collect(),
+            kept: inner.kept.take_all(),
             writable: std::mem::take(&mut inner.writable_views),
         })
     }
@@ -264,6 +303,7 @@ impl UnifiedBuffer {
         Ok(Released {
             _storage: old,
             views: views.into_iter().flatten().collect(),
+            kept: inner.kept.take_all(),
             writable: std::mem::take(&mut inner.writable_views),
         })
     }
@@ -382,15 +422,58 @@ impl UnifiedBuffer {
     }
 
     /// Remembers `object` weakly in `field` (forgets the field's view when `object` cannot be
-    /// referenced weakly); what it replaces is dropped after the lock.
+    /// referenced weakly) and keeps it in `slot` (see `Inner::kept`); what it replaces is
+    /// dropped after the lock.
     fn cache(
-        &self,
+        slf: &Bound<'_, Self>,
         object: &Bound<'_, PyAny>,
+        slot: Slot,
         field: impl FnOnce(&mut Inner) -> &mut Option<Py<PyWeakrefReference>>,
     ) {
+        let this = slf.get();
         let weak = PyWeakrefReference::new(object).ok().map(Bound::unbind);
-        let previous = std::mem::replace(field(&mut self.inner()), weak);
+        let cached = weak.is_some();
+        let previous = std::mem::replace(field(&mut this.inner()), weak);
         drop(previous);
+        if cached {
+            this.keep(slf, object, slot);
+        }
+    }
+
+    /// Keeps `object` in `slot`, listing the buffer for [`reclaim_kept_views`] the first time.
+    fn keep(&self, slf: &Bound<'_, Self>, object: &Bound<'_, PyAny>, slot: Slot) {
+        let (previous, list) = {
+            let mut inner = self.inner();
+            let kept = inner.kept.slot(slot);
+            if kept.as_ref().is_some_and(|k| k.as_ptr() == object.as_ptr()) {
+                return;
+            }
+            let previous = kept.replace(object.clone().unbind());
+            let list = !std::mem::replace(&mut inner.kept.listed, true);
+            (previous, list)
+        };
+        // Dropped after the lock: dropping a view may run Python code.
+        drop(previous);
+        if list && let Ok(weak) = PyWeakrefReference::new(slf) {
+            KEPT.list(slf.py(), weak.unbind());
+        }
+    }
+
+    /// Drops the kept views nothing but this buffer references (see `Inner::kept`); how many.
+    pub(crate) fn drop_unreferenced_views(&self, py: Python<'_>) -> usize {
+        let dropped: Vec<Py<PyAny>> = {
+            let mut inner = self.inner();
+            let kept = &mut inner.kept;
+            [&mut kept.host, &mut kept.host_readonly, &mut kept.device]
+                .into_iter()
+                // A reference count of 1: this field's own. A view of the view, a consumer's
+                // array over its memory or a caller's variable each add one.
+                .filter_map(|k| k.take_if(|view| only_reference(py, view)))
+                .collect()
+        };
+        let n = dropped.len();
+        drop(dropped);
+        n
     }
 
     /// Keeps `exposure` (of an address given to a consumer that holds this buffer object)
@@ -449,6 +532,62 @@ fn numpy_module(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
     NUMPY.get_or_try_init(py, || py.import("numpy").map(Bound::unbind)).map(|m| m.bind(py))
 }
 
+/// The buffer objects that keep views ([`Kept`]), weakly, for [`reclaim_kept_views`].
+static KEPT: KeptList = KeptList(Mutex::new(Vec::new()));
+
+struct KeptList(Mutex<Vec<Py<PyWeakrefReference>>>);
+
+impl KeptList {
+    fn list(&self, py: Python<'_>, buffer: Py<PyWeakrefReference>) {
+        let dead = {
+            let mut list = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+            list.push(buffer);
+            // Entries of dropped buffers go when the list would grow past twice the live ones
+            // (checking a weak reference's target is a pointer test, no Python code).
+            if list.len() >= 64 && list.len() == list.capacity() {
+                let (live, dead): (Vec<_>, Vec<_>) =
+                    std::mem::take(&mut *list).into_iter().partition(|w| w.bind(py).upgrade().is_some());
+                *list = live;
+                dead
+            } else {
+                Vec::new()
+            }
+        };
+        drop(dead);
+    }
+}
+
+/// Whether `object` has no reference but `held`.
+fn only_reference(_py: Python<'_>, held: &Py<PyAny>) -> bool {
+    // SAFETY: `held` is a live object (the reference it is keeps it so), and the interpreter is
+    // attached (`_py`), so its reference count is not changing under us.
+    unsafe { ffi::Py_REFCNT(held.as_ptr()) == 1 }
+}
+
+/// Spilling's reclaim hook (`lazybuf::spill::registry::set_reclaim_hook`, registered with the
+/// module): drops every view a buffer keeps that nothing else references, which ends that
+/// view's exposure, so the buffers behind them can be evicted or written to disk; returns how
+/// many it dropped. Nothing happens when the interpreter cannot be entered (it is finalizing).
+/// Waiting for the interpreter here cannot deadlock: the spilling thread holds only storage
+/// locks, and no thread waits for a storage lock while it holds the interpreter
+/// ([`crate::lock`]); the fields' lock taken below is only ever held briefly, by threads that
+/// hold the interpreter.
+pub(crate) fn reclaim_kept_views() -> usize {
+    Python::try_attach(|py| {
+        let buffers: Vec<Py<PyWeakrefReference>> = {
+            let list = KEPT.0.lock().unwrap_or_else(PoisonError::into_inner);
+            list.iter().map(|w| w.clone_ref(py)).collect()
+        };
+        buffers
+            .iter()
+            .filter_map(|w| w.bind(py).upgrade())
+            .filter_map(|b| b.cast_into::<UnifiedBuffer>().ok())
+            .map(|b| b.get().drop_unreferenced_views(py))
+            .sum()
+    })
+    .unwrap_or(0)
+}
+
 /// `.host`'s body.
 fn host_view<'py>(slf: &Bound<'py, UnifiedBuffer>) -> PyResult<Bound<'py, PyAny>> {
     let py = slf.py();
@@ -456,7 +595,7 @@ fn host_view<'py>(slf: &Bound<'py, UnifiedBuffer>) -> PyResult<Bound<'py, PyAny>
     let storage = this.storage_if(UnifiedBuffer::stale(Location::Host))?;
     let cached = this.cached(py, |i| i.host_view.as_ref());
     let array = storage.host_array(py, Access::Write, &this.shape, this.descr(py), cached.as_ref())?;
-    this.cache(&array, |i| &mut i.host_view);
+    UnifiedBuffer::cache(slf, &array, Slot::Host, |i| &mut i.host_view);
     this.track_writable(py, &array)?;
     Ok(array)
 }
@@ -468,7 +607,7 @@ fn host_readonly_view<'py>(slf: &Bound<'py, UnifiedBuffer>) -> PyResult<Bound<'p
     let storage = this.storage_if(UnifiedBuffer::stale(Location::Host))?;
     let cached = this.cached(py, |i| i.host_readonly_view.as_ref());
     let array = storage.host_array(py, Access::Read, &this.shape, this.descr(py), cached.as_ref())?;
-    this.cache(&array, |i| &mut i.host_readonly_view);
+    UnifiedBuffer::cache(slf, &array, Slot::HostReadonly, |i| &mut i.host_readonly_view);
     Ok(array)
 }
 
@@ -491,7 +630,7 @@ fn device_access<'py>(slf: &Bound<'py, UnifiedBuffer>, access: Access) -> PyResu
         let array = unsafe {
             storage.array_at(py, address, exposure, &this.shape, this.descr(py), true, cached.as_ref())
         }?;
-        this.cache(&array, |i| &mut i.host_view);
+        UnifiedBuffer::cache(slf, &array, Slot::Host, |i| &mut i.host_view);
         return Ok(array);
     }
     let (handle, exposure) = storage.device_handle_nogil(py, &this.home, access)?;
@@ -515,8 +654,12 @@ fn device_access<'py>(slf: &Bound<'py, UnifiedBuffer>, access: Access) -> PyResu
         this.descr(py),
     )?;
     let weak = PyWeakrefReference::new(&object).ok().map(|w| (key, w.unbind()));
+    let cached = weak.is_some();
     let previous = std::mem::replace(&mut this.inner().device_view, weak);
     drop(previous);
+    if cached {
+        this.keep(slf, &object, Slot::Device);
+    }
     Ok(object)
 }
 
@@ -1051,6 +1194,9 @@ impl UnifiedBuffer {
         for (_, weak) in &inner.writable_views {
             visit.call(weak)?;
         }
+        visit.call(&inner.kept.host)?;
+        visit.call(&inner.kept.host_readonly)?;
+        visit.call(&inner.kept.device)?;
         Ok(())
     }
 
@@ -1063,6 +1209,7 @@ impl UnifiedBuffer {
                 inner.host_readonly_view.take(),
                 inner.device_view.take(),
                 std::mem::take(&mut inner.writable_views),
+                inner.kept.take_all(),
             )
         };
         drop(dropped);

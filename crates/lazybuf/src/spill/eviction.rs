@@ -141,7 +141,12 @@ fn make_room(device: &Device, bytes: usize, mut enough: impl FnMut() -> bool) ->
     trim(device);
     let mut done = enough();
     let mut failure = None;
-    if !done {
+    // A second pass only when the binding's reclaim hook released buffers held by nothing but
+    // its caches (registry::set_reclaim_hook).
+    for pass in 0..2 {
+        if done || (pass == 1 && registry::reclaim() == 0) {
+            break;
+        }
         for candidate in registry::candidates() {
             match candidate.try_evict(device) {
                 None | Some(Ok(None)) => continue,
@@ -199,7 +204,11 @@ pub(crate) fn allocate_host_within_budget(
         trim_host_caches();
         let mut fits = ledger.try_charge(bytes);
         let mut failure = None;
-        if !fits {
+        // A second pass only when the reclaim hook released something (as in make_room).
+        for pass in 0..2 {
+            if fits || (pass == 1 && registry::reclaim() == 0) {
+                break;
+            }
             for candidate in registry::candidates() {
                 match candidate.try_spill_host() {
                     None | Some(Ok(None)) => continue,
