@@ -139,6 +139,9 @@ run() {
         PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" timeout 120 python3 python/bench_steps.py --reps 21 \
             >"$log/steps.log" 2>&1
         { echo "## Where a batch's time goes (bench_steps.py)"; echo; cat "$log/steps.log"; echo; } >>"$report"
+        (cd python && PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" timeout 300 python3 bench_spill.py --device cuda \
+            >"$log/spill-python.log" 2>&1)
+        { echo "## Spilling with CuPy kernels (bench_spill.py; goals: lazybuf <= 1.25x in memory, >= 3x faster than write back always)"; echo; cat "$log/spill-python.log"; echo; } >>"$report"
         (cd python && PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" timeout 120 python3 bench_access.py \
             >"$log/access.log" 2>&1)
         { echo "## Per-call access cost (bench_access.py)"; echo; cat "$log/access.log"; echo; } >>"$report"

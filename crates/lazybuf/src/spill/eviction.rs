@@ -25,6 +25,7 @@
 //!
 //! What does not live here: the eviction of one copy ([`crate::RawBuffer::evict_device_copy`]).
 
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
@@ -48,6 +49,34 @@ pub enum EvictionPolicy {
 }
 
 static WRITE_BACK_ALWAYS: AtomicBool = AtomicBool::new(false);
+
+/// The environment variable that sets the eviction policy of a whole process, for benchmarks
+/// that run each policy in a child process: `coherence-aware` (the default) or
+/// `write-back-always` ([`EvictionPolicy`]). Read at the first allocation under a budget; any
+/// other value makes that allocation fail with a clear error.
+pub const EVICTION_POLICY_ENV: &str = "LAZYBUF_EVICTION_POLICY";
+
+/// Applies [`EVICTION_POLICY_ENV`], once per process.
+fn env_policy() -> Result<()> {
+    static READ: OnceLock<Result<()>> = OnceLock::new();
+    READ.get_or_init(|| {
+        let Ok(text) = std::env::var(EVICTION_POLICY_ENV) else {
+            return Ok(());
+        };
+        match text.trim() {
+            "" | "coherence-aware" => Ok(()),
+            "write-back-always" => {
+                set_eviction_policy(EvictionPolicy::WriteBackAlways);
+                Ok(())
+            }
+            other => Err(Error::invalid(
+                EVICTION_POLICY_ENV,
+                format!("expected \"coherence-aware\" or \"write-back-always\", got {other:?}"),
+            )),
+        }
+    })
+    .clone()
+}
 
 /// Sets the process-wide eviction policy (see [`EvictionPolicy`]: for benchmarks only).
 pub fn set_eviction_policy(policy: EvictionPolicy) {
@@ -73,6 +102,7 @@ pub(crate) fn allocate_within_budget(
     allocate: impl Fn() -> Result<Block>,
 ) -> Result<Block> {
     budget::env_limits()?;
+    env_policy()?;
     let ledger = budget::ledger(device);
     reserve(device, &ledger, bytes)?;
     let result = allocate().or_else(|err| {

@@ -56,7 +56,7 @@ pub use budget::{
     MEMORY_LIMIT_ENV, host_memory_held, host_memory_limit, memory_held, memory_limit, parse_memory_limits,
     parse_size, set_host_memory_limit, set_memory_limit,
 };
-pub use eviction::{EvictionPolicy, eviction_policy, set_eviction_policy};
+pub use eviction::{EVICTION_POLICY_ENV, EvictionPolicy, eviction_policy, set_eviction_policy};
 pub(crate) use eviction::{allocate_host_within_budget, allocate_within_budget};
 pub use registry::{Evictable, Evicted};
 pub use shared::{SharedBuffer, SharedGuard};
