@@ -11,7 +11,7 @@
 #   bash scripts/bench-gpu.sh run [DIR]     # there: runs them; writes DIR/gpu.md, and
 #                                           # $OUT/gpu.md when $OUT is set (the device tool)
 #   bash scripts/bench-gpu.sh [DIR]         # both, on a GPU machine that has cargo
-# LAZYBUF_GPU_BENCHES picks parts (default "bandwidth pool python").
+# LAZYBUF_GPU_BENCHES picks parts (default "bandwidth pool spill python").
 # Copy the resulting gpu.md to docs/benchmarks/gpu.md. CPU results live in docs/BENCHMARKS.md.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -39,6 +39,9 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and "bench" in m["target"]["kind"]:
         print(m["target"]["name"], m["executable"])' |
         while read -r name path; do cp "$path" "$dir/bin/bench-$name"; done
+    echo "==> building the spilling benchmark (examples/spill_read_mostly.rs, release)"
+    cargo build --release -q -p lazybuf --features wgpu --example spill_read_mostly
+    cp "$root/target/release/examples/spill_read_mostly" "$dir/bin/example-spill_read_mostly"
     strip "$dir"/bin/* 2>/dev/null || true
     echo "==> packing the bench binaries into one .tar.xz (scripts/gpu-bins.sh)"
     pack_bins "$dir"
@@ -72,7 +75,7 @@ run() {
         echo
     } >"$report"
 
-    local only=" ${LAZYBUF_GPU_BENCHES:-bandwidth pool python} "
+    local only=" ${LAZYBUF_GPU_BENCHES:-bandwidth pool spill python} "
     if [[ $only == *" bandwidth "* ]]; then
     echo "==> CUDA bandwidth (lazybuf syncs vs raw cuMemcpy)"
     timeout 240 bin/bench-cuda_bandwidth --bench --warm-up-time 0.2 --measurement-time 0.5 >"$log/bandwidth.log" 2>&1
@@ -108,6 +111,21 @@ run() {
     } >>"$report"
     fi
 
+    if [[ $only == *" spill "* ]]; then
+    echo "==> spilling: a read-mostly loop over twice the device budget"
+    timeout 180 bin/example-spill_read_mostly >"$log/spill.log" 2>&1
+    {
+        echo "## Spilling (examples/spill_read_mostly.rs)"
+        echo
+        echo "Goals: lazybuf moves the floor's bytes (1.00x; clean evictions move 0 bytes) and beats"
+        echo "\"write back always\" by its extra bytes. Each visit makes a copy current on the device and"
+        echo "runs no kernel, so the seconds are transfer time: the in-memory row is the no-budget cost."
+        echo
+        cat "$log/spill.log"
+        echo
+    } >>"$report"
+    fi
+
     [[ $only == *" python "* ]] || { [ -n "${OUT:-}" ] && cp "$report" "$OUT/gpu.md"; echo "wrote $report"; return; }
     echo "==> Python workflows (lazybuf vs PyDotCompute 0.2.0 vs CuPy by hand)"
     local site
@@ -121,6 +139,9 @@ run() {
         PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" timeout 120 python3 python/bench_steps.py --reps 21 \
             >"$log/steps.log" 2>&1
         { echo "## Where a batch's time goes (bench_steps.py)"; echo; cat "$log/steps.log"; echo; } >>"$report"
+        (cd python && PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" timeout 300 python3 bench_spill.py --device cuda \
+            >"$log/spill-python.log" 2>&1)
+        { echo "## Spilling with CuPy kernels (bench_spill.py; goals: lazybuf <= 1.25x in memory, >= 3x faster than write back always)"; echo; cat "$log/spill-python.log"; echo; } >>"$report"
         (cd python && PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" timeout 120 python3 bench_access.py \
             >"$log/access.log" 2>&1)
         { echo "## Per-call access cost (bench_access.py)"; echo; cat "$log/access.log"; echo; } >>"$report"

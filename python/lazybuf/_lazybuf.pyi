@@ -606,8 +606,11 @@ def trim() -> int:
 def set_memory_limit(device: str | Device, nbytes: int | str | None) -> None:
     """Sets the memory limit of ``device`` to ``nbytes`` (an int, or a size string such as
     ``"512MiB"``); ``None`` removes it. Above the limit lazybuf evicts the least recently used
-    device copies of buffers not in use before it allocates. Raises ValueError for a negative
-    size or a bad size string, TypeError for another type."""
+    device copies of buffers not in use before it allocates. A buffer is in use while an
+    object lazybuf cannot see uses its device memory (a live ``.device`` array, DLPack capsule
+    or tensor, device view; the buffer object itself after ``__cuda_array_interface__``), and
+    evictable again once that object is gone (docs/SPILLING.md). Raises ValueError for a
+    negative size or a bad size string, TypeError for another type."""
 
 def get_memory_limit(device: str | Device) -> int | None:
     """The memory limit of ``device`` in bytes, or None. Raises ValueError when
@@ -627,7 +630,8 @@ def reset_spill_stats(device: str | Device) -> None:
 def set_host_memory_limit(nbytes: int | str | None) -> None:
     """Sets the host memory limit (an int, or a size string such as ``"8GiB"``); ``None``
     removes it. Above it, host copies that are a buffer's only data go to spill files
-    (``LAZYBUF_SPILL_DIR``) and come back at the buffer's next use."""
+    (``LAZYBUF_SPILL_DIR``) and come back at the buffer's next use; not while a host view,
+    buffer-protocol export or DLPack tensor of the buffer lives (docs/SPILLING.md)."""
 
 def get_host_memory_limit() -> int | None:
     """The host memory limit in bytes, or None."""
@@ -641,7 +645,8 @@ def _remove_spill_files() -> int:
 @final
 class DeviceMemoryView:
     """A buffer's device copy as raw handles (when no array library fits; always on wgpu
-    devices, where ``ptr`` is the ``VkBuffer`` on Vulkan); keeps the memory alive."""
+    devices, where ``ptr`` is the ``VkBuffer`` on Vulkan); keeps the memory alive, and in use
+    (not evicted under a memory limit), while it lives."""
 
     @property
     def backend(self) -> str: ...
@@ -672,7 +677,9 @@ class DeviceMemoryView:
 
 @final
 class MemoryOwner:
-    """Keeps a buffer's memory alive (the ``.base`` of lazybuf's NumPy views)."""
+    """Keeps a buffer's memory alive (the ``.base`` of lazybuf's NumPy views, the owner of its
+    device arrays), and in use while it lives: the buffer's device copy is not evicted, or its
+    host copy not written to disk, until every such owner is gone."""
 
 @final
 class HostBlock:

@@ -6,12 +6,19 @@ from __future__ import annotations  # forward references, for tools that execute
 
 from typing import final
 
-from ._lazybuf import Device
+from ._lazybuf import Device, UnifiedBuffer
 
 # As in _lazybuf.pyi (spelled out here: the extension module has no such name at run time).
 _DeviceLike = str | Device | None
 
-__all__ = ["FaultyDevice"]
+__all__ = ["FaultyDevice", "exposures", "reclaim"]
+
+def exposures(buf: UnifiedBuffer) -> tuple[int, int]:
+    """The live exposures of ``buf``'s memory, ``(device, host)``: how many objects lazybuf
+    cannot see (device arrays, host views, DLPack capsules, exports) use its device copies and
+    its host copy now, which keeps them from eviction and from disk (docs/SPILLING.md), the
+    views the buffer keeps for reuse included until spilling (or ``reclaim()``) drops them.
+    ``ValueError`` once the buffer is released."""
 
 @final
 class FaultyDevice(Device):
@@ -43,3 +50,8 @@ class FaultyDevice(Device):
     @property
     def copies(self) -> int:
         """Copies attempted so far."""
+
+def reclaim() -> int:
+    """Drops every view a buffer keeps for reuse (its last ``.host``, ``.host_readonly`` and
+    ``.device``) that nothing else references, as spilling does when it needs room; returns how
+    many it dropped."""

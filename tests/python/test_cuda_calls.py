@@ -73,6 +73,8 @@ def check_minimum(measured, uploads, downloads, waits):
         assert total(calls, ALLOCATIONS) == 0, (i, calls)
         assert total(calls, PINNING) == 0, (i, calls)
         assert total(calls, EVENTS_MADE) == 0, (i, calls)
+        # Device 0's context stays current on a thread that had none (no bind and restore).
+        assert calls.get("cuCtxSetCurrent", 0) == 0, (i, calls)
         assert calls.get(UPLOAD, 0) == uploads, (i, calls)
         assert calls.get(DOWNLOAD, 0) == downloads, (i, calls)
         assert total(calls, WAITS) == waits, (i, calls)

@@ -247,3 +247,45 @@ def test_pyopencl_arrays_use_lazybufs_queue(pyopencl, opencl_device):
     assert qa is qb
     assert a.device is a.device  # cached while the device copy is the same
     assert (a.device + b.device).get().tolist() == [3.0] * 8
+
+
+@pytest.mark.parametrize(
+    "shape,dtype",
+    [((7,), np.float32), ((3, 5), np.int16), ((2, 1, 4), np.float64), ((1, 1), np.uint8), ((4, 3, 2, 2), np.complex64)],
+)
+def test_pyopencl_arrays_match_pyopencls_own_constructor(pyopencl, opencl_device, shape, dtype):
+    """`.device` builds PyOpenCL arrays through PyOpenCL's fast constructor (it skips the checks):
+    every attribute must be what PyOpenCL's checked constructor gives for the same memory."""
+    import pyopencl.array as cla
+
+    data = np.arange(np.prod(shape)).astype(dtype).reshape(shape)
+    buf = UnifiedBuffer(shape, dtype, device=opencl_device)
+    buf.copy_from(data)
+    made = buf.device
+    checked = cla.Array(made.queue, shape, np.dtype(dtype), data=made.base_data)
+    for name in ("shape", "strides", "size", "nbytes", "dtype", "offset", "ndim"):
+        assert getattr(made, name) == getattr(checked, name), name
+    assert made.context.int_ptr == checked.context.int_ptr
+    assert made.flags.c_contiguous and checked.flags.c_contiguous
+    np.testing.assert_array_equal(made.get(), data)
+    np.testing.assert_array_equal((made + made).get(), data + data)  # a PyOpenCL kernel on it
+
+
+def test_pyopencl_without_the_fast_constructor_gets_the_checked_one(pyopencl, opencl_device, monkeypatch):
+    """A PyOpenCL whose `Array` takes no `_fast` arguments still gets correct arrays."""
+    import pyopencl.array as cla
+
+    calls = []
+
+    class Checked(cla.Array):
+        def __init__(self, cq, shape, dtype, data=None):
+            calls.append(shape)
+            super().__init__(cq, shape, dtype, data=data)
+
+    monkeypatch.setattr(cla, "Array", Checked)
+    buf = UnifiedBuffer((2, 3), np.float32, device=opencl_device)
+    buf.copy_from(np.arange(6, dtype=np.float32).reshape(2, 3))
+    array = buf.device
+    assert isinstance(array, Checked) and calls == [(2, 3)]
+    assert array.strides == (12, 4)
+    np.testing.assert_array_equal(array.get(), np.arange(6, dtype=np.float32).reshape(2, 3))

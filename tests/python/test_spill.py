@@ -1,8 +1,9 @@
 """Spilling under per-device memory limits from Python, on every device found:
 ``set_memory_limit`` / ``get_memory_limit`` / ``LAZYBUF_MEMORY_LIMIT``, clean evictions that move
-no byte, write-backs of copies that hold the only current data, buffers that are exposed or
-opted out never evicted, a failed write-back that changes nothing, ``spill_stats``, and threads
-racing accesses against eviction.
+no byte, write-backs of copies that hold the only current data, buffers that are exposed (while
+the exposing object lives; test_spill_exposure.py has the scopes) or opted out not evicted, a
+failed write-back that changes nothing, ``spill_stats``, and threads racing accesses against
+eviction.
 
 Buffers are 64 KiB: below the size at which a host-sharing OpenCL device aliases host memory.
 On the host device a buffer's device copy is the host memory itself: it holds no device memory,
@@ -389,3 +390,40 @@ assert (first.to_numpy() == 3).all() and str(first.state) == "HOST_ONLY", first.
     )
     assert done.returncode == 0, done.stderr
     assert "could not create the directory" in done.stdout and "keeps its host copy" in done.stdout, done.stdout
+
+
+EVICTION_POLICY_CHILD = """
+import numpy as np, lazybuf
+d = lazybuf.get_accelerator().select_device("loopback:0")
+n = 16 * 1024
+lazybuf.set_memory_limit(d, lazybuf.memory_held(d) + 4 * n)
+a = lazybuf.UnifiedBuffer(n, np.float32, device=d)
+a.copy_from(np.ones(n, np.float32))
+b = lazybuf.UnifiedBuffer(n, np.float32, device=d)
+b.copy_from(np.ones(n, np.float32))
+try:
+    a.sync_to_device()  # SYNCHRONIZED: a clean copy (the first allocation under the budget)
+    b.sync_to_device()  # evicts a's copy
+except ValueError as err:
+    print("error", err)
+else:
+    print("written_back", lazybuf.spill_stats(d)["bytes_written_back"])
+"""
+
+
+@pytest.mark.parametrize(
+    "policy,expected",
+    [("coherence-aware", "written_back 0"), ("write-back-always", f"written_back {16 * 1024 * 4}"), ("sometimes", "error")],
+)
+def test_the_eviction_policy_environment_variable(policy, expected):
+    """`LAZYBUF_EVICTION_POLICY` (for benchmarks): a clean copy is evicted moving nothing, or
+    written back first under `write-back-always`; any other value is a clear error."""
+    if "loopback:0" not in [d.selector for d in lazybuf.get_accelerator().devices]:
+        pytest.skip("needs the loopback devices (a wheel built with the testing feature)")
+    env = dict(os.environ, LAZYBUF_EVICTION_POLICY=policy)
+    env.pop("LAZYBUF_MEMORY_LIMIT", None)
+    done = subprocess.run([sys.executable, "-c", EVICTION_POLICY_CHILD], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(expected), done.stdout
+    if expected == "error":
+        assert "LAZYBUF_EVICTION_POLICY" in done.stdout and "write-back-always" in done.stdout

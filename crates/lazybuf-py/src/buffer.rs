@@ -65,6 +65,7 @@ use crate::lock;
 use crate::observe::observed;
 use crate::streams;
 use crate::transfer::{self, PyTransfer};
+use crate::views::Exposure;
 use crate::views::Storage;
 use crate::{args, state, wire};
 
@@ -94,27 +95,65 @@ pub(crate) struct UnifiedBuffer {
 struct Inner {
     /// The memory; `None` once released.
     storage: Option<Arc<Storage>>,
-    /// Held (never read) after a release when the buffer handed its address to a consumer
-    /// that keeps the buffer object rather than a view (`__array_interface__`,
-    /// `__cuda_array_interface__`): that memory then lives as long as the buffer object.
-    retained: Option<Arc<Storage>>,
-    untracked_export: bool,
-    host_view: Option<Py<PyAny>>,
-    host_readonly_view: Option<Py<PyAny>>,
-    device_view: Option<(usize, Py<PyAny>)>,
+    /// The exposures of addresses handed to consumers that keep the buffer object rather than
+    /// a view (`__array_interface__`, `__cuda_array_interface__`), one per memory and kind:
+    /// that memory stays in use (never evicted or written to disk) and alive, also after a
+    /// release or `free()`, for as long as the buffer object lives.
+    exports: Vec<Exposure>,
+    /// The last views handed out (`.host`, `.host_readonly`, `.device` with its handle), to
+    /// hand out again while still valid: the same object, while the caller or `kept` holds it
+    /// (weak references, so a view `kept` let go of is never handed out after it died).
+    host_view: Option<Py<PyWeakrefReference>>,
+    host_readonly_view: Option<Py<PyWeakrefReference>>,
+    device_view: Option<(usize, Py<PyWeakrefReference>)>,
+    /// The same views held strongly, so that a caller who drops the view each call gets the
+    /// same object back (rebuilding one costs more than the access). A view that only this
+    /// holds uses nothing: when spilling needs room, [`reclaim_kept_views`] drops every kept
+    /// view no other object references, which ends its exposure.
+    kept: Kept,
     /// Weak references to the writable host arrays handed out (`.host`), keyed by address:
     /// made read-only when the host copy goes stale or the buffer is released.
     writable_views: Vec<(usize, Py<PyWeakrefReference>)>,
-    /// Memory given up by `free()` whose address a consumer holding the buffer object got
-    /// (see `retained`): kept while the buffer object lives.
-    freed_exports: Vec<Arc<Storage>>,
+}
+
+/// The views a buffer keeps alive (see `Inner::kept`), one per cache.
+#[derive(Default)]
+struct Kept {
+    host: Option<Py<PyAny>>,
+    host_readonly: Option<Py<PyAny>>,
+    device: Option<Py<PyAny>>,
+    /// Whether the buffer object is in [`KEPT`]'s list.
+    listed: bool,
+}
+
+impl Kept {
+    fn slot(&mut self, slot: Slot) -> &mut Option<Py<PyAny>> {
+        match slot {
+            Slot::Host => &mut self.host,
+            Slot::HostReadonly => &mut self.host_readonly,
+            Slot::Device => &mut self.device,
+        }
+    }
+
+    fn take_all(&mut self) -> Vec<Py<PyAny>> {
+        [self.host.take(), self.host_readonly.take(), self.device.take()].into_iter().flatten().collect()
+    }
+}
+
+/// Which cached view.
+#[derive(Clone, Copy)]
+enum Slot {
+    Host,
+    HostReadonly,
+    Device,
 }
 
 /// What a release takes out of a buffer; [`Released::finish`] it once the buffer's lock is
 /// released (dropping views may run Python code).
 pub(crate) struct Released {
     _storage: Arc<Storage>,
-    views: Vec<Py<PyAny>>,
+    views: Vec<Py<PyWeakrefReference>>,
+    kept: Vec<Py<PyAny>>,
     writable: Vec<(usize, Py<PyWeakrefReference>)>,
 }
 
@@ -124,6 +163,7 @@ impl Released {
     pub(crate) fn finish(self, py: Python<'_>) -> PyResult<()> {
         let result = freeze(py, &self.writable);
         drop(self.views);
+        drop(self.kept);
         drop(self.writable);
         result
     }
@@ -188,15 +228,26 @@ impl UnifiedBuffer {
         let storage = self.storage_unordered()?;
         if storage.cupy_held() {
             Python::attach(|py| {
-                let uses = uses_device(&*storage.lock(py)?);
-                if uses { streams::order_after_cupy(py, &storage, &self.home) } else { Ok(()) }
+                // A CuPy array dropped since the last call may have left kernels on CuPy's
+                // stream: ordering after them now lets eviction free the copy again
+                // (`SpillState::cupy_unordered`). Taken first, so a drop meanwhile sets it again.
+                let unordered = storage.spill().take_cupy_unordered();
+                let ordered = storage.lock(py).and_then(|raw| {
+                    let uses = unordered || uses_device(&raw);
+                    drop(raw);
+                    if uses { streams::order_after_cupy(py, &storage, &self.home) } else { Ok(()) }
+                });
+                if ordered.is_err() && unordered {
+                    storage.spill().set_cupy_unordered();
+                }
+                ordered
             })?;
         }
         Ok(storage)
     }
 
     /// The memory, for calls that enqueue no work on the device copy.
-    fn storage_unordered(&self) -> PyResult<Arc<Storage>> {
+    pub(crate) fn storage_unordered(&self) -> PyResult<Arc<Storage>> {
         self.held_storage().ok_or_else(released)
     }
 
@@ -222,10 +273,8 @@ impl UnifiedBuffer {
     /// result (the lock is released by then).
     pub(crate) fn take(&self) -> PyResult<Released> {
         let mut inner = self.inner();
+        // The memory of `exports` stays with them (they hold it) while the object lives.
         let storage = inner.storage.take().ok_or_else(released)?;
-        if inner.untracked_export {
-            inner.retained = Some(Arc::clone(&storage));
-        }
         let views = [
             inner.host_view.take(),
             inner.host_readonly_view.take(),
@@ -234,6 +283,7 @@ impl UnifiedBuffer {
         Ok(Released {
             _storage: storage,
             views: views.into_iter().flatten().collect(),
+            kept: inner.kept.take_all(),
             writable: std::mem::take(&mut inner.writable_views),
         })
     }
@@ -243,10 +293,8 @@ impl UnifiedBuffer {
     /// memory goes back to where it came from once no view of it remains.
     fn replace_storage(&self, fresh: Arc<Storage>) -> PyResult<Released> {
         let mut inner = self.inner();
+        // The old memory's `exports` keep it (alive, and in use) while the object lives.
         let old = inner.storage.replace(fresh).ok_or_else(released)?;
-        if std::mem::take(&mut inner.untracked_export) {
-            inner.freed_exports.push(Arc::clone(&old));
-        }
         let views = [
             inner.host_view.take(),
             inner.host_readonly_view.take(),
@@ -255,6 +303,7 @@ impl UnifiedBuffer {
         Ok(Released {
             _storage: old,
             views: views.into_iter().flatten().collect(),
+            kept: inner.kept.take_all(),
             writable: std::mem::take(&mut inner.writable_views),
         })
     }
@@ -362,16 +411,89 @@ impl UnifiedBuffer {
         unsafe { self.storage()?.read_into_address(target.py(), data, n) }
     }
 
-    /// The cached object in `field`, cloned under the lock.
-    fn cached(&self, py: Python<'_>, field: impl FnOnce(&Inner) -> Option<&Py<PyAny>>) -> Option<Py<PyAny>> {
-        let inner = self.inner();
-        field(&inner).map(|c| c.clone_ref(py))
+    /// The cached view in `field`, if it is still alive (see `Inner::host_view`).
+    fn cached<'py>(
+        &self,
+        py: Python<'py>,
+        field: impl FnOnce(&Inner) -> Option<&Py<PyWeakrefReference>>,
+    ) -> Option<Bound<'py, PyAny>> {
+        let weak = field(&self.inner()).map(|w| w.clone_ref(py));
+        weak.and_then(|w| w.bind(py).upgrade())
     }
 
-    /// Stores `object` in `field`; the object it replaces is dropped after the lock.
-    fn cache(&self, object: &Bound<'_, PyAny>, field: impl FnOnce(&mut Inner) -> &mut Option<Py<PyAny>>) {
-        let previous = field(&mut self.inner()).replace(object.clone().unbind());
+    /// Remembers `object` weakly in `field` (forgets the field's view when `object` cannot be
+    /// referenced weakly) and keeps it in `slot` (see `Inner::kept`); what it replaces is
+    /// dropped after the lock.
+    fn cache(
+        slf: &Bound<'_, Self>,
+        object: &Bound<'_, PyAny>,
+        slot: Slot,
+        field: impl FnOnce(&mut Inner) -> &mut Option<Py<PyWeakrefReference>>,
+    ) {
+        let this = slf.get();
+        let weak = PyWeakrefReference::new(object).ok().map(Bound::unbind);
+        let cached = weak.is_some();
+        let previous = std::mem::replace(field(&mut this.inner()), weak);
         drop(previous);
+        if cached {
+            this.keep(slf, object, slot);
+        }
+    }
+
+    /// Keeps `object` in `slot`, listing the buffer for [`reclaim_kept_views`] the first time.
+    fn keep(&self, slf: &Bound<'_, Self>, object: &Bound<'_, PyAny>, slot: Slot) {
+        let (previous, list) = {
+            let mut inner = self.inner();
+            let kept = inner.kept.slot(slot);
+            if kept.as_ref().is_some_and(|k| k.as_ptr() == object.as_ptr()) {
+                return;
+            }
+            let previous = kept.replace(object.clone().unbind());
+            let list = !std::mem::replace(&mut inner.kept.listed, true);
+            (previous, list)
+        };
+        // Dropped after the lock: dropping a view may run Python code.
+        drop(previous);
+        if list && let Ok(weak) = PyWeakrefReference::new(slf) {
+            KEPT.list(slf.py(), weak.unbind());
+        }
+    }
+
+    /// Drops the kept views nothing but this buffer references (see `Inner::kept`); how many.
+    pub(crate) fn drop_unreferenced_views(&self, py: Python<'_>) -> usize {
+        let dropped: Vec<Py<PyAny>> = {
+            let mut inner = self.inner();
+            let kept = &mut inner.kept;
+            [&mut kept.host, &mut kept.host_readonly, &mut kept.device]
+                .into_iter()
+                // A reference count of 1: this field's own. A view of the view, a consumer's
+                // array over its memory or a caller's variable each add one.
+                .filter_map(|k| k.take_if(|view| only_reference(py, view)))
+                .collect()
+        };
+        let n = dropped.len();
+        drop(dropped);
+        n
+    }
+
+    /// Keeps `exposure` (of an address given to a consumer that holds this buffer object)
+    /// while the object lives; one per memory and kind is enough.
+    fn keep_export(&self, exposure: Exposure) {
+        let duplicate = {
+            let mut inner = self.inner();
+            let held = inner
+                .exports
+                .iter()
+                .any(|e| Arc::ptr_eq(e.storage(), exposure.storage()) && e.kind() == exposure.kind());
+            if held {
+                Some(exposure)
+            } else {
+                inner.exports.push(exposure);
+                None
+            }
+        };
+        // Dropped after the lock: it may free memory (and a resource may run Python code).
+        drop(duplicate);
     }
 }
 
@@ -410,14 +532,70 @@ fn numpy_module(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
     NUMPY.get_or_try_init(py, || py.import("numpy").map(Bound::unbind)).map(|m| m.bind(py))
 }
 
+/// The buffer objects that keep views ([`Kept`]), weakly, for [`reclaim_kept_views`].
+static KEPT: KeptList = KeptList(Mutex::new(Vec::new()));
+
+struct KeptList(Mutex<Vec<Py<PyWeakrefReference>>>);
+
+impl KeptList {
+    fn list(&self, py: Python<'_>, buffer: Py<PyWeakrefReference>) {
+        let dead = {
+            let mut list = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+            list.push(buffer);
+            // Entries of dropped buffers go when the list would grow past twice the live ones
+            // (checking a weak reference's target is a pointer test, no Python code).
+            if list.len() >= 64 && list.len() == list.capacity() {
+                let (live, dead): (Vec<_>, Vec<_>) =
+                    std::mem::take(&mut *list).into_iter().partition(|w| w.bind(py).upgrade().is_some());
+                *list = live;
+                dead
+            } else {
+                Vec::new()
+            }
+        };
+        drop(dead);
+    }
+}
+
+/// Whether `object` has no reference but `held`.
+fn only_reference(_py: Python<'_>, held: &Py<PyAny>) -> bool {
+    // SAFETY: `held` is a live object (the reference it is keeps it so), and the interpreter is
+    // attached (`_py`), so its reference count is not changing under us.
+    unsafe { ffi::Py_REFCNT(held.as_ptr()) == 1 }
+}
+
+/// Spilling's reclaim hook (`lazybuf::spill::registry::set_reclaim_hook`, registered with the
+/// module): drops every view a buffer keeps that nothing else references, which ends that
+/// view's exposure, so the buffers behind them can be evicted or written to disk; returns how
+/// many it dropped. Nothing happens when the interpreter cannot be entered (it is finalizing).
+/// Waiting for the interpreter here cannot deadlock: the spilling thread holds only storage
+/// locks, and no thread waits for a storage lock while it holds the interpreter
+/// ([`crate::lock`]); the fields' lock taken below is only ever held briefly, by threads that
+/// hold the interpreter.
+pub(crate) fn reclaim_kept_views() -> usize {
+    Python::try_attach(|py| {
+        let buffers: Vec<Py<PyWeakrefReference>> = {
+            let list = KEPT.0.lock().unwrap_or_else(PoisonError::into_inner);
+            list.iter().map(|w| w.clone_ref(py)).collect()
+        };
+        buffers
+            .iter()
+            .filter_map(|w| w.bind(py).upgrade())
+            .filter_map(|b| b.cast_into::<UnifiedBuffer>().ok())
+            .map(|b| b.get().drop_unreferenced_views(py))
+            .sum()
+    })
+    .unwrap_or(0)
+}
+
 /// `.host`'s body.
 fn host_view<'py>(slf: &Bound<'py, UnifiedBuffer>) -> PyResult<Bound<'py, PyAny>> {
     let py = slf.py();
     let this = slf.get();
     let storage = this.storage_if(UnifiedBuffer::stale(Location::Host))?;
-    let cached = this.cached(py, |i| i.host_view.as_ref()).map(|c| c.into_bound(py));
+    let cached = this.cached(py, |i| i.host_view.as_ref());
     let array = storage.host_array(py, Access::Write, &this.shape, this.descr(py), cached.as_ref())?;
-    this.cache(&array, |i| &mut i.host_view);
+    UnifiedBuffer::cache(slf, &array, Slot::Host, |i| &mut i.host_view);
     this.track_writable(py, &array)?;
     Ok(array)
 }
@@ -427,9 +605,9 @@ fn host_readonly_view<'py>(slf: &Bound<'py, UnifiedBuffer>) -> PyResult<Bound<'p
     let py = slf.py();
     let this = slf.get();
     let storage = this.storage_if(UnifiedBuffer::stale(Location::Host))?;
-    let cached = this.cached(py, |i| i.host_readonly_view.as_ref()).map(|c| c.into_bound(py));
+    let cached = this.cached(py, |i| i.host_readonly_view.as_ref());
     let array = storage.host_array(py, Access::Read, &this.shape, this.descr(py), cached.as_ref())?;
-    this.cache(&array, |i| &mut i.host_readonly_view);
+    UnifiedBuffer::cache(slf, &array, Slot::HostReadonly, |i| &mut i.host_readonly_view);
     Ok(array)
 }
 
@@ -442,34 +620,46 @@ fn device_access<'py>(slf: &Bound<'py, UnifiedBuffer>, access: Access) -> PyResu
         // The host device's copy is the host memory itself: writes through this array change
         // every copy at once, so it is writable whatever the access (the seeds: `.device`
         // "returns the same NumPy array as host").
-        let address = storage.host_device_address(py, &this.home, access)?;
+        let (address, exposure) = storage.host_device_address(py, &this.home, access)?;
         if access != Access::Read {
             this.freeze_if_host_stale(py)?;
         }
-        let cached = this.cached(py, |i| i.host_view.as_ref()).map(|c| c.into_bound(py));
+        let cached = this.cached(py, |i| i.host_view.as_ref());
         // SAFETY: the address is this storage's host-device alias, from host_device_address;
         // shape and dtype are the buffer's own.
-        let array =
-            unsafe { storage.array_at(py, address, &this.shape, this.descr(py), true, cached.as_ref()) }?;
-        this.cache(&array, |i| &mut i.host_view);
+        let array = unsafe {
+            storage.array_at(py, address, exposure, &this.shape, this.descr(py), true, cached.as_ref())
+        }?;
+        UnifiedBuffer::cache(slf, &array, Slot::Host, |i| &mut i.host_view);
         return Ok(array);
     }
-    let handle = storage.device_handle_nogil(py, &this.home, access)?;
+    let (handle, exposure) = storage.device_handle_nogil(py, &this.home, access)?;
     if access != Access::Read {
         this.freeze_if_host_stale(py)?;
     }
     let key = handle.as_int();
-    let cached = {
-        let inner = this.inner();
-        inner.device_view.as_ref().filter(|(k, _)| *k == key).map(|(_, v)| v.clone_ref(py))
-    };
+    // A live cached view over this very handle holds its own exposure: this one is dropped.
+    let cached = this.cached(py, |i| i.device_view.as_ref().filter(|(k, _)| *k == key).map(|(_, v)| v));
     if let Some(view) = cached {
-        return Ok(view.into_bound(py));
+        return Ok(view);
     }
-    let object =
-        device_object(py, &storage, &this.home, handle, &this.shape, this.elem.dtype, this.descr(py))?;
-    let previous = this.inner().device_view.replace((key, object.clone().unbind()));
+    let object = device_object(
+        py,
+        &storage,
+        &this.home,
+        handle,
+        exposure,
+        &this.shape,
+        this.elem.dtype,
+        this.descr(py),
+    )?;
+    let weak = PyWeakrefReference::new(&object).ok().map(|w| (key, w.unbind()));
+    let cached = weak.is_some();
+    let previous = std::mem::replace(&mut this.inner().device_view, weak);
     drop(previous);
+    if cached {
+        this.keep(slf, &object, Slot::Device);
+    }
     Ok(object)
 }
 
@@ -544,8 +734,8 @@ impl UnifiedBuffer {
         if metal == this.home {
             return device_access(slf, Access::Read);
         }
-        let handle = storage.device_handle_nogil(py, &metal, Access::Read)?;
-        device_object(py, &storage, &metal, handle, &this.shape, this.elem.dtype, this.descr(py))
+        let (handle, exposure) = storage.device_handle_nogil(py, &metal, Access::Read)?;
+        device_object(py, &storage, &metal, handle, exposure, &this.shape, this.elem.dtype, this.descr(py))
     }
 
     /// The dimensions.
@@ -1004,6 +1194,9 @@ impl UnifiedBuffer {
         for (_, weak) in &inner.writable_views {
             visit.call(weak)?;
         }
+        visit.call(&inner.kept.host)?;
+        visit.call(&inner.kept.host_readonly)?;
+        visit.call(&inner.kept.device)?;
         Ok(())
     }
 
@@ -1016,6 +1209,7 @@ impl UnifiedBuffer {
                 inner.host_readonly_view.take(),
                 inner.device_view.take(),
                 std::mem::take(&mut inner.writable_views),
+                inner.kept.take_all(),
             )
         };
         drop(dropped);
@@ -1038,8 +1232,9 @@ impl UnifiedBuffer {
         let memory = |writable: bool| {
             // A writable export is a host write, a read-only one a host read.
             let access = if writable { Access::Write } else { Access::Read };
-            let address = storage.host_address_nogil(py, access)?;
-            Ok(ExportedHost { address, writable, owner: Box::new(Arc::clone(&storage)) })
+            // The export holds the exposure: the host copy stays in use until it is released.
+            let (address, exposure) = storage.host_address_nogil(py, access)?;
+            Ok(ExportedHost { address, writable, owner: Box::new(exposure) })
         };
         // SAFETY: view is the Py_buffer CPython passed to this slot; the address is the
         // storage's host block, valid while the export's clone of the storage lives.
@@ -1095,8 +1290,8 @@ impl UnifiedBuffer {
                 self.elem.dtype
             )));
         }
-        let address = self.storage()?.host_address_nogil(py, Access::Read)?;
-        self.inner().untracked_export = true;
+        let (address, exposure) = self.storage()?.host_address_nogil(py, Access::Read)?;
+        self.keep_export(exposure);
         crate::interop::array_interface(py, address as usize, &self.shape, self.elem.dtype)
     }
 
@@ -1110,8 +1305,9 @@ impl UnifiedBuffer {
                 selector(&self.home)
             )));
         }
-        let address = self.storage()?.device_handle_nogil(py, &self.home, Access::Write)?.as_int();
-        self.inner().untracked_export = true;
+        let (handle, exposure) = self.storage()?.device_handle_nogil(py, &self.home, Access::Write)?;
+        let address = handle.as_int();
+        self.keep_export(exposure);
         self.freeze_if_host_stale(py)?;
         cuda_array_interface(py, address, &self.shape, self.elem.dtype, false)
     }

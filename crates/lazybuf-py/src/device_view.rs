@@ -10,8 +10,9 @@
 
 use std::sync::Arc;
 
-use numpy::PyArrayDescr;
+use numpy::{PyArrayDescr, PyArrayDescrMethods};
 use pyo3::exceptions::PyAttributeError;
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyModule};
@@ -20,36 +21,46 @@ use lazybuf::backend::{RawDevice, RawMemory};
 use lazybuf::{DType, Device};
 
 use crate::accelerator::PyDevice;
+use crate::views::Exposure;
 use crate::views::{MemoryOwner, Storage, device_handles};
 
-/// The device object for a non-host device, given the handle of its (current) copy.
+/// The device object for a non-host device, given the handle of its (current) copy and the
+/// exposure that came with it: the object's owner holds it, so the copy is not evicted while
+/// the object lives.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn device_object<'py>(
     py: Python<'py>,
     storage: &Arc<Storage>,
     home: &Device,
     handle: RawMemory,
+    mut exposure: Exposure,
     shape: &[usize],
     dtype: DType,
     descr: &Bound<'py, PyArrayDescr>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let owner = Bound::new(py, MemoryOwner::new(storage))?;
     let nbytes = shape.iter().product::<usize>() * dtype.size();
     let raw_device = device_handles(home);
     // PyOpenCL wraps OpenCL handles only.
     if let (RawMemory::OpenCl(_), RawDevice::OpenCl { .. }) = (handle, raw_device)
         && let Some(cl) = optional(py, &PYOPENCL, "pyopencl.array")
     {
+        let owner = Bound::new(py, MemoryOwner::new(exposure))?;
         return pyopencl_array(py, &cl, raw_device.queue_int(), handle.as_int(), shape, descr, owner);
     }
     if let Some(ordinal) = home.info().ordinal
         && crate::interop::addresses_cuda(home)
         && let Some(cupy) = optional(py, &CUPY, "cupy")
     {
+        // Once the array is gone, kernels CuPy enqueued through it may still be pending: the
+        // copy is then kept until lazybuf is ordered after them (`SpillState::cupy_unordered`).
+        exposure.held_by_cupy();
+        let owner = Bound::new(py, MemoryOwner::new(exposure))?;
         let ordinal = i32::try_from(ordinal).unwrap_or(i32::MAX);
         let array = cupy_array(&cupy, handle.as_int() as u64, ordinal, nbytes, shape, descr, owner)?;
         storage.mark_cupy_held();
         return Ok(array);
     }
+    let owner = Bound::new(py, MemoryOwner::new(exposure))?;
     let view = DeviceMemoryView {
         device: home.clone(),
         // SAFETY: `handle` is a live allocation of `home`'s: the caller holds the storage.
@@ -76,17 +87,24 @@ fn optional<'py>(
     cell.get_or_init(py, || py.import(name).ok().map(Bound::unbind)).as_ref().map(|m| m.bind(py).clone())
 }
 
-/// PyOpenCL command-queue wrappers, one per lazybuf queue, so user kernels enqueued on the
-/// array's queue are ordered with lazybuf's copies.
-fn pyopencl_queue<'py>(py: Python<'py>, cl: &Bound<'py, PyAny>, queue: usize) -> PyResult<Bound<'py, PyAny>> {
+/// PyOpenCL command-queue wrappers and their contexts, one per lazybuf queue (made once: a
+/// queue's `context` property asks the runtime and wraps a new object each time), so user
+/// kernels enqueued on the array's queue are ordered with lazybuf's copies.
+fn pyopencl_queue<'py>(
+    py: Python<'py>,
+    cl: &Bound<'py, PyAny>,
+    queue: usize,
+) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
     static QUEUES: PyOnceLock<Py<PyDict>> = PyOnceLock::new();
     let queues = QUEUES.get_or_init(py, || PyDict::new(py).unbind()).bind(py);
     if let Some(found) = queues.get_item(queue)? {
-        return Ok(found);
+        return found.extract();
     }
     let wrapped = cl.getattr("CommandQueue")?.call_method1("from_int_ptr", (queue, true))?;
-    queues.set_item(queue, &wrapped)?;
-    Ok(wrapped)
+    let context = wrapped.getattr("context")?;
+    let pair = (wrapped, context);
+    queues.set_item(queue, &pair)?;
+    Ok(pair)
 }
 
 fn pyopencl_array<'py>(
@@ -98,18 +116,45 @@ fn pyopencl_array<'py>(
     descr: &Bound<'py, PyArrayDescr>,
     owner: Bound<'py, MemoryOwner>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let cl = py.import("pyopencl")?;
-    let queue = pyopencl_queue(py, cl.as_any(), queue)?;
+    /// The `pyopencl` module, imported once (an import per call costs more than the rest).
+    static CL: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+    let cl = CL.get_or_try_init(py, || py.import("pyopencl").map(Bound::unbind))?.bind(py);
+    let (queue, context) = pyopencl_queue(py, cl.as_any(), queue)?;
+    let size: usize = shape.iter().product();
+    let itemsize = descr.itemsize();
+    // C-contiguous strides, in bytes.
+    let mut strides = vec![itemsize; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        strides[i] = strides[i + 1] * shape[i + 1].max(1);
+    }
     let shape = pyo3::types::PyTuple::new(py, shape)?;
     if mem == 0 {
         // An empty buffer has no cl_mem; an empty PyOpenCL array allocates nothing either.
-        return cla.getattr("empty")?.call1((queue, shape, descr));
+        return cla.getattr(intern!(py, "empty"))?.call1((queue, shape, descr));
     }
-    let buffer = cl.getattr("Buffer")?.call_method1("from_int_ptr", (mem, true))?;
-    buffer.setattr("_lazybuf_owner", owner)?;
-    let kwargs = PyDict::new(py);
-    kwargs.set_item("data", buffer)?;
-    cla.getattr("Array")?.call((queue, shape, descr), Some(&kwargs))
+    let buffer = cl.getattr(intern!(py, "Buffer"))?.call_method1(intern!(py, "from_int_ptr"), (mem, true))?;
+    buffer.setattr(intern!(py, "_lazybuf_owner"), owner)?;
+    let array = cla.getattr(intern!(py, "Array"))?;
+    // PyOpenCL's fast constructor (the one its own views use): the shape, strides, size and
+    // context given, it skips the checks that cost about 10 µs a call, most of a small batch's
+    // `.device` (docs/BENCHMARKS.md). The keywords are interned strings, which Python matches
+    // to parameters by identity. A PyOpenCL without it gets the checked constructor.
+    let fast = PyDict::new(py);
+    fast.set_item(intern!(py, "data"), &buffer)?;
+    fast.set_item(intern!(py, "strides"), pyo3::types::PyTuple::new(py, &strides)?)?;
+    fast.set_item(intern!(py, "_fast"), true)?;
+    fast.set_item(intern!(py, "_size"), size)?;
+    fast.set_item(intern!(py, "_context"), &context)?;
+    fast.set_item(intern!(py, "_queue"), &queue)?;
+    match array.call((py.None(), &shape, descr), Some(&fast)) {
+        Ok(made) => Ok(made),
+        Err(err) if err.is_instance_of::<pyo3::exceptions::PyTypeError>(py) => {
+            let kwargs = PyDict::new(py);
+            kwargs.set_item(intern!(py, "data"), buffer)?;
+            array.call((queue, shape, descr), Some(&kwargs))
+        }
+        Err(err) => Err(err),
+    }
 }
 
 /// A CuPy array over device memory lazybuf owns (`owner` keeps it alive). The device is
@@ -146,8 +191,9 @@ fn cupy_array<'py>(
 
 /// A buffer's copy on a device, for code that takes raw handles: `ptr` is the `CUdeviceptr`
 /// (CUDA), `cl_mem` (OpenCL) or the graphics API's buffer handle (wgpu: a `VkBuffer` on
-/// Vulkan) as an int. Keeps the buffer's memory alive while it lives.
-#[pyclass(name = "DeviceMemoryView", module = "lazybuf", frozen)]
+/// Vulkan) as an int. Keeps the buffer's memory alive, and its device copy in use (not
+/// evicted), while it lives.
+#[pyclass(name = "DeviceMemoryView", module = "lazybuf", frozen, weakref)]
 pub(crate) struct DeviceMemoryView {
     device: Device,
     handle: usize,

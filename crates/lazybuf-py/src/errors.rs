@@ -65,9 +65,16 @@ pub(crate) fn checking() -> bool {
 
 /// Converts a lazybuf error into the Python exception users expect.
 pub(crate) fn to_py(err: lazybuf::Error) -> PyErr {
-    use lazybuf::Error as E;
     let message = err.to_string();
+    to_py_with(err, message)
+}
+
+/// [`to_py`] with the message given: a failed eviction's write-back raises what its own error
+/// raises, with the whole message (which names the evicted buffer).
+fn to_py_with(err: lazybuf::Error, message: String) -> PyErr {
+    use lazybuf::Error as E;
     match err {
+        E::WriteBack { source, .. } => to_py_with(std::sync::Arc::unwrap_or_clone(source), message),
         E::InvalidShape { .. } | E::LengthMismatch { .. } | E::InvalidArgument { .. } => {
             PyValueError::new_err(message)
         }

@@ -12,9 +12,10 @@
 //! consumer passes `max_version >= (1, 0)` (NumPy 2 does), the legacy one otherwise. dlpark
 //! does the protocol work (argument parsing, ABI choice, capsule names and single use,
 //! zero-copy validation); this module describes the memory, with the one [`Exporter`]. Each
-//! capsule's manager context holds an owner of the memory (for a buffer, a clone of its
-//! storage `Arc`), so an exported tensor keeps the memory alive until the consumer calls its
-//! deleter. An export is a write access at the exported location (the consumer may write, and
+//! capsule's manager context holds an owner of the memory (for a buffer, the export's
+//! [`Exposure`], which holds its storage), so an exported tensor keeps the memory alive, and
+//! in use for spilling, until its deleter runs (the consumer's tensor is gone, or the capsule
+//! was dropped unconsumed). An export is a write access at the exported location (the consumer may write, and
 //! lazybuf cannot see it). `copy=True` exports a copy in new host memory (a fresh NumPy array
 //! that only the tensor references) to the CPU, with `DLPACK_FLAG_BITMASK_IS_COPIED` set in the
 //! versioned ABI (the legacy ABI has no flags), as the array API standard requires; asking for
@@ -48,6 +49,7 @@ use lazybuf::coherence::Access;
 use lazybuf::{DType, Device, DlpackDevice, MemoryKind};
 
 use crate::dtype::typestr;
+use crate::views::Exposure;
 use crate::views::Storage;
 
 /// dlpark's spelling of a DLPack device the core names.
@@ -135,8 +137,8 @@ pub(crate) fn dlpack_of_buffer<'py>(
             let copy = source.storage.to_array(py, source.shape, source.descr)?;
             return export_copy(py, copy, data_type(source.dtype), &request);
         }
-        let address = source.storage.host_address_nogil(py, Access::Write)?;
-        let exporter = Exporter::of_buffer(address.cast(), DLDevice::CPU, &source);
+        let (address, exposure) = source.storage.host_address_nogil(py, Access::Write)?;
+        let exporter = Exporter::of_buffer(address.cast(), DLDevice::CPU, &source, exposure);
         return dlpark_export(&exporter, py, request);
     }
     if wanted != home_device {
@@ -155,8 +157,8 @@ pub(crate) fn dlpack_of_buffer<'py>(
         return Err(copy_elsewhere(wanted));
     }
     // The home device's DLPack device is not the CPU here: its memory is a device pointer.
-    let handle = source.storage.device_handle_nogil(py, source.home, Access::Write)?;
-    let exporter = Exporter::of_buffer(handle.as_int() as *mut c_void, home_device, &source);
+    let (handle, exposure) = source.storage.device_handle_nogil(py, source.home, Access::Write)?;
+    let exporter = Exporter::of_buffer(handle.as_int() as *mut c_void, home_device, &source, exposure);
     dlpark_export(&exporter, py, request)
 }
 
@@ -236,13 +238,21 @@ impl Exporter {
         Exporter { address, device, dtype, shape: vec![nbytes as i64], owner, copied: false }
     }
 
-    fn of_buffer(address: *mut c_void, device: DLDevice, source: &Source<'_, '_>) -> Self {
+    /// A buffer's memory at `address` on `device`; the owner is `exposure` (which keeps the
+    /// storage alive), so the memory stays in use until the capsule's deleter runs: when the
+    /// consumer's tensor is gone, or the capsule is dropped unconsumed.
+    fn of_buffer(
+        address: *mut c_void,
+        device: DLDevice,
+        source: &Source<'_, '_>,
+        exposure: Exposure,
+    ) -> Self {
         Exporter {
             address,
             device,
             dtype: data_type(source.dtype),
             shape: source.shape.iter().map(|&d| d as i64).collect(),
-            owner: Arc::clone(source.storage) as Arc<dyn Any + Send + Sync>,
+            owner: Arc::new(exposure) as Arc<dyn Any + Send + Sync>,
             copied: false,
         }
     }

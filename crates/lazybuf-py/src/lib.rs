@@ -98,6 +98,7 @@ fn _lazybuf(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_cli_main, m)?)?;
     observe::register(m)?;
     spill::add(m)?;
+    lazybuf::spill::registry::set_reclaim_hook(buffer::reclaim_kept_views);
     Ok(())
 }
 

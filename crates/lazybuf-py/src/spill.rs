@@ -6,16 +6,20 @@
 //! storage's lock, never waits for it (see [`lazybuf::spill::registry`]), so it cannot
 //! deadlock against a Python thread, with or without the GIL.
 //!
-//! **Exposure.** Once a device handle of a buffer has left its lock (`.device`,
-//! `.device_writable`, DLPack and CUDA Array Interface exports, device frames), an object
-//! lazybuf does not track may use that memory, so the buffer's device copies are never
-//! evicted again for the life of that memory (until the buffer is released or freed). The
-//! flag is set while the lock is held, before the handle is returned, so no eviction can slip
-//! between the two.
+//! **Exposure.** While a device handle of a buffer is out of its lock (`.device`,
+//! `.device_writable`, `.metal`, DLPack and CUDA Array Interface exports, device frames), an
+//! object lazybuf does not track may use that memory, so the buffer's device copies are not
+//! evicted. Exposure is scoped: each handle goes out with an
+//! [`Exposure`](crate::views::Exposure) token, held by the object that uses it (a
+//! view's `MemoryOwner`, a DLPack capsule's manager context, the buffer object for
+//! `__cuda_array_interface__`), and the buffer is evictable again once every such object is
+//! gone. The count goes up while the lock is held, before the handle is returned, and
+//! eviction checks it again under the lock, so no eviction can slip between the two.
 //!
-//! The same goes for host addresses and the disk tier: once a host address has left the lock
-//! (`.host`, `.host_readonly`, the buffer protocol, `__array_interface__`, host DLPack), the
-//! buffer's host copy is never written to disk again for the life of that memory.
+//! The same goes for host addresses and the disk tier: while a host address is out (`.host`,
+//! `.host_readonly`, the buffer protocol, `__array_interface__`, host DLPack), the buffer's
+//! host copy is not written to disk. Caches of views are weak references, so they never keep
+//! a buffer in use by themselves ([`crate::spill_state`], docs/SPILLING.md).
 //!
 //! What does not live here: the budget and eviction ([`lazybuf::spill`]).
 
@@ -88,7 +92,9 @@ fn byte_count(nbytes: &Bound<'_, PyAny>) -> PyResult<u64> {
 /// Sets the memory limit of `device` (a `lazybuf.Device` or a selector such as "cuda:0") to
 /// `nbytes` (an int, or a size string such as "512MiB"); `None` removes it. Above the limit,
 /// lazybuf evicts the least recently used device copies of buffers not in use before it
-/// allocates.
+/// allocates. A buffer is in use while an object lazybuf cannot see uses its device memory (a
+/// live `.device` array, DLPack capsule or tensor, device view; the buffer object itself after
+/// `__cuda_array_interface__`), and evictable again once that object is gone.
 #[pyfunction]
 #[pyo3(signature = (device, nbytes))]
 pub(crate) fn set_memory_limit(device: &Bound<'_, PyAny>, nbytes: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
@@ -139,7 +145,8 @@ pub(crate) fn reset_spill_stats(device: &Bound<'_, PyAny>) -> PyResult<()> {
 
 /// Sets the host memory limit to `nbytes` (an int, or a size string such as "8GiB"); `None`
 /// removes it. Above it, lazybuf writes host copies that are a buffer's only data to spill
-/// files (`LAZYBUF_SPILL_DIR`) before it allocates more host memory.
+/// files (`LAZYBUF_SPILL_DIR`) before it allocates more host memory; not while a host view,
+/// buffer-protocol export or DLPack tensor of the buffer lives.
 #[pyfunction]
 #[pyo3(signature = (nbytes))]
 pub(crate) fn set_host_memory_limit(nbytes: Option<&Bound<'_, PyAny>>) -> PyResult<()> {

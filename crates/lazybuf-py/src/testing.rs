@@ -9,6 +9,9 @@
 //! leaves state and data as they were. Injected faults raise `RuntimeError` ("injected
 //! fault: ..."), as [`crate::errors`] maps every runtime failure that is not out-of-memory.
 //!
+//! `lazybuf.testing.exposures(buf)` counts the objects that hold a buffer's memory in use
+//! (the spilling tests check that each one's scope ends with it).
+//!
 //! What does not live here: the fault injection itself (the core's `testing` module).
 
 use std::sync::Arc;
@@ -97,6 +100,22 @@ impl PyFaultyDevice {
     }
 }
 
+/// The live exposures of `buf`'s memory, `(device, host)`: how many objects lazybuf cannot
+/// see use its device copies and its host copy now (which keeps them from eviction and from
+/// disk; see docs/SPILLING.md), the views the buffer keeps for reuse included until spilling
+/// (or [`reclaim`]) drops them. `ValueError` once the buffer is released.
+#[pyfunction]
+fn exposures(buf: &Bound<'_, crate::buffer::UnifiedBuffer>) -> PyResult<(usize, usize)> {
+    Ok(buf.get().storage_unordered()?.spill().exposures())
+}
+
+/// Drops every view a buffer keeps for reuse that nothing else references, as spilling does
+/// when it needs room (the binding's reclaim hook); returns how many it dropped.
+#[pyfunction]
+fn reclaim() -> usize {
+    crate::buffer::reclaim_kept_views()
+}
+
 /// Builds the `lazybuf.testing` module and registers it in `sys.modules` as `lazybuf.testing`
 /// (so `import lazybuf.testing` works).
 pub(crate) fn register(parent: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -105,6 +124,8 @@ pub(crate) fn register(parent: &Bound<'_, PyModule>) -> PyResult<()> {
     module
         .setattr("__doc__", "Fault injection for tests (wheels built with the crate feature `testing`).")?;
     module.add_class::<PyFaultyDevice>()?;
+    module.add_function(wrap_pyfunction!(exposures, &module)?)?;
+    module.add_function(wrap_pyfunction!(reclaim, &module)?)?;
     // Not added to the extension's attributes (nor its `__all__`): `lazybuf/__init__.py`
     // makes it `lazybuf.testing` when it is there.
     py.import("sys")?.getattr("modules")?.set_item("lazybuf.testing", &module)?;

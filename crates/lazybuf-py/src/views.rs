@@ -7,6 +7,10 @@
 //! when the buffer *and* every such view are gone: a view that outlives its buffer, or a
 //! buffer released to a pool while views of it exist, never reads freed memory.
 //!
+//! That clone is an [`Exposure`]: each handle or address handed out comes with one, counted
+//! in the storage's [`crate::spill_state::SpillState`] while it lives, so eviction and the
+//! disk tier skip the memory exactly while an object lazybuf cannot see may use it.
+//!
 //! Every pointer this module hands to Python comes from the storage it is tied to; the
 //! exports built on them (buffer protocol, DLPack, CAI) live in [`crate::interop`], and each
 //! `unsafe` block elsewhere in the binding says why it holds. The host block of a `RawBuffer` never moves once
@@ -42,6 +46,7 @@ use lazybuf::{Device, RawBuffer, Ticket};
 use crate::errors::OrPyErr;
 use crate::hostbuf::HostBuffer;
 use crate::lock::{self, Detached, GilFreeGuard, GilFreeMutex};
+use crate::spill_state::Exposed;
 
 /// A buffer's memory, shared by the buffer and every view of it.
 pub(crate) struct Storage {
@@ -49,32 +54,91 @@ pub(crate) struct Storage {
     raw: GilFreeMutex<RawBuffer>,
     /// Whether a CuPy array over the device copy was handed out: from then on each call on
     /// the buffer orders lazybuf after CuPy's current stream ([`crate::streams::order_after_cupy`]).
+    /// It stays set once the arrays are gone (unlike their exposure): kernels CuPy enqueued
+    /// through them may still be pending on that stream.
     cupy_held: AtomicBool,
     /// Its standing with eviction ([`crate::spill`]).
     spill: crate::spill_state::SpillState,
 }
 
 /// Keeps a buffer's memory alive: the `.base` of every NumPy view lazybuf makes, and the
-/// owner attached to PyOpenCL and CuPy arrays.
+/// owner attached to PyOpenCL and CuPy arrays, device views and device frames. It holds the
+/// [`Exposure`] of the handle or address the object uses, so the buffer's memory is not
+/// evicted (or written to disk) while the object lives, and is again once it is gone.
 #[pyclass(name = "MemoryOwner", module = "lazybuf", frozen)]
 pub(crate) struct MemoryOwner {
-    storage: Arc<Storage>,
+    exposure: Exposure,
 }
 
 #[pymethods]
 impl MemoryOwner {
     fn __repr__(&self, py: Python<'_>) -> String {
-        match self.storage.lock(py) {
-            Ok(raw) => format!("<lazybuf.MemoryOwner of {} bytes>", raw.nbytes()),
-            Err(_) => "<lazybuf.MemoryOwner of a buffer in use>".into(),
+        let kind = match self.exposure.kind() {
+            Exposed::Device => "device",
+            Exposed::Host => "host",
+        };
+        match self.exposure.storage().lock(py) {
+            Ok(raw) => format!("<lazybuf.MemoryOwner of {} bytes ({kind} memory in use)>", raw.nbytes()),
+            Err(_) => format!("<lazybuf.MemoryOwner of a buffer in use ({kind} memory in use)>"),
         }
     }
 }
 
 impl MemoryOwner {
-    /// An owner that keeps `storage` alive.
-    pub(crate) fn new(storage: &Arc<Storage>) -> Self {
-        MemoryOwner { storage: Arc::clone(storage) }
+    /// An owner that keeps the exposed storage alive and its memory in use.
+    pub(crate) fn new(exposure: Exposure) -> Self {
+        MemoryOwner { exposure }
+    }
+}
+
+/// One live exposure of a storage's memory: counted from [`Exposure::new`] (under the storage
+/// lock) until it is dropped. Keeps the storage alive, so whatever holds it keeps the memory.
+pub(crate) struct Exposure {
+    storage: Arc<Storage>,
+    kind: Exposed,
+    /// Held by a CuPy array: its drop marks the storage until lazybuf is ordered after CuPy.
+    cupy: bool,
+}
+
+impl Exposure {
+    /// Counts one exposure of `kind`. Call with the storage's lock held, before the handle or
+    /// address leaves it.
+    pub(crate) fn new(storage: &Arc<Storage>, kind: Exposed) -> Self {
+        storage.spill().begin_exposure(kind);
+        Exposure { storage: Arc::clone(storage), kind, cupy: false }
+    }
+
+    /// The storage whose memory is exposed.
+    pub(crate) fn storage(&self) -> &Arc<Storage> {
+        &self.storage
+    }
+
+    /// What is exposed.
+    pub(crate) fn kind(&self) -> Exposed {
+        self.kind
+    }
+
+    /// Marks this exposure as a CuPy array's (see `SpillState::cupy_unordered`).
+    pub(crate) fn held_by_cupy(&mut self) {
+        self.cupy = true;
+    }
+}
+
+impl std::fmt::Debug for Exposure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Exposure").field("kind", &self.kind).field("cupy", &self.cupy).finish()
+    }
+}
+
+impl Drop for Exposure {
+    fn drop(&mut self) {
+        let state = self.storage.spill();
+        if self.cupy {
+            // Set before the count drops, so no eviction sees neither.
+            state.set_cupy_unordered();
+        }
+        // Atomic, without the lock or the interpreter: any thread may drop it.
+        state.end_exposure(self.kind);
     }
 }
 
@@ -200,12 +264,17 @@ impl Storage {
         Ok(raw)
     }
 
-    /// Makes the host current for `access` and returns the address of its bytes.
-    pub(crate) fn host_address(&self, detached: &Detached, access: Access) -> PyResult<*mut u8> {
+    /// Makes the host current for `access` and returns the address of its bytes, with the
+    /// exposure the caller hands to whatever uses the address (see [`crate::spill_state`]).
+    pub(crate) fn host_address(
+        self: &Arc<Self>,
+        detached: &Detached,
+        access: Access,
+    ) -> PyResult<(*mut u8, Exposure)> {
         let mut raw = self.lock_detached(detached)?;
-        // The address leaves the lock: the host block may be used by objects lazybuf cannot see.
-        self.spill.expose_host();
-        host_address_in(&mut raw, access)
+        // The address leaves the lock: counted before it does, while the lock is held.
+        let exposure = Exposure::new(self, Exposed::Host);
+        Ok((host_address_in(&mut raw, access)?, exposure))
     }
 
     /// [`Self::host_address`] with the GIL released (it may copy), so other Python threads
@@ -214,13 +283,18 @@ impl Storage {
     ///
     /// When the access is bookkeeping only and the storage lock is free, it is made in place,
     /// with the GIL held ([`Self::immediate`]).
-    pub(crate) fn host_address_nogil(&self, py: Python<'_>, access: Access) -> PyResult<*mut u8> {
+    pub(crate) fn host_address_nogil(
+        self: &Arc<Self>,
+        py: Python<'_>,
+        access: Access,
+    ) -> PyResult<(*mut u8, Exposure)> {
         if let Some(mut raw) = self.immediate(None, access) {
-            self.spill.expose_host();
-            return host_address_in(&mut raw, access);
+            let exposure = Exposure::new(self, Exposed::Host);
+            return Ok((host_address_in(&mut raw, access)?, exposure));
         }
-        let address = lock::detach(py, |d| self.host_address(d, access).map(|a| a as usize))?;
-        Ok(address as *mut u8)
+        let (address, exposure) =
+            lock::detach(py, |d| self.host_address(d, access).map(|(a, e)| (a as usize, e)))?;
+        Ok((address as *mut u8, exposure))
     }
 
     /// The core buffer, locked, when an access for `access` on `device` (the host when `None`)
@@ -241,23 +315,24 @@ impl Storage {
     /// [`Self::device_handle`] with the GIL released (it may copy); in place when the access
     /// is bookkeeping only ([`Self::immediate`]).
     pub(crate) fn device_handle_nogil(
-        &self,
+        self: &Arc<Self>,
         py: Python<'_>,
         device: &Device,
         access: Access,
-    ) -> PyResult<RawMemory> {
+    ) -> PyResult<(RawMemory, Exposure)> {
         if let Some(mut raw) = self.immediate(Some(device), access) {
-            // The handle leaves the lock: the copy may be used by objects lazybuf cannot see.
-            self.spill.expose();
-            return device_handle_in(&mut raw, device, access);
+            // The handle leaves the lock: counted before it does, while the lock is held.
+            let exposure = Exposure::new(self, Exposed::Device);
+            return Ok((device_handle_in(&mut raw, device, access)?, exposure));
         }
         /// A handle crossing the detached closure's boundary.
         struct Handle(RawMemory);
         // SAFETY: the handle is an opaque value (a pointer or a runtime handle) that is only
         // moved out of the closure, on the same thread; nothing dereferences it on the way.
         unsafe impl Send for Handle {}
-        let handle = lock::detach(py, |d| self.device_handle(d, device, access).map(Handle))?;
-        Ok(handle.0)
+        let (handle, exposure) =
+            lock::detach(py, |d| self.device_handle(d, device, access).map(|(h, e)| (Handle(h), e)))?;
+        Ok((handle.0, exposure))
     }
 
     /// Makes the host copy current for `access` (a sync, or a declared write), with the GIL
@@ -280,17 +355,18 @@ impl Storage {
         lock::detach(py, |d| self.lock_detached(d)?.device_access(device, access).map(drop).or_py())
     }
 
-    /// Makes `device`'s copy current for `access` and returns the runtime's handle to it.
+    /// Makes `device`'s copy current for `access` and returns the runtime's handle to it,
+    /// with the exposure the caller hands to whatever uses the handle.
     pub(crate) fn device_handle(
-        &self,
+        self: &Arc<Self>,
         detached: &Detached,
         device: &Device,
         access: Access,
-    ) -> PyResult<RawMemory> {
+    ) -> PyResult<(RawMemory, Exposure)> {
         let mut raw = self.lock_detached(detached)?;
-        // The handle leaves the lock: the copy may be used by objects lazybuf cannot see.
-        self.spill.expose();
-        device_handle_in(&mut raw, device, access)
+        // The handle leaves the lock: counted before it does, while the lock is held.
+        let exposure = Exposure::new(self, Exposed::Device);
+        Ok((device_handle_in(&mut raw, device, access)?, exposure))
     }
 
     /// A NumPy view of the host copy, made current for `access`. `cached` is returned when it
@@ -303,43 +379,47 @@ impl Storage {
         descr: &Bound<'py, PyArrayDescr>,
         cached: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let address = self.host_address_nogil(py, access)?;
+        let (address, exposure) = self.host_address_nogil(py, access)?;
         // SAFETY: the address is this storage's host block; the caller's shape and dtype are
         // the buffer's own.
-        unsafe { self.array_at(py, address, shape, descr, access != Access::Read, cached) }
+        unsafe { self.array_at(py, address, exposure, shape, descr, access != Access::Read, cached) }
     }
 
     /// On the host device, makes the buffer's device copy (an alias of the host block)
     /// current for `access`, with the GIL released, and returns its address for
     /// [`Self::array_at`] (always writable there: this memory is every copy at once, so
     /// writes cannot make copies disagree; the seeds: `.device` is "the same NumPy array as
-    /// host").
+    /// host"), with its (device) exposure.
     pub(crate) fn host_device_address(
-        &self,
+        self: &Arc<Self>,
         py: Python<'_>,
         device: &Device,
         access: Access,
-    ) -> PyResult<*mut u8> {
-        let handle = self.device_handle_nogil(py, device, access)?;
+    ) -> PyResult<(*mut u8, Exposure)> {
+        let (handle, exposure) = self.device_handle_nogil(py, device, access)?;
         match handle.host_ptr() {
-            Some(address) if !address.is_null() => Ok(address),
-            Some(_) => Ok(empty_address()),
+            Some(address) if !address.is_null() => Ok((address, exposure)),
+            Some(_) => Ok((empty_address(), exposure)),
             None => {
                 Err(PyValueError::new_err(format!("expected host memory on the host device, got {handle:?}")))
             }
         }
     }
 
-    /// The NumPy view of this storage's host memory at `address`, or `cached` if it is it.
+    /// The NumPy view of this storage's host memory at `address`, or `cached` if it is it. A
+    /// new view's base holds `exposure` (the one that came with the address); with `cached`,
+    /// it is dropped (the cached view holds its own).
     ///
     /// # Safety
     /// `address` must come from [`Self::host_address`], [`Self::host_address_nogil`] or
     /// [`Self::host_device_address`] of this same storage (valid for its nbytes while the
     /// storage lives), and `shape` and `descr` must describe exactly the buffer's nbytes.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) unsafe fn array_at<'py>(
         self: &Arc<Self>,
         py: Python<'py>,
         address: *mut u8,
+        exposure: Exposure,
         shape: &[usize],
         descr: &Bound<'py, PyArrayDescr>,
         writeable: bool,
@@ -350,7 +430,7 @@ impl Storage {
         {
             return Ok(cached.clone());
         }
-        let owner = Bound::new(py, MemoryOwner::new(self))?.into_any();
+        let owner = Bound::new(py, MemoryOwner::new(exposure))?.into_any();
         // SAFETY: the caller's contract: address is this storage's host block (or the host
         // device's alias of it, or the empty address for zero bytes), valid for the buffer's
         // nbytes = prod(shape) * itemsize bytes for as long as the storage lives; `owner`

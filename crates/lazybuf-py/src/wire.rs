@@ -285,7 +285,7 @@ pub(crate) fn _host_frame<'py>(
 /// A CUDA buffer's device copy as one frame of bytes, for Dask's `cuda` serializer family
 /// (as distributed's CuPy serializer sends a CuPy array's memory): `__cuda_array_interface__`
 /// (version 3, shape `(nbytes,)`, `|u1`, read-only) and `nbytes`. Keeps the buffer's memory
-/// alive while it exists.
+/// alive, and its device copy in use (not evicted), while it exists.
 #[pyclass(name = "DeviceFrame", module = "lazybuf", frozen)]
 pub(crate) struct DeviceFrame {
     device: Device,
@@ -357,8 +357,10 @@ pub(crate) fn _device_frame(buf: &Bound<'_, UnifiedBuffer>) -> PyResult<Option<D
     if storage.lock(py)?.state() == BufferState::Uninitialized {
         return Ok(None);
     }
-    let ptr = storage.device_handle_nogil(py, home, Access::Read)?.as_int() as u64;
-    let owner = Py::new(py, MemoryOwner::new(&storage))?;
+    let (handle, exposure) = storage.device_handle_nogil(py, home, Access::Read)?;
+    let ptr = handle.as_int() as u64;
+    // The frame holds the exposure: the copy is not evicted while the frame lives.
+    let owner = Py::new(py, MemoryOwner::new(exposure))?;
     Ok(Some(DeviceFrame { device: home.clone(), ptr, nbytes: this.byte_len(), owner }))
 }
 

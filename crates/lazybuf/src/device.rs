@@ -48,6 +48,8 @@ struct Opened {
     cached: AtomicU64,
     /// Failures of drop, rollback and free paths of work on this device, not yet taken.
     deferred: DeferredErrors,
+    /// The stream eviction's write-backs run on ([`Device::side_stream`]), made at first use.
+    side: OnceLock<Option<Arc<dyn StreamHandle>>>,
 }
 
 static OPENED: AtomicU64 = AtomicU64::new(0);
@@ -59,7 +61,8 @@ impl Device {
         let stream = backend.default_stream();
         let id = DeviceId(NonZeroU64::MIN.saturating_add(OPENED.fetch_add(1, Ordering::Relaxed)));
         let deferred = DeferredErrors::default();
-        Device { inner: Arc::new(Opened { id, backend, stream, cached: AtomicU64::new(0), deferred }) }
+        let side = OnceLock::new();
+        Device { inner: Arc::new(Opened { id, backend, stream, cached: AtomicU64::new(0), deferred, side }) }
     }
 
     /// Opens `runtime` as a device: behind the checked layer ([`crate::backend::checked`]),
@@ -131,6 +134,18 @@ impl Device {
     /// A new stream on this device, independent of the default one.
     pub fn create_stream(&self) -> Result<Stream> {
         Ok(Stream { device: self.clone(), handle: self.inner.backend.create_stream()? })
+    }
+
+    /// The stream spilling writes evicted copies back on (`spill`), made at its first use and
+    /// kept for the device's life: `None` when the backend has one stream only (the host, whose
+    /// every stream is the same) or could not make one, and write-backs then run on the
+    /// copy's own stream.
+    pub(crate) fn side_stream(&self) -> Option<Stream> {
+        let handle = self.inner.side.get_or_init(|| {
+            let made = self.inner.backend.create_stream().ok()?;
+            (!Arc::ptr_eq(&made, &self.inner.stream)).then_some(made)
+        });
+        handle.as_ref().map(|handle| Stream { device: self.clone(), handle: handle.clone() })
     }
 
     /// A handle to a stream the caller made on this device (a `CUstream` of its context, a

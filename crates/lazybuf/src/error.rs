@@ -248,6 +248,29 @@ pub enum Error {
         /// The guard level that refused it.
         level: crate::observe::kinds::GuardLevel,
     },
+    /// Making room on a device (for a memory limit, or after the runtime reported
+    /// out-of-memory) needed a buffer's device copy written back to the host first, and that
+    /// write-back failed. The evicted buffer kept its copy, its state and every byte; `source`
+    /// is the write-back's own error (a runtime's status, an injected fault, the transfer
+    /// guard's refusal), and [`Error::is_out_of_memory`] and [`Error::is_retryable`] answer as
+    /// it does. [`Error::root_cause`] reaches it.
+    #[error(
+        "making room on {device}{}: writing back buffer #{buffer} ({bytes} bytes) failed: {source}",
+        requested_suffix(.requested)
+    )]
+    WriteBack {
+        /// The device whose memory was needed.
+        device: String,
+        /// The bytes the allocation that needed the room asked for (`None` for an eviction
+        /// called directly, [`crate::RawBuffer::evict_device_copy`]).
+        requested: Option<usize>,
+        /// The evicted buffer's id ([`crate::RawBuffer::id`]).
+        buffer: u64,
+        /// The bytes the write-back had to move.
+        bytes: usize,
+        /// The write-back's own error.
+        source: std::sync::Arc<Error>,
+    },
     /// A fault injected by `lazybuf::testing::FaultyDevice` (feature `testing`).
     #[cfg(feature = "testing")]
     #[error("injected fault: {operation} number {count} was told to fail")]
@@ -286,6 +309,13 @@ fn human_size(bytes: usize) -> String {
     format!(" ({value:.digits$} {})", UNITS[unit])
 }
 
+fn requested_suffix(requested: &Option<usize>) -> String {
+    match requested {
+        Some(bytes) => format!(" for {bytes} bytes"),
+        None => String::new(),
+    }
+}
+
 fn code_suffix(code: &Option<RuntimeCode>) -> String {
     match code {
         Some(code) => format!(" ({code})"),
@@ -300,6 +330,7 @@ impl Error {
     /// child ([`Error::ForkedChild`]: it will not work in that process, however often tried).
     pub fn is_retryable(&self) -> bool {
         match self {
+            Error::WriteBack { source, .. } => source.is_retryable(),
             Error::OutOfMemory { .. } => true,
             Error::Runtime { code, .. } => code.retryable(),
             #[cfg(feature = "testing")]
@@ -310,7 +341,19 @@ impl Error {
 
     /// Whether the error is an out-of-memory condition (the pool trims and retries on it).
     pub fn is_out_of_memory(&self) -> bool {
-        matches!(self, Error::OutOfMemory { .. })
+        match self {
+            Error::WriteBack { source, .. } => source.is_out_of_memory(),
+            other => matches!(other, Error::OutOfMemory { .. }),
+        }
+    }
+
+    /// The error under any context lazybuf wrapped around it ([`Error::WriteBack`]'s
+    /// `source`); the error itself when it wraps none.
+    pub fn root_cause(&self) -> &Error {
+        match self {
+            Error::WriteBack { source, .. } => source.root_cause(),
+            other => other,
+        }
     }
 
     pub(crate) fn invalid(operation: &'static str, reason: impl Into<String>) -> Self {

@@ -1,7 +1,10 @@
 //! Spilling under per-device budgets, on every device: clean copies are evicted
 //! moving no byte, copies holding the only current data are written back first, buffers in
 //! use and opted-out buffers are never evicted, memory objects count but stay, a failed
-//! write-back changes nothing, and threads race accesses against eviction.
+//! write-back changes nothing and names its buffer, private pools give their cached blocks
+//! back before anything is evicted, write-backs run on a side stream, plain buffers are
+//! named in the error when nothing can be evicted, and threads race accesses against
+//! eviction.
 //!
 //! Budgets and the eviction registry are process-wide, so the tests of this binary take one
 //! lock and run one at a time. Limits are set relative to what the device already holds.
@@ -18,7 +21,7 @@ use lazybuf::spill::{self, SharedBuffer};
 use lazybuf::testing::FaultyDevice;
 use lazybuf::{
     AllocationOptions, BufferOptions, BufferState, Device, DeviceAllocation, DirectResource, MemoryKind,
-    UnifiedBuffer,
+    MemoryPool, PoolConfig, UnifiedBuffer,
 };
 
 const LEN: usize = 16 * 1024;
@@ -201,7 +204,21 @@ fn a_failed_write_back_changes_nothing() {
         let b = shared(&device, 2, true);
         faults.fail_copy_in(1);
         let err = b.lock().sync_to_device().unwrap_err();
-        assert!(matches!(err, lazybuf::Error::InjectedFault { .. }), "{device}: {err}");
+        // The error names the allocation that needed room and the evicted buffer, with the
+        // write-back's own error inside (and is as retryable as it).
+        let id = a.lock().raw().id();
+        let expected = format!(
+            "making room on {device} for {NBYTES} bytes: writing back buffer #{id} ({NBYTES} bytes) failed: injected fault"
+        );
+        assert!(err.to_string().starts_with(&expected), "{device}: {err}");
+        match &err {
+            lazybuf::Error::WriteBack { requested, buffer, bytes, .. } => {
+                assert_eq!((*requested, *buffer, *bytes as u64), (Some(NBYTES as usize), id, NBYTES));
+            }
+            other => panic!("{device}: expected a write-back error, got {other:?}"),
+        }
+        assert!(matches!(err.root_cause(), lazybuf::Error::InjectedFault { .. }), "{device}: {err}");
+        assert!(err.is_retryable() && !err.is_out_of_memory(), "{device}: {err}");
         faults.disarm();
         assert_eq!(b.lock().state(), BufferState::HostOnly, "{device}");
         let mut a_locked = a.lock();
@@ -299,7 +316,8 @@ fn the_transfer_guard_sees_write_backs() {
             let levels = GuardLevels::default().with(Direction::DeviceToHost, Some(GuardLevel::Disallow));
             let _scope = guard::scope(levels);
             let err = b.lock().sync_to_device().unwrap_err();
-            match &err {
+            assert!(err.to_string().contains(&format!("writing back buffer #{}", a.lock().raw().id())));
+            match err.root_cause() {
                 lazybuf::Error::TransferGuard { direction, call, bytes, .. } => {
                     assert_eq!(
                         (*direction, *call, *bytes as u64),
@@ -330,6 +348,101 @@ fn the_transfer_guard_sees_write_backs() {
         assert_eq!(write_backs, 1, "{device}");
         assert_eq!(a.lock().state(), BufferState::HostOnly, "{device}");
         assert_eq!(a.lock().host().unwrap(), pattern(31, LEN), "{device}");
+        spill::set_memory_limit(&device, None);
+    }
+}
+
+/// A pool made with `MemoryPool::new` is trimmed like the device's default pool before any
+/// copy is evicted: its cached block goes back to the backend and makes the room.
+#[test]
+fn private_pools_give_their_cached_blocks_back_before_anything_is_evicted() {
+    let _serial = serial();
+    let evicting: Vec<Device> = devices().into_iter().filter(evicts).collect();
+    assert!(!evicting.is_empty(), "no device holds device memory here: the test would check nothing");
+    for device in evicting {
+        let a = shared(&device, 1, true);
+        a.lock().sync_to_device().unwrap();
+        let pool = MemoryPool::new(&device, PoolConfig::default());
+        {
+            let mut pooled = pool.acquire::<u32>(&[LEN], false).unwrap();
+            pooled.copy_from(&pattern(2, LEN)).unwrap();
+            pooled.sync_to_device().unwrap();
+            pool.release(pooled).unwrap();
+        }
+        let device_cached = |pool: &MemoryPool| pool.usage(|k| k == MemoryKind::Device).bytes_cached;
+        assert!(device_cached(&pool) >= NBYTES, "{device}: the pool keeps the block");
+        // No room left but what the private pool caches.
+        spill::set_memory_limit(&device, Some(spill::memory_held(&device)));
+        spill::reset_spill_stats(&device);
+        let b = shared(&device, 3, true);
+        b.lock().sync_to_device().unwrap();
+        assert_eq!(device_cached(&pool), 0, "{device}: the private pool was trimmed");
+        assert_eq!(spill::spill_stats(&device).evictions, 0, "{device}");
+        assert_eq!(a.lock().state(), BufferState::Synchronized, "{device}: not evicted");
+        assert_eq!(b.lock().state(), BufferState::Synchronized, "{device}");
+        assert!(spill::memory_held(&device) <= spill::memory_limit(&device).unwrap().unwrap());
+        spill::set_memory_limit(&device, None);
+    }
+}
+
+/// When nothing can be evicted, the error says that plain `UnifiedBuffer`s never are.
+#[test]
+fn the_out_of_memory_error_says_plain_buffers_are_not_evictable() {
+    let _serial = serial();
+    for device in devices().into_iter().filter(evicts) {
+        limit_for(&device, 1);
+        let mut plain = UnifiedBuffer::<u32>::from_slice(&pattern(1, LEN), &device).unwrap();
+        plain.sync_to_device().unwrap();
+        let err = shared(&device, 2, true).lock().sync_to_device().unwrap_err();
+        let message = err.to_string();
+        assert!(err.is_out_of_memory(), "{device}: {err}");
+        assert!(
+            message.contains("plain UnifiedBuffers are not evictable: wrap them in spill::SharedBuffer"),
+            "{device}: {message}"
+        );
+        assert_eq!(plain.state(), BufferState::Synchronized, "{device}");
+        spill::set_memory_limit(&device, None);
+    }
+}
+
+/// The write-back of an evicted copy runs on its device's side stream (where the backend has
+/// more than one stream), not on the buffer's own, ordered after the buffer's last use.
+#[test]
+fn write_backs_run_on_a_side_stream() {
+    use lazybuf::observe::trace::{self, EventKind};
+    use lazybuf::observe::{Reason, stream_id};
+    let _serial = serial();
+    for device in devices().into_iter().filter(evicts) {
+        limit_for(&device, 1);
+        let a = shared(&device, 1, true);
+        a.lock().device_overwrite().unwrap().write_from(&pattern(41, LEN)).unwrap();
+        let (id, own) = {
+            let a = a.lock();
+            (a.raw().id(), stream_id(a.raw().stream()))
+        };
+        trace::start(Default::default()).unwrap();
+        let b = shared(&device, 2, true);
+        b.lock().sync_to_device().unwrap();
+        let recorded = trace::stop().unwrap();
+        let streams: Vec<usize> = recorded
+            .events
+            .iter()
+            .filter_map(|e| match &e.kind {
+                EventKind::Transfer { info, stream, .. }
+                    if info.buffer == id && info.cause.reason == Reason::Eviction =>
+                {
+                    Some(*stream)
+                }
+                _ => None,
+            })
+            .collect();
+        assert_eq!(streams.len(), 1, "{device}: one write-back");
+        assert_ne!(streams[0], own, "{device}: the write-back ran on the buffer's own stream");
+        let mut a = a.lock();
+        assert_eq!(a.state(), BufferState::HostOnly, "{device}");
+        assert_eq!(a.host().unwrap(), pattern(41, LEN), "{device}");
+        assert_eq!(stream_id(a.raw().stream()), own, "{device}: the buffer keeps its stream");
+        drop(a);
         spill::set_memory_limit(&device, None);
     }
 }

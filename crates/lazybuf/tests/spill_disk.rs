@@ -1,7 +1,9 @@
 //! The disk tier: under a host memory limit, host copies that are the only
 //! current data of shared buffers go to spill files and come back at the next access; pinned
 //! copies never go; files go with their data; a spill directory that cannot be written is a
-//! clear error and nothing is lost (in a child process, which gets its own directory).
+//! clear error and nothing is lost (in a child process, which gets its own directory); files
+//! are written with direct I/O where the file system takes it, in a tmpfs and a disk
+//! directory (child processes again).
 //!
 //! The host limit is process-wide, so the tests of this binary take one lock and run one at a
 //! time. Buffers are only used on the host here (a buffer with a device copy of any kind is
@@ -137,6 +139,110 @@ fn an_unwritable_spill_directory_is_a_clear_error_and_nothing_is_lost() {
         "{text}\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
+}
+
+/// Bytes of the disk tests' large buffers: more than one chunk, and not a multiple of the
+/// direct I/O alignment (the tail goes through the staging block, padded).
+const BIG: usize = spill::disk::CHUNK + spill::disk::ALIGN + 12;
+
+/// Run by [`spill_files_use_direct_io_where_the_file_system_takes_it`] in a child process
+/// whose `LAZYBUF_SPILL_DIR` is the directory under test; `LAZYBUF_TEST_EXPECT_DIRECT` says
+/// whether its files must be written with direct I/O.
+#[test]
+#[ignore = "run by its parent test in a child process"]
+fn child_spilling_through_its_directory() {
+    let expect_direct = match std::env::var("LAZYBUF_TEST_EXPECT_DIRECT").as_deref() {
+        Ok("1") => true,
+        Ok("0") => false,
+        other => panic!("run by the parent test (LAZYBUF_TEST_EXPECT_DIRECT is {other:?})"),
+    };
+    for device in devices() {
+        // A large buffer (page-aligned block, a partial last chunk) and a small one (a heap
+        // block: staged), each pushed to disk by a newcomer of its size.
+        for len in [BIG / 4, 250] {
+            let bytes = (len * 4) as u64;
+            spill::reset_spill_stats(&device);
+            lazybuf::trim();
+            spill::set_host_memory_limit(Some(spill::host_memory_held() + bytes + bytes / 2));
+            let first =
+                SharedBuffer::new(UnifiedBuffer::<u32>::from_slice(&pattern(1, len), &device).unwrap());
+            let second = UnifiedBuffer::<u32>::from_slice(&pattern(2, len), &device).unwrap();
+            assert!(first.lock().raw().is_on_disk(), "{device} {len}");
+            let stats = spill::spill_stats(&device);
+            assert_eq!(stats.bytes_to_disk, bytes, "{device} {len}");
+            assert_eq!(stats.bytes_to_disk_direct, if expect_direct { bytes } else { 0 }, "{device} {len}");
+            let file = std::fs::read_dir(spill::disk::spill_dir()).unwrap().next().unwrap().unwrap();
+            let on_disk = file.metadata().unwrap().len();
+            let padded = bytes.next_multiple_of(spill::disk::ALIGN as u64);
+            assert_eq!(on_disk, if expect_direct { padded } else { bytes }, "{device} {len}");
+            drop(second);
+            spill::set_host_memory_limit(None);
+            assert_eq!(first.lock().host().unwrap(), pattern(1, len), "{device} {len}");
+            assert_eq!(spill::spill_stats(&device).bytes_from_disk, bytes, "{device} {len}");
+            assert_eq!(spill_files(), 0, "{device} {len}: the file goes when its data is read back");
+        }
+    }
+}
+
+/// Whether `dir`'s file system takes an aligned `O_DIRECT` write (what the disk tier tries).
+fn takes_direct_io(dir: &std::path::Path) -> bool {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let probe = dir.join("probe");
+    let opened = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(&probe);
+    let page = vec![7u8; 3 * 4096];
+    let start = (4096 - page.as_ptr().addr() % 4096) % 4096;
+    let written = opened.and_then(|mut file| file.write_all(&page[start..start + 4096]));
+    let _ = std::fs::remove_file(&probe);
+    match written {
+        Ok(()) => true,
+        Err(err) if err.raw_os_error() == Some(libc::EINVAL) => false,
+        Err(err) => panic!("probing {}: {err}", dir.display()),
+    }
+}
+
+/// Spill files in a tmpfs directory (`/dev/shm`) and in one on the disk's file system
+/// (`/var/tmp`): written with direct I/O where the file system takes `O_DIRECT` (tmpfs does
+/// since Linux 6.6, older kernels refuse it), else buffered; with direct I/O turned off
+/// (`LAZYBUF_SPILL_DIRECT_IO=0`), buffered everywhere. Each runs in a child process with its
+/// own spill directory, which is empty again at the end.
+#[test]
+#[cfg(target_os = "linux")]
+fn spill_files_use_direct_io_where_the_file_system_takes_it() {
+    let mut runs = 0;
+    for (base, direct_io) in [("/dev/shm", "1"), ("/var/tmp", "1"), ("/var/tmp", "0")] {
+        let base = std::path::Path::new(base);
+        if !base.is_dir() {
+            continue;
+        }
+        let dir = base.join(format!("lazybuf-spill-test-{}-{direct_io}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let expect_direct = direct_io == "1" && takes_direct_io(&dir);
+        let output = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "child_spilling_through_its_directory", "--ignored", "--nocapture"])
+            .env("LAZYBUF_SPILL_DIR", &dir)
+            .env("LAZYBUF_SPILL_DIRECT_IO", direct_io)
+            .env("LAZYBUF_TEST_EXPECT_DIRECT", if expect_direct { "1" } else { "0" })
+            .output()
+            .unwrap();
+        let left = std::fs::read_dir(&dir).map_or(0, |d| d.count());
+        let _ = std::fs::remove_dir_all(&dir);
+        let text = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success() && text.contains("1 passed"),
+            "{} (direct I/O expected: {expect_direct}): {text}\n{}",
+            dir.display(),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert_eq!(left, 0, "{}: files left behind", dir.display());
+        runs += 1;
+    }
+    assert!(runs >= 2, "neither /dev/shm nor /var/tmp could be tried");
 }
 
 #[test]

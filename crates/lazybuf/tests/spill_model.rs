@@ -15,7 +15,12 @@
 //! not evicted, and that the device never holds more than its limit.
 //! Copy faults are part of the sequences (through `lazybuf::testing::FaultyDevice`): a step
 //! that fails, whether its own copy or an eviction's write-back failed, changes nothing for
-//! its buffer, and an eviction whose write-back failed left its buffer as it was.
+//! its buffer, and an eviction whose write-back failed left its buffer as it was. Write-backs
+//! run on the device's side stream where it has one, so those faults hit side-stream
+//! downloads; a failed write-back's error names another buffer, one that kept its copy.
+//! A private pool (`MemoryPool::new`) takes part: a step borrows a block from it and gives it
+//! back (the pool caches it, and the cached block counts against the limit), and no step
+//! evicts anything while the pool still caches a block (it is trimmed first).
 //!
 //! Each sequence runs on a fresh fault-injecting wrapper of one of the devices found (so its
 //! budget and held bytes are its own). `PROPTEST_CASES` sets the number of sequences
@@ -26,7 +31,10 @@ mod common;
 use common::pattern;
 use lazybuf::spill::{self, SharedBuffer};
 use lazybuf::testing::FaultyDevice;
-use lazybuf::{BufferOptions, BufferState, Device, Location, Residency, UnifiedBuffer};
+use lazybuf::{
+    BufferOptions, BufferState, Device, Location, MemoryKind, MemoryPool, PoolConfig, Residency,
+    UnifiedBuffer,
+};
 use proptest::prelude::*;
 
 const BUFFERS: usize = 4;
@@ -51,6 +59,9 @@ enum Op {
     HoldWhileUploading(usize, usize),
     /// Makes the next step's n-th copy fail (its own, or an eviction's write-back).
     ArmCopyFault(u64),
+    /// A buffer of the private pool uploads (making room like any other) and goes back to
+    /// the pool, which caches its device block.
+    PoolChurn,
 }
 
 fn op_strategy() -> impl Strategy<Value = Op> {
@@ -67,6 +78,7 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         2 => buf.clone().prop_map(Op::MarkDeviceDirty),
         2 => (buf.clone(), buf).prop_map(|(a, b)| Op::HoldWhileUploading(a, b)),
         1 => (1..4u64).prop_map(Op::ArmCopyFault),
+        1 => Just(Op::PoolChurn),
     ]
 }
 
@@ -175,6 +187,8 @@ struct Run {
     models: Vec<Model>,
     /// Which buffers had a transfer in flight when the step began.
     busy: Vec<bool>,
+    /// A pool of the user's own, made with `MemoryPool::new`.
+    pool: MemoryPool,
 }
 
 impl Run {
@@ -237,8 +251,21 @@ impl Run {
         let at = Location::Device(self.device.id());
         let still_there =
             self.models[i].device == Res::Unallocated || buf.residency(at) != Residency::Unallocated;
+        let own_id = buf.raw().id();
         drop(buf);
         prop_assert!(still_there, "buffer {} was evicted during its own access", i);
+        if let Err(lazybuf::Error::WriteBack { buffer, bytes, .. }) = &result {
+            // The buffer named is another one, and it kept its copy (checked by the model:
+            // it is not observed as evicted).
+            prop_assert!(*buffer != own_id && *bytes as u64 == NBYTES, "write-back error {:?}", result);
+            let named = self.bufs.iter().position(|b| b.lock().raw().id() == *buffer);
+            let named = named.expect("the buffer named is one of the run's");
+            prop_assert!(
+                self.device_residency(named) != Residency::Unallocated,
+                "buffer {} lost its copy",
+                named
+            );
+        }
         if result.is_ok() {
             change(&mut self.models[i]);
         }
@@ -262,10 +289,12 @@ fn run(inner: &Device, ops: &[Op]) -> Result<(), TestCaseError> {
         .collect();
     let models = (0..BUFFERS as u32).map(Model::new).collect();
     let zero_copy = device.is_zero_copy(LEN * 4);
-    let mut run = Run { device, zero_copy, bufs, models, busy: vec![false; BUFFERS] };
+    let pool = MemoryPool::new(&device, PoolConfig::default());
+    let mut run = Run { device, zero_copy, bufs, models, busy: vec![false; BUFFERS], pool };
     let mut armed = None;
     for op in ops {
         run.busy = run.bufs.iter().map(|b| b.lock().is_busy()).collect();
+        let evictions_before = spill::spill_stats(&run.device).evictions;
         if let Some(n) = armed.take() {
             faults.fail_copy_in(n);
         }
@@ -338,6 +367,32 @@ fn run(inner: &Device, ops: &[Op]) -> Result<(), TestCaseError> {
                 run.observe_evictions(&[other])?;
             }
             Op::ArmCopyFault(n) => armed = Some(n),
+            Op::PoolChurn => {
+                let mut pooled = run.pool.acquire::<u32>(&[LEN], false).unwrap();
+                // It may fail (an armed fault; no room while the others are in flight).
+                let uploaded = pooled.copy_from(&pattern(99, LEN)).and_then(|()| pooled.sync_to_device());
+                if uploaded.is_ok() && !run.zero_copy {
+                    prop_assert!(pooled.state() == BufferState::Synchronized);
+                }
+                // Room was made with the pool trimmed first (a failed upload gave its new
+                // block back to the pool after the room was made).
+                if uploaded.is_ok() && spill::spill_stats(&run.device).evictions > evictions_before {
+                    prop_assert_eq!(
+                        cached_device_bytes(&run.pool),
+                        0,
+                        "evicted while the pool cached a block"
+                    );
+                }
+                run.pool.release(pooled).unwrap();
+                run.observe_evictions(&[])?;
+                faults.disarm();
+                run.check()?;
+                continue;
+            }
+        }
+        // Nothing is evicted while a private pool still caches a block.
+        if spill::spill_stats(&run.device).evictions > evictions_before {
+            prop_assert_eq!(cached_device_bytes(&run.pool), 0, "evicted while the pool cached a block");
         }
         // A fault the step did not reach must not fail the check's reads.
         faults.disarm();
@@ -345,6 +400,10 @@ fn run(inner: &Device, ops: &[Op]) -> Result<(), TestCaseError> {
     }
     faults.disarm();
     Ok(())
+}
+
+fn cached_device_bytes(pool: &MemoryPool) -> u64 {
+    pool.usage(|k| k == MemoryKind::Device).bytes_cached
 }
 
 fn cases() -> u32 {

@@ -113,6 +113,12 @@ impl Transfer {
 
 /// An N-d, C-contiguous array of `T` with coherent copies on the host and on devices.
 ///
+/// **Spilling.** A `UnifiedBuffer` is owned by value and borrowed for every access, so nothing
+/// else can reach it: its device copies count against their device's memory limit
+/// ([`crate::spill::set_memory_limit`]) but are **never evicted**. To make a buffer evictable
+/// under a limit, wrap it in a [`crate::spill::SharedBuffer`]; an allocation that finds no
+/// room says so in its [`crate::Error::OutOfMemory`].
+///
 /// ```
 /// use lazybuf::{BufferState, Device, UnifiedBuffer};
 /// let mut buf = UnifiedBuffer::<f32>::on(&[4], &Device::host()).unwrap();

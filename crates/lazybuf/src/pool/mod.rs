@@ -26,15 +26,21 @@
 //! - **Streams.** Device blocks are reused at once on the stream that last used them, and by
 //!   other streams once that use is complete.
 //! - **Threads.** A pool is `Send + Sync`; one short critical section per acquire or release.
+//! - **Spilling.** Every pool registers itself (weakly: a pool lives while a handle or a
+//!   buffer of it does) in a list of live pools per device; when a memory limit or an
+//!   out-of-memory report needs room ([`crate::spill`]), every live pool of the device is
+//!   trimmed before any buffer's copy is evicted, private pools included
+//!   ([`trim_live_pools`]).
 //!
 //! What does not live here: the caching itself ([`crate::resource`]), and the buffer's
 //! coherence ([`crate::buffer`]).
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 
 use crate::backend::MemoryKind;
 use crate::buffer::{BufferOptions, RawBuffer, UnifiedBuffer};
+use crate::coherence::DeviceId;
 use crate::device::Device;
 use crate::element::Element;
 use crate::error::{Error, Result};
@@ -80,6 +86,7 @@ impl MemoryPool {
     ) -> MemoryPool {
         let limiter = Arc::new(LimitingResource::unlimited(upstream));
         let resource = Arc::new(CachingResource::new(limiter.clone(), config, device.to_string()));
+        register(device, &resource);
         MemoryPool { device: device.clone(), resource, limiter }
     }
 
@@ -204,4 +211,44 @@ impl fmt::Debug for MemoryPool {
             .field("stats", &self.stats())
             .finish()
     }
+}
+
+/// The caches of pools made, with their device, weakly held.
+type LivePools = Mutex<Vec<(DeviceId, Weak<CachingResource>)>>;
+
+/// The caches of every pool made, by device, weakly held.
+fn live_pools() -> &'static LivePools {
+    static LIVE: OnceLock<LivePools> = OnceLock::new();
+    LIVE.get_or_init(Mutex::default)
+}
+
+/// Adds a new pool's cache to the live pools of `device`.
+fn register(device: &Device, cache: &Arc<CachingResource>) {
+    let mut live = live_pools().lock().unwrap_or_else(PoisonError::into_inner);
+    // Pools gone are dropped from the list when it would grow past twice the live ones.
+    if live.len() >= 16 && live.len() == live.capacity() {
+        live.retain(|(_, pool)| pool.strong_count() > 0);
+    }
+    live.push((device.id(), Arc::downgrade(cache)));
+}
+
+/// Frees the cached blocks of every live pool of `device` (of every device with `None`)
+/// back upstream, default and private pools alike; returns the bytes freed. Spilling calls it
+/// before it evicts anything. The list's lock is not held while the pools trim.
+pub(crate) fn trim_live_pools(device: Option<&Device>) -> u64 {
+    let pools: Vec<Arc<CachingResource>> = {
+        let mut live = live_pools().lock().unwrap_or_else(PoisonError::into_inner);
+        live.retain(|(_, pool)| pool.strong_count() > 0);
+        live.iter()
+            .filter(|(id, _)| device.is_none_or(|d| d.id() == *id))
+            .filter_map(|(_, pool)| pool.upgrade())
+            .collect()
+    };
+    // A pool may be another's upstream: trimming one can hand blocks to another already
+    // trimmed, so a second pass empties those too.
+    let mut freed: u64 = pools.iter().map(|pool| pool.trim()).sum();
+    if pools.len() > 1 {
+        freed += pools.iter().map(|pool| pool.trim()).sum::<u64>();
+    }
+    freed
 }

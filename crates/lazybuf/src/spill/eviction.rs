@@ -3,11 +3,14 @@
 //! [`allocate_within_budget`] wraps every device allocation of [`crate::DirectResource`]:
 //!
 //! 1. **Under a limit** ([`super::set_memory_limit`]): when the request does not fit, the
-//!    device's cached pool blocks and backend staging are trimmed first; then device copies of
+//!    cached blocks of every live pool of the device (its default pool and private ones made
+//!    with [`crate::MemoryPool::new`]) and backend staging are trimmed first; then device copies of
 //!    registered buffers are evicted, least recently used first, trimming again after each
 //!    (an evicted copy's memory goes back to its buffer's resource, often the pool), until the
 //!    request fits. If nothing more can be evicted, the allocation fails with
-//!    [`Error::OutOfMemory`] naming the limit, and nothing was lost.
+//!    [`Error::OutOfMemory`] naming the limit (and that plain `UnifiedBuffer`s, owned by
+//!    value, are never evicted), and nothing was lost. A write-back that failed on the way is
+//!    returned as [`Error::WriteBack`], naming the evicted buffer.
 //! 2. **Without a limit**, when the backend reports out-of-memory: the same trimming and
 //!    eviction until the request's bytes were freed, then the allocation is tried once more.
 //! 3. **Without either**, nothing here runs but the counting of held bytes.
@@ -22,6 +25,7 @@
 //!
 //! What does not live here: the eviction of one copy ([`crate::RawBuffer::evict_device_copy`]).
 
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
@@ -45,6 +49,34 @@ pub enum EvictionPolicy {
 }
 
 static WRITE_BACK_ALWAYS: AtomicBool = AtomicBool::new(false);
+
+/// The environment variable that sets the eviction policy of a whole process, for benchmarks
+/// that run each policy in a child process: `coherence-aware` (the default) or
+/// `write-back-always` ([`EvictionPolicy`]). Read at the first allocation under a budget; any
+/// other value makes that allocation fail with a clear error.
+pub const EVICTION_POLICY_ENV: &str = "LAZYBUF_EVICTION_POLICY";
+
+/// Applies [`EVICTION_POLICY_ENV`], once per process.
+fn env_policy() -> Result<()> {
+    static READ: OnceLock<Result<()>> = OnceLock::new();
+    READ.get_or_init(|| {
+        let Ok(text) = std::env::var(EVICTION_POLICY_ENV) else {
+            return Ok(());
+        };
+        match text.trim() {
+            "" | "coherence-aware" => Ok(()),
+            "write-back-always" => {
+                set_eviction_policy(EvictionPolicy::WriteBackAlways);
+                Ok(())
+            }
+            other => Err(Error::invalid(
+                EVICTION_POLICY_ENV,
+                format!("expected \"coherence-aware\" or \"write-back-always\", got {other:?}"),
+            )),
+        }
+    })
+    .clone()
+}
 
 /// Sets the process-wide eviction policy (see [`EvictionPolicy`]: for benchmarks only).
 pub fn set_eviction_policy(policy: EvictionPolicy) {
@@ -70,6 +102,7 @@ pub(crate) fn allocate_within_budget(
     allocate: impl Fn() -> Result<Block>,
 ) -> Result<Block> {
     budget::env_limits()?;
+    env_policy()?;
     let ledger = budget::ledger(device);
     reserve(device, &ledger, bytes)?;
     let result = allocate().or_else(|err| {
@@ -79,7 +112,7 @@ pub(crate) fn allocate_within_budget(
         // Memory given back to the backend (by trims, and by evictions through them).
         let before = ledger.used();
         let freed = || before.saturating_sub(ledger.used());
-        let (_, failure) = make_room(device, || freed() >= bytes as u64);
+        let (_, failure) = make_room(device, bytes, || freed() >= bytes as u64);
         if freed() == 0 {
             // Nothing could be freed: the runtime's error stands (a write-back that failed on
             // the way is recorded on the device).
@@ -106,7 +139,7 @@ fn reserve(device: &Device, ledger: &Ledger, bytes: usize) -> Result<()> {
     if ledger.try_charge(bytes) {
         return Ok(());
     }
-    let (fits, failure) = make_room(device, || ledger.try_charge(bytes));
+    let (fits, failure) = make_room(device, bytes, || ledger.try_charge(bytes));
     if fits {
         return Ok(());
     }
@@ -119,7 +152,8 @@ fn reserve(device: &Device, ledger: &Ledger, bytes: usize) -> Result<()> {
     Err(Error::OutOfMemory {
         device: format!(
             "{device} (its memory limit is {limit} bytes; {} are held and nothing more can be evicted: \
-             the other device copies are in use, not spillable, or memory objects)",
+             the other device copies are in use, not spillable, or memory objects; plain UnifiedBuffers \
+             are not evictable: wrap them in spill::SharedBuffer)",
             ledger.used()
         ),
         requested: bytes,
@@ -129,18 +163,27 @@ fn reserve(device: &Device, ledger: &Ledger, bytes: usize) -> Result<()> {
 
 /// Trims the device's caches, then evicts least recently used copies on `device`, asking
 /// `enough` after the trim and after each eviction, until it says so. Returns whether it did,
-/// and the first write-back failure met on the way.
-fn make_room(device: &Device, mut enough: impl FnMut() -> bool) -> (bool, Option<Error>) {
+/// and the first write-back failure met on the way ([`Error::WriteBack`], naming its buffer
+/// and the `bytes` the allocation asked for).
+fn make_room(device: &Device, bytes: usize, mut enough: impl FnMut() -> bool) -> (bool, Option<Error>) {
     let start = Instant::now();
     stats::update(device, |s| s.spill_requests += 1);
     trim(device);
     let mut done = enough();
     let mut failure = None;
-    if !done {
+    // A second pass only when the binding's reclaim hook released buffers held by nothing but
+    // its caches (registry::set_reclaim_hook).
+    for pass in 0..2 {
+        if done || (pass == 1 && registry::reclaim() == 0) {
+            break;
+        }
         for candidate in registry::candidates() {
             match candidate.try_evict(device) {
                 None | Some(Ok(None)) => continue,
-                Some(Err(err)) => {
+                Some(Err(mut err)) => {
+                    if let Error::WriteBack { requested, .. } = &mut err {
+                        *requested = Some(bytes);
+                    }
                     failure.get_or_insert(err);
                 }
                 Some(Ok(Some(evicted))) => {
@@ -162,11 +205,19 @@ fn make_room(device: &Device, mut enough: impl FnMut() -> bool) -> (bool, Option
     (done, failure)
 }
 
-/// Gives the device's cached memory back: its default pool's blocks and the backend's
+/// Gives the device's cached memory back: the cached blocks of every live pool of the device
+/// (its default pool and those made with [`crate::MemoryPool::new`]) and the backend's
 /// staging memory.
 fn trim(device: &Device) {
-    crate::resource::default_memory_pool(device).trim();
+    crate::pool::trim_live_pools(Some(device));
     device.trim();
+}
+
+/// Gives host memory back before the disk tier writes anything: every live pool's cached
+/// blocks (private pools included) and the backends' staging memory.
+fn trim_host_caches() {
+    crate::pool::trim_live_pools(None);
+    crate::resource::trim();
 }
 
 /// Takes a host block of `bytes` from `allocate` under the host memory limit, first writing
@@ -180,10 +231,14 @@ pub(crate) fn allocate_host_within_budget(
     let ledger = budget::host_ledger();
     if !ledger.try_charge(bytes) {
         let start = Instant::now();
-        crate::resource::trim();
+        trim_host_caches();
         let mut fits = ledger.try_charge(bytes);
         let mut failure = None;
-        if !fits {
+        // A second pass only when the reclaim hook released something (as in make_room).
+        for pass in 0..2 {
+            if fits || (pass == 1 && registry::reclaim() == 0) {
+                break;
+            }
             for candidate in registry::candidates() {
                 match candidate.try_spill_host() {
                     None | Some(Ok(None)) => continue,
@@ -191,7 +246,7 @@ pub(crate) fn allocate_host_within_budget(
                         failure.get_or_insert(err);
                     }
                     Some(Ok(Some(_))) => {
-                        crate::resource::trim();
+                        trim_host_caches();
                         if ledger.try_charge(bytes) {
                             fits = true;
                             break;

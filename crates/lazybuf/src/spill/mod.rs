@@ -16,7 +16,11 @@
 //! **What counts, what is evicted.** Every block of device memory lazybuf takes from a
 //! backend counts against the budget: device copies, cached pool blocks, memory objects
 //! ([`crate::DeviceAllocation`]) and [`crate::DeviceBuffer`]s. Only device copies of
-//! registered buffers are evicted (memory objects and device buffers have no second copy). A
+//! registered buffers are evicted (memory objects and device buffers have no second copy):
+//! in Rust, [`SharedBuffer`]s. **A plain [`crate::UnifiedBuffer`] is owned by value and never
+//! evicted**: wrap it in a [`SharedBuffer`] to make it evictable. Before anything is evicted,
+//! every live pool of the device (its default pool and those made with
+//! [`crate::MemoryPool::new`]) gives its cached blocks back. A
 //! buffer is *in use*, and skipped, while its lock is held (which covers every live device
 //! view in Rust), while a transfer of it is in flight, and in Python while an object that
 //! exposes its memory lives. Zero-copy device copies (the host device's, and PoCL's for large
@@ -52,7 +56,7 @@ pub use budget::{
     MEMORY_LIMIT_ENV, host_memory_held, host_memory_limit, memory_held, memory_limit, parse_memory_limits,
     parse_size, set_host_memory_limit, set_memory_limit,
 };
-pub use eviction::{EvictionPolicy, eviction_policy, set_eviction_policy};
+pub use eviction::{EVICTION_POLICY_ENV, EvictionPolicy, eviction_policy, set_eviction_policy};
 pub(crate) use eviction::{allocate_host_within_budget, allocate_within_budget};
 pub use registry::{Evictable, Evicted};
 pub use shared::{SharedBuffer, SharedGuard};

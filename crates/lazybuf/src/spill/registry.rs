@@ -48,6 +48,27 @@ pub trait Evictable: Send + Sync {
     }
 }
 
+/// Drops the objects that only a binding's own caches hold and that keep buffers in use
+/// (see [`set_reclaim_hook`]); returns how many it dropped.
+pub type ReclaimHook = fn() -> usize;
+
+static RECLAIM: OnceLock<ReclaimHook> = OnceLock::new();
+
+/// Registers the binding's reclaim hook (once per process; later calls are ignored). A binding
+/// that caches the views it hands out (the Python one does: a caller who drops a view each call
+/// gets the same one back) keeps buffers in use through objects nobody else references; when
+/// an eviction pass finds too little to evict, it calls the hook, which drops those objects
+/// (ending their buffers' use), and tries once more. The hook may wait for the interpreter's
+/// lock, so it must never be called with a lock that interpreter threads wait for held.
+pub fn set_reclaim_hook(hook: ReclaimHook) {
+    let _ = RECLAIM.set(hook);
+}
+
+/// Runs the reclaim hook, if one is registered: how many objects it dropped.
+pub(crate) fn reclaim() -> usize {
+    RECLAIM.get().map_or(0, |hook| hook())
+}
+
 /// The next tick of the logical clock uses are stamped with.
 pub fn tick() -> u64 {
     static CLOCK: AtomicU64 = AtomicU64::new(1);

@@ -24,6 +24,10 @@ pub struct SpillStats {
     pub bytes_read_back: u64,
     /// Bytes of this device's buffers' host copies written to spill files (the disk tier).
     pub bytes_to_disk: u64,
+    /// Of [`Self::bytes_to_disk`], those written with direct I/O (`O_DIRECT`, bypassing the
+    /// page cache); the rest were written with buffered I/O, where the file system refuses
+    /// direct I/O or it is turned off ([`super::disk`]).
+    pub bytes_to_disk_direct: u64,
     /// Bytes of this device's buffers read back from spill files.
     pub bytes_from_disk: u64,
     /// Times a budget or an out-of-memory report made lazybuf look for memory to free.

@@ -160,6 +160,9 @@ fn missing_symbols() -> Vec<&'static str> {
 pub(crate) struct Context {
     device: sys::CUdevice,
     ctx: sys::CUcontext,
+    /// Whether this is device 0's primary context: the one the CUDA runtime makes current on a
+    /// thread that has none, so [`Context::bind`] may leave it current there ([`Context::bind`]).
+    runtime_default: bool,
     /// Failures of this context's drop and free paths (a failed `cuMemFree`), not yet taken.
     pub(crate) deferred: DeferredErrors,
     /// Events of tickets that are gone, kept for the next tickets (at most [`SPARE_EVENTS`]):
@@ -185,6 +188,7 @@ impl Context {
         Ok(Arc::new(Context {
             device,
             ctx,
+            runtime_default: ordinal == 0,
             deferred: DeferredErrors::default(),
             spare_events: Mutex::new(Vec::new()),
         }))
@@ -194,9 +198,21 @@ impl Context {
     /// calls act on the current context, and lazybuf's callers may run on any thread. The
     /// guard restores the thread's previous context, so lazybuf never changes which device the
     /// caller's own CUDA code (or the CUDA runtime's current device) refers to.
+    ///
+    /// One exception saves two driver calls per operation on a thread with no context current
+    /// (a plain Rust or NumPy caller): device 0's primary context is left current there, since
+    /// it is the very context the CUDA runtime makes current on such a thread at its first
+    /// call; the thread's device stays device 0 either way. Every later operation then finds
+    /// its context current (one `cuCtxGetCurrent`).
     pub(crate) fn bind(&self) -> Result<Bound<'_>> {
         let previous = result::ctx::get_current().map_err(|err| cuda_error("cuCtxGetCurrent", err))?;
         if previous == Some(self.ctx) {
+            return Ok(Bound { restore: None, _context: PhantomData });
+        }
+        if previous.is_none() && self.runtime_default {
+            // SAFETY: ctx is a retained primary context, alive as long as self.
+            unsafe { result::ctx::set_current(self.ctx) }
+                .map_err(|err| cuda_error("cuCtxSetCurrent", err))?;
             return Ok(Bound { restore: None, _context: PhantomData });
         }
         // SAFETY: ctx is a retained primary context, alive as long as self.

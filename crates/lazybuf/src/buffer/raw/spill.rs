@@ -26,8 +26,10 @@ impl RawBuffer {
     /// Frees this buffer's copy on `device`, writing it back to the host first when it holds
     /// the only current data. `Ok(None)` when there is nothing to free: no copy there, a copy
     /// that aliases the host block (it holds no device memory), or a transfer in flight (the
-    /// buffer is in use). A failed write-back returns its error and changes nothing: the copy,
-    /// the state and every valid byte stay as they were.
+    /// buffer is in use). A failed write-back returns [`crate::Error::WriteBack`] (naming this
+    /// buffer, with the write-back's own error inside) and changes nothing: the copy, the
+    /// state and every valid byte stay as they were. The write-back runs on the device's side
+    /// stream where it has one (see `write_back`).
     pub fn evict_device_copy(&mut self, device: &Device) -> Result<Option<Evicted>> {
         let Some(index) = self.copy_index(device.id()) else {
             return Ok(None);
@@ -41,7 +43,7 @@ impl RawBuffer {
         let mut written_back = 0;
         if only_current {
             // A blocking host read: on failure it frees what it allocated and commits nothing.
-            self.access(Location::Host, None, Access::Read, &super::observed::EVICT)?;
+            self.write_back(device).map_err(|err| self.write_back_failed(device, err))?;
             written_back = self.nbytes;
         } else if self.coherence.residency(at) == Residency::Valid
             && self.coherence.residency(Location::Host) == Residency::Valid
@@ -49,9 +51,9 @@ impl RawBuffer {
         {
             // The benchmarks' blind spiller: the same download, although the host is current.
             self.coherence.mark_stale(Location::Host);
-            if let Err(err) = self.access(Location::Host, None, Access::Read, &super::observed::EVICT) {
+            if let Err(err) = self.write_back(device) {
                 self.coherence.restore(Location::Host, Residency::Valid);
-                return Err(err);
+                return Err(self.write_back_failed(device, err));
             }
             written_back = self.nbytes;
         }
@@ -64,6 +66,47 @@ impl RawBuffer {
             self.evicted_from.push(device.id());
         }
         Ok(Some(Evicted { freed, written_back }))
+    }
+
+    /// An eviction's write-back of `device`'s copy: the blocking host read any access makes,
+    /// with its download on the device's side stream ([`Device::side_stream`]) where the
+    /// backend has more than one. The side stream first waits for everything the caller did
+    /// with the copy (a marker of the copy's own stream if the copy was handed out since its
+    /// last transfer, and every ticket given with `used_until`), so work enqueued on the own
+    /// stream after that point is not queued behind the download, and the download does not
+    /// wait for work on the own stream that never touched the copy. The read waits for the
+    /// download's ticket; the copy's own stream is back in place whatever happened.
+    fn write_back(&mut self, device: &Device) -> Result<()> {
+        let cause = &super::observed::EVICT;
+        let index = self.copy_index(device.id());
+        let side = index.and_then(|i| device.side_stream().filter(|side| *side != self.copies[i].stream));
+        let (Some(index), Some(side)) = (index, side) else {
+            return self.access(Location::Host, None, Access::Read, cause);
+        };
+        // The caller's use so far, as tickets the side stream can wait for: kept in the copy
+        // (its `order_stream` makes the side stream wait for them); nothing changes when this
+        // fails, the copy is still marked used.
+        let _kept_in_the_copy = self.copies[index].last_use()?;
+        let own = std::mem::replace(&mut self.copies[index].stream, side);
+        let result = self.access(Location::Host, None, Access::Read, cause);
+        // A host read never frees the device copy it reads from.
+        if let Some(index) = self.copy_index(device.id()) {
+            self.copies[index].stream = own;
+        }
+        result
+    }
+
+    /// A failed write-back's error, naming this buffer (the allocation that needed the room
+    /// adds its bytes: `spill::eviction`).
+    #[cold]
+    fn write_back_failed(&self, device: &Device, err: crate::Error) -> crate::Error {
+        crate::Error::WriteBack {
+            device: device.to_string(),
+            requested: None,
+            buffer: self.id,
+            bytes: self.nbytes,
+            source: std::sync::Arc::new(err),
+        }
     }
 
     /// Counts an upload of `bytes` to device `id` as a reload when that device's copy was
@@ -106,8 +149,12 @@ impl RawBuffer {
         let file = SpillFile::write(&host.as_slice()[..self.nbytes])?;
         let block = self.host.take().expect("checked above");
         give_back_host(&*self.resource, &self.home, block, Ticket::done(), self.id);
+        let direct = if file.is_direct() { self.nbytes as u64 } else { 0 };
         self.on_disk = Some(file);
-        crate::spill::stats::update(&self.home, |s| s.bytes_to_disk += self.nbytes as u64);
+        crate::spill::stats::update(&self.home, |s| {
+            s.bytes_to_disk += self.nbytes as u64;
+            s.bytes_to_disk_direct += direct;
+        });
         Ok(Some(self.nbytes))
     }
 
