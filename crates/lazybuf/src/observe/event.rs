@@ -110,7 +110,7 @@ pub enum EventKind {
         /// The call that made them.
         call: &'static str,
     },
-    /// The coherence checker ([`crate::checking`]) read a device copy back to compare it with
+    /// The coherence checker ([`mod@crate::checking`]) read a device copy back to compare it with
     /// the host: a download into the checker's own scratch memory, not a lazybuf transfer (the
     /// counters do not count it, the summary does not either, and the transfer guard does not
     /// refuse it: the checker is a debugging tool the user turned on).

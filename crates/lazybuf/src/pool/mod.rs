@@ -30,7 +30,7 @@
 //!   buffer of it does) in a list of live pools per device; when a memory limit or an
 //!   out-of-memory report needs room ([`crate::spill`]), every live pool of the device is
 //!   trimmed before any buffer's copy is evicted, private pools included
-//!   ([`trim_live_pools`]).
+//!   (`trim_live_pools`).
 //!
 //! What does not live here: the caching itself ([`crate::resource`]), and the buffer's
 //! coherence ([`crate::buffer`]).
