@@ -600,3 +600,45 @@ def test_a_dropped_cupy_array_keeps_the_copy_until_lazybuf_is_ordered_after_cupy
     done = subprocess.run([sys.executable, "-c", FAKE_CUPY], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
+
+
+def test_the_reclaim_hook_waits_for_the_interpreter_without_deadlock(device):
+    """Eviction that needs the reclaim hook runs on a thread without the interpreter's lock
+    (the copy is made with it released) and waits for it, while other threads hold it: busy
+    Python code, and threads taking this and other buffers' views and locks."""
+    if not evicts(device):
+        pytest.skip(f"{device.selector} copies hold no device memory")
+    limit_for(device, 1)
+    a = holding(device, 1)
+    kept = a.device  # kept by the buffer once dropped: only the reclaim hook can free a's room
+    del kept
+    gc.collect()
+    others = [holding(device, 10 + i) for i in range(3)]
+    stop = threading.Event()
+
+    def busy():
+        x = 0
+        while not stop.is_set():
+            x += 1  # pure Python: holds the interpreter between switches
+
+    def viewing(buf):
+        while not stop.is_set():
+            buf.host_readonly  # noqa: B018 - takes the buffer's lock and the fields' lock
+            buf.spillable  # noqa: B018
+
+    threads = [threading.Thread(target=busy)] + [threading.Thread(target=viewing, args=(o,)) for o in others]
+    for t in threads:
+        t.start()
+    try:
+        results = []
+        worker = threading.Thread(target=lambda: results.append(holding(device, 2).sync_to_device()))
+        worker.start()
+        worker.join(timeout=60)
+        assert not worker.is_alive(), "the allocation that needed the reclaim hook did not finish"
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert results == [None]
+    assert a.state == BufferState.HOST_ONLY
+    np.testing.assert_array_equal(a.to_numpy(), expected(1))
