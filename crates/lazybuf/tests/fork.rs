@@ -156,18 +156,26 @@ fn large_host_copies_work_in_a_forked_child_of_a_process_whose_copy_workers_were
                 return WRONG_DATA;
             }
             // The child's copies were split over workers of its own (the parent's did not
-            // survive the fork): on Linux, its threads are listed in /proc.
+            // survive the fork): on Linux, its threads are listed in /proc. A worker names
+            // itself when it first runs, which on a loaded machine may be after the copies
+            // (the calling thread copies the pieces no worker took): wait for that a while.
             if cfg!(target_os = "linux") && std::thread::available_parallelism().is_ok_and(|n| n.get() > 1) {
-                let workers = std::fs::read_dir("/proc/self/task")
-                    .map(|tasks| {
-                        tasks
-                            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
-                            .filter(|name| name.trim() == "lazybuf-copy")
-                            .count()
-                    })
-                    .unwrap_or(0);
-                if workers == 0 {
-                    return WRONG_ERROR;
+                let workers = || {
+                    std::fs::read_dir("/proc/self/task")
+                        .map(|tasks| {
+                            tasks
+                                .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+                                .filter(|name| name.trim() == "lazybuf-copy")
+                                .count()
+                        })
+                        .unwrap_or(0)
+                };
+                let deadline = std::time::Instant::now() + Duration::from_secs(10);
+                while workers() == 0 {
+                    if std::time::Instant::now() > deadline {
+                        return WRONG_ERROR;
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
                 }
             }
             WORKED
