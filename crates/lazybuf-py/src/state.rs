@@ -10,25 +10,15 @@ use pyo3::sync::PyOnceLock;
 
 use lazybuf::BufferState;
 
-const ALL: [BufferState; 7] = [
-    BufferState::Uninitialized,
-    BufferState::HostOnly,
-    BufferState::DeviceOnly,
-    BufferState::Synchronized,
-    BufferState::HostDirty,
-    BufferState::DeviceDirty,
-    BufferState::Elsewhere,
-];
-
 /// The Python enum member for `state`.
 pub(crate) fn to_python(py: Python<'_>, state: BufferState) -> PyResult<Py<PyAny>> {
     static MEMBERS: PyOnceLock<Vec<(BufferState, Py<PyAny>)>> = PyOnceLock::new();
     let members = MEMBERS.get_or_try_init(py, || -> PyResult<_> {
         let class = py.import("lazybuf._state")?.getattr("BufferState")?;
-        ALL.iter().map(|&s| Ok((s, class.call1((s.name(),))?.unbind()))).collect()
+        BufferState::ALL.iter().map(|&s| Ok((s, class.call1((s.name(),))?.unbind()))).collect()
     })?;
     let member = members.iter().find(|(s, _)| *s == state).map(|(_, m)| m.clone_ref(py));
-    // Every state the core has is in ALL; a state added to the core later shows by name.
+    // Every state the core has is in `BufferState::ALL`; a state added to the core later shows by name.
     match member {
         Some(member) => Ok(member),
         None => Ok(state.name().into_pyobject(py)?.into_any().unbind()),

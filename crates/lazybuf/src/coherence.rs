@@ -129,6 +129,17 @@ pub enum BufferState {
 }
 
 impl BufferState {
+    /// Every state, in declaration order (`state as usize` indexes it).
+    pub const ALL: [BufferState; 7] = [
+        BufferState::Uninitialized,
+        BufferState::HostOnly,
+        BufferState::DeviceOnly,
+        BufferState::Synchronized,
+        BufferState::HostDirty,
+        BufferState::DeviceDirty,
+        BufferState::Elsewhere,
+    ];
+
     /// The seeds' string value (`"host_dirty"`).
     pub fn name(self) -> &'static str {
         match self {

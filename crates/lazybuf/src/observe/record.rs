@@ -106,16 +106,6 @@ pub(super) enum Raw {
     },
 }
 
-/// `BufferState`s in declaration order (`state as u64` indexes it).
-const STATES: [BufferState; 7] = [
-    BufferState::Uninitialized,
-    BufferState::HostOnly,
-    BufferState::DeviceOnly,
-    BufferState::Synchronized,
-    BufferState::HostDirty,
-    BufferState::DeviceDirty,
-    BufferState::Elsewhere,
-];
 const REASONS: [Reason; 3] = [Reason::Access, Reason::Sync, Reason::Eviction];
 const KINDS: [MemoryKind; 2] = [MemoryKind::Host, MemoryKind::Device];
 
@@ -231,8 +221,8 @@ impl Raw {
             T_POOL => Raw::Pool { hit: small(8, 1) == 1, device: w[4], bytes: w[3] },
             T_STATE => Raw::State {
                 buffer: w[2],
-                from: *STATES.get(small(8, 8))?,
-                to: *STATES.get(small(16, 8))?,
+                from: *BufferState::ALL.get(small(8, 8))?,
+                to: *BufferState::ALL.get(small(16, 8))?,
                 call,
             },
             T_ROLLBACK => Raw::Rollback { buffer: w[2], op: w[7], call },
@@ -715,10 +705,10 @@ mod tests {
 
     #[test]
     fn every_state_round_trips() {
-        for (i, state) in STATES.iter().enumerate() {
+        for (i, state) in BufferState::ALL.iter().enumerate() {
             assert_eq!(*state as usize, i);
         }
-        for (from, to) in STATES.iter().zip(STATES.iter().rev()) {
+        for (from, to) in BufferState::ALL.iter().zip(BufferState::ALL.iter().rev()) {
             let raw = Raw::State { buffer: 7, from: *from, to: *to, call: 3 };
             assert_eq!(Raw::decode(&raw.encode(11)), Some(raw));
         }
