@@ -27,8 +27,12 @@ pub fn observed<R>(py: Python<'_>, cause: Cause, f: impl FnOnce() -> R) -> R {
     if !core::active() {
         return f();
     }
-    let stack =
-        (core::recording() && PYTHON_STACK.load(Ordering::Relaxed)).then(|| python_stack(py)).flatten();
+    if !(core::recording() && PYTHON_STACK.load(Ordering::Relaxed)) {
+        // No stack to attach: the thread's events stay as they are (a stack is only ever
+        // attached here, for the length of one call).
+        return core::call(cause, f);
+    }
+    let stack = python_stack(py);
     trace::call_with_stack(stack, || core::call(cause, f))
 }
 

@@ -582,3 +582,58 @@ fn every_threads_events_are_gathered_in_order() {
             || matches!(w[1].kind, EventKind::Transfer { .. })));
     }
 }
+
+/// Inside a call (`observe::call`, which every Python method runs in) events share the call's
+/// reading of the clock, except copies, which are timed on their own; later events of the call
+/// are never stamped before a copy's end, and a new call reads the clock anew.
+#[test]
+fn events_of_one_call_share_its_time_and_copies_keep_theirs() {
+    let _l = lock();
+    for device in common::devices() {
+        let mut buf = UnifiedBuffer::<u32>::on(&[1 << 16], &device).unwrap();
+        buf.host_mut().unwrap().copy_from_slice(&pattern(3, 1 << 16));
+        trace::start(TraceOptions::default()).unwrap();
+        observe::call(observe::Cause::sync("one_call"), || {
+            let mut other = UnifiedBuffer::<u32>::on(&[16], &device).unwrap();
+            other.host_mut().unwrap().fill(1);
+            std::thread::sleep(std::time::Duration::from_millis(2));
+            buf.sync_to_device().unwrap();
+            buf.mark_device_dirty().unwrap();
+            other.host_mut().unwrap().fill(2);
+        });
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        observe::call(observe::Cause::sync("next_call"), || buf.mark_host_dirty().unwrap());
+        let recorded = trace::stop().unwrap();
+        // This thread's events (the one that made the first of `buf`'s).
+        let thread = recorded
+            .events
+            .iter()
+            .find(|e| matches!(e.kind, EventKind::State { buffer, .. } if buffer == buf.raw().id()))
+            .unwrap()
+            .thread;
+        let events: Vec<_> = recorded.events.iter().filter(|e| e.thread == thread).collect();
+        let copy = events.iter().position(|e| matches!(e.kind, EventKind::Transfer { .. }));
+        let last_of_call = events
+            .iter()
+            .rposition(|e| matches!(&e.kind, EventKind::State { call: "one_call", .. }))
+            .unwrap_or_else(|| panic!("{device}: {events:#?}"));
+        // Before the copy (or without one: a device that aliases the host), one time.
+        let first = events[0].time;
+        let before_copy = copy.unwrap_or(last_of_call + 1);
+        assert!(events[..before_copy].iter().all(|e| e.time == first), "{device}: {events:#?}");
+        if let Some(copy) = copy {
+            let EventKind::Transfer { duration: Some(duration), .. } = events[copy].kind else {
+                panic!("{device}: a blocking copy has a duration: {:?}", events[copy]);
+            };
+            // The copy is shown at its start, after the 2 ms sleep; the call's later events at
+            // its end.
+            assert!(events[copy].time >= first + std::time::Duration::from_millis(2), "{device}");
+            let end = events[copy].time + duration;
+            assert!(events[copy + 1..=last_of_call].iter().all(|e| e.time == end), "{device}: {events:#?}");
+        }
+        // The next call's event is stamped anew, after the sleep between the calls.
+        let next =
+            events.iter().find(|e| matches!(&e.kind, EventKind::State { call: "next_call", .. })).unwrap();
+        assert!(next.time >= events[last_of_call].time + std::time::Duration::from_millis(2), "{device}");
+    }
+}

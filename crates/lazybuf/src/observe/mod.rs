@@ -36,10 +36,8 @@ pub mod trace;
 #[cfg(feature = "tracing")]
 mod tracing_events;
 
-use std::cell::Cell;
 use std::fmt;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
-use std::time::Instant;
 
 use crate::error::Result;
 
@@ -171,10 +169,6 @@ impl Cause {
     }
 }
 
-thread_local! {
-    static CALL: Cell<Option<Cause>> = const { Cell::new(None) };
-}
-
 /// Runs `f` as `cause`: the copies it makes on this thread are attributed to `cause` instead
 /// of the engine's own name for them (a binding's `to_numpy` reads the host like any host
 /// access, but it is an explicit transfer). Costs one atomic load when nothing observes.
@@ -183,7 +177,12 @@ pub fn call<R>(cause: Cause, f: impl FnOnce() -> R) -> R {
     if !active() {
         return f();
     }
-    let previous = CALL.with(|c| c.replace(Some(cause)));
+    // The call's events read the clock anew (`Local::event_time`).
+    let previous = record::with_local(|l| {
+        l.call_time.set(0);
+        l.cause.replace(Some(cause))
+    })
+    .flatten();
     let _restore = Restore(previous);
     f()
 }
@@ -193,13 +192,20 @@ struct Restore(Option<Cause>);
 impl Drop for Restore {
     fn drop(&mut self) {
         let previous = self.0;
-        let _ = CALL.try_with(|c| c.set(previous));
+        record::with_local(|l| {
+            l.cause.set(previous);
+            // An enclosing call goes on from the latest time (a thread's times never go back:
+            // its events keep their order when merged by time); outside calls, none.
+            if previous.is_none() {
+                l.call_time.set(0);
+            }
+        });
     }
 }
 
 /// The cause set by [`call`] on this thread, else `default`.
 pub(crate) fn cause_or(default: Cause) -> Cause {
-    CALL.try_with(Cell::get).ok().flatten().unwrap_or(default)
+    record::with_local(|l| l.cause.get()).flatten().unwrap_or(default)
 }
 
 /// One copy between memories, as the guard and the recorder see it.
@@ -224,7 +230,8 @@ pub struct TransferInfo {
 #[must_use = "report the copy with enqueued() or finished()"]
 pub struct Started {
     info: TransferInfo,
-    start: Instant,
+    /// The recorder's ticks at the start (`trace::now`).
+    start: u64,
 }
 
 impl Started {
@@ -259,5 +266,5 @@ pub fn transfer(info: impl FnOnce() -> TransferInfo) -> Result<Option<Started>> 
     }
     let info = info();
     guard::check(std::slice::from_ref(&info))?;
-    Ok(emitting().then(|| Started { info, start: Instant::now() }))
+    Ok(emitting().then(|| Started { info, start: trace::now() }))
 }

@@ -20,14 +20,25 @@
 //! Events that carry a stack (a binding's, or the Rust backtrace) take a slow path: the
 //! thread's chunk is flushed and the event goes to the ring directly.
 //!
+//! **Time.** Events store raw readings of one clock ([`now`]: the invariant time-stamp
+//! counter through `quanta`, a few nanoseconds a read, else the monotonic clock), converted
+//! to nanoseconds when collected. Inside a call ([`super::call`]) its events share the call's
+//! first reading, except copies and checker reads, which read the clock at their start and
+//! end; the call's later events take the latest copy's end ([`Local::event_time`]). A
+//! thread's times never go back, so its events keep their order when merged.
+//!
+//! **Cost per event** (what the hooks pay while recording): one thread-local (this thread's
+//! [`Local`], which also holds the call's cause: in a shared library each thread-local access
+//! is a call), a clock read at most, the words the event's kind uses (3 to 9) and a release
+//! store.
+//!
 //! What does not live here: the public types and export ([`super::trace`], [`super::event`],
 //! [`super::json`]).
 
-use std::cell::{Cell, OnceCell, RefCell};
+use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
-use std::time::Instant;
 
 use super::event::{MemoryKind, Source};
 use super::{Direction, Reason};
@@ -63,7 +74,8 @@ pub(super) enum Raw {
         call: Call,
         reason: Reason,
         stream: u64,
-        /// Nanoseconds since the epoch at which it started.
+        /// When it started: the recorder's ticks while staged, nanoseconds since the epoch
+        /// once collected.
         start: u64,
         /// Whether the call waited for it (it ended when recorded).
         waited: bool,
@@ -134,10 +146,26 @@ const T_ROLLBACK: u64 = 6;
 const T_CHECKER: u64 = 7;
 
 impl Raw {
+    /// `self` with its start (a copy's, a checker read's) from ticks to nanoseconds.
+    pub(super) fn to_nanos(mut self) -> Raw {
+        if let Raw::Transfer { start, .. } | Raw::CheckerRead { start, .. } = &mut self {
+            *start = nanos(*start);
+        }
+        self
+    }
+
     /// Word 0 is the time; word 1 the tag (bits 0..8), small fields (8..32) and the call
     /// (32..64); the rest per kind.
     #[inline(always)]
     fn encode(self, time: u64) -> [u64; WORDS] {
+        self.encode_used(time).0
+    }
+
+    /// [`Self::encode`], and how many of the words the kind uses: the words after them are
+    /// neither written when staged nor read by [`Self::decode`] (a slot keeps an earlier
+    /// event's words there).
+    #[inline(always)]
+    fn encode_used(self, time: u64) -> ([u64; WORDS], usize) {
         let mut w = [0u64; WORDS];
         w[0] = time;
         match self {
@@ -189,7 +217,13 @@ impl Raw {
                 w[8] = start;
             }
         }
-        w
+        let used = match self {
+            Raw::Transfer { .. } | Raw::CheckerRead { .. } => 9,
+            Raw::Rollback { .. } => 8,
+            Raw::Allocate { .. } | Raw::Free { .. } | Raw::Pool { .. } => 5,
+            Raw::State { .. } => 3,
+        };
+        (w, used)
     }
 
     /// The record of `w` ([`Self::encode`]); `None` for words no event wrote.
@@ -233,9 +267,9 @@ impl Raw {
 }
 
 /// Events in the ring, still encoded (decoded by [`collect`]), in the order they reached it.
-#[derive(Clone, Debug)]
-pub(super) enum Block {
-    /// A thread's chunk, as it was full (or as the thread exited).
+enum Block {
+    /// A thread's chunk, as it was full (or as the thread exited). (Copied: moving the chunk
+    /// itself here and giving the thread a new one costs as much in the new chunk's zeroing.)
     Chunk { thread: u64, words: Box<[u64]> },
     /// One event with a stack.
     Stacked { thread: u64, words: [u64; WORDS], stack: Arc<str> },
@@ -268,11 +302,19 @@ impl Block {
 /// One event gathered by [`collect`].
 #[derive(Clone, Debug)]
 pub(super) struct Entry {
-    /// Nanoseconds since the epoch.
+    /// Nanoseconds since the epoch (the clock's ticks until [`collect`] converts them).
     pub(super) time: u64,
     pub(super) thread: u64,
     pub(super) raw: Raw,
     pub(super) stack: Option<Arc<str>>,
+}
+
+impl Entry {
+    /// Its times (the event's, and a copy's or checker read's start) from ticks to nanoseconds.
+    fn convert_to_nanos(&mut self) {
+        self.time = nanos(self.time);
+        self.raw = self.raw.to_nanos();
+    }
 }
 
 /// A thread's chunk, readable by [`collect`] on any thread.
@@ -292,11 +334,26 @@ impl Chunk {
         }
     }
 
+    /// Events published (the producer writes no slot below it again).
+    fn published(&self) -> usize {
+        self.len.load(Ordering::Acquire).min(CHUNK)
+    }
+
     /// A copy of the published events.
     fn read(&self) -> Block {
-        let n = self.len.load(Ordering::Acquire).min(CHUNK);
-        let words = self.words[..n * WORDS].iter().map(|w| w.load(Ordering::Relaxed)).collect();
+        let words =
+            self.words[..self.published() * WORDS].iter().map(|w| w.load(Ordering::Relaxed)).collect();
         Block::Chunk { thread: self.thread, words }
+    }
+
+    /// Decodes the published events.
+    fn decode_into(&self, out: &mut Vec<Entry>) {
+        for slot in self.words[..self.published() * WORDS].chunks_exact(WORDS) {
+            let words: [u64; WORDS] = std::array::from_fn(|i| slot[i].load(Ordering::Relaxed));
+            if let Some(raw) = Raw::decode(&words) {
+                out.push(Entry { time: words[0], thread: self.thread, raw, stack: None });
+            }
+        }
     }
 }
 
@@ -341,7 +398,6 @@ static GENERATION: AtomicU64 = AtomicU64::new(0);
 static LAST_GENERATION: AtomicU64 = AtomicU64::new(0);
 /// Attach the Rust backtrace to every event.
 static BACKTRACE: AtomicBool = AtomicBool::new(false);
-static EPOCH: OnceLock<Instant> = OnceLock::new();
 static NEXT_THREAD: AtomicU64 = AtomicU64::new(1);
 
 pub(super) fn global() -> MutexGuard<'static, Global> {
@@ -349,25 +405,52 @@ pub(super) fn global() -> MutexGuard<'static, Global> {
     GLOBAL.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-fn epoch() -> Instant {
-    *EPOCH.get_or_init(Instant::now)
+/// The recorder's clock: the CPU's time-stamp counter where it is invariant (one instruction
+/// a read, a few nanoseconds; `Instant::now()` costs about 25 here, most of an event's
+/// budget), else the monotonic clock, through `quanta`, calibrated once per process. Events
+/// store its raw ticks; [`collect`] turns them into nanoseconds since its epoch.
+struct Clock {
+    clock: quanta::Clock,
+    /// Its reading when made.
+    epoch: u64,
 }
 
-/// Nanoseconds since the epoch.
+static CLOCK: OnceLock<Clock> = OnceLock::new();
+
+fn clock() -> &'static Clock {
+    CLOCK.get_or_init(|| {
+        let clock = quanta::Clock::new();
+        let epoch = clock.raw();
+        Clock { clock, epoch }
+    })
+}
+
+/// Now, in the recorder's ticks (what events store; [`nanos`] converts them).
+#[inline]
 pub(super) fn now() -> u64 {
-    since_epoch(Instant::now())
+    clock().clock.raw()
 }
 
-pub(super) fn since_epoch(at: Instant) -> u64 {
-    at.saturating_duration_since(epoch()).as_nanos() as u64
+/// Nanoseconds since the clock's epoch at `ticks` (a reading of [`now`]).
+pub(super) fn nanos(ticks: u64) -> u64 {
+    let clock = clock();
+    clock.clock.delta_as_nanos(clock.epoch, ticks)
 }
 
 /// Begins a session (the caller checked none runs); returns nothing, the hooks see it at once.
 pub(super) fn begin(global: &mut Global, capacity: usize, backtrace: bool) {
     let generation = LAST_GENERATION.fetch_add(1, Ordering::Relaxed) + 1;
+    // Calibrated here (once per process, at most 200 ms), not at the first event.
+    clock();
     global.threads.clear();
-    global.session =
-        Some(Session { generation, capacity, origin: now(), ring: VecDeque::new(), held: 0, dropped: 0 });
+    global.session = Some(Session {
+        generation,
+        capacity,
+        origin: nanos(now()),
+        ring: VecDeque::new(),
+        held: 0,
+        dropped: 0,
+    });
     BACKTRACE.store(backtrace, Ordering::Relaxed);
     GENERATION.store(generation, Ordering::Release);
 }
@@ -389,9 +472,12 @@ pub(super) fn collect(global: &Global) -> (Vec<Entry>, u64) {
         block.decode_into(&mut all);
     }
     for chunk in &global.threads {
-        chunk.read().decode_into(&mut all);
+        chunk.decode_into(&mut all);
     }
     all.sort_by_key(|e| e.time);
+    for entry in &mut all {
+        entry.convert_to_nanos();
+    }
     let mut dropped = session.dropped;
     if all.len() > session.capacity {
         let excess = all.len() - session.capacity;
@@ -401,15 +487,21 @@ pub(super) fn collect(global: &Global) -> (Vec<Entry>, u64) {
     (all, dropped)
 }
 
-/// This thread's recorder state.
+/// This thread's recorder state, and the cause of the call it runs ([`super::call`]): one
+/// thread-local, made without running code (a `const` one: in a shared library, such as the
+/// Python extension, each access to a thread-local is a call, so the hooks use one, once).
 pub(super) struct Local {
-    thread: u64,
+    /// Its number in events (0: none taken yet, [`Self::thread`]).
+    thread: Cell<u64>,
+    /// The cause set by [`super::call`].
+    pub(super) cause: Cell<Option<super::Cause>>,
+    /// The time of the running call's events ([`Self::event_time`]; 0: not read yet).
+    pub(super) call_time: Cell<u64>,
     /// The session generation `chunk` belongs to (0: none).
     generation: Cell<u64>,
     chunk: RefCell<Option<Arc<Chunk>>>,
     /// Events in `chunk` (the producer's own count).
     len: Cell<usize>,
-    epoch: OnceCell<Instant>,
     /// A stack the binding attached ([`Local::set_stack`]).
     stack: RefCell<Option<Arc<str>>>,
     /// Whether events take the slow path: a stack is attached, or the session attaches the
@@ -420,29 +512,61 @@ pub(super) struct Local {
     /// Recently seen devices and calls, known to be registered.
     devices: [Cell<u64>; 4],
     next_device: Cell<usize>,
-    calls: [Cell<(usize, usize, Call)>; 8],
+    calls: [Cell<(usize, usize, Call)>; 16],
     /// The last pool lookup's outcome, for the allocation that follows.
     pub(super) pool_hit: Cell<Option<bool>>,
     next_op: Cell<u64>,
 }
 
 impl Local {
-    fn new() -> Local {
+    const fn new() -> Local {
         Local {
-            thread: NEXT_THREAD.fetch_add(1, Ordering::Relaxed),
+            thread: Cell::new(0),
+            cause: Cell::new(None),
+            call_time: Cell::new(0),
             generation: Cell::new(0),
             chunk: RefCell::new(None),
             len: Cell::new(0),
-            epoch: OnceCell::new(),
             stack: RefCell::new(None),
             slow: Cell::new(false),
             backtrace: Cell::new(false),
-            devices: Default::default(),
+            devices: [const { Cell::new(0) }; 4],
             next_device: Cell::new(0),
-            calls: Default::default(),
+            calls: [const { Cell::new((0, 0, 0)) }; 16],
             pool_hit: Cell::new(None),
             next_op: Cell::new(0),
         }
+    }
+
+    /// The time of an event now, in ticks: inside a call ([`super::call`]: every method of the
+    /// Python binding runs in one), the call's first reading of the clock, or the end of its
+    /// latest copy; outside calls, a new reading. A clock read costs 10-15 ns, more than the
+    /// rest of an event, and a call makes several events (an allocation, a state change, a
+    /// free): the memory timeline is drawn per call, copies are timed on their own.
+    #[inline]
+    pub(super) fn event_time(&self) -> u64 {
+        match self.call_time.get() {
+            0 => self.fresh_time(),
+            at => at,
+        }
+    }
+
+    /// A new reading of the clock (a copy's start or end), which the call's later events share.
+    #[inline]
+    pub(super) fn fresh_time(&self) -> u64 {
+        let at = now();
+        if self.cause.get().is_some() {
+            self.call_time.set(at);
+        }
+        at
+    }
+
+    /// This thread's number in events (small numbers, in order of first use).
+    fn thread(&self) -> u64 {
+        if self.thread.get() == 0 {
+            self.thread.set(NEXT_THREAD.fetch_add(1, Ordering::Relaxed));
+        }
+        self.thread.get()
     }
 
     /// `device`'s number in events (its name registered on first sight).
@@ -467,9 +591,13 @@ impl Local {
     /// `call`'s number in events.
     #[inline]
     pub(super) fn call(&self, call: &'static str) -> Call {
-        // A two-way cache: the slot pair the pointer hashes to, most recent first.
+        // A two-way cache: the slot pair the pointer hashes to, most recent first. The pair is
+        // taken from the high bits of a Fibonacci hash: the literals' addresses differ in
+        // their low bits only, and a weaker hash put three calls of one batch in one pair,
+        // which then missed on every event.
         let (ptr, len) = (call.as_ptr() as usize, call.len());
-        let pair = ((ptr ^ len).wrapping_mul(0x9E37_79B9) >> 7) % (self.calls.len() / 2) * 2;
+        let hash = ((ptr ^ len) as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let pair = (hash >> 60) as usize % (self.calls.len() / 2) * 2;
         let (first, second) = (&self.calls[pair], &self.calls[pair + 1]);
         for slot in [first, second] {
             let (p, l, id) = slot.get();
@@ -487,10 +615,10 @@ impl Local {
     pub(super) fn next_op(&self) -> u64 {
         let n = self.next_op.get() + 1;
         self.next_op.set(n);
-        self.thread << 40 | n
+        self.thread() << 40 | n
     }
 
-    /// Records `raw`, as of `at` (nanoseconds since the epoch).
+    /// Records `raw`, as of `at` (the recorder's ticks, [`now`]).
     #[inline]
     pub(super) fn push(&self, at: u64, raw: Raw) {
         let generation = GENERATION.load(Ordering::Acquire);
@@ -511,20 +639,13 @@ impl Local {
         }
         let chunk = self.chunk.borrow();
         let Some(chunk) = chunk.as_ref() else { return };
-        let words = raw.encode(at);
-        let slot = &chunk.words[len * WORDS..(len + 1) * WORDS];
+        let (words, used) = raw.encode_used(at);
+        let slot = &chunk.words[len * WORDS..len * WORDS + used];
         for (word, value) in slot.iter().zip(words) {
             word.store(value, Ordering::Relaxed);
         }
         chunk.len.store(len + 1, Ordering::Release);
         self.len.set(len + 1);
-    }
-
-    /// Nanoseconds since the epoch, now.
-    #[inline]
-    pub(super) fn now(&self) -> u64 {
-        let epoch = *self.epoch.get_or_init(epoch);
-        Instant::now().saturating_duration_since(epoch).as_nanos() as u64
     }
 
     /// Takes a chunk for session `generation`; false if that session has ended already.
@@ -534,7 +655,7 @@ impl Local {
         if global.session.as_ref().is_none_or(|s| s.generation != generation) {
             return false;
         }
-        let chunk = Arc::new(Chunk::new(self.thread));
+        let chunk = Arc::new(Chunk::new(self.thread()));
         global.threads.push(Arc::clone(&chunk));
         *self.chunk.borrow_mut() = Some(chunk);
         self.len.set(0);
@@ -550,7 +671,8 @@ impl Local {
         self.stack.replace(stack)
     }
 
-    /// Moves this thread's chunk into the ring (when its session still runs) and empties it.
+    /// Moves this thread's events into the ring (when its session still runs) and empties its
+    /// chunk.
     #[cold]
     fn flush(&self) {
         let mut global = global();
@@ -587,11 +709,11 @@ impl Local {
         if let Some(session) = global.session.as_mut().filter(|s| s.generation == self.generation.get()) {
             match stack {
                 Some(stack) => {
-                    session.push(Block::Stacked { thread: self.thread, words: raw.encode(at), stack })
+                    session.push(Block::Stacked { thread: self.thread(), words: raw.encode(at), stack })
                 }
                 None => {
                     let words = raw.encode(at).into();
-                    session.push(Block::Chunk { thread: self.thread, words });
+                    session.push(Block::Chunk { thread: self.thread(), words });
                 }
             }
         }
@@ -609,7 +731,7 @@ impl Drop for Local {
 }
 
 thread_local! {
-    static LOCAL: Local = Local::new();
+    static LOCAL: Local = const { Local::new() };
 }
 
 /// Runs `f` with this thread's recorder state (`None` while the thread exits).
@@ -738,6 +860,11 @@ mod tests {
         ];
         for raw in raws {
             assert_eq!(Raw::decode(&raw.encode(42)), Some(raw));
+            // Staged over an earlier event's words: only the used ones are written.
+            let (words, used) = raw.encode_used(42);
+            let mut slot = [u64::MAX; WORDS];
+            slot[..used].copy_from_slice(&words[..used]);
+            assert_eq!(Raw::decode(&slot), Some(raw), "{raw:?} over stale words");
         }
         assert_eq!(Raw::decode(&[0; WORDS]), None);
     }

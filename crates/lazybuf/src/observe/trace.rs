@@ -47,7 +47,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub use super::event::{Event, EventKind, MemoryKind, Source};
 use super::record::{self, Dev, Entry, HOST, Local, Names, Raw};
@@ -216,29 +216,42 @@ pub fn call_with_stack<R>(stack: Option<Arc<str>>, f: impl FnOnce() -> R) -> R {
 }
 
 /// Records the event `build` makes (while events are wanted: the caller checked
-/// [`super::emitting`]), stamped now.
+/// [`super::emitting`]), stamped with its call's time (`Local::event_time`).
 #[inline]
 fn emit(build: impl FnOnce(&Local) -> Raw) {
+    emit_at(Local::event_time, build);
+}
+
+/// Records the end of a copy or read: stamped with a new reading of the clock.
+#[inline]
+fn emit_ended(build: impl FnOnce(&Local) -> Raw) {
+    emit_at(Local::fresh_time, build);
+}
+
+#[inline]
+fn emit_at(time: fn(&Local) -> u64, build: impl FnOnce(&Local) -> Raw) {
     record::with_local(|local| {
         let raw = build(local);
-        let at = local.now();
+        let at = time(local);
         #[cfg(feature = "tracing")]
         if super::tracing_events() {
-            super::tracing_events::emit(&resolve(raw, at, &record::names()).0);
+            super::tracing_events::emit(&resolve(raw.to_nanos(), record::nanos(at), &record::names()).0);
         }
         local.push(at, raw);
     });
 }
 
-/// Now, as events count time (nanoseconds since a process-wide epoch): a copy's start.
+/// Now, as events count time (the recorder's clock ticks, turned into nanoseconds when the
+/// events are collected): a copy's start.
 #[inline]
 pub(crate) fn now() -> u64 {
-    record::with_local(Local::now).unwrap_or_else(record::now)
+    record::with_local(Local::fresh_time).unwrap_or_else(record::now)
 }
 
-/// A new plan execution's number, for its copies' events and their rollback.
-pub(crate) fn next_op() -> u64 {
-    record::with_local(Local::next_op).unwrap_or(0)
+/// The cause of a plan about to execute ([`super::cause_or`]) and a new number for it, for
+/// its copies' events and their rollback: one look at the thread's state for both.
+pub(crate) fn plan_cause_and_op(default: Cause) -> (Cause, u64) {
+    record::with_local(|l| (l.cause.get().unwrap_or(default), l.next_op())).unwrap_or((default, 0))
 }
 
 /// One copy the engine executed (its devices: `None` is the host).
@@ -259,7 +272,7 @@ pub(crate) struct CopyEvent<'a> {
 
 /// Records a copy the engine executed.
 pub(crate) fn record_copy(copy: CopyEvent<'_>) {
-    emit(|local| {
+    emit_ended(|local| {
         let dev = |d: Option<&Device>| d.map_or(HOST, |d| local.dev(d));
         Raw::Transfer {
             buffer: copy.buffer,
@@ -278,9 +291,9 @@ pub(crate) fn record_copy(copy: CopyEvent<'_>) {
 }
 
 /// Records a copy reported through [`super::transfer`] (devices known by name).
-pub(crate) fn record_transfer(info: TransferInfo, stream: usize, start: Instant, waited: bool) {
+pub(crate) fn record_transfer(info: TransferInfo, stream: usize, start: u64, waited: bool) {
     let (from, to) = (record::named_device(&info.from), record::named_device(&info.to));
-    emit(|local| Raw::Transfer {
+    emit_ended(|local| Raw::Transfer {
         buffer: info.buffer,
         op: 0,
         direction: info.direction,
@@ -290,7 +303,7 @@ pub(crate) fn record_transfer(info: TransferInfo, stream: usize, start: Instant,
         call: local.call(info.cause.call),
         reason: info.cause.reason,
         stream: stream as u64,
-        start: record::since_epoch(start),
+        start,
         waited,
     });
 }
@@ -346,7 +359,7 @@ pub(crate) fn record_rollback(buffer: u64, op: u64, call: &'static str) {
 
 /// The coherence checker read `bytes` of `device`'s copy back, from `start` ([`now`]) to now.
 pub(crate) fn record_checker_read(buffer: u64, device: &Device, bytes: usize, start: u64) {
-    emit(|local| Raw::CheckerRead { buffer, device: local.dev(device), bytes: bytes as u64, start });
+    emit_ended(|local| Raw::CheckerRead { buffer, device: local.dev(device), bytes: bytes as u64, start });
 }
 
 /// Copies and bytes of one buffer, direction and reason.

@@ -86,6 +86,8 @@ pub struct RawBuffer {
     /// The host copy, written to disk under the host memory limit ([`spill`]): the host
     /// location is valid while `host` is `None`; every access reads it back first.
     on_disk: Option<crate::spill::disk::SpillFile>,
+    /// The plan being executed while something observes ([`observed`]).
+    planned: Option<observed::Planned>,
 }
 
 impl RawBuffer {
@@ -120,6 +122,7 @@ impl RawBuffer {
             host_sync_pays: false,
             evicted_from: Vec::new(),
             on_disk: None,
+            planned: None,
         }
     }
 

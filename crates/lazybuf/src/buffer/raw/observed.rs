@@ -12,8 +12,6 @@
 //! event of that number says so; the undoing of a failed asynchronous transfer records its
 //! state transition too (`observe_undo`).
 
-use std::cell::Cell;
-
 use super::RawBuffer;
 use crate::backend::Ticket;
 use crate::buffer::stats::TransferStats;
@@ -36,9 +34,12 @@ pub(super) const FILL: Cause = Cause::access("fill");
 /// A spill's write-back of an evicted device copy: a copy the library decided on.
 pub(super) const EVICT: Cause = Cause { call: "evict", reason: observe::Reason::Eviction };
 
-/// The plan this thread is executing, as the recorder sees it.
-#[derive(Clone, Copy)]
-struct Planned {
+/// The plan a buffer is executing, as the recorder sees it: kept in the buffer
+/// ([`RawBuffer`]'s `planned`) from [`RawBuffer::observe_plan`] to its commit or abort (not in
+/// a thread-local: an access that makes room by evicting another buffer runs that buffer's
+/// copies inside this one's, and a thread-local costs a call in a shared library).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Planned {
     cause: Cause,
     /// The buffer's state before it.
     before: BufferState,
@@ -46,10 +47,6 @@ struct Planned {
     op: u64,
     /// Whether a copy of it was recorded.
     copied: bool,
-}
-
-thread_local! {
-    static PLANNED: Cell<Option<Planned>> = const { Cell::new(None) };
 }
 
 impl RawBuffer {
@@ -83,8 +80,15 @@ impl RawBuffer {
     /// Shows the copies of `plan` (an access at the device `device`, or the host) to the
     /// guard, before any of them runs: its refusal is returned and nothing has changed. Only
     /// called while [`observe::active`].
-    pub(super) fn observe_plan(&self, plan: &Plan, device: Option<&Device>, default: &Cause) -> Result<()> {
-        let cause = observe::cause_or(*default);
+    pub(super) fn observe_plan(
+        &mut self,
+        plan: &Plan,
+        device: Option<&Device>,
+        default: &Cause,
+    ) -> Result<()> {
+        let emitting = observe::emitting();
+        let (cause, op) =
+            if emitting { trace::plan_cause_and_op(*default) } else { (observe::cause_or(*default), 0) };
         if observe::guarding() {
             let copies: Vec<TransferInfo> = plan
                 .steps()
@@ -96,21 +100,20 @@ impl RawBuffer {
                 .collect();
             observe::guard::check(&copies)?;
         }
-        let planned = if observe::emitting() {
-            Planned { cause, before: self.state(), op: trace::next_op(), copied: false }
+        let planned = if emitting {
+            Planned { cause, before: self.state(), op, copied: false }
         } else {
             Planned { cause, before: BufferState::Uninitialized, op: 0, copied: false }
         };
-        let _ = PLANNED.try_with(|p| p.set(Some(planned)));
+        self.planned = Some(planned);
         Ok(())
     }
 
     /// Records the state transition of an access that committed (after [`Self::observe_plan`]);
     /// returns the plan's number when a copy of it was recorded (else 0), for the rollback of
     /// an asynchronous transfer that fails later.
-    pub(super) fn observe_commit(&self) -> u64 {
-        let planned = PLANNED.try_with(Cell::take).ok().flatten();
-        match planned.filter(|p| p.op != 0 && observe::emitting()) {
+    pub(super) fn observe_commit(&mut self) -> u64 {
+        match self.planned.take().filter(|p| p.op != 0 && observe::emitting()) {
             Some(p) => {
                 trace::record_state(self.id, p.before, self.state(), p.cause.call);
                 if p.copied { p.op } else { 0 }
@@ -122,9 +125,8 @@ impl RawBuffer {
     /// The plan of [`Self::observe_plan`] failed and was undone: the copies recorded for it
     /// are rolled back, as the counters roll them back (its state did not change).
     #[cold]
-    pub(super) fn observe_abort(&self) {
-        let planned = PLANNED.try_with(Cell::take).ok().flatten();
-        if let Some(p) = planned.filter(|p| p.copied && observe::emitting()) {
+    pub(super) fn observe_abort(&mut self) {
+        if let Some(p) = self.planned.take().filter(|p| p.copied && observe::emitting()) {
             trace::record_rollback(self.id, p.op, p.cause.call);
         }
     }
@@ -185,7 +187,7 @@ impl RawBuffer {
     }
 
     /// Records one executed copy (`waited`: its call waited for it, which ended just now).
-    fn observe_copy(&self, from: Location, to: Location, start: u64, waited: bool) {
+    fn observe_copy(&mut self, from: Location, to: Location, start: u64, waited: bool) {
         let device = |at: Location| match at {
             Location::Host => None,
             Location::Device(id) => self.copy_index(id),
@@ -202,14 +204,10 @@ impl RawBuffer {
         if direction != Direction::DeviceToDevice && (aliased(source) || aliased(target)) {
             return;
         }
-        let planned = PLANNED.try_with(|p| {
-            let mut planned = p.get()?;
+        if let Some(planned) = &mut self.planned {
             planned.copied = true;
-            p.set(Some(planned));
-            Some(planned)
-        });
-        let planned = planned.ok().flatten();
-        let (cause, op) = planned.map_or((Cause::access("access"), 0), |p| (p.cause, p.op));
+        }
+        let (cause, op) = self.planned.map_or((Cause::access("access"), 0), |p| (p.cause, p.op));
         let on = if direction == Direction::DeviceToHost { source } else { target };
         trace::record_copy(trace::CopyEvent {
             buffer: self.id,
