@@ -85,6 +85,10 @@ pub(crate) fn emitting() -> bool {
 /// is on.)
 #[cfg(feature = "tracing")]
 pub fn set_tracing_events(on: bool) {
+    if on {
+        // The events' clock is calibrated here, not at the first event.
+        record::calibrate();
+    }
     set_bit(TRACING_BIT, on);
 }
 

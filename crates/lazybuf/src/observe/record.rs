@@ -13,9 +13,10 @@
 //! their order: the sort is stable and a thread's clock never goes back).
 //!
 //! Each session has a generation number: a thread whose chunk belongs to an older session
-//! takes a new chunk at its next event (the old one is dropped). After [`stop`], a thread
-//! keeps its last chunk (at most `CHUNK * WORDS * 8` bytes) until its next recorded event or its
-//! exit: nothing else of the recorder exists while it is off.
+//! takes a new chunk at its next event (the old one is dropped). [`end`] (the recorder's stop)
+//! drops the chunk of the thread that stops it; another thread that recorded keeps its last
+//! chunk (at most `CHUNK * WORDS * 8` bytes) until its next recorded event or its exit:
+//! nothing else of the recorder exists while it is off.
 //!
 //! Events that carry a stack (a binding's, or the Rust backtrace) take a slow path: the
 //! thread's chunk is flushed and the event goes to the ring directly.
@@ -425,6 +426,12 @@ fn clock() -> &'static Clock {
     })
 }
 
+/// Makes the clock now (once per process: its calibration takes up to 0.2 s), not at the
+/// first event.
+pub(super) fn calibrate() {
+    clock();
+}
+
 /// Now, in the recorder's ticks (what events store; [`nanos`] converts them).
 #[inline]
 pub(super) fn now() -> u64 {
@@ -440,8 +447,7 @@ pub(super) fn nanos(ticks: u64) -> u64 {
 /// Begins a session (the caller checked none runs); returns nothing, the hooks see it at once.
 pub(super) fn begin(global: &mut Global, capacity: usize, backtrace: bool) {
     let generation = LAST_GENERATION.fetch_add(1, Ordering::Relaxed) + 1;
-    // Calibrated here (once per process, at most 200 ms), not at the first event.
-    clock();
+    calibrate();
     global.threads.clear();
     global.session = Some(Session {
         generation,
@@ -460,6 +466,8 @@ pub(super) fn begin(global: &mut Global, capacity: usize, backtrace: bool) {
 pub(super) fn end(global: &mut Global) -> Option<Session> {
     GENERATION.store(0, Ordering::Release);
     global.threads.clear();
+    // The stopping thread's chunk goes now (other threads' at their next event or exit).
+    with_local(Local::release_chunk);
     global.session.take()
 }
 
@@ -559,6 +567,15 @@ impl Local {
             self.call_time.set(at);
         }
         at
+    }
+
+    /// Drops this thread's chunk (its session ended: nobody reads it again).
+    fn release_chunk(&self) {
+        if let Ok(mut chunk) = self.chunk.try_borrow_mut() {
+            *chunk = None;
+            self.generation.set(0);
+            self.len.set(0);
+        }
     }
 
     /// This thread's number in events (small numbers, in order of first use).
@@ -834,6 +851,22 @@ mod tests {
             let raw = Raw::State { buffer: 7, from: *from, to: *to, call: 3 };
             assert_eq!(Raw::decode(&raw.encode(11)), Some(raw));
         }
+    }
+
+    #[test]
+    fn the_thread_that_stops_the_recorder_keeps_no_event_memory() {
+        begin(&mut global(), 16, false);
+        with_local(|l| l.push(now(), Raw::Pool { hit: true, device: HOST, bytes: 1 }));
+        assert_eq!(with_local(|l| l.chunk.borrow().is_some()), Some(true));
+        let ended = end(&mut global());
+        assert_eq!(ended.map(|s| s.generation != 0), Some(true));
+        assert_eq!(with_local(|l| l.chunk.borrow().is_none()), Some(true));
+        // The next session takes a new chunk.
+        begin(&mut global(), 16, false);
+        with_local(|l| l.push(now(), Raw::Pool { hit: false, device: HOST, bytes: 2 }));
+        let (events, _) = collect(&global());
+        assert!(matches!(events[..], [Entry { raw: Raw::Pool { hit: false, bytes: 2, .. }, .. }]));
+        end(&mut global());
     }
 
     #[test]

@@ -16,16 +16,18 @@
 //! backtrace, and the stack its binding gave ([`call_with_stack`]: Python's).
 //!
 //! Each thread stages its events in a chunk of its own (`record.rs`): an event is a few
-//! plain numbers (devices and calls by number, names resolved when a trace is exported), one
-//! `Instant::now()` and no lock or allocation. [`snapshot`] and [`stop`] gather every
+//! plain numbers (devices and calls by number, names resolved when a trace is exported), at
+//! most one read of the time-stamp counter (the events of one [`super::call`] share its
+//! time; copies are timed on their own) and no lock or allocation. [`snapshot`] and [`stop`] gather every
 //! thread's events, ordered by time (a thread's own events in the order it recorded them).
 //!
 //! A [`Trace`] exports as Chrome trace-event JSON ([`Trace::to_chrome_json`], for
 //! ui.perfetto.dev and chrome://tracing) and as a plain [`Summary`]: copies and bytes per
 //! buffer, direction and reason.
 //!
-//! Recording off: the hooks cost one atomic load and no ring exists (a thread that recorded
-//! keeps its small staging chunk until it records again or exits). With the crate
+//! Recording off: the hooks cost one atomic load and no ring exists (another thread than the
+//! one that stopped the recorder keeps its small staging chunk until it records again or
+//! exits). With the crate
 //! feature `tracing`, [`super::set_tracing_events`] sends the same events to the `tracing`
 //! crate, recorder or not.
 //!
