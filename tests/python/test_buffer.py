@@ -51,6 +51,21 @@ def test_every_numpy_dtype_round_trips(dtype, device):
     np.testing.assert_array_equal(buf.to_numpy(), np.full((2, 3, 4), 7, dtype=dtype))
 
 
+def test_a_dtype_argument_is_resolved_anew_when_its_meaning_can_change():
+    """The constructor remembers the last dtype argument only when nothing can change what it
+    means (dtype objects, built-in types); a class whose `dtype` attribute NumPy reads is
+    resolved on every call."""
+
+    class Declared:
+        dtype = np.dtype(np.float32)
+
+    assert UnifiedBuffer(4, Declared).dtype == np.float32
+    Declared.dtype = np.dtype(np.int16)
+    assert UnifiedBuffer(4, Declared).dtype == np.int16
+    for dtype in (np.float32, np.float32, np.int16, np.dtype("f8"), np.dtype("f8"), "u1", "u1", float, np.float32):
+        assert UnifiedBuffer(4, dtype).dtype == np.dtype(dtype)
+
+
 def test_bfloat16_with_ml_dtypes():
     ml_dtypes = pytest.importorskip("ml_dtypes")
     buf = UnifiedBuffer(4, "bfloat16")

@@ -271,6 +271,37 @@ def test_pyopencl_arrays_match_pyopencls_own_constructor(pyopencl, opencl_device
     np.testing.assert_array_equal((made + made).get(), data + data)  # a PyOpenCL kernel on it
 
 
+def test_pyopencl_array_classes_swapped_in_or_with_their_own_new_get_arrays_of_their_type(
+    pyopencl, opencl_device, monkeypatch
+):
+    """`.device` makes a `pyopencl.array.Array` without a keyword dict (its `__new__` and
+    `__init__` called directly), remembered per class: whichever class `pyopencl.array.Array`
+    is now gets the array, and a class with its own `__new__` is called as Python calls it."""
+    import pyopencl.array as cla
+
+    original = cla.Array
+    news = []
+
+    class WithNew(original):
+        def __new__(cls, *args, **kwargs):
+            news.append(cls)
+            return super().__new__(cls)
+
+    class Plain(original):
+        pass
+
+    data = np.arange(6, dtype=np.float32).reshape(2, 3)
+    for cls in (Plain, WithNew, original, Plain):
+        monkeypatch.setattr(cla, "Array", cls)
+        buf = UnifiedBuffer((2, 3), np.float32, device=opencl_device)
+        buf.copy_from(data)
+        array = buf.device
+        assert type(array) is cls
+        assert (array.shape, array.strides, array.size) == ((2, 3), (12, 4), 6)
+        np.testing.assert_array_equal(array.get(), data)
+    assert news == [WithNew]
+
+
 def test_pyopencl_without_the_fast_constructor_gets_the_checked_one(pyopencl, opencl_device, monkeypatch):
     """A PyOpenCL whose `Array` takes no `_fast` arguments still gets correct arrays."""
     import pyopencl.array as cla

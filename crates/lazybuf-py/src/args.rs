@@ -86,7 +86,11 @@ fn index(obj: &Bound<'_, PyAny>) -> PyResult<Option<i128>> {
             Err(_) => return Ok(None),
         }
     };
-    // Beyond i128 only the sign matters: either way the dimension is rejected.
+    // Most dimensions fit an i64 (a single C call); beyond i128 only the sign matters:
+    // either way the dimension is rejected.
+    if let Ok(small) = value.extract::<i64>() {
+        return Ok(Some(small.into()));
+    }
     Ok(Some(
         value
             .extract::<i128>()

@@ -679,7 +679,10 @@ impl UnifiedBuffer {
         let elem = dtype::resolve(py, dtype)?;
         let home = crate::accelerator::device_arg(device)?;
         let buffer = UnifiedBuffer::create(dims, elem, home, pinned, None, None)?;
-        buffer.storage()?.spill().set_spillable(spillable);
+        if !spillable {
+            // New buffers are spillable: only an opt-out changes anything.
+            buffer.storage()?.spill().set_spillable(false);
+        }
         Ok(buffer)
     }
 

@@ -8,14 +8,16 @@
 //!
 //! What does not live here: the device access itself ([`Storage::device_handle`]).
 
-use std::sync::Arc;
+use std::ptr;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use numpy::{PyArrayDescr, PyArrayDescrMethods};
 use pyo3::exceptions::PyAttributeError;
+use pyo3::ffi;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PyModule};
+use pyo3::types::{PyDict, PyModule, PyString, PyTuple, PyType};
 
 use lazybuf::backend::{RawDevice, RawMemory};
 use lazybuf::{DType, Device};
@@ -89,22 +91,154 @@ fn optional<'py>(
 
 /// PyOpenCL command-queue wrappers and their contexts, one per lazybuf queue (made once: a
 /// queue's `context` property asks the runtime and wraps a new object each time), so user
-/// kernels enqueued on the array's queue are ordered with lazybuf's copies.
+/// kernels enqueued on the array's queue are ordered with lazybuf's copies. Found by a scan of
+/// a short list (one entry per device used), not a dict lookup that makes an int per call.
 fn pyopencl_queue<'py>(
     py: Python<'py>,
     cl: &Bound<'py, PyAny>,
     queue: usize,
 ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
-    static QUEUES: PyOnceLock<Py<PyDict>> = PyOnceLock::new();
-    let queues = QUEUES.get_or_init(py, || PyDict::new(py).unbind()).bind(py);
-    if let Some(found) = queues.get_item(queue)? {
-        return found.extract();
+    type Queues = Vec<(usize, Py<PyAny>, Py<PyAny>)>;
+    static QUEUES: Mutex<Queues> = Mutex::new(Vec::new());
+    let found = {
+        let queues = QUEUES.lock().unwrap_or_else(PoisonError::into_inner);
+        queues.iter().find(|(q, ..)| *q == queue).map(|(_, w, c)| (w.bind(py).clone(), c.bind(py).clone()))
+    };
+    if let Some(pair) = found {
+        return Ok(pair);
     }
+    // Made without the list's lock (it runs Python code); a racing thread's pair is kept.
     let wrapped = cl.getattr("CommandQueue")?.call_method1("from_int_ptr", (queue, true))?;
     let context = wrapped.getattr("context")?;
-    let pair = (wrapped, context);
-    queues.set_item(queue, &pair)?;
-    Ok(pair)
+    let mut queues = QUEUES.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some((_, w, c)) = queues.iter().find(|(q, ..)| *q == queue) {
+        return Ok((w.bind(py).clone(), c.bind(py).clone()));
+    }
+    queues.push((queue, wrapped.clone().unbind(), context.clone().unbind()));
+    Ok((wrapped, context))
+}
+
+/// The keywords of PyOpenCL's fast constructor, in the order [`pyopencl_array`] passes them.
+const FAST_KEYWORDS: [&str; 6] = ["data", "strides", "_fast", "_size", "_context", "_queue"];
+
+/// How to make an instance of one `pyopencl.array.Array` class without a keyword dict: its
+/// `tp_new` (inherited from `object`) and its `__init__`, called by vectorcall with the
+/// keyword names as a tuple of interned strings, as Python code calling
+/// `Array(None, shape, dtype, data=..., ...)` would, less the dict that `type.__call__`
+/// builds and `__init__`'s call unpacks again (about 2,500 instructions of a 20,000
+/// instruction `.device`; docs/BENCHMARKS.md).
+struct ArrayMaker {
+    /// The class this was made for (`pyopencl.array.Array` may be replaced, by a test say).
+    class: Py<PyType>,
+    new: ffi::newfunc,
+    init: Py<PyAny>,
+    keywords: Py<PyTuple>,
+}
+
+impl ArrayMaker {
+    /// The maker of `class`, `None` when it cannot be made that way: a class with its own
+    /// `__new__` goes through `type.__call__` (the slow path, which handles it correctly).
+    fn of(py: Python<'_>, class: &Bound<'_, PyAny>) -> PyResult<Option<ArrayMaker>> {
+        let Ok(class) = class.cast::<PyType>() else { return Ok(None) };
+        let object_new = py.get_type::<PyAny>().getattr(intern!(py, "__new__"))?;
+        if !class.getattr(intern!(py, "__new__"))?.is(&object_new) {
+            return Ok(None);
+        }
+        // SAFETY: class is a live type object; Py_tp_new is a valid slot id, and every class
+        // deriving from object has the slot (its own or inherited).
+        let new = unsafe { ffi::PyType_GetSlot(class.as_type_ptr(), ffi::Py_tp_new) };
+        if new.is_null() {
+            return Ok(None);
+        }
+        // SAFETY: the Py_tp_new slot holds a newfunc (non-null, checked above).
+        let new = unsafe { std::mem::transmute::<*mut std::ffi::c_void, ffi::newfunc>(new) };
+        let keywords = PyTuple::new(py, FAST_KEYWORDS.map(|k| PyString::intern(py, k)))?;
+        Ok(Some(ArrayMaker {
+            class: class.clone().unbind(),
+            new,
+            init: class.getattr(intern!(py, "__init__"))?.unbind(),
+            keywords: keywords.unbind(),
+        }))
+    }
+
+    /// The maker of `class`, remembered in `cell` for the next call (the cell's lock is never
+    /// held while Python code runs: that code may switch threads, and another `.device` would
+    /// then wait for the lock while holding the interpreter).
+    fn cached(
+        py: Python<'_>,
+        cell: &Mutex<Option<ArrayMaker>>,
+        class: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<ArrayMaker>> {
+        let lock = || cell.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(maker) = lock().as_ref().filter(|m| m.class.bind(py).is(class)) {
+            return Ok(Some(maker.clone_ref(py)));
+        }
+        let maker = ArrayMaker::of(py, class)?;
+        *lock() = maker.as_ref().map(|m| m.clone_ref(py));
+        Ok(maker)
+    }
+
+    fn clone_ref(&self, py: Python<'_>) -> ArrayMaker {
+        ArrayMaker {
+            class: self.class.clone_ref(py),
+            new: self.new,
+            init: self.init.clone_ref(py),
+            keywords: self.keywords.clone_ref(py),
+        }
+    }
+}
+
+unsafe extern "C" {
+    /// CPython's vectorcall entry point: exported by every CPython from 3.8 on, part of the
+    /// stable ABI from 3.12 (pyo3 declares it only there for abi3 builds).
+    fn PyObject_Vectorcall(
+        callable: *mut ffi::PyObject,
+        args: *const *mut ffi::PyObject,
+        nargsf: usize,
+        kwnames: *mut ffi::PyObject,
+    ) -> *mut ffi::PyObject;
+}
+
+impl ArrayMaker {
+    /// `class(None, shape, descr, **dict(zip(FAST_KEYWORDS, keywords)))`, without the dict.
+    fn make<'py>(
+        &self,
+        py: Python<'py>,
+        positional: [&Bound<'py, PyAny>; 3],
+        keywords: [&Bound<'py, PyAny>; 6],
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let empty = PyTuple::empty(py);
+        // SAFETY: `new` is the class's tp_new, called as type.__call__ calls it, with the class,
+        // an empty argument tuple and no keywords (object_new accepts them: the class defines
+        // __init__); it returns a new reference or null with an exception set.
+        let made = unsafe {
+            Bound::from_owned_ptr_or_err(
+                py,
+                (self.new)(self.class.as_ptr().cast(), empty.as_ptr(), ptr::null_mut()),
+            )
+        }?;
+        let mut args = [ptr::null_mut(); 10];
+        args[0] = made.as_ptr();
+        for (slot, arg) in args[1..].iter_mut().zip(positional.into_iter().chain(keywords)) {
+            *slot = arg.as_ptr();
+        }
+        // SAFETY: init is a live callable; args holds 10 borrowed references kept alive by the
+        // caller for the call (4 positional, then one per name of `keywords`, a tuple of 6
+        // strings); the result is a new reference or null with an exception set.
+        let result = unsafe {
+            Bound::from_owned_ptr_or_err(
+                py,
+                PyObject_Vectorcall(self.init.as_ptr(), args.as_ptr(), 4, self.keywords.as_ptr()),
+            )
+        }?;
+        if !result.is_none() {
+            return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+                "__init__() should return None, not '{}'",
+                result.get_type().name()?
+            )));
+        }
+        Ok(made)
+    }
 }
 
 fn pyopencl_array<'py>(
@@ -116,10 +250,17 @@ fn pyopencl_array<'py>(
     descr: &Bound<'py, PyArrayDescr>,
     owner: Bound<'py, MemoryOwner>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    /// The `pyopencl` module, imported once (an import per call costs more than the rest).
-    static CL: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
-    let cl = CL.get_or_try_init(py, || py.import("pyopencl").map(Bound::unbind))?.bind(py);
-    let (queue, context) = pyopencl_queue(py, cl.as_any(), queue)?;
+    /// The `pyopencl` module and its `Buffer.from_int_ptr`, looked up once (an import per
+    /// call costs more than the rest).
+    static CL: PyOnceLock<(Py<PyModule>, Py<PyAny>)> = PyOnceLock::new();
+    /// How the current `pyopencl.array.Array` is made ([`ArrayMaker`]).
+    static MAKER: Mutex<Option<ArrayMaker>> = Mutex::new(None);
+    let (cl, buffer_from_int_ptr) = CL.get_or_try_init(py, || {
+        let cl = py.import("pyopencl")?;
+        let from_int_ptr = cl.getattr("Buffer")?.getattr("from_int_ptr")?.unbind();
+        Ok::<_, PyErr>((cl.unbind(), from_int_ptr))
+    })?;
+    let (queue, context) = pyopencl_queue(py, cl.bind(py).as_any(), queue)?;
     let size: usize = shape.iter().product();
     let itemsize = descr.itemsize();
     // C-contiguous strides, in bytes.
@@ -127,26 +268,42 @@ fn pyopencl_array<'py>(
     for i in (0..shape.len().saturating_sub(1)).rev() {
         strides[i] = strides[i + 1] * shape[i + 1].max(1);
     }
-    let shape = pyo3::types::PyTuple::new(py, shape)?;
+    let shape = PyTuple::new(py, shape)?;
     if mem == 0 {
         // An empty buffer has no cl_mem; an empty PyOpenCL array allocates nothing either.
         return cla.getattr(intern!(py, "empty"))?.call1((queue, shape, descr));
     }
-    let buffer = cl.getattr(intern!(py, "Buffer"))?.call_method1(intern!(py, "from_int_ptr"), (mem, true))?;
+    let buffer = buffer_from_int_ptr.bind(py).call1((mem, true))?;
     buffer.setattr(intern!(py, "_lazybuf_owner"), owner)?;
+    // Looked up per call: a replaced class (a test's subclass) is used as it is.
     let array = cla.getattr(intern!(py, "Array"))?;
     // PyOpenCL's fast constructor (the one its own views use): the shape, strides, size and
     // context given, it skips the checks that cost about 10 µs a call, most of a small batch's
-    // `.device` (docs/BENCHMARKS.md). The keywords are interned strings, which Python matches
-    // to parameters by identity. A PyOpenCL without it gets the checked constructor.
-    let fast = PyDict::new(py);
-    fast.set_item(intern!(py, "data"), &buffer)?;
-    fast.set_item(intern!(py, "strides"), pyo3::types::PyTuple::new(py, &strides)?)?;
-    fast.set_item(intern!(py, "_fast"), true)?;
-    fast.set_item(intern!(py, "_size"), size)?;
-    fast.set_item(intern!(py, "_context"), &context)?;
-    fast.set_item(intern!(py, "_queue"), &queue)?;
-    match array.call((py.None(), &shape, descr), Some(&fast)) {
+    // `.device` (docs/BENCHMARKS.md); made without a keyword dict where the class allows
+    // ([`ArrayMaker`]). A PyOpenCL without it gets the checked constructor.
+    let strides = PyTuple::new(py, &strides)?;
+    let size = size.into_pyobject(py)?;
+    let fast_keywords = [
+        buffer.as_any(),
+        strides.as_any(),
+        &pyo3::types::PyBool::new(py, true).to_owned().into_any(),
+        size.as_any(),
+        &context,
+        &queue,
+    ];
+    let none = py.None().into_bound(py);
+    let positional = [&none, shape.as_any(), descr.as_any()];
+    let made = match ArrayMaker::cached(py, &MAKER, &array)? {
+        Some(maker) => maker.make(py, positional, fast_keywords),
+        None => {
+            let fast = PyDict::new(py);
+            for (name, value) in FAST_KEYWORDS.iter().zip(fast_keywords) {
+                fast.set_item(PyString::intern(py, name), value)?;
+            }
+            array.call((py.None(), &shape, descr), Some(&fast))
+        }
+    };
+    match made {
         Ok(made) => Ok(made),
         Err(err) if err.is_instance_of::<pyo3::exceptions::PyTypeError>(py) => {
             let kwargs = PyDict::new(py);

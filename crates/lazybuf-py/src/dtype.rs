@@ -12,7 +12,10 @@ use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMet
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyList, PyString, PyTuple};
+use std::sync::{Mutex, PoisonError};
+
+use pyo3::ffi;
+use pyo3::types::{PyList, PyString, PyTuple, PyType};
 
 use lazybuf::DType;
 
@@ -37,9 +40,52 @@ pub(crate) fn resolve(py: Python<'_>, obj: Option<&Bound<'_, PyAny>>) -> PyResul
     {
         return bfloat16(py);
     }
+    if let Some(found) = LAST.found(py, obj) {
+        return Ok(found);
+    }
     let descr = PyArrayDescr::new(py, obj)
         .map_err(|err| bad_dtype(format!("{} is not a NumPy dtype ({err})", repr(obj))))?;
-    classify(descr)
+    let elem = classify(descr)?;
+    LAST.remember(py, obj, &elem);
+    Ok(elem)
+}
+
+/// The last `dtype=` argument resolved and what it resolved to, when the argument always
+/// resolves the same way (see [`LastDtype::remember`]): a loop that makes buffers of one dtype
+/// skips NumPy's dtype conversion (about 250 instructions of a 5,000 instruction constructor;
+/// docs/BENCHMARKS.md).
+static LAST: LastDtype = LastDtype(Mutex::new(None));
+
+struct LastDtype(Mutex<Option<Remembered>>);
+
+/// An argument, its element type and its descriptor.
+type Remembered = (Py<PyAny>, DType, Py<PyArrayDescr>);
+
+impl LastDtype {
+    /// What `obj` resolved to, if it is the argument remembered.
+    fn found(&self, py: Python<'_>, obj: &Bound<'_, PyAny>) -> Option<ElementType> {
+        let last = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let (_, dtype, descr) = last.as_ref().filter(|(arg, ..)| arg.bind(py).is(obj))?;
+        Some(ElementType { dtype: *dtype, descr: descr.clone_ref(py) })
+    }
+
+    /// Remembers `obj`'s resolution if nothing can change it: a dtype object (immutable) or a
+    /// static type (`np.float32`, `float`: their attributes cannot be reassigned, unlike a
+    /// class whose `dtype` attribute NumPy would read).
+    fn remember(&self, py: Python<'_>, obj: &Bound<'_, PyAny>, elem: &ElementType) {
+        let fixed = obj.is_instance_of::<PyArrayDescr>()
+            || obj.cast::<PyType>().is_ok_and(|t| {
+                // SAFETY: t is a live type object.
+                unsafe { ffi::PyType_GetFlags(t.as_type_ptr()) & ffi::Py_TPFLAGS_HEAPTYPE == 0 }
+            });
+        if !fixed {
+            return;
+        }
+        let entry = (obj.clone().unbind(), elem.dtype, elem.descr.clone_ref(py));
+        let previous = self.0.lock().unwrap_or_else(PoisonError::into_inner).replace(entry);
+        // Dropped after the lock: releasing the last reference to an object may run Python code.
+        drop(previous);
+    }
 }
 
 /// Maps a NumPy descriptor to the core's element type.

@@ -529,11 +529,11 @@ impl Storage {
         shape: &[usize],
         descr: &Bound<'py, PyArrayDescr>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let (n, device) = {
-            let raw = self.lock(py)?;
-            (raw.nbytes(), raw.home().clone())
-        };
+        // The buffer's own shape and dtype: its size, without taking the lock for it (the
+        // read below checks it against the buffer's).
+        let n = shape.iter().product::<usize>() * descr.itemsize();
         if n >= OWNED_BLOCK_MIN {
+            let device = self.lock(py)?.home().clone();
             let resource = default_resource(&device);
             let mut block = py.detach(|| resource.allocate_host(&device, n, false)).or_py()?;
             // The block is not shared yet: read into it (the GIL released), then wrap it. On a

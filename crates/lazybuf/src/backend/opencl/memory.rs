@@ -5,7 +5,7 @@
 
 use std::ffi::c_void;
 use std::ptr::{self, NonNull};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use cl3::types::{cl_command_queue, cl_context, cl_event, cl_mem};
@@ -180,7 +180,12 @@ impl Drop for OpenClStream {
 pub struct OpenClEvent {
     event: NonNull<c_void>,
     pub(super) context: cl_context,
-    outcome: OnceLock<Result<()>>,
+    /// Seen complete and successful: later polls and waits ask the runtime nothing (a flag, not
+    /// `failure`'s once-cell, whose first write costs about 350 instructions of a 4 KiB batch's
+    /// every wait; docs/BENCHMARKS.md).
+    succeeded: AtomicBool,
+    /// Seen failed: the command's error, for every later poll and wait.
+    failure: OnceLock<Error>,
 }
 
 // SAFETY: event calls are thread-safe (OpenCL 3.0, appendix A.2); the value owns one
@@ -194,7 +199,12 @@ impl OpenClEvent {
     /// for a null event.
     pub(super) fn owning(event: cl_event, context: cl_context) -> Option<Arc<OpenClEvent>> {
         let event = NonNull::new(event)?;
-        Some(Arc::new(OpenClEvent { event, context, outcome: OnceLock::new() }))
+        Some(Arc::new(OpenClEvent {
+            event,
+            context,
+            succeeded: AtomicBool::new(false),
+            failure: OnceLock::new(),
+        }))
     }
 
     pub(super) fn raw(&self) -> cl_event {
@@ -212,6 +222,25 @@ impl OpenClEvent {
     fn failed(status: i32) -> Error {
         cl_error("an enqueued command", status)
     }
+
+    /// The outcome seen already, if any.
+    fn known(&self) -> Option<Result<()>> {
+        if self.succeeded.load(Ordering::Acquire) {
+            return Some(Ok(()));
+        }
+        self.failure.get().map(|err| Err(err.clone()))
+    }
+
+    /// Records `outcome` (a failure recorded first stays) and returns what is recorded.
+    fn record(&self, outcome: Result<()>) -> Result<()> {
+        match outcome {
+            Ok(()) => {
+                self.succeeded.store(true, Ordering::Release);
+                Ok(())
+            }
+            Err(err) => Err(self.failure.get_or_init(|| err).clone()),
+        }
+    }
 }
 
 impl Completion for OpenClEvent {
@@ -219,14 +248,12 @@ impl Completion for OpenClEvent {
         if crate::backend::fork::in_forked_child() {
             return Err(forked_event());
         }
-        if let Some(outcome) = self.outcome.get() {
-            return outcome.clone().map(|()| true);
+        if let Some(outcome) = self.known() {
+            return outcome.map(|()| true);
         }
         match self.status()? {
-            status if status < 0 => {
-                Err(self.outcome.get_or_init(|| Err(Self::failed(status))).clone().unwrap_err())
-            }
-            0 => self.outcome.get_or_init(|| Ok(())).clone().map(|()| true),
+            status if status < 0 => self.record(Err(Self::failed(status))).map(|()| true),
+            0 => self.record(Ok(())).map(|()| true),
             _ => Ok(false),
         }
     }
@@ -235,8 +262,8 @@ impl Completion for OpenClEvent {
         if crate::backend::fork::in_forked_child() {
             return Err(forked_event());
         }
-        if let Some(outcome) = self.outcome.get() {
-            return outcome.clone();
+        if let Some(outcome) = self.known() {
+            return outcome;
         }
         let outcome = match cl3::event::wait_for_events(&[self.raw()]) {
             Ok(()) => Ok(()),
@@ -247,7 +274,7 @@ impl Completion for OpenClEvent {
                 Err(err) => Err(err),
             },
         };
-        self.outcome.get_or_init(|| outcome).clone()
+        self.record(outcome)
     }
 }
 
