@@ -8,16 +8,14 @@
 //!
 //! What does not live here: the device access itself ([`Storage::device_handle`]).
 
-use std::ptr;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use numpy::{PyArrayDescr, PyArrayDescrMethods};
 use pyo3::exceptions::PyAttributeError;
-use pyo3::ffi;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PyModule, PyString, PyTuple, PyType};
+use pyo3::types::{PyDict, PyModule, PyTuple};
 
 use lazybuf::backend::{RawDevice, RawMemory};
 use lazybuf::{DType, Device};
@@ -118,129 +116,6 @@ fn pyopencl_queue<'py>(
     Ok((wrapped, context))
 }
 
-/// The keywords of PyOpenCL's fast constructor, in the order [`pyopencl_array`] passes them.
-const FAST_KEYWORDS: [&str; 6] = ["data", "strides", "_fast", "_size", "_context", "_queue"];
-
-/// How to make an instance of one `pyopencl.array.Array` class without a keyword dict: its
-/// `tp_new` (inherited from `object`) and its `__init__`, called by vectorcall with the
-/// keyword names as a tuple of interned strings, as Python code calling
-/// `Array(None, shape, dtype, data=..., ...)` would, less the dict that `type.__call__`
-/// builds and `__init__`'s call unpacks again (about 2,500 instructions of a 20,000
-/// instruction `.device`; docs/BENCHMARKS.md).
-struct ArrayMaker {
-    /// The class this was made for (`pyopencl.array.Array` may be replaced, by a test say).
-    class: Py<PyType>,
-    new: ffi::newfunc,
-    init: Py<PyAny>,
-    keywords: Py<PyTuple>,
-}
-
-impl ArrayMaker {
-    /// The maker of `class`, `None` when it cannot be made that way: a class with its own
-    /// `__new__` goes through `type.__call__` (the slow path, which handles it correctly).
-    fn of(py: Python<'_>, class: &Bound<'_, PyAny>) -> PyResult<Option<ArrayMaker>> {
-        let Ok(class) = class.cast::<PyType>() else { return Ok(None) };
-        let object_new = py.get_type::<PyAny>().getattr(intern!(py, "__new__"))?;
-        if !class.getattr(intern!(py, "__new__"))?.is(&object_new) {
-            return Ok(None);
-        }
-        // SAFETY: class is a live type object; Py_tp_new is a valid slot id, and every class
-        // deriving from object has the slot (its own or inherited).
-        let new = unsafe { ffi::PyType_GetSlot(class.as_type_ptr(), ffi::Py_tp_new) };
-        if new.is_null() {
-            return Ok(None);
-        }
-        // SAFETY: the Py_tp_new slot holds a newfunc (non-null, checked above).
-        let new = unsafe { std::mem::transmute::<*mut std::ffi::c_void, ffi::newfunc>(new) };
-        let keywords = PyTuple::new(py, FAST_KEYWORDS.map(|k| PyString::intern(py, k)))?;
-        Ok(Some(ArrayMaker {
-            class: class.clone().unbind(),
-            new,
-            init: class.getattr(intern!(py, "__init__"))?.unbind(),
-            keywords: keywords.unbind(),
-        }))
-    }
-
-    /// The maker of `class`, remembered in `cell` for the next call (the cell's lock is never
-    /// held while Python code runs: that code may switch threads, and another `.device` would
-    /// then wait for the lock while holding the interpreter).
-    fn cached(
-        py: Python<'_>,
-        cell: &Mutex<Option<ArrayMaker>>,
-        class: &Bound<'_, PyAny>,
-    ) -> PyResult<Option<ArrayMaker>> {
-        let lock = || cell.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(maker) = lock().as_ref().filter(|m| m.class.bind(py).is(class)) {
-            return Ok(Some(maker.clone_ref(py)));
-        }
-        let maker = ArrayMaker::of(py, class)?;
-        *lock() = maker.as_ref().map(|m| m.clone_ref(py));
-        Ok(maker)
-    }
-
-    fn clone_ref(&self, py: Python<'_>) -> ArrayMaker {
-        ArrayMaker {
-            class: self.class.clone_ref(py),
-            new: self.new,
-            init: self.init.clone_ref(py),
-            keywords: self.keywords.clone_ref(py),
-        }
-    }
-}
-
-unsafe extern "C" {
-    /// CPython's vectorcall entry point: exported by every CPython from 3.8 on, part of the
-    /// stable ABI from 3.12 (pyo3 declares it only there for abi3 builds).
-    fn PyObject_Vectorcall(
-        callable: *mut ffi::PyObject,
-        args: *const *mut ffi::PyObject,
-        nargsf: usize,
-        kwnames: *mut ffi::PyObject,
-    ) -> *mut ffi::PyObject;
-}
-
-impl ArrayMaker {
-    /// `class(None, shape, descr, **dict(zip(FAST_KEYWORDS, keywords)))`, without the dict.
-    fn make<'py>(
-        &self,
-        py: Python<'py>,
-        positional: [&Bound<'py, PyAny>; 3],
-        keywords: [&Bound<'py, PyAny>; 6],
-    ) -> PyResult<Bound<'py, PyAny>> {
-        let empty = PyTuple::empty(py);
-        // SAFETY: `new` is the class's tp_new, called as type.__call__ calls it, with the class,
-        // an empty argument tuple and no keywords (object_new accepts them: the class defines
-        // __init__); it returns a new reference or null with an exception set.
-        let made = unsafe {
-            Bound::from_owned_ptr_or_err(
-                py,
-                (self.new)(self.class.as_ptr().cast(), empty.as_ptr(), ptr::null_mut()),
-            )
-        }?;
-        let mut args = [ptr::null_mut(); 10];
-        args[0] = made.as_ptr();
-        for (slot, arg) in args[1..].iter_mut().zip(positional.into_iter().chain(keywords)) {
-            *slot = arg.as_ptr();
-        }
-        // SAFETY: init is a live callable; args holds 10 borrowed references kept alive by the
-        // caller for the call (4 positional, then one per name of `keywords`, a tuple of 6
-        // strings); the result is a new reference or null with an exception set.
-        let result = unsafe {
-            Bound::from_owned_ptr_or_err(
-                py,
-                PyObject_Vectorcall(self.init.as_ptr(), args.as_ptr(), 4, self.keywords.as_ptr()),
-            )
-        }?;
-        if !result.is_none() {
-            return Err(pyo3::exceptions::PyTypeError::new_err(format!(
-                "__init__() should return None, not '{}'",
-                result.get_type().name()?
-            )));
-        }
-        Ok(made)
-    }
-}
-
 fn pyopencl_array<'py>(
     py: Python<'py>,
     cla: &Bound<'py, PyModule>,
@@ -253,8 +128,6 @@ fn pyopencl_array<'py>(
     /// The `pyopencl` module and its `Buffer.from_int_ptr`, looked up once (an import per
     /// call costs more than the rest).
     static CL: PyOnceLock<(Py<PyModule>, Py<PyAny>)> = PyOnceLock::new();
-    /// How the current `pyopencl.array.Array` is made ([`ArrayMaker`]).
-    static MAKER: Mutex<Option<ArrayMaker>> = Mutex::new(None);
     let (cl, buffer_from_int_ptr) = CL.get_or_try_init(py, || {
         let cl = py.import("pyopencl")?;
         let from_int_ptr = cl.getattr("Buffer")?.getattr("from_int_ptr")?.unbind();
@@ -279,31 +152,19 @@ fn pyopencl_array<'py>(
     let array = cla.getattr(intern!(py, "Array"))?;
     // PyOpenCL's fast constructor (the one its own views use): the shape, strides, size and
     // context given, it skips the checks that cost about 10 µs a call, most of a small batch's
-    // `.device` (docs/BENCHMARKS.md); made without a keyword dict where the class allows
-    // ([`ArrayMaker`]). A PyOpenCL without it gets the checked constructor.
-    let strides = PyTuple::new(py, &strides)?;
-    let size = size.into_pyobject(py)?;
-    let fast_keywords = [
-        buffer.as_any(),
-        strides.as_any(),
-        &pyo3::types::PyBool::new(py, true).to_owned().into_any(),
-        size.as_any(),
-        &context,
-        &queue,
-    ];
-    let none = py.None().into_bound(py);
-    let positional = [&none, shape.as_any(), descr.as_any()];
-    let made = match ArrayMaker::cached(py, &MAKER, &array)? {
-        Some(maker) => maker.make(py, positional, fast_keywords),
-        None => {
-            let fast = PyDict::new(py);
-            for (name, value) in FAST_KEYWORDS.iter().zip(fast_keywords) {
-                fast.set_item(PyString::intern(py, name), value)?;
-            }
-            array.call((py.None(), &shape, descr), Some(&fast))
-        }
-    };
-    match made {
+    // `.device` (docs/BENCHMARKS.md). The keywords are interned strings, which Python matches
+    // to parameters by identity. A PyOpenCL without it gets the checked constructor. (Calling
+    // the class's `__init__` by vectorcall would save the keyword dict, about 2,500
+    // instructions, but `PyObject_Vectorcall` is in the stable ABI only from Python 3.12: on
+    // Windows an abi3 module for 3.11 could not load with it.)
+    let fast = PyDict::new(py);
+    fast.set_item(intern!(py, "data"), &buffer)?;
+    fast.set_item(intern!(py, "strides"), PyTuple::new(py, &strides)?)?;
+    fast.set_item(intern!(py, "_fast"), true)?;
+    fast.set_item(intern!(py, "_size"), size)?;
+    fast.set_item(intern!(py, "_context"), &context)?;
+    fast.set_item(intern!(py, "_queue"), &queue)?;
+    match array.call((py.None(), &shape, descr), Some(&fast)) {
         Ok(made) => Ok(made),
         Err(err) if err.is_instance_of::<pyo3::exceptions::PyTypeError>(py) => {
             let kwargs = PyDict::new(py);
