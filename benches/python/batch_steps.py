@@ -9,7 +9,8 @@ LOOP: lazybuf (construct, host write `copy_from`, `.device`, `mark_device_dirty`
 `to_numpy`, drop: steps 1-6) or numpy (allocate `np.empty`, write `a[:] = data`, copy out
 `a.copy()`, drop: steps 1-4); step 0 toggles around nothing (the toggles' own cost, to
 subtract). "Collected" / BATCHES is the step's cost. Every step runs in every batch; only one
-is counted per run. Instructions of every thread are counted while collection is on (a
+is counted per run. With TRACE=on in the environment, lazybuf's event recorder runs (started
+after the warm-up batches, no stacks): the recorder's cost per step. Instructions of every thread are counted while collection is on (a
 runtime's worker threads too).
 """
 
@@ -54,6 +55,8 @@ def main() -> None:
         ]
     for i in range(3 + batches):
         measured = i >= 3
+        if i == 3 and loop == "lazybuf" and os.environ.get("TRACE") == "on":
+            lazybuf.trace.start(capacity=1 << 22)
         state = []
         for k, fn in enumerate(steps, start=1):
             if measured and k == step:

@@ -6,7 +6,7 @@
 # Usage: bash benches/python/batch_steps.sh DEVICE [PYTHONPATH]
 #   DEVICE: host, opencl (lazybuf's steps) or numpy (NumPy's own host work)
 #   PYTHONPATH: where the lazybuf to count is installed (default: the interpreter's own)
-#   PYTHON (default .venv/bin/python), BATCHES (300)
+#   PYTHON (default .venv/bin/python), BATCHES (300), TRACE (on: the event recorder runs)
 set -euo pipefail
 cd "$(dirname "$0")"
 device="$1"

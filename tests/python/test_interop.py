@@ -274,9 +274,9 @@ def test_pyopencl_arrays_match_pyopencls_own_constructor(pyopencl, opencl_device
 def test_pyopencl_array_classes_swapped_in_or_with_their_own_new_get_arrays_of_their_type(
     pyopencl, opencl_device, monkeypatch
 ):
-    """`.device` makes a `pyopencl.array.Array` without a keyword dict (its `__new__` and
-    `__init__` called directly), remembered per class: whichever class `pyopencl.array.Array`
-    is now gets the array, and a class with its own `__new__` is called as Python calls it."""
+    """Whichever class `pyopencl.array.Array` is now gets the array (the fast constructor's
+    arguments are passed by position when its `__init__` is PyOpenCL's, checked per
+    `__init__`), and a class with its own `__new__` is called as Python calls it."""
     import pyopencl.array as cla
 
     original = cla.Array
@@ -300,6 +300,34 @@ def test_pyopencl_array_classes_swapped_in_or_with_their_own_new_get_arrays_of_t
         assert (array.shape, array.strides, array.size) == ((2, 3), (12, 4), 6)
         np.testing.assert_array_equal(array.get(), data)
     assert news == [WithNew]
+
+
+def test_an_array_init_with_other_parameters_gets_its_arguments_by_keyword(pyopencl, opencl_device, monkeypatch):
+    """An `__init__` whose parameters are not PyOpenCL's in PyOpenCL's order (here `data` and
+    `offset` swapped) is never given the fast constructor's arguments by position, which would
+    bind them to the wrong parameters."""
+    import pyopencl.array as cla
+
+    original = cla.Array
+    seen = []
+
+    class Reordered(original):
+        def __init__(self, cq, shape, dtype, order="C", allocator=None, offset=0, data=None, strides=None,
+                     events=None, _flags=None, _fast=False, _size=None, _context=None, _queue=None):
+            seen.append((offset, data is not None))
+            super().__init__(cq, shape, dtype, order=order, allocator=allocator, data=data, offset=offset,
+                             strides=strides, events=events, _flags=_flags, _fast=_fast, _size=_size,
+                             _context=_context, _queue=_queue)
+
+    data = np.arange(6, dtype=np.float32).reshape(2, 3)
+    for cls in (Reordered, original, Reordered):
+        monkeypatch.setattr(cla, "Array", cls)
+        buf = UnifiedBuffer((2, 3), np.float32, device=opencl_device)
+        buf.copy_from(data)
+        array = buf.device
+        assert type(array) is cls
+        np.testing.assert_array_equal(array.get(), data)
+    assert seen == [(0, True), (0, True)]
 
 
 def test_pyopencl_without_the_fast_constructor_gets_the_checked_one(pyopencl, opencl_device, monkeypatch):

@@ -152,14 +152,35 @@ fn pyopencl_array<'py>(
     let array = cla.getattr(intern!(py, "Array"))?;
     // PyOpenCL's fast constructor (the one its own views use): the shape, strides, size and
     // context given, it skips the checks that cost about 10 µs a call, most of a small batch's
-    // `.device` (docs/BENCHMARKS.md). The keywords are interned strings, which Python matches
-    // to parameters by identity. A PyOpenCL without it gets the checked constructor. (Calling
-    // the class's `__init__` by vectorcall would save the keyword dict, about 2,500
-    // instructions, but `PyObject_Vectorcall` is in the stable ABI only from Python 3.12: on
-    // Windows an abi3 module for 3.11 could not load with it.)
+    // `.device` (docs/BENCHMARKS.md). Passed by position where the class's `__init__` takes
+    // PyOpenCL's parameters in PyOpenCL's order ([`takes_fast_positionally`]): a keyword dict
+    // costs about 2,500 instructions (made, then unpacked again by the call). Else by keyword
+    // (interned strings, which Python matches to parameters by identity); a PyOpenCL without
+    // the fast constructor gets the checked one.
+    let strides = PyTuple::new(py, &strides)?;
+    if takes_fast_positionally(py, &array) {
+        let none = py.None().into_bound(py);
+        let arguments = [
+            none.clone(),
+            shape.clone().into_any(),
+            descr.clone().into_any(),
+            intern!(py, "C").clone().into_any(),
+            none.clone(),
+            buffer.clone(),
+            0usize.into_pyobject(py)?.into_any(),
+            strides.into_any(),
+            none.clone(),
+            none,
+            pyo3::types::PyBool::new(py, true).to_owned().into_any(),
+            size.into_pyobject(py)?.into_any(),
+            context,
+            queue,
+        ];
+        return array.call1(PyTuple::new(py, arguments)?);
+    }
     let fast = PyDict::new(py);
     fast.set_item(intern!(py, "data"), &buffer)?;
-    fast.set_item(intern!(py, "strides"), PyTuple::new(py, &strides)?)?;
+    fast.set_item(intern!(py, "strides"), strides)?;
     fast.set_item(intern!(py, "_fast"), true)?;
     fast.set_item(intern!(py, "_size"), size)?;
     fast.set_item(intern!(py, "_context"), &context)?;
@@ -173,6 +194,55 @@ fn pyopencl_array<'py>(
         }
         Err(err) => Err(err),
     }
+}
+
+/// The parameters of PyOpenCL's `Array.__init__` (2022.1 to 2026.1 at least), in order.
+const ARRAY_INIT_PARAMETERS: [&str; 15] = [
+    "self",
+    "cq",
+    "shape",
+    "dtype",
+    "order",
+    "allocator",
+    "data",
+    "offset",
+    "strides",
+    "events",
+    "_flags",
+    "_fast",
+    "_size",
+    "_context",
+    "_queue",
+];
+
+/// Whether `class`'s `__init__` is a Python function whose first parameters are
+/// [`ARRAY_INIT_PARAMETERS`] (none keyword-only), so that the fast constructor's arguments can
+/// be passed by position and bind where their keywords would. Checked once per `__init__`
+/// (the last one seen is remembered): a subclass or another version of PyOpenCL with other
+/// parameters takes the keyword path, never a misbinding.
+fn takes_fast_positionally(py: Python<'_>, class: &Bound<'_, PyAny>) -> bool {
+    static CHECKED: Mutex<Option<(Py<PyAny>, bool)>> = Mutex::new(None);
+    let Ok(init) = class.getattr(intern!(py, "__init__")) else { return false };
+    let remembered = CHECKED.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some((seen, fits)) = remembered.as_ref()
+        && seen.bind(py).is(&init)
+    {
+        return *fits;
+    }
+    // Checked without the lock: reading attributes runs Python code.
+    drop(remembered);
+    let check = || -> PyResult<bool> {
+        let code = init.getattr("__code__")?;
+        let positional: usize = code.getattr("co_argcount")?.extract()?;
+        let names: Vec<String> = code.getattr("co_varnames")?.extract()?;
+        let expected = ARRAY_INIT_PARAMETERS.len();
+        Ok(positional >= expected && names.len() >= expected && names[..expected] == ARRAY_INIT_PARAMETERS)
+    };
+    let fits = check().unwrap_or(false);
+    let previous = CHECKED.lock().unwrap_or_else(PoisonError::into_inner).replace((init.unbind(), fits));
+    // Dropped after the lock: releasing the last reference to an object may run Python code.
+    drop(previous);
+    fits
 }
 
 /// A CuPy array over device memory lazybuf owns (`owner` keeps it alive). The device is
