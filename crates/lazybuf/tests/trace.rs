@@ -307,6 +307,51 @@ fn rollbacks_of(recorded: &trace::Trace, id: u64) -> Vec<u64> {
         .collect()
 }
 
+/// An asynchronous sync that returns early, because settling an earlier failed transfer
+/// fails, leaves no plan behind: the buffer's next plans are its own (a plan left behind trips
+/// a debug assertion at the next one), and their copies are named after their own calls.
+#[test]
+fn an_async_sync_that_fails_to_settle_leaves_no_plan_behind() {
+    let _l = lock();
+    for base in common::devices() {
+        let (device, faults) = lazybuf::testing::FaultyDevice::wrap(&base);
+        let len = 1000;
+        if device.is_zero_copy(len * 4) {
+            continue;
+        }
+        let mut buf = common::direct(&device, len);
+        buf.host_mut().unwrap().copy_from_slice(&pattern(5, len));
+        buf.sync_to_device().unwrap();
+        buf.mark_host_dirty().unwrap();
+        let id = buf.raw().id();
+        trace::start(TraceOptions::default()).unwrap();
+        faults.defer_copy_faults(true);
+        faults.fail_copy_in(1);
+        let asked = faults.copies();
+        let _transfer = buf.sync_to_device_async().unwrap();
+        // Settles the failed upload first: that failure is what it returns.
+        let again = buf.sync_to_device_async();
+        faults.disarm();
+        if faults.copies() == asked {
+            trace::stop().unwrap();
+            continue;
+        }
+        assert!(again.is_err(), "{device}: the earlier transfer's failure surfaces");
+        buf.sync_to_device().unwrap();
+        let recorded = trace::stop().unwrap();
+        let calls: Vec<&str> = recorded
+            .events
+            .iter()
+            .filter_map(|e| match &e.kind {
+                EventKind::Transfer { info, .. } if info.buffer == id => Some(info.cause.call),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(calls, ["sync_to_device_async", "sync_to_device"], "{device}");
+        assert_eq!(buf.host().unwrap(), &pattern(5, len)[..], "{device}");
+    }
+}
+
 /// An asynchronous sync whose copy fails when it is settled is undone: its copy is rolled back
 /// (in the counters and in the trace's summary alike) and the state transition of the undoing
 /// is recorded.

@@ -186,12 +186,14 @@ impl RawBuffer {
     }
 
     /// The state of the host against the buffer's own device.
+    #[inline]
     pub fn state(&self) -> BufferState {
         self.state_on(&self.home)
     }
 
     /// The state of the host against `device`. Transfers in flight count as done unless they
     /// are known to have failed (see the module docs).
+    #[inline]
     pub fn state_on(&self, device: &Device) -> BufferState {
         let at = Location::Device(device.id());
         if self.inflight.is_empty() {
@@ -370,14 +372,25 @@ impl RawBuffer {
             self.observe_plan(&plan, device, cause)?;
         }
         let (reads, writes) = self.touched(&plan, at, device, Access::Read);
-        self.settle(|op| op.conflicts(&reads, &writes))?;
+        // An early return leaves no plan behind for a later access's copies to be named after.
+        let abandon = |buffer: &mut Self, err| {
+            if observed {
+                buffer.observe_abort();
+            }
+            err
+        };
+        self.settle(|op| op.conflicts(&reads, &writes)).map_err(|err| abandon(self, err))?;
         if !self.coherence.any_valid() || plan.steps().iter().all(|s| matches!(s, Step::Allocate(_))) {
-            // Nothing to copy (or nothing valid, which a blocking read zero-fills).
+            // Nothing to copy (or nothing valid, which a blocking read zero-fills): the
+            // blocking sync plans and records it anew.
+            if observed {
+                self.observe_abort();
+            }
             self.sync(device)?;
             return Ok(Transfer::new(Ticket::done()));
         }
         if at == Location::Host {
-            self.await_aliased_use()?;
+            self.await_aliased_use().map_err(|err| abandon(self, err))?;
         }
         let before = writes.iter().map(|loc| (loc, self.coherence.residency(loc))).collect();
         let (mut undo, mut delta, mut tickets) = (Undo::default(), TransferStats::default(), Vec::new());

@@ -86,6 +86,8 @@ impl RawBuffer {
         device: Option<&Device>,
         default: &Cause,
     ) -> Result<()> {
+        // Every plan is committed or aborted before the buffer's next one.
+        debug_assert!(self.planned.is_none(), "buffer {}: a plan was left behind", self.id);
         let emitting = observe::emitting();
         let (cause, op) =
             if emitting { trace::plan_cause_and_op(*default) } else { (observe::cause_or(*default), 0) };
