@@ -173,6 +173,7 @@ impl Coherence {
     }
 
     /// The residency of one location.
+    #[inline]
     pub fn residency(&self, at: Location) -> Residency {
         self.entries.iter().find(|(loc, _)| *loc == at).map_or(Residency::Unallocated, |&(_, r)| r)
     }
@@ -183,6 +184,7 @@ impl Coherence {
     }
 
     /// Whether any location holds the current bytes.
+    #[inline]
     pub fn any_valid(&self) -> bool {
         self.entries.iter().any(|&(_, r)| r == Residency::Valid)
     }
@@ -283,6 +285,7 @@ impl Coherence {
     }
 
     /// The state of the host against `device`.
+    #[inline]
     pub fn state(&self, device: Location) -> BufferState {
         use Residency::*;
         match (self.residency(Location::Host), self.residency(device)) {

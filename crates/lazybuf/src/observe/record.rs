@@ -159,72 +159,76 @@ impl Raw {
     /// (32..64); the rest per kind.
     #[inline(always)]
     fn encode(self, time: u64) -> [u64; WORDS] {
-        self.encode_used(time).0
+        let mut w = [0u64; WORDS];
+        self.write(time, |i, value| w[i] = value);
+        w
     }
 
-    /// [`Self::encode`], and how many of the words the kind uses: the words after them are
-    /// neither written when staged nor read by [`Self::decode`] (a slot keeps an earlier
-    /// event's words there).
+    /// Gives each word the kind uses to `put` (index, value), [`Self::encode`]'s layout;
+    /// returns how many words that is. The words after them are neither written when staged
+    /// nor read by [`Self::decode`] (a slot keeps an earlier event's words there).
     #[inline(always)]
-    fn encode_used(self, time: u64) -> ([u64; WORDS], usize) {
-        let mut w = [0u64; WORDS];
-        w[0] = time;
+    fn write(self, time: u64, mut put: impl FnMut(usize, u64)) -> usize {
+        put(0, time);
         match self {
             Raw::Transfer { buffer, op, direction, bytes, from, to, call, reason, stream, start, waited } => {
-                w[1] = T_TRANSFER
-                    | (direction.index() as u64) << 8
-                    | reason_index(reason) << 12
-                    | u64::from(waited) << 16
-                    | u64::from(call) << 32;
-                w[2] = buffer;
-                w[3] = bytes;
-                w[4] = from;
-                w[5] = to;
-                w[6] = stream;
-                w[7] = op;
-                w[8] = start;
+                put(
+                    1,
+                    T_TRANSFER
+                        | (direction.index() as u64) << 8
+                        | reason_index(reason) << 12
+                        | u64::from(waited) << 16
+                        | u64::from(call) << 32,
+                );
+                put(2, buffer);
+                put(3, bytes);
+                put(4, from);
+                put(5, to);
+                put(6, stream);
+                put(7, op);
+                put(8, start);
+                9
             }
             Raw::Allocate { buffer, device, kind, bytes, source } => {
-                w[1] = T_ALLOCATE | kind_index(kind) << 8 | u64::from(source == Source::Cache) << 12;
-                w[2] = buffer;
-                w[3] = bytes;
-                w[4] = device;
+                put(1, T_ALLOCATE | kind_index(kind) << 8 | u64::from(source == Source::Cache) << 12);
+                put(2, buffer);
+                put(3, bytes);
+                put(4, device);
+                5
             }
             Raw::Free { buffer, device, kind, bytes } => {
-                w[1] = T_FREE | kind_index(kind) << 8;
-                w[2] = buffer;
-                w[3] = bytes;
-                w[4] = device;
+                put(1, T_FREE | kind_index(kind) << 8);
+                put(2, buffer);
+                put(3, bytes);
+                put(4, device);
+                5
             }
             Raw::Pool { hit, device, bytes } => {
-                w[1] = T_POOL | u64::from(hit) << 8;
-                w[3] = bytes;
-                w[4] = device;
+                put(1, T_POOL | u64::from(hit) << 8);
+                put(3, bytes);
+                put(4, device);
+                5
             }
             Raw::State { buffer, from, to, call } => {
-                w[1] = T_STATE | (from as u64) << 8 | (to as u64) << 16 | u64::from(call) << 32;
-                w[2] = buffer;
+                put(1, T_STATE | (from as u64) << 8 | (to as u64) << 16 | u64::from(call) << 32);
+                put(2, buffer);
+                3
             }
             Raw::Rollback { buffer, op, call } => {
-                w[1] = T_ROLLBACK | u64::from(call) << 32;
-                w[2] = buffer;
-                w[7] = op;
+                put(1, T_ROLLBACK | u64::from(call) << 32);
+                put(2, buffer);
+                put(7, op);
+                8
             }
             Raw::CheckerRead { buffer, device, bytes, start } => {
-                w[1] = T_CHECKER;
-                w[2] = buffer;
-                w[3] = bytes;
-                w[4] = device;
-                w[8] = start;
+                put(1, T_CHECKER);
+                put(2, buffer);
+                put(3, bytes);
+                put(4, device);
+                put(8, start);
+                9
             }
         }
-        let used = match self {
-            Raw::Transfer { .. } | Raw::CheckerRead { .. } => 9,
-            Raw::Rollback { .. } => 8,
-            Raw::Allocate { .. } | Raw::Free { .. } | Raw::Pool { .. } => 5,
-            Raw::State { .. } => 3,
-        };
-        (w, used)
     }
 
     /// The record of `w` ([`Self::encode`]); `None` for words no event wrote.
@@ -269,8 +273,9 @@ impl Raw {
 
 /// Events in the ring, still encoded (decoded by [`collect`]), in the order they reached it.
 enum Block {
-    /// A thread's chunk, as it was full (or as the thread exited). (Copied: moving the chunk
-    /// itself here and giving the thread a new one costs as much in the new chunk's zeroing.)
+    /// A thread's chunk, as it was full (or as the thread exited), or one event taken on the
+    /// slow path without a stack. (Copied: moving the chunk itself here and giving the thread
+    /// a new one costs as much in the new chunk's zeroing.)
     Chunk { thread: u64, words: Box<[u64]> },
     /// One event with a stack.
     Stacked { thread: u64, words: [u64; WORDS], stack: Arc<str> },
@@ -656,11 +661,9 @@ impl Local {
         }
         let chunk = self.chunk.borrow();
         let Some(chunk) = chunk.as_ref() else { return };
-        let (words, used) = raw.encode_used(at);
-        let slot = &chunk.words[len * WORDS..len * WORDS + used];
-        for (word, value) in slot.iter().zip(words) {
-            word.store(value, Ordering::Relaxed);
-        }
+        let Some(slot) = chunk.words.get(len * WORDS..(len + 1) * WORDS) else { return };
+        let Ok(slot) = <&[AtomicU64; WORDS]>::try_from(slot) else { return };
+        raw.write(at, |i, value| slot[i].store(value, Ordering::Relaxed));
         chunk.len.store(len + 1, Ordering::Release);
         self.len.set(len + 1);
     }
@@ -688,8 +691,8 @@ impl Local {
         self.stack.replace(stack)
     }
 
-    /// Moves this thread's events into the ring (when its session still runs) and empties its
-    /// chunk.
+    /// Copies this thread's events into the ring (when its session still runs) and empties
+    /// its chunk.
     #[cold]
     fn flush(&self) {
         let mut global = global();
@@ -894,9 +897,13 @@ mod tests {
         for raw in raws {
             assert_eq!(Raw::decode(&raw.encode(42)), Some(raw));
             // Staged over an earlier event's words: only the used ones are written.
-            let (words, used) = raw.encode_used(42);
             let mut slot = [u64::MAX; WORDS];
-            slot[..used].copy_from_slice(&words[..used]);
+            let mut highest = 0;
+            let used = raw.write(42, |i, value| {
+                slot[i] = value;
+                highest = highest.max(i);
+            });
+            assert!(highest < used, "{raw:?} wrote word {highest} of {used}");
             assert_eq!(Raw::decode(&slot), Some(raw), "{raw:?} over stale words");
         }
         assert_eq!(Raw::decode(&[0; WORDS]), None);
