@@ -3,9 +3,10 @@
 //! back at the buffer's next access.
 //!
 //! Files live in the spill directory: `LAZYBUF_SPILL_DIR`, else `lazybuf-spill-<pid>` under the
-//! system's temporary directory, made at the first spill. Each file is written and read in
-//! large chunks ([`CHUNK`]), and removed when its data is read back or its buffer goes (a file
-//! of a process killed before that stays behind in the directory). A write that fails (a full
+//! system's temporary directory, made at the first spill and removed with its last file (a
+//! directory the user named stays). Each file is written and read in large chunks
+//! ([`CHUNK`]), and removed when its data is read back or its buffer goes (a file of a process
+//! killed before that stays behind in the directory). A write that fails (a full
 //! or unwritable disk) removes the partial file and returns a clear error: the buffer keeps its
 //! host copy.
 //!
@@ -55,9 +56,36 @@ const PAGED: usize = 64 * 1024;
 
 /// The spill directory (see the module docs).
 pub fn spill_dir() -> PathBuf {
+    spill_dir_and_owner().0
+}
+
+/// The spill directory, and whether it is this process's own (`lazybuf-spill-<pid>`, removed
+/// when its last file goes), not one the user named.
+fn spill_dir_and_owner() -> (PathBuf, bool) {
     match std::env::var_os(SPILL_DIR_ENV) {
-        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
-        _ => std::env::temp_dir().join(format!("lazybuf-spill-{}", std::process::id())),
+        Some(dir) if !dir.is_empty() => (PathBuf::from(dir), false),
+        _ => (std::env::temp_dir().join(format!("lazybuf-spill-{}", std::process::id())), true),
+    }
+}
+
+/// Makes `dir` if missing and registers `path` in it as live, under the lock that
+/// [`forget`] takes to remove the process's own directory once empty: a directory being
+/// filled is never removed.
+fn register(dir: &Path, path: &Path) -> std::io::Result<()> {
+    let mut live = live_files().lock().unwrap_or_else(PoisonError::into_inner);
+    std::fs::create_dir_all(dir)?;
+    live.insert(path.to_path_buf());
+    Ok(())
+}
+
+/// Unregisters `path` (its file is gone); removes the process's own spill directory
+/// (`own_dir`) when no live file is left in it. Never panics.
+fn forget(path: &Path, own_dir: bool) {
+    let mut live = live_files().lock().unwrap_or_else(PoisonError::into_inner);
+    live.remove(path);
+    if let Some(dir) = path.parent().filter(|dir| own_dir && !live.iter().any(|p| p.parent() == Some(*dir))) {
+        // Fails, harmlessly, when something else is in it.
+        let _ = std::fs::remove_dir(dir);
     }
 }
 
@@ -78,8 +106,17 @@ fn live_files() -> &'static Mutex<HashSet<PathBuf>> {
 /// Python package calls it at interpreter exit). Buffers whose file is removed lose their
 /// data, so call it only when none will be used again. Returns the files removed.
 pub fn remove_spill_files() -> usize {
-    let files: Vec<PathBuf> = live_files().lock().unwrap_or_else(PoisonError::into_inner).drain().collect();
-    files.iter().filter(|path| std::fs::remove_file(path).is_ok()).count()
+    let files: Vec<PathBuf> =
+        live_files().lock().unwrap_or_else(PoisonError::into_inner).iter().cloned().collect();
+    let own_dir = spill_dir_and_owner().1;
+    files
+        .iter()
+        .filter(|path| {
+            let removed = std::fs::remove_file(path).is_ok();
+            forget(path, own_dir);
+            removed
+        })
+        .count()
 }
 
 /// Opens a spill file for direct I/O: a new one to write (`true`) or one to read (`false`).
@@ -91,6 +128,8 @@ pub struct SpillFile {
     path: PathBuf,
     len: usize,
     direct: bool,
+    /// Its directory is the process's own: removed with its last file.
+    own_dir: bool,
 }
 
 impl SpillFile {
@@ -105,7 +144,7 @@ impl SpillFile {
     /// I/O only).
     fn write_with(bytes: &[u8], open_direct: Option<&Opener>) -> Result<SpillFile> {
         static NEXT: AtomicU64 = AtomicU64::new(0);
-        let dir = spill_dir();
+        let (dir, own_dir) = spill_dir_and_owner();
         let path = dir.join(format!("{}.bin", NEXT.fetch_add(1, Ordering::Relaxed)));
         let failed = |what: &str, err: std::io::Error| {
             Error::invalid(
@@ -118,9 +157,8 @@ impl SpillFile {
                 ),
             )
         };
-        std::fs::create_dir_all(&dir).map_err(|err| failed("create the directory of", err))?;
-        live_files().lock().unwrap_or_else(PoisonError::into_inner).insert(path.clone());
-        let mut file = SpillFile { path: path.clone(), len: bytes.len(), direct: false };
+        register(&dir, &path).map_err(|err| failed("create the directory of", err))?;
+        let mut file = SpillFile { path: path.clone(), len: bytes.len(), direct: false, own_dir };
         // From here the file is removed on failure (by dropping `file`).
         if let Some(open_direct) = open_direct {
             let written = open_direct(&path, true).map_err(|err| ("create", err)).and_then(|mut out| {
@@ -209,7 +247,7 @@ impl Drop for SpillFile {
     fn drop(&mut self) {
         // Never panics: a file already gone (or a directory removed by hand) is fine.
         let _ = std::fs::remove_file(&self.path);
-        live_files().lock().unwrap_or_else(PoisonError::into_inner).remove(&self.path);
+        forget(&self.path, self.own_dir);
     }
 }
 
@@ -317,11 +355,13 @@ mod tests {
 
     /// Whether the spill directory's file system takes an aligned `O_DIRECT` write.
     fn directory_does_direct_io() -> bool {
-        std::fs::create_dir_all(spill_dir()).unwrap();
-        let probe = spill_dir().join("direct-io-probe");
+        let (dir, own_dir) = spill_dir_and_owner();
+        let probe = dir.join(format!("direct-io-probe-{:?}", std::thread::current().id()));
+        register(&dir, &probe).unwrap();
         let block = HostMemory::allocate(PAGED).unwrap();
         let done = open_direct(&probe, true).and_then(|mut file| file.write_all(&block.as_slice()[..ALIGN]));
         let _ = std::fs::remove_file(&probe);
+        forget(&probe, own_dir);
         match done {
             Ok(()) => true,
             Err(err) if refuses_direct_io(&err) => false,
@@ -380,6 +420,27 @@ mod tests {
             file.read_with(&mut out, &refusing).unwrap();
             assert_eq!(out, bytes);
         }
+    }
+
+    /// The process's own spill directory goes with its last file; one the user named stays.
+    #[test]
+    fn the_own_spill_directory_goes_with_its_last_file() {
+        let base = std::env::temp_dir().join(format!("lazybuf-spill-dir-test-{}", std::process::id()));
+        for own_dir in [true, false] {
+            let dir = base.join(if own_dir { "own" } else { "named" });
+            let (first, second) = (dir.join("1.bin"), dir.join("2.bin"));
+            for path in [&first, &second] {
+                register(&dir, path).unwrap();
+                std::fs::write(path, b"data").unwrap();
+            }
+            std::fs::remove_file(&first).unwrap();
+            forget(&first, own_dir);
+            assert!(dir.exists(), "a live file is still in it");
+            std::fs::remove_file(&second).unwrap();
+            forget(&second, own_dir);
+            assert_eq!(dir.exists(), !own_dir, "own: {own_dir}");
+        }
+        std::fs::remove_dir_all(&base).unwrap();
     }
 
     /// Any other failure is the clear error it was, and leaves no file behind.
