@@ -2,28 +2,35 @@
 # Builds the lazybuf Python package once (maturin, release, abi3 wheel), installs it into a
 # virtual environment with the test dependencies, and runs the Python tests (tests/python/).
 # PyOpenCL is installed so the interop tests run against the same PoCL device as the Rust
-# tests. After the first pytest pass it builds the Python API reference (scripts/api-docs.sh,
-# pdoc; a warning fails it). Exits non-zero on any failure.
+# tests. It builds the Python API reference (scripts/api-docs.sh, pdoc; a warning fails it).
+# Exits non-zero on any failure.
 #
 # The wheel under test is built with the crate feature `testing` (lazybuf.testing: the
 # fault-injecting device, for tests/python/test_faults.py); wheels built from pyproject.toml
-# alone (`pip install .`, releases) do not have it. Passes, in order: the release wheel; again
-# with the CUDA driver test double; again with the coherence checker on (LAZYBUF_CHECK=1); and
-# once with a debug build (overflow checks and debug assertions on), after which the release
-# wheel is put back. dask[distributed] is installed for tests/python/test_dask.py; its two
-# LocalCluster tests (worker processes, ~10 s) run in the first pass only
-# (LAZYBUF_SKIP_CLUSTER=1 in the others).
+# alone (`pip install .`, releases) do not have it. Four pytest passes: the release wheel;
+# again with the CUDA driver test double; again with the coherence checker on
+# (LAZYBUF_CHECK=1); and once with a debug build of the extension (debug assertions and
+# overflow checks on), installed beside the venv, not into it. The passes run two at a time (each is mostly one
+# thread: two of them fill a 2-core machine), each with its own pytest temporary directory;
+# a pass's output is printed whole when it ends. dask[distributed] is installed for
+# tests/python/test_dask.py; its two LocalCluster tests (worker processes, ~10 s) run in the
+# first pass only (LAZYBUF_SKIP_CLUSTER=1 in the others).
 #
 # Usage: bash scripts/test-python.sh [pytest args...]
-#   LAZYBUF_PY_VENV   the virtual environment to use or create (default: .venv)
-#   PYTHON            the interpreter that creates it (default: python3; needs >= 3.11)
+#   LAZYBUF_PY_VENV      the virtual environment to use or create (default: .venv)
+#   PYTHON               the interpreter that creates it (default: python3; needs >= 3.11)
+#   LAZYBUF_PY_BUILD     extra `maturin build` arguments for the release wheel (scripts/test.sh
+#                        passes release.sh's zig and target arguments, so the wheel under test
+#                        is built as the released one is, from the same compiled dependencies)
+#   LAZYBUF_PY_SERIAL=1  run the passes one after another
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 venv="${LAZYBUF_PY_VENV:-.venv}"
 case "$venv" in /*) ;; *) venv="$PWD/$venv" ;; esac
 python="${PYTHON:-python3}"
-step() { printf '\n==> %s\n' "$*"; }
+start=$SECONDS
+step() { printf '\n==> [%dm%02ds] %s\n' $(((SECONDS - start) / 60)) $(((SECONDS - start) % 60)) "$*"; }
 
 if [ ! -x "$venv/bin/python" ]; then
   step "creating $venv"
@@ -38,9 +45,10 @@ step "installing build and test dependencies into $venv"
 step "building the wheel (maturin, release, feature testing)"
 wheels=target/wheels-python
 rm -rf "$wheels"
-"$venv/bin/maturin" build --release --quiet --features testing --out "$wheels" --interpreter "$venv/bin/python"
-install() { "$venv/bin/python" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps "$1"/lazybuf-*.whl; }
-install "$wheels"
+# shellcheck disable=SC2086 # LAZYBUF_PY_BUILD is a list of arguments
+"$venv/bin/maturin" build --release --quiet --features testing --out "$wheels" --interpreter "$venv/bin/python" \
+  ${LAZYBUF_PY_BUILD:-}
+"$venv/bin/python" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps "$wheels"/lazybuf-*.whl
 
 # The wheel has lazybuf.testing, and dask[distributed] is installed: their tests must run, not skip.
 export LAZYBUF_REQUIRE="${LAZYBUF_REQUIRE:+$LAZYBUF_REQUIRE,}testing,dask"
@@ -49,40 +57,92 @@ export LAZYBUF_REQUIRE="${LAZYBUF_REQUIRE:+$LAZYBUF_REQUIRE,}testing,dask"
 py="$venv/bin/python"
 step "type stubs against the built module (mypy stubtest)"
 (cd tests/python && "$py" -m mypy.stubtest lazybuf)
-step "pytest tests/python"
-(cd tests/python && "$py" -m pytest -q -p no:cacheprovider "$@" .)
+# One pass: `run_pass NAME [VAR=value...]` runs pytest from tests/python (so `import lazybuf`
+# is the installed wheel, not the source tree) with those variables, output to its log.
+logs="$(mktemp -d)"
+trap 'rm -rf "$logs"' EXIT
+run_pass() {
+  local name="$1"
+  shift
+  (cd tests/python && env "$@" "$py" -m pytest -q -p no:cacheprovider --basetemp="$logs/$name.tmp" \
+    "${pytest_args[@]}" .) >"$logs/$name.log" 2>&1
+}
+pytest_args=("$@")
+failed=()
+# Starts a pass in the background (or runs it now with LAZYBUF_PY_SERIAL=1).
+pids=()
+names=()
+start_pass() {
+  if [ "${LAZYBUF_PY_SERIAL:-0}" = 1 ]; then
+    step "pytest tests/python: $1"
+    run_pass "$@" || failed+=("$1")
+    cat "$logs/$1.log"
+    return
+  fi
+  run_pass "$@" &
+  pids+=($!)
+  names+=("$1")
+}
+# Waits for the passes started, prints each one's output, notes failures.
+finish_passes() {
+  for i in "${!pids[@]}"; do
+    local rc=0
+    wait "${pids[$i]}" || rc=$?
+    step "pytest tests/python: ${names[$i]}"
+    cat "$logs/${names[$i]}.log"
+    [ "$rc" -eq 0 ] || failed+=("${names[$i]}")
+  done
+  pids=()
+  names=()
+}
+
+# The CUDA driver test double stands in for libcuda (machines without a GPU): the CUDA paths
+# (DeviceMemoryView, __cuda_array_interface__, DLPack on kDLCUDA) run, and everything else
+# must still hold with a CUDA device as the default device.
+double=""
+if [ -f scripts/build-cuda-double.sh ] && command -v gcc >/dev/null; then
+  double="$PWD/target/cuda-double"
+  bash scripts/build-cuda-double.sh "$double" >/dev/null
+fi
+
+step "pytest passes: the release wheel${double:+, and with the CUDA driver test double}"
+start_pass release
+if [ -n "$double" ]; then
+  start_pass cuda-double LD_LIBRARY_PATH="$double${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" LAZYBUF_SKIP_CLUSTER=1 \
+    LAZYBUF_REQUIRE="$LAZYBUF_REQUIRE,cuda"
+fi
+finish_passes
 
 # The Python API reference from the installed wheel's docstrings and stubs (pdoc), into
 # target/api-docs; any warning fails it (docs/API.md).
 step "API reference (pdoc, warnings are errors)"
 LAZYBUF_PY_VENV="$venv" bash scripts/api-docs.sh
 
-# Again with the CUDA driver test double standing in for libcuda (machines without a GPU):
-# the CUDA paths (DeviceMemoryView, __cuda_array_interface__, DLPack on kDLCUDA) run, and
-# everything else must still hold with a CUDA device as the default device.
-if [ -f scripts/build-cuda-double.sh ] && command -v gcc >/dev/null; then
-  step "pytest tests/python with the CUDA driver test double"
-  double="$PWD/target/cuda-double"
-  bash scripts/build-cuda-double.sh "$double" >/dev/null
-  (cd tests/python && LD_LIBRARY_PATH="$double${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" LAZYBUF_SKIP_CLUSTER=1 \
-    LAZYBUF_REQUIRE="${LAZYBUF_REQUIRE:+$LAZYBUF_REQUIRE,}cuda" "$py" -m pytest -q -p no:cacheprovider "$@" .)
-fi
-
-# Once more with the coherence checker on (lazybuf.checking() is True at start): every test
-# that reads a buffer back must hold with the check, so no test relies on a missing
-# mark_device_dirty(). Without the CUDA double, to keep it cheap (about 3 s).
-step "pytest tests/python with LAZYBUF_CHECK=1"
-(cd tests/python && LAZYBUF_CHECK=1 LAZYBUF_SKIP_CLUSTER=1 "$py" -m pytest -q -p no:cacheprovider "$@" .)
-
-# Once with a debug build of the extension (no --release: overflow checks and debug
-# assertions on), so arithmetic on sizes from Python that would wrap in release panics here
-# instead (and a panic reaching Python fails the test). Adds one debug build (about 55 s from
-# a cold target/ on 2 cores, a few seconds warm) and one pytest pass (about 3 s); the release
-# wheel is put back afterwards.
-step "pytest tests/python with a debug build of the extension"
+# With the coherence checker on (lazybuf.checking() is True at start): every test that reads
+# a buffer back must hold with the check, so no test relies on a missing mark_device_dirty().
+# Without the CUDA double, to keep it cheap.
+step "pytest passes: with LAZYBUF_CHECK=1, and with a debug build of the extension"
+start_pass checker LAZYBUF_CHECK=1 LAZYBUF_SKIP_CLUSTER=1
+# With a debug build (no --release: debug assertions and overflow checks on), so arithmetic on
+# sizes from Python that would wrap in release panics here instead (and a panic reaching Python
+# fails the test). Installed into a directory of its own, first on PYTHONPATH: the venv keeps
+# the release wheel for the checker's pass meanwhile. (Not cargo's `test` profile, which would
+# share `cargo test`'s compiled dependencies: a cdylib built with it is a test harness,
+# which Python cannot load.)
 debug_wheels=target/wheels-python-debug
+debug_site="$logs/debug-site"
 rm -rf "$debug_wheels"
 "$venv/bin/maturin" build --quiet --features testing --out "$debug_wheels" --interpreter "$venv/bin/python"
-install "$debug_wheels"
-(cd tests/python && LAZYBUF_SKIP_CLUSTER=1 "$py" -m pytest -q -p no:cacheprovider "$@" .)
-install "$wheels"
+"$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps --target "$debug_site" "$debug_wheels"/lazybuf-*.whl
+debug_path="$debug_site${PYTHONPATH:+:$PYTHONPATH}"
+(cd tests/python && PYTHONPATH="$debug_path" "$py" -c "
+import lazybuf, sys
+assert lazybuf.__file__.startswith(sys.argv[1]), f'the debug build is not the one imported: {lazybuf.__file__}'" "$debug_site")
+start_pass debug-build LAZYBUF_SKIP_CLUSTER=1 PYTHONPATH="$debug_path"
+finish_passes
+
+if [ "${#failed[@]}" -gt 0 ]; then
+  echo "pytest failed in: ${failed[*]}" >&2
+  exit 1
+fi
+step "the Python tests passed"
