@@ -662,7 +662,18 @@ unsafe fn ndarray_raw<'py>(
     descr: &Bound<'py, PyArrayDescr>,
     writeable: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let mut dims: Vec<npy_intp> = shape.iter().map(|&d| d as npy_intp).collect();
+    // On the stack up to 8 dimensions (a heap allocation and free per array otherwise).
+    let mut inline: [npy_intp; 8] = [0; 8];
+    let mut heap = Vec::new();
+    let dims: &mut [npy_intp] = if shape.len() <= inline.len() {
+        &mut inline[..shape.len()]
+    } else {
+        heap.resize(shape.len(), 0);
+        &mut heap
+    };
+    for (dim, &d) in dims.iter_mut().zip(shape) {
+        *dim = d as npy_intp;
+    }
     // With data, the flags are the array's (C order is asked for explicitly); without, NumPy
     // allocates a writable array and reads any non-zero flags as "Fortran order".
     let flags = match (address.is_null(), writeable) {
