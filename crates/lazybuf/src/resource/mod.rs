@@ -104,6 +104,15 @@ pub trait MemoryResource: Send + Sync + fmt::Debug {
         }
     }
 
+    /// A host block as [`Self::allocate_host`] gives, only if one is ready at once: no wait,
+    /// no call into a runtime that may block and no code outside lazybuf (a cache hit).
+    /// `None` otherwise, with nothing counted, so the caller can then ask
+    /// [`Self::allocate_host`] (a binding holding its interpreter's lock makes the access in
+    /// place only when this succeeds). The default has none ready.
+    fn allocate_host_now(&self, _device: &Device, _bytes: usize, _pinned: bool) -> Option<HostMemory> {
+        None
+    }
+
     /// Device memory of at least `bytes` on `device`, for work on `stream`.
     fn allocate_device(&self, device: &Device, bytes: usize, stream: &Stream) -> Result<DeviceMemory> {
         match self.allocate(device, MemoryKind::Device, bytes, stream)? {
