@@ -362,6 +362,11 @@ impl UnifiedBuffer {
     /// Makes every writable host view handed out read-only when the host copy is not
     /// current (or the buffer was released): a write through one would be lost.
     fn freeze_if_host_stale(&self, py: Python<'_>) -> PyResult<()> {
+        // Nothing handed out to freeze (the usual case): no need to look at the state. A view
+        // handed out after this check is checked by its own `track_writable`.
+        if self.inner().writable_views.is_empty() {
+            return Ok(());
+        }
         let stale = match self.held_storage() {
             Some(storage) => storage.lock(py)?.residency(Location::Host) != Residency::Valid,
             None => true,
@@ -881,30 +886,29 @@ impl UnifiedBuffer {
     /// `array[...] = data` converts them.
     fn copy_from(slf: &Bound<'_, Self>, data: &Bound<'_, PyAny>) -> PyResult<()> {
         let py = slf.py();
-        let (storage, descr, shape) = {
-            let this = slf.get();
-            (this.storage()?, this.descr(py).clone(), this.shape.clone())
-        };
+        let this = slf.get();
+        // Borrowed from the frozen object: no copy of the shape per call.
+        let (storage, descr, shape) = (this.storage()?, this.descr(py), this.shape.as_slice());
         let np = numpy_module(py)?;
         // Arrays keep their dtype (and must cast under same_kind); other data (lists, scalars)
         // are values, converted to the buffer's dtype as `array[...] = data` would.
         let array = match data.cast::<PyUntypedArray>() {
             Ok(array) => array.clone(),
-            Err(_) => args::copy_source(data, &descr, &shape)?,
+            Err(_) => args::copy_source(data, descr, shape)?,
         };
-        if array.shape() != shape.as_slice() {
+        if array.shape() != shape {
             let hint = if array.ndim() == 0 { " (use fill() to set every element to a scalar)" } else { "" };
             return Err(PyValueError::new_err(format!(
                 "copy_from: expected data of shape {}, got shape {}{hint}",
-                shape_repr(&shape),
+                shape_repr(shape),
                 shape_repr(array.shape())
             )));
         }
         let from = array.dtype();
-        if !from.is_equiv_to(&descr) {
+        if !from.is_equiv_to(descr) {
             let kwargs = PyDict::new(py);
             kwargs.set_item("casting", "same_kind")?;
-            if !np.call_method("can_cast", (&from, &descr), Some(&kwargs))?.is_truthy()? {
+            if !np.call_method("can_cast", (&from, descr), Some(&kwargs))?.is_truthy()? {
                 return Err(PyTypeError::new_err(format!(
                     "copy_from: cannot cast {} to {} under the same_kind rule; expected data of \
                      dtype {} or one that casts to it safely",
@@ -914,11 +918,11 @@ impl UnifiedBuffer {
                 )));
             }
         }
-        let array = if from.is_equiv_to(&descr) && array.is_c_contiguous() {
+        let array = if from.is_equiv_to(descr) && array.is_c_contiguous() {
             array
         } else {
             let kwargs = PyDict::new(py);
-            kwargs.set_item("dtype", &descr)?;
+            kwargs.set_item("dtype", descr)?;
             np.call_method("ascontiguousarray", (array,), Some(&kwargs))?.cast_into::<PyUntypedArray>()?
         };
         storage.copy_from_array(&array)

@@ -136,8 +136,16 @@ fn pyopencl_array<'py>(
     let (queue, context) = pyopencl_queue(py, cl.bind(py).as_any(), queue)?;
     let size: usize = shape.iter().product();
     let itemsize = descr.itemsize();
-    // C-contiguous strides, in bytes.
-    let mut strides = vec![itemsize; shape.len()];
+    // C-contiguous strides, in bytes; on the stack up to 8 dimensions.
+    let mut inline = [0usize; 8];
+    let mut heap = Vec::new();
+    let strides: &mut [usize] = if shape.len() <= inline.len() {
+        &mut inline[..shape.len()]
+    } else {
+        heap.resize(shape.len(), 0);
+        &mut heap
+    };
+    strides.fill(itemsize);
     for i in (0..shape.len().saturating_sub(1)).rev() {
         strides[i] = strides[i + 1] * shape[i + 1].max(1);
     }
@@ -157,7 +165,7 @@ fn pyopencl_array<'py>(
     // costs about 2,500 instructions (made, then unpacked again by the call). Else by keyword
     // (interned strings, which Python matches to parameters by identity); a PyOpenCL without
     // the fast constructor gets the checked one.
-    let strides = PyTuple::new(py, &strides)?;
+    let strides = PyTuple::new(py, &*strides)?;
     if takes_fast_positionally(py, &array) {
         let none = py.None().into_bound(py);
         let arguments = [

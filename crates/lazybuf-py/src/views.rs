@@ -473,12 +473,31 @@ impl Storage {
 
     /// Overwrites the host copy with the bytes of `src`, a C-contiguous array of the buffer's
     /// dtype and size (checked here; nothing changes when the check fails).
+    ///
+    /// Up to [`IN_PLACE_COPY_MAX`] bytes, the copy is made with the GIL held when the write
+    /// waits for nothing ([`RawBuffer::host_overwrite_now`]: no transfer in flight, no device
+    /// use, nothing on disk, and the host block there or ready in the resource's cache) and
+    /// the storage lock is free: releasing and retaking the GIL costs more than such a copy.
+    /// No deadlock: the storage lock is only tried, never waited for, and the access then takes
+    /// no other lock than the cache's, which is held only for bookkeeping and never while
+    /// waiting or running Python code; it waits for no device work, so no other thread (a
+    /// Python one that would need the GIL to let the device go on, say) has to run first.
     pub(crate) fn copy_from_array(&self, src: &Bound<'_, PyUntypedArray>) -> PyResult<()> {
         let itemsize = src.dtype().itemsize();
         let nbytes = src.len() * itemsize;
         let contiguous = src.is_c_contiguous();
         // SAFETY: src is a live NumPy array (borrowed for this call); its fields are valid.
         let source = unsafe { (*npyffi::_PyArray_GET_ITEM_DATA(src.as_array_ptr())).data } as usize;
+        if nbytes <= IN_PLACE_COPY_MAX
+            && let Some(mut raw) = self.raw.try_lock()
+            && contiguous
+            && nbytes == raw.nbytes()
+            && let Some(host) = raw.host_overwrite_now()
+        {
+            self.spill.touch();
+            // SAFETY: `src` is held by the caller for this call: its n bytes stay where they are.
+            return unsafe { overwrite_host(host.or_py()?, source as *const u8) };
+        }
         // The copy runs without the GIL; `src` stays alive (the caller holds it) and cannot be
         // resized while referenced, so its bytes stay where they are.
         lock::detach(src.py(), |d| {
@@ -489,27 +508,9 @@ impl Storage {
                     raw.nbytes()
                 )));
             }
-            let n = raw.nbytes();
-            let source = source as *const u8;
-            let destination = raw.host_access(Access::Overwrite).or_py()?[..n].as_mut_ptr();
-            let overlap =
-                (source as usize) < destination as usize + n && destination as usize <= source as usize + n;
-            if n > 0 && overlap {
-                // The source shares bytes with the host copy (an array over a frame this
-                // buffer adopted, say): NumPy's `a[...] = b`, as memmove does it.
-                // SAFETY: source is valid for n bytes (a C-contiguous array of n bytes, alive
-                // for this call: the caller holds it) and destination is the host copy's n
-                // bytes; `ptr::copy` allows the two to overlap.
-                unsafe { ptr::copy(source, destination, n) };
-            } else if n > 0 {
-                // SAFETY: as above; the two ranges do not overlap (checked above), so the
-                // slices alias nothing.
-                let (source, destination) = unsafe {
-                    (std::slice::from_raw_parts(source, n), std::slice::from_raw_parts_mut(destination, n))
-                };
-                copy_bytes(destination, source);
-            }
-            Ok(())
+            let destination = raw.host_access(Access::Overwrite).or_py()?;
+            // SAFETY: as above, `src` is held by the caller until this returns.
+            unsafe { overwrite_host(destination, source as *const u8) }
         })
     }
 
@@ -605,6 +606,37 @@ impl Storage {
     }
 }
 
+/// The most bytes [`Storage::copy_from_array`] copies with the GIL held.
+const IN_PLACE_COPY_MAX: usize = 64 << 10;
+
+/// Copies `destination.len()` bytes from `source` into `destination` (the host copy), as
+/// NumPy's `a[...] = b` does when the two share bytes (an array over a frame the buffer
+/// adopted, say).
+///
+/// # Safety
+/// `source` is valid for reads of `destination.len()` bytes until this returns.
+unsafe fn overwrite_host(destination: &mut [u8], source: *const u8) -> PyResult<()> {
+    let n = destination.len();
+    if n == 0 {
+        return Ok(());
+    }
+    let destination = destination.as_mut_ptr();
+    let overlap = (source as usize) < destination as usize + n && destination as usize <= source as usize + n;
+    if overlap {
+        // SAFETY: source is valid for n bytes (the caller's contract) and destination is the
+        // host copy's n bytes; `ptr::copy` allows the two to overlap.
+        unsafe { ptr::copy(source, destination, n) };
+    } else {
+        // SAFETY: as above; the two ranges do not overlap (checked above), so the slices
+        // alias nothing.
+        let (source, destination) = unsafe {
+            (std::slice::from_raw_parts(source, n), std::slice::from_raw_parts_mut(destination, n))
+        };
+        copy_bytes(destination, source);
+    }
+    Ok(())
+}
+
 /// Whether `array` is the NumPy view [`ndarray`] makes for these arguments (its metadata can
 /// be changed in place from Python, e.g. `a.shape = ...`, so a cached view is checked).
 fn is_view(
@@ -662,7 +694,18 @@ unsafe fn ndarray_raw<'py>(
     descr: &Bound<'py, PyArrayDescr>,
     writeable: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let mut dims: Vec<npy_intp> = shape.iter().map(|&d| d as npy_intp).collect();
+    // On the stack up to 8 dimensions (a heap allocation and free per array otherwise).
+    let mut inline: [npy_intp; 8] = [0; 8];
+    let mut heap = Vec::new();
+    let dims: &mut [npy_intp] = if shape.len() <= inline.len() {
+        &mut inline[..shape.len()]
+    } else {
+        heap.resize(shape.len(), 0);
+        &mut heap
+    };
+    for (dim, &d) in dims.iter_mut().zip(shape) {
+        *dim = d as npy_intp;
+    }
     // With data, the flags are the array's (C order is asked for explicitly); without, NumPy
     // allocates a writable array and reads any non-zero flags as "Fortran order".
     let flags = match (address.is_null(), writeable) {

@@ -163,8 +163,86 @@ impl fmt::Display for BufferState {
 /// Per-location residency of one buffer. Locations not listed are unallocated.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Coherence {
-    entries: Vec<(Location, Residency)>,
+    entries: Entries,
 }
+
+/// How many locations [`Entries`] holds without a heap allocation: the host and one device,
+/// every buffer's usual case.
+const INLINE_ENTRIES: usize = 2;
+
+/// The listed locations, in the order they were first set: inline up to [`INLINE_ENTRIES`],
+/// all on the heap beyond (a buffer made per batch then allocates nothing for its state).
+#[derive(Clone, Debug)]
+struct Entries {
+    inline: [(Location, Residency); INLINE_ENTRIES],
+    /// Entries in use in `inline`; unused once `heap` is.
+    len: usize,
+    /// Every entry, once there are more than fit inline.
+    heap: Vec<(Location, Residency)>,
+}
+
+impl Default for Entries {
+    fn default() -> Self {
+        Entries {
+            inline: [(Location::Host, Residency::Unallocated); INLINE_ENTRIES],
+            len: 0,
+            heap: Vec::new(),
+        }
+    }
+}
+
+impl Entries {
+    fn as_slice(&self) -> &[(Location, Residency)] {
+        if self.heap.is_empty() { &self.inline[..self.len] } else { &self.heap }
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [(Location, Residency)] {
+        if self.heap.is_empty() { &mut self.inline[..self.len] } else { &mut self.heap }
+    }
+
+    fn iter(&self) -> std::slice::Iter<'_, (Location, Residency)> {
+        self.as_slice().iter()
+    }
+
+    fn iter_mut(&mut self) -> std::slice::IterMut<'_, (Location, Residency)> {
+        self.as_mut_slice().iter_mut()
+    }
+
+    fn push(&mut self, entry: (Location, Residency)) {
+        if !self.heap.is_empty() {
+            self.heap.push(entry);
+        } else if self.len < INLINE_ENTRIES {
+            self.inline[self.len] = entry;
+            self.len += 1;
+        } else {
+            self.heap = self.inline.iter().copied().chain([entry]).collect();
+            self.len = 0;
+        }
+    }
+
+    fn retain(&mut self, keep: impl FnMut(&(Location, Residency)) -> bool) {
+        let mut kept: Vec<_> = self.as_slice().iter().copied().filter(keep).collect();
+        self.clear();
+        if kept.len() > INLINE_ENTRIES {
+            self.heap = std::mem::take(&mut kept);
+        } else {
+            kept.into_iter().for_each(|entry| self.push(entry));
+        }
+    }
+
+    fn clear(&mut self) {
+        self.heap = Vec::new();
+        self.len = 0;
+    }
+}
+
+impl PartialEq for Entries {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_slice() == other.as_slice()
+    }
+}
+
+impl Eq for Entries {}
 
 impl Coherence {
     /// A new buffer: nothing allocated anywhere.
@@ -243,7 +321,7 @@ impl Coherence {
         }
         self.set(at, Residency::Valid);
         if access != Access::Read {
-            for (loc, r) in &mut self.entries {
+            for (loc, r) in self.entries.iter_mut() {
                 if *loc != at && *r == Residency::Valid {
                     *r = Residency::Stale;
                 }
@@ -258,7 +336,7 @@ impl Coherence {
 
     /// Forgets the contents but keeps the memory: every allocated location becomes stale.
     pub fn invalidate(&mut self) {
-        for (_, r) in &mut self.entries {
+        for (_, r) in self.entries.iter_mut() {
             *r = Residency::Stale;
         }
     }
@@ -332,6 +410,32 @@ mod tests {
         assert_eq!(c.state(D), BufferState::Uninitialized);
         assert_eq!(run(&mut c, Host, Read), vec![Step::Allocate(Host)]);
         assert_eq!(c.state(D), BufferState::HostOnly);
+    }
+
+    #[test]
+    fn more_locations_than_fit_inline_keep_their_states_and_order() {
+        use Residency::{Stale, Valid};
+        let mut c = Coherence::new();
+        run(&mut c, Host, Write);
+        run(&mut c, D, Read);
+        run(&mut c, E, Read);
+        assert_eq!(c.locations().collect::<Vec<_>>(), vec![(Host, Valid), (D, Valid), (E, Valid)]);
+        assert_eq!(run(&mut c, E, Write), vec![]);
+        assert_eq!(c.locations().collect::<Vec<_>>(), vec![(Host, Stale), (D, Stale), (E, Valid)]);
+        c.forget(D);
+        assert_eq!(c.locations().collect::<Vec<_>>(), vec![(Host, Stale), (E, Valid)]);
+        assert_eq!(c.residency(D), Residency::Unallocated);
+        // Equal to the same state built without ever leaving the inline entries.
+        let mut inline = Coherence::new();
+        inline.restore(Host, Stale);
+        inline.restore(E, Valid);
+        assert_eq!(c, inline);
+        run(&mut c, D, Read);
+        // Staged through the host (no direct copy here), which is current again.
+        assert_eq!(c.locations().collect::<Vec<_>>(), vec![(Host, Valid), (E, Valid), (D, Valid)]);
+        c.clear();
+        assert_eq!(c, Coherence::new());
+        assert_eq!(c.state(D), BufferState::Uninitialized);
     }
 
     #[test]

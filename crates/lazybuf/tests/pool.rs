@@ -7,10 +7,11 @@
 
 use std::sync::Arc;
 
+use lazybuf::coherence::Access;
 use lazybuf::testing::FaultyDevice;
 use lazybuf::{
     BufferOptions, BufferState, Device, DirectResource, Error, LimitingResource, MemoryKind, MemoryPool,
-    PoolConfig, PoolStats, PoolUsage, UnifiedBuffer,
+    PoolConfig, PoolStats, PoolUsage, RawBuffer, UnifiedBuffer,
 };
 
 fn host_pool(config: PoolConfig) -> MemoryPool {
@@ -194,6 +195,50 @@ fn clear_trims_and_resets_the_counters() {
     assert_eq!(pool.stats(), stats(0, 0, 0, 4096, 0, 4096), "live buffers stay counted");
     drop(kept);
     assert_eq!(pool.stats(), stats(0, 0, 0, 0, 4096, 4096));
+}
+
+#[test]
+fn an_overwrite_now_takes_only_a_cached_host_block_and_counts_no_miss() {
+    let pool = host_pool(PoolConfig::default());
+    let device = Device::host();
+    let mut a = RawBuffer::with_resource(4000, device.clone(), false, pool.resource());
+    assert!(a.host_overwrite_now().is_none(), "nothing cached yet");
+    assert_eq!(pool.stats(), PoolStats::default(), "a refused now-allocation counts nothing");
+    assert_eq!(a.state(), BufferState::Uninitialized);
+    a.host_access(Access::Overwrite).unwrap().fill(5);
+    let first = a.host_if_valid().unwrap().as_ptr();
+    assert_eq!(pool.stats(), stats(0, 1, 1, 4096, 0, 4096));
+    drop(a);
+
+    let mut b = RawBuffer::with_resource(4000, device.clone(), false, pool.resource());
+    let host = b.host_overwrite_now().expect("a cached block is ready").unwrap();
+    assert_eq!((host.as_ptr(), host.len()), (first, 4000), "the cached block, the buffer's size");
+    host.fill(6);
+    assert_eq!(b.state(), BufferState::HostOnly);
+    assert_eq!(b.transfer_stats().allocations, 1);
+    assert_eq!(pool.stats(), stats(1, 1, 1, 4096, 0, 4096), "one hit");
+    // Allocated now: every later overwrite is bookkeeping only.
+    assert!(b.host_overwrite_now().is_some());
+    assert!(b.host_if_valid().unwrap().iter().all(|&x| x == 6));
+
+    // A resource with nothing ready (no cache) allocates nothing now.
+    let mut direct = RawBuffer::with_resource(4000, device.clone(), false, DirectResource::shared());
+    assert!(direct.host_overwrite_now().is_none());
+    assert_eq!(direct.state(), BufferState::Uninitialized);
+}
+
+#[test]
+fn an_overwrite_now_is_refused_while_a_device_copy_over_the_host_block_is_in_use() {
+    // The host device's copy aliases the host block: handed out, a kernel may still use it.
+    let pool = host_pool(PoolConfig::default());
+    let device = Device::host();
+    let mut a = RawBuffer::with_resource(4000, device.clone(), false, pool.resource());
+    a.host_access(Access::Overwrite).unwrap();
+    a.device_access(&device, Access::Write).unwrap();
+    assert!(a.host_overwrite_now().is_none(), "the handed-out device copy is in use");
+    assert_eq!(a.state(), BufferState::DeviceDirty, "nothing changed");
+    a.host_access(Access::Overwrite).unwrap();
+    assert!(a.host_overwrite_now().is_some());
 }
 
 #[test]

@@ -38,6 +38,7 @@ use crate::backend::{MemoryKind, Ticket};
 use crate::coherence::DeviceId;
 use crate::device::{Device, Stream};
 use crate::error::{Error, Result};
+use crate::host_memory::HostMemory;
 
 /// How a caching resource (a pool) behaves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -354,6 +355,12 @@ impl CachingResource {
     /// Pops a cached block of `key` that may be used on `stream`, counting a hit, or counts a
     /// miss.
     fn reuse(&self, key: Key, stream: &Stream) -> Option<Block> {
+        self.reuse_counting(key, stream, true)
+    }
+
+    /// [`Self::reuse`]; a miss is counted (and recorded) only with `count_miss`. Waits for
+    /// nothing: the lock is only ever held for bookkeeping and ticket polls.
+    fn reuse_counting(&self, key: Key, stream: &Stream, count_miss: bool) -> Option<Block> {
         let mut state = self.lock();
         let State { slots, stats, kind_counts, .. } = &mut *state;
         let counts = &mut kind_counts[kind_index(key.kind)];
@@ -364,7 +371,9 @@ impl CachingResource {
             slot.outstanding += 1;
             Some((cached.block, slot.device.clone()))
         });
-        crate::observe::trace::record_pool(found.is_some(), stream.device(), key.bytes);
+        if found.is_some() || count_miss {
+            crate::observe::trace::record_pool(found.is_some(), stream.device(), key.bytes);
+        }
         match found {
             Some((block, device)) => {
                 let n = block.len() as u64;
@@ -377,8 +386,10 @@ impl CachingResource {
                 Some(block)
             }
             None => {
-                stats.misses += 1;
-                counts.1 += 1;
+                if count_miss {
+                    stats.misses += 1;
+                    counts.1 += 1;
+                }
                 None
             }
         }
@@ -457,6 +468,28 @@ impl MemoryResource for CachingResource {
         };
         self.count_fresh(device, &block);
         Ok(block)
+    }
+
+    /// A cached host block of the class of `bytes`, if one is ready (see
+    /// [`MemoryResource::allocate_host_now`]); zeroed as [`Self::allocate`] zeroes a reused
+    /// block (on the host: a fill of its bytes).
+    fn allocate_host_now(&self, device: &Device, bytes: usize, pinned: bool) -> Option<HostMemory> {
+        let class = class_size(bytes).filter(|&class| class > 0)?;
+        let kind = MemoryKind::Host { pinned };
+        let stream = device.stream();
+        let mut block =
+            self.reuse_counting(Key { device: device.id(), kind, bytes: class }, &stream, false)?;
+        if self.config.zero_reused && zero(&mut block, &stream, bytes).is_err() {
+            self.deallocate(device, block, &stream, Ticket::done());
+            return None;
+        }
+        match block {
+            Block::Host(host) => Some(host),
+            other => {
+                self.deallocate(device, other, &stream, Ticket::done());
+                None
+            }
+        }
     }
 
     /// Takes a block back: cached if it is ours and fits under the cap, else freed upstream.

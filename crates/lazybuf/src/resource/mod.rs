@@ -52,6 +52,7 @@ pub use limiting::LimitingResource;
 pub use statistics::{Statistics, StatisticsResource};
 pub use tracking::{Outstanding, TrackingResource};
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
@@ -101,6 +102,15 @@ pub trait MemoryResource: Send + Sync + fmt::Debug {
                 Err(wrong_kind(self, "host block"))
             }
         }
+    }
+
+    /// A host block as [`Self::allocate_host`] gives, only if one is ready at once: no wait,
+    /// no call into a runtime that may block and no code outside lazybuf (a cache hit).
+    /// `None` otherwise, with nothing counted, so the caller can then ask
+    /// [`Self::allocate_host`] (a binding holding its interpreter's lock makes the access in
+    /// place only when this succeeds). The default has none ready.
+    fn allocate_host_now(&self, _device: &Device, _bytes: usize, _pinned: bool) -> Option<HostMemory> {
+        None
     }
 
     /// Device memory of at least `bytes` on `device`, for work on `stream`.
@@ -213,10 +223,26 @@ pub fn set_caching(on: bool) {
 /// The process-wide caching resource of `device`: the same one on every call, configured by
 /// [`PoolConfig::for_device`]. It lives for the rest of the process and keeps the device open.
 pub fn default_pool(device: &Device) -> Arc<CachingResource> {
-    crate::MemoryPool::for_device(device).cache().clone()
+    thread_local! {
+        /// The default pool this thread asked for last, by device: an entry never goes stale,
+        /// as default pools are never replaced or dropped ([`default_memory_pool`]) and device
+        /// ids are never reused. Saves the global lock and map lookup per buffer made.
+        static LAST: RefCell<Option<(DeviceId, Arc<CachingResource>)>> = const { RefCell::new(None) };
+    }
+    let id = device.id();
+    let hit =
+        LAST.try_with(|last| last.borrow().as_ref().filter(|(seen, _)| *seen == id).map(|(_, p)| p.clone()));
+    if let Ok(Some(pool)) = hit {
+        return pool;
+    }
+    let pool = crate::MemoryPool::for_device(device).cache().clone();
+    // A thread being torn down has no slot: it just asks the map next time.
+    let _ = LAST.try_with(|last| *last.borrow_mut() = Some((id, pool.clone())));
+    pool
 }
 
-/// The process-wide default pool of `device` (made at the first call).
+/// The process-wide default pool of `device` (made at the first call). Entries are never
+/// removed or replaced: [`default_pool`] caches them per thread.
 pub(crate) fn default_memory_pool(device: &Device) -> crate::MemoryPool {
     let mut pools = default_pools().lock().unwrap_or_else(PoisonError::into_inner);
     pools

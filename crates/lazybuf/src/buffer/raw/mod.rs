@@ -302,6 +302,41 @@ impl RawBuffer {
         }
     }
 
+    /// The host bytes for an overwrite of all of them ([`Access::Overwrite`], as
+    /// [`Self::host_access`] makes it) when that access waits for nothing: nothing observes,
+    /// nothing is on disk, no transfer is in flight, no device copy that aliases the host
+    /// block is in use, and the host block exists or the resource has one ready
+    /// ([`MemoryResource::allocate_host_now`](crate::MemoryResource::allocate_host_now)).
+    /// `None`, with nothing changed, otherwise: a caller that must not block (a binding holding
+    /// its interpreter's lock) then makes the access the usual way.
+    pub fn host_overwrite_now(&mut self) -> Option<Result<&mut [u8]>> {
+        if observe::active()
+            || self.on_disk.is_some()
+            || !self.inflight.is_empty()
+            || self.copies.iter().any(DeviceCopy::aliased_in_use)
+        {
+            return None;
+        }
+        if self.host.is_none() {
+            let block = self.resource.allocate_host_now(&self.home, self.nbytes, self.pinned)?;
+            if block.len() < self.nbytes {
+                self.resource.deallocate_host(&self.home, block, Ticket::done());
+                return None;
+            }
+            observe::trace::record_allocate(
+                self.id,
+                &self.home,
+                observe::trace::MemoryKind::Host,
+                block.len(),
+            );
+            self.host = Some(block);
+            self.stats.allocations += 1;
+        }
+        // Bookkeeping only now: the plan allocates nothing more (the block is there) and
+        // copies nothing (an overwrite).
+        Some(self.host_access(Access::Overwrite))
+    }
+
     /// The host bytes if the host copy is valid, no transfer into it is in flight and no
     /// device copy that aliases it is in use (the caller's kernel may still write it), without
     /// any sync or wait.
