@@ -80,6 +80,7 @@ impl RawBuffer {
     /// Shows the copies of `plan` (an access at the device `device`, or the host) to the
     /// guard, before any of them runs: its refusal is returned and nothing has changed. Only
     /// called while [`observe::active`].
+    #[inline]
     pub(super) fn observe_plan(
         &mut self,
         plan: &Plan,
@@ -92,15 +93,7 @@ impl RawBuffer {
         let (cause, op) =
             if emitting { trace::plan_cause_and_op(*default) } else { (observe::cause_or(*default), 0) };
         if observe::guarding() {
-            let copies: Vec<TransferInfo> = plan
-                .steps()
-                .iter()
-                .filter_map(|step| match *step {
-                    Step::Copy { from, to } => self.transfer_info(from, to, device, cause, true),
-                    Step::Allocate(_) => None,
-                })
-                .collect();
-            observe::guard::check(&copies)?;
+            self.guard_plan(plan, device, cause)?;
         }
         let planned = if emitting {
             Planned { cause, before: self.state(), op, copied: false }
@@ -111,9 +104,24 @@ impl RawBuffer {
         Ok(())
     }
 
+    /// The guard's look at `plan`'s copies (see [`Self::observe_plan`]).
+    #[cold]
+    fn guard_plan(&self, plan: &Plan, device: Option<&Device>, cause: Cause) -> Result<()> {
+        let copies: Vec<TransferInfo> = plan
+            .steps()
+            .iter()
+            .filter_map(|step| match *step {
+                Step::Copy { from, to } => self.transfer_info(from, to, device, cause, true),
+                Step::Allocate(_) => None,
+            })
+            .collect();
+        observe::guard::check(&copies)
+    }
+
     /// Records the state transition of an access that committed (after [`Self::observe_plan`]);
     /// returns the plan's number when a copy of it was recorded (else 0), for the rollback of
     /// an asynchronous transfer that fails later.
+    #[inline]
     pub(super) fn observe_commit(&mut self) -> u64 {
         match self.planned.take().filter(|p| p.op != 0 && observe::emitting()) {
             Some(p) => {
