@@ -93,6 +93,38 @@ def test_the_recorder_sees_exactly_the_counted_copies(device, tmp_path):
     assert len(allocations) == stats["allocations"]
 
 
+def _copy_from_events(device: str, n: int) -> list[tuple]:
+    """The events of a new buffer's copy_from (its host block from the pool's cache), and of a
+    copy_from over a newer device copy, without sizes, buffers and times."""
+    warm = lazybuf.UnifiedBuffer((n,), np.float32, device=device)
+    warm.copy_from(np.ones(n, np.float32))
+    warm.device  # its device block too goes to the pool's cache
+    del warm
+    with lazybuf.trace.record() as rec:
+        b = lazybuf.UnifiedBuffer((n,), np.float32, device=device)
+        b.copy_from(np.ones(n, np.float32))
+        b.device
+        b.mark_device_dirty()
+        b.copy_from(np.full(n, 2, np.float32))
+    assert (b.to_numpy() == 2).all()
+    assert b.state == lazybuf.BufferState.HOST_DIRTY
+    skip = {"time_us", "time_ns", "thread", "stack", "bytes", "buffer", "duration_us", "duration_ns", "op", "stream"}
+    return [
+        tuple(sorted((k, v) for k, v in e.items() if k not in skip))
+        for e in rec.trace.events()
+        if e.get("buffer", b.buffer_id) == b.buffer_id
+    ]
+
+
+@pytest.mark.parametrize("device", _devices())
+def test_a_small_copy_from_records_what_a_large_one_records(device):
+    # Up to 64 KiB a copy_from that waits for nothing is made without releasing the GIL; the
+    # recorder must see it as it sees the usual path (a pool hit, the allocation, the state).
+    small, large = _copy_from_events(device, 1024), _copy_from_events(device, 40_000)
+    assert small == large, (small, large)
+    assert [dict(e)["kind"] for e in small][:3] == ["pool", "allocate", "state"], small
+
+
 def test_the_ring_is_bounded_and_counts_what_it_dropped():
     b = lazybuf.UnifiedBuffer((10,), np.float32)
     lazybuf.trace.start(capacity=3)

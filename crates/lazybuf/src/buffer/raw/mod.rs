@@ -303,15 +303,17 @@ impl RawBuffer {
     }
 
     /// The host bytes for an overwrite of all of them ([`Access::Overwrite`], as
-    /// [`Self::host_access`] makes it) when that access waits for nothing: nothing observes,
-    /// nothing is on disk, no transfer is in flight, no device copy that aliases the host
-    /// block is in use, and the host block exists or the resource has one ready
+    /// [`Self::host_access`] makes it) when that access waits for nothing: nothing is on
+    /// disk, no transfer is in flight, no device copy that aliases the host block is in use,
+    /// and the host block exists or the resource has one ready
     /// ([`MemoryResource::allocate_host_now`](crate::MemoryResource::allocate_host_now)).
     /// `None`, with nothing changed, otherwise: a caller that must not block (a binding holding
-    /// its interpreter's lock) then makes the access the usual way.
+    /// its interpreter's lock) then makes the access the usual way. While something observes,
+    /// the guard and the recorder see it as they see [`Self::host_access`]: the same events
+    /// (a pool hit, the allocation, the state transition) and no copy to refuse (an overwrite
+    /// copies nothing); their locks are held for bookkeeping only, never while waiting.
     pub fn host_overwrite_now(&mut self) -> Option<Result<&mut [u8]>> {
-        if observe::active()
-            || self.on_disk.is_some()
+        if self.on_disk.is_some()
             || !self.inflight.is_empty()
             || self.copies.iter().any(DeviceCopy::aliased_in_use)
         {
