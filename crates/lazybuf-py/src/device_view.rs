@@ -22,7 +22,7 @@ use lazybuf::{DType, Device};
 
 use crate::accelerator::PyDevice;
 use crate::views::Exposure;
-use crate::views::{MemoryOwner, Storage, device_handles};
+use crate::views::{MemoryOwner, PerDim, Storage, device_handles};
 
 /// The device object for a non-host device, given the handle of its (current) copy and the
 /// exposure that came with it: the object's owner holds it, so the copy is not evicted while
@@ -136,15 +136,9 @@ fn pyopencl_array<'py>(
     let (queue, context) = pyopencl_queue(py, cl.bind(py).as_any(), queue)?;
     let size: usize = shape.iter().product();
     let itemsize = descr.itemsize();
-    // C-contiguous strides, in bytes; on the stack up to 8 dimensions.
-    let mut inline = [0usize; 8];
-    let mut heap = Vec::new();
-    let strides: &mut [usize] = if shape.len() <= inline.len() {
-        &mut inline[..shape.len()]
-    } else {
-        heap.resize(shape.len(), 0);
-        &mut heap
-    };
+    // C-contiguous strides, in bytes.
+    let mut strides = PerDim::<usize>::new(shape.len());
+    let strides = strides.as_mut_slice();
     strides.fill(itemsize);
     for i in (0..shape.len().saturating_sub(1)).rev() {
         strides[i] = strides[i + 1] * shape[i + 1].max(1);

@@ -637,6 +637,27 @@ unsafe fn overwrite_host(destination: &mut [u8], source: *const u8) -> PyResult<
     Ok(())
 }
 
+/// One value per dimension of an array (its dimensions or strides for NumPy or PyOpenCL):
+/// on the stack up to 8 dimensions, on the heap beyond (a heap allocation and free per call
+/// otherwise, on every small batch's path).
+pub(crate) struct PerDim<T> {
+    inline: [T; 8],
+    heap: Vec<T>,
+    len: usize,
+}
+
+impl<T: Copy + Default> PerDim<T> {
+    /// `len` values, each `T::default()`.
+    pub(crate) fn new(len: usize) -> Self {
+        let heap = if len > 8 { vec![T::default(); len] } else { Vec::new() };
+        PerDim { inline: [T::default(); 8], heap, len }
+    }
+
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [T] {
+        if self.len <= self.inline.len() { &mut self.inline[..self.len] } else { &mut self.heap }
+    }
+}
+
 /// Whether `array` is the NumPy view [`ndarray`] makes for these arguments (its metadata can
 /// be changed in place from Python, e.g. `a.shape = ...`, so a cached view is checked).
 fn is_view(
@@ -694,15 +715,8 @@ unsafe fn ndarray_raw<'py>(
     descr: &Bound<'py, PyArrayDescr>,
     writeable: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
-    // On the stack up to 8 dimensions (a heap allocation and free per array otherwise).
-    let mut inline: [npy_intp; 8] = [0; 8];
-    let mut heap = Vec::new();
-    let dims: &mut [npy_intp] = if shape.len() <= inline.len() {
-        &mut inline[..shape.len()]
-    } else {
-        heap.resize(shape.len(), 0);
-        &mut heap
-    };
+    let mut dims = PerDim::<npy_intp>::new(shape.len());
+    let dims = dims.as_mut_slice();
     for (dim, &d) in dims.iter_mut().zip(shape) {
         *dim = d as npy_intp;
     }

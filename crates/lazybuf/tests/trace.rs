@@ -307,6 +307,16 @@ fn rollbacks_of(recorded: &trace::Trace, id: u64) -> Vec<u64> {
         .collect()
 }
 
+/// A buffer of `len` elements (`pattern(seed, len)`) on `device`, copied there once, whose host
+/// copy is then the newer one: its next sync uploads.
+fn newer_on_the_host(device: &Device, seed: u32, len: usize) -> UnifiedBuffer<u32> {
+    let mut buf = common::direct(device, len);
+    buf.host_mut().unwrap().copy_from_slice(&pattern(seed, len));
+    buf.sync_to_device().unwrap();
+    buf.mark_host_dirty().unwrap();
+    buf
+}
+
 /// An asynchronous sync that returns early, because settling an earlier failed transfer
 /// fails, leaves no plan behind: the buffer's next plans are its own (a plan left behind trips
 /// a debug assertion at the next one), and their copies are named after their own calls.
@@ -319,10 +329,7 @@ fn an_async_sync_that_fails_to_settle_leaves_no_plan_behind() {
         if device.is_zero_copy(len * 4) {
             continue;
         }
-        let mut buf = common::direct(&device, len);
-        buf.host_mut().unwrap().copy_from_slice(&pattern(5, len));
-        buf.sync_to_device().unwrap();
-        buf.mark_host_dirty().unwrap();
+        let mut buf = newer_on_the_host(&device, 5, len);
         let id = buf.raw().id();
         trace::start(TraceOptions::default()).unwrap();
         faults.defer_copy_faults(true);
@@ -361,10 +368,7 @@ fn a_failed_async_transfer_records_its_rollback_and_state_transition() {
     for base in common::devices() {
         let (device, faults) = lazybuf::testing::FaultyDevice::wrap(&base);
         let len = 1000;
-        let mut buf = common::direct(&device, len);
-        buf.host_mut().unwrap().copy_from_slice(&pattern(3, len));
-        buf.sync_to_device().unwrap();
-        buf.mark_host_dirty().unwrap();
+        let mut buf = newer_on_the_host(&device, 3, len);
         let id = buf.raw().id();
         let before = buf.transfer_stats();
         trace::start(TraceOptions::default()).unwrap();
