@@ -221,6 +221,45 @@ fn copies_reported_through_the_hook_are_recorded_with_their_reason() {
     assert_eq!(durations, [true, false]);
 }
 
+/// A call that unwinds gives its thread back the enclosing call's cause: the copies after it
+/// are the enclosing call's, and outside every call the engine's own names come back.
+#[test]
+fn a_call_that_unwinds_restores_the_enclosing_cause() {
+    let _l = lock();
+    for device in common::devices() {
+        let mut buf = UnifiedBuffer::<u32>::on(&[256], &device).unwrap();
+        buf.host_mut().unwrap().fill(3);
+        let id = buf.raw().id();
+        trace::start(TraceOptions::default()).unwrap();
+        observe::call(observe::Cause::sync("outer"), || {
+            let inner = std::panic::catch_unwind(|| {
+                observe::call(observe::Cause::sync("inner"), || panic!("the inner call unwinds"))
+            });
+            assert!(inner.is_err());
+            buf.sync_to_device().unwrap();
+        });
+        buf.mark_host_dirty().unwrap();
+        buf.sync_to_device().unwrap();
+        let recorded = trace::stop().unwrap();
+        let calls: Vec<&str> = transfers_of(&recorded, id).iter().map(|&(_, _, call)| call).collect();
+        if device.is_zero_copy(256 * 4) {
+            // A device copy that aliases the host block moves no bytes: no copy to name.
+            assert!(calls.is_empty(), "{device}: {calls:?}");
+        } else {
+            assert_eq!(calls, ["outer", "sync_to_device"], "{device}");
+        }
+        let states: Vec<&str> = recorded
+            .events
+            .iter()
+            .filter_map(|e| match &e.kind {
+                EventKind::State { buffer, call, .. } if *buffer == id => Some(*call),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(states, ["outer", "host", "sync_to_device"], "{device}");
+    }
+}
+
 /// State changes made outside the plans are recorded too, named after their call: a fill on
 /// the device, an invalidation, a release of the memory.
 #[test]

@@ -175,35 +175,23 @@ impl Cause {
 
 /// Runs `f` as `cause`: the copies it makes on this thread are attributed to `cause` instead
 /// of the engine's own name for them (a binding's `to_numpy` reads the host like any host
-/// access, but it is an explicit transfer). Costs one atomic load when nothing observes.
+/// access, but it is an explicit transfer). Costs one atomic load when nothing observes, one
+/// look at the thread's recorder state when something does.
 #[inline]
 pub fn call<R>(cause: Cause, f: impl FnOnce() -> R) -> R {
     if !active() {
         return f();
     }
-    // The call's events read the clock anew (`Local::event_time`).
-    let previous = record::with_local(|l| {
-        l.call_time.set(0);
-        l.cause.replace(Some(cause))
-    })
-    .flatten();
-    let _restore = Restore(previous);
-    f()
-}
-
-struct Restore(Option<Cause>);
-
-impl Drop for Restore {
-    fn drop(&mut self) {
-        let previous = self.0;
-        record::with_local(|l| {
-            l.cause.set(previous);
-            // An enclosing call goes on from the latest time (a thread's times never go back:
-            // its events keep their order when merged by time); outside calls, none.
-            if previous.is_none() {
-                l.call_time.set(0);
-            }
-        });
+    let mut f = Some(f);
+    // `f` runs inside the look at the thread's state, which restores the enclosing cause after
+    // it (also when it unwinds): one look, not two.
+    if let Some(done) = record::with_local(|l| f.take().map(|f| l.run_as(cause, f))).flatten() {
+        return done;
+    }
+    // The thread's recorder state is gone (the thread is exiting): `f` runs unattributed.
+    match f {
+        Some(f) => f(),
+        None => unreachable!("with_local ran its closure, which returned f's result"),
     }
 }
 

@@ -574,6 +574,25 @@ impl Local {
         at
     }
 
+    /// Runs `f` as `cause` ([`super::call`]): its events read the clock anew; afterwards (also
+    /// when `f` unwinds) the enclosing call's cause is back, and an enclosing call goes on from
+    /// the latest time (a thread's times never go back: its events keep their order when
+    /// merged by time); outside calls, none.
+    pub(super) fn run_as<R>(&self, cause: super::Cause, f: impl FnOnce() -> R) -> R {
+        struct Restore<'a>(&'a Local, Option<super::Cause>);
+        impl Drop for Restore<'_> {
+            fn drop(&mut self) {
+                self.0.cause.set(self.1);
+                if self.1.is_none() {
+                    self.0.call_time.set(0);
+                }
+            }
+        }
+        self.call_time.set(0);
+        let _restore = Restore(self, self.cause.replace(Some(cause)));
+        f()
+    }
+
     /// Drops this thread's chunk (its session ended: nobody reads it again).
     fn release_chunk(&self) {
         if let Ok(mut chunk) = self.chunk.try_borrow_mut() {

@@ -250,16 +250,39 @@ pub(crate) fn now() -> u64 {
     record::with_local(Local::fresh_time).unwrap_or_else(record::now)
 }
 
-/// The cause of a plan about to execute ([`super::cause_or`]) and a new number for it, for
-/// its copies' events and their rollback: one look at the thread's state for both.
-pub(crate) fn plan_cause_and_op(default: Cause) -> (Cause, u64) {
-    record::with_local(|l| (l.cause.get().unwrap_or(default), l.next_op())).unwrap_or((default, 0))
+/// The call an event names.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Call {
+    /// The running [`super::call`]'s, else this cause's: looked up when the event is recorded,
+    /// in the look at the thread's recorder state that recording takes anyway.
+    Of(Cause),
+    /// This one.
+    Named(&'static str),
+}
+
+impl Call {
+    #[inline]
+    fn resolve(self, local: &Local) -> Cause {
+        match self {
+            Call::Of(default) => local.cause.get().unwrap_or(default),
+            Call::Named(call) => Cause::access(call),
+        }
+    }
+}
+
+/// A copy's plan execution, as its event names it ([`record_copy`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Op {
+    /// Not part of a plan.
+    None,
+    /// Of a plan: its number, or 0 when this is its first recorded copy (a new number).
+    Plan(u64),
 }
 
 /// One copy the engine executed (its devices: `None` is the host).
 pub(crate) struct CopyEvent<'a> {
     pub(crate) buffer: u64,
-    pub(crate) op: u64,
+    pub(crate) op: Op,
     pub(crate) direction: Direction,
     pub(crate) bytes: usize,
     pub(crate) from: Option<&'a Device>,
@@ -272,24 +295,33 @@ pub(crate) struct CopyEvent<'a> {
     pub(crate) waited: bool,
 }
 
-/// Records a copy the engine executed.
-pub(crate) fn record_copy(copy: CopyEvent<'_>) {
+/// Records a copy the engine executed, attributed to the running call, else to `copy.cause`;
+/// returns its plan's number (0: none).
+pub(crate) fn record_copy(copy: CopyEvent<'_>) -> u64 {
+    let mut number = 0;
     emit_ended(|local| {
         let dev = |d: Option<&Device>| d.map_or(HOST, |d| local.dev(d));
+        let cause = Call::Of(copy.cause).resolve(local);
+        number = match copy.op {
+            Op::None => 0,
+            Op::Plan(0) => local.next_op(),
+            Op::Plan(op) => op,
+        };
         Raw::Transfer {
             buffer: copy.buffer,
-            op: copy.op,
+            op: number,
             direction: copy.direction,
             bytes: copy.bytes as u64,
             from: dev(copy.from),
             to: dev(copy.to),
-            call: local.call(copy.cause.call),
-            reason: copy.cause.reason,
+            call: local.call(cause.call),
+            reason: cause.reason,
             stream: copy.stream as u64,
             start: copy.start,
             waited: copy.waited,
         }
     });
+    number
 }
 
 /// Records a copy reported through [`super::transfer`] (devices known by name).
@@ -348,15 +380,15 @@ pub(crate) fn record_pool(hit: bool, device: &Device, bytes: usize) {
 }
 
 /// A buffer's state transition (none when `from == to`).
-pub(crate) fn record_state(buffer: u64, from: BufferState, to: BufferState, call: &'static str) {
+pub(crate) fn record_state(buffer: u64, from: BufferState, to: BufferState, call: Call) {
     if from != to {
-        emit(|local| Raw::State { buffer, from, to, call: local.call(call) });
+        emit(|local| Raw::State { buffer, from, to, call: local.call(call.resolve(local).call) });
     }
 }
 
 /// The copies of plan execution `op` of `buffer` were undone.
-pub(crate) fn record_rollback(buffer: u64, op: u64, call: &'static str) {
-    emit(|local| Raw::Rollback { buffer, op, call: local.call(call) });
+pub(crate) fn record_rollback(buffer: u64, op: u64, call: Call) {
+    emit(|local| Raw::Rollback { buffer, op, call: local.call(call.resolve(local).call) });
 }
 
 /// The coherence checker read `bytes` of `device`'s copy back, from `start` ([`now`]) to now.

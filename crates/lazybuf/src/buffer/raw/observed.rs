@@ -40,13 +40,17 @@ pub(super) const EVICT: Cause = Cause { call: "evict", reason: observe::Reason::
 /// copies inside this one's, and a thread-local costs a call in a shared library).
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Planned {
-    cause: Cause,
+    /// The engine's cause, for when no [`observe::call`] names another: resolved when an event
+    /// is recorded, in the one look at the thread's recorder state that recording takes (the
+    /// running call cannot change between a plan and its commit).
+    default: Cause,
     /// The buffer's state before it.
     before: BufferState,
-    /// Its number in copy and rollback events (0: nothing emitted when it was planned).
+    /// Whether events were wanted when it was planned.
+    emitting: bool,
+    /// Its number in copy and rollback events, given with its first recorded copy (0: no copy
+    /// of it was recorded).
     op: u64,
-    /// Whether a copy of it was recorded.
-    copied: bool,
 }
 
 impl RawBuffer {
@@ -89,18 +93,12 @@ impl RawBuffer {
     ) -> Result<()> {
         // Every plan is committed or aborted before the buffer's next one.
         debug_assert!(self.planned.is_none(), "buffer {}: a plan was left behind", self.id);
-        let emitting = observe::emitting();
-        let (cause, op) =
-            if emitting { trace::plan_cause_and_op(*default) } else { (observe::cause_or(*default), 0) };
         if observe::guarding() {
-            self.guard_plan(plan, device, cause)?;
+            self.guard_plan(plan, device, observe::cause_or(*default))?;
         }
-        let planned = if emitting {
-            Planned { cause, before: self.state(), op, copied: false }
-        } else {
-            Planned { cause, before: BufferState::Uninitialized, op: 0, copied: false }
-        };
-        self.planned = Some(planned);
+        let emitting = observe::emitting();
+        let before = if emitting { self.state() } else { BufferState::Uninitialized };
+        self.planned = Some(Planned { default: *default, before, emitting, op: 0 });
         Ok(())
     }
 
@@ -123,10 +121,10 @@ impl RawBuffer {
     /// an asynchronous transfer that fails later.
     #[inline]
     pub(super) fn observe_commit(&mut self) -> u64 {
-        match self.planned.take().filter(|p| p.op != 0 && observe::emitting()) {
+        match self.planned.take().filter(|p| p.emitting && observe::emitting()) {
             Some(p) => {
-                trace::record_state(self.id, p.before, self.state(), p.cause.call);
-                if p.copied { p.op } else { 0 }
+                trace::record_state(self.id, p.before, self.state(), trace::Call::Of(p.default));
+                p.op
             }
             None => 0,
         }
@@ -136,8 +134,8 @@ impl RawBuffer {
     /// are rolled back, as the counters roll them back (its state did not change).
     #[cold]
     pub(super) fn observe_abort(&mut self) {
-        if let Some(p) = self.planned.take().filter(|p| p.copied && observe::emitting()) {
-            trace::record_rollback(self.id, p.op, p.cause.call);
+        if let Some(p) = self.planned.take().filter(|p| p.op != 0 && observe::emitting()) {
+            trace::record_rollback(self.id, p.op, trace::Call::Of(p.default));
         }
     }
 
@@ -151,9 +149,9 @@ impl RawBuffer {
         let before = self.state();
         undo(self);
         if op != 0 {
-            trace::record_rollback(self.id, op, "rollback");
+            trace::record_rollback(self.id, op, trace::Call::Named("rollback"));
         }
-        trace::record_state(self.id, before, self.state(), "rollback");
+        trace::record_state(self.id, before, self.state(), trace::Call::Named("rollback"));
     }
 
     /// One copy of a plan while events are wanted: as `execute` runs it (enqueued, and waited
@@ -214,12 +212,13 @@ impl RawBuffer {
         if direction != Direction::DeviceToDevice && (aliased(source) || aliased(target)) {
             return;
         }
-        if let Some(planned) = &mut self.planned {
-            planned.copied = true;
-        }
-        let (cause, op) = self.planned.map_or((Cause::access("access"), 0), |p| (p.cause, p.op));
+        // The plan's copies share its number, given with the first (outside a plan: none).
+        let (cause, op) = match self.planned {
+            Some(p) => (p.default, trace::Op::Plan(p.op)),
+            None => (Cause::access("access"), trace::Op::None),
+        };
         let on = if direction == Direction::DeviceToHost { source } else { target };
-        trace::record_copy(trace::CopyEvent {
+        let op = trace::record_copy(trace::CopyEvent {
             buffer: self.id,
             op,
             direction,
@@ -231,6 +230,9 @@ impl RawBuffer {
             start,
             waited,
         });
+        if let Some(planned) = &mut self.planned {
+            planned.op = op;
+        }
     }
 
     /// The copy `from` -> `to` as the guard and recorder see it; `None` when it moves no bytes
@@ -310,7 +312,7 @@ impl RawBuffer {
         }
         let before = self.state();
         let result = change(self);
-        trace::record_state(self.id, before, self.state(), call);
+        trace::record_state(self.id, before, self.state(), trace::Call::Named(call));
         result
     }
 }
