@@ -108,6 +108,7 @@ impl SpillState {
     }
 
     /// The live exposures, (device, host) (`lazybuf.testing.exposures`).
+    #[cfg(feature = "testing")]
     pub(crate) fn exposures(&self) -> (usize, usize) {
         (self.device_exposures.load(Ordering::Acquire), self.host_exposures.load(Ordering::Acquire))
     }
