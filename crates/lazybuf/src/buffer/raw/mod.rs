@@ -411,10 +411,7 @@ impl RawBuffer {
         let (reads, writes) = self.touched(&plan, at, device, Access::Read);
         // An early return leaves no plan behind for a later access's copies to be named after
         // (`observe_abort` does nothing when no plan was made).
-        self.settle(|op| op.conflicts(&reads, &writes)).map_err(|err| {
-            self.observe_abort();
-            err
-        })?;
+        self.settle(|op| op.conflicts(&reads, &writes)).inspect_err(|_| self.observe_abort())?;
         if !self.coherence.any_valid() || plan.steps().iter().all(|s| matches!(s, Step::Allocate(_))) {
             // Nothing to copy (or nothing valid, which a blocking read zero-fills): the
             // blocking sync plans and records it anew.
@@ -425,10 +422,7 @@ impl RawBuffer {
             return Ok(Transfer::new(Ticket::done()));
         }
         if at == Location::Host {
-            self.await_aliased_use().map_err(|err| {
-                self.observe_abort();
-                err
-            })?;
+            self.await_aliased_use().inspect_err(|_| self.observe_abort())?;
         }
         let before = writes.iter().map(|loc| (loc, self.coherence.residency(loc))).collect();
         let (mut undo, mut delta, mut tickets) = (Undo::default(), TransferStats::default(), Vec::new());
