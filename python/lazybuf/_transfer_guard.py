@@ -6,7 +6,7 @@ process-wide (``set_transfer_guard(...)``, initially from ``LAZYBUF_TRANSFER_GUA
 levels and meanings:
 
 - ``"allow"``: every copy runs;
-- ``"log"``: implicit copies are logged (one line on standard error), explicit ones run;
+- ``"log"``: implicit copies are logged, explicit ones run;
 - ``"disallow"``: implicit copies raise ``TransferGuardError``, explicit ones run;
 - ``"log_explicit"``: every copy is logged;
 - ``"disallow_explicit"``: every copy raises ``TransferGuardError``.
@@ -17,10 +17,19 @@ levels and meanings:
 ``.device_writable``, ``mark_*_dirty()``, the buffer protocol, DLPack. A refused copy changes
 nothing: the buffer's state and data are as before the call. A sync on a device whose copy is
 host memory itself (the host device) moves no bytes and is not a copy.
+
+A logged copy is a WARNING on the ``lazybuf.transfer_guard`` logger of Python's ``logging``
+(``lazybuf transfer guard (log): host-to-device copy of 4096 bytes (host -> ...) of buffer 7,
+caused by implicit .device``; with ``logging`` not configured, Python prints it on standard
+error). The guard decides while lazybuf's locks are held, often without the GIL, so the record
+is made when the call that copies returns to Python (a ``UnifiedBuffer`` method), or at the
+latest when a guard level changes (leaving a ``transfer_guard`` block) or the interpreter
+exits. A handler's exception goes to ``sys.unraisablehook``; the call that copied is unaffected.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 from collections.abc import Iterator
 
@@ -36,6 +45,9 @@ __all__ = [
 ]
 
 LEVELS = ("allow", "log", "disallow", "log_explicit", "disallow_explicit")
+
+# Copies logged by calls that did not return to Python since (module docs) are logged at exit.
+atexit.register(_lazybuf._transfer_guard_flush_log)
 _Levels = tuple[str | None, str | None, str | None]
 
 

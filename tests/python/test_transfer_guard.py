@@ -3,6 +3,8 @@ calls, a refused copy changing nothing, threads, the process-wide level and
 LAZYBUF_TRANSFER_GUARD. Expectations follow transfer_stats(): on the host device a sync moves
 no bytes, so nothing is refused or logged there."""
 
+import logging
+import sys
 import threading
 
 import numpy as np
@@ -106,25 +108,112 @@ def test_disallow_explicit_refuses_every_call_per_direction_including_async(devi
         np.testing.assert_array_equal(b.to_numpy(), np.arange(1000, dtype=np.uint32) * 5)
 
 
+def _logged(caplog, b: lazybuf.UnifiedBuffer) -> list[str]:
+    """The guard's records about `b` so far (and forgets every record)."""
+    lines = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "lazybuf.transfer_guard" and f"of buffer {b.buffer_id}," in r.getMessage()
+    ]
+    assert all(r.levelname == "WARNING" for r in caplog.records if r.name == "lazybuf.transfer_guard")
+    caplog.clear()
+    return lines
+
+
 @pytest.mark.parametrize("device", _devices())
-def test_log_levels_log_each_copy_the_counters_count(device, capfd):
+def test_log_levels_log_each_copy_the_counters_count(device, caplog):
+    caplog.set_level("WARNING", logger="lazybuf.transfer_guard")
     b = _host_only(device)
     with lazybuf.transfer_guard("log"):
         b.device  # implicit: logged
+        # A record is made when the call that copied returns, not when the block ends.
+        lines = _logged(caplog, b)
         b.mark_device_dirty()
         b.sync_to_host()  # explicit: not logged under "log"
-    err = capfd.readouterr().err
-    lines = [line for line in err.splitlines() if f"of buffer {b.buffer_id}," in line]
+        assert _logged(caplog, b) == []
     stats = b.transfer_stats()
-    assert len(lines) == stats["host_to_device_copies"], err
+    assert len(lines) == stats["host_to_device_copies"], lines
+    assert all(line.startswith("lazybuf transfer guard (log): ") for line in lines), lines
     assert all("implicit .device" in line for line in lines), lines
     with lazybuf.transfer_guard("log_explicit"):
         b.mark_device_dirty()
         b.sync_to_host()
-    err = capfd.readouterr().err
-    lines = [line for line in err.splitlines() if f"of buffer {b.buffer_id}," in line]
-    assert len(lines) == b.transfer_stats()["device_to_host_copies"] - stats["device_to_host_copies"], err
+    lines = _logged(caplog, b)
+    assert len(lines) == b.transfer_stats()["device_to_host_copies"] - stats["device_to_host_copies"], lines
     assert all("explicit sync_to_host" in line for line in lines), lines
+
+
+def test_a_raising_log_handler_changes_nothing_for_the_call(caplog):
+    device = next((d for d in _devices() if _moves(d)), None)
+    if device is None:
+        pytest.skip("no device that copies")
+
+    def refuse(record):
+        raise RuntimeError("a handler that raises")
+
+    logger = logging.getLogger("lazybuf.transfer_guard")
+    logger.addFilter(refuse)
+    unraisable = []
+    previous_hook = sys.unraisablehook
+    sys.unraisablehook = unraisable.append
+    try:
+        b = _host_only(device, seed=3)
+        with lazybuf.transfer_guard("log"):
+            b.device
+            b.mark_device_dirty()
+        np.testing.assert_array_equal(b.to_numpy(), np.arange(1000, dtype=np.uint32) * 3)
+        assert b.transfer_stats()["host_to_device_copies"] == 1
+    finally:
+        sys.unraisablehook = previous_hook
+        logger.removeFilter(refuse)
+    assert [type(u.exc_value) for u in unraisable] == [RuntimeError], unraisable
+
+
+def test_copies_logged_on_other_threads_are_recorded_there(caplog):
+    device = next((d for d in _devices() if _moves(d)), None)
+    if device is None:
+        pytest.skip("no device that copies")
+    caplog.set_level("WARNING", logger="lazybuf.transfer_guard")
+    buffers = [_host_only(device, seed=s) for s in range(4)]
+
+    def work(b):
+        with lazybuf.transfer_guard("log"):
+            b.device
+
+    threads = [threading.Thread(target=work, args=(b,), name=f"guarded-{i}") for i, b in enumerate(buffers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, b in enumerate(buffers):
+        records = [r for r in caplog.records if f"of buffer {b.buffer_id}," in r.getMessage()]
+        assert len(records) == 1, [r.getMessage() for r in caplog.records]
+        assert records[0].threadName.startswith("guarded-"), records[0].threadName
+
+
+def test_logged_copies_reach_logging_at_the_latest_at_exit():
+    device = next((d for d in _devices() if _moves(d)), None)
+    if device is None:
+        pytest.skip("no device that copies")
+    # LAZYBUF_TRANSFER_GUARD=log, `logging` not configured: Python's last-resort handler prints
+    # each WARNING on standard error. The buffer protocol's read (NumPy's `asarray`) copies
+    # outside a lazybuf method that returns to Python: its line goes out at exit.
+    code = f"""
+        import os
+        os.environ["LAZYBUF_TRANSFER_GUARD"] = "log"
+        import numpy as np, lazybuf
+        b = lazybuf.UnifiedBuffer((1000,), np.uint32, device={device!r})
+        b.copy_from(np.arange(1000, dtype=np.uint32))
+        b.device
+        b.mark_device_dirty()
+        print(int(np.asarray(b).sum()), flush=True)
+    """
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(sum(range(1000))), result.stdout
+    lines = [line for line in result.stderr.splitlines() if line.startswith("lazybuf transfer guard (log): ")]
+    assert any("host-to-device copy of 4000 bytes" in line for line in lines), result.stderr
+    assert any("device-to-host copy of 4000 bytes" in line for line in lines), result.stderr
 
 
 def test_a_threads_guard_stays_on_its_thread():

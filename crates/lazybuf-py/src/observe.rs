@@ -4,16 +4,24 @@
 //! methods run in so that their copies are attributed to them (explicit or implicit, as the
 //! guard's levels say) and, when asked for, carry the Python stack.
 //!
+//! Copies the guard logs go to Python's `logging` (logger `lazybuf.transfer_guard`, level
+//! WARNING). The guard decides while lazybuf's locks are held, often with the GIL released,
+//! where `logging` cannot run (a handler may take the GIL, or call lazybuf): the lines wait in a
+//! bounded queue ([`LOGGED`]) and are handed to `logging` when the call that made them returns
+//! to Python ([`observed`]), when a guard level changes, and at exit.
+//!
 //! What does not live here: the guard's and recorder's rules (the core), the context managers
 //! (Python).
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use lazybuf::observe::guard::{self, GuardLevel, GuardLevels};
 use lazybuf::observe::trace::{self, EventKind, TraceOptions};
 use lazybuf::observe::{self as core, Cause, Direction};
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList, PyModule};
 
 use crate::errors::OrPyErr;
@@ -22,18 +30,78 @@ use crate::errors::OrPyErr;
 static PYTHON_STACK: AtomicBool = AtomicBool::new(false);
 
 /// Runs `f`, a `UnifiedBuffer` method's body, as `cause`: one atomic load when nothing
-/// observes.
+/// observes. Copies the guard logged meanwhile go to `logging` when `f` has returned.
 pub fn observed<R>(py: Python<'_>, cause: Cause, f: impl FnOnce() -> R) -> R {
     if !core::active() {
         return f();
     }
-    if !(core::recording() && PYTHON_STACK.load(Ordering::Relaxed)) {
+    let done = if !(core::recording() && PYTHON_STACK.load(Ordering::Relaxed)) {
         // No stack to attach: the thread's events stay as they are (a stack is only ever
         // attached here, for the length of one call).
-        return core::call(cause, f);
+        core::call(cause, f)
+    } else {
+        let stack = python_stack(py);
+        trace::call_with_stack(stack, || core::call(cause, f))
+    };
+    hand_logged_to_python(py);
+    done
+}
+
+/// Logged lines waiting for the GIL (at most [`LOGGED_MAX`]; [`LOGGED_DROPPED`] counts the
+/// rest), and whether there are any (the one load a call pays when there are none).
+static LOGGED: Mutex<VecDeque<String>> = Mutex::new(VecDeque::new());
+static LOGGED_WAITING: AtomicBool = AtomicBool::new(false);
+static LOGGED_DROPPED: AtomicUsize = AtomicUsize::new(0);
+const LOGGED_MAX: usize = 10_000;
+
+/// The guard's log hook in this process: queues the line (see the module docs).
+fn queue_logged(copy: &core::TransferInfo, level: GuardLevel) {
+    let line = guard::log_line(copy, level);
+    let mut logged = LOGGED.lock().unwrap_or_else(PoisonError::into_inner);
+    if logged.len() < LOGGED_MAX {
+        logged.push_back(line);
+    } else {
+        LOGGED_DROPPED.fetch_add(1, Ordering::Relaxed);
     }
-    let stack = python_stack(py);
-    trace::call_with_stack(stack, || core::call(cause, f))
+    drop(logged);
+    LOGGED_WAITING.store(true, Ordering::Release);
+}
+
+/// Hands the waiting lines to `logging.getLogger("lazybuf.transfer_guard").warning`, in the
+/// order they were logged. Called with the GIL and none of lazybuf's locks held. A handler's
+/// exception is reported as unraisable (`sys.unraisablehook`), never raised from the lazybuf
+/// call whose copy it logs.
+pub fn hand_logged_to_python(py: Python<'_>) {
+    if !LOGGED_WAITING.swap(false, Ordering::AcqRel) {
+        return;
+    }
+    let lines = std::mem::take(&mut *LOGGED.lock().unwrap_or_else(PoisonError::into_inner));
+    let dropped = LOGGED_DROPPED.swap(0, Ordering::Relaxed);
+    static LOGGER: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    let logger = match LOGGER.get_or_try_init(py, || {
+        Ok::<_, PyErr>(py.import("logging")?.call_method1("getLogger", ("lazybuf.transfer_guard",))?.unbind())
+    }) {
+        Ok(logger) => logger.bind(py),
+        Err(err) => return err.write_unraisable(py, None),
+    };
+    let warn = |line: String| {
+        if let Err(err) = logger.call_method1("warning", ("%s", line)) {
+            err.write_unraisable(py, Some(logger));
+        }
+    };
+    lines.into_iter().for_each(warn);
+    if dropped > 0 {
+        warn(format!(
+            "lazybuf transfer guard: {dropped} more logged copies were dropped (more than {LOGGED_MAX} waited \
+             for Python)"
+        ));
+    }
+}
+
+/// Hands the copies logged so far to `logging` (at exit: `lazybuf._transfer_guard`).
+#[pyfunction]
+pub fn _transfer_guard_flush_log(py: Python<'_>) {
+    hand_logged_to_python(py);
 }
 
 fn python_stack(py: Python<'_>) -> Option<Arc<str>> {
@@ -66,11 +134,14 @@ fn names(levels: GuardLevels) -> Names {
 #[pyfunction]
 #[pyo3(signature = (h2d, d2h, d2d))]
 pub fn _transfer_guard_set_thread(
+    py: Python<'_>,
     h2d: Option<&str>,
     d2h: Option<&str>,
     d2d: Option<&str>,
 ) -> PyResult<Names> {
     let new = levels(h2d, d2h, d2d)?;
+    // The lines logged under the levels being left go out before they change.
+    hand_logged_to_python(py);
     Ok(names(guard::set_thread(new)))
 }
 
@@ -83,8 +154,15 @@ pub fn _transfer_guard_thread() -> Names {
 /// Sets the process-wide level of the directions given (`None`: unchanged).
 #[pyfunction]
 #[pyo3(signature = (h2d, d2h, d2d))]
-pub fn _transfer_guard_set_global(h2d: Option<&str>, d2h: Option<&str>, d2d: Option<&str>) -> PyResult<()> {
-    guard::set_global(levels(h2d, d2h, d2d)?);
+pub fn _transfer_guard_set_global(
+    py: Python<'_>,
+    h2d: Option<&str>,
+    d2h: Option<&str>,
+    d2d: Option<&str>,
+) -> PyResult<()> {
+    let new = levels(h2d, d2h, d2d)?;
+    hand_logged_to_python(py);
+    guard::set_global(new);
     Ok(())
 }
 
@@ -242,5 +320,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_trace_stop, m)?)?;
     m.add_function(wrap_pyfunction!(_trace_snapshot, m)?)?;
     m.add_function(wrap_pyfunction!(_trace_recording, m)?)?;
+    m.add_function(wrap_pyfunction!(_transfer_guard_flush_log, m)?)?;
+    // Logged copies go to Python's `logging` (module docs).
+    guard::set_log_hook(Some(Arc::new(queue_logged)));
     Ok(())
 }

@@ -370,11 +370,18 @@ fn log(copy: &TransferInfo, level: GuardLevel) {
     {
         use std::io::Write as _;
         // A closed or full stderr loses the line; the copy still runs.
-        let _ = writeln!(std::io::stderr(), "lazybuf transfer guard ({level}): {}", describe(copy));
+        let _ = writeln!(std::io::stderr(), "{}", log_line(copy, level));
     }
 }
 
-/// `host-to-device copy of 4096 bytes (host -> dev) of buffer 7, by implicit host access`.
+/// The line a logged copy makes on standard error (and in Python's `logging`):
+/// `lazybuf transfer guard (log): host-to-device copy of 4096 bytes (host -> dev) of buffer 7,
+/// caused by implicit .device`.
+pub fn log_line(copy: &TransferInfo, level: GuardLevel) -> String {
+    format!("lazybuf transfer guard ({level}): {}", describe(copy))
+}
+
+/// `host-to-device copy of 4096 bytes (host -> dev) of buffer 7, caused by implicit host`.
 pub(crate) fn describe(copy: &TransferInfo) -> String {
     format!(
         "{} copy of {} bytes ({} -> {}) of buffer {}, caused by {} {}",
