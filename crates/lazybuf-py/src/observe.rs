@@ -72,7 +72,8 @@ fn queue_logged(copy: &core::TransferInfo, level: GuardLevel) {
 /// exception is reported as unraisable (`sys.unraisablehook`), never raised from the lazybuf
 /// call whose copy it logs.
 pub fn hand_logged_to_python(py: Python<'_>) {
-    if !LOGGED_WAITING.swap(false, Ordering::AcqRel) {
+    // A load first: the common case (nothing logged) writes nothing shared.
+    if !LOGGED_WAITING.load(Ordering::Acquire) || !LOGGED_WAITING.swap(false, Ordering::AcqRel) {
         return;
     }
     let lines = std::mem::take(&mut *LOGGED.lock().unwrap_or_else(PoisonError::into_inner));
