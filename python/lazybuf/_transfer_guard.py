@@ -14,7 +14,9 @@ levels and meanings:
 *Explicit* copies are those of calls whose job is the copy: ``sync_to_device()``,
 ``sync_to_host()``, their ``_async`` forms, ``to_numpy()``, ``copy_to()``, ``allocate()``.
 *Implicit* ones are made for an access: ``.host``, ``.host_readonly``, ``.device``,
-``.device_writable``, ``mark_*_dirty()``, the buffer protocol, DLPack. A refused copy changes
+``.device_writable``, ``mark_*_dirty()``, the buffer protocol (``"buffer protocol"`` in
+errors and events), ``__array_interface__``, ``__cuda_array_interface__``, ``__dlpack__``
+(explicit with ``copy=True``). A refused copy changes
 nothing: the buffer's state and data are as before the call. A sync on a device whose copy is
 host memory itself (the host device) moves no bytes and is not a copy.
 
@@ -22,9 +24,9 @@ A logged copy is a WARNING on the ``lazybuf.transfer_guard`` logger of Python's 
 (``lazybuf transfer guard (log): host-to-device copy of 4096 bytes (host -> ...) of buffer 7,
 caused by implicit .device``; with ``logging`` not configured, Python prints it on standard
 error). The guard decides while lazybuf's locks are held, often without the GIL, so the record
-is made when the call that copies returns to Python (a ``UnifiedBuffer`` method), or at the
-latest when a guard level changes (leaving a ``transfer_guard`` block) or the interpreter
-exits. A handler's exception goes to ``sys.unraisablehook``; the call that copied is unaffected.
+is made when the call that copies returns to Python (a ``UnifiedBuffer`` method or export
+protocol), or at the latest when a guard level changes (leaving a ``transfer_guard`` block) or
+the interpreter exits. A handler's exception goes to ``sys.unraisablehook``; the call that copied is unaffected.
 """
 
 from __future__ import annotations

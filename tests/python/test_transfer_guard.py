@@ -108,6 +108,29 @@ def test_disallow_explicit_refuses_every_call_per_direction_including_async(devi
         np.testing.assert_array_equal(b.to_numpy(), np.arange(1000, dtype=np.uint32) * 5)
 
 
+@pytest.mark.parametrize("device", _devices())
+def test_the_export_protocols_name_themselves_and_a_refusal_changes_nothing(device):
+    exports = {
+        "buffer protocol": lambda b: memoryview(b),
+        "__array_interface__": lambda b: b.__array_interface__,
+        "__dlpack__": lambda b: np.from_dlpack(b),
+    }
+    for call, export in exports.items():
+        b = _host_only(device, seed=7)
+        b.device
+        b.mark_device_dirty()
+        before = _snapshot(b)
+        with lazybuf.transfer_guard(d2h="disallow"):
+            if _moves(device):
+                with pytest.raises(lazybuf.TransferGuardError) as info:
+                    export(b)
+                assert (info.value.direction, info.value.call) == ("d2h", call)
+                assert _snapshot(b) == before
+            else:
+                export(b)  # the host device: no copy to refuse
+        np.testing.assert_array_equal(b.to_numpy(), np.arange(1000, dtype=np.uint32) * 7)
+
+
 def _logged(caplog, b: lazybuf.UnifiedBuffer) -> list[str]:
     """The guard's records about `b` so far (and forgets every record)."""
     lines = [
@@ -196,8 +219,7 @@ def test_logged_copies_reach_logging_at_the_latest_at_exit():
     if device is None:
         pytest.skip("no device that copies")
     # LAZYBUF_TRANSFER_GUARD=log, `logging` not configured: Python's last-resort handler prints
-    # each WARNING on standard error. The buffer protocol's read (NumPy's `asarray`) copies
-    # outside a lazybuf method that returns to Python: its line goes out at exit.
+    # each WARNING on standard error.
     code = f"""
         import os
         os.environ["LAZYBUF_TRANSFER_GUARD"] = "log"

@@ -1240,7 +1240,8 @@ impl UnifiedBuffer {
             // A writable export is a host write, a read-only one a host read.
             let access = if writable { Access::Write } else { Access::Read };
             // The export holds the exposure: the host copy stays in use until it is released.
-            let (address, exposure) = storage.host_address_nogil(py, access)?;
+            let (address, exposure) =
+                observed(py, Cause::access("buffer protocol"), || storage.host_address_nogil(py, access))?;
             Ok(ExportedHost { address, writable, owner: Box::new(exposure) })
         };
         // SAFETY: view is the Py_buffer CPython passed to this slot; the address is the
@@ -1297,7 +1298,10 @@ impl UnifiedBuffer {
                 self.elem.dtype
             )));
         }
-        let (address, exposure) = self.storage()?.host_address_nogil(py, Access::Read)?;
+        let storage = self.storage()?;
+        let (address, exposure) = observed(py, Cause::access("__array_interface__"), || {
+            storage.host_address_nogil(py, Access::Read)
+        })?;
         self.keep_export(exposure);
         crate::interop::array_interface(py, address as usize, &self.shape, self.elem.dtype)
     }
@@ -1312,7 +1316,10 @@ impl UnifiedBuffer {
                 selector(&self.home)
             )));
         }
-        let (handle, exposure) = self.storage()?.device_handle_nogil(py, &self.home, Access::Write)?;
+        let storage = self.storage()?;
+        let (handle, exposure) = observed(py, Cause::access("__cuda_array_interface__"), || {
+            storage.device_handle_nogil(py, &self.home, Access::Write)
+        })?;
         let address = handle.as_int();
         self.keep_export(exposure);
         self.freeze_if_host_stale(py)?;
@@ -1338,8 +1345,11 @@ impl UnifiedBuffer {
             descr: self.descr(py),
         };
         let stream = stream.filter(|s| !s.is_none());
-        let capsule =
-            interop::dlpack_of_buffer(py, source, DlpackArgs { stream, max_version, dl_device, copy })?;
+        // A copy the consumer asked for (`copy=True`) is explicit; an export's sync is implicit.
+        let cause = if copy == Some(true) { Cause::sync("__dlpack__") } else { Cause::access("__dlpack__") };
+        let capsule = observed(py, cause, || {
+            interop::dlpack_of_buffer(py, source, DlpackArgs { stream, max_version, dl_device, copy })
+        })?;
         // A device export is a device write: the host copy may be stale now.
         self.freeze_if_host_stale(py)?;
         Ok(capsule)
