@@ -192,6 +192,36 @@ def test_a_raising_log_handler_changes_nothing_for_the_call(caplog):
     assert [type(u.exc_value) for u in unraisable] == [RuntimeError], unraisable
 
 
+def test_a_handler_whose_calls_copy_logs_their_copies_at_the_next_return(caplog):
+    device = next((d for d in _devices() if _moves(d)), None)
+    if device is None:
+        pytest.skip("no device that copies")
+    caplog.set_level("WARNING", logger="lazybuf.transfer_guard")
+    b, other = _host_only(device, seed=1), _host_only(device, seed=2)
+
+    class Copying(logging.Handler):
+        def emit(self, record):
+            # Every line about `b` makes a logged copy of `other`: handed on later, not from
+            # inside this handler (which would recurse for as long as lines come).
+            if f"of buffer {b.buffer_id}," in record.getMessage():
+                other.mark_host_dirty()
+                other.device
+
+    handler = Copying()
+    logger = logging.getLogger("lazybuf.transfer_guard")
+    logger.addHandler(handler)
+    try:
+        with lazybuf.transfer_guard("log"):
+            b.device
+            assert len(_logged(caplog, b)) == 1
+            assert _logged(caplog, other) == []
+            b.mark_device_dirty()  # its return hands `other`'s line on
+            assert len(_logged(caplog, other)) == 1
+    finally:
+        logger.removeHandler(handler)
+    np.testing.assert_array_equal(other.to_numpy(), np.arange(1000, dtype=np.uint32) * 2)
+
+
 def test_copies_logged_on_other_threads_are_recorded_there(caplog):
     device = next((d for d in _devices() if _moves(d)), None)
     if device is None:

@@ -73,9 +73,33 @@ fn queue_logged(copy: &core::TransferInfo, level: GuardLevel) {
 /// call whose copy it logs.
 pub fn hand_logged_to_python(py: Python<'_>) {
     // A load first: the common case (nothing logged) writes nothing shared.
-    if !LOGGED_WAITING.load(Ordering::Acquire) || !LOGGED_WAITING.swap(false, Ordering::AcqRel) {
+    if !LOGGED_WAITING.load(Ordering::Acquire) {
         return;
     }
+    thread_local! {
+        /// This thread is handing lines to `logging`: a handler that calls lazybuf does not
+        /// hand its own copies' lines from inside (they wait for the next return, so a handler
+        /// whose calls always copy cannot log without end).
+        static HANDING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+    // (A thread whose thread-locals are gone hands nothing: its lines wait for another.)
+    if HANDING.try_with(std::cell::Cell::get).unwrap_or(true) || !LOGGED_WAITING.swap(false, Ordering::AcqRel)
+    {
+        return;
+    }
+    struct Handing;
+    impl Handing {
+        fn start() -> Handing {
+            let _ = HANDING.try_with(|h| h.set(true));
+            Handing
+        }
+    }
+    impl Drop for Handing {
+        fn drop(&mut self) {
+            let _ = HANDING.try_with(|h| h.set(false));
+        }
+    }
+    let _handing = Handing::start();
     let lines = std::mem::take(&mut *LOGGED.lock().unwrap_or_else(PoisonError::into_inner));
     let dropped = LOGGED_DROPPED.swap(0, Ordering::Relaxed);
     static LOGGER: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
