@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import logging  # noqa: F401 - before the atexit hook below: logging's shutdown then runs after it
 from collections.abc import Iterator
 
 from . import _lazybuf
