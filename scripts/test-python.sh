@@ -42,35 +42,8 @@ step "installing build and test dependencies into $venv"
   maturin==1.16.0 numpy==2.4.6 pytest==9.2.0 pyopencl==2026.1.4 ml_dtypes==0.5.4 mypy==2.4.1 \
   "dask[distributed]==2026.8.0" pdoc==16.0.0
 
-logs="$(mktemp -d)"
-# (On an early exit the debug build started below is waited for, not left writing into $logs.)
-trap '[ -z "${debug_pid:-}" ] || wait "$debug_pid" 2>/dev/null || true; rm -rf "$logs"' EXIT
-
-# The debug build of the extension, for the last pass (below): no --release, so debug
-# assertions and overflow checks are on, and arithmetic on sizes from Python that would wrap
-# in release panics here instead (a panic reaching Python fails the test). (Not cargo's `test`
-# profile itself: a cdylib built with it is a test harness, which Python cannot load.) The dev
-# profile is given the test profile's opt-level 1 (Cargo.toml's [profile.test]; debug
-# assertions and overflow checks stay on, as in any dev build), so after `cargo test`'s build
-# (scripts/test.sh) the dependencies it compiled are reused (wgpu, naga...: only lazybuf's
-# crates, pyo3 and the dependencies only the binding has compile: 1:49 instead of 3:42 on the
-# 2-core VM), and the pass runs optimized code. It is built beside the release wheel (each is
-# mostly a chain of single crates, leaving a core idle), into target/debug, which the release
-# build (target/release or target/<triple>/release) does not lock.
-debug_wheels=target/wheels-python-debug
-rm -rf "$debug_wheels"
-build_debug() {
-  CARGO_PROFILE_DEV_OPT_LEVEL=1 "$venv/bin/maturin" build --quiet --features testing --out "$debug_wheels" \
-    --interpreter "$venv/bin/python" >"$logs/debug-build.log" 2>&1
-}
-debug_pid=""
-if [ "${LAZYBUF_PY_SERIAL:-0}" != 1 ]; then
-  build_debug &
-  debug_pid=$!
-fi
-
 # `--features testing`: the test wheel has lazybuf.testing (see above).
-step "building the wheel (maturin, release, feature testing)${debug_pid:+, and beside it the debug build}"
+step "building the wheel (maturin, release, feature testing)"
 wheels=target/wheels-python
 rm -rf "$wheels"
 # shellcheck disable=SC2086 # LAZYBUF_PY_BUILD is a list of arguments
@@ -87,6 +60,8 @@ step "type stubs against the built module (mypy stubtest)"
 (cd tests/python && "$py" -m mypy.stubtest lazybuf)
 # One pass: `run_pass NAME [VAR=value...]` runs pytest from tests/python (so `import lazybuf`
 # is the installed wheel, not the source tree) with those variables, output to its log.
+logs="$(mktemp -d)"
+trap 'rm -rf "$logs"' EXIT
 run_pass() {
   local name="$1"
   shift
@@ -149,17 +124,21 @@ LAZYBUF_PY_VENV="$venv" bash scripts/api-docs.sh
 # Without the CUDA double, to keep it cheap.
 step "pytest passes: with LAZYBUF_CHECK=1, and with a debug build of the extension"
 start_pass checker LAZYBUF_CHECK=1 LAZYBUF_SKIP_CLUSTER=1
-# With the debug build (above), installed into a directory of its own, first on PYTHONPATH:
-# the venv keeps the release wheel for the checker's pass meanwhile.
-debug_rc=0
-if [ -n "$debug_pid" ]; then
-  wait "$debug_pid" || debug_rc=$?
-else
-  build_debug || debug_rc=$?
-fi
-cat "$logs/debug-build.log"
-[ "$debug_rc" -eq 0 ] || { echo "the debug build of the extension failed (above)" >&2; exit 1; }
+# With a debug build (no --release: debug assertions and overflow checks on), so arithmetic on
+# sizes from Python that would wrap in release panics here instead (and a panic reaching Python
+# fails the test). Installed into a directory of its own, first on PYTHONPATH: the venv keeps
+# the release wheel for the checker's pass meanwhile. (Not cargo's `test` profile itself: a
+# cdylib built with it is a test harness, which Python cannot load.) The dev profile is given
+# the test profile's opt-level 1 (Cargo.toml's [profile.test]; debug assertions and overflow
+# checks stay on, as in any dev build), so after `cargo test`'s build (scripts/test.sh) the
+# dependencies it compiled are reused (wgpu, naga...: only lazybuf's crates, pyo3 and the
+# dependencies only the binding has compile, 1:49 instead of 3:42 on the 2-core VM), and the
+# pass runs optimized code.
+debug_wheels=target/wheels-python-debug
 debug_site="$logs/debug-site"
+rm -rf "$debug_wheels"
+CARGO_PROFILE_DEV_OPT_LEVEL=1 "$venv/bin/maturin" build --quiet --features testing --out "$debug_wheels" \
+  --interpreter "$venv/bin/python"
 "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps --target "$debug_site" "$debug_wheels"/lazybuf-*.whl
 debug_path="$debug_site${PYTHONPATH:+:$PYTHONPATH}"
 (cd tests/python && PYTHONPATH="$debug_path" "$py" -c "
