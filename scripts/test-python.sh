@@ -10,9 +10,10 @@
 # alone (`pip install .`, releases) do not have it. Four pytest passes: the release wheel;
 # again with the CUDA driver test double; again with the coherence checker on
 # (LAZYBUF_CHECK=1); and once with a debug build of the extension (debug assertions and
-# overflow checks on), installed beside the venv, not into it. The passes run two at a time (each is mostly one
-# thread: two of them fill a 2-core machine), each with its own pytest temporary directory;
-# a pass's output is printed whole when it ends. dask[distributed] is installed for
+# overflow checks on; opt-level 1, as cargo's test profile), installed beside the venv, not
+# into it. The passes run two at a time (each is mostly one thread: two of them fill a
+# 2-core machine), each with its own pytest temporary directory; a pass's output is printed
+# whole when it ends. dask[distributed] is installed for
 # tests/python/test_dask.py; its two LocalCluster tests (worker processes, ~10 s) run in the
 # first pass only (LAZYBUF_SKIP_CLUSTER=1 in the others).
 #
@@ -126,13 +127,18 @@ start_pass checker LAZYBUF_CHECK=1 LAZYBUF_SKIP_CLUSTER=1
 # With a debug build (no --release: debug assertions and overflow checks on), so arithmetic on
 # sizes from Python that would wrap in release panics here instead (and a panic reaching Python
 # fails the test). Installed into a directory of its own, first on PYTHONPATH: the venv keeps
-# the release wheel for the checker's pass meanwhile. (Not cargo's `test` profile, which would
-# share `cargo test`'s compiled dependencies: a cdylib built with it is a test harness,
-# which Python cannot load.)
+# the release wheel for the checker's pass meanwhile. (Not cargo's `test` profile itself: a
+# cdylib built with it is a test harness, which Python cannot load.) The dev profile is given
+# the test profile's opt-level 1 (Cargo.toml's [profile.test]; debug assertions and overflow
+# checks stay on, as in any dev build), so after `cargo test`'s build (scripts/test.sh) the
+# dependencies it compiled are reused (wgpu, naga...: only lazybuf's crates, pyo3 and the
+# dependencies only the binding has compile, 1:49 instead of 3:42 on the 2-core VM), and the
+# pass runs optimized code.
 debug_wheels=target/wheels-python-debug
 debug_site="$logs/debug-site"
 rm -rf "$debug_wheels"
-"$venv/bin/maturin" build --quiet --features testing --out "$debug_wheels" --interpreter "$venv/bin/python"
+CARGO_PROFILE_DEV_OPT_LEVEL=1 "$venv/bin/maturin" build --quiet --features testing --out "$debug_wheels" \
+  --interpreter "$venv/bin/python"
 "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps --target "$debug_site" "$debug_wheels"/lazybuf-*.whl
 debug_path="$debug_site${PYTHONPATH:+:$PYTHONPATH}"
 (cd tests/python && PYTHONPATH="$debug_path" "$py" -c "

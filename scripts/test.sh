@@ -86,23 +86,26 @@ bash scripts/test-cuda-double.sh
 # With lavapipe too (about 25 s more on 2 cores; one suppression for a leak inside the driver).
 step "valgrind: contract, faults, pool, adopted (0 errors; definite leaks count as errors)"
 double="$PWD/target/cuda-double"
-# The binaries of the workspace build above (the same command: no second build).
-binaries=$(cargo test --workspace --all-features --no-run --message-format=json 2>/dev/null | python3 -c '
+# The suites are modules of the `suite` test binary (crates/lazybuf/tests/suite/), from the
+# workspace build above (the same command: no second build); each runs on its own, picked by
+# its module's name (`contract::` matches only the tests of tests/suite/contract.rs).
+suite=$(cargo test --workspace --all-features --no-run --message-format=json 2>/dev/null | python3 -c '
 import json, sys
 for line in sys.stdin:
     try: m = json.loads(line)
     except ValueError: continue
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("contract", "faults", "pool", "adopted"):
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "suite":
         print(m["executable"])')
+[ -x "$suite" ] || { echo "no suite test binary found: $suite" >&2; exit 1; }
 # Each valgrind run is one thread (valgrind serializes a process's threads): all four run at
 # once, each into its own log, printed when it ends.
 vg_logs="$(mktemp -d)"
 vg_pids=()
-for binary in $binaries; do
+for module in contract faults pool adopted; do
   LD_LIBRARY_PATH="$double${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" LAZYBUF_REQUIRE=opencl,cuda,wgpu \
     valgrind -q --suppressions=scripts/valgrind.supp --error-exitcode=1 --leak-check=full --show-leak-kinds=definite \
-    --errors-for-leak-kinds=definite "$binary" --test-threads=1 -q >"$vg_logs/$(basename "$binary").log" 2>&1 &
-  vg_pids+=("$!:$(basename "$binary")")
+    --errors-for-leak-kinds=definite "$suite" --test-threads=1 -q "$module::" >"$vg_logs/$module.log" 2>&1 &
+  vg_pids+=("$!:$module")
 done
 vg_failed=0
 for entry in "${vg_pids[@]}"; do

@@ -1,7 +1,7 @@
 //! The real-GPU suite: checks that only mean something on NVIDIA hardware (what the driver
 //! reports, cuMemGetInfo against real allocations, transfers of hundreds of MiB, peer copies
 //! between GPUs). With no GPU, or with the driver-API test double, each test prints a visible
-//! skip. The rest of the CUDA tests (`tests/cuda.rs`, the backend's unit tests) run on a GPU
+//! skip. The rest of the CUDA tests (`tests/suite/cuda.rs`, the backend's unit tests) run on a GPU
 //! as they are; bandwidth is measured by `benches/cuda_bandwidth.rs`, not here.
 
 #![cfg(feature = "cuda")]

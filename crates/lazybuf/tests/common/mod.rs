@@ -30,6 +30,17 @@ pub fn devices() -> Vec<Device> {
     devices
 }
 
+/// The name libtest gives the test function `name` of the module whose `module_path!()` is
+/// `module` (the path without the test binary's crate), for re-running this binary with
+/// `--exact` on that one test in a child process: a test in `tests/suite/wgpu.rs` is
+/// `wgpu::name`, one in `tests/fork.rs` just `name`.
+pub fn test_name(module: &str, name: &str) -> String {
+    match module.split_once("::") {
+        Some((_, path)) => format!("{path}::{name}"),
+        None => name.to_string(),
+    }
+}
+
 /// The devices of one backend.
 pub fn devices_of(kind: BackendKind) -> Vec<Device> {
     devices().into_iter().filter(|d| d.backend_kind() == kind).collect()

@@ -1,7 +1,7 @@
 //! Bad input (SPEC section 6, the parts that apply to the Rust core): each gets a clear error
 //! naming what was expected, and nothing already stored is lost.
 
-mod common;
+use crate::common;
 
 use common::pattern;
 use lazybuf::backend::HostSpan;

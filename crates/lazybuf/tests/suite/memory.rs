@@ -6,7 +6,7 @@
 //! allocation and copy (`lazybuf::testing::FaultyDevice`): a failed allocation or
 //! reallocation changes nothing, a failed copy leaves every byte outside its range.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 
@@ -460,7 +460,7 @@ fn failed_copies_leave_sources_and_other_bytes() {
     }
 }
 
-mod cuda_common;
+use crate::cuda_common;
 
 /// Prefetching shared memory moves its pages where it is asked to (the CUDA test double
 /// records where managed memory was last prefetched to).

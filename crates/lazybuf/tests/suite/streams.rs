@@ -13,7 +13,7 @@
 //! The CUDA double's streams run on worker threads, so under `scripts/test-cuda-double.sh`
 //! every test here also runs against truly asynchronous (fake) CUDA devices.
 
-mod common;
+use crate::common;
 
 use common::pattern;
 use lazybuf::testing::FaultyDevice;

@@ -10,7 +10,7 @@
 //! Buffers here take their memory straight from the backends ([`DirectResource`]), so every
 //! allocation reaches the faulty device (a pool would serve most of them from its cache).
 
-mod common;
+use crate::common;
 
 use common::pattern;
 use lazybuf::testing::{FaultPlan, FaultyDevice};

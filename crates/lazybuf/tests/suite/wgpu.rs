@@ -14,7 +14,7 @@
 
 #![cfg(feature = "wgpu")]
 
-mod common;
+use crate::common;
 
 use lazybuf::backend::wgpu::wgpu;
 use lazybuf::backend::{RawDevice, RawMemory, RawStream};
@@ -365,7 +365,8 @@ fn a_lost_device_makes_calls_fail_without_panicking() {
         return;
     }
     let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_with_a_destroyed_device", "--nocapture", "--test-threads=1"])
+        .args(["--exact", &common::test_name(module_path!(), "child_with_a_destroyed_device")])
+        .args(["--nocapture", "--test-threads=1"])
         .env(LOST_CHILD_ENV, "1")
         .output()
         .unwrap();

@@ -2,7 +2,7 @@
 //! operation's effect on state, data, allocations and bytes moved. The random-sequence
 //! counterpart is `model.rs`; failures are `faults.rs`.
 
-mod common;
+use crate::common;
 
 use common::{LENGTHS, pattern};
 use lazybuf::{

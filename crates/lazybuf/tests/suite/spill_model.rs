@@ -26,7 +26,7 @@
 //! budget and held bytes are its own). `PROPTEST_CASES` sets the number of sequences
 //! (default 300).
 
-mod common;
+use crate::common;
 
 use common::pattern;
 use lazybuf::spill::{self, SharedBuffer};

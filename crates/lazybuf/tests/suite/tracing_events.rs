@@ -2,7 +2,7 @@
 //! subscriber of the test's own sees one `transfer` event per counted copy, with its bytes
 //! and direction, and the allocations and state transitions; nothing while the events are off.
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 

@@ -3,7 +3,7 @@
 //! at any alignment, copies nothing when it adopts, never hands the block to its resource,
 //! and gives the bytes back to their lender when it frees its memory, not before.
 
-mod common;
+use crate::common;
 
 use std::ptr::NonNull;
 use std::sync::Arc;

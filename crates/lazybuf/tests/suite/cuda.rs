@@ -5,7 +5,7 @@
 
 #![cfg(feature = "cuda")]
 
-mod cuda_common;
+use crate::cuda_common;
 
 use cuda_common::{cuda_devices, ramp};
 use lazybuf::backend::RawMemory;

@@ -6,7 +6,7 @@
 
 #![cfg(feature = "loopback")]
 
-mod common;
+use crate::common;
 
 use lazybuf::backend::loopback::{CAPACITY, LoopbackBackend};
 use lazybuf::{BackendKind, BufferOptions, BufferState, Device, DirectResource, Error, UnifiedBuffer};

@@ -6,7 +6,7 @@
 
 #![cfg(feature = "opencl")]
 
-mod common;
+use crate::common;
 
 use std::ffi::{CStr, c_void};
 use std::ptr;

@@ -2,7 +2,7 @@
 //! current bytes copied once, straight from a newer device copy (the state unchanged), or
 //! from the host copy once the buffer has had to update it after such a read.
 
-mod common;
+use crate::common;
 
 use lazybuf::coherence::Access;
 use lazybuf::host_memory::HostMemory;
