@@ -1,6 +1,6 @@
 # Sourced by scripts/test-gpu.sh and scripts/bench-gpu.sh: the binaries a GPU machine runs travel
 # as one .tar.xz. Stripped, each lazybuf binary is ~6-9 MB (wgpu and ash are in every one): the
-# 22 test binaries are ~180 MB, over the 64 MiB a GPU machine is sent in one call. They share most
+# 23 test binaries are ~190 MB, over the 64 MiB a GPU machine is sent in one call. They share most
 # of their code, so one xz stream (its 64 MiB window spans several binaries) takes them to
 # ~17 MB. Python's tarfile does both ends, so neither machine needs the xz tool.
 

@@ -4,8 +4,8 @@
 //! `cargo test --test suite contract::` runs one suite.
 //!
 //! What may live here: tests that touch no process-wide switch (the coherence checker, the
-//! transfer guard, the recorder, spilling's budgets and eviction policy, the pools' global
-//! trim, the CUDA test double's hooks) and do not count what the whole process holds (locked
+//! transfer guard, the recorder and its `tracing` events, spilling's budgets and eviction
+//! policy, the pools' global trim, the CUDA test double's hooks) and do not count what the whole process holds (locked
 //! memory, one backend's allocations), because the tests of all these modules run at once on
 //! the harness's threads. Per-device switches are set only on a device of the test's own
 //! (`lazybuf::testing::FaultyDevice::wrap`). The suites that need a process of their own stay
@@ -34,6 +34,4 @@ mod resources;
 mod spill_model;
 #[cfg(feature = "testing")]
 mod streams;
-#[cfg(feature = "tracing")]
-mod tracing_events;
 mod wgpu;

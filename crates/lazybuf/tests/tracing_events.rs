@@ -1,8 +1,13 @@
 //! The recorder's events through the `tracing` crate (feature `tracing`), on every device: a
 //! subscriber of the test's own sees one `transfer` event per counted copy, with its bytes
 //! and direction, and the allocations and state transitions; nothing while the events are off.
+//!
+//! A process of its own: the events are switched on process-wide, and `tracing` caches each
+//! callsite's interest process-wide, so another test's thread reaching a callsite first while
+//! this test's thread-local subscriber is set can leave it cached as uninterested (seen once,
+//! when this test shared the suite binary: no copy reached the subscriber).
 
-use crate::common;
+mod common;
 
 use std::sync::{Arc, Mutex};
 
