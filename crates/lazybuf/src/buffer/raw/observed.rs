@@ -6,8 +6,8 @@
 //! ([`observe::active`] when a plan is made, `observe::emitting` per copy) and a branch to
 //! the out-of-line code here, which runs only when something observes. The copies seen are
 //! exactly those the transfer counters count: a sync between the host and a device that
-//! aliases host memory moves no bytes and is not a copy. Each plan an observed access
-//! executes gets a number (`op`): when the plan fails after one of its copies ran, or its
+//! aliases host memory moves no bytes and is not a copy. Each plan whose copies are recorded
+//! gets a number (`op`, given with its first recorded copy): when the plan fails after one of its copies ran, or its
 //! asynchronous transfer fails when settled, the counters take its copies back and a rollback
 //! event of that number says so; the undoing of a failed asynchronous transfer records its
 //! state transition too (`observe_undo`).
