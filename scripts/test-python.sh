@@ -1,29 +1,32 @@
 #!/usr/bin/env bash
-# Builds the lazybuf Python package once (maturin, release, abi3 wheel), installs it into a
-# virtual environment with the test dependencies, and runs the Python tests (tests/python/).
+# Installs the lazybuf Python package into a virtual environment with the test dependencies and
+# runs the Python tests (tests/python/) against two builds of the extension:
+#   - the release wheel as users get it (maturin, release, abi3; no `testing` feature): given
+#     as LAZYBUF_PY_RELEASE_WHEEL (scripts/test.sh passes release.sh's manylinux wheel, so the
+#     artifact that ships is the one tested and nothing is compiled again), else built here;
+#   - a debug build of the extension with the crate feature `testing` (lazybuf.testing: the
+#     fault-injecting device and the loopback devices, for test_faults.py and
+#     test_loopback.py): debug assertions and overflow checks on, at cargo's test profile's
+#     opt-level 1, so after `cargo test` (scripts/test.sh) it reuses the dependencies that
+#     build compiled. Installed into a directory of its own, first on PYTHONPATH.
 # PyOpenCL is installed so the interop tests run against the same PoCL device as the Rust
-# tests. It builds the Python API reference (scripts/api-docs.sh, pdoc; a warning fails it).
+# tests. mypy stubtest checks the stubs against the debug build (the stubs cover
+# lazybuf.testing too). Three pytest passes: the release wheel (the tests of lazybuf.testing
+# skip); the debug build with the CUDA driver test double standing in for libcuda; the debug
+# build with the coherence checker on (LAZYBUF_CHECK=1). The passes run at once, each with
+# its own pytest temporary directory; a pass's output is printed whole when it ends. It
+# builds the Python API reference (scripts/api-docs.sh, pdoc; a warning fails it).
+# dask[distributed] is installed for tests/python/test_dask.py; its two LocalCluster tests
+# (worker processes, ~10 s) run in the first pass only (LAZYBUF_SKIP_CLUSTER=1 in the others).
 # Exits non-zero on any failure.
 #
-# The wheel under test is built with the crate feature `testing` (lazybuf.testing: the
-# fault-injecting device, for tests/python/test_faults.py); wheels built from pyproject.toml
-# alone (`pip install .`, releases) do not have it. Four pytest passes: the release wheel;
-# again with the CUDA driver test double; again with the coherence checker on
-# (LAZYBUF_CHECK=1); and once with a debug build of the extension (debug assertions and
-# overflow checks on; opt-level 1, as cargo's test profile), installed beside the venv, not
-# into it. The passes run two at a time (each is mostly one thread: two of them fill a
-# 2-core machine), each with its own pytest temporary directory; a pass's output is printed
-# whole when it ends. dask[distributed] is installed for
-# tests/python/test_dask.py; its two LocalCluster tests (worker processes, ~10 s) run in the
-# first pass only (LAZYBUF_SKIP_CLUSTER=1 in the others).
-#
 # Usage: bash scripts/test-python.sh [pytest args...]
-#   LAZYBUF_PY_VENV      the virtual environment to use or create (default: .venv)
-#   PYTHON               the interpreter that creates it (default: python3; needs >= 3.11)
-#   LAZYBUF_PY_BUILD     extra `maturin build` arguments for the release wheel (scripts/test.sh
-#                        passes release.sh's zig and target arguments, so the wheel under test
-#                        is built as the released one is, from the same compiled dependencies)
-#   LAZYBUF_PY_SERIAL=1  run the passes one after another
+#   LAZYBUF_PY_VENV          the virtual environment to use or create (default: .venv)
+#   PYTHON                   the interpreter that creates it (default: python3; needs >= 3.11)
+#   LAZYBUF_PY_RELEASE_WHEEL the release wheel to test (default: built here into
+#                            target/wheels-python, with LAZYBUF_PY_BUILD's arguments)
+#   LAZYBUF_PY_BUILD         extra `maturin build` arguments for a release wheel built here
+#   LAZYBUF_PY_SERIAL=1      run the passes one after another
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -42,22 +45,24 @@ step "installing build and test dependencies into $venv"
   maturin==1.16.0 numpy==2.4.6 pytest==9.2.0 pyopencl==2026.1.4 ml_dtypes==0.5.4 mypy==2.4.1 \
   "dask[distributed]==2026.8.0" pdoc==16.0.0
 
-# `--features testing`: the test wheel has lazybuf.testing (see above).
-step "building the wheel (maturin, release, feature testing)"
-wheels=target/wheels-python
-rm -rf "$wheels"
-# shellcheck disable=SC2086 # LAZYBUF_PY_BUILD is a list of arguments
-"$venv/bin/maturin" build --release --quiet --features testing --out "$wheels" --interpreter "$venv/bin/python" \
-  ${LAZYBUF_PY_BUILD:-}
-"$venv/bin/python" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps "$wheels"/lazybuf-*.whl
+# The release wheel: release.sh's, or one built here as `pip install .` builds it.
+wheel="${LAZYBUF_PY_RELEASE_WHEEL:-}"
+if [ -z "$wheel" ]; then
+  step "building the release wheel (maturin, release)"
+  wheels=target/wheels-python
+  rm -rf "$wheels"
+  # shellcheck disable=SC2086 # LAZYBUF_PY_BUILD is a list of arguments
+  "$venv/bin/maturin" build --release --quiet --out "$wheels" --interpreter "$venv/bin/python" ${LAZYBUF_PY_BUILD:-}
+  wheel=$(ls "$wheels"/lazybuf-*.whl)
+fi
+step "installing $wheel"
+"$venv/bin/python" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps "$wheel"
 
-# The wheel has lazybuf.testing, and dask[distributed] is installed: their tests must run, not skip.
-export LAZYBUF_REQUIRE="${LAZYBUF_REQUIRE:+$LAZYBUF_REQUIRE,}testing,dask"
+# dask[distributed] is installed: its tests must run, not skip (and, in the debug build's
+# passes, lazybuf.testing's).
+export LAZYBUF_REQUIRE="${LAZYBUF_REQUIRE:+$LAZYBUF_REQUIRE,}dask"
 
-# Run from the tests folder so `import lazybuf` is the installed wheel, not the source tree.
 py="$venv/bin/python"
-step "type stubs against the built module (mypy stubtest)"
-(cd tests/python && "$py" -m mypy.stubtest lazybuf)
 # One pass: `run_pass NAME [VAR=value...]` runs pytest from tests/python (so `import lazybuf`
 # is the installed wheel, not the source tree) with those variables, output to its log.
 logs="$(mktemp -d)"
@@ -97,43 +102,21 @@ finish_passes() {
   names=()
 }
 
-# The CUDA driver test double stands in for libcuda (machines without a GPU): the CUDA paths
-# (DeviceMemoryView, __cuda_array_interface__, DLPack on kDLCUDA) run, and everything else
-# must still hold with a CUDA device as the default device.
-double=""
-if [ -f scripts/build-cuda-double.sh ] && command -v gcc >/dev/null; then
-  double="$PWD/target/cuda-double"
-  bash scripts/build-cuda-double.sh "$double" >/dev/null
-fi
-
-step "pytest passes: the release wheel${double:+, and with the CUDA driver test double}"
+step "pytest pass: the release wheel"
+(cd tests/python && "$py" -c "
+import lazybuf
+assert not hasattr(lazybuf, 'testing'), 'the release wheel has lazybuf.testing'")
 start_pass release
-if [ -n "$double" ]; then
-  start_pass cuda-double LD_LIBRARY_PATH="$double${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" LAZYBUF_SKIP_CLUSTER=1 \
-    LAZYBUF_REQUIRE="$LAZYBUF_REQUIRE,cuda"
-fi
-finish_passes
 
-# The Python API reference from the installed wheel's docstrings and stubs (pdoc), into
-# target/api-docs; any warning fails it (docs/API.md).
-step "API reference (pdoc, warnings are errors)"
-LAZYBUF_PY_VENV="$venv" bash scripts/api-docs.sh
-
-# With the coherence checker on (lazybuf.checking() is True at start): every test that reads
-# a buffer back must hold with the check, so no test relies on a missing mark_device_dirty().
-# Without the CUDA double, to keep it cheap.
-step "pytest passes: with LAZYBUF_CHECK=1, and with a debug build of the extension"
-start_pass checker LAZYBUF_CHECK=1 LAZYBUF_SKIP_CLUSTER=1
-# With a debug build (no --release: debug assertions and overflow checks on), so arithmetic on
+# The debug build (no --release: debug assertions and overflow checks on), so arithmetic on
 # sizes from Python that would wrap in release panics here instead (and a panic reaching Python
-# fails the test). Installed into a directory of its own, first on PYTHONPATH: the venv keeps
-# the release wheel for the checker's pass meanwhile. (Not cargo's `test` profile itself: a
-# cdylib built with it is a test harness, which Python cannot load.) The dev profile is given
-# the test profile's opt-level 1 (Cargo.toml's [profile.test]; debug assertions and overflow
-# checks stay on, as in any dev build), so after `cargo test`'s build (scripts/test.sh) the
-# dependencies it compiled are reused (wgpu, naga...: only lazybuf's crates, pyo3 and the
-# dependencies only the binding has compile, 1:49 instead of 3:42 on the 2-core VM), and the
-# pass runs optimized code.
+# fails the test). (Not cargo's `test` profile itself: a cdylib built with it is a test
+# harness, which Python cannot load.) The dev profile is given the test profile's opt-level 1
+# (Cargo.toml's [profile.test]; debug assertions and overflow checks stay on, as in any dev
+# build), so after `cargo test`'s build (scripts/test.sh) the dependencies it compiled are
+# reused (wgpu, naga...: only lazybuf's crates, pyo3 and the dependencies only the binding
+# has compile, 1:49 instead of 3:42 on the 2-core VM), and the passes run optimized code.
+step "building the debug extension (feature testing, opt-level 1)"
 debug_wheels=target/wheels-python-debug
 debug_site="$logs/debug-site"
 rm -rf "$debug_wheels"
@@ -143,8 +126,35 @@ CARGO_PROFILE_DEV_OPT_LEVEL=1 "$venv/bin/maturin" build --quiet --features testi
 debug_path="$debug_site${PYTHONPATH:+:$PYTHONPATH}"
 (cd tests/python && PYTHONPATH="$debug_path" "$py" -c "
 import lazybuf, sys
-assert lazybuf.__file__.startswith(sys.argv[1]), f'the debug build is not the one imported: {lazybuf.__file__}'" "$debug_site")
-start_pass debug-build LAZYBUF_SKIP_CLUSTER=1 PYTHONPATH="$debug_path"
+assert lazybuf.__file__.startswith(sys.argv[1]), f'the debug build is not the one imported: {lazybuf.__file__}'
+assert hasattr(lazybuf, 'testing'), 'the debug build has no lazybuf.testing'" "$debug_site")
+
+step "type stubs against the debug build (mypy stubtest)"
+(cd tests/python && PYTHONPATH="$debug_path" "$py" -m mypy.stubtest lazybuf)
+
+# The CUDA driver test double stands in for libcuda (machines without a GPU): the CUDA paths
+# (DeviceMemoryView, __cuda_array_interface__, DLPack on kDLCUDA) run, and everything else
+# must still hold with a CUDA device as the default device.
+double=""
+if [ -f scripts/build-cuda-double.sh ] && command -v gcc >/dev/null; then
+  double="$PWD/target/cuda-double"
+  bash scripts/build-cuda-double.sh "$double" >/dev/null
+fi
+# With the coherence checker on (lazybuf.checking() is True at start): every test that reads
+# a buffer back must hold with the check, so no test relies on a missing mark_device_dirty().
+# Without the CUDA double, to keep it cheap.
+step "pytest passes: the debug build${double:+ with the CUDA driver test double, and} with LAZYBUF_CHECK=1"
+if [ -n "$double" ]; then
+  start_pass debug-cuda-double LD_LIBRARY_PATH="$double${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" LAZYBUF_SKIP_CLUSTER=1 \
+    LAZYBUF_REQUIRE="$LAZYBUF_REQUIRE,testing,cuda" PYTHONPATH="$debug_path"
+fi
+start_pass debug-checker LAZYBUF_CHECK=1 LAZYBUF_SKIP_CLUSTER=1 LAZYBUF_REQUIRE="$LAZYBUF_REQUIRE,testing" \
+  PYTHONPATH="$debug_path"
+
+# The Python API reference from the debug build's docstrings and stubs (pdoc; lazybuf.testing
+# included), into target/api-docs; any warning fails it (docs/API.md).
+step "API reference (pdoc, warnings are errors)"
+PYTHONPATH="$debug_path" LAZYBUF_PY_VENV="$venv" bash scripts/api-docs.sh
 finish_passes
 
 if [ "${#failed[@]}" -gt 0 ]; then
