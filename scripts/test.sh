@@ -80,7 +80,8 @@ for example in $examples; do
 done
 
 step "scripts/test-cuda-double.sh: the Rust suite again on the CUDA driver test double"
-bash scripts/test-cuda-double.sh
+# Without the doctests, which ran above: rustdoc compiles them anew each time (about 35 s).
+bash scripts/test-cuda-double.sh --lib --bins --tests
 
 # --- valgrind: the contract, fault, pool and adopted-memory suites, with the host, PoCL, lavapipe and the CUDA double
 # With lavapipe too (about 25 s more on 2 cores; one suppression for a leak inside the driver).
