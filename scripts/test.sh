@@ -81,7 +81,8 @@ done
 
 step "scripts/test-cuda-double.sh: the Rust suite again on the CUDA driver test double"
 # Without the doctests, which ran above: rustdoc compiles them anew each time (about 35 s).
-bash scripts/test-cuda-double.sh --lib --bins --tests
+# (`--tests`, not `--lib`: that would build the Python binding's library, which has no tests.)
+bash scripts/test-cuda-double.sh --tests
 
 # --- valgrind: the contract, fault, pool and adopted-memory suites, with the host, PoCL, lavapipe and the CUDA double
 # With lavapipe too (about 25 s more on 2 cores; one suppression for a leak inside the driver).

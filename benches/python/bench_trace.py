@@ -18,7 +18,7 @@ import lazybuf
 from bench_workflows import lazybuf_cases
 from harness import calibrate, fmt
 
-SIZES = {"4KiB": 4 << 10, "4MiB": 4 << 20, "64MiB": 64 << 20}
+SIZES = {"4KiB": 4 << 10, "64KiB": 64 << 10, "256KiB": 256 << 10, "1MiB": 1 << 20, "4MiB": 4 << 20, "64MiB": 64 << 20}
 
 
 def main() -> None:

@@ -38,8 +38,9 @@ def buffer_address(obj) -> int:
 
 
 def ramp(n: int, seed: int = 0) -> np.ndarray:
-    """n bytes that differ at every MiB-sized shift (a period of 251, prime)."""
-    return ((np.arange(n, dtype=np.int64) * 7 + seed) % 251).astype(np.uint8)
+    """n bytes that differ at every MiB-sized shift (a period of 251, prime): byte i is
+    (7 i + seed) mod 251, one period repeated (no n-sized temporaries of int64)."""
+    return np.resize(((np.arange(251) * 7 + seed) % 251).astype(np.uint8), n)
 
 
 # --- 2. copies between overlapping memory -----------------------------------------------

@@ -579,9 +579,18 @@ static void execute(const struct command *c) {
         return;
     }
     if (c->kind == CMD_COPY) memmove(c->dst, c->src, c->n);
-    if (c->kind == CMD_MEMSET) {
-        size_t step = c->pitch != 0 ? c->pitch : c->width;
-        for (size_t i = 0; i < c->count; i++) memcpy(c->dst + i * step, c->value, c->width);
+    if (c->kind == CMD_MEMSET && c->pitch == 0 && c->count > 0) {
+        /* Packed: one unit, then what is filled copied onto what follows, doubling (a unit
+           at a time took a quarter of a second for 40 MiB). */
+        size_t total = c->width * c->count, done = c->width;
+        memcpy(c->dst, c->value, c->width);
+        while (done < total) {
+            size_t n = done < total - done ? done : total - done;
+            memcpy(c->dst + done, c->dst, n);
+            done += n;
+        }
+    } else if (c->kind == CMD_MEMSET) {
+        for (size_t i = 0; i < c->count; i++) memcpy(c->dst + i * c->pitch, c->value, c->width);
     }
 }
 
