@@ -86,7 +86,7 @@ bash scripts/test-cuda-double.sh --tests
 
 # --- valgrind: the contract, fault, pool and adopted-memory suites, with the host, PoCL, lavapipe and the CUDA double
 # With lavapipe too (about 25 s more on 2 cores; one suppression for a leak inside the driver).
-step "valgrind: contract, faults, pool, adopted (0 errors; definite leaks count as errors)"
+step "valgrind: contract, faults, pool, adopted (0 errors; definite leaks count as errors), beside release.sh"
 double="$PWD/target/cuda-double"
 # The suites are modules of the `suite` test binary (crates/lazybuf/tests/suite/), from the
 # workspace build above (the same command: no second build); each runs on its own, picked by
@@ -100,7 +100,9 @@ for line in sys.stdin:
         print(m["executable"])')
 [ -x "$suite" ] || { echo "no suite test binary found: $suite" >&2; exit 1; }
 # Each valgrind run is one thread (valgrind serializes a process's threads): all four run at
-# once, each into its own log, printed when it ends.
+# once, each into its own log, printed when it ends. They run beside release.sh's build (the
+# faults run alone takes as long as the other three together, which would leave a core idle),
+# and are waited for after it.
 vg_logs="$(mktemp -d)"
 vg_pids=()
 for module in contract faults pool adopted; do
@@ -109,6 +111,16 @@ for module in contract faults pool adopted; do
     --errors-for-leak-kinds=definite "$suite" --test-threads=1 -q "$module::" >"$vg_logs/$module.log" 2>&1 &
   vg_pids+=("$!:$module")
 done
+
+# The release artifacts as users get them: the sdist and the manylinux_2_28 abi3 wheel (zig
+# links against glibc 2.28), checked with auditwheel, licences, stubs and console script
+# (about 4 min from cold on 2 cores, seconds warm). The Python tests then run on that very
+# wheel (where this machine can load it: x86_64 Linux), and on a debug build of the extension
+# with the `testing` feature, which reuses the dependencies the Rust test build compiled.
+step "scripts/release.sh: sdist and manylinux_2_28 wheel, auditwheel"
+bash scripts/release.sh target/release-check
+
+step "valgrind: the four runs"
 vg_failed=0
 for entry in "${vg_pids[@]}"; do
   rc=0
@@ -120,13 +132,6 @@ done
 rm -rf "$vg_logs"
 [ "$vg_failed" -eq 0 ] || { echo "valgrind found errors (above)" >&2; exit 1; }
 
-# The release artifacts as users get them: the sdist and the manylinux_2_28 abi3 wheel (zig
-# links against glibc 2.28), checked with auditwheel, licences, stubs and console script
-# (about 4 min from cold on 2 cores, seconds warm). The Python tests then run on that very
-# wheel (where this machine can load it: x86_64 Linux), and on a debug build of the extension
-# with the `testing` feature, which reuses the dependencies the Rust test build compiled.
-step "scripts/release.sh: sdist and manylinux_2_28 wheel, auditwheel"
-bash scripts/release.sh target/release-check
 host_target=$(rustc -vV | sed -n 's/^host: //p')
 release_wheel=""
 if [ "$host_target" = x86_64-unknown-linux-gnu ]; then
