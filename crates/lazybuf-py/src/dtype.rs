@@ -119,6 +119,14 @@ pub(crate) fn classify(descr: Bound<'_, PyArrayDescr>) -> PyResult<ElementType> 
     Ok(ElementType { dtype, descr: descr.unbind() })
 }
 
+/// Makes the NumPy C API table and float32's descriptor now; the module's import calls it.
+/// Made at first use instead, a thread's first buffer could be making them (NumPy's import
+/// runs Python code, which lets other threads run) when another thread forks: the child would
+/// wait forever for a maker that `fork` did not copy (`test_hardening_edges.py`).
+pub(crate) fn make_ready(py: Python<'_>) {
+    float32(py);
+}
+
 fn float32(py: Python<'_>) -> ElementType {
     static F32: PyOnceLock<Py<PyArrayDescr>> = PyOnceLock::new();
     let descr = F32.get_or_init(py, || numpy::dtype::<f32>(py).unbind()).clone_ref(py);

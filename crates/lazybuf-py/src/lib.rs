@@ -60,6 +60,7 @@ use pyo3::prelude::*;
 
 #[pymodule]
 fn _lazybuf(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    dtype::make_ready(m.py());
     m.add_class::<buffer::UnifiedBuffer>()?;
     m.add_class::<accelerator::PyDevice>()?;
     m.add_class::<accelerator::Accelerator>()?;
