@@ -261,6 +261,56 @@ def test_a_forked_child_gets_a_clear_error_on_a_device_its_runtime_does_not_surv
     assert result.returncode == 0, f"status {result.returncode}: {result.stderr}"
 
 
+FORK_DURING_FIRST_USE = r"""
+import os, sys, threading, time
+import numpy as np
+import lazybuf
+
+stop = time.time() + 2
+def first_use():
+    # This thread's first buffers, while the main thread forks: what lazybuf makes at first
+    # use (NumPy's C API table) must not be half made in a child.
+    while time.time() < stop:
+        b = lazybuf.UnifiedBuffer(64, np.float32, device=sys.argv[1])
+        b.copy_from(np.ones(64, np.float32))
+thread = threading.Thread(target=first_use)
+thread.start()
+forks = 0
+while time.time() < stop:
+    pid = os.fork()
+    if pid == 0:
+        b = lazybuf.UnifiedBuffer(16, np.float32, device="host")
+        b.copy_from(np.full(16, 2.0, np.float32))
+        os._exit(0 if float(b.to_numpy().sum()) == 32.0 else 3)
+    deadline = time.time() + 20
+    while (done := os.waitpid(pid, os.WNOHANG)) == (0, 0):
+        if time.time() > deadline:
+            os.kill(pid, 9)
+            sys.exit(f"a child forked while another thread made its first buffers hung (fork {forks})")
+        time.sleep(0.01)
+    assert done[1] == 0, f"child status {done[1]}"
+    forks += 1
+    time.sleep(0.02)
+thread.join()
+print("forks", forks)
+"""
+
+
+@pytest.mark.parametrize("device", [d for d in devices() if d.survives_fork], ids=str)
+def test_a_child_forked_while_another_thread_makes_its_first_buffers_works(device):
+    """The hostile repro (2026-11-27): a child forked while another thread made its first
+    buffer waited forever for NumPy's C API table, which that thread was making when the fork
+    copied the process (5 runs of 6 of the hostile script hung), and then, more rarely, for
+    NumPy's API version (this test, 3 devices of 3 in one pass). PyO3 releases the GIL before
+    it starts making a once-cell's value, so the forking thread runs in between. Both are made
+    when lazybuf is imported now."""
+    result = subprocess.run(
+        [sys.executable, "-c", FORK_DURING_FIRST_USE, device.selector], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, f"status {result.returncode}: {result.stdout}{result.stderr}"
+    assert int(result.stdout.split()[-1]) >= 5, result.stdout
+
+
 def _use_in_child(selector: str, queue) -> None:
     try:
         buf = UnifiedBuffer((8,), np.float32, device=selector)

@@ -119,12 +119,16 @@ pub(crate) fn classify(descr: Bound<'_, PyArrayDescr>) -> PyResult<ElementType> 
     Ok(ElementType { dtype, descr: descr.unbind() })
 }
 
-/// Makes the NumPy C API table and float32's descriptor now; the module's import calls it.
-/// Made at first use instead, a thread's first buffer could be making them (NumPy's import
-/// runs Python code, which lets other threads run) when another thread forks: the child would
-/// wait forever for a maker that `fork` did not copy (a hostile script hung so in 5 runs of 6).
+/// Makes what rust-numpy keeps in once-cells on the paths of every buffer (the NumPy C API
+/// table, NumPy's API version) and float32's descriptor now; the module's import calls it.
+/// Made at first use instead, a thread's first buffer could be making them when another
+/// thread forks (PyO3 releases the GIL before it starts making a once-cell's value), and the
+/// child would wait forever for a maker that `fork` did not copy (a hostile script hung so in
+/// 5 runs of 6; docs/RELIABILITY.md).
 pub(crate) fn make_ready(py: Python<'_>) {
-    float32(py);
+    let float32 = float32(py);
+    // The dtype checks of `classify` read NumPy's API version.
+    let _ = classify(float32.descr.into_bound(py));
 }
 
 fn float32(py: Python<'_>) -> ElementType {
