@@ -410,36 +410,16 @@ fn cases() -> u32 {
     std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(300)
 }
 
-/// Every other device lazybuf found, from the `first`.
-fn every_other_device(first: usize) -> Vec<Device> {
-    common::devices().into_iter().skip(first).step_by(2).collect()
-}
-
-// The sequences are split in two tests of half the cases each, over alternate devices, so
-// that the harness runs the halves at once (one test of them all was the suite's last to end).
 proptest! {
-    #![proptest_config(ProptestConfig { cases: cases().div_ceil(2), max_shrink_iters: 2000, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(), max_shrink_iters: 2000, ..ProptestConfig::default() })]
 
-    /// One device at a time: the first, third... device lazybuf found.
+    /// One device at a time, each device lazybuf found.
     #[test]
     fn spilling_sequences_match_the_model(
         which in any::<prop::sample::Index>(),
         ops in prop::collection::vec(op_strategy(), 1..60),
     ) {
-        let devices = every_other_device(0);
-        run(which.get(&devices), &ops)?;
-    }
-
-    /// One device at a time: the second, fourth... device lazybuf found (none when there is
-    /// only the host).
-    #[test]
-    fn spilling_sequences_match_the_model_on_the_other_devices(
-        which in any::<prop::sample::Index>(),
-        ops in prop::collection::vec(op_strategy(), 1..60),
-    ) {
-        let devices = every_other_device(1);
-        if !devices.is_empty() {
-            run(which.get(&devices), &ops)?;
-        }
+        let all = common::devices();
+        run(which.get(&all), &ops)?;
     }
 }
