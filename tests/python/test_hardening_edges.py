@@ -269,7 +269,7 @@ import lazybuf
 stop = time.time() + 2
 def first_use():
     # This thread's first buffers, while the main thread forks: what lazybuf makes at first
-    # use (NumPy's C API table) must not be half made in a child.
+    # use (NumPy's C API table and API version) must not be half made in a child.
     while time.time() < stop:
         b = lazybuf.UnifiedBuffer(64, np.float32, device=sys.argv[1])
         b.copy_from(np.ones(64, np.float32))

@@ -9,7 +9,8 @@
 //! whole process holds (locked memory, one backend's allocations), because the tests of all
 //! these modules run at once on the harness's threads. A test that reads a device's free
 //! memory as this process's own count reads it again until no other test moved it meanwhile
-//! (`contract::a_new_buffer_allocates_nothing`, `wgpu::free_memory_follows_allocations`). Per-device switches are set only on a device of the test's own
+//! (`contract::a_new_buffer_allocates_nothing`, `wgpu::free_memory_follows_allocations`).
+//! Per-device switches are set only on a device of the test's own
 //! (`lazybuf::testing::FaultyDevice::wrap`). The suites that need a process of their own stay
 //! files of their own in `tests/` (see docs/TESTING.md).
 
