@@ -311,6 +311,68 @@ def test_a_child_forked_while_another_thread_makes_its_first_buffers_works(devic
     assert int(result.stdout.split()[-1]) >= 5, result.stdout
 
 
+FORK_WHILE_A_CELL_IS_MADE = r"""
+import builtins, os, sys, threading, time
+import numpy as np
+import lazybuf
+
+# The first call of each kind makes one of the binding's once-cells by an import (NumPy, the
+# BufferState enum's module). While the "maker" thread is inside that import (held there, with
+# the GIL released, as a slow import would be), the main thread forks; the child then makes
+# the same call.
+buf = lazybuf.UnifiedBuffer(4, np.float32, device="host")
+calls = {
+    "copy_from": lambda: buf.copy_from(np.ones(4, np.float32)),
+    "state": lambda: buf.state,
+}
+parent = os.getpid()
+inside, release = threading.Event(), threading.Event()
+real_import = builtins.__import__
+def held_import(*args, **kwargs):
+    if threading.current_thread().name == "maker" and os.getpid() == parent and not inside.is_set():
+        inside.set()
+        release.wait(30)
+    return real_import(*args, **kwargs)
+builtins.__import__ = held_import
+for what, call in calls.items():
+    inside.clear(); release.clear()
+    maker = threading.Thread(target=call, name="maker")
+    maker.start()
+    assert inside.wait(30), f"{what}: made no cell by an import (made already?)"
+    pid = os.fork()
+    if pid == 0:
+        try:
+            call()
+            os._exit(0)
+        except BaseException as err:
+            print(what, "in the child:", repr(err), flush=True)
+            os._exit(4)
+    release.set()
+    maker.join()
+    deadline = time.time() + 20
+    while (done := os.waitpid(pid, os.WNOHANG)) == (0, 0):
+        if time.time() > deadline:
+            os.kill(pid, 9)
+            sys.exit(f"{what}: the child waited for the cell the other thread was making")
+        time.sleep(0.01)
+    assert done[1] == 0, f"{what}: child status {done[1]}"
+    print("forked while making:", what)
+"""
+
+
+def test_a_child_forked_while_another_thread_makes_a_cell_makes_it_itself():
+    """The cause of the fork hangs, made deterministic: PyO3's once-cells release the GIL while
+    a value is made and keep the cell "being made" throughout, so a child forked then waited
+    forever for it. The binding's cells (`gil_cell.rs`) are made with the GIL held and stay
+    empty until stored; the child makes its own. The calls use the host device: the cells are
+    the binding's, the same for every device."""
+    result = subprocess.run(
+        [sys.executable, "-c", FORK_WHILE_A_CELL_IS_MADE], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, f"status {result.returncode}: {result.stdout}{result.stderr}"
+    assert result.stdout.count("forked while making") == 2, result.stdout
+
+
 def _use_in_child(selector: str, queue) -> None:
     try:
         buf = UnifiedBuffer((8,), np.float32, device=selector)

@@ -15,9 +15,9 @@
 
 use std::sync::Mutex;
 
+use crate::gil_cell::GilOnceCell;
 use pyo3::exceptions::{PyIndexError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyInt, PyString};
 
 use lazybuf::{Device, MemorySource};
@@ -228,7 +228,7 @@ impl PyDevice {
     /// The kind of device, a `DeviceType` (`CPU` for the host, `CUDA`, `OPENCL`).
     #[getter]
     fn device_type(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        static CLASS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+        static CLASS: GilOnceCell<Py<PyAny>> = GilOnceCell::new();
         let class = CLASS.get_or_try_init(py, || {
             py.import("lazybuf._pydotcompute")?.getattr("DeviceType").map(Bound::unbind)
         })?;
@@ -439,6 +439,6 @@ impl Accelerator {
 /// The accelerator: `lazybuf.get_accelerator()`, the same object on every call.
 #[pyfunction]
 pub(crate) fn get_accelerator(py: Python<'_>) -> PyResult<Py<Accelerator>> {
-    static ACCELERATOR: PyOnceLock<Py<Accelerator>> = PyOnceLock::new();
+    static ACCELERATOR: GilOnceCell<Py<Accelerator>> = GilOnceCell::new();
     ACCELERATOR.get_or_try_init(py, || Py::new(py, Accelerator)).map(|a| a.clone_ref(py))
 }

@@ -12,11 +12,11 @@
 //!
 //! What does not live here: the size arithmetic ([`lazybuf::shape::Shape`]).
 
+use crate::gil_cell::GilOnceCell;
 use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
 use pyo3::types::{
     PyBool, PyByteArray, PyBytes, PyDict, PyFrozenSet, PyInt, PyList, PyMapping, PyMemoryView, PySet,
     PyString, PyTuple,
@@ -129,7 +129,7 @@ fn expected_shape(obj: &Bound<'_, PyAny>) -> PyErr {
 /// Whether `obj` is a NumPy integer scalar (`numpy.integer`).
 fn is_numpy_integer(obj: &Bound<'_, PyAny>) -> PyResult<bool> {
     let py = obj.py();
-    static INTEGER: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    static INTEGER: GilOnceCell<Py<PyAny>> = GilOnceCell::new();
     let integer =
         INTEGER.get_or_try_init(py, || py.import("numpy")?.getattr("integer").map(Bound::unbind))?;
     obj.is_instance(integer.bind(py))

@@ -38,13 +38,13 @@
 use std::ffi::c_int;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 
+use crate::gil_cell::GilOnceCell;
 use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::PyTraverseError;
 use pyo3::exceptions::{PyAttributeError, PyBufferError, PyTypeError, PyValueError};
 use pyo3::ffi;
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyModule, PyTuple, PyWeakrefReference};
 
 use lazybuf::coherence::{Access, Location, Residency};
@@ -533,7 +533,7 @@ fn metal_unavailable(reason: &str) -> PyErr {
 }
 
 fn numpy_module(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
-    static NUMPY: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+    static NUMPY: GilOnceCell<Py<PyModule>> = GilOnceCell::new();
     NUMPY.get_or_try_init(py, || py.import("numpy").map(Bound::unbind)).map(|m| m.bind(py))
 }
 
@@ -1392,7 +1392,7 @@ impl UnifiedBuffer {
 /// The coroutine `_pydotcompute._ensure(buf.<start>)` (python/lazybuf/_pydotcompute.py).
 fn ensure<'py>(slf: &Bound<'py, UnifiedBuffer>, start: &str) -> PyResult<Bound<'py, PyAny>> {
     let py = slf.py();
-    static ENSURE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    static ENSURE: GilOnceCell<Py<PyAny>> = GilOnceCell::new();
     let ensure = ENSURE
         .get_or_try_init(py, || py.import("lazybuf._pydotcompute")?.getattr("_ensure").map(Bound::unbind))?;
     ensure.bind(py).call1((slf.getattr(start)?,))

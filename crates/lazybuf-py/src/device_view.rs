@@ -10,11 +10,11 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
+use crate::gil_cell::GilOnceCell;
+use crate::gil_cell::interned;
 use numpy::{PyArrayDescr, PyArrayDescrMethods};
 use pyo3::exceptions::PyAttributeError;
-use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyModule, PyTuple};
 
 use lazybuf::backend::{RawDevice, RawMemory};
@@ -74,14 +74,14 @@ pub(crate) fn device_object<'py>(
     Ok(Bound::new(py, view)?.into_any())
 }
 
-static PYOPENCL: PyOnceLock<Option<Py<PyModule>>> = PyOnceLock::new();
-static CUPY: PyOnceLock<Option<Py<PyModule>>> = PyOnceLock::new();
+static PYOPENCL: GilOnceCell<Option<Py<PyModule>>> = GilOnceCell::new();
+static CUPY: GilOnceCell<Option<Py<PyModule>>> = GilOnceCell::new();
 
 /// An optional package, imported at most once per process (a failed import is remembered:
 /// retrying it on every call is what made the reference implementation slow).
 fn optional<'py>(
     py: Python<'py>,
-    cell: &PyOnceLock<Option<Py<PyModule>>>,
+    cell: &GilOnceCell<Option<Py<PyModule>>>,
     name: &str,
 ) -> Option<Bound<'py, PyModule>> {
     cell.get_or_init(py, || py.import(name).ok().map(Bound::unbind)).as_ref().map(|m| m.bind(py).clone())
@@ -127,7 +127,7 @@ fn pyopencl_array<'py>(
 ) -> PyResult<Bound<'py, PyAny>> {
     /// The `pyopencl` module and its `Buffer.from_int_ptr`, looked up once (an import per
     /// call costs more than the rest).
-    static CL: PyOnceLock<(Py<PyModule>, Py<PyAny>)> = PyOnceLock::new();
+    static CL: GilOnceCell<(Py<PyModule>, Py<PyAny>)> = GilOnceCell::new();
     let (cl, buffer_from_int_ptr) = CL.get_or_try_init(py, || {
         let cl = py.import("pyopencl")?;
         let from_int_ptr = cl.getattr("Buffer")?.getattr("from_int_ptr")?.unbind();
@@ -146,12 +146,12 @@ fn pyopencl_array<'py>(
     let shape = PyTuple::new(py, shape)?;
     if mem == 0 {
         // An empty buffer has no cl_mem; an empty PyOpenCL array allocates nothing either.
-        return cla.getattr(intern!(py, "empty"))?.call1((queue, shape, descr));
+        return cla.getattr(interned!(py, "empty"))?.call1((queue, shape, descr));
     }
     let buffer = buffer_from_int_ptr.bind(py).call1((mem, true))?;
-    buffer.setattr(intern!(py, "_lazybuf_owner"), owner)?;
+    buffer.setattr(interned!(py, "_lazybuf_owner"), owner)?;
     // Looked up per call: a replaced class (a test's subclass) is used as it is.
-    let array = cla.getattr(intern!(py, "Array"))?;
+    let array = cla.getattr(interned!(py, "Array"))?;
     // PyOpenCL's fast constructor (the one its own views use): the shape, strides, size and
     // context given, it skips the checks that cost about 10 µs a call, most of a small batch's
     // `.device` (docs/BENCHMARKS.md). Passed by position where the class's `__init__` takes
@@ -166,7 +166,7 @@ fn pyopencl_array<'py>(
             none.clone(),
             shape.clone().into_any(),
             descr.clone().into_any(),
-            intern!(py, "C").clone().into_any(),
+            interned!(py, "C").clone().into_any(),
             none.clone(),
             buffer.clone(),
             0usize.into_pyobject(py)?.into_any(),
@@ -181,17 +181,17 @@ fn pyopencl_array<'py>(
         return array.call1(PyTuple::new(py, arguments)?);
     }
     let fast = PyDict::new(py);
-    fast.set_item(intern!(py, "data"), &buffer)?;
-    fast.set_item(intern!(py, "strides"), strides)?;
-    fast.set_item(intern!(py, "_fast"), true)?;
-    fast.set_item(intern!(py, "_size"), size)?;
-    fast.set_item(intern!(py, "_context"), &context)?;
-    fast.set_item(intern!(py, "_queue"), &queue)?;
+    fast.set_item(interned!(py, "data"), &buffer)?;
+    fast.set_item(interned!(py, "strides"), strides)?;
+    fast.set_item(interned!(py, "_fast"), true)?;
+    fast.set_item(interned!(py, "_size"), size)?;
+    fast.set_item(interned!(py, "_context"), &context)?;
+    fast.set_item(interned!(py, "_queue"), &queue)?;
     match array.call((py.None(), &shape, descr), Some(&fast)) {
         Ok(made) => Ok(made),
         Err(err) if err.is_instance_of::<pyo3::exceptions::PyTypeError>(py) => {
             let kwargs = PyDict::new(py);
-            kwargs.set_item(intern!(py, "data"), buffer)?;
+            kwargs.set_item(interned!(py, "data"), buffer)?;
             array.call((queue, shape, descr), Some(&kwargs))
         }
         Err(err) => Err(err),
@@ -224,7 +224,7 @@ const ARRAY_INIT_PARAMETERS: [&str; 15] = [
 /// parameters takes the keyword path, never a misbinding.
 fn takes_fast_positionally(py: Python<'_>, class: &Bound<'_, PyAny>) -> bool {
     static CHECKED: Mutex<Option<(Py<PyAny>, bool)>> = Mutex::new(None);
-    let Ok(init) = class.getattr(intern!(py, "__init__")) else { return false };
+    let Ok(init) = class.getattr(interned!(py, "__init__")) else { return false };
     let remembered = CHECKED.lock().unwrap_or_else(PoisonError::into_inner);
     if let Some((seen, fits)) = remembered.as_ref()
         && seen.bind(py).is(&init)
@@ -260,7 +260,7 @@ fn cupy_array<'py>(
     owner: Bound<'py, MemoryOwner>,
 ) -> PyResult<Bound<'py, PyAny>> {
     /// `cupy.ndarray`, `cupy.cuda.UnownedMemory` and `cupy.cuda.MemoryPointer`, looked up once.
-    static CLASSES: PyOnceLock<(Py<PyAny>, Py<PyAny>, Py<PyAny>)> = PyOnceLock::new();
+    static CLASSES: GilOnceCell<(Py<PyAny>, Py<PyAny>, Py<PyAny>)> = GilOnceCell::new();
     let py = cupy.py();
     let (ndarray, unowned, pointer) = CLASSES.get_or_try_init(py, || {
         let cuda = cupy.getattr("cuda")?;

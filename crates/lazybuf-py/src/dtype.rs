@@ -8,10 +8,10 @@
 //!
 //! What does not live here: element sizes and names (the core's [`lazybuf::DType`]).
 
+use crate::gil_cell::GilOnceCell;
 use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
 use std::sync::{Mutex, PoisonError};
 
 use pyo3::ffi;
@@ -132,7 +132,7 @@ pub(crate) fn make_ready(py: Python<'_>) {
 }
 
 fn float32(py: Python<'_>) -> ElementType {
-    static F32: PyOnceLock<Py<PyArrayDescr>> = PyOnceLock::new();
+    static F32: GilOnceCell<Py<PyArrayDescr>> = GilOnceCell::new();
     let descr = F32.get_or_init(py, || numpy::dtype::<f32>(py).unbind()).clone_ref(py);
     ElementType { dtype: DType::F32, descr }
 }

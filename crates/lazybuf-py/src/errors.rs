@@ -26,26 +26,46 @@
 
 use pyo3::exceptions::{PyMemoryError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::{PyErr, PyResult, import_exception};
+use pyo3::{PyErr, PyResult};
 
+/// Declares lazybuf's exception classes (`import_exception!`) and [`make_ready`], which makes
+/// each class's cell when the extension is imported: `import_exception!`'s cell is PyO3's
+/// kind, which a fork while another thread makes it leaves waiting forever in the child
+/// ([`crate::gil_cell`]). A class declared here is made at import without another line.
+macro_rules! imported_exceptions {
+    ($($name:ident,)*) => {
+        mod imported {
+            $( pyo3::import_exception!(lazybuf.exceptions, $name); )*
+        }
+        pub(crate) use imported::{$($name),*};
+
+        /// Makes every exception class's cell; the extension's first step at import.
+        pub(crate) fn make_ready(py: Python<'_>) {
+            $( let _ = py.get_type::<$name>(); )*
+        }
+    };
+}
+
+imported_exceptions! {
 // A backend (Metal, CUDA, OpenCL) is not installed, not compiled in, or has no device:
 // `BackendUnavailableError(message, backend_name, reason)`, a RuntimeError.
-import_exception!(lazybuf.exceptions, BackendUnavailableError);
+BackendUnavailableError,
 // Metal is not available (no Metal backend): a BackendUnavailableError and a MetalError.
-import_exception!(lazybuf.exceptions, MetalUnavailableError);
+MetalUnavailableError,
 // A failed CUDA driver call: a RuntimeError and a CUDAError.
-import_exception!(lazybuf.exceptions, CUDARuntimeError);
+CUDARuntimeError,
 // The coherence checker found a device copy written without mark_device_dirty(): a
 // RuntimeError.
-import_exception!(lazybuf.exceptions, CoherenceError);
+CoherenceError,
 // An object used from inside an operation on it, on the thread performing it (a failure
 // callback, a finalizer it ran): a RuntimeError. Raised by [`crate::lock`].
-import_exception!(lazybuf.exceptions, ReentrancyError);
+ReentrancyError,
 // A device of a runtime that does not survive fork, used in a forked child: a RuntimeError.
-import_exception!(lazybuf.exceptions, ForkedChildError);
+ForkedChildError,
 // The transfer guard refused a copy: `TransferGuardError(message, buffer_id, direction, nbytes,
 // call)`, a RuntimeError.
-import_exception!(lazybuf.exceptions, TransferGuardError);
+TransferGuardError,
+}
 
 /// Turns the coherence checker on or off for the whole process. While on, a host read of a
 /// SYNCHRONIZED buffer whose device copy was handed out by `.device` since it was last filled

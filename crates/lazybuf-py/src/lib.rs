@@ -25,7 +25,7 @@
 //! - [`wire`]: pickling with out-of-band buffers (protocol 5) and the frames of the Dask
 //!   serializers (`python/lazybuf/_dask.py`);
 //! - [`dtype`], [`args`]: argument validation; [`errors`]: exception mapping; [`state`]:
-//!   `BufferState` members;
+//!   `BufferState` members; [`gil_cell`]: the once-cells (made with the GIL held, fork-safe);
 //! - `testing` (crate feature `testing`): `lazybuf.testing`, the fault-injecting device.
 //!
 //! The pure-Python side (`python/lazybuf/`) holds the `BufferState` enum, stubs and
@@ -39,6 +39,7 @@ mod device_view;
 mod dtype;
 mod errors;
 mod foreign;
+mod gil_cell;
 mod hostbuf;
 mod interop;
 mod lock;
@@ -61,6 +62,7 @@ use pyo3::prelude::*;
 #[pymodule]
 fn _lazybuf(m: &Bound<'_, PyModule>) -> PyResult<()> {
     dtype::make_ready(m.py());
+    errors::make_ready(m.py());
     m.add_class::<buffer::UnifiedBuffer>()?;
     m.add_class::<accelerator::PyDevice>()?;
     m.add_class::<accelerator::Accelerator>()?;

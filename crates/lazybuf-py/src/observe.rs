@@ -17,11 +17,11 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use crate::gil_cell::GilOnceCell;
 use lazybuf::observe::guard::{self, GuardLevel, GuardLevels};
 use lazybuf::observe::trace::{self, EventKind, TraceOptions};
 use lazybuf::observe::{self as core, Cause, Direction};
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList, PyModule};
 
 use crate::errors::OrPyErr;
@@ -102,7 +102,7 @@ pub fn hand_logged_to_python(py: Python<'_>) {
     let _handing = Handing::start();
     let lines = std::mem::take(&mut *LOGGED.lock().unwrap_or_else(PoisonError::into_inner));
     let dropped = LOGGED_DROPPED.swap(0, Ordering::Relaxed);
-    static LOGGER: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    static LOGGER: GilOnceCell<Py<PyAny>> = GilOnceCell::new();
     let logger = match LOGGER.get_or_try_init(py, || {
         Ok::<_, PyErr>(py.import("logging")?.call_method1("getLogger", ("lazybuf.transfer_guard",))?.unbind())
     }) {

@@ -19,9 +19,9 @@
 
 use std::sync::{Mutex, PoisonError};
 
+use crate::gil_cell::GilOnceCell;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyDict};
 
 use lazybuf::{Device, MemoryKind, MemoryPool, PoolConfig, PoolStats, PoolUsage};
@@ -70,7 +70,7 @@ fn shared_pool(py: Python<'_>, device: Device) -> PyResult<Py<PyMemoryPool>> {
 
 /// `PoolStatistics` (python/lazybuf/_pydotcompute.py) of `usage`.
 fn pool_statistics<'py>(py: Python<'py>, usage: PoolUsage) -> PyResult<Bound<'py, PyAny>> {
-    static CLASS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    static CLASS: GilOnceCell<Py<PyAny>> = GilOnceCell::new();
     let class = CLASS.get_or_try_init(py, || {
         py.import("lazybuf._pydotcompute")?.getattr("PoolStatistics").map(Bound::unbind)
     })?;

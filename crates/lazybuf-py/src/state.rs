@@ -5,14 +5,14 @@
 //!
 //! What does not live here: which state a buffer is in (the core's coherence tracking).
 
+use crate::gil_cell::GilOnceCell;
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
 
 use lazybuf::BufferState;
 
 /// The Python enum member for `state`.
 pub(crate) fn to_python(py: Python<'_>, state: BufferState) -> PyResult<Py<PyAny>> {
-    static MEMBERS: PyOnceLock<Vec<(BufferState, Py<PyAny>)>> = PyOnceLock::new();
+    static MEMBERS: GilOnceCell<Vec<(BufferState, Py<PyAny>)>> = GilOnceCell::new();
     let members = MEMBERS.get_or_try_init(py, || -> PyResult<_> {
         let class = py.import("lazybuf._state")?.getattr("BufferState")?;
         BufferState::ALL.iter().map(|&s| Ok((s, class.call1((s.name(),))?.unbind()))).collect()

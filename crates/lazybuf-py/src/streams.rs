@@ -18,9 +18,9 @@
 //! What does not live here: the ordering itself (the core's copies wait for the marker) and
 //! transfers in flight ([`crate::transfer`]).
 
+use crate::gil_cell::GilOnceCell;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyInt, PyTuple};
 
 use lazybuf::Device;
@@ -111,7 +111,7 @@ fn order_after_handle(py: Python<'_>, storage: &Storage, home: &Device, handle: 
 pub(crate) fn order_after_cupy(py: Python<'_>, storage: &Storage, home: &Device) -> PyResult<()> {
     /// `cupy.cuda.get_current_stream` (Python-visible in every CuPy since 9; it takes the
     /// device since 11), looked up once.
-    static CURRENT_STREAM: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    static CURRENT_STREAM: GilOnceCell<Py<PyAny>> = GilOnceCell::new();
     // CuPy's streams belong to CUDA devices (the ones with an ordinal).
     let Some(ordinal) = home.info().ordinal else {
         return Ok(());

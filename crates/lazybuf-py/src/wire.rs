@@ -28,10 +28,10 @@
 //! What does not live here: the Dask registration and headers (`python/lazybuf/_dask.py`),
 //! raw host memory sharing ([`crate::views`]).
 
+use crate::gil_cell::GilOnceCell;
 use numpy::PyUntypedArray;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyByteArray, PyBytes, PyDict, PyMemoryView, PyTuple};
 
 use lazybuf::coherence::Access;
@@ -48,7 +48,7 @@ use crate::{args, dtype};
 
 /// `pickle.PickleBuffer`, looked up once.
 fn pickle_buffer_type(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
-    static TYPE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    static TYPE: GilOnceCell<Py<PyAny>> = GilOnceCell::new();
     TYPE.get_or_try_init(py, || Ok::<_, PyErr>(py.import("pickle")?.getattr("PickleBuffer")?.unbind()))
         .map(|t| t.bind(py))
 }
