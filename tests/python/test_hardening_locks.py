@@ -311,3 +311,41 @@ def test_the_checkers_copy_of_a_large_buffer_raises_memory_error_when_memory_run
         result = run_python(code)
         assert result.returncode == 0, f"{device.selector}: " + result.stdout + result.stderr
         assert "MemoryError: out of memory" in result.stdout, f"{device.selector}: " + result.stdout + result.stderr
+
+
+def test_replacing_the_current_resource_runs_finalizers_outside_its_lock():
+    """Found by a lock audit (2026-11-27): the replaced current resource was released with the
+    lock of the current resources held, so its finalizers ran under it. A finalizer that
+    released the GIL (here: a failure callback's last reference, whose ``__del__`` sleeps) let
+    another thread wait for that lock with the GIL held: both waited forever."""
+    result = run_python(
+        """
+        import faulthandler, sys, threading, time
+        import lazybuf.mr as mr
+        faulthandler.dump_traceback_later(30, exit=True)  # a deadlock exits with status 1
+
+        class Slow:
+            def __del__(self):
+                time.sleep(0.5)  # releases the GIL inside the replacement
+                print("finalized", flush=True)
+
+        def adaptor():
+            slow = Slow()
+            return mr.FailureCallbackResourceAdaptor(mr.DirectMemoryResource(), lambda n, s=slow: False)
+
+        mr.set_current_device_resource(adaptor())
+        seen = []
+        def reader():
+            time.sleep(0.1)
+            seen.append(mr.get_current_device_resource())
+        thread = threading.Thread(target=reader)
+        thread.start()
+        replacement = mr.DirectMemoryResource()
+        mr.set_current_device_resource(replacement)
+        thread.join()
+        assert seen and seen[0] is replacement, seen
+        print("DONE")
+        """
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "finalized" in result.stdout and "DONE" in result.stdout, result.stdout + result.stderr

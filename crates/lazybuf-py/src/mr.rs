@@ -540,15 +540,19 @@ pub(crate) fn set_current_device_resource(
     device: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<()> {
     let device = crate::accelerator::device_arg(device)?;
-    let mut current = current();
-    let map = current.get_or_insert_with(HashMap::new);
-    if mr.is_none() {
-        lazybuf::set_current_resource(&device, None);
-        map.remove(&device.id());
-    } else {
-        lazybuf::set_current_resource(&device, Some(resource_of(mr, "mr")?));
-        map.insert(device.id(), mr.clone().unbind());
-    }
+    let resource = if mr.is_none() { None } else { Some(resource_of(mr, "mr")?) };
+    let replaced = {
+        let mut current = current();
+        let map = current.get_or_insert_with(HashMap::new);
+        let core = lazybuf::set_current_resource(&device, resource);
+        let object =
+            if mr.is_none() { map.remove(&device.id()) } else { map.insert(device.id(), mr.clone().unbind()) };
+        (core, object)
+    };
+    // Outside the lock: the replaced resource may be the last reference to Python objects
+    // (a failure callback), whose finalizers run here and may release the GIL; a thread
+    // waiting for the lock with the GIL held would then wait forever.
+    drop(replaced);
     Ok(())
 }
 
