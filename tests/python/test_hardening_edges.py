@@ -373,6 +373,73 @@ def test_a_child_forked_while_another_thread_makes_a_cell_makes_it_itself():
     assert result.stdout.count("forked while making") == 2, result.stdout
 
 
+FORK_WHILE_A_BUFFER_IS_IN_USE = r"""
+import os, sys, threading, time
+import numpy as np
+import lazybuf
+import lazybuf.mr as lmr
+
+# Another thread holds the buffer's lock across its allocation: a failure callback (run inside
+# it) waits there, with the GIL released, while the main thread forks.
+HELD = (1 << 20) - 8192
+limit = lmr.LimitingResourceAdaptor(lmr.DirectMemoryResource(), 1 << 20)
+held = limit.allocate(HELD, device="host")
+inside, release = threading.Event(), threading.Event()
+parent = os.getpid()
+def callback(nbytes):
+    if os.getpid() == parent:
+        inside.set()
+        release.wait(30)
+    limit.deallocate(held, HELD)
+    return True
+lmr.set_current_device_resource(lmr.FailureCallbackResourceAdaptor(limit, callback), device="host")
+buf = lazybuf.UnifiedBuffer((16384,), np.uint8, device="host")
+user = threading.Thread(target=lambda: buf.host)  # allocates the host copy through the callback
+user.start()
+assert inside.wait(30)
+pid = os.fork()
+if pid == 0:
+    try:
+        buf.to_numpy()
+        print("the child used a buffer whose lock a parent's thread held", flush=True)
+        os._exit(3)
+    except lazybuf.ForkedChildError as err:
+        ok = "in use by another thread when this process was forked" in str(err) and "'spawn'" in str(err)
+        print("child:", err, flush=True)
+        # A buffer the child makes itself works.
+        mine = lazybuf.UnifiedBuffer((4,), np.float32, device="host")
+        mine.copy_from(np.arange(4, dtype=np.float32))
+        os._exit(0 if ok and mine.to_numpy().sum() == 6.0 else 4)
+    except BaseException as err:
+        print("child:", repr(err), flush=True)
+        os._exit(5)
+release.set()
+user.join()
+deadline = time.time() + 20
+while (done := os.waitpid(pid, os.WNOHANG)) == (0, 0):
+    if time.time() > deadline:
+        os.kill(pid, 9)
+        sys.exit("the child waited forever for a lock a thread of its parent held at the fork")
+    time.sleep(0.01)
+assert done[1] == 0, f"child status {done[1]}"
+assert buf.to_numpy().shape == (16384,)  # the parent's thread finished and released it
+print("DONE")
+"""
+
+
+def test_a_child_gets_forked_child_error_for_a_buffer_another_thread_held_at_the_fork():
+    """`fork` copies only the forking thread: a buffer's lock that another thread held at that
+    moment is never released in the child, whose first use of the buffer waited forever. The
+    binding's lock records the fork generation it was taken in; the child gets
+    ForkedChildError naming the object, and its own buffers work. Host device: the lock is the
+    binding's, the same on every device."""
+    result = subprocess.run(
+        [sys.executable, "-c", FORK_WHILE_A_BUFFER_IS_IN_USE], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, f"status {result.returncode}: {result.stdout}{result.stderr}"
+    assert "DONE" in result.stdout, result.stdout + result.stderr
+
+
 def _use_in_child(selector: str, queue) -> None:
     try:
         buf = UnifiedBuffer((8,), np.float32, device=selector)

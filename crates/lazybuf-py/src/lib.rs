@@ -63,6 +63,8 @@ use pyo3::prelude::*;
 fn _lazybuf(m: &Bound<'_, PyModule>) -> PyResult<()> {
     dtype::make_ready(m.py());
     errors::make_ready(m.py());
+    // The per-object locks tell a forked child that their holder was not copied (`lock.rs`).
+    lazybuf::backend::fork::watch_every_fork();
     m.add_class::<buffer::UnifiedBuffer>()?;
     m.add_class::<accelerator::PyDevice>()?;
     m.add_class::<accelerator::Accelerator>()?;

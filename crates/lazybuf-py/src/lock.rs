@@ -16,8 +16,14 @@
 //!   itself; instead both return `lazybuf.ReentrancyError`, a clear error that names the
 //!   object, and the callback or finalizer goes on.
 //!
-//! The guard records which thread holds the lock, so the second rule costs one relaxed store
-//! per lock and one load on the contended path only.
+//! - **Never wait for it in a forked child for a thread of the parent.** `fork` copies only the
+//!   forking thread: a lock another thread held at that moment is never released in the child.
+//!   The lock records the fork generation it was taken in
+//!   ([`lazybuf::backend::fork::generation`]); a child that finds it held since before the
+//!   fork gets `lazybuf.ForkedChildError` naming the object instead of waiting forever.
+//!
+//! The guard records which thread holds the lock and the fork generation, so the rules cost
+//! two relaxed stores and a load per lock, and more only on the contended path.
 //!
 //! What does not live here: which objects are locked, and what a method does under the lock.
 
@@ -26,10 +32,13 @@ use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError, TryLockError};
+use std::time::Duration;
 
 use pyo3::prelude::*;
 
-use crate::errors::ReentrancyError;
+use lazybuf::backend::fork::generation;
+
+use crate::errors::{ForkedChildError, ReentrancyError};
 
 /// Proof that the calling thread is detached from the interpreter (it does not hold the GIL):
 /// only [`detach`] makes one, for the closure it runs. Neither `Send` nor `Sync`, so it cannot
@@ -50,12 +59,18 @@ fn thread_number() -> u64 {
     NUMBER.with(|n| *n)
 }
 
+/// How long a forked child waits for a lock taken before the fork to show a live holder
+/// ([`GilFreeMutex::wait`]), in milliseconds.
+const FORK_GRACE_MS: u32 = 100;
+
 /// A mutex that is never waited for with the GIL held, nor by the thread that holds it (see
 /// the module docs).
 pub(crate) struct GilFreeMutex<T> {
     value: Mutex<T>,
     /// [`thread_number`] of the thread holding the lock; 0 when none does.
     holder: AtomicU64,
+    /// The fork generation ([`lazybuf::backend::fork::generation`]) the lock was last taken in.
+    taken_in: AtomicU64,
     /// What the object is, for [`ReentrancyError`]'s message ("UnifiedBuffer", "MemoryDevice").
     what: &'static str,
 }
@@ -69,7 +84,8 @@ pub(crate) struct GilFreeGuard<'a, T> {
 impl<T: Send> GilFreeMutex<T> {
     /// `value` behind the lock; `what` names it in errors.
     pub(crate) fn new(value: T, what: &'static str) -> Self {
-        GilFreeMutex { value: Mutex::new(value), holder: AtomicU64::new(0), what }
+        let taken_in = AtomicU64::new(generation());
+        GilFreeMutex { value: Mutex::new(value), holder: AtomicU64::new(0), taken_in, what }
     }
 
     /// The lock at once if it is free; `None` if another thread (or this one) holds it.
@@ -96,7 +112,7 @@ impl<T: Send> GilFreeMutex<T> {
         // SAFETY: `detach` runs the closure on the calling thread and returns on that thread;
         // the guard is only moved out of the closure, never used or dropped on another thread.
         unsafe impl<T> Send for Carried<'_, T> {}
-        Ok(py.detach(|| Carried(self.wait())).0)
+        py.detach(|| self.wait().map(Carried)).map(|carried| carried.0)
     }
 
     /// The lock, from a thread detached from the interpreter: waited for unless this thread
@@ -106,7 +122,7 @@ impl<T: Send> GilFreeMutex<T> {
             return Ok(guard);
         }
         self.not_held_here()?;
-        Ok(self.wait())
+        self.wait()
     }
 
     /// [`ReentrancyError`] if the calling thread holds the lock.
@@ -122,13 +138,39 @@ impl<T: Send> GilFreeMutex<T> {
         )))
     }
 
-    fn wait(&self) -> GilFreeGuard<'_, T> {
+    /// The lock, waited for; [`ForkedChildError`] instead if a thread of a parent process held
+    /// it when this process was forked (`fork` did not copy that thread: it would never be
+    /// released).
+    fn wait(&self) -> PyResult<GilFreeGuard<'_, T>> {
+        if self.taken_in.load(Ordering::Relaxed) != generation() {
+            // Only in a forked child: taken before the fork, or just taken by a thread here
+            // that has not recorded its generation yet (it does so right after taking it).
+            for _ in 0..FORK_GRACE_MS {
+                if let Some(guard) = self.try_lock() {
+                    return Ok(guard);
+                }
+                if self.taken_in.load(Ordering::Relaxed) == generation() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            if self.taken_in.load(Ordering::Relaxed) != generation() {
+                return Err(ForkedChildError::new_err(format!(
+                    "this {} was in use by another thread when this process was forked, and \
+                     fork() does not copy that thread: the child cannot use it. Fork before \
+                     starting threads that use lazybuf, or use the 'spawn' start method \
+                     (multiprocessing.get_context('spawn'))",
+                    self.what
+                )));
+            }
+        }
         let guard = self.value.lock().unwrap_or_else(PoisonError::into_inner);
-        self.held(guard)
+        Ok(self.held(guard))
     }
 
     fn held<'a>(&'a self, guard: MutexGuard<'a, T>) -> GilFreeGuard<'a, T> {
         self.holder.store(thread_number(), Ordering::Relaxed);
+        self.taken_in.store(generation(), Ordering::Relaxed);
         GilFreeGuard { guard, holder: &self.holder }
     }
 }

@@ -545,8 +545,11 @@ pub(crate) fn set_current_device_resource(
         let mut current = current();
         let map = current.get_or_insert_with(HashMap::new);
         let core = lazybuf::set_current_resource(&device, resource);
-        let object =
-            if mr.is_none() { map.remove(&device.id()) } else { map.insert(device.id(), mr.clone().unbind()) };
+        let object = if mr.is_none() {
+            map.remove(&device.id())
+        } else {
+            map.insert(device.id(), mr.clone().unbind())
+        };
         (core, object)
     };
     // Outside the lock: the replaced resource may be the last reference to Python objects

@@ -33,8 +33,9 @@ struct Registry {
     status: Vec<BackendStatus>,
 }
 
+static REGISTRY: OnceLock<Registry> = OnceLock::new();
+
 fn registry() -> &'static Registry {
-    static REGISTRY: OnceLock<Registry> = OnceLock::new();
     REGISTRY.get_or_init(|| {
         let mut devices = Vec::new();
         let mut status = Vec::new();
@@ -50,6 +51,12 @@ fn registry() -> &'static Registry {
         devices.push(Device::host());
         Registry { devices, status }
     })
+}
+
+/// The devices [`devices`] found, if anything asked for them yet; none opened otherwise.
+/// For work over the open devices only (trimming), which must not open every backend.
+pub(crate) fn devices_found() -> &'static [Device] {
+    REGISTRY.get().map_or(&[], |registry| registry.devices.as_slice())
 }
 
 /// Every device of every available backend, the host device last.

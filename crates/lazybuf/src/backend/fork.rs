@@ -16,6 +16,12 @@
 //! the child. What calls no runtime is not refused: [`super::Backend::owns`], and empty
 //! operations, which [`crate::Stream`] completes without reaching the backend.
 //!
+//! **Objects in use at the fork.** [`generation`] counts every fork since
+//! [`watch_every_fork`] was called (the Python binding calls it at import): a lock that records
+//! the generation it was taken in can tell, in a child, that its holder was a thread of the
+//! parent, which `fork` did not copy and which will never release it, and refuse instead of
+//! waiting forever (the binding's per-object lock does).
+//!
 //! **Releasing in a child.** Dropping a runtime object (memory, a queue, an event, a pinned
 //! host block) in a child would call into the dead runtime too, so the backends' `Drop`s check
 //! [`in_forked_child`] and leak their handles there instead: the child's address space, and so
@@ -60,4 +66,34 @@ pub fn in_forked_child() -> bool {
 #[inline]
 pub(crate) fn forks() -> u64 {
     FORKS.load(Ordering::Relaxed)
+}
+
+/// Forks of this process's line since [`watch_every_fork`] was first called (0 in that process).
+static GENERATION: AtomicU64 = AtomicU64::new(0);
+
+/// The `pthread_atfork` child handler of [`GENERATION`]. Async-signal-safe (one atomic add).
+#[cfg(unix)]
+extern "C" fn count_generation() {
+    GENERATION.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Starts counting every fork ([`generation`]), once per process; later calls do nothing.
+/// Unlike the count behind [`in_forked_child`], it does not depend on any runtime being open.
+pub fn watch_every_fork() {
+    #[cfg(unix)]
+    {
+        static REGISTERED: std::sync::Once = std::sync::Once::new();
+        REGISTERED.call_once(|| {
+            // SAFETY: as in `watch_forks`: a child handler that only does an atomic add, a
+            // plain function that lives for the whole process; a failure leaves forks uncounted.
+            unsafe { libc::pthread_atfork(None, None, Some(count_generation)) };
+        });
+    }
+}
+
+/// How many forks separate this process from the one that called [`watch_every_fork`] first:
+/// a value recorded before a fork differs from the one read in the child. One relaxed load.
+#[inline]
+pub fn generation() -> u64 {
+    GENERATION.load(Ordering::Relaxed)
 }

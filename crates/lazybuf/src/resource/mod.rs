@@ -306,7 +306,9 @@ pub fn trim() -> u64 {
     let pools: Vec<crate::MemoryPool> =
         default_pools().lock().unwrap_or_else(PoisonError::into_inner).values().cloned().collect();
     let freed = pools.iter().map(|pool| pool.trim()).sum();
-    for device in crate::discovery::devices() {
+    // Only devices already found: trimming must not open every backend (slow, and it would
+    // make the registry where another thread may fork meanwhile).
+    for device in crate::discovery::devices_found() {
         device.trim();
     }
     freed
