@@ -28,8 +28,8 @@ __all__ = ["Recording", "Trace", "dump", "is_recording", "record", "snapshot", "
 
 def start(*, capacity: int = 1 << 20, python_stack: bool = False, rust_backtrace: bool = False) -> None:
     """Starts recording. ``ValueError`` when already recording or ``capacity`` is not positive."""
-    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
-        raise ValueError(f"trace.start: expected a capacity of at least 1 event, got {capacity!r}")
+    if isinstance(capacity, bool) or not isinstance(capacity, int) or not 1 <= capacity < 1 << 63:
+        raise ValueError(f"trace.start: expected a capacity of at least 1 event (below 2**63), got {capacity!r}")
     _lazybuf._trace_start(capacity, bool(python_stack), bool(rust_backtrace))
 
 

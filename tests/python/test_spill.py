@@ -73,8 +73,15 @@ def test_limits_round_trip_and_bad_input_says_what_was_expected(host_device):
     assert lazybuf.get_memory_limit("host") is None
     with pytest.raises(ValueError, match="non-negative"):
         lazybuf.set_memory_limit("host", -1)
-    with pytest.raises(ValueError, match="expected a size unit"):
+    with pytest.raises(ValueError, match="expected a size unit") as raised:
         lazybuf.set_memory_limit("host", "lots")
+    assert "LAZYBUF_MEMORY_LIMIT" not in str(raised.value)  # no environment variable was used
+    # 2**64 - 1 is "no limit" in the core: refused, not read back as None (a hostile script).
+    for huge in (2**64 - 1, 2**64):
+        with pytest.raises(ValueError, match=r"below 2\*\*64 - 1"):
+            lazybuf.set_memory_limit("host", huge)
+        with pytest.raises(ValueError, match=r"below 2\*\*64 - 1"):
+            lazybuf.set_host_memory_limit(huge)
     with pytest.raises(TypeError, match="nbytes must be an int"):
         lazybuf.set_memory_limit("host", 1.5)
     with pytest.raises(TypeError, match="got a bool"):
@@ -210,6 +217,52 @@ def test_a_failed_write_back_changes_nothing():
             np.testing.assert_array_equal(b.to_numpy(), expected(2))
         finally:
             lazybuf.set_memory_limit(faulty, None)
+
+
+def test_a_write_back_is_an_eviction_whatever_call_needed_the_room(device):
+    """Found by a hostile script (2026-11-27): the write-back an explicit ``sync_to_device()``
+    caused was recorded as that call's explicit copy (reason ``sync``) and let through
+    ``transfer_guard(d2h="disallow")``, which refuses implicit device-to-host copies; spilling's
+    copies are ``evict``'s, reason ``eviction``, in whichever call they happen."""
+    if not evicts(device):
+        pytest.skip("the host device's copies hold no device memory: nothing is evicted")
+    limit_for(device, 1)
+    a = holding(device, 1)
+    a.sync_to_device()
+    a.fill(7.0)  # DEVICE_DIRTY: evicting it writes it back
+    b = holding(device, 2)
+    with lazybuf.transfer_guard(d2h="disallow"):
+        with pytest.raises(lazybuf.TransferGuardError, match="evict"):
+            b.sync_to_device()
+    assert a.state == BufferState.DEVICE_DIRTY and b.state == BufferState.HOST_ONLY
+    with lazybuf.trace.record() as recording:
+        b.sync_to_device()  # evicts a: its write-back, then b's upload
+    copies = [e for e in recording.trace.events() if e.get("kind") == "transfer"]
+    write_backs = [e for e in copies if e["direction"] == "d2h"]
+    assert len(write_backs) == 1, copies
+    assert write_backs[0]["reason"] == "eviction" and write_backs[0]["call"] == "evict", write_backs
+    uploads = [e for e in copies if e["direction"] == "h2d"]
+    assert [(e["reason"], e["call"]) for e in uploads] == [("sync", "sync_to_device")], uploads
+    np.testing.assert_array_equal(a.to_numpy(), np.full(N, 7.0, np.float32))
+    np.testing.assert_array_equal(b.to_numpy(), expected(2))
+
+
+def test_a_buffer_whose_asynchronous_sync_was_waited_for_can_be_evicted(device):
+    """Found by a hostile script (2026-11-27): a buffer that had an asynchronous sync stayed
+    "in use" for eviction until its next device call, even after ``Transfer.wait()``, so
+    PYTHON.md's own batch loop with ``await buf.sync_to_device_async()`` ran out of memory
+    under a limit. A finished transfer no longer keeps a buffer busy."""
+    if not evicts(device):
+        pytest.skip("the host device's copies hold no device memory: nothing is evicted")
+    limit_for(device, 1)
+    a = holding(device, 1)
+    a.sync_to_device_async().wait()
+    b = holding(device, 2)
+    b.sync_to_device()  # room for one copy: a's (clean) is evicted, no byte moved
+    assert a.state == BufferState.HOST_ONLY and b.state == BufferState.SYNCHRONIZED
+    assert lazybuf.spill_stats(device)["evictions"] == 1
+    np.testing.assert_array_equal(a.to_numpy(), expected(1))
+    np.testing.assert_array_equal(b.to_numpy(), expected(2))
 
 
 def test_threads_race_accesses_against_eviction(device):
@@ -365,6 +418,98 @@ print(len(os.listdir({str(tmp_path)!r})))
     assert done.returncode == 0, done.stderr
     assert int(done.stdout.strip()) == 2  # two of the three were on disk while it ran
     assert os.listdir(tmp_path) == []  # and the files went at exit
+
+
+SHARED_SPILL_DIR_CHILD = f"""
+import os, sys, time
+import numpy as np, lazybuf
+seed = int(sys.argv[1])
+# A file a killed process of this pid could have left, with the name the first spill would take.
+stale = os.path.join(os.environ["LAZYBUF_SPILL_DIR"], f"{{os.getpid()}}-0.bin")
+open(stale, "wb").write(b"left behind")
+lazybuf.trim()
+lazybuf.set_host_memory_limit(lazybuf.host_memory_held() + {NBYTES})
+bufs = []
+for i in range(6):
+    b = lazybuf.UnifiedBuffer({N}, np.float32, device="host")
+    b.copy_from(np.full({N}, seed * 100 + i, np.float32))
+    bufs.append(b)
+    time.sleep(0.01)
+assert lazybuf.spill_stats("host")["bytes_to_disk"] >= 5 * {NBYTES}
+for i, b in enumerate(bufs):
+    got = b.to_numpy()
+    assert (got == seed * 100 + i).all(), (seed, i, got[:2])
+del bufs, b
+assert open(stale, "rb").read() == b"left behind", "a stale file was overwritten"
+os.remove(stale)
+print("OK", seed)
+"""
+
+
+def test_processes_sharing_a_spill_directory_keep_their_own_files(tmp_path):
+    """Found by a hostile script (2026-11-27): spill files were named by a per-process counter
+    only and created with truncation, so two processes sharing ``LAZYBUF_SPILL_DIR`` (Dask
+    workers) overwrote each other's files (silent corruption) or removed them (lost data).
+    Names now carry the pid and files are created exclusively: a file already there (another
+    process's, or one a killed process left) is never taken over."""
+    env = {**os.environ, "LAZYBUF_DEVICE": "host", "LAZYBUF_SPILL_DIR": str(tmp_path)}
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", SHARED_SPILL_DIR_CHILD, str(seed)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for seed in (1, 2, 3)
+    ]
+    for seed, child in zip((1, 2, 3), children):
+        out, err = child.communicate(timeout=120)
+        assert child.returncode == 0 and f"OK {seed}" in out, out + err
+    assert os.listdir(tmp_path) == []
+
+
+FORKED_CHILD_AND_SPILL_FILES = f"""
+import os
+import numpy as np, lazybuf
+lazybuf.trim()
+lazybuf.set_host_memory_limit(lazybuf.host_memory_held() + {NBYTES})
+bufs = []
+for i in range(3):
+    b = lazybuf.UnifiedBuffer({N}, np.float32, device="host")
+    b.copy_from(np.full({N}, i, np.float32))
+    bufs.append(b)
+assert lazybuf.spill_stats("host")["bytes_to_disk"] >= 2 * {NBYTES}
+pid = os.fork()
+if pid == 0:
+    # The child reads one of the parent's spilled buffers, drops another, and exits normally
+    # (running the package's exit hook): none of it may remove the parent's files.
+    ok = (bufs[0].to_numpy() == 0).all()
+    del bufs[1]
+    import sys
+    sys.exit(0 if ok else 3)
+_, status = os.waitpid(pid, 0)
+assert status == 0, status
+for i, b in enumerate(bufs):
+    assert (b.to_numpy() == i).all(), i
+print("OK")
+"""
+
+
+def test_a_forked_child_leaves_its_parents_spill_files_alone(tmp_path):
+    """Found by a hostile script (2026-11-27): a forked child that exited normally removed
+    every spill file it inherited (the package's exit hook), and one that dropped an inherited
+    buffer removed that buffer's file, so the parent lost the data. A spill file is removed only
+    by the process that wrote it."""
+    done = subprocess.run(
+        [sys.executable, "-c", FORKED_CHILD_AND_SPILL_FILES],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "LAZYBUF_DEVICE": "host", "LAZYBUF_SPILL_DIR": str(tmp_path)},
+    )
+    assert done.returncode == 0 and "OK" in done.stdout, done.stdout + done.stderr
+    assert os.listdir(tmp_path) == []
 
 
 def test_an_unwritable_spill_directory_is_a_clear_error_and_nothing_is_lost():

@@ -153,7 +153,7 @@ def test_recording_off_records_nothing_and_bad_calls_are_clear_errors():
         lazybuf.trace.stop()
     with pytest.raises(ValueError, match="not recording"):
         lazybuf.trace.snapshot()
-    for bad in (0, -1, 1.5, True):
+    for bad in (0, -1, 1.5, True, 2**64):
         with pytest.raises(ValueError, match="capacity"):
             lazybuf.trace.start(capacity=bad)
     lazybuf.trace.start()

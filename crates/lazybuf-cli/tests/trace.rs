@@ -91,17 +91,42 @@ fn summary_plot_and_bad_files() {
 
     let bad = temp("bad.json");
     std::fs::write(&bad, "{\"not\": \"a trace\"}").unwrap();
-    for args in [
-        vec!["trace", "summary", bad.to_str().unwrap()],
-        vec!["trace", "summary", "/nonexistent/trace.json"],
-        vec!["trace", "plot", file, "-o", temp("x.gif").to_str().unwrap()],
+    let directory = temp("directory.json");
+    std::fs::create_dir_all(&directory).unwrap();
+    let gif = temp("x.gif");
+    for (args, says) in [
+        (vec!["trace", "summary", bad.to_str().unwrap()], "traceEvents"),
+        (vec!["trace", "summary", "/nonexistent/trace.json"], "reading trace"),
+        // Read without end before it was refused (found by a hostile script).
+        (vec!["trace", "summary", "/dev/zero"], "not a regular file"),
+        (vec!["trace", "plot", "/dev/zero", "-o", temp("zero.png").to_str().unwrap()], "not a regular file"),
+        (vec!["trace", "summary", directory.to_str().unwrap()], "not a regular file"),
+        // The option is named as the user gave it (it said --plot, bandwidth's option).
+        (vec!["trace", "plot", file, "-o", gif.to_str().unwrap()], "-o "),
     ] {
         let out = lazybuf(&args);
         assert_eq!(out.status.code(), Some(1), "{args:?}");
         let err = String::from_utf8(out.stderr).unwrap();
         assert_eq!(err.lines().count(), 1, "{err}");
-        assert!(err.starts_with("lazybuf: error: "), "{err}");
+        assert!(err.starts_with("lazybuf: error: ") && err.contains(says), "{args:?}: {err}");
     }
+}
+
+/// Byte counts near 2^64 sum without overflow (a crafted file made the summary panic).
+#[test]
+fn the_summary_sums_the_largest_byte_counts() {
+    let copy = format!(
+        r#"{{"name":"h2d","cat":"transfer","ph":"X","ts":1.0,"dur":2.0,"pid":1,"tid":1000,"args":{{"buffer":1,"direction":"h2d","bytes":{},"from":"host","to":"a","call":"device","reason":"access","async":false,"op":1}}}}"#,
+        u64::MAX
+    );
+    let path = temp("huge.json");
+    std::fs::write(&path, format!(r#"{{"traceEvents":[{copy},{copy}]}}"#)).unwrap();
+    let out = lazybuf(&["trace", "summary", path.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let total = text.lines().find(|l| l.trim_start().starts_with("total")).unwrap();
+    let sum = (u128::from(u64::MAX) * 2).to_string();
+    assert_eq!(total.split_whitespace().collect::<Vec<_>>(), ["total", "h2d", "2", sum.as_str()], "{text}");
 }
 
 /// A copy the recorder marked rolled back (a later step of its plan failed, and the counters

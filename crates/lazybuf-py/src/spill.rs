@@ -82,9 +82,10 @@ fn byte_count(nbytes: &Bound<'_, PyAny>) -> PyResult<u64> {
             nbytes.get_type().name().map_or_else(|_| "an object".into(), |n| n.to_string())
         ))
     })?;
-    u64::try_from(value).map_err(|_| {
+    // 2**64 - 1 itself is the core's "no limit": refused rather than read back as None.
+    u64::try_from(value).ok().filter(|&bytes| bytes != u64::MAX).ok_or_else(|| {
         PyValueError::new_err(format!(
-            "nbytes must be a non-negative number of bytes below 2**64, got {value}"
+            "nbytes must be a non-negative number of bytes below 2**64 - 1 (None for no limit), got {value}"
         ))
     })
 }

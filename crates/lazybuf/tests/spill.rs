@@ -397,7 +397,8 @@ fn the_out_of_memory_error_says_plain_buffers_are_not_evictable() {
         let message = err.to_string();
         assert!(err.is_out_of_memory(), "{device}: {err}");
         assert!(
-            message.contains("plain UnifiedBuffers are not evictable: wrap them in spill::SharedBuffer"),
+            message
+                .contains("plain UnifiedBuffers are not evictable in Rust: wrap them in spill::SharedBuffer"),
             "{device}: {message}"
         );
         assert_eq!(plain.state(), BufferState::Synchronized, "{device}");

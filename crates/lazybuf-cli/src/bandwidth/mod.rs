@@ -180,7 +180,7 @@ pub fn run(args: &BandwidthArgs, context: &Context) -> Result<i32> {
         }
     }
     if let Some(path) = &args.plot {
-        plot::format_of(path)?;
+        plot::format_of(path, "--plot")?;
     }
     check_host_memory(&device, args.max)?;
     let (pageable, mut pinned) = args.memory();

@@ -63,13 +63,13 @@ pub enum Format {
     Svg,
 }
 
-/// The format a path's extension asks for.
-pub fn format_of(path: &Path) -> Result<Format> {
+/// The format a path's extension asks for; the error names `option`, the option that gave it.
+pub fn format_of(path: &Path, option: &str) -> Result<Format> {
     match path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase).as_deref() {
         Some("png") => Ok(Format::Png),
         Some("svg") => Ok(Format::Svg),
         _ => Err(CliError::new(format!(
-            "--plot {}: expected a file name ending in .png or .svg",
+            "{option} {}: expected a file name ending in .png or .svg",
             path.display()
         ))),
     }
@@ -84,7 +84,7 @@ pub fn write(report: &BandwidthReport, path: &Path, size: (u32, u32)) -> Result<
         );
     }
     let context = |e: String| CliError::new(e).context(format!("drawing {}", path.display()));
-    match format_of(path)? {
+    match format_of(path, "--plot")? {
         Format::Png => {
             let root = BitMapBackend::new(path, size).into_drawing_area();
             draw(&root, report, text).map_err(context)?;
@@ -316,10 +316,10 @@ mod tests {
 
     #[test]
     fn the_extension_picks_the_format() {
-        assert_eq!(format_of(Path::new("a/b.png")).unwrap(), Format::Png);
-        assert_eq!(format_of(Path::new("b.SVG")).unwrap(), Format::Svg);
-        let err = format_of(Path::new("b.jpg")).unwrap_err().to_string();
-        assert!(err.contains(".png or .svg"), "{err}");
+        assert_eq!(format_of(Path::new("a/b.png"), "--plot").unwrap(), Format::Png);
+        assert_eq!(format_of(Path::new("b.SVG"), "--plot").unwrap(), Format::Svg);
+        let err = format_of(Path::new("b.jpg"), "-o").unwrap_err().to_string();
+        assert!(err.contains(".png or .svg") && err.starts_with("-o b.jpg"), "{err}");
     }
 
     #[test]

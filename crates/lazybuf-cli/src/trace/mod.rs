@@ -55,6 +55,11 @@ pub struct TraceFile {
 /// Reads a trace file; an error naming the file and what is wrong with it.
 pub fn load(path: &Path) -> Result<TraceFile> {
     let context = |e: String| CliError::new(e).context(format!("reading trace {}", path.display()));
+    // A device or a pipe (`/dev/zero`) would be read without end: only regular files.
+    let metadata = std::fs::metadata(path).map_err(|e| context(e.to_string()))?;
+    if !metadata.is_file() {
+        return Err(context("not a regular file (expected a trace written by lazybuf.trace.dump())".into()));
+    }
     let text = std::fs::read_to_string(path).map_err(|e| context(e.to_string()))?;
     let doc: Value = serde_json::from_str(&text).map_err(|e| context(format!("not JSON: {e}")))?;
     let events = doc["traceEvents"].as_array().ok_or_else(|| {
@@ -111,15 +116,16 @@ fn short(e: &Value) -> String {
 
 /// The plain summary.
 pub fn summary(file: &TraceFile) -> String {
-    let mut rows: BTreeMap<(u64, &str, &str), (u64, u64)> = BTreeMap::new();
-    let mut totals: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+    // Sums of u64 byte counts in u128: no file can overflow them (a crafted one overflowed u64).
+    let mut rows: BTreeMap<(u64, &str, &str), (u64, u128)> = BTreeMap::new();
+    let mut totals: BTreeMap<&str, (u64, u128)> = BTreeMap::new();
     for c in file.copies.iter().filter(|c| !c.rolled_back) {
         for entry in [
             rows.entry((c.buffer, &c.direction, &c.reason)).or_default(),
             totals.entry(&c.direction).or_default(),
         ] {
             entry.0 += 1;
-            entry.1 += c.bytes;
+            entry.1 += u128::from(c.bytes);
         }
     }
     let mut out = String::new();

@@ -31,7 +31,7 @@ pub fn memory_colour(index: usize) -> RGBColor {
 
 /// Draws `file` into `path`, `size` pixels.
 pub fn write(file: &TraceFile, path: &Path, size: (u32, u32)) -> Result<()> {
-    let format = format_of(path)?;
+    let format = format_of(path, "-o")?;
     let text = font_available();
     if !text {
         errln!(

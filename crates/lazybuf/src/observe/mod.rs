@@ -171,6 +171,14 @@ impl Cause {
     pub const fn sync(call: &'static str) -> Cause {
         Cause { call, reason: Reason::Sync }
     }
+
+    /// Whether the running [`call`]'s cause replaces this one, the engine's own name for a
+    /// copy: yes, except for spilling's copies (reason [`Reason::Eviction`]), which lazybuf
+    /// decides on whatever call they happen in (an explicit `sync_to_device` that needs room
+    /// does not make the write-back it causes explicit).
+    pub(crate) const fn yields_to_call(self) -> bool {
+        !matches!(self.reason, Reason::Eviction)
+    }
 }
 
 /// Runs `f` as `cause`: the copies it makes on this thread are attributed to `cause` instead
@@ -195,8 +203,12 @@ pub fn call<R>(cause: Cause, f: impl FnOnce() -> R) -> R {
     }
 }
 
-/// The cause set by [`call`] on this thread, else `default`.
+/// The cause set by [`call`] on this thread, else `default`; an eviction's `default` always
+/// (see [`Cause::yields_to_call`]).
 pub(crate) fn cause_or(default: Cause) -> Cause {
+    if !default.yields_to_call() {
+        return default;
+    }
     record::with_local(|l| l.cause.get()).flatten().unwrap_or(default)
 }
 

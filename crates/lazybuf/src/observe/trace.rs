@@ -264,7 +264,8 @@ impl Call {
     #[inline]
     fn resolve(self, local: &Local) -> Cause {
         match self {
-            Call::Of(default) => local.cause.get().unwrap_or(default),
+            Call::Of(default) if default.yields_to_call() => local.cause.get().unwrap_or(default),
+            Call::Of(default) => default,
             Call::Named(call) => Cause::access(call),
         }
     }

@@ -25,7 +25,8 @@ use crate::error::{Error, Result};
 /// optional unit (`B`, `KB`, `MB`, `GB`, `TB`, `KiB`, `MiB`, `GiB`, `TiB`).
 pub const MEMORY_LIMIT_ENV: &str = "LAZYBUF_MEMORY_LIMIT";
 
-/// No limit.
+/// No limit: a limit of `u64::MAX` bytes is none (the setters refuse none of the other values,
+/// and say so: [`set_memory_limit`]).
 const UNLIMITED: u64 = u64::MAX;
 
 /// One device's budget and the device memory lazybuf holds on it.
@@ -95,7 +96,8 @@ pub(crate) fn host_ledger() -> &'static Ledger {
 
 /// Sets (`Some`) or clears (`None`) the host memory limit in bytes: above it, lazybuf writes
 /// host copies that hold the only current data of shared buffers to spill files
-/// ([`crate::spill::disk`]) before it allocates more host memory.
+/// ([`crate::spill::disk`]) before it allocates more host memory. `Some(u64::MAX)` is no
+/// limit, as `None` is.
 pub fn set_host_memory_limit(limit: Option<u64>) {
     host_ledger().limit.store(limit.unwrap_or(UNLIMITED), Ordering::Relaxed);
 }
@@ -135,6 +137,7 @@ pub(crate) fn release(device: &Device, bytes: usize) {
 /// Sets (`Some`) or clears (`None`) the memory limit of `device`, in bytes. Above it, lazybuf
 /// evicts device copies before it allocates (see [`crate::spill`]); a limit below what is held
 /// now takes effect at the next allocation. Overrides the environment's limit for `device`.
+/// `Some(u64::MAX)` is no limit, as `None` is.
 ///
 /// ```
 /// let host = lazybuf::Device::host();
@@ -208,7 +211,11 @@ pub fn parse_memory_limits(text: &str) -> Result<Vec<(String, u64)>> {
         if selector.is_empty() {
             return Err(bad(format!("expected a device selector before '=' (like cuda:0), got {pair:?}")));
         }
-        limits.push((selector.to_ascii_lowercase(), parse_size(size)?));
+        let size = parse_size(size).map_err(|err| match err {
+            Error::InvalidArgument { reason, .. } => bad(reason),
+            other => other,
+        })?;
+        limits.push((selector.to_ascii_lowercase(), size));
     }
     Ok(limits)
 }
@@ -230,7 +237,7 @@ pub fn parse_size(text: &str) -> Result<u64> {
         "tib" => 1 << 40,
         _ => {
             return Err(Error::invalid(
-                "LAZYBUF_MEMORY_LIMIT",
+                "a size",
                 format!(
                     "expected a size unit B, KB, MB, GB, TB, KiB, MiB, GiB or TiB, got {unit:?} in {text:?}"
                 ),
@@ -239,15 +246,15 @@ pub fn parse_size(text: &str) -> Result<u64> {
     };
     let value: f64 = number.parse().ok().filter(|v: &f64| v.is_finite() && *v >= 0.0).ok_or_else(|| {
         Error::invalid(
-            "LAZYBUF_MEMORY_LIMIT",
+            "a size",
             format!("expected a non-negative number of bytes (like 512MiB), got {text:?}"),
         )
     })?;
     let bytes = value * scale as f64;
     if bytes >= u64::MAX as f64 {
         return Err(Error::invalid(
-            "LAZYBUF_MEMORY_LIMIT",
-            format!("expected a size below 16 EiB, got {text:?}"),
+            "a size",
+            format!("expected a size below 16 EiB (2**64 - 1 bytes), got {text:?}"),
         ));
     }
     Ok(bytes as u64)
@@ -276,6 +283,9 @@ mod tests {
             ("99999999TiB", "below 16 EiB"),
         ] {
             let err = parse_size(text).unwrap_err().to_string();
+            assert!(err.contains(expected) && err.contains("invalid argument for a size"), "{text:?}: {err}");
+            // In the environment variable, the same reason names the variable.
+            let err = parse_memory_limits(&format!("host={text}")).unwrap_err().to_string();
             assert!(err.contains(expected) && err.contains("LAZYBUF_MEMORY_LIMIT"), "{text:?}: {err}");
         }
     }

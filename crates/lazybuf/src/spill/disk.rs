@@ -26,7 +26,7 @@
 //! What does not live here: choosing what to spill (`spill::eviction`), the buffer's side
 //! ([`crate::RawBuffer::spill_host_to_disk`]).
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -68,14 +68,27 @@ fn spill_dir_and_owner() -> (PathBuf, bool) {
     }
 }
 
-/// Makes `dir` if missing and registers `path` in it as live, under the lock that
-/// [`forget`] takes to remove the process's own directory once empty: a directory being
-/// filled is never removed.
-fn register(dir: &Path, path: &Path) -> std::io::Result<()> {
+/// Makes `dir` if missing and a new file in it, `<pid>-<n>.bin`, made with `O_EXCL` (a file
+/// of another process, or one a killed process of the same pid left behind, is never taken
+/// over: the next number is tried), and registers it as live, under the lock that [`forget`]
+/// takes to remove the process's own directory once empty: a directory being filled is never
+/// removed. Returns the new file's path.
+fn register(dir: &Path) -> std::io::Result<PathBuf> {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
     let mut live = live_files().lock().unwrap_or_else(PoisonError::into_inner);
     std::fs::create_dir_all(dir)?;
-    live.insert(path.to_path_buf());
-    Ok(())
+    let pid = std::process::id();
+    let mut attempts = 0;
+    let path = loop {
+        let path = dir.join(format!("{pid}-{}.bin", NEXT.fetch_add(1, Ordering::Relaxed)));
+        match OpenOptions::new().write(true).create_new(true).open(&path) {
+            Ok(_) => break path,
+            Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists && attempts < 1000 => attempts += 1,
+            Err(err) => return Err(err),
+        }
+    };
+    live.insert(path.clone(), pid);
+    Ok(path)
 }
 
 /// Unregisters `path` (its file is gone); removes the process's own spill directory
@@ -83,7 +96,7 @@ fn register(dir: &Path, path: &Path) -> std::io::Result<()> {
 fn forget(path: &Path, own_dir: bool) {
     let mut live = live_files().lock().unwrap_or_else(PoisonError::into_inner);
     live.remove(path);
-    if let Some(dir) = path.parent().filter(|dir| own_dir && !live.iter().any(|p| p.parent() == Some(*dir))) {
+    if let Some(dir) = path.parent().filter(|dir| own_dir && !live.keys().any(|p| p.parent() == Some(*dir))) {
         // Fails, harmlessly, when something else is in it.
         let _ = std::fs::remove_dir(dir);
     }
@@ -96,18 +109,26 @@ fn direct_io_wanted() -> bool {
     cfg!(target_os = "linux") && !off
 }
 
-/// The spill files this process has now.
-fn live_files() -> &'static Mutex<HashSet<PathBuf>> {
-    static LIVE: OnceLock<Mutex<HashSet<PathBuf>>> = OnceLock::new();
+/// The spill files this process knows, with the process that made each: a forked child
+/// inherits its parent's, which stay the parent's (the child reads them, never removes them).
+fn live_files() -> &'static Mutex<HashMap<PathBuf, u32>> {
+    static LIVE: OnceLock<Mutex<HashMap<PathBuf, u32>>> = OnceLock::new();
     LIVE.get_or_init(Mutex::default)
 }
 
-/// Removes every spill file this process still has (for an exit that drops no buffer: the
-/// Python package calls it at interpreter exit). Buffers whose file is removed lose their
-/// data, so call it only when none will be used again. Returns the files removed.
+/// Removes every spill file this process made and still has (for an exit that drops no
+/// buffer: the Python package calls it at interpreter exit). Buffers whose file is removed
+/// lose their data, so call it only when none will be used again. A forked child's call
+/// leaves its parent's files alone. Returns the files removed.
 pub fn remove_spill_files() -> usize {
-    let files: Vec<PathBuf> =
-        live_files().lock().unwrap_or_else(PoisonError::into_inner).iter().cloned().collect();
+    let pid = std::process::id();
+    let files: Vec<PathBuf> = live_files()
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .iter()
+        .filter(|&(_, &owner)| owner == pid)
+        .map(|(path, _)| path.clone())
+        .collect();
     let own_dir = spill_dir_and_owner().1;
     files
         .iter()
@@ -130,6 +151,9 @@ pub struct SpillFile {
     direct: bool,
     /// Its directory is the process's own: removed with its last file.
     own_dir: bool,
+    /// The process that wrote it, the only one that removes it: a forked child that drops a
+    /// buffer it inherited leaves the parent's file in place.
+    owner: u32,
 }
 
 impl SpillFile {
@@ -143,10 +167,8 @@ impl SpillFile {
     /// [`Self::write`], opening the file for direct I/O with `open_direct` (`None`: buffered
     /// I/O only).
     fn write_with(bytes: &[u8], open_direct: Option<&Opener>) -> Result<SpillFile> {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
         let (dir, own_dir) = spill_dir_and_owner();
-        let path = dir.join(format!("{}.bin", NEXT.fetch_add(1, Ordering::Relaxed)));
-        let failed = |what: &str, err: std::io::Error| {
+        let failed = |what: &str, path: &Path, err: std::io::Error| {
             Error::invalid(
                 "spill to disk",
                 format!(
@@ -157,8 +179,11 @@ impl SpillFile {
                 ),
             )
         };
-        register(&dir, &path).map_err(|err| failed("create the directory of", err))?;
-        let mut file = SpillFile { path: path.clone(), len: bytes.len(), direct: false, own_dir };
+        let path =
+            register(&dir).map_err(|err| failed("create the directory or a new file in", &dir, err))?;
+        let failed = |what: &str, err: std::io::Error| failed(what, &path, err);
+        let owner = std::process::id();
+        let mut file = SpillFile { path: path.clone(), len: bytes.len(), direct: false, own_dir, owner };
         // From here the file is removed on failure (by dropping `file`).
         if let Some(open_direct) = open_direct {
             let written = open_direct(&path, true).map_err(|err| ("create", err)).and_then(|mut out| {
@@ -245,9 +270,13 @@ impl SpillFile {
 
 impl Drop for SpillFile {
     fn drop(&mut self) {
-        // Never panics: a file already gone (or a directory removed by hand) is fine.
-        let _ = std::fs::remove_file(&self.path);
-        forget(&self.path, self.own_dir);
+        // Never panics: a file already gone (or a directory removed by hand) is fine. Only
+        // its writer removes it (in a forked child it is still the parent's).
+        let mine = self.owner == std::process::id();
+        if mine {
+            let _ = std::fs::remove_file(&self.path);
+        }
+        forget(&self.path, self.own_dir && mine);
     }
 }
 
@@ -356,8 +385,7 @@ mod tests {
     /// Whether the spill directory's file system takes an aligned `O_DIRECT` write.
     fn directory_does_direct_io() -> bool {
         let (dir, own_dir) = spill_dir_and_owner();
-        let probe = dir.join(format!("direct-io-probe-{:?}", std::thread::current().id()));
-        register(&dir, &probe).unwrap();
+        let probe = register(&dir).unwrap();
         let block = HostMemory::allocate(PAGED).unwrap();
         let done = open_direct(&probe, true).and_then(|mut file| file.write_all(&block.as_slice()[..ALIGN]));
         let _ = std::fs::remove_file(&probe);
@@ -428,9 +456,8 @@ mod tests {
         let base = std::env::temp_dir().join(format!("lazybuf-spill-dir-test-{}", std::process::id()));
         for own_dir in [true, false] {
             let dir = base.join(if own_dir { "own" } else { "named" });
-            let (first, second) = (dir.join("1.bin"), dir.join("2.bin"));
+            let (first, second) = (register(&dir).unwrap(), register(&dir).unwrap());
             for path in [&first, &second] {
-                register(&dir, path).unwrap();
                 std::fs::write(path, b"data").unwrap();
             }
             std::fs::remove_file(&first).unwrap();
@@ -455,6 +482,6 @@ mod tests {
         let err = SpillFile::write_with(&pattern(100), Some(&full)).unwrap_err().to_string();
         assert!(err.contains("could not create") && err.contains("keeps its host copy"), "{err}");
         let path = MADE.lock().unwrap().take().expect("the opener ran");
-        assert!(!path.exists() && !live_files().lock().unwrap().contains(&path));
+        assert!(!path.exists() && !live_files().lock().unwrap().contains_key(&path));
     }
 }

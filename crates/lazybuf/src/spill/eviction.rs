@@ -153,7 +153,7 @@ fn reserve(device: &Device, ledger: &Ledger, bytes: usize) -> Result<()> {
         device: format!(
             "{device} (its memory limit is {limit} bytes; {} are held and nothing more can be evicted: \
              the other device copies are in use, not spillable, or memory objects; plain UnifiedBuffers \
-             are not evictable: wrap them in spill::SharedBuffer)",
+             are not evictable in Rust: wrap them in spill::SharedBuffer)",
             ledger.used()
         ),
         requested: bytes,

@@ -248,6 +248,17 @@ impl RawBuffer {
         self.settle(|op| !matches!(op.ticket.poll(), Ok(false)))
     }
 
+    /// Settles the transfers in flight that have finished and succeeded, without waiting; a
+    /// failed one stays in flight, for a call of the caller's to report (spilling settles so:
+    /// a transfer the caller waited for through its ticket no longer keeps the buffer busy).
+    pub(crate) fn settle_succeeded(&mut self) {
+        if !self.inflight.is_empty() {
+            // Only transfers whose tickets completed without error: settling them waits for
+            // nothing and cannot fail.
+            let _ = self.settle(|op| matches!(op.ticket.poll(), Ok(true)));
+        }
+    }
+
     /// Waits for every transfer in flight; undoes the ones that failed and returns the first
     /// failure.
     pub fn finish(&mut self) -> Result<()> {

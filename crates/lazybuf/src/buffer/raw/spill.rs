@@ -34,6 +34,7 @@ impl RawBuffer {
         let Some(index) = self.copy_index(device.id()) else {
             return Ok(None);
         };
+        self.settle_succeeded();
         if self.copies[index].memory.is_host_alias() || !self.inflight.is_empty() {
             return Ok(None);
         }
@@ -136,6 +137,7 @@ impl RawBuffer {
     /// adopted from another owner. Returns the bytes written, `Ok(None)` when the buffer does
     /// not qualify (or holds no byte). A failed write changes nothing.
     pub fn spill_host_to_disk(&mut self) -> Result<Option<usize>> {
+        self.settle_succeeded();
         let qualifies = self.nbytes > 0
             && self.on_disk.is_none()
             && self.copies.is_empty()
