@@ -261,7 +261,21 @@ def test_a_forked_child_gets_a_clear_error_on_a_device_its_runtime_does_not_surv
     assert result.returncode == 0, f"status {result.returncode}: {result.stderr}"
 
 
-FORK_DURING_FIRST_USE = r"""
+# Prepended to the fork scripts below: waits for a child, killing it (and failing with
+# `hung`) if it has not exited after 20 s.
+WAIT_FOR_CHILD = r"""
+import os, sys, time
+def wait_for_child(pid, hung):
+    deadline = time.time() + 20
+    while (done := os.waitpid(pid, os.WNOHANG)) == (0, 0):
+        if time.time() > deadline:
+            os.kill(pid, 9)
+            sys.exit(hung)
+        time.sleep(0.01)
+    return done[1]
+"""
+
+FORK_DURING_FIRST_USE = WAIT_FOR_CHILD + r"""
 import os, sys, threading, time
 import numpy as np
 import lazybuf
@@ -282,13 +296,8 @@ while time.time() < stop:
         b = lazybuf.UnifiedBuffer(16, np.float32, device="host")
         b.copy_from(np.full(16, 2.0, np.float32))
         os._exit(0 if float(b.to_numpy().sum()) == 32.0 else 3)
-    deadline = time.time() + 20
-    while (done := os.waitpid(pid, os.WNOHANG)) == (0, 0):
-        if time.time() > deadline:
-            os.kill(pid, 9)
-            sys.exit(f"a child forked while another thread made its first buffers hung (fork {forks})")
-        time.sleep(0.01)
-    assert done[1] == 0, f"child status {done[1]}"
+    status = wait_for_child(pid, f"a child forked while another thread made its first buffers hung (fork {forks})")
+    assert status == 0, f"child status {status}"
     forks += 1
     time.sleep(0.02)
 thread.join()
@@ -311,7 +320,7 @@ def test_a_child_forked_while_another_thread_makes_its_first_buffers_works(devic
     assert int(result.stdout.split()[-1]) >= 5, result.stdout
 
 
-FORK_WHILE_A_CELL_IS_MADE = r"""
+FORK_WHILE_A_CELL_IS_MADE = WAIT_FOR_CHILD + r"""
 import builtins, os, sys, threading, time
 import numpy as np
 import lazybuf
@@ -349,13 +358,8 @@ for what, call in calls.items():
             os._exit(4)
     release.set()
     maker.join()
-    deadline = time.time() + 20
-    while (done := os.waitpid(pid, os.WNOHANG)) == (0, 0):
-        if time.time() > deadline:
-            os.kill(pid, 9)
-            sys.exit(f"{what}: the child waited for the cell the other thread was making")
-        time.sleep(0.01)
-    assert done[1] == 0, f"{what}: child status {done[1]}"
+    status = wait_for_child(pid, f"{what}: the child waited for the cell the other thread was making")
+    assert status == 0, f"{what}: child status {status}"
     print("forked while making:", what)
 """
 
@@ -373,7 +377,7 @@ def test_a_child_forked_while_another_thread_makes_a_cell_makes_it_itself():
     assert result.stdout.count("forked while making") == 2, result.stdout
 
 
-FORK_WHILE_A_BUFFER_IS_IN_USE = r"""
+FORK_WHILE_A_BUFFER_IS_IN_USE = WAIT_FOR_CHILD + r"""
 import os, sys, threading, time
 import numpy as np
 import lazybuf
@@ -415,13 +419,8 @@ if pid == 0:
         os._exit(5)
 release.set()
 user.join()
-deadline = time.time() + 20
-while (done := os.waitpid(pid, os.WNOHANG)) == (0, 0):
-    if time.time() > deadline:
-        os.kill(pid, 9)
-        sys.exit("the child waited forever for a lock a thread of its parent held at the fork")
-    time.sleep(0.01)
-assert done[1] == 0, f"child status {done[1]}"
+status = wait_for_child(pid, "the child waited forever for a lock a thread of its parent held at the fork")
+assert status == 0, f"child status {status}"
 assert buf.to_numpy().shape == (16384,)  # the parent's thread finished and released it
 print("DONE")
 """

@@ -27,6 +27,7 @@
 //! [`in_forked_child`] and leak their handles there instead: the child's address space, and so
 //! the copy of the memory, goes away with the child.
 
+use std::sync::Once;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// How many times this process's line of ancestors forked since a runtime that does not
@@ -34,23 +35,28 @@ use std::sync::atomic::{AtomicU64, Ordering};
 static FORKS: AtomicU64 = AtomicU64::new(0);
 
 /// The `pthread_atfork` child handler: counts the fork. Async-signal-safe (one atomic add).
-#[cfg(unix)]
 extern "C" fn count_fork() {
     FORKS.fetch_add(1, Ordering::Relaxed);
 }
 
 /// Registers the fork counter, once per process.
 pub(crate) fn watch_forks() {
+    static REGISTERED: Once = Once::new();
+    register_child_handler(&REGISTERED, count_fork);
+}
+
+/// Registers `handler` as a `pthread_atfork` child handler, once (`registered`). A failure
+/// (ENOMEM) leaves its forks uncounted, as before this module existed; nothing is registered
+/// where there is no `fork`.
+fn register_child_handler(registered: &'static Once, handler: extern "C" fn()) {
     #[cfg(unix)]
-    {
-        static REGISTERED: std::sync::Once = std::sync::Once::new();
-        REGISTERED.call_once(|| {
-            // SAFETY: registers a child handler that only does an atomic add (allowed between
-            // fork and exec); the handler is a plain function that lives for the whole process.
-            // A failure (ENOMEM) leaves forks undetected, as before this module existed.
-            unsafe { libc::pthread_atfork(None, None, Some(count_fork)) };
-        });
-    }
+    registered.call_once(|| {
+        // SAFETY: every handler here only does an atomic add (allowed between fork and exec),
+        // and is a plain function that lives for the whole process.
+        unsafe { libc::pthread_atfork(None, None, Some(handler)) };
+    });
+    #[cfg(not(unix))]
+    let _ = (registered, handler);
 }
 
 /// Whether this process is a forked child of a process that had opened a runtime that does not
@@ -72,7 +78,6 @@ pub(crate) fn forks() -> u64 {
 static GENERATION: AtomicU64 = AtomicU64::new(0);
 
 /// The `pthread_atfork` child handler of [`GENERATION`]. Async-signal-safe (one atomic add).
-#[cfg(unix)]
 extern "C" fn count_generation() {
     GENERATION.fetch_add(1, Ordering::Relaxed);
 }
@@ -80,15 +85,8 @@ extern "C" fn count_generation() {
 /// Starts counting every fork ([`generation`]), once per process; later calls do nothing.
 /// Unlike the count behind [`in_forked_child`], it does not depend on any runtime being open.
 pub fn watch_every_fork() {
-    #[cfg(unix)]
-    {
-        static REGISTERED: std::sync::Once = std::sync::Once::new();
-        REGISTERED.call_once(|| {
-            // SAFETY: as in `watch_forks`: a child handler that only does an atomic add, a
-            // plain function that lives for the whole process; a failure leaves forks uncounted.
-            unsafe { libc::pthread_atfork(None, None, Some(count_generation)) };
-        });
-    }
+    static REGISTERED: Once = Once::new();
+    register_child_handler(&REGISTERED, count_generation);
 }
 
 /// How many forks separate this process from the one that called [`watch_every_fork`] first:
