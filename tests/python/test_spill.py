@@ -397,6 +397,17 @@ def test_an_exposed_host_copy_is_never_written_to_disk(host_limit):
     assert exposed.state == BufferState.HOST_ONLY
 
 
+def _spilling_on_host(code: str, spill_dir) -> subprocess.CompletedProcess:
+    """Runs `code` in a fresh interpreter on the host device, spilling to `spill_dir`."""
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "LAZYBUF_DEVICE": "host", "LAZYBUF_SPILL_DIR": str(spill_dir)},
+    )
+
+
 def test_spill_files_are_removed_at_exit(tmp_path):
     code = f"""
 import numpy as np, lazybuf
@@ -408,13 +419,7 @@ for b in keep:
 import os
 print(len(os.listdir({str(tmp_path)!r})))
 """
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "LAZYBUF_DEVICE": "host", "LAZYBUF_SPILL_DIR": str(tmp_path)},
-    )
+    done = _spilling_on_host(code, tmp_path)
     assert done.returncode == 0, done.stderr
     assert int(done.stdout.strip()) == 2  # two of the three were on disk while it ran
     assert os.listdir(tmp_path) == []  # and the files went at exit
@@ -501,13 +506,7 @@ def test_a_forked_child_leaves_its_parents_spill_files_alone(tmp_path):
     every spill file it inherited (the package's exit hook), and one that dropped an inherited
     buffer removed that buffer's file, so the parent lost the data. A spill file is removed only
     by the process that wrote it."""
-    done = subprocess.run(
-        [sys.executable, "-c", FORKED_CHILD_AND_SPILL_FILES],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "LAZYBUF_DEVICE": "host", "LAZYBUF_SPILL_DIR": str(tmp_path)},
-    )
+    done = _spilling_on_host(FORKED_CHILD_AND_SPILL_FILES, tmp_path)
     assert done.returncode == 0 and "OK" in done.stdout, done.stdout + done.stderr
     assert os.listdir(tmp_path) == []
 
@@ -526,13 +525,7 @@ except ValueError as err:
 lazybuf.set_host_memory_limit(None)
 assert (first.to_numpy() == 3).all() and str(first.state) == "HOST_ONLY", first.state
 """
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "LAZYBUF_DEVICE": "host", "LAZYBUF_SPILL_DIR": "/proc/lazybuf-cannot-be-made"},
-    )
+    done = _spilling_on_host(code, "/proc/lazybuf-cannot-be-made")
     assert done.returncode == 0, done.stderr
     assert "could not create the directory" in done.stdout and "keeps its host copy" in done.stdout, done.stdout
 
