@@ -1,6 +1,6 @@
 //! Once-cells made while holding the GIL: the binding's only kind, safe across `fork()`.
 //!
-//! PyO3's `GilOnceCell` (and `intern!` and `import_exception!`, built on it) releases the GIL
+//! PyO3's `PyOnceLock` (and `intern!` and `import_exception!`, built on it) releases the GIL
 //! before it starts making a value and takes it back inside the cell's own once: for the whole
 //! making, the cell is *being made by that thread*. Another thread can take the GIL in between
 //! and `fork()`; the child inherits a cell being made by a thread that does not exist there,

@@ -25,8 +25,8 @@ use crate::error::{Error, Result};
 /// optional unit (`B`, `KB`, `MB`, `GB`, `TB`, `KiB`, `MiB`, `GiB`, `TiB`).
 pub const MEMORY_LIMIT_ENV: &str = "LAZYBUF_MEMORY_LIMIT";
 
-/// No limit: a limit of `u64::MAX` bytes is none (the setters refuse none of the other values,
-/// and say so: [`set_memory_limit`]).
+/// No limit: a limit of `u64::MAX` bytes means none (the setters say so; Python refuses that
+/// value rather than read it back as `None`).
 const UNLIMITED: u64 = u64::MAX;
 
 /// One device's budget and the device memory lazybuf holds on it.

@@ -6,11 +6,11 @@
 //! system's temporary directory, made at the first spill and removed with its last file (a
 //! directory the user named stays). A file is `<pid>-<n>.bin`, created exclusively, and
 //! removed only by the process that wrote it: processes sharing a directory, and a forked
-//! child with its parent's buffers, never remove or overwrite each other's files. Each file is written and read in large chunks
-//! ([`CHUNK`]), and removed when its data is read back or its buffer goes (a file of a process
-//! killed before that stays behind in the directory). A write that fails (a full
-//! or unwritable disk) removes the partial file and returns a clear error: the buffer keeps its
-//! host copy.
+//! child with its parent's buffers, never remove or overwrite each other's files. Each file is
+//! written and read in large chunks ([`CHUNK`]), and removed when its data is read back or its
+//! buffer goes (a file of a process killed before that stays behind in the directory). A write
+//! that fails (a full or unwritable disk) removes the partial file and returns a clear error:
+//! the buffer keeps its host copy.
 //!
 //! **Direct I/O.** On Linux files are opened with `O_DIRECT`, bypassing the page cache (a
 //! spilled copy is read once, later: caching its bytes would take back the host memory the
