@@ -74,10 +74,15 @@ def _parse_header(header: Any, frames: Sequence[Any]) -> tuple[tuple[int, ...], 
     """The shape, dtype name, pinned flag and the one data frame (or None) of a header that
     `_header` wrote; ValueError for anything else."""
     try:
-        shape = tuple(int(d) for d in header["shape"])
+        raw_shape, pinned, initialized = header["shape"], header["pinned"], header["initialized"]
+        # What `_header` writes, exactly: a string shape would split into characters, and
+        # bool("no") is True.
+        if not isinstance(raw_shape, (list, tuple)):
+            raise TypeError(f"shape must be a list of ints, got {type(raw_shape).__name__}")
+        if not isinstance(pinned, bool) or not isinstance(initialized, bool):
+            raise TypeError("pinned and initialized must be bools")
+        shape = tuple(int(d) for d in raw_shape)
         dtype = str(header["dtype"])
-        pinned = bool(header["pinned"])
-        initialized = bool(header["initialized"])
     except (KeyError, TypeError, ValueError) as err:
         raise ValueError(
             f"not the header of a serialized lazybuf.UnifiedBuffer ({err!r}): expected the keys "
@@ -88,6 +93,8 @@ def _parse_header(header: Any, frames: Sequence[Any]) -> tuple[tuple[int, ...], 
         raise ValueError(
             f"a serialized lazybuf.UnifiedBuffer has {expected} data frame(s), got {len(frames)}"
         )
+    if initialized and frames[0] is None:
+        raise TypeError("the data frame of a serialized lazybuf.UnifiedBuffer must be bytes-like, got None")
     return shape, dtype, pinned, frames[0] if initialized else None
 
 

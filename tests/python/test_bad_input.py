@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from conftest import run_python
+import lazybuf
 from lazybuf import BufferState, UnifiedBuffer, get_accelerator
 
 # --- shapes -----------------------------------------------------------------------------------
@@ -230,6 +231,22 @@ def test_allocation_larger_than_the_device(opencl_device):
 def test_dlpack_bad_device_id():
     with pytest.raises(ValueError, match="non-negative"):
         UnifiedBuffer(3).__dlpack__(dl_device=(1, -1))
+
+
+def test_dlpack_versions_and_devices_out_of_range_name_their_argument():
+    """A hostile script (2026-11-27): these raised OverflowError ("out of range integral type
+    conversion attempted") naming no argument, on every object that exports DLPack."""
+    exporters = [UnifiedBuffer(3), lazybuf.DeviceBuffer(size=8), lazybuf.MemoryDevice(8)]
+    for exporter in exporters:
+        for bad in [(-1, -1), (2**64, 0), (0, 2**40)]:
+            with pytest.raises(ValueError, match=r"max_version must be \(major, minor\)"):
+                exporter.__dlpack__(max_version=bad)
+        for bad in [(-1, 0), (1, 2**31)]:
+            with pytest.raises(ValueError, match=r"dl_device must be \(device_type, device_id\)"):
+                exporter.__dlpack__(dl_device=bad)
+        for bad in [(1,), "ab", (1.0, 0), (True, 0), 5]:
+            with pytest.raises(TypeError, match="max_version must be"):
+                exporter.__dlpack__(max_version=bad)
 
 
 def test_dlpack_to_an_unknown_device():

@@ -468,6 +468,21 @@ def test_a_tampered_dask_message_raises_value_error():
         deserialize(header, frames)
 
 
+def test_a_header_is_read_as_written_and_a_missing_frame_is_a_type_error():
+    """Found by a hostile script (2026-11-27): a ``None`` data frame under a header that says
+    the buffer holds data gave an empty (UNINITIALIZED) buffer, silently; a string shape was
+    split into characters ("16": shape (1, 6)); ``"initialized": "no"`` read as true."""
+    header, frames = lazybuf._dask.dask_dumps(filled(16, np.float32))
+    with pytest.raises(TypeError, match="bytes-like, got None"):
+        lazybuf._dask.dask_loads(header, [None])
+    for key, value in [("shape", "16"), ("initialized", "no"), ("pinned", 0)]:
+        tampered = {**header, key: value}
+        with pytest.raises(ValueError, match="not the header of a serialized lazybuf.UnifiedBuffer"):
+            lazybuf._dask.dask_loads(tampered, frames)
+    clone = lazybuf._dask.dask_loads(header, frames)  # the untouched header still reads
+    np.testing.assert_array_equal(clone.to_numpy(), filled(16, np.float32).to_numpy())
+
+
 # --- the cuda family ---------------------------------------------------------------------
 
 

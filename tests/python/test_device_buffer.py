@@ -14,6 +14,9 @@ belongs to shared memory (test_usm.py).
 import copy
 import pickle
 import random
+import sys
+import threading
+import time
 import warnings
 
 import numpy as np
@@ -296,6 +299,44 @@ def test_resize_reserve_and_shrink_follow_rmm(device):
     db.shrink_to_fit()
     assert (db.size, db.capacity()) == (3, 3)
     assert db.tobytes() == b"012"
+
+
+def test_copies_and_pickles_taken_while_another_thread_resizes_hold_only_copied_bytes(device):
+    """A hostile script (2026-11-27): `copy_to_host()` sized its array, then copied what the
+    buffer held by then, so a shrink in between returned bytes never copied (NumPy's
+    uninitialised memory, pickled on), and a grow raised an error about an `ary` the caller
+    never gave. Each now is one consistent snapshot: every byte 0x01, at either size."""
+    db = DeviceBuffer(size=9000, device=device)
+    db.copy_from_host(b"\x01" * 9000)  # resizes within the capacity keep these bytes
+    stop = time.monotonic() + 1.0
+    errors: list[BaseException] = []
+
+    def resize() -> None:
+        while time.monotonic() < stop:
+            db.resize(100)
+            db.resize(9000)
+
+    thread = threading.Thread(target=resize)
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    thread.start()
+    try:
+        copies = 0
+        while time.monotonic() < stop:
+            try:
+                copied = db.copy_to_host()
+                pickled = np.frombuffer(pickle.loads(pickle.dumps(db, protocol=5)).tobytes(), np.uint8)
+                for data in (copied, pickled):
+                    assert len(data) in (100, 9000) and (data == 1).all(), (len(data), int((data != 1).sum()))
+                    copies += 1
+            except BaseException as err:  # noqa: BLE001 - reported below
+                errors.append(err)
+                break
+    finally:
+        thread.join()
+        sys.setswitchinterval(previous)
+    assert not errors, errors
+    assert copies > 0
 
 
 def test_resize_and_reserve_stress(device):

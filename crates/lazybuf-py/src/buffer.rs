@@ -1332,8 +1332,8 @@ impl UnifiedBuffer {
         &self,
         py: Python<'py>,
         stream: Option<Bound<'py, PyAny>>,
-        max_version: Option<(u32, u32)>,
-        dl_device: Option<(u32, i32)>,
+        max_version: Option<Bound<'py, PyAny>>,
+        dl_device: Option<Bound<'py, PyAny>>,
         copy: Option<bool>,
     ) -> PyResult<Py<PyAny>> {
         let storage = self.storage()?;
@@ -1345,11 +1345,10 @@ impl UnifiedBuffer {
             descr: self.descr(py),
         };
         let stream = stream.filter(|s| !s.is_none());
+        let call = DlpackArgs::new(stream, max_version, dl_device, copy)?;
         // A copy the consumer asked for (`copy=True`) is explicit; an export's sync is implicit.
         let cause = if copy == Some(true) { Cause::sync("__dlpack__") } else { Cause::access("__dlpack__") };
-        let capsule = observed(py, cause, || {
-            interop::dlpack_of_buffer(py, source, DlpackArgs { stream, max_version, dl_device, copy })
-        })?;
+        let capsule = observed(py, cause, || interop::dlpack_of_buffer(py, source, call))?;
         // A device export is a device write: the host copy may be stale now.
         self.freeze_if_host_stale(py)?;
         Ok(capsule)

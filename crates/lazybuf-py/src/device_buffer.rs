@@ -88,6 +88,31 @@ impl PyDeviceBuffer {
         lock::detach(py, |d| Ok(f(&mut *self.cell.lock(d)?)))
     }
 
+    /// A new uint8 NumPy array holding the contents (`copy_to_host()`, pickling): made with the
+    /// GIL, filled without it, so a resize by another thread in between is seen (the size no
+    /// longer matches) and the copy retried, as `tobytes` does; never bytes that were not
+    /// copied (a shrink in between returned the array's uninitialised tail).
+    fn snapshot<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        for _ in 0..8 {
+            let size = self.with(py, |b| b.size())?;
+            let ary = hostbuf::new_array(py, size)?;
+            let mut host = HostBuffer::get(&ary, true, "copy_to_host")?;
+            let copied = self.with(py, |b| {
+                if b.size() != size {
+                    return Ok(false);
+                }
+                b.copy_to_host(host.bytes_mut()).or_py().map(|()| true)
+            })??;
+            drop(host);
+            if copied {
+                return Ok(ary);
+            }
+        }
+        Err(PyRuntimeError::new_err(
+            "copy_to_host: the buffer was resized by another thread during each of 8 tries",
+        ))
+    }
+
     fn options(mr: Option<&Bound<'_, PyAny>>) -> PyResult<(AllocationOptions, Option<Py<PyAny>>)> {
         let resource = crate::mr::resource_arg(mr)?;
         let keep = mr.filter(|m| !m.is_none()).map(|m| m.clone().unbind());
@@ -225,9 +250,8 @@ impl PyDeviceBuffer {
         py: Python<'py>,
         ary: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let ary = match ary.filter(|a| !a.is_none()) {
-            Some(ary) => ary.clone(),
-            None => hostbuf::new_array(py, self.with(py, |b| b.size())?)?,
+        let Some(ary) = ary.filter(|a| !a.is_none()).cloned() else {
+            return self.snapshot(py);
         };
         let mut host = HostBuffer::get(&ary, true, "copy_to_host: ary")?;
         self.with(py, |b| {
@@ -375,11 +399,11 @@ impl PyDeviceBuffer {
         &self,
         py: Python<'py>,
         stream: Option<Bound<'py, PyAny>>,
-        max_version: Option<(u32, u32)>,
-        dl_device: Option<(u32, i32)>,
+        max_version: Option<Bound<'py, PyAny>>,
+        dl_device: Option<Bound<'py, PyAny>>,
         copy: Option<bool>,
     ) -> PyResult<Py<PyAny>> {
-        let call = DlpackArgs { stream, max_version, dl_device, copy };
+        let call = DlpackArgs::new(stream, max_version, dl_device, copy)?;
         let view = |py: Python<'py>| {
             self.with(py, |b| {
                 // SAFETY: the address is handed to the tensor with a hold on its allocation,
@@ -403,7 +427,7 @@ impl PyDeviceBuffer {
     /// device; unpickling puts them on that device, or on the current device with a
     /// `RuntimeWarning` when this process does not have it.
     fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
-        let data = self.copy_to_host(py, None)?;
+        let data = self.snapshot(py)?;
         let rebuild = py.import("lazybuf._lazybuf")?.getattr("_rebuild_device_buffer")?;
         let args = (data, selector(&self.device)).into_pyobject(py)?;
         Ok((rebuild, args))

@@ -101,6 +101,51 @@ pub(crate) struct DlpackArgs<'py> {
     pub(crate) copy: Option<bool>,
 }
 
+impl<'py> DlpackArgs<'py> {
+    /// The arguments as `__dlpack__` received them: `max_version` and `dl_device` are checked
+    /// here, so a value out of range is a `ValueError` naming the argument (extracted as
+    /// `(u32, u32)` by PyO3, `(-1, -1)` raised an `OverflowError` that named nothing).
+    pub(crate) fn new(
+        stream: Option<Bound<'py, PyAny>>,
+        max_version: Option<Bound<'py, PyAny>>,
+        dl_device: Option<Bound<'py, PyAny>>,
+        copy: Option<bool>,
+    ) -> PyResult<Self> {
+        let max_version =
+            int_pair(max_version, "max_version", "(major, minor), two ints from 0 to 2**32 - 1")?;
+        let dl_device = int_pair(
+            dl_device,
+            "dl_device",
+            "(device_type, device_id), an int from 0 to 2**32 - 1 and one from -2**31 to 2**31 - 1",
+        )?;
+        Ok(DlpackArgs { stream, max_version, dl_device, copy })
+    }
+}
+
+/// `value` (`None`: not given) as a pair of ints that fit `A` and `B`; an error naming `name`
+/// and `expected` otherwise.
+fn int_pair<A: TryFrom<i128>, B: TryFrom<i128>>(
+    value: Option<Bound<'_, PyAny>>,
+    name: &str,
+    expected: &str,
+) -> PyResult<Option<(A, B)>> {
+    let Some(value) = value.filter(|v| !v.is_none()) else {
+        return Ok(None);
+    };
+    let wrong = || format!("__dlpack__: {name} must be {expected}; got {}", crate::args::repr(&value));
+    let (a, b): (Bound<'_, PyAny>, Bound<'_, PyAny>) =
+        value.extract().map_err(|_| pyo3::exceptions::PyTypeError::new_err(wrong()))?;
+    let int = |x: &Bound<'_, PyAny>| -> PyResult<i128> {
+        if x.is_instance_of::<pyo3::types::PyBool>() || !x.is_instance_of::<pyo3::types::PyInt>() {
+            return Err(pyo3::exceptions::PyTypeError::new_err(wrong()));
+        }
+        x.extract::<i128>().map_err(|_| PyValueError::new_err(wrong()))
+    };
+    let first = A::try_from(int(&a)?).map_err(|_| PyValueError::new_err(wrong()))?;
+    let second = B::try_from(int(&b)?).map_err(|_| PyValueError::new_err(wrong()))?;
+    Ok(Some((first, second)))
+}
+
 /// The buffer being exported.
 pub(crate) struct Source<'a, 'py> {
     /// The buffer's memory.

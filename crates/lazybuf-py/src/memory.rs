@@ -421,11 +421,11 @@ impl PyMemory {
         &self,
         py: Python<'py>,
         stream: Option<Bound<'py, PyAny>>,
-        max_version: Option<(u32, u32)>,
-        dl_device: Option<(u32, i32)>,
+        max_version: Option<Bound<'py, PyAny>>,
+        dl_device: Option<Bound<'py, PyAny>>,
         copy: Option<bool>,
     ) -> PyResult<Py<PyAny>> {
-        let call = DlpackArgs { stream, max_version, dl_device, copy };
+        let call = DlpackArgs::new(stream, max_version, dl_device, copy)?;
         let view = |py: Python<'py>| {
             let address =
                 if interop::dlpack_device(&self.device, self.kind) == Some(dlpark::ffi::DLDevice::CPU) {

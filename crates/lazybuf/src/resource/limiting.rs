@@ -106,10 +106,24 @@ impl MemoryResource for LimitingResource {
         self.reserve(device, bytes)?;
         match self.upstream.allocate(device, kind, bytes, stream) {
             Ok(block) => {
-                // Count the block's real length, which may exceed the request.
+                // Count the block's real length, which may exceed the request (a pool's size
+                // class): the excess is reserved under the limit too, or the block goes back.
                 let actual = block.len();
                 if actual > bytes {
-                    self.held.fetch_add((actual - bytes) as u64, Ordering::SeqCst);
+                    if self.reserve(device, actual - bytes).is_err() {
+                        self.upstream.deallocate(device, block, stream, Ticket::done());
+                        self.unreserve(bytes);
+                        return Err(Error::OutOfMemory {
+                            device: format!(
+                                "{device} (the limit is {} bytes; {} are held; the upstream's block \
+                                 for {bytes} bytes is {actual} bytes long)",
+                                self.limit(),
+                                self.held()
+                            ),
+                            requested: bytes,
+                            code: None,
+                        });
+                    }
                 } else {
                     self.unreserve(bytes - actual);
                 }

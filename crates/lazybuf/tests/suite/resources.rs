@@ -197,6 +197,43 @@ fn limiting_over_a_pool() {
     limited(|| pool_over(DirectResource::shared()));
 }
 
+/// A pool above hands out blocks rounded up to its size classes: the limit counts the block's
+/// real length, and a block that would pass the limit goes back (found by a hostile script:
+/// 5,120 bytes held under a limit of 5,000).
+#[test]
+fn a_limit_over_a_pool_counts_and_refuses_rounded_blocks() {
+    let mut rounded_somewhere = false;
+    for device in devices() {
+        let pool = pool_over(DirectResource::shared());
+        let stream = device.stream();
+        // What the pool hands out for 5000 bytes on this device.
+        let probe = pool.allocate(&device, MemoryKind::Device, 5000, &stream).unwrap();
+        let rounded = probe.len();
+        pool.deallocate(&device, probe, &stream, Ticket::done());
+        rounded_somewhere |= rounded > 5000;
+        let limit = Arc::new(LimitingResource::new(pool, 5000));
+        match limit.allocate(&device, MemoryKind::Device, 5000, &stream) {
+            Ok(block) => {
+                assert!(rounded <= 5000, "{device}: a {} byte block under a 5000 byte limit", block.len());
+                assert_eq!(limit.held(), block.len() as u64, "{device}");
+                limit.deallocate(&device, block, &stream, Ticket::done());
+            }
+            Err(err) => {
+                assert!(rounded > 5000, "{device}: {err}");
+                let message = err.to_string();
+                assert!(err.is_out_of_memory() && message.contains("the limit is 5000 bytes"), "{err}");
+                assert!(message.contains(&format!("block for 5000 bytes is {rounded} bytes long")), "{err}");
+            }
+        }
+        assert_eq!(limit.held(), 0, "{device}: a refused block left bytes held");
+        let small = limit.allocate(&device, MemoryKind::Device, 100, &stream).unwrap();
+        assert!(limit.held() <= 5000 && limit.held() == small.len() as u64, "{device}");
+        limit.deallocate(&device, small, &stream, Ticket::done());
+        assert_eq!(limit.held(), 0, "{device}");
+    }
+    assert!(rounded_somewhere, "no pool rounded 5000 bytes up: the test tested nothing");
+}
+
 #[test]
 fn statistics() {
     let all: std::sync::Mutex<Vec<Arc<StatisticsResource>>> = Default::default();

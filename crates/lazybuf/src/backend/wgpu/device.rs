@@ -201,8 +201,9 @@ impl WgpuBackend {
             requested: bytes,
             reason: format!(
                 "{} is a wgpu device, which has no pinned host memory (wgpu transfers through its \
-                 own mapped staging buffers); ask for pageable host memory instead (Rust: \
-                 `pinned: false`; Python: `pinned=False`)",
+                 own mapped staging buffers); ask for pageable host memory instead (a buffer with \
+                 `pinned: false`, Python `pinned=False`; dpctl's `MemoryHost` is pinned memory \
+                 only: use `MemoryDevice` or a buffer there)",
                 self.info.name
             ),
         }
