@@ -215,7 +215,9 @@ class UnifiedBuffer:
     def order_after(self, stream: Any) -> None:
         """Orders lazybuf's next work on the device copy after the work enqueued on ``stream``
         so far (a PyOpenCL CommandQueue, a CuPy Stream, an object with ``__cuda_stream__``, or
-        a raw handle of the buffer's device)."""
+        a raw handle of the buffer's device). A raw handle is trusted: it must be a live queue
+        or stream of the buffer's device (lazybuf cannot check one; a wrong one is undefined
+        behaviour, as with CuPy's ``ExternalStream``)."""
 
     def mark_host_dirty(self) -> None:
         """Declare a host write: the device copy becomes stale."""

@@ -130,6 +130,46 @@ def test_failed_fill_changes_nothing(faulty_opencl):
     np.testing.assert_array_equal(buf.to_numpy(), DATA)
 
 
+def test_a_failed_fill_of_a_synchronized_buffer_changes_nothing(faulty):
+    """A hostile script (2026-11-27): a fill refused before it started still marked the
+    device copy stale (SYNCHRONIZED became HOST_DIRTY). Only a fill a runtime abandons
+    half-way may do that (the CUDA double's, in the Rust tests)."""
+    buf = UnifiedBuffer(N, np.float32, device=faulty)
+    buf.host[:] = DATA
+    buf.sync_to_device()
+    faulty.fail_copy_in(1)
+    with pytest.raises(RuntimeError, match="injected fault"):
+        buf.fill(5.0)
+    assert buf.state == BufferState.SYNCHRONIZED
+    np.testing.assert_array_equal(buf.to_numpy(), DATA)
+
+
+@pytest.mark.parametrize("fault", ["copy", "allocation"])
+def test_a_failed_allocate_changes_nothing(faulty, fault):
+    """A hostile script (2026-11-27): `allocate()` made the host copy, then failed on the
+    device, leaving an UNINITIALIZED buffer HOST_ONLY with an allocation counted. Its device
+    step failing now undoes its host step."""
+    buf = UnifiedBuffer(N, np.float32, device=faulty)
+    stats = buf.transfer_stats()
+    if fault == "copy":
+        faulty.fail_copy_in(1)  # the device copy's zero-fill or upload
+    else:
+        faulty.fail_allocation_in(2)  # the host block is the first allocation, the device's the second
+    try:
+        buf.allocate()
+    except RuntimeError as err:
+        assert "injected fault" in str(err)
+    else:
+        faulty.disarm()
+        assert faulty.backend == "host", "only the host device may need no second allocation or copy"
+        return
+    faulty.disarm()
+    assert buf.state == BufferState.UNINITIALIZED and not buf.is_allocated
+    assert buf.transfer_stats() == stats
+    buf.allocate()  # disarmed: the call works and the buffer holds zeros
+    np.testing.assert_array_equal(buf.to_numpy(), np.zeros(N, np.float32))
+
+
 def test_pool_acquire_on_a_faulty_device(faulty):
     pool = get_memory_pool(faulty)
     assert pool.device == faulty

@@ -841,7 +841,9 @@ impl UnifiedBuffer {
 
     /// Orders lazybuf's next work on the device copy (copies into or out of it, fills, its
     /// release) after the work enqueued on `stream` so far: a PyOpenCL `CommandQueue`, a CuPy
-    /// `Stream`, an object with `__cuda_stream__`, or a raw handle of the buffer's device.
+    /// `Stream`, an object with `__cuda_stream__`, or a raw handle of the buffer's device. A
+    /// raw handle is trusted: it must be a live queue or stream of the buffer's device (lazybuf
+    /// cannot check one; a wrong one is undefined behaviour, as with CuPy's `ExternalStream`).
     fn order_after(&self, py: Python<'_>, stream: &Bound<'_, PyAny>) -> PyResult<()> {
         streams::order_after(py, &*self.storage()?, &self.home, stream)
     }
@@ -1051,13 +1053,13 @@ impl UnifiedBuffer {
             ));
         }
         let (py, this) = (slf.py(), slf.get());
-        if host {
-            observed(py, Cause::sync("allocate"), || this.access_host(py, Access::Read))?;
-        }
-        if device {
-            let (storage, home) = (this.storage()?, this.home.clone());
-            lock::detach(py, |d| storage.lock_detached(d)?.sync(Some(&home)).or_py())?;
-        }
+        let (storage, home) = (this.storage()?, this.home.clone());
+        // One core operation: a failed device step undoes the host step it followed.
+        observed(py, Cause::sync("allocate"), || {
+            lock::detach(py, |d| {
+                storage.lock_detached(d)?.allocate_copies(host, device.then_some(&home)).or_py()
+            })
+        })?;
         Ok(slf.clone())
     }
 

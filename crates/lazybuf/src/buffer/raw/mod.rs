@@ -404,6 +404,36 @@ impl RawBuffer {
         }
     }
 
+    /// Makes the host copy (`host`: a host read) and the copy on `device` (a sync there) hold
+    /// the buffer's data, as one operation: PyDotCompute's `allocate`. A buffer that held no
+    /// data holds zeros after it. When the sync fails after the host read gave a buffer that
+    /// held nothing its first memory, that is undone (no memory held, the counters as they
+    /// were): a failed call changes nothing.
+    pub fn allocate_copies(&mut self, host: bool, device: Option<&Device>) -> Result<()> {
+        let held_nothing = self.host.is_none()
+            && self.copies.is_empty()
+            && self.on_disk.is_none()
+            && self.inflight.is_empty()
+            && self.state() == BufferState::Uninitialized;
+        let stats = self.stats;
+        if host {
+            self.sync(None)?;
+        }
+        let Some(device) = device else {
+            return Ok(());
+        };
+        match self.sync(Some(device)) {
+            Ok(()) => Ok(()),
+            Err(err) => {
+                if host && held_nothing {
+                    self.release_memory();
+                    self.stats = stats;
+                }
+                Err(err)
+            }
+        }
+    }
+
     /// As [`Self::sync`], asynchronously: enqueues the copies and returns at once. See the
     /// module docs for the state while the transfer is in flight and after it fails.
     pub fn sync_async(&mut self, device: Option<&Device>) -> Result<Transfer> {
@@ -497,10 +527,11 @@ impl RawBuffer {
     fn fill_device(&mut self, id: DeviceId, pattern: &[u8]) -> Result<()> {
         let i = self.copy_index(id).expect("a valid device copy is allocated");
         let copy = &mut self.copies[i];
-        let filled = copy
-            .order_stream()
-            .and_then(|()| copy.stream.fill(&mut copy.memory, pattern, self.nbytes)?.wait());
-        if let Err(err) = filled {
+        // Refused before it started (ordering, or the enqueue itself): nothing was written, so
+        // nothing changes.
+        copy.order_stream()?;
+        let ticket = copy.stream.fill(&mut copy.memory, pattern, self.nbytes)?;
+        if let Err(err) = ticket.wait() {
             // A runtime may fail half-way through a fill, leaving this copy's bytes unknown:
             // if another copy is current, this one is stale from now on.
             let at = Location::Device(id);
