@@ -247,6 +247,7 @@ def test_dlpack_versions_and_devices_out_of_range_name_their_argument():
         for bad in [(1,), "ab", (1.0, 0), (True, 0), 5]:
             with pytest.raises(TypeError, match="max_version must be"):
                 exporter.__dlpack__(max_version=bad)
+        exporter.__dlpack__(max_version=(np.int64(1), np.uint8(0)))  # NumPy integers are ints
 
 
 def test_dlpack_to_an_unknown_device():

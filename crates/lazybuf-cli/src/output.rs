@@ -88,10 +88,13 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         "m" | "mib" => 1024.0 * 1024.0,
         "g" | "gib" => 1024.0 * 1024.0 * 1024.0,
         "t" | "tib" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+        // Every unit `format_bytes` prints is read back (a PiB in a message could not be).
+        "p" | "pib" => 1024.0 * 1024.0 * 1024.0 * 1024.0 * 1024.0,
         "kb" => 1e3,
         "mb" => 1e6,
         "gb" => 1e9,
         "tb" => 1e12,
+        "pb" => 1e15,
         _ => return Err(bad()),
     };
     let bytes = number * scale;
@@ -172,6 +175,12 @@ mod tests {
         assert_eq!(parse_size("16M"), Ok(16 << 20));
         assert_eq!(parse_size("1.5KiB"), Ok(1536));
         assert_eq!(parse_size("2MB"), Ok(2_000_000));
+        assert_eq!(parse_size("1PiB"), Ok(1 << 50));
+        assert_eq!(parse_size("3PB"), Ok(3_000_000_000_000_000));
+        // What `format_bytes` prints reads back.
+        for bytes in [1u64 << 50, 16 << 50, 5 << 40, 3 << 20] {
+            assert_eq!(parse_size(&format_bytes(bytes)), Ok(bytes), "{}", format_bytes(bytes));
+        }
         for bad in ["", "KiB", "12 parsecs", "-1", "0.3B", "1e3"] {
             assert!(parse_size(bad).unwrap_err().contains("expected a size"), "{bad}");
         }

@@ -502,7 +502,9 @@ fn check_fails_on_a_deliberately_broken_device_and_names_the_divergence() {
 #[test]
 fn errors_are_one_line_on_stderr_with_a_non_zero_status() {
     let missing = scratch("no-such-folder/bw.json");
-    let cases: [(&[&str], i32, &str); 7] = [
+    let folder = scratch("a-folder.json");
+    std::fs::create_dir_all(&folder).unwrap();
+    let cases: [(&[&str], i32, &str); 9] = [
         (&["bandwidth", "--device", "tpu"], 1, "lazybuf: error: no device matches \"tpu\""),
         (
             &["bandwidth", "--device", "host", "--min", "2KiB", "--max", "1KiB"],
@@ -518,6 +520,14 @@ fn errors_are_one_line_on_stderr_with_a_non_zero_status() {
             &["bandwidth", "--device", "host", "--json", missing.to_str().unwrap()],
             1,
             "its folder does not exist",
+        ),
+        // Refused before the measurement (stdout stays empty), not after it.
+        (&["bandwidth", "--device", "host", "--json", folder.to_str().unwrap()], 1, "it is a directory"),
+        // A size in the unit the messages print reads back.
+        (
+            &["bandwidth", "--device", "host", "--min", "1PiB", "--max", "1KiB"],
+            1,
+            "lazybuf: error: --min (1 PiB) is larger than --max (1 KiB)",
         ),
         (&["watch", "--device", "opencl:99"], 1, "lazybuf: error: no device matches \"opencl:99\""),
         (&["check", "--device", "host:x"], 1, "non-negative integer"),

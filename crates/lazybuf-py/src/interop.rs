@@ -135,11 +135,19 @@ fn int_pair<A: TryFrom<i128>, B: TryFrom<i128>>(
     let wrong = || format!("__dlpack__: {name} must be {expected}; got {}", crate::args::repr(&value));
     let (a, b): (Bound<'_, PyAny>, Bound<'_, PyAny>) =
         value.extract().map_err(|_| pyo3::exceptions::PyTypeError::new_err(wrong()))?;
+    // An int, or any integer with `__index__` (a NumPy integer), as PyO3's extraction took;
+    // not a bool.
     let int = |x: &Bound<'_, PyAny>| -> PyResult<i128> {
-        if x.is_instance_of::<pyo3::types::PyBool>() || !x.is_instance_of::<pyo3::types::PyInt>() {
+        if x.is_instance_of::<pyo3::types::PyBool>() {
             return Err(pyo3::exceptions::PyTypeError::new_err(wrong()));
         }
-        x.extract::<i128>().map_err(|_| PyValueError::new_err(wrong()))
+        x.extract::<i128>().map_err(|err| {
+            if err.is_instance_of::<pyo3::exceptions::PyOverflowError>(x.py()) {
+                PyValueError::new_err(wrong())
+            } else {
+                pyo3::exceptions::PyTypeError::new_err(wrong())
+            }
+        })
     };
     let first = A::try_from(int(&a)?).map_err(|_| PyValueError::new_err(wrong()))?;
     let second = B::try_from(int(&b)?).map_err(|_| PyValueError::new_err(wrong()))?;

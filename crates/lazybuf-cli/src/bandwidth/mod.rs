@@ -178,6 +178,10 @@ pub fn run(args: &BandwidthArgs, context: &Context) -> Result<i32> {
         {
             return Err(CliError::new(format!("cannot write {}: its folder does not exist", path.display())));
         }
+        // A directory in its place is refused before the measurement too, not after it.
+        if path.is_dir() {
+            return Err(CliError::new(format!("cannot write {}: it is a directory", path.display())));
+        }
     }
     if let Some(path) = &args.plot {
         plot::format_of(path, "--plot")?;
