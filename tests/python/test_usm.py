@@ -380,6 +380,26 @@ def test_bad_input(device):
         lazybuf.Memory(4)
 
 
+@pytest.mark.parametrize("alignment", [1 << 63, 1 << 64, 1 << 200])
+def test_an_alignment_too_large_is_a_value_error_naming_it(device, memory_ctor, alignment):
+    """A hostile pass (2026-11-27): 2**63 and above raised OverflowError ("Python int too large
+    to convert to C long"), naming no argument."""
+    with pytest.raises(ValueError, match="alignment"):
+        memory_ctor(16, alignment=alignment)
+
+
+@pytest.mark.parametrize("alignment", ["64", 64.0, True, np.zeros(1, np.int64)])
+def test_an_alignment_that_is_no_int_is_a_type_error_naming_it(device, memory_ctor, alignment):
+    with pytest.raises(TypeError, match="alignment"):
+        memory_ctor(16, alignment=alignment)
+
+
+def test_alignments_take_numpy_integers_and_non_positive_ones_ask_for_the_kinds_own(device, memory_ctor):
+    assert memory_ctor(16, alignment=np.int64(64)).alignment >= 64
+    for alignment in (0, -1, -(1 << 70)):
+        assert memory_ctor(16, alignment=alignment).alignment >= 1
+
+
 def test_empty_memory(device, memory_ctor):
     m = memory_ctor(0)
     assert (m.nbytes, m.tobytes(), m.ptr) == (0, b"", 0)

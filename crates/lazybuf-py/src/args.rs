@@ -161,32 +161,57 @@ pub(crate) fn is_size(obj: &Bound<'_, PyAny>) -> PyResult<bool> {
     Ok(index && !is_data(obj)?)
 }
 
+/// The int an argument named `what` stands for: a Python int as it is, another object through
+/// its `__index__` (what that raises propagates). An array or anything without `__index__`:
+/// `TypeError` naming `what`.
+fn int_value<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<Bound<'py, PyAny>> {
+    let py = obj.py();
+    if obj.is_instance_of::<PyInt>() {
+        return Ok(obj.clone());
+    }
+    if obj.is_instance_of::<PyUntypedArray>() {
+        return Err(PyTypeError::new_err(format!(
+            "{what} must be an int (a Python int or a NumPy integer scalar), got the array {}; arrays are \
+             data, not sizes",
+            repr(obj)
+        )));
+    }
+    // SAFETY: obj is a live object; the check only reads its type's nb_index slot.
+    if unsafe { ffi::PyIndex_Check(obj.as_ptr()) } == 0 {
+        return Err(PyTypeError::new_err(format!(
+            "{what} must be an int (a Python int or a NumPy integer scalar), got {}",
+            repr(obj)
+        )));
+    }
+    // SAFETY: obj is a live object; PyNumber_Index returns a new reference or NULL with the
+    // exception (the object's own) set, which from_owned_ptr_or_err takes.
+    unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyNumber_Index(obj.as_ptr())) }
+}
+
+/// A memory object's `alignment` argument: an int; zero or negative asks for the kind's own
+/// alignment (dpctl's rule), which is 0 here. Larger than the address space: `ValueError`
+/// naming it (the allocation checks the rest: a power of two).
+pub(crate) fn alignment(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
+    if obj.is_instance_of::<PyBool>() {
+        return Err(PyTypeError::new_err(format!("alignment must be an int, got {}", repr(obj))));
+    }
+    let value = int_value(obj, "alignment")?;
+    if value.le(0)? {
+        return Ok(0);
+    }
+    value.extract::<usize>().map_err(|_| {
+        PyValueError::new_err(format!(
+            "alignment is too large: {value}; expected 0 (the kind's own) or a power of two below 2**{}",
+            usize::BITS
+        ))
+    })
+}
+
 /// A byte size argument named `what` (see the module docs): not negative and at most
 /// `isize::MAX`. Not an int: `TypeError`; an array: `TypeError` (arrays are data, not sizes);
 /// negative or too large: `ValueError`; what the object's own `__index__` raises propagates.
 pub(crate) fn size(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<usize> {
-    let py = obj.py();
-    let value = if obj.is_instance_of::<PyInt>() {
-        obj.clone()
-    } else {
-        if obj.is_instance_of::<PyUntypedArray>() {
-            return Err(PyTypeError::new_err(format!(
-                "{what} must be an int (a Python int or a NumPy integer scalar), got the array {}; arrays are \
-                 data, not sizes",
-                repr(obj)
-            )));
-        }
-        // SAFETY: obj is a live object; the check only reads its type's nb_index slot.
-        if unsafe { ffi::PyIndex_Check(obj.as_ptr()) } == 0 {
-            return Err(PyTypeError::new_err(format!(
-                "{what} must be an int (a Python int or a NumPy integer scalar), got {}",
-                repr(obj)
-            )));
-        }
-        // SAFETY: obj is a live object; PyNumber_Index returns a new reference or NULL with
-        // the exception (the object's own) set, which from_owned_ptr_or_err takes.
-        unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyNumber_Index(obj.as_ptr())) }?
-    };
+    let value = int_value(obj, what)?;
     if value.lt(0)? {
         return Err(PyValueError::new_err(format!("{what} must not be negative, got {value}")));
     }

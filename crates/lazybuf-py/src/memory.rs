@@ -138,12 +138,10 @@ impl PyMemory {
         py: Python<'_>,
         kind: MemoryKind,
         other: &Bound<'_, PyAny>,
-        alignment: i64,
+        alignment: usize,
         device: Option<&Bound<'_, PyAny>>,
         copy: bool,
     ) -> PyResult<Self> {
-        // Non-positive alignments ask for the kind's own, as in dpctl.
-        let alignment = usize::try_from(alignment.max(0)).unwrap_or(0);
         if args::is_size(other)? {
             let nbytes = args::size(other, "nbytes")?;
             return Self::allocate(py, kind, nbytes, alignment, crate::accelerator::device_arg(device)?);
@@ -483,7 +481,8 @@ impl PyMemoryDevice {
     fn py_new(
         py: Python<'_>,
         other: &Bound<'_, PyAny>,
-        alignment: i64,
+        // Non-positive alignments ask for the kind's own, as in dpctl.
+        #[pyo3(from_py_with = args::alignment)] alignment: usize,
         device: Option<&Bound<'_, PyAny>>,
         copy: bool,
     ) -> PyResult<PyClassInitializer<Self>> {
@@ -505,7 +504,8 @@ impl PyMemoryHost {
     fn py_new(
         py: Python<'_>,
         other: &Bound<'_, PyAny>,
-        alignment: i64,
+        // Non-positive alignments ask for the kind's own, as in dpctl.
+        #[pyo3(from_py_with = args::alignment)] alignment: usize,
         device: Option<&Bound<'_, PyAny>>,
         copy: bool,
     ) -> PyResult<PyClassInitializer<Self>> {
@@ -538,7 +538,8 @@ impl PyMemoryShared {
     fn py_new(
         py: Python<'_>,
         other: &Bound<'_, PyAny>,
-        alignment: i64,
+        // Non-positive alignments ask for the kind's own, as in dpctl.
+        #[pyo3(from_py_with = args::alignment)] alignment: usize,
         device: Option<&Bound<'_, PyAny>>,
         copy: bool,
     ) -> PyResult<PyClassInitializer<Self>> {
