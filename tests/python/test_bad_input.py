@@ -20,7 +20,9 @@ from lazybuf import BufferState, UnifiedBuffer, get_accelerator
         ((2, -3), "negative dimensions are not allowed"),
         ((1,) * 65, "expected at most 64"),
         ((2**70,), "too large"),
-        ((2**40, 2**40, 2**40), "overflows"),
+        ((2**40, 2**40, 2**40), "exceed the largest possible allocation"),
+        ((0, 2**62, 4), "other than 0"),
+        ((2**62, 4, 0), "other than 0"),
         ((2**62,), "exceed the largest possible allocation"),
     ],
 )

@@ -33,16 +33,22 @@ impl Shape {
                 isize::MAX
             )));
         }
-        let len = dims.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d)).ok_or_else(|| {
-            invalid("the element count overflows usize; expected a product of dimensions that fits".into())
-        })?;
-        let bytes = len.checked_mul(elem_size).filter(|&b| b <= isize::MAX as usize);
+        // As NumPy checks: the dimensions other than 0 must multiply, with the element size,
+        // to a size that fits `isize`, also when another dimension makes the array empty (its
+        // strides are those products: an empty (0, 2**62, 4) would have none that fit).
+        let nonzero = dims.iter().filter(|&&d| d != 0).try_fold(1usize, |acc, &d| acc.checked_mul(d));
+        let bytes =
+            nonzero.and_then(|n| n.checked_mul(elem_size.max(1))).filter(|&b| b <= isize::MAX as usize);
         if bytes.is_none() {
+            let dims_text = dims.iter().filter(|&&d| d != 0).map(|d| d.to_string()).collect::<Vec<_>>();
             return Err(invalid(format!(
-                "{len} elements of {elem_size} bytes exceed the largest possible allocation ({} bytes)",
+                "its dimensions other than 0 ({}) times the element size ({elem_size} bytes) exceed the largest \
+                 possible allocation ({} bytes); expected a shape whose size fits, as NumPy requires",
+                dims_text.join(" x "),
                 isize::MAX
             )));
         }
+        let len = if dims.contains(&0) { 0 } else { nonzero.unwrap_or(0) };
         let dims = if dims.len() <= INLINE_RANK {
             let mut inline = [0; INLINE_RANK];
             inline[..dims.len()].copy_from_slice(dims);
@@ -89,14 +95,25 @@ mod tests {
     #[test]
     fn rejects_count_overflow() {
         let err = Shape::new(&[isize::MAX as usize, 3], 1).unwrap_err();
-        assert!(err.to_string().contains("overflows"), "{err}");
+        assert!(err.to_string().contains("exceed the largest possible allocation"), "{err}");
     }
 
     #[test]
     fn rejects_dimensions_beyond_isize_even_with_a_zero() {
         let err = Shape::new(&[0, 1 << 63], 4).unwrap_err();
         assert!(err.to_string().contains("expected dimensions that fit isize"), "{err}");
-        assert!(Shape::new(&[0, isize::MAX as usize], 4).unwrap().is_empty());
+        assert!(Shape::new(&[0, isize::MAX as usize], 1).unwrap().is_empty());
+    }
+
+    #[test]
+    fn an_empty_shape_whose_other_dimensions_overflow_is_refused_as_numpy_refuses_it() {
+        // Its strides would not fit (a hostile pass, 2026-11-27: exporting such a buffer
+        // overflowed while computing them).
+        let err = Shape::new(&[0, 1 << 62, 4], 1).unwrap_err();
+        assert!(err.to_string().contains("other than 0 (4611686018427387904 x 4)"), "{err}");
+        assert!(Shape::new(&[0, isize::MAX as usize], 4).is_err());
+        let fits = Shape::new(&[0, 1 << 61, 2], 1).unwrap();
+        assert_eq!((fits.len(), fits.dims()), (0, &[0, 1 << 61, 2][..]));
     }
 
     #[test]
