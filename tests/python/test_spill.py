@@ -114,6 +114,9 @@ def test_the_environment_sets_limits():
         ("host=lots", "expected a size unit"),
         ("=5", "expected a device selector"),
         ("tpu:0=1GiB", "names none"),
+        ("host=0.5", "expected a whole number of bytes"),
+        ("host:0=1MiB,host:0=2MiB", "expected each device once"),
+        ("host=1MiB,host:0=64MiB", "both name"),
     ],
 )
 def test_a_bad_environment_is_a_clear_error(value, message):
@@ -395,6 +398,40 @@ def test_an_exposed_host_copy_is_never_written_to_disk(host_limit):
     np.testing.assert_array_equal(view, expected(1))
     assert lazybuf.spill_stats("host")["bytes_to_disk"] == 0
     assert exposed.state == BufferState.HOST_ONLY
+
+
+def test_a_host_request_larger_than_the_whole_limit_writes_nothing_to_disk(host_limit):
+    """A hostile pass (2026-11-27): it wrote every spillable host copy to disk first, and then
+    raised MemoryError; it raises at once now."""
+    lazybuf.reset_spill_stats("host")
+    host_limit(4)
+    bufs = [holding("host", i) for i in range(3)]
+    big = lazybuf.UnifiedBuffer(5 * N, np.float32, device="host")
+    with pytest.raises(MemoryError, match="the request alone exceeds its memory limit"):
+        big.copy_from(np.zeros(5 * N, np.float32))
+    assert lazybuf.spill_stats("host")["bytes_to_disk"] == 0
+    for i, buf in enumerate(bufs):
+        np.testing.assert_array_equal(buf.to_numpy(), expected(i))
+
+
+@pytest.mark.parametrize("device", [d for d in _devices() if d.selector.startswith(("opencl", "loopback"))], ids=str)
+def test_an_async_sync_the_guard_refuses_reads_nothing_back_from_disk(device, host_limit):
+    """A hostile pass (2026-11-27): `sync_to_device_async()` under `disallow_explicit` read its
+    spilled host copy back from disk (writing another buffer to disk to make room) before the
+    guard refused it. The guard sees its copies first, as for every other call."""
+    lazybuf.reset_spill_stats(device)
+    host_limit(1)
+    spilled = holding(device, 1)
+    holding_room = holding(device, 2)  # writes `spilled`'s host copy to disk
+    before = lazybuf.spill_stats(device)
+    assert before["bytes_to_disk"] == NBYTES
+    with lazybuf.transfer_guard(h2d="disallow_explicit"):
+        with pytest.raises(lazybuf.TransferGuardError):
+            spilled.sync_to_device_async()
+    assert lazybuf.spill_stats(device) == before
+    lazybuf.set_host_memory_limit(None)
+    np.testing.assert_array_equal(spilled.to_numpy(), expected(1))
+    np.testing.assert_array_equal(holding_room.to_numpy(), expected(2))
 
 
 def _spilling_on_host(code: str, spill_dir) -> subprocess.CompletedProcess:

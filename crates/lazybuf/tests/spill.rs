@@ -406,6 +406,37 @@ fn the_out_of_memory_error_says_plain_buffers_are_not_evictable() {
     }
 }
 
+/// A hostile pass (2026-11-27): a request larger than the whole limit first evicted every
+/// evictable copy, writing the dirty ones back, and then failed. It fails at once now,
+/// nothing evicted or moved.
+#[test]
+fn a_request_larger_than_the_whole_limit_fails_evicting_nothing() {
+    let _serial = serial();
+    for device in devices().into_iter().filter(evicts) {
+        limit_for(&device, 2);
+        let dirty: Vec<_> = (0..2).map(|i| shared(&device, i, true)).collect();
+        for (i, buf) in dirty.iter().enumerate() {
+            buf.lock().device_overwrite().unwrap().write_from(&pattern(50 + i as u32, LEN)).unwrap();
+        }
+        let limit = spill::memory_limit(&device).unwrap().unwrap();
+        let options = BufferOptions { device: Some(device.clone()), ..BufferOptions::default() };
+        let mut big = UnifiedBuffer::<u8>::with_options(&[limit as usize + 1], options).unwrap();
+        let err = big.sync_to_device().unwrap_err();
+        assert!(err.is_out_of_memory(), "{device}: {err}");
+        assert!(err.to_string().contains("the request alone exceeds its memory limit"), "{device}: {err}");
+        let stats = spill::spill_stats(&device);
+        assert_eq!((stats.evictions, stats.bytes_written_back), (0, 0), "{device}");
+        for (i, buf) in dirty.iter().enumerate() {
+            let mut buf = buf.lock();
+            assert_eq!(buf.state(), BufferState::DeviceDirty, "{device}");
+            let mut out = vec![0u32; LEN];
+            buf.device().unwrap().read_into(&mut out).unwrap();
+            assert_eq!(out, pattern(50 + i as u32, LEN), "{device}");
+        }
+        spill::set_memory_limit(&device, None);
+    }
+}
+
 /// The write-back of an evicted copy runs on its device's side stream (where the backend has
 /// more than one stream), not on the buffer's own, ordered after the buffer's last use.
 #[test]

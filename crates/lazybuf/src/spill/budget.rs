@@ -170,18 +170,24 @@ pub(crate) fn env_limits() -> Result<&'static [(Device, u64)]> {
     static RESOLVED: OnceLock<Result<Vec<(Device, u64)>>> = OnceLock::new();
     let resolved = RESOLVED.get_or_init(|| {
         let text = std::env::var(MEMORY_LIMIT_ENV).unwrap_or_default();
-        parse_memory_limits(&text)?
-            .into_iter()
-            .map(|(selector, limit)| match crate::discovery::select_device(&selector) {
-                Ok(device) => Ok((device, limit)),
-                Err(err) => Err(Error::invalid(
-                    "LAZYBUF_MEMORY_LIMIT",
-                    format!(
-                        "expected SELECTOR=SIZE pairs naming existing devices; {selector:?} names none: {err}"
-                    ),
-                )),
-            })
-            .collect()
+        let bad = |why: String| Error::invalid("LAZYBUF_MEMORY_LIMIT", why);
+        let mut resolved: Vec<(Device, u64, String)> = Vec::new();
+        for (selector, limit) in parse_memory_limits(&text)? {
+            let device = crate::discovery::select_device(&selector).map_err(|err| {
+                bad(format!(
+                    "expected SELECTOR=SIZE pairs naming existing devices; {selector:?} names none: {err}"
+                ))
+            })?;
+            // Two selectors of one device (`opencl` and `opencl:0`) would leave which limit
+            // holds to their order.
+            if let Some((_, _, first)) = resolved.iter().find(|(seen, ..)| *seen == device) {
+                return Err(bad(format!(
+                    "expected each device once; {first:?} and {selector:?} both name {device}"
+                )));
+            }
+            resolved.push((device, limit, selector));
+        }
+        Ok(resolved.into_iter().map(|(device, limit, _)| (device, limit)).collect())
     });
     resolved.as_deref().map_err(Error::clone)
 }
@@ -215,7 +221,11 @@ pub fn parse_memory_limits(text: &str) -> Result<Vec<(String, u64)>> {
             Error::InvalidArgument { reason, .. } => bad(reason),
             other => other,
         })?;
-        limits.push((selector.to_ascii_lowercase(), size));
+        let selector = selector.to_ascii_lowercase();
+        if limits.iter().any(|(seen, _)| *seen == selector) {
+            return Err(bad(format!("expected each device once, got {selector:?} twice in {text:?}")));
+        }
+        limits.push((selector, size));
     }
     Ok(limits)
 }
@@ -251,6 +261,12 @@ pub fn parse_size(text: &str) -> Result<u64> {
         )
     })?;
     let bytes = value * scale as f64;
+    if bytes.fract() != 0.0 {
+        return Err(Error::invalid(
+            "a size",
+            format!("expected a whole number of bytes, got {text:?} ({bytes} bytes)"),
+        ));
+    }
     if bytes >= u64::MAX as f64 {
         return Err(Error::invalid(
             "a size",
@@ -263,6 +279,20 @@ pub fn parse_size(text: &str) -> Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fractions_of_a_byte_and_a_device_named_twice_are_refused() {
+        // A hostile pass (2026-11-27): "0.5" was a limit of 0 bytes, "1.9B" one of 1, and the
+        // first of two limits for one device held silently.
+        for text in ["0.5", "1.9B", "0.0003KB"] {
+            let err = parse_size(text).unwrap_err().to_string();
+            assert!(err.contains("expected a whole number of bytes"), "{text}: {err}");
+        }
+        assert_eq!(parse_size("1.5KiB").unwrap(), 1536);
+        assert_eq!(parse_size("0.5MB").unwrap(), 500_000);
+        let err = parse_memory_limits("opencl:0=1MiB,OpenCL:0=2MiB").unwrap_err().to_string();
+        assert!(err.contains("expected each device once") && err.contains("LAZYBUF_MEMORY_LIMIT"), "{err}");
+    }
 
     #[test]
     fn sizes_parse_with_units() {

@@ -139,6 +139,9 @@ fn reserve(device: &Device, ledger: &Ledger, bytes: usize) -> Result<()> {
     if ledger.try_charge(bytes) {
         return Ok(());
     }
+    if let Some(err) = beyond_the_limit(&device.to_string(), ledger, bytes) {
+        return Err(err);
+    }
     let (fits, failure) = make_room(device, bytes, || ledger.try_charge(bytes));
     if fits {
         return Ok(());
@@ -155,6 +158,20 @@ fn reserve(device: &Device, ledger: &Ledger, bytes: usize) -> Result<()> {
              the other device copies are in use, not spillable, or memory objects; plain UnifiedBuffers \
              are not evictable in Rust: wrap them in spill::SharedBuffer)",
             ledger.used()
+        ),
+        requested: bytes,
+        code: None,
+    })
+}
+
+/// The refusal of a request larger than the whole limit of `memory` (a device, or the host):
+/// evicting everything could not make it fit, so nothing is evicted, written back or written
+/// to disk for it.
+fn beyond_the_limit(memory: &str, ledger: &Ledger, bytes: usize) -> Option<Error> {
+    let limit = ledger.limit()?;
+    (bytes as u64 > limit).then(|| Error::OutOfMemory {
+        device: format!(
+            "{memory} (the request alone exceeds its memory limit of {limit} bytes; nothing was evicted for it)"
         ),
         requested: bytes,
         code: None,
@@ -230,6 +247,9 @@ pub(crate) fn allocate_host_within_budget(
 ) -> Result<Block> {
     let ledger = budget::host_ledger();
     if !ledger.try_charge(bytes) {
+        if let Some(err) = beyond_the_limit("the host", ledger, bytes) {
+            return Err(err);
+        }
         let start = Instant::now();
         trim_host_caches();
         let mut fits = ledger.try_charge(bytes);

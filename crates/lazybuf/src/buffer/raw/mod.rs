@@ -437,16 +437,24 @@ impl RawBuffer {
     /// As [`Self::sync`], asynchronously: enqueues the copies and returns at once. See the
     /// module docs for the state while the transfer is in flight and after it fails.
     pub fn sync_async(&mut self, device: Option<&Device>) -> Result<Transfer> {
-        self.reload_from_disk()?;
         let at = device.map_or(Location::Host, |d| Location::Device(d.id()));
-        let plan = self.plan(at, device, Access::Read);
         let observed = observe::active();
-        if observed {
-            let cause = if device.is_some() {
-                &observed::SYNC_TO_DEVICE_ASYNC
-            } else {
-                &observed::SYNC_TO_HOST_ASYNC
-            };
+        let cause =
+            if device.is_some() { &observed::SYNC_TO_DEVICE_ASYNC } else { &observed::SYNC_TO_HOST_ASYNC };
+        // While something observes, the guard sees the copies before a host copy spilled to
+        // disk is read back, as for every access: a refused call changes nothing (the read-back
+        // would allocate, perhaps spilling another buffer). The plan observed is made before
+        // the read-back, as `access_observed` does.
+        let seen_before_reload = observed && self.on_disk.is_some();
+        if seen_before_reload {
+            let plan = self.plan(at, device, Access::Read);
+            self.observe_plan(&plan, device, cause)?;
+            self.reload_from_disk().inspect_err(|_| self.observe_abort())?;
+        } else {
+            self.reload_from_disk()?;
+        }
+        let plan = self.plan(at, device, Access::Read);
+        if observed && !seen_before_reload {
             self.observe_plan(&plan, device, cause)?;
         }
         let (reads, writes) = self.touched(&plan, at, device, Access::Read);
