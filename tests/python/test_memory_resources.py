@@ -320,3 +320,31 @@ def test_bad_arguments(device):
         lmr.set_current_device_resource("pool")
     with pytest.raises(ValueError, match="positive"):
         lmr.DirectMemoryResource().allocate(0)
+
+
+
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        (lambda: lmr.LimitingResourceAdaptor(lmr.DirectMemoryResource(), -1), "allocation_limit must not be negative"),
+        (lambda: lmr.LimitingResourceAdaptor(lmr.DirectMemoryResource(), 2**64), "allocation_limit is too large"),
+        (lambda: lmr.PoolMemoryResource(maximum_pool_size=-5), "maximum_pool_size must not be negative"),
+        (lambda: lmr.PoolMemoryResource(max_cached_bytes=-5), "max_cached_bytes must not be negative"),
+        (lambda: lmr.PoolMemoryResource(max_cached_bytes=2**70), "max_cached_bytes is too large"),
+        (lambda: lmr.DirectMemoryResource().deallocate(-1, 8), "ptr must not be negative"),
+        (lambda: lmr.DirectMemoryResource().deallocate(2**70, 8), "ptr is too large"),
+        (lambda: lmr.DirectMemoryResource().deallocate(64, -8), "nbytes must not be negative"),
+    ],
+)
+def test_integer_arguments_out_of_range_are_value_errors_naming_them(call, match):
+    """A hostile pass (2026-11-27): these raised a bare OverflowError naming nothing."""
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_integer_arguments_take_numpy_integers_and_none_where_optional():
+    pool = lmr.PoolMemoryResource(maximum_pool_size=np.int64(1 << 20), max_cached_bytes=None)
+    assert pool.maximum_pool_size() == 1 << 20
+    assert lmr.LimitingResourceAdaptor(lmr.DirectMemoryResource(), np.uint64(1 << 20)).get_allocation_limit() == 1 << 20
+    with pytest.raises(TypeError, match="allocation_limit"):
+        lmr.LimitingResourceAdaptor(lmr.DirectMemoryResource(), 1.5)

@@ -207,6 +207,21 @@ pub(crate) fn alignment(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
     })
 }
 
+/// An int argument named `what` from 0 to 2**64 - 1 (an address, a count of bytes held):
+/// negative or larger, `ValueError` naming it; not an int, `TypeError` naming it.
+pub(crate) fn uint64(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
+    if obj.is_instance_of::<PyBool>() {
+        return Err(PyTypeError::new_err(format!("{what} must be an int, got {}", repr(obj))));
+    }
+    let value = int_value(obj, what)?;
+    if value.lt(0)? {
+        return Err(PyValueError::new_err(format!("{what} must not be negative, got {value}")));
+    }
+    value.extract::<u64>().map_err(|_| {
+        PyValueError::new_err(format!("{what} is too large: {value}; expected at most 2**64 - 1"))
+    })
+}
+
 /// A byte size argument named `what` (see the module docs): not negative and at most
 /// `isize::MAX`. Not an int: `TypeError`; an array: `TypeError` (arrays are data, not sizes);
 /// negative or too large: `ValueError`; what the object's own `__index__` raises propagates.

@@ -146,7 +146,12 @@ impl PyResource {
 
     /// Gives back what `allocate` returned (`ValueError` for a handle this resource did not
     /// return, or returned and got back).
-    fn deallocate(&self, py: Python<'_>, ptr: usize, nbytes: usize) -> PyResult<()> {
+    fn deallocate(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = ptr_arg)] ptr: usize,
+        #[pyo3(from_py_with = nbytes_arg)] nbytes: usize,
+    ) -> PyResult<()> {
         let key = (identity(&self.resource), ptr);
         let raw = {
             let mut registry = registry();
@@ -242,8 +247,8 @@ impl PyPool {
     #[pyo3(signature = (upstream_mr=None, *, maximum_pool_size=None, max_cached_bytes=None))]
     fn py_new(
         upstream_mr: Option<&Bound<'_, PyAny>>,
-        maximum_pool_size: Option<u64>,
-        max_cached_bytes: Option<u64>,
+        #[pyo3(from_py_with = maximum_pool_size_arg)] maximum_pool_size: Option<u64>,
+        #[pyo3(from_py_with = max_cached_bytes_arg)] max_cached_bytes: Option<u64>,
     ) -> PyResult<PyClassInitializer<Self>> {
         let (mut below, keep) = match upstream_mr.filter(|u| !u.is_none()) {
             Some(u) => {
@@ -295,7 +300,10 @@ pub(crate) struct PyLimiting {
 #[pymethods]
 impl PyLimiting {
     #[new]
-    fn py_new(upstream_mr: &Bound<'_, PyAny>, allocation_limit: u64) -> PyResult<PyClassInitializer<Self>> {
+    fn py_new(
+        upstream_mr: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = allocation_limit_arg)] allocation_limit: u64,
+    ) -> PyResult<PyClassInitializer<Self>> {
         let (upstream, keep) = upstream(upstream_mr)?;
         let limit = Arc::new(LimitingResource::new(upstream, allocation_limit));
         Ok(PyClassInitializer::from(PyResource::new(limit.clone(), Some(keep)))
@@ -576,4 +584,33 @@ pub(crate) fn register(parent: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(set_current_device_resource, &module)?)?;
     py.import("sys")?.getattr("modules")?.set_item("lazybuf.mr", &module)?;
     Ok(())
+}
+
+// The integer arguments above, each checked under its own name (PyO3's own conversion raises a
+// bare `OverflowError` naming none).
+
+fn ptr_arg(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
+    let ptr = args::uint64(obj, "ptr")?;
+    usize::try_from(ptr)
+        .map_err(|_| PyValueError::new_err(format!("ptr {ptr} is not an address of this machine")))
+}
+
+fn nbytes_arg(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
+    args::size(obj, "nbytes")
+}
+
+fn optional_u64(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Option<u64>> {
+    if obj.is_none() { Ok(None) } else { args::uint64(obj, what).map(Some) }
+}
+
+fn maximum_pool_size_arg(obj: &Bound<'_, PyAny>) -> PyResult<Option<u64>> {
+    optional_u64(obj, "maximum_pool_size")
+}
+
+fn max_cached_bytes_arg(obj: &Bound<'_, PyAny>) -> PyResult<Option<u64>> {
+    optional_u64(obj, "max_cached_bytes")
+}
+
+fn allocation_limit_arg(obj: &Bound<'_, PyAny>) -> PyResult<u64> {
+    args::uint64(obj, "allocation_limit")
 }
