@@ -350,8 +350,10 @@ class UnifiedBuffer:
     ) -> Any:
         """DLPack capsule, zero-copy (versioned for ``max_version >= (1, 0)``, else legacy):
         the host copy (kDLCPU), or the device copy for a CUDA buffer (kDLCUDA). A write at the
-        exported location. ``copy=True`` exports a fresh host copy for the CPU (flagged
-        ``IS_COPIED`` in the versioned ABI)."""
+        exported location. ``copy=True`` with ``dl_device=(1, 0)`` exports a fresh host copy for
+        the CPU (flagged ``IS_COPIED`` in the versioned ABI); without ``dl_device`` it asks for a
+        copy on the buffer's own device: the host copy for a CPU export, a ``BufferError``
+        saying to pass ``dl_device=(1, 0)`` for a CUDA buffer."""
 
     def __dlpack_device__(self) -> tuple[int, int]: ...
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
@@ -714,9 +716,9 @@ from typing_extensions import Buffer as _Buffer
 @final
 class DeviceBuffer:
     """RMM's resizable buffer of device bytes, on every device (CUDA, OpenCL, the host
-    device). Every call is synchronous. ``ptr`` and ``__cuda_array_interface__`` addresses stay
-    valid until the buffer is gone, even across a reallocation; DLPack tensors keep the memory
-    alive themselves."""
+    device). Every call is synchronous. ``ptr`` and ``__cuda_array_interface__`` addresses are
+    valid until the next reallocation (``resize`` beyond the capacity, ``reserve``,
+    ``shrink_to_fit``), as in RMM; DLPack tensors keep the memory alive themselves."""
 
     def __new__(
         cls, *, size: SupportsIndex | None = None, device: _DeviceLike = None, mr: Any = None

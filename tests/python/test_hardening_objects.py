@@ -30,7 +30,7 @@ import pytest
 
 import lazybuf
 import lazybuf.mr as mr
-from lazybuf import DeviceBuffer, MemoryDevice, MemoryHost, MemoryShared, UnifiedBuffer
+from lazybuf import BufferState, DeviceBuffer, MemoryDevice, MemoryHost, MemoryShared, UnifiedBuffer
 
 TITLES = {"host": "host", "opencl": "OpenCL", "cuda": "CUDA", "wgpu": "wgpu", "loopback": "loopback"}
 
@@ -119,7 +119,7 @@ _OOM = r"""
 import json, pickle, re, resource, sys
 import numpy as np
 import lazybuf
-from lazybuf import DeviceBuffer, MemoryDevice, MemoryHost, MemoryShared, UnifiedBuffer
+from lazybuf import BufferState, DeviceBuffer, MemoryDevice, MemoryHost, MemoryShared, UnifiedBuffer
 
 device = next(d for d in lazybuf.get_accelerator().devices if d.selector == sys.argv[1])
 # Above glibc malloc's largest mmap threshold (32 MiB), so every block is mapped on its own and
@@ -439,6 +439,26 @@ def test_dlpack_copy_is_a_flagged_host_copy(device):
             obj.__dlpack__(max_version=(1, 0), dl_device=(2, 0), copy=True)
 
 
+def test_dlpack_copy_without_dl_device_copies_on_the_objects_own_device_or_says_what_to_pass(device):
+    """A hostile pass (2026-11-27): `copy=True` without `dl_device` on CUDA objects was refused
+    naming a device "asked for" that nobody asked for. DLPack reads it as a copy on the
+    object's own device: the host copy where that is the CPU, else a refusal that says to pass
+    dl_device=(1, 0)."""
+    for obj in _objects(device):
+        name = type(obj).__name__
+        try:
+            own = obj.__dlpack_device__()
+        except (BufferError, ValueError):
+            own = None  # memory with no DLPack device of its own: its copy goes to the CPU
+        if own is None or own[0] == 1:
+            capsule = obj.__dlpack__(max_version=(1, 0), copy=True)
+            assert _versioned_flags(capsule) & _IS_COPIED, name
+            continue
+        with pytest.raises(BufferError, match=r"without dl_device .* pass dl_device=\(1, 0\)") as raised:
+            obj.__dlpack__(max_version=(1, 0), copy=True)
+        assert "was asked for" not in str(raised.value), name
+
+
 def test_zero_copy_dlpack_exports_are_not_flagged_as_copies(device):
     for obj in _objects(device):
         try:
@@ -481,3 +501,41 @@ def test_getsizeof_counts_the_memory_held(device):
     assert sys.getsizeof(ub) >= n
     ub.sync_to_device()
     assert sys.getsizeof(ub) >= n
+
+
+# 18. A UnifiedBuffer as the source of a memory-object copy is read, never written.
+
+
+@pytest.mark.parametrize("dirty_on", ["host", "device"])
+def test_a_unified_buffer_source_is_read_in_place_and_a_refused_copy_changes_nothing(device, dirty_on):
+    """A hostile pass (2026-11-27): a CUDA UnifiedBuffer given to a memory object or
+    `DeviceBuffer.copy_from_device` was probed through its `__cuda_array_interface__`, a device
+    write: uploaded, made DEVICE_DIRTY and its host views made read-only, also by calls that
+    then failed. It is read where it is current now (through a staging copy on wgpu, which
+    cannot borrow its own memory), and a refused call reads nothing."""
+    values = np.arange(16, dtype=np.float32)
+    u = UnifiedBuffer(16, np.float32, device=device)
+    u.copy_from(values)
+    if dirty_on == "device":
+        u.sync_to_device()
+        u.mark_device_dirty()  # the device copy is the current one (same bytes)
+    view = u.host_readonly if dirty_on == "host" else None
+    before = (u.state, u.transfer_stats())
+    refused = [
+        lambda: MemoryDevice(u),  # zero-copy from a buffer: refused
+        lambda: DeviceBuffer(size=4, device=device).copy_from_device(u),  # too large
+    ]
+    for call in refused:
+        with pytest.raises(ValueError):
+            call()
+        assert (u.state, u.transfer_stats()) == before
+    copies = [kind(u, copy=True, device=device).tobytes() for kind in _kinds(device)]
+    db = DeviceBuffer(size=64, device=device)
+    db.copy_from_device(u)
+    copies.append(db.tobytes())
+    for copy in copies:
+        assert copy == values.tobytes()
+    assert (u.state, u.transfer_stats()) == before, "a read in place moves nothing"
+    if view is not None:
+        np.testing.assert_array_equal(view, values)
+    np.testing.assert_array_equal(u.to_numpy(), values)

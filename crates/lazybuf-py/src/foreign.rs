@@ -1,7 +1,9 @@
 //! Memory objects meeting other libraries' memory: the sources `copy_from_device` accepts.
 //!
 //! **Sources.** `copy_from_device(obj)` takes lazybuf's own memory objects and device buffers
-//! (any kind, any device), an object with `__cuda_array_interface__` (versions 0 to 3;
+//! (any kind, any device), a `UnifiedBuffer` (read through its host copy when the copy runs,
+//! as `to_numpy()` reads: a read, never a write, and nothing read for a call refused first),
+//! an object with `__cuda_array_interface__` (versions 0 to 3;
 //! C-contiguous, no mask; its pointer must be memory of one of lazybuf's CUDA devices, found
 //! with the driver; a v3 `stream` is waited for on the device), or a DLPack producer (CPU
 //! tensors are the host device's memory, CUDA and CUDA-managed tensors that device's;
@@ -21,15 +23,18 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyInt};
 
-use lazybuf::{Device, DlpackDevice, Memory, MemoryKind};
+use lazybuf::backend::HostSpan;
+use lazybuf::coherence::Access;
+use lazybuf::{Device, DlpackDevice, Location, Memory, MemoryKind, Residency};
 
 use crate::args::repr;
+use crate::buffer::UnifiedBuffer;
 use crate::device_buffer::{BufferCell, PyDeviceBuffer};
 use crate::errors::OrPyErr;
 use crate::interop::addresses_cuda;
 use crate::lock::Detached;
 use crate::memory::{MemoryCell, PyMemory};
-use crate::views::device_handles;
+use crate::views::{Storage, device_handles};
 
 /// The device whose device memory DLPack calls `(device_type, device_id)`.
 fn dlpack_owner(device_type: u32, device_id: i32) -> Option<Device> {
@@ -55,6 +60,10 @@ pub(crate) enum Source {
     Memory(Arc<MemoryCell>),
     /// A lazybuf device buffer (its first `size` bytes).
     Buffer(Arc<BufferCell>),
+    /// A lazybuf `UnifiedBuffer`, read through its host copy. (Its `__cuda_array_interface__`
+    /// and `__dlpack__` hand out the memory for writing: a source probed through them was
+    /// marked written, even by a call that then failed; a hostile pass, 2026-11-27.)
+    Unified(Arc<Storage>),
     /// Foreign memory, wrapped without owning it.
     Borrowed(Memory),
 }
@@ -79,6 +88,9 @@ impl Source {
         }
         if let Ok(buffer) = obj.cast::<PyDeviceBuffer>() {
             return Ok((Source::Buffer(buffer.get().cell().clone()), KeepAlive::Nothing));
+        }
+        if let Ok(buffer) = obj.cast::<UnifiedBuffer>() {
+            return Ok((Source::Unified(buffer.get().storage()?), KeepAlive::Nothing));
         }
         if obj.hasattr("__cuda_array_interface__")? {
             let memory = from_cuda_array_interface(obj, what)?;
@@ -107,6 +119,45 @@ impl Source {
                 let buffer = cell.lock(detached)?;
                 f(buffer.memory(), buffer.size())
             }
+            Source::Unified(storage) => {
+                let mut raw = storage.lock_detached(detached)?;
+                let (n, home) = (raw.nbytes(), raw.home().clone());
+                // The current copy is read in place: the host's, or the buffer's own device's
+                // when only it is current, so nothing moves or changes state for it. Only a
+                // buffer current elsewhere (another device) is read back to the host first.
+                let on_home = raw.residency(Location::Device(home.id())) == Residency::Valid
+                    && raw.residency(Location::Host) != Residency::Valid;
+                let mut staged = Vec::new();
+                let memory = if on_home {
+                    let device_copy = raw.device_access(&home, Access::Read).or_py()?;
+                    // SAFETY: the handle is read while the buffer's lock is held (until `f`
+                    // returns), so the copy stays allocated and current.
+                    let handle = unsafe { device_copy.raw() };
+                    // SAFETY: as above: the memory outlives the borrow, which `f` alone uses.
+                    match unsafe { Memory::borrowed(&home, handle, n) } {
+                        Ok(memory) => memory,
+                        // A backend that cannot borrow its own memory (wgpu): a download into
+                        // a staging copy, which leaves the buffer as it is.
+                        Err(_) => {
+                            staged = vec![0u8; n];
+                            let span = HostSpan::of_slice(&staged);
+                            // SAFETY: `staged` is not touched until the download is waited for.
+                            let ticket = unsafe { home.stream().download(device_copy, span) }.or_py()?;
+                            ticket.wait().or_py()?;
+                            // SAFETY: `staged` lives, untouched, until `f` returns.
+                            unsafe { borrowed(&Device::host(), staged.as_ptr() as usize, n) }?
+                        }
+                    }
+                } else {
+                    let address = raw.host_access(Access::Read).or_py()?.as_ptr() as usize;
+                    // SAFETY: the host copy stays allocated and unwritten while the buffer's
+                    // lock is held, which it is until `f` returns.
+                    unsafe { borrowed(&Device::host(), address, n) }?
+                };
+                let result = f(&memory, n);
+                drop((memory, staged));
+                result
+            }
             Source::Borrowed(memory) => f(memory, memory.len()),
         })
     }
@@ -117,6 +168,7 @@ impl Source {
         match self {
             Source::Memory(cell) => Arc::as_ptr(cell) as usize,
             Source::Buffer(cell) => Arc::as_ptr(cell) as usize,
+            Source::Unified(storage) => Arc::as_ptr(storage) as usize,
             Source::Borrowed(_) => 0,
         }
     }

@@ -207,7 +207,7 @@ pub(crate) fn dlpack_of_buffer<'py>(
         )));
     }
     if args.copy == Some(true) {
-        return Err(copy_elsewhere(wanted));
+        return Err(copy_elsewhere(wanted, request.device().is_some()));
     }
     // The home device's DLPack device is not the CPU here: its memory is a device pointer.
     let (handle, exposure) = source.storage.device_handle_nogil(py, source.home, Access::Write)?;
@@ -215,13 +215,22 @@ pub(crate) fn dlpack_of_buffer<'py>(
     dlpark_export(&exporter, py, request)
 }
 
-/// The error for `copy=True` towards a device other than the CPU.
-pub(crate) fn copy_elsewhere(wanted: DLDevice) -> PyErr {
-    PyBufferError::new_err(format!(
-        "copy=True is supported only for export to the CPU (DLPack device (1, 0)): it copies into host \
-         memory; device ({}, {}) was asked for",
-        wanted.device_type.0, wanted.device_id
-    ))
+/// The error for `copy=True` towards a device other than the CPU: one the consumer named
+/// (`asked`), or the object's own, which DLPack's `copy=True` without `dl_device` means.
+pub(crate) fn copy_elsewhere(wanted: DLDevice, asked: bool) -> PyErr {
+    let (x, y) = (wanted.device_type.0, wanted.device_id);
+    PyBufferError::new_err(if asked {
+        format!(
+            "copy=True is supported only for export to the CPU (DLPack device (1, 0)): it copies into host \
+             memory; device ({x}, {y}) was asked for"
+        )
+    } else {
+        format!(
+            "copy=True without dl_device asks for a copy on the object's own device, DLPack device ({x}, {y}), \
+             which lazybuf does not make; pass dl_device=(1, 0) for a fresh copy in host memory \
+             (NumPy: numpy.from_dlpack(obj, device=\"cpu\", copy=True))"
+        )
+    })
 }
 
 /// Exports `array` (a new C-contiguous NumPy array that nothing else references: the copy)
@@ -236,7 +245,7 @@ pub(crate) fn export_copy(
     if let Some(wanted) = request.device()
         && wanted != DLDevice::CPU
     {
-        return Err(copy_elsewhere(wanted));
+        return Err(copy_elsewhere(wanted, true));
     }
     let array = array.cast_into::<PyUntypedArray>()?;
     if !array.is_c_contiguous() {
@@ -412,7 +421,7 @@ pub(crate) fn dlpack_of_bytes<'py>(
     }
     if call.copy == Some(true) {
         if wanted != DLDevice::CPU {
-            return Err(copy_elsewhere(wanted));
+            return Err(copy_elsewhere(wanted, request.device().is_some()));
         }
         let copy = read(py)?;
         return export_copy(py, copy, DLDataType::scalar(DLDataTypeCode::UINT, 8), &request);
