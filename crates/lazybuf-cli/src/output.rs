@@ -1,9 +1,14 @@
 //! Plain and terminal output: whether stdout and stderr are terminals, colour (only on a
 //! terminal, never with `NO_COLOR` or `TERM=dumb`), aligned tables, and the units the tool
-//! reads and prints (sizes in B/KiB/MiB/GiB, durations in ms/s/m).
+//! reads and prints (sizes in B/KiB/MiB/GiB, durations in ms/s/m); text from files made safe
+//! to print ([`printable`]); output files written whole or not at all ([`write_file`]).
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write as _};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+
+use crate::error::CliError;
 
 /// What the run's output goes to.
 #[derive(Clone, Copy, Debug)]
@@ -162,9 +167,110 @@ pub fn format_rate(gb_per_s: f64) -> String {
     }
 }
 
+/// `text` with every control character (C0, DEL, C1) and every bidirectional-text control
+/// escaped as `\u{..}` (`\t`, `\n`, `\r` as such), so that text read from a file cannot
+/// drive the terminal it is printed on; other text, non-ASCII included, is kept as it is.
+pub fn printable(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        let bidi = matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+        if c.is_control() || bidi {
+            match c {
+                '\t' | '\n' | '\r' => out.extend(c.escape_default()),
+                _ => out.extend(c.escape_unicode()),
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Writes `bytes` to `path` whole or not at all: into a new temporary file in the same folder,
+/// flushed to the disk, then renamed over `path`. On any failure the temporary file is removed
+/// and an earlier file at `path` is left as it was; the error is one line naming `path` and the
+/// system's reason (`writing t.png: No space left on device (os error 28)`). A symbolic link at
+/// `path` is written through (its target is replaced); an existing file keeps its permissions.
+pub fn write_file(path: &Path, bytes: &[u8]) -> crate::Result<()> {
+    let error = |e: std::io::Error| CliError::from(e).context(format!("writing {}", path.display()));
+    let target = match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_symlink() => {
+            std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf())
+        }
+        _ => path.to_path_buf(),
+    };
+    if target.is_dir() {
+        return Err(CliError::new(format!("writing {}: it is a directory", path.display())));
+    }
+    let (temporary, mut file) = temporary_beside(&target).map_err(error)?;
+    let written = (|| {
+        file.write_all(bytes)?;
+        if let Ok(earlier) = std::fs::metadata(&target) {
+            file.set_permissions(earlier.permissions())?;
+        }
+        // Where the file system allocates late, a full disk shows here, not in the write.
+        file.sync_all()?;
+        drop(file);
+        std::fs::rename(&temporary, &target)
+    })();
+    written.map_err(|e| {
+        let _ = std::fs::remove_file(&temporary);
+        error(e)
+    })
+}
+
+/// A new file beside `path` (same folder, so a rename replaces `path` in one step), named
+/// `.NAME.PID-N.tmp`.
+fn temporary_beside(path: &Path) -> std::io::Result<(PathBuf, std::fs::File)> {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let folder = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    loop {
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let temporary = folder.join(format!(".{name}.{}-{n}.tmp", std::process::id()));
+        match std::fs::OpenOptions::new().write(true).create_new(true).open(&temporary) {
+            Ok(file) => return Ok((temporary, file)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 1000 => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn printable_escapes_control_characters_only() {
+        assert_eq!(printable("\x1b]0;pwned\x07\x1b[2J"), "\\u{1b}]0;pwned\\u{7}\\u{1b}[2J");
+        assert_eq!(printable("a\tb\nc\u{9b}d\u{7f}"), "a\\tb\\nc\\u{9b}d\\u{7f}");
+        assert_eq!(printable("x\u{202e}y"), "x\\u{202e}y");
+        assert_eq!(printable("GPU café 設備 ü"), "GPU café 設備 ü");
+    }
+
+    #[test]
+    fn files_are_replaced_whole_or_not_at_all() {
+        let dir = std::env::temp_dir().join(format!("lazybuf-cli-output-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("out.json");
+        write_file(&path, b"first").unwrap();
+        write_file(&path, b"second").unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"second");
+        // A folder in the way of the file: refused, the folder left as it was.
+        let err = write_file(&dir, b"x").unwrap_err().to_string();
+        assert!(err.ends_with("it is a directory"), "{err}");
+        // Its folder is a file: the temporary file cannot be made; one line naming the path.
+        let err = write_file(&path.join("x.png"), b"x").unwrap_err().to_string();
+        assert!(err.starts_with(&format!("writing {}: ", path.join("x.png").display())), "{err}");
+        assert!(err.contains("os error"), "{err}");
+        assert_eq!(std::fs::read(&path).unwrap(), b"second");
+        let names: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names, ["out.json"]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn sizes_parse_in_binary_and_decimal_units() {

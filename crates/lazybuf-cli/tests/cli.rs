@@ -689,3 +689,45 @@ fn bandwidth_defaults_to_a_device_that_is_not_the_host() {
         assert!(non_host.iter().any(|s| title.contains(&format!("on {s} "))), "{text}");
     }
 }
+
+/// `bandwidth --json` and `--plot` whose write fails part way (a full disk; here a file size
+/// limit, `ulimit -f`, with SIGXFSZ ignored so the write fails with EFBIG) keep the earlier
+/// file as it was and leave no temporary file; the error is one line naming the file.
+#[cfg(unix)]
+#[test]
+fn bandwidth_files_that_cannot_be_written_leave_the_earlier_ones_as_they_were() {
+    let dir = scratch("bandwidth-failed-writes");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let base = ["bandwidth", "--device", "host", "--pageable", "--max", "4KiB", "--time-per-point", "1ms"];
+    for (option, name) in [("--json", "bw.json"), ("--plot", "bw.png"), ("--plot", "bw.svg")] {
+        let path = dir.join(name);
+        let file = path.to_str().unwrap();
+        let mut args = base.to_vec();
+        args.extend([option, file]);
+        ok(&args);
+        let earlier = std::fs::read(&path).unwrap();
+        assert!(earlier.len() > 2048, "{name}: larger than the limit: {}", earlier.len());
+        let output = Command::new("sh")
+            .arg("-c")
+            .arg("trap '' XFSZ; ulimit -f 1 && exec \"$0\" \"$@\"")
+            .arg(env!("CARGO_BIN_EXE_lazybuf"))
+            .args(&args)
+            .env_remove("LAZYBUF_DEVICE")
+            .env("NO_COLOR", "")
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(1), "{name}: {}", stderr(&output));
+        assert_eq!(
+            stderr(&output).trim_end(),
+            format!("lazybuf: error: writing {file}: File too large (os error 27)"),
+            "{name}"
+        );
+        assert!(std::fs::read(&path).unwrap() == earlier, "{name}: the earlier file is not kept");
+        let names: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(names.iter().all(|n| ["bw.json", "bw.png", "bw.svg"].contains(&n.as_str())), "{names:?}");
+    }
+}

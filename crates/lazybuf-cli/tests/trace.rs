@@ -162,3 +162,209 @@ fn trace_help_has_examples() {
         assert!(lines >= 2, "{args:?}: {help}");
     }
 }
+
+/// A copy event as the recorder writes it, at `ts` microseconds.
+fn copy_event(ts: f64, direction: &str, bytes: u64, reason: &str) -> serde_json::Value {
+    serde_json::json!({
+        "name": format!("{direction} {bytes} B"), "cat": "transfer", "ph": "X", "ts": ts, "dur": 2.0,
+        "pid": 1, "tid": 1000,
+        "args": {"buffer": 1, "direction": direction, "bytes": bytes, "from": "host", "to": "a",
+                 "call": "device", "reason": reason, "async": false, "op": 1, "rolled_back": false}
+    })
+}
+
+/// A memory counter event as the recorder writes it.
+fn counter_event(ts: f64, name: &str, bytes: serde_json::Value) -> serde_json::Value {
+    serde_json::json!({"name": name, "cat": "memory", "ph": "C", "ts": ts, "pid": 1, "args": {"bytes": bytes}})
+}
+
+fn write_trace(name: &str, events: Vec<serde_json::Value>) -> PathBuf {
+    let path = temp(name);
+    std::fs::write(&path, serde_json::json!({"traceEvents": events}).to_string()).unwrap();
+    path
+}
+
+/// A small valid trace: two copies and a memory series.
+fn small_trace(name: &str) -> PathBuf {
+    write_trace(
+        name,
+        vec![
+            counter_event(1.0, "memory gpu device", 4096.into()),
+            copy_event(2.0, "h2d", 4096, "access"),
+            copy_event(9.0, "d2h", 4096, "sync"),
+            counter_event(12.0, "memory gpu device", 0.into()),
+        ],
+    )
+}
+
+/// Runs lazybuf with the files it writes limited to a few hundred bytes (`ulimit -f`, SIGXFSZ
+/// ignored so that a write past the limit fails with EFBIG instead of killing it): a write
+/// that fails part way, as on a full disk, without mounting anything.
+#[cfg(unix)]
+fn lazybuf_with_small_files(args: &[&str]) -> Output {
+    Command::new("sh")
+        .arg("-c")
+        .arg("trap '' XFSZ; ulimit -f 1 && exec \"$0\" \"$@\"")
+        .arg(env!("CARGO_BIN_EXE_lazybuf"))
+        .args(args)
+        .output()
+        .expect("sh runs")
+}
+
+/// The names in `dir` that are not `keep`: temporary files left behind.
+fn leftovers(dir: &Path, keep: &[&str]) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| !keep.contains(&n.as_str()))
+        .collect()
+}
+
+/// A plot whose write fails part way (a full disk; here a file size limit) leaves the earlier
+/// file as it was and no temporary file, and says so in one clean line naming the file and the
+/// system's reason (it left a cut PNG, an empty SVG, and printed plotters' debug text).
+#[cfg(unix)]
+#[test]
+fn a_plot_that_cannot_be_written_leaves_the_earlier_file_as_it_was() {
+    let trace = small_trace("small.json");
+    let dir = temp("failed-writes");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for name in ["t.png", "t.svg"] {
+        let out_path = dir.join(name);
+        let out_file = out_path.to_str().unwrap();
+        let out = lazybuf(&["trace", "plot", trace.to_str().unwrap(), "-o", out_file]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let earlier = std::fs::read(&out_path).unwrap();
+        assert!(earlier.len() > 2048, "{name}: a plot larger than the limit: {}", earlier.len());
+
+        let out = lazybuf_with_small_files(&["trace", "plot", trace.to_str().unwrap(), "-o", out_file]);
+        assert_eq!(out.status.code(), Some(1), "{name}");
+        let err = String::from_utf8(out.stderr).unwrap();
+        assert_eq!(
+            err.trim_end(),
+            format!("lazybuf: error: writing {out_file}: File too large (os error 27)"),
+            "{name}"
+        );
+        assert!(std::fs::read(&out_path).unwrap() == earlier, "{name}: the earlier file is not kept");
+        assert_eq!(leftovers(&dir, &["t.png", "t.svg"]), Vec::<String>::new(), "{name}");
+    }
+    // Where the file cannot even be made (its folder is a file): one line too, nothing made.
+    let inside_a_file = trace.join("t.png");
+    let out = lazybuf(&["trace", "plot", trace.to_str().unwrap(), "-o", inside_a_file.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(
+        err.trim_end(),
+        format!("lazybuf: error: writing {}: Not a directory (os error 20)", inside_a_file.display())
+    );
+}
+
+/// Runs `trace summary` and `trace plot` on `events`; asserts both refuse it with one line
+/// holding `says` and no control character; returns the line.
+fn refused(name: &str, events: Vec<serde_json::Value>, says: &str) -> String {
+    let path = write_trace(name, events);
+    let file = path.to_str().unwrap();
+    let png = temp("refused.png");
+    let _ = std::fs::remove_file(&png);
+    let mut line = String::new();
+    for args in [vec!["trace", "summary", file], vec!["trace", "plot", file, "-o", png.to_str().unwrap()]] {
+        let out = lazybuf(&args);
+        let err = String::from_utf8(out.stderr).unwrap();
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(out.stdout.is_empty(), "{args:?}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.starts_with(&format!("lazybuf: error: reading trace {file}: ")), "{err}");
+        assert!(err.contains(says), "{args:?}: expected {says:?} in {err}");
+        assert!(!err.trim_end().chars().any(char::is_control), "{err:?}");
+        assert!(!png.exists(), "{args:?}");
+        line = err;
+    }
+    line
+}
+
+/// Files that are not lazybuf traces are one error line and status 1, naming the event, the
+/// field and what was expected (they were summarised with status 0, or misnamed).
+#[test]
+fn files_that_are_not_lazybuf_traces_are_refused_naming_the_event_and_field() {
+    let good = || copy_event(2.0, "h2d", 10, "access");
+    for (index, event) in
+        [serde_json::json!(1), "two".into(), serde_json::Value::Null].into_iter().enumerate()
+    {
+        refused(
+            "not-object.json",
+            vec![good(), event],
+            &format!("event 1: expected an object, got {}", ["1", "\"two\"", "null"][index]),
+        );
+    }
+    refused(
+        "sideways.json",
+        vec![good(), copy_event(3.0, "sideways", 10, "access")],
+        "event 1 (a copy): args.direction: expected \"h2d\", \"d2h\" or \"d2d\", got \"sideways\"",
+    );
+    // An unknown direction holding escape sequences: refused, the sequences escaped.
+    let line = refused(
+        "escape-direction.json",
+        vec![copy_event(3.0, "\x1b[2J\u{9b}0m", 10, "access")],
+        "args.direction",
+    );
+    assert!(line.contains("\\u001b[2J\\u{9b}0m"), "{line}");
+    refused(
+        "huge-counter.json",
+        vec![good(), counter_event(4.0, "memory gpu device", serde_json::from_str("1e30").unwrap())],
+        "event 1 (a memory counter): args.bytes: expected a byte count (an integer from 0 to 18446744073709551615), got 1e+30",
+    );
+    refused(
+        "negative-counter.json",
+        vec![counter_event(4.0, "memory gpu device", (-10).into())],
+        "event 0 (a memory counter): args.bytes: expected a byte count",
+    );
+    for (field, value) in
+        [("buffer", "-1"), ("buffer", "18446744073709551616"), ("bytes", "-5"), ("bytes", "1.5")]
+    {
+        let mut event = good();
+        event["args"][field] = serde_json::from_str(value).unwrap();
+        let line = refused(
+            "out-of-range.json",
+            vec![good(), event],
+            &format!("event 1 (a copy): args.{field}: expected "),
+        );
+        assert!(line.contains("an integer from 0 to 18446744073709551615"), "{line}");
+        assert!(!line.contains("without"), "{line}");
+    }
+    let mut no_args = good();
+    no_args.as_object_mut().unwrap().remove("args");
+    refused("no-args.json", vec![no_args], "event 0 (a copy): args: expected an object, got nothing");
+    let mut no_reason = good();
+    no_reason["args"].as_object_mut().unwrap().remove("reason");
+    refused("no-reason.json", vec![no_reason], "event 0 (a copy): args.reason: expected a string");
+    let mut bad_time = good();
+    bad_time["ts"] = (-1.0).into();
+    refused("negative-time.json", vec![bad_time], "event 0 (a copy): ts: expected a time in microseconds");
+}
+
+/// Strings from the file are printed with their control characters escaped (terminal escape
+/// sequences were printed raw); other text, non-ASCII included, as it is.
+#[test]
+fn the_summary_escapes_control_characters_from_the_file() {
+    let path = write_trace(
+        "escapes.json",
+        vec![
+            copy_event(2.0, "h2d", 10, "\x1b]0;pwned\x07\x1b[2J"),
+            copy_event(3.0, "d2h", 10, "caf\u{e9}\u{9b}"),
+            counter_event(4.0, "memory gp\x1b[31mu device", 10.into()),
+            counter_event(5.0, "memory Gerät 設備 device", 20.into()),
+        ],
+    );
+    let out = lazybuf(&["trace", "summary", path.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(!text.chars().any(|c| c.is_control() && c != '\n'), "{text:?}");
+    assert!(text.contains("\\u{1b}]0;pwned\\u{7}\\u{1b}[2J"), "{text}");
+    assert!(text.contains("caf\u{e9}\\u{9b}"), "{text}");
+    assert!(text.contains("peak memory in use, gp\\u{1b}[31mu device: 10 B"), "{text}");
+    assert!(text.contains("peak memory in use, Gerät 設備 device: 20 B"), "{text}");
+    let png = temp("escapes.png");
+    let out = lazybuf(&["trace", "plot", path.to_str().unwrap(), "-o", png.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}

@@ -260,8 +260,7 @@ pub fn check_host_memory(device: &Device, max: u64) -> Result<()> {
 
 fn write_json(report: &BandwidthReport, path: &Path) -> Result<()> {
     let text = serde_json::to_string_pretty(report)?;
-    std::fs::write(path, text + "\n")
-        .map_err(|e| CliError::from(e).context(format!("writing {}", path.display())))
+    crate::output::write_file(path, (text + "\n").as_bytes())
 }
 
 /// Sizes doubling from `min` up to `max` (and `max` itself when the doubling skips it).

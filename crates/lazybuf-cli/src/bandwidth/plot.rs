@@ -75,28 +75,70 @@ pub fn format_of(path: &Path, option: &str) -> Result<Format> {
     }
 }
 
-/// Draws `report` into `path` (PNG or SVG by its extension), `size` pixels.
+/// Draws `report` into `path` (PNG or SVG by its extension), `size` pixels. The file is
+/// drawn in memory and written whole or not at all ([`crate::output::write_file`]).
 pub fn write(report: &BandwidthReport, path: &Path, size: (u32, u32)) -> Result<()> {
+    let format = format_of(path, "--plot")?;
     let text = font_available();
     if !text {
         errln!(
             "lazybuf: note: no font found for the plot's text (set {FONT_ENV} to a .ttf file); drawing it without text"
         );
     }
-    let context = |e: String| CliError::new(e).context(format!("drawing {}", path.display()));
-    match format_of(path, "--plot")? {
+    let bytes = render(format, size, |root| draw(root, report, text), |root| draw(root, report, text))
+        .map_err(|e| CliError::new(e).context(format!("drawing {}", path.display())))?;
+    crate::output::write_file(path, &bytes)
+}
+
+/// The bytes of a drawing in `format`, `size` pixels: `png` draws it on a bitmap, `svg` on an
+/// SVG document (the same drawing, for each backend's type). Nothing is written anywhere.
+pub fn render(
+    format: Format,
+    size: (u32, u32),
+    png: impl FnOnce(&DrawingArea<BitMapBackend<'_>, Shift>) -> DrawResult,
+    svg: impl FnOnce(&DrawingArea<SVGBackend<'_>, Shift>) -> DrawResult,
+) -> std::result::Result<Vec<u8>, String> {
+    match format {
         Format::Png => {
-            let root = BitMapBackend::new(path, size).into_drawing_area();
-            draw(&root, report, text).map_err(context)?;
-            root.present().map_err(|e| context(e.to_string()))?;
+            let (width, height) = size;
+            let length = (width as usize).checked_mul(height as usize).and_then(|n| n.checked_mul(3));
+            let mut pixels = vec![0u8; length.ok_or("the plot is too large")?];
+            {
+                let root = BitMapBackend::with_buffer(&mut pixels, size).into_drawing_area();
+                png(&root)?;
+                root.present().map_err(|e| e.to_string())?;
+            }
+            encode_png(&pixels, size).map_err(|e| format!("encoding the PNG: {e}"))
         }
         Format::Svg => {
-            let root = SVGBackend::new(path, size).into_drawing_area();
-            draw(&root, report, text).map_err(context)?;
-            root.present().map_err(|e| context(e.to_string()))?;
+            let mut document = String::new();
+            {
+                let root = SVGBackend::with_string(&mut document, size).into_drawing_area();
+                svg(&root)?;
+                root.present().map_err(|e| e.to_string())?;
+            }
+            Ok(document.into_bytes())
         }
     }
-    Ok(())
+}
+
+/// RGB pixels, `size` of them, as a PNG file.
+fn encode_png(
+    pixels: &[u8],
+    (width, height): (u32, u32),
+) -> std::result::Result<Vec<u8>, png::EncodingError> {
+    let mut out = Vec::new();
+    let mut encoder = png::Encoder::new(&mut out, width, height);
+    encoder.set_color(png::ColorType::Rgb);
+    encoder.set_depth(png::BitDepth::Eight);
+    // As plotters' own PNG output (the image crate's defaults): fast, adaptive filters.
+    encoder.set_compression(png::Compression::Fast);
+    encoder.set_filter(png::FilterType::Sub);
+    encoder.set_adaptive_filter(png::AdaptiveFilterType::Adaptive);
+    let mut writer = encoder.write_header()?;
+    writer.write_image_data(pixels)?;
+    writer.finish()?;
+    Ok(out)
 }
 
 /// Whether a font was found and registered for the plots' text (looked up once).
@@ -115,7 +157,8 @@ pub fn font_available() -> bool {
     })
 }
 
-type DrawResult = std::result::Result<(), String>;
+/// What drawing a plot ends with: an error as text.
+pub type DrawResult = std::result::Result<(), String>;
 
 fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, report: &BandwidthReport, text: bool) -> DrawResult
 where

@@ -19,7 +19,8 @@ use serde_json::Value;
 use crate::Result;
 use crate::cli::{TraceArgs, TraceCommand};
 use crate::error::CliError;
-use crate::output::format_bytes;
+use crate::output::{format_bytes, printable};
+use lazybuf::observe::Direction;
 
 /// One copy between memories.
 #[derive(Clone, Debug, PartialEq)]
@@ -52,7 +53,15 @@ pub struct TraceFile {
     pub dropped: u64,
 }
 
-/// Reads a trace file; an error naming the file and what is wrong with it.
+/// Reads a trace file; an error naming the file and what is wrong with it: for an event, its
+/// index in `traceEvents`, the field and what was expected there.
+///
+/// Checked is what the summary and the plot rely on: every event is an object; a copy (`ph`
+/// `X`, `cat` `transfer`) has a time (`ts`, and `dur` if given: microseconds, 0 or more), an
+/// `args` object with `buffer` and `bytes` (integers from 0 to 2^64-1), a `direction` of `h2d`,
+/// `d2h` or `d2d`, a `reason` (a string) and, if given, `rolled_back` (true or false); a memory
+/// counter (`ph` `C`, `cat` `memory`) has a time, a `name` (a string, if given) and
+/// `args.bytes` (an integer from 0 to 2^64-1). Other events are not read.
 pub fn load(path: &Path) -> Result<TraceFile> {
     let context = |e: String| CliError::new(e).context(format!("reading trace {}", path.display()));
     // A device or a pipe (`/dev/zero`) would be read without end: only regular files.
@@ -65,44 +74,127 @@ pub fn load(path: &Path) -> Result<TraceFile> {
     let events = doc["traceEvents"].as_array().ok_or_else(|| {
         context("expected Chrome trace-event JSON with a \"traceEvents\" array (lazybuf.trace.dump())".into())
     })?;
-    let mut file =
-        TraceFile { dropped: doc["otherData"]["dropped"].as_u64().unwrap_or(0), ..TraceFile::default() };
-    for e in events {
-        let ms = e["ts"].as_f64().unwrap_or(0.0) / 1000.0;
+    let dropped = match doc.get("otherData").and_then(|o| o.get("dropped")) {
+        None => 0,
+        Some(v) => v
+            .as_u64()
+            .ok_or_else(|| context(format!("otherData.dropped: expected {COUNT}, got {}", shown(Some(v)))))?,
+    };
+    let mut file = TraceFile { dropped, ..TraceFile::default() };
+    for (index, e) in events.iter().enumerate() {
+        let event = Event { value: e };
+        let bad = |field: &str, expected: &str, got: Option<&Value>| {
+            context(format!(
+                "event {index}{}: {field}: expected {expected}, got {}",
+                event.kind(),
+                shown(got)
+            ))
+        };
+        if !e.is_object() {
+            return Err(context(format!("event {index}: expected an object, got {}", shown(Some(e)))));
+        }
         match (e["ph"].as_str(), e["cat"].as_str()) {
             (Some("X"), Some("transfer")) => {
-                let args = &e["args"];
-                let field = |name: &str| {
-                    args[name]
-                        .as_str()
-                        .map(str::to_string)
-                        .ok_or_else(|| context(format!("a transfer event without args.{name}: {}", short(e))))
+                let start_ms = event.time("ts", true).map_err(|(f, x, g)| bad(f, x, g))?;
+                let duration_ms = event.time("dur", false).map_err(|(f, x, g)| bad(f, x, g))?;
+                let args = e.get("args");
+                if !args.is_some_and(Value::is_object) {
+                    return Err(bad("args", "an object", args));
+                }
+                let arg = |name: &str| args.and_then(|a| a.get(name));
+                let number = |name: &'static str, expected: &str| {
+                    arg(name)
+                        .and_then(Value::as_u64)
+                        .ok_or_else(|| bad(&format!("args.{name}"), expected, arg(name)))
                 };
-                let number = |name: &str| {
-                    args[name]
-                        .as_u64()
-                        .ok_or_else(|| context(format!("a transfer event without args.{name}: {}", short(e))))
+                let buffer = number("buffer", &format!("a buffer id ({INTEGER})"))?;
+                let bytes = number("bytes", BYTES)?;
+                let direction = arg("direction")
+                    .and_then(Value::as_str)
+                    .filter(|d| Direction::ALL.iter().any(|known| known.name() == *d))
+                    .ok_or_else(|| bad("args.direction", "\"h2d\", \"d2h\" or \"d2d\"", arg("direction")))?;
+                let reason = arg("reason").and_then(Value::as_str).ok_or_else(|| {
+                    bad("args.reason", "a string (\"access\", \"sync\", \"eviction\")", arg("reason"))
+                })?;
+                let rolled_back = match arg("rolled_back") {
+                    None => false,
+                    Some(v) => {
+                        v.as_bool().ok_or_else(|| bad("args.rolled_back", "true or false", Some(v)))?
+                    }
                 };
                 file.copies.push(Copy {
-                    start_ms: ms,
-                    duration_ms: e["dur"].as_f64().unwrap_or(0.0) / 1000.0,
-                    buffer: number("buffer")?,
-                    direction: field("direction")?,
-                    bytes: number("bytes")?,
-                    reason: field("reason")?,
-                    rolled_back: args["rolled_back"].as_bool().unwrap_or(false),
+                    start_ms,
+                    duration_ms,
+                    buffer,
+                    direction: direction.to_string(),
+                    bytes,
+                    reason: reason.to_string(),
+                    rolled_back,
                 });
             }
             (Some("C"), Some("memory")) => {
-                let name = e["name"].as_str().unwrap_or("memory");
+                let ms = event.time("ts", true).map_err(|(f, x, g)| bad(f, x, g))?;
+                let name = match e.get("name") {
+                    None => "memory",
+                    Some(v) => {
+                        v.as_str().ok_or_else(|| bad("name", "a string (\"memory DEVICE KIND\")", Some(v)))?
+                    }
+                };
                 let series = name.strip_prefix("memory ").unwrap_or(name).to_string();
-                let bytes = e["args"]["bytes"].as_u64().unwrap_or(0);
+                let counter = e.get("args").and_then(|a| a.get("bytes"));
+                let bytes =
+                    counter.and_then(Value::as_u64).ok_or_else(|| bad("args.bytes", BYTES, counter))?;
                 file.memory.entry(series).or_default().push((ms, bytes));
             }
             _ => {}
         }
     }
     Ok(file)
+}
+
+const INTEGER: &str = "an integer from 0 to 18446744073709551615";
+const COUNT: &str = "a count (an integer from 0 to 18446744073709551615)";
+const BYTES: &str = "a byte count (an integer from 0 to 18446744073709551615)";
+
+/// One event of a trace, being read.
+struct Event<'a> {
+    value: &'a Value,
+}
+
+/// A field that is not what was expected: its name, what was expected, what was there.
+type Mismatch<'a> = (&'static str, &'static str, Option<&'a Value>);
+
+impl<'a> Event<'a> {
+    /// ` (a copy)` or ` (a memory counter)`, for the error.
+    fn kind(&self) -> &'static str {
+        match self.value["ph"].as_str() {
+            Some("X") => " (a copy)",
+            Some("C") => " (a memory counter)",
+            _ => "",
+        }
+    }
+
+    /// A time field in milliseconds (the file holds microseconds); 0 when an optional one is
+    /// absent.
+    fn time(&self, field: &'static str, required: bool) -> std::result::Result<f64, Mismatch<'a>> {
+        match self.value.get(field) {
+            None if !required => Ok(0.0),
+            v => v
+                .and_then(Value::as_f64)
+                .filter(|t| t.is_finite() && *t >= 0.0)
+                .map(|t| t / 1000.0)
+                .ok_or((field, "a time in microseconds (a number, 0 or more)", v)),
+        }
+    }
+}
+
+/// A value from the file as an error shows it: JSON, cut at 120 characters, control
+/// characters escaped.
+fn shown(value: Option<&Value>) -> String {
+    match value {
+        None => "nothing (no such field)".into(),
+        Some(v) => printable(&short(v)),
+    }
 }
 
 fn short(e: &Value) -> String {
@@ -135,6 +227,7 @@ pub fn summary(file: &TraceFile) -> String {
         "BUFFER", "DIRECTION", "REASON", "COPIES", "BYTES"
     );
     for ((buffer, direction, reason), (copies, bytes)) in &rows {
+        let reason = printable(reason);
         let _ = writeln!(out, "{buffer:>8}  {direction:<9}  {reason:<8}  {copies:>8}  {bytes:>14}");
     }
     for (direction, (copies, bytes)) in &totals {
@@ -145,7 +238,7 @@ pub fn summary(file: &TraceFile) -> String {
     }
     for (series, points) in &file.memory {
         let peak = points.iter().map(|p| p.1).max().unwrap_or(0);
-        let _ = writeln!(out, "peak memory in use, {series}: {}", format_bytes(peak));
+        let _ = writeln!(out, "peak memory in use, {}: {}", printable(series), format_bytes(peak));
     }
     if file.dropped > 0 {
         let _ =

@@ -10,7 +10,7 @@ use plotters::prelude::*;
 
 use super::TraceFile;
 use crate::Result;
-use crate::bandwidth::plot::{FONT_ENV, Format, font_available, format_of};
+use crate::bandwidth::plot::{FONT_ENV, font_available, format_of, render};
 use crate::error::CliError;
 
 /// The colour of a copy of `direction` (`h2d`, `d2h`, `d2d`).
@@ -29,7 +29,8 @@ pub fn memory_colour(index: usize) -> RGBColor {
     PALETTE[index % PALETTE.len()]
 }
 
-/// Draws `file` into `path`, `size` pixels.
+/// Draws `file` into `path`, `size` pixels; the file is drawn in memory and written whole or
+/// not at all ([`crate::output::write_file`]).
 pub fn write(file: &TraceFile, path: &Path, size: (u32, u32)) -> Result<()> {
     let format = format_of(path, "-o")?;
     let text = font_available();
@@ -38,20 +39,9 @@ pub fn write(file: &TraceFile, path: &Path, size: (u32, u32)) -> Result<()> {
             "lazybuf: note: no font found for the plot's text (set {FONT_ENV} to a .ttf file); drawing it without text"
         );
     }
-    let context = |e: String| CliError::new(e).context(format!("drawing {}", path.display()));
-    match format {
-        Format::Png => {
-            let root = BitMapBackend::new(path, size).into_drawing_area();
-            draw(&root, file, text).map_err(context)?;
-            root.present().map_err(|e| context(e.to_string()))?;
-        }
-        Format::Svg => {
-            let root = SVGBackend::new(path, size).into_drawing_area();
-            draw(&root, file, text).map_err(context)?;
-            root.present().map_err(|e| context(e.to_string()))?;
-        }
-    }
-    Ok(())
+    let bytes = render(format, size, |root| draw(root, file, text), |root| draw(root, file, text))
+        .map_err(|e| CliError::new(e).context(format!("drawing {}", path.display())))?;
+    crate::output::write_file(path, &bytes)
 }
 
 fn draw<DB: DrawingBackend>(
@@ -104,7 +94,9 @@ where
         steps.push((end, last));
         let drawn = memory.draw_series(LineSeries::new(steps, colour.stroke_width(2))).map_err(e)?;
         if text {
-            drawn.label(series.clone()).legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], colour));
+            drawn
+                .label(crate::output::printable(series))
+                .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], colour));
         }
     }
     if text && !file.memory.is_empty() {
