@@ -266,3 +266,248 @@ fn a_failed_read_back_changes_nothing() {
         assert!(!first.raw().is_on_disk(), "{device}");
     }
 }
+
+/// Runs this binary's ignored test `name` in a child process with `env` set (a value of
+/// `None` removes the variable) and `cwd` as its working directory, and checks that it passed.
+fn run_child(name: &str, env: &[(&str, Option<&std::path::Path>)], cwd: Option<&std::path::Path>) {
+    let mut command = std::process::Command::new(std::env::current_exe().unwrap());
+    command.args(["--exact", name, "--ignored", "--nocapture"]);
+    for (key, value) in env {
+        match value {
+            Some(value) => command.env(key, value),
+            None => command.env_remove(key),
+        };
+    }
+    if let Some(cwd) = cwd {
+        command.current_dir(cwd);
+    }
+    let output = command.output().unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && text.contains("1 passed"),
+        "{name}: {text}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// A fresh, empty directory for one test, under the system's temporary directory, removed
+/// with everything in it when dropped (also when the test fails).
+struct Scratch(std::path::PathBuf);
+
+impl std::ops::Deref for Scratch {
+    type Target = std::path::Path;
+    fn deref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn scratch(what: &str) -> Scratch {
+    let dir = std::env::temp_dir().join(format!("lazybuf-spill-{what}-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    Scratch(dir)
+}
+
+fn entries(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map(|d| d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// The permission bits of `path` (not following a symbolic link).
+#[cfg(unix)]
+fn mode(path: &std::path::Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::symlink_metadata(path).unwrap().permissions().mode() & 0o7777
+}
+
+/// Run by [`a_relative_spill_directory_is_resolved_once_where_the_process_started`] in a child
+/// process started in `A` with `LAZYBUF_SPILL_DIR=rel`; `../B/rel` exists too.
+#[test]
+#[ignore = "run by its parent test in a child process"]
+fn child_with_a_relative_spill_directory() {
+    assert_eq!(std::env::var("LAZYBUF_SPILL_DIR").as_deref(), Ok("rel"), "run by the parent test");
+    let start = std::env::current_dir().unwrap();
+    host_limit_for(1);
+    let first = shared(&Device::host(), 1, false);
+    let _second = shared(&Device::host(), 2, false);
+    assert!(first.lock().raw().is_on_disk());
+    let dir = spill::disk::spill_dir();
+    assert_eq!(dir, start.join("rel"), "resolved against the directory of the first use");
+    let [name] = entries(&dir).try_into().unwrap();
+    // Somewhere else, a file of the same name in a directory of the same relative name.
+    std::env::set_current_dir(start.join("../B")).unwrap();
+    std::fs::write(std::path::Path::new("rel").join(&name), [7u8; LEN * 4]).unwrap();
+    assert_eq!(spill::disk::spill_dir(), dir, "the directory does not move with the process");
+    spill::set_host_memory_limit(None);
+    assert_eq!(first.lock().host().unwrap(), pattern(1, LEN), "read back from its own file");
+    assert!(entries(&dir).is_empty(), "its file went when it was read back");
+    assert_eq!(std::fs::read(std::path::Path::new("rel").join(&name)).unwrap(), [7u8; LEN * 4]);
+}
+
+/// Found by a hostile script: a relative `LAZYBUF_SPILL_DIR` stayed relative, so after a
+/// change of the working directory a spilled buffer was read back from (and at exit the file
+/// removed from) another directory: wrong data, and the real file left behind.
+#[test]
+fn a_relative_spill_directory_is_resolved_once_where_the_process_started() {
+    let base = scratch("relative");
+    for dir in ["A/rel", "B/rel"] {
+        std::fs::create_dir_all(base.join(dir)).unwrap();
+    }
+    let rel = std::path::Path::new("rel");
+    run_child(
+        "child_with_a_relative_spill_directory",
+        &[("LAZYBUF_SPILL_DIR", Some(rel))],
+        Some(&base.join("A")),
+    );
+    assert!(entries(&base.join("A/rel")).is_empty(), "files left behind");
+    assert_eq!(entries(&base.join("B/rel")).len(), 1, "the other file is not lazybuf's to remove");
+}
+
+/// Spills the host copy of a new buffer and returns it with its file (the buffer that pushed it
+/// out is dropped).
+#[cfg(unix)]
+fn spill_one(seed: u32) -> (SharedBuffer<u32>, std::path::PathBuf) {
+    host_limit_for(1);
+    let buf = shared(&Device::host(), seed, false);
+    drop(shared(&Device::host(), seed + 100, false));
+    assert!(buf.lock().raw().is_on_disk());
+    spill::set_host_memory_limit(None);
+    let dir = spill::disk::spill_dir();
+    let [name] = entries(&dir).try_into().unwrap();
+    (buf, dir.join(name))
+}
+
+/// Run by [`the_default_spill_directory_is_private_and_made_by_lazybuf`] in a child process
+/// with no `LAZYBUF_SPILL_DIR` and `TMPDIR` a directory of the test; `LAZYBUF_TEST_FOREIGN`
+/// is "another user's" directory (world-writable).
+#[test]
+#[ignore = "run by its parent test in a child process"]
+#[cfg(unix)]
+fn child_with_the_default_spill_directory() {
+    let foreign =
+        std::path::PathBuf::from(std::env::var_os("LAZYBUF_TEST_FOREIGN").expect("run by the parent test"));
+    let tmp = std::env::temp_dir();
+    let predicted = tmp.join(format!("lazybuf-spill-{}", std::process::id()));
+    // The predictable name, taken first by a symbolic link to someone else's directory...
+    std::os::unix::fs::symlink(&foreign, &predicted).unwrap();
+    let (first, file) = spill_one(1);
+    assert!(entries(&foreign).is_empty(), "wrote into a directory through someone's link");
+    let dir = file.parent().unwrap().to_path_buf();
+    assert!(dir != predicted && dir.parent() == Some(tmp.as_path()), "{}", dir.display());
+    assert!(std::fs::symlink_metadata(&dir).unwrap().is_dir());
+    assert_eq!((mode(&dir), mode(&file)), (0o700, 0o600), "{}", file.display());
+    assert_eq!(first.lock().host().unwrap(), pattern(1, LEN));
+    drop(first); // so the next spill takes the next buffer
+    assert!(!dir.exists(), "lazybuf's own directory goes with its last file");
+    // ... then by a directory anyone can read.
+    std::fs::remove_file(&predicted).unwrap();
+    std::fs::create_dir(&predicted).unwrap();
+    std::fs::set_permissions(&predicted, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let (second, file) = spill_one(2);
+    let dir = file.parent().unwrap().to_path_buf();
+    assert!(dir != predicted && entries(&predicted).is_empty(), "{}", dir.display());
+    assert_eq!((mode(&dir), mode(&file)), (0o700, 0o600), "{}", file.display());
+    assert_eq!(second.lock().host().unwrap(), pattern(2, LEN));
+    drop(second);
+    assert!(!dir.exists() && predicted.exists(), "a directory lazybuf did not make stays");
+    // Free again: lazybuf makes it, private.
+    std::fs::remove_dir(&predicted).unwrap();
+    let (third, file) = spill_one(3);
+    assert_eq!(file.parent(), Some(predicted.as_path()));
+    assert_eq!((mode(&predicted), mode(&file)), (0o700, 0o600), "{}", file.display());
+    drop(third);
+    assert!(!predicted.exists(), "lazybuf's own directory goes with its last file");
+}
+
+/// Found by a hostile script: the default spill directory, `lazybuf-spill-<pid>` in the shared
+/// temporary directory, was used when it already existed, also as a symbolic link to another
+/// user's directory, and files were created 0644 in a directory made 0755: another local user
+/// could read (and rewrite) spilled data. lazybuf now writes only into a directory it made,
+/// mode 0700, and its files are 0600.
+#[test]
+#[cfg(unix)]
+fn the_default_spill_directory_is_private_and_made_by_lazybuf() {
+    let base = scratch("default");
+    let (tmp, foreign) = (base.join("tmp"), base.join("foreign"));
+    std::fs::create_dir(&tmp).unwrap();
+    std::fs::create_dir(&foreign).unwrap();
+    std::fs::set_permissions(&foreign, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    run_child(
+        "child_with_the_default_spill_directory",
+        &[("LAZYBUF_SPILL_DIR", None), ("TMPDIR", Some(&tmp)), ("LAZYBUF_TEST_FOREIGN", Some(&foreign))],
+        None,
+    );
+    assert!(entries(&foreign).is_empty());
+    assert!(entries(&tmp).is_empty(), "{:?}", entries(&tmp));
+}
+
+/// Run by [`whether_lazybuf_made_the_spill_directory_is_decided_when_it_is_made`] in a child
+/// process: with `LAZYBUF_SPILL_DIR` a directory of the test, which is then unset
+/// (`LAZYBUF_TEST_NAMED=1`), or without it and with `TMPDIR` a directory of the test, and
+/// `LAZYBUF_SPILL_DIR` then set (`0`).
+#[test]
+#[ignore = "run by its parent test in a child process"]
+fn child_changing_the_spill_directory_variable() {
+    let named = match std::env::var("LAZYBUF_TEST_NAMED").as_deref() {
+        Ok("1") => true,
+        Ok("0") => false,
+        other => panic!("run by the parent test (LAZYBUF_TEST_NAMED is {other:?})"),
+    };
+    host_limit_for(1);
+    let bufs: Vec<_> = (0..3).map(|i| shared(&Device::host(), i, false)).collect();
+    let dir = spill::disk::spill_dir();
+    let files = entries(&dir);
+    assert_eq!(files.len(), 2, "{}", dir.display());
+    #[cfg(unix)]
+    let modes: Vec<u32> = files.iter().map(|file| mode(&dir.join(file))).collect();
+    // SAFETY: the only test running in this process; no other thread reads the environment now.
+    unsafe {
+        if named {
+            std::env::remove_var("LAZYBUF_SPILL_DIR");
+        } else {
+            std::env::set_var("LAZYBUF_SPILL_DIR", std::env::temp_dir());
+        }
+    }
+    // As the Python package does at exit.
+    assert_eq!(spill::disk::remove_spill_files(), 2);
+    assert!(entries(&dir).is_empty());
+    assert_eq!(dir.exists(), named, "{}: a named directory stays, lazybuf's own goes", dir.display());
+    #[cfg(unix)]
+    assert_eq!(modes, [0o600, 0o600], "{files:?}: readable by their owner only");
+    drop(bufs);
+}
+
+/// Found by a hostile script: whether the spill directory was lazybuf's own (removed with its
+/// last file) was decided at exit from the environment, so unsetting `LAZYBUF_SPILL_DIR` at run
+/// time made lazybuf remove the directory the user had named (and setting it left lazybuf's
+/// own behind).
+#[test]
+fn whether_lazybuf_made_the_spill_directory_is_decided_when_it_is_made() {
+    let base = scratch("variable");
+    let (named, tmp) = (base.join("named"), base.join("tmp"));
+    std::fs::create_dir(&named).unwrap();
+    std::fs::create_dir(&tmp).unwrap();
+    let one = std::path::Path::new("1");
+    run_child(
+        "child_changing_the_spill_directory_variable",
+        &[("LAZYBUF_SPILL_DIR", Some(&named)), ("LAZYBUF_TEST_NAMED", Some(one))],
+        None,
+    );
+    assert!(named.is_dir() && entries(&named).is_empty(), "a directory the user named is never removed");
+    let zero = std::path::Path::new("0");
+    run_child(
+        "child_changing_the_spill_directory_variable",
+        &[("LAZYBUF_SPILL_DIR", None), ("TMPDIR", Some(&tmp)), ("LAZYBUF_TEST_NAMED", Some(zero))],
+        None,
+    );
+    assert!(entries(&tmp).is_empty(), "{:?}", entries(&tmp));
+}

@@ -2,10 +2,17 @@
 //! buffer, written when the host's memory limit needs room ([`super::set_host_memory_limit`]) and read
 //! back at the buffer's next access.
 //!
-//! Files live in the spill directory: `LAZYBUF_SPILL_DIR`, else `lazybuf-spill-<pid>` under the
-//! system's temporary directory, made at the first spill and removed with its last file (a
-//! directory the user named stays). A file is `<pid>-<n>.bin`, created exclusively, and
-//! removed only by the process that wrote it: processes sharing a directory, and a forked
+//! Files live in the spill directory ([`spill_dir`]): `LAZYBUF_SPILL_DIR`, else lazybuf's own
+//! directory under the system's temporary directory, both read once and made absolute (a
+//! relative setting is resolved against the working directory of the first spill, so a later
+//! `chdir` does not move it). lazybuf's own directory is `lazybuf-spill-<pid>`, made exclusively
+//! with mode 0700 at the first spill and removed with its last file; where that name is taken
+//! by anything but a private directory of this user (a link, someone else's or an open
+//! directory) it makes `lazybuf-spill-<pid>-<random>` instead: it never writes into a directory
+//! it did not make. Whether the directory is lazybuf's is recorded when it is made: a directory
+//! the user named is never removed, whatever the environment says later. A file is
+//! `<pid>-<n>.bin`, created exclusively with mode 0600, and removed only by the process that
+//! wrote it: processes sharing a directory, and a forked
 //! child with its parent's buffers, never remove or overwrite each other's files. Each file is
 //! written and read in large chunks ([`CHUNK`]), and removed when its data is read back or its
 //! buffer goes (a file of a process killed before that stays behind in the directory). A write
@@ -33,7 +40,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 
 use crate::error::{Error, Result};
 use crate::host_memory::HostMemory;
@@ -56,51 +63,225 @@ pub const ALIGN: usize = 4096;
 /// staging block that is page-aligned.
 const PAGED: usize = 64 * 1024;
 
-/// The spill directory (see the module docs).
+/// The spill directory (see the module docs), an absolute path: the directory this process's
+/// spill files are in, or go to next. `LAZYBUF_SPILL_DIR` (resolved against the working
+/// directory of its first use) and the temporary directory are read once, at the first spill
+/// (or the first call of this function); lazybuf's own directory is made at a spill, so until
+/// then this is the name it tries first.
 pub fn spill_dir() -> PathBuf {
-    spill_dir_and_owner().0
-}
-
-/// The spill directory, and whether it is this process's own (`lazybuf-spill-<pid>`, removed
-/// when its last file goes), not one the user named.
-fn spill_dir_and_owner() -> (PathBuf, bool) {
-    match std::env::var_os(SPILL_DIR_ENV) {
-        Some(dir) if !dir.is_empty() => (PathBuf::from(dir), false),
-        _ => (std::env::temp_dir().join(format!("lazybuf-spill-{}", std::process::id())), true),
+    let mut disk = disk();
+    if let Some(dir) = disk.own_dir() {
+        return dir.to_path_buf();
+    }
+    match disk.place() {
+        Ok(Place::Named(dir)) => dir,
+        Ok(Place::Default(tmp)) => tmp.join(default_name()),
+        // The working directory is gone: what the setting says, unresolved.
+        Err(_) => match std::env::var_os(SPILL_DIR_ENV) {
+            Some(dir) if !dir.is_empty() => PathBuf::from(dir),
+            _ => std::env::temp_dir().join(default_name()),
+        },
     }
 }
 
-/// Makes `dir` if missing and a new file in it, `<pid>-<n>.bin`, made with `O_EXCL` (a file
-/// of another process, or one a killed process of the same pid left behind, is never taken
-/// over: the next number is tried), and registers it as live, under the lock that [`forget`]
-/// takes to remove the process's own directory once empty: a directory being filled is never
-/// removed. Returns the new file's path.
-fn register(dir: &Path) -> std::io::Result<PathBuf> {
+/// Where spill files go, read once from the environment and made absolute.
+#[derive(Clone, Debug, PartialEq)]
+enum Place {
+    /// `LAZYBUF_SPILL_DIR`: the user's directory, made if missing, never removed.
+    Named(PathBuf),
+    /// The system's temporary directory, in which lazybuf makes its own directory.
+    Default(PathBuf),
+}
+
+/// The first name lazybuf tries for its own directory.
+fn default_name() -> String {
+    format!("lazybuf-spill-{}", std::process::id())
+}
+
+/// The disk tier's process-wide state, under one lock: taken to make a file and its directory,
+/// and to forget a file and remove the directory once empty, so a directory being filled is
+/// never removed.
+#[derive(Debug, Default)]
+struct Disk {
+    /// The spill files this process knows, with the process that made each: a forked child
+    /// inherits its parent's, which stay the parent's (the child reads them, never removes
+    /// them).
+    live: HashMap<PathBuf, u32>,
+    /// Where files go, set at the first use.
+    place: Option<Place>,
+    /// The directory lazybuf made (absolute), and the process that made it: the only directory
+    /// lazybuf ever removes, when its last file goes (it is made again at the next spill).
+    /// Decided when it is made, never from the environment at removal.
+    own: Option<(PathBuf, u32)>,
+}
+
+fn disk() -> MutexGuard<'static, Disk> {
+    static DISK: OnceLock<Mutex<Disk>> = OnceLock::new();
+    DISK.get_or_init(Mutex::default).lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Disk {
+    /// Where files go: read from the environment and made absolute once (an error, not kept,
+    /// when the working directory a relative setting needs is gone).
+    fn place(&mut self) -> std::io::Result<Place> {
+        if let Some(place) = &self.place {
+            return Ok(place.clone());
+        }
+        let place = match std::env::var_os(SPILL_DIR_ENV) {
+            Some(dir) if !dir.is_empty() => Place::Named(std::path::absolute(dir)?),
+            _ => Place::Default(std::path::absolute(std::env::temp_dir())?),
+        };
+        self.place = Some(place.clone());
+        Ok(place)
+    }
+
+    /// The directory this process made, while it exists (a forked child's is not its
+    /// parent's).
+    fn own_dir(&self) -> Option<&Path> {
+        self.own.as_ref().filter(|(_, pid)| *pid == std::process::id()).map(|(dir, _)| dir.as_path())
+    }
+
+    /// The directory for a new file, made if needed, and whether it is lazybuf's own.
+    fn directory(&mut self) -> std::io::Result<(PathBuf, bool)> {
+        match self.place()? {
+            Place::Named(dir) => {
+                make_dir(&dir, true)?;
+                Ok((dir, false))
+            }
+            Place::Default(tmp) => {
+                if let Some(dir) = self.own_dir() {
+                    return Ok((dir.to_path_buf(), true));
+                }
+                let dir = make_own_dir(&tmp)?;
+                self.own = Some((dir.clone(), std::process::id()));
+                Ok((dir, true))
+            }
+        }
+    }
+
+    /// Makes a new file in the spill directory (made first if needed), `<pid>-<n>.bin`, with
+    /// `O_EXCL` (a file of another process, or one a killed process of the same pid left
+    /// behind, is never taken over: the next number is tried) and mode 0600, and registers it
+    /// as live. Returns its path.
+    fn register(&mut self) -> std::io::Result<PathBuf> {
+        let pid = std::process::id();
+        let mut made_again = false;
+        loop {
+            let (dir, own) = self.directory()?;
+            match new_file(&dir, pid) {
+                Ok(path) => {
+                    self.live.insert(path.clone(), pid);
+                    return Ok(path);
+                }
+                // lazybuf's own directory was removed behind its back: made again, once.
+                Err(err) if own && !made_again && err.kind() == std::io::ErrorKind::NotFound => {
+                    self.own = None;
+                    made_again = true;
+                }
+                Err(err) => return Err(err),
+            }
+        }
+    }
+
+    /// Unregisters `path` (its file is gone); removes the directory this process made when no
+    /// live file is left in it. Never panics.
+    fn forget(&mut self, path: &Path) {
+        self.live.remove(path);
+        let Some(dir) = self.own_dir() else { return };
+        if path.parent() != Some(dir) || self.live.keys().any(|p| p.parent() == Some(dir)) {
+            return;
+        }
+        match std::fs::remove_dir(dir) {
+            Ok(()) => self.own = None,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => self.own = None,
+            // Something else is in it: it stays, lazybuf's own.
+            Err(_) => {}
+        }
+    }
+}
+
+/// Makes `dir` (mode 0700 on Unix), with its missing parents when `parents`.
+fn make_dir(dir: &Path, parents: bool) -> std::io::Result<()> {
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(parents);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    builder.create(dir)
+}
+
+/// Makes lazybuf's own directory in `tmp`: `lazybuf-spill-<pid>`, made exclusively, mode 0700.
+/// A name that is taken is used only if it is a directory (not a link) of this user with mode
+/// 0700 (one a killed process of the same pid left); otherwise `lazybuf-spill-<pid>-<random>`
+/// is made instead, so lazybuf never writes into a directory someone else made or can enter.
+fn make_own_dir(tmp: &Path) -> std::io::Result<PathBuf> {
+    const TRIES: usize = 16;
+    let mut taken = Vec::new();
+    for attempt in 0..TRIES {
+        let name = match attempt {
+            0 => default_name(),
+            _ => format!("{}-{:016x}", default_name(), random()),
+        };
+        let dir = tmp.join(name);
+        match make_dir(&dir, false) {
+            Ok(()) => return Ok(dir),
+            Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => {
+                if is_private_dir(&dir) {
+                    return Ok(dir);
+                }
+                taken.push(dir);
+            }
+            Err(err) => return Err(err),
+        }
+    }
+    Err(std::io::Error::new(
+        std::io::ErrorKind::AlreadyExists,
+        format!(
+            "{TRIES} names for lazybuf's own directory were taken by something not this user's \
+             private directory ({}, ...)",
+            taken[0].display()
+        ),
+    ))
+}
+
+/// Whether `dir` is a directory (not a link to one) of this process's user, mode 0700.
+#[cfg(unix)]
+fn is_private_dir(dir: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: `geteuid` takes no argument, touches no memory and cannot fail.
+    let uid = unsafe { libc::geteuid() };
+    std::fs::symlink_metadata(dir)
+        .is_ok_and(|meta| meta.file_type().is_dir() && meta.uid() == uid && meta.mode() & 0o7777 == 0o700)
+}
+
+/// Elsewhere a name that is taken is never used.
+#[cfg(not(unix))]
+fn is_private_dir(_: &Path) -> bool {
+    false
+}
+
+/// A number another process cannot guess (the standard library's random hash keys).
+fn random() -> u64 {
+    use std::hash::BuildHasher;
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    std::collections::hash_map::RandomState::new().hash_one(CALLS.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Makes a new file `<pid>-<n>.bin` in `dir`, exclusively, mode 0600 on Unix (see
+/// [`Disk::register`]).
+fn new_file(dir: &Path, pid: u32) -> std::io::Result<PathBuf> {
     static NEXT: AtomicU64 = AtomicU64::new(0);
-    let mut live = live_files().lock().unwrap_or_else(PoisonError::into_inner);
-    std::fs::create_dir_all(dir)?;
-    let pid = std::process::id();
     let mut attempts = 0;
-    let path = loop {
+    loop {
         let path = dir.join(format!("{pid}-{}.bin", NEXT.fetch_add(1, Ordering::Relaxed)));
-        match OpenOptions::new().write(true).create_new(true).open(&path) {
-            Ok(_) => break path,
+        let mut options = OpenOptions::new();
+        options.write(true).create_new(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        match options.open(&path) {
+            Ok(_) => return Ok(path),
             Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists && attempts < 1000 => attempts += 1,
             Err(err) => return Err(err),
         }
-    };
-    live.insert(path.clone(), pid);
-    Ok(path)
-}
-
-/// Unregisters `path` (its file is gone); removes the process's own spill directory
-/// (`own_dir`) when no live file is left in it. Never panics.
-fn forget(path: &Path, own_dir: bool) {
-    let mut live = live_files().lock().unwrap_or_else(PoisonError::into_inner);
-    live.remove(path);
-    if let Some(dir) = path.parent().filter(|dir| own_dir && !live.keys().any(|p| p.parent() == Some(*dir))) {
-        // Fails, harmlessly, when something else is in it.
-        let _ = std::fs::remove_dir(dir);
     }
 }
 
@@ -111,32 +292,21 @@ fn direct_io_wanted() -> bool {
     cfg!(target_os = "linux") && !off
 }
 
-/// The spill files this process knows, with the process that made each: a forked child
-/// inherits its parent's, which stay the parent's (the child reads them, never removes them).
-fn live_files() -> &'static Mutex<HashMap<PathBuf, u32>> {
-    static LIVE: OnceLock<Mutex<HashMap<PathBuf, u32>>> = OnceLock::new();
-    LIVE.get_or_init(Mutex::default)
-}
-
 /// Removes every spill file this process made and still has (for an exit that drops no
-/// buffer: the Python package calls it at interpreter exit). Buffers whose file is removed
-/// lose their data, so call it only when none will be used again. A forked child's call
-/// leaves its parent's files alone. Returns the files removed.
+/// buffer: the Python package calls it at interpreter exit), and the directory lazybuf made
+/// once it is empty (never one the user named, whatever the environment says now). Buffers
+/// whose file is removed lose their data, so call it only when none will be used again. A
+/// forked child's call leaves its parent's files alone. Returns the files removed.
 pub fn remove_spill_files() -> usize {
     let pid = std::process::id();
-    let files: Vec<PathBuf> = live_files()
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .iter()
-        .filter(|&(_, &owner)| owner == pid)
-        .map(|(path, _)| path.clone())
-        .collect();
-    let own_dir = spill_dir_and_owner().1;
+    let mut disk = disk();
+    let files: Vec<PathBuf> =
+        disk.live.iter().filter(|&(_, &owner)| owner == pid).map(|(path, _)| path.clone()).collect();
     files
         .iter()
         .filter(|path| {
             let removed = std::fs::remove_file(path).is_ok();
-            forget(path, own_dir);
+            disk.forget(path);
             removed
         })
         .count()
@@ -151,8 +321,6 @@ pub struct SpillFile {
     path: PathBuf,
     len: usize,
     direct: bool,
-    /// Its directory is the process's own: removed with its last file.
-    own_dir: bool,
     /// The process that wrote it, the only one that removes it: a forked child that drops a
     /// buffer it inherited leaves the parent's file in place.
     owner: u32,
@@ -169,7 +337,6 @@ impl SpillFile {
     /// [`Self::write`], opening the file for direct I/O with `open_direct` (`None`: buffered
     /// I/O only).
     fn write_with(bytes: &[u8], open_direct: Option<&Opener>) -> Result<SpillFile> {
-        let (dir, own_dir) = spill_dir_and_owner();
         let failed = |what: &str, path: &Path, err: std::io::Error| {
             Error::invalid(
                 "spill to disk",
@@ -181,11 +348,12 @@ impl SpillFile {
                 ),
             )
         };
+        let registered = disk().register();
         let path =
-            register(&dir).map_err(|err| failed("create the directory or a new file in", &dir, err))?;
+            registered.map_err(|err| failed("create the directory or a new file in", &spill_dir(), err))?;
         let failed = |what: &str, err: std::io::Error| failed(what, &path, err);
         let owner = std::process::id();
-        let mut file = SpillFile { path: path.clone(), len: bytes.len(), direct: false, own_dir, owner };
+        let mut file = SpillFile { path: path.clone(), len: bytes.len(), direct: false, owner };
         // From here the file is removed on failure (by dropping `file`).
         if let Some(open_direct) = open_direct {
             let written = open_direct(&path, true).map_err(|err| ("create", err)).and_then(|mut out| {
@@ -278,7 +446,7 @@ impl Drop for SpillFile {
         if mine {
             let _ = std::fs::remove_file(&self.path);
         }
-        forget(&self.path, self.own_dir && mine);
+        disk().forget(&self.path);
     }
 }
 
@@ -386,12 +554,11 @@ mod tests {
 
     /// Whether the spill directory's file system takes an aligned `O_DIRECT` write.
     fn directory_does_direct_io() -> bool {
-        let (dir, own_dir) = spill_dir_and_owner();
-        let probe = register(&dir).unwrap();
+        let probe = disk().register().unwrap();
         let block = HostMemory::allocate(PAGED).unwrap();
         let done = open_direct(&probe, true).and_then(|mut file| file.write_all(&block.as_slice()[..ALIGN]));
         let _ = std::fs::remove_file(&probe);
-        forget(&probe, own_dir);
+        disk().forget(&probe);
         match done {
             Ok(()) => true,
             Err(err) if refuses_direct_io(&err) => false,
@@ -452,22 +619,101 @@ mod tests {
         }
     }
 
-    /// The process's own spill directory goes with its last file; one the user named stays.
+    /// The process's own spill directory goes with its last file (and is made again, as
+    /// when something removed it); one the user named stays.
     #[test]
     fn the_own_spill_directory_goes_with_its_last_file() {
         let base = std::env::temp_dir().join(format!("lazybuf-spill-dir-test-{}", std::process::id()));
-        for own_dir in [true, false] {
-            let dir = base.join(if own_dir { "own" } else { "named" });
-            let (first, second) = (register(&dir).unwrap(), register(&dir).unwrap());
-            for path in [&first, &second] {
-                std::fs::write(path, b"data").unwrap();
-            }
+        std::fs::create_dir_all(&base).unwrap();
+        let named = base.join("named");
+        for place in [Place::Default(base.clone()), Place::Named(named.clone())] {
+            let own = matches!(place, Place::Default(_));
+            let mut disk = Disk { place: Some(place), ..Disk::default() };
+            let (first, second) = (disk.register().unwrap(), disk.register().unwrap());
+            let dir = first.parent().unwrap().to_path_buf();
+            assert_eq!(dir, if own { base.join(default_name()) } else { named.clone() });
+            assert_eq!(second.parent(), Some(dir.as_path()));
             std::fs::remove_file(&first).unwrap();
-            forget(&first, own_dir);
+            disk.forget(&first);
             assert!(dir.exists(), "a live file is still in it");
             std::fs::remove_file(&second).unwrap();
-            forget(&second, own_dir);
-            assert_eq!(dir.exists(), !own_dir, "own: {own_dir}");
+            disk.forget(&second);
+            assert_eq!(dir.exists(), !own, "own: {own}");
+            if own {
+                // Made again at the next file; and again when removed behind lazybuf's back.
+                let third = disk.register().unwrap();
+                std::fs::remove_file(&third).unwrap();
+                std::fs::remove_dir(&dir).unwrap();
+                disk.forget(&third);
+                let fourth = disk.register().unwrap();
+                assert_eq!(fourth.parent(), Some(dir.as_path()));
+                std::fs::remove_file(&fourth).unwrap();
+                disk.forget(&fourth);
+                assert!(!dir.exists());
+            }
+        }
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+
+    /// lazybuf's own directory is made 0700 and its files 0600; a default name that is taken
+    /// is used only when it is a private directory of this user (not a link, not readable by
+    /// others, not someone else's), else another name is made.
+    #[test]
+    #[cfg(unix)]
+    fn a_taken_default_name_is_used_only_when_it_is_a_private_directory_of_this_user() {
+        use std::os::unix::fs::{PermissionsExt, symlink};
+        let mode = |path: &Path| std::fs::symlink_metadata(path).unwrap().permissions().mode() & 0o7777;
+        let base = std::env::temp_dir().join(format!("lazybuf-spill-taken-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let foreign = base.join("foreign");
+        std::fs::create_dir_all(&foreign).unwrap();
+        let predicted = base.join(default_name());
+        let link = |_: &Path| symlink(&foreign, &predicted);
+        let open = |path: &Path| {
+            std::fs::create_dir(path)?;
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
+        };
+        let private = |path: &Path| {
+            std::fs::create_dir(path)?;
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))
+        };
+        // SAFETY: `geteuid` takes no argument, touches no memory and cannot fail.
+        let root = unsafe { libc::geteuid() } == 0;
+        let others = |path: &Path| {
+            private(path)?;
+            std::os::unix::fs::chown(path, Some(65534), Some(65534))
+        };
+        type Taker<'a> = &'a dyn Fn(&Path) -> std::io::Result<()>;
+        let mut cases: Vec<(&str, Option<Taker>, bool)> =
+            vec![("free", None, true), ("a link", Some(&link), false), ("0755", Some(&open), false)];
+        cases.push(("private", Some(&private), true));
+        if root {
+            cases.push(("another user's", Some(&others), false));
+        }
+        for (what, take, reused) in cases {
+            if let Some(take) = take {
+                take(&predicted).unwrap();
+            }
+            let mut disk = Disk { place: Some(Place::Default(base.clone())), ..Disk::default() };
+            let file = disk.register().unwrap();
+            let dir = file.parent().unwrap().to_path_buf();
+            assert_eq!(dir == predicted, reused, "{what}: {}", dir.display());
+            assert!(
+                dir.parent() == Some(base.as_path()) && std::fs::symlink_metadata(&dir).unwrap().is_dir()
+            );
+            assert_eq!((mode(&dir), mode(&file)), (0o700, 0o600), "{what}");
+            assert!(std::fs::read_dir(&foreign).unwrap().next().is_none(), "{what}");
+            std::fs::remove_file(&file).unwrap();
+            disk.forget(&file);
+            assert!(!dir.exists(), "{what}: lazybuf's own directory goes with its last file");
+            // What took the name stays (a reused private one went as lazybuf's own).
+            if take.is_some() && !reused {
+                assert!(std::fs::symlink_metadata(&predicted).is_ok(), "{what}");
+                match std::fs::symlink_metadata(&predicted).unwrap().is_dir() {
+                    true => std::fs::remove_dir(&predicted).unwrap(),
+                    false => std::fs::remove_file(&predicted).unwrap(),
+                }
+            }
         }
         std::fs::remove_dir_all(&base).unwrap();
     }
@@ -484,6 +730,6 @@ mod tests {
         let err = SpillFile::write_with(&pattern(100), Some(&full)).unwrap_err().to_string();
         assert!(err.contains("could not create") && err.contains("keeps its host copy"), "{err}");
         let path = MADE.lock().unwrap().take().expect("the opener ran");
-        assert!(!path.exists() && !live_files().lock().unwrap().contains_key(&path));
+        assert!(!path.exists() && !disk().live.contains_key(&path));
     }
 }
