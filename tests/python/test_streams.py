@@ -39,6 +39,7 @@ def test_cuda_buffers_hand_out_their_stream():
     buf.sync_to_device()
     buf.order_after(buf.stream)  # its own stream: a marker of it, harmless
     buf.order_after(0)  # the legacy default stream
+    buf.order_after(np.int64(0))  # a NumPy integer is a raw handle too
     np.testing.assert_array_equal(buf.to_numpy(), np.ones(N, np.float32))
 
 
@@ -107,3 +108,37 @@ def test_a_released_buffer_refuses_both(opencl_device):
         buf.stream  # noqa: B018
     with pytest.raises(ValueError, match="released"):
         buf.order_after(0)
+
+
+class _CudaStreamObject:
+    """An object of the CUDA stream protocol (as CUDA Python's and CuPy's streams are)."""
+
+    def __init__(self, handle: int) -> None:
+        self.handle = handle
+
+    def __cuda_stream__(self):
+        return (0, self.handle)
+
+
+def test_a_stream_object_of_another_runtime_is_refused(opencl_device):
+    """A hostile pass (2026-11-27): a CUDA stream object given for an OpenCL buffer was used as
+    a cl_command_queue and crashed the interpreter. Objects say their runtime: refused by name."""
+    buf = UnifiedBuffer(N, np.float32, device=opencl_device)
+    buf.host[:] = 1
+    buf.sync_to_device()
+    with pytest.raises(TypeError, match="is a CUDA stream, and this buffer's device .* is not a CUDA device"):
+        buf.order_after(_CudaStreamObject(0x1234))
+    np.testing.assert_array_equal(buf.to_numpy(), np.ones(N, np.float32))
+
+
+def test_an_opencl_queue_is_refused_for_a_cuda_buffer(pyopencl, opencl_device):
+    cuda = [d for d in lazybuf.get_accelerator().devices if d.backend == "cuda"]
+    if not cuda:
+        pytest.skip("no CUDA device (the CUDA driver test double runs this in scripts/test-python.sh)")
+    buf = UnifiedBuffer(N, np.float32, device=cuda[0])
+    buf.host[:] = 1
+    buf.sync_to_device()
+    queue = pyopencl.CommandQueue(UnifiedBuffer(N, np.float32, device=opencl_device).device.queue.context)
+    with pytest.raises(TypeError, match="is an OpenCL queue .* is a CUDA device"):
+        buf.order_after(queue)
+    buf.order_after(_CudaStreamObject(buf.stream))  # its own stream, through the protocol

@@ -23,7 +23,7 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyInt, PyTuple};
 
-use lazybuf::Device;
+use lazybuf::{Device, MemoryKind};
 
 use crate::errors::OrPyErr;
 use crate::lock;
@@ -39,34 +39,71 @@ pub(crate) fn raw_stream(py: Python<'_>, storage: &Storage) -> PyResult<usize> {
     Ok(unsafe { raw.stream().raw() }.as_int())
 }
 
-/// The raw handle of a stream object the caller passed (see the module docs).
-fn handle_of(stream: &Bound<'_, PyAny>) -> PyResult<usize> {
+/// Which runtime's stream an object passed to `order_after` is, by the protocol it speaks.
+#[derive(Clone, Copy, PartialEq)]
+enum Speaks {
+    /// `__cuda_stream__`, or a CuPy `Stream` (`ptr`): a `CUstream`.
+    Cuda,
+    /// A PyOpenCL `CommandQueue` (`int_ptr`): a `cl_command_queue`.
+    OpenCl,
+    /// A raw handle (an int): trusted to be one of the device's own (module docs).
+    Raw,
+}
+
+/// The raw handle of a stream object the caller passed (see the module docs), and the protocol
+/// it came through.
+fn handle_of(stream: &Bound<'_, PyAny>) -> PyResult<(usize, Speaks)> {
     let expected = "expected a stream: a PyOpenCL CommandQueue, a CuPy Stream, an object with \
                     __cuda_stream__, or a raw cl_command_queue / CUstream handle as an int";
     if stream.is_instance_of::<PyBool>() {
         return Err(PyTypeError::new_err(format!("order_after: {expected}; got a bool")));
     }
-    let value = if stream.is_instance_of::<PyInt>() {
-        stream.clone()
+    let (value, speaks) = if stream.is_instance_of::<PyInt>() {
+        (stream.clone(), Speaks::Raw)
     } else if stream.hasattr("__cuda_stream__")? {
         let pair = stream.call_method0("__cuda_stream__")?;
         let pair = pair.cast::<PyTuple>().map_err(|_| {
             PyTypeError::new_err("order_after: __cuda_stream__() must return (version, handle)")
         })?;
-        pair.get_item(1)?
+        (pair.get_item(1)?, Speaks::Cuda)
     } else if stream.hasattr("int_ptr")? {
-        stream.getattr("int_ptr")?
+        (stream.getattr("int_ptr")?, Speaks::OpenCl)
     } else if stream.hasattr("ptr")? {
-        stream.getattr("ptr")?
+        (stream.getattr("ptr")?, Speaks::Cuda)
+    } else if let Ok(index) = stream.call_method0("__index__") {
+        // A NumPy integer: a raw handle, as an int is.
+        (index, Speaks::Raw)
     } else {
         return Err(PyTypeError::new_err(format!(
             "order_after: {expected}; got {}",
             stream.get_type().name()?
         )));
     };
-    value.extract::<usize>().map_err(|_| {
+    let handle = value.extract::<usize>().map_err(|_| {
         PyValueError::new_err(format!("order_after: a stream handle is a non-negative int; got {value}"))
-    })
+    })?;
+    Ok((handle, speaks))
+}
+
+/// Refuses a stream object of another runtime than `home`'s: its handle would be used as one
+/// of `home`'s (a hostile pass, 2026-11-27: a CUDA stream given for an OpenCL buffer crashed
+/// the interpreter). Raw ints stay trusted, as documented.
+fn check_runtime(stream: &Bound<'_, PyAny>, speaks: Speaks, home: &Device) -> PyResult<()> {
+    let cuda = home.info().dlpack_device(MemoryKind::Device).is_some_and(|d| d.is_cuda());
+    let what = || stream.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "the object".into());
+    match speaks {
+        Speaks::Cuda if !cuda => Err(PyTypeError::new_err(format!(
+            "order_after: {} is a CUDA stream, and this buffer's device {home} is not a CUDA device: \
+             expected one of its own queues",
+            what()
+        ))),
+        Speaks::OpenCl if cuda => Err(PyTypeError::new_err(format!(
+            "order_after: {} is an OpenCL queue (PyOpenCL), and this buffer's device {home} is a CUDA \
+             device: expected a CUDA stream",
+            what()
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// Orders lazybuf's next work on `home`'s copy of the buffer (transfers into or out of it,
@@ -78,13 +115,14 @@ pub(crate) fn order_after(
     home: &Device,
     stream: &Bound<'_, PyAny>,
 ) -> PyResult<()> {
-    let handle = handle_of(stream)?;
+    let (handle, speaks) = handle_of(stream)?;
     let raw = device_handles(home)
         .stream_from_int(handle)
         .ok_or_else(|| PyValueError::new_err(format!("order_after: streams of {home} are not supported")))?;
     if raw.is_immediate() {
         return Ok(());
     }
+    check_runtime(stream, speaks, home)?;
     order_after_handle(py, storage, home, handle)
 }
 
