@@ -380,10 +380,14 @@ def test_a_malformed_environment_variable_is_a_clear_error():
             b.host
         except ValueError as err:
             print("USE", err)
+        try:  # a hostile pass (2026-11-27): it returned as if the level were set
+            lazybuf.set_transfer_guard("allow")
+        except ValueError as err:
+            print("SET", err)
     """
     result = run_python(code)
     assert result.returncode == 0, result.stderr
-    for prefix in ("GET", "USE"):
+    for prefix in ("GET", "USE", "SET"):
         line = next(line for line in result.stdout.splitlines() if line.startswith(prefix))
         assert "LAZYBUF_TRANSFER_GUARD" in line and "disallow_explicit" in line and "'disalow'" not in line, line
         assert '"disalow"' in line, line
@@ -413,3 +417,21 @@ def test_a_read_back_straight_from_the_device_is_guarded_and_recorded(device):
     copies = [e for e in recording.trace.events() if e["kind"] == "transfer" and e["buffer"] == b.buffer_id]
     assert len(copies) == b.transfer_stats()["device_to_host_copies"] - before[1]["device_to_host_copies"]
     assert len(copies) == (1 if _moves(device) else 0)
+
+
+@pytest.mark.parametrize("device", _devices())
+def test_copy_to_a_converting_or_strided_array_is_explicit(device):
+    """A hostile pass (2026-11-27): copy_to into an array of another dtype or layout took the
+    host view through `.host_readonly`, whose cause replaced copy_to's: "disallow" refused it
+    as implicit, although copy_to is documented as explicit."""
+    b = lazybuf.UnifiedBuffer((64,), np.int32, device=device)
+    b.copy_from(np.arange(64, dtype=np.int32))
+    b.sync_to_device()
+    b.mark_device_dirty()
+    with lazybuf.transfer_guard("disallow"):
+        wide = np.empty(64, np.int64)
+        b.copy_to(wide)
+        strided = np.empty(128, np.int32)[::2]
+        b.copy_to(strided)
+    np.testing.assert_array_equal(wide, np.arange(64))
+    np.testing.assert_array_equal(strided, np.arange(64))

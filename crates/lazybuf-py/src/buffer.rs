@@ -1127,7 +1127,9 @@ impl UnifiedBuffer {
                 this.elem.dtype
             )));
         }
-        let source = observed(py, Cause::sync("copy_to"), || UnifiedBuffer::host_readonly(slf))?;
+        // The view itself, not the `.host_readonly` method: that is an access of its own, whose
+        // cause would replace copy_to's (the guard refused an explicit copy as implicit).
+        let source = observed(py, Cause::sync("copy_to"), || host_readonly_view(slf))?;
         np.call_method("copyto", (target, source), Some(&kwargs)).map(drop)
     }
 

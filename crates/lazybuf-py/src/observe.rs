@@ -187,8 +187,7 @@ pub fn _transfer_guard_set_global(
 ) -> PyResult<()> {
     let new = levels(h2d, d2h, d2d)?;
     hand_logged_to_python(py);
-    guard::set_global(new);
-    Ok(())
+    guard::set_global(new).or_py()
 }
 
 /// The process-wide levels; `ValueError` when `LAZYBUF_TRANSFER_GUARD` is malformed.
@@ -272,14 +271,18 @@ impl PyTrace {
             d.set_item("thread", event.thread)?;
             d.set_item("stack", event.stack.as_deref())?;
             match &event.kind {
-                EventKind::Transfer { info, duration, .. } => {
+                EventKind::Transfer { info, stream, duration, op } => {
                     d.set_item("kind", "transfer")?;
                     d.set_item("buffer", info.buffer)?;
                     d.set_item("direction", info.direction.name())?;
                     d.set_item("bytes", info.bytes)?;
+                    d.set_item("from", &info.from)?;
+                    d.set_item("to", &info.to)?;
                     d.set_item("call", info.cause.call)?;
                     d.set_item("reason", info.cause.reason.name())?;
+                    d.set_item("stream", stream)?;
                     d.set_item("duration_us", duration.map(|d| d.as_secs_f64() * 1e6))?;
+                    d.set_item("op", op)?;
                 }
                 EventKind::Allocate { buffer, device, kind, bytes, source } => {
                     d.set_item("kind", "allocate")?;

@@ -285,7 +285,7 @@ fn a_threads_guard_does_not_reach_other_threads() {
 fn the_process_wide_level_reaches_every_thread_and_a_thread_level_overrides_it() {
     let _l = lock();
     let Some(device) = common::devices().into_iter().find(|d| !d.is_zero_copy(4000)) else { return };
-    guard::set_global(only(Direction::HostToDevice, GuardLevel::Disallow));
+    guard::set_global(only(Direction::HostToDevice, GuardLevel::Disallow)).unwrap();
     let refused = {
         let device = device.clone();
         std::thread::spawn(move || host_only(&device, 1000, 9).device().map(drop)).join().unwrap()
@@ -294,7 +294,7 @@ fn the_process_wide_level_reaches_every_thread_and_a_thread_level_overrides_it()
         let _allow = guard::scope(only(Direction::HostToDevice, GuardLevel::Allow));
         host_only(&device, 1000, 10).device().map(drop)
     };
-    guard::set_global(GuardLevels::all(GuardLevel::Allow));
+    guard::set_global(GuardLevels::all(GuardLevel::Allow)).unwrap();
     assert!(matches!(refused, Err(Error::TransferGuard { .. })), "{refused:?}");
     overridden.unwrap();
     host_only(&device, 1000, 11).device().unwrap();
@@ -362,6 +362,10 @@ fn env_child_bad_value() {
     assert!(text.contains("LAZYBUF_TRANSFER_GUARD") && text.contains("disallow_explicit"), "{text}");
     assert!(text.contains("\"disalow\""), "{text}");
     assert!(guard::global().is_err());
+    // Setting a level would never take effect: refused with the same error (a hostile pass,
+    // 2026-11-27: it returned as if it had).
+    let err = guard::set_global(GuardLevels::all(GuardLevel::Allow)).unwrap_err().to_string();
+    assert!(err.contains("LAZYBUF_TRANSFER_GUARD") && err.contains("\"disalow\""), "{err}");
 }
 
 /// A copy made outside the coherence plans (spilling's write-back), as its site reports it.

@@ -220,11 +220,14 @@ fn store_global(levels: GuardLevels) {
 }
 
 /// Sets the process-wide level of the directions `levels` names (the others keep theirs).
-/// Threads with a level of their own for a direction keep using theirs.
-pub fn set_global(levels: GuardLevels) {
+/// Threads with a level of their own for a direction keep using theirs. An error, with
+/// nothing set, when `LAZYBUF_TRANSFER_GUARD` is malformed: every guarded access reports it
+/// then, so a level set here would never take effect.
+pub fn set_global(levels: GuardLevels) -> Result<()> {
     // The environment's levels are the starting point, not a later override.
-    let _ = env();
+    env()?;
     with_state(|_| store_global(levels));
+    Ok(())
 }
 
 /// The process-wide levels (after `LAZYBUF_TRANSFER_GUARD`; its error if it is malformed).
