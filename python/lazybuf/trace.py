@@ -69,6 +69,8 @@ def record(*, capacity: int = 1 << 20, python_stack: bool = False, rust_backtrac
 def dump(path: str | os.PathLike[str], trace: Trace | None = None) -> None:
     """Writes ``trace`` (else a snapshot of the recording in progress) to ``path`` as Chrome
     trace-event JSON."""
+    if trace is not None and not isinstance(trace, Trace):
+        raise TypeError(f"dump: trace must be a lazybuf.trace.Trace (what stop() returns) or None, got {trace!r}")
     data = (trace if trace is not None else snapshot()).to_chrome_json()
     with open(path, "w", encoding="utf-8") as f:
         f.write(data)

@@ -179,3 +179,25 @@ def test_every_thread_is_recorded():
     ids = {b.buffer_id for b in buffers}
     assert {e["buffer"] for e in events if e["kind"] == "state"} >= ids
     assert len({e["thread"] for e in events if e["kind"] == "state" and e["buffer"] in ids}) == 4
+
+
+def test_transfer_events_carry_every_documented_field():
+    """A hostile pass (2026-11-27): `events()` lacked from, to, stream and op, and the JSON
+    lacked stream, which OBSERVING.md lists."""
+    device = next((d for d in _devices() if not d.startswith("host")), _devices()[0])
+    b = lazybuf.UnifiedBuffer((1000,), np.float32, device=device)
+    b.copy_from(np.ones(1000, np.float32))
+    with lazybuf.trace.record() as rec:
+        b.sync_to_device()
+    copies = [e for e in rec.trace.events() if e["kind"] == "transfer"]
+    for event in copies:
+        assert {"buffer", "direction", "bytes", "from", "to", "call", "reason", "stream", "duration_us", "op"} <= set(event)
+    doc = json.loads(rec.trace.to_chrome_json())
+    for event in (e for e in doc["traceEvents"] if e.get("cat") == "transfer"):
+        assert {"from", "to", "stream", "op"} <= set(event["args"]), event
+
+
+def test_dump_names_what_it_expects(tmp_path):
+    with pytest.raises(TypeError, match="trace must be a lazybuf.trace.Trace"):
+        lazybuf.trace.dump(tmp_path / "t.json", "hi")
+    assert not (tmp_path / "t.json").exists()

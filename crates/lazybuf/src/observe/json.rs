@@ -76,7 +76,7 @@ fn chrome(trace: &Trace) -> String {
                 let dur = duration.map_or(0.0, |d| d.as_nanos() as f64 / 1000.0);
                 let _ = write!(
                     out,
-                    r#"{{"name":"{dir} {bytes} B","cat":"transfer","ph":"X","ts":{ts:.3},"dur":{dur:.3},"pid":1,"tid":{tid},"args":{{"buffer":{buffer},"direction":"{dir}","bytes":{bytes},"from":"{from}","to":"{to}","call":"{call}","reason":"{reason}","async":{is_async},"op":{op},"rolled_back":{rolled_back}}}}}"#,
+                    r#"{{"name":"{dir} {bytes} B","cat":"transfer","ph":"X","ts":{ts:.3},"dur":{dur:.3},"pid":1,"tid":{tid},"args":{{"buffer":{buffer},"direction":"{dir}","bytes":{bytes},"from":"{from}","to":"{to}","call":"{call}","reason":"{reason}","stream":{stream},"async":{is_async},"op":{op},"rolled_back":{rolled_back}}}}}"#,
                     dir = info.direction.name(),
                     bytes = info.bytes,
                     buffer = info.buffer,
