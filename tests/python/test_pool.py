@@ -217,3 +217,17 @@ def test_a_reused_uninitialized_buffer_never_shows_the_previous_users_bytes(devi
     assert address(again.host_readonly) == first  # the same block was reused
     assert not data.any(), "a read of an uninitialized buffer showed a previous user's bytes"
     pool.release(again)
+
+
+@pytest.mark.parametrize(
+    "value,error,match",
+    [
+        (-1, ValueError, "max_cached_bytes must not be negative"),
+        (2**70, ValueError, "max_cached_bytes is too large"),
+        (1.5, TypeError, "max_cached_bytes must be an int"),
+    ],
+)
+def test_a_bad_max_cached_bytes_names_the_argument(value, error, match):
+    """A hostile pass (2026-11-27): these raised bare conversion errors naming nothing."""
+    with pytest.raises(error, match=match):
+        MemoryPool(max_cached_bytes=value)

@@ -222,6 +222,16 @@ pub(crate) fn uint64(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
     })
 }
 
+/// As [`uint64`], or `None` for Python's `None`.
+pub(crate) fn optional_uint64(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Option<u64>> {
+    if obj.is_none() { Ok(None) } else { uint64(obj, what).map(Some) }
+}
+
+/// A pool's `max_cached_bytes` argument (`lazybuf.MemoryPool`, `lazybuf.mr.PoolMemoryResource`).
+pub(crate) fn max_cached_bytes(obj: &Bound<'_, PyAny>) -> PyResult<Option<u64>> {
+    optional_uint64(obj, "max_cached_bytes")
+}
+
 /// A byte size argument named `what` (see the module docs): not negative and at most
 /// `isize::MAX`. Not an int: `TypeError`; an array: `TypeError` (arrays are data, not sizes);
 /// negative or too large: `ValueError`; what the object's own `__index__` raises propagates.

@@ -248,7 +248,7 @@ impl PyPool {
     fn py_new(
         upstream_mr: Option<&Bound<'_, PyAny>>,
         #[pyo3(from_py_with = maximum_pool_size_arg)] maximum_pool_size: Option<u64>,
-        #[pyo3(from_py_with = max_cached_bytes_arg)] max_cached_bytes: Option<u64>,
+        #[pyo3(from_py_with = args::max_cached_bytes)] max_cached_bytes: Option<u64>,
     ) -> PyResult<PyClassInitializer<Self>> {
         let (mut below, keep) = match upstream_mr.filter(|u| !u.is_none()) {
             Some(u) => {
@@ -599,16 +599,8 @@ fn nbytes_arg(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
     args::size(obj, "nbytes")
 }
 
-fn optional_u64(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Option<u64>> {
-    if obj.is_none() { Ok(None) } else { args::uint64(obj, what).map(Some) }
-}
-
 fn maximum_pool_size_arg(obj: &Bound<'_, PyAny>) -> PyResult<Option<u64>> {
-    optional_u64(obj, "maximum_pool_size")
-}
-
-fn max_cached_bytes_arg(obj: &Bound<'_, PyAny>) -> PyResult<Option<u64>> {
-    optional_u64(obj, "max_cached_bytes")
+    args::optional_uint64(obj, "maximum_pool_size")
 }
 
 fn allocation_limit_arg(obj: &Bound<'_, PyAny>) -> PyResult<u64> {

@@ -95,7 +95,7 @@ impl PyMemoryPool {
     fn py_new(
         py: Python<'_>,
         device: Option<&Bound<'_, PyAny>>,
-        max_cached_bytes: Option<u64>,
+        #[pyo3(from_py_with = crate::args::max_cached_bytes)] max_cached_bytes: Option<u64>,
         zero_reused: bool,
     ) -> PyResult<Py<Self>> {
         let no_arguments = device.is_none_or(|d| d.is_none()) && max_cached_bytes.is_none() && !zero_reused;
