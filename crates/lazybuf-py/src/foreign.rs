@@ -140,7 +140,7 @@ impl Source {
                         // a staging copy, which leaves the buffer as it is.
                         Err(_) => {
                             staged = vec![0u8; n];
-                            let span = HostSpan::of_slice(&staged);
+                            let span = HostSpan::of_mut_slice(&mut staged);
                             // SAFETY: `staged` is not touched until the download is waited for.
                             let ticket = unsafe { home.stream().download(device_copy, span) }.or_py()?;
                             ticket.wait().or_py()?;
