@@ -186,37 +186,134 @@ pub fn printable(text: &str) -> String {
     out
 }
 
-/// Writes `bytes` to `path` whole or not at all: into a new temporary file in the same folder,
-/// flushed to the disk, then renamed over `path`. On any failure the temporary file is removed
-/// and an earlier file at `path` is left as it was; the error is one line naming `path` and the
-/// system's reason (`writing t.png: No space left on device (os error 28)`). A symbolic link at
-/// `path` is written through (its target is replaced); an existing file keeps its permissions.
-pub fn write_file(path: &Path, bytes: &[u8]) -> crate::Result<()> {
+/// Writes `bytes` to `path`. A regular file, or a new one, is written whole or not at all:
+/// into a new temporary file in the same folder, flushed to the disk, then renamed over it. On
+/// any failure the temporary file is removed and an earlier file at `path` is left as it was;
+/// the error is one line naming `path` and the system's reason (`writing t.png: No space left
+/// on device (os error 28)`). A symbolic link is written through (its target is replaced, the
+/// link kept); an existing file keeps its permissions.
+///
+/// Anything else is written in place, never replaced: where the process's own stdout or stderr
+/// goes (`/dev/stdout`, `/proc/self/fd/1`, or the file they were redirected to: after what was
+/// printed there), a FIFO (opening it waits for a reader, as a shell's redirection does), a
+/// character device (`/dev/null`). A folder, or a link to nothing, is refused. Returns where
+/// the bytes went, so that a "wrote PATH" line is not printed into the output itself.
+pub fn write_file(path: &Path, bytes: &[u8]) -> crate::Result<Written> {
     let error = |e: std::io::Error| CliError::from(e).context(format!("writing {}", path.display()));
-    let target = match std::fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_symlink() => {
-            std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf())
-        }
-        _ => path.to_path_buf(),
+    let metadata = match std::fs::metadata(path) {
+        Ok(m) => Some(m),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(error(e)),
     };
-    if target.is_dir() {
+    let Some(metadata) = metadata else {
+        if std::fs::symlink_metadata(path).is_ok() {
+            return Err(CliError::new(format!(
+                "writing {}: it is a symbolic link to nothing; expected a file, or a link to one",
+                path.display()
+            )));
+        }
+        return replace_whole(path, None, bytes).map(|()| Written::File).map_err(error);
+    };
+    if metadata.is_dir() {
         return Err(CliError::new(format!("writing {}: it is a directory", path.display())));
     }
-    let (temporary, mut file) = temporary_beside(&target).map_err(error)?;
+    if let Some(stream) = standard_stream_at(&metadata) {
+        return stream.write(bytes).map(|()| Written::StandardStream).map_err(error);
+    }
+    if !metadata.is_file() {
+        let mut file = std::fs::OpenOptions::new().write(true).open(path).map_err(error)?;
+        return file.write_all(bytes).and_then(|()| file.flush()).map(|()| Written::InPlace).map_err(error);
+    }
+    // Through links to the file itself, so the rename replaces the file and keeps the links.
+    let target = std::fs::canonicalize(path).map_err(error)?;
+    replace_whole(&target, Some(metadata.permissions()), bytes).map(|()| Written::File).map_err(error)
+}
+
+/// Where [`write_file`] put the bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Written {
+    /// A regular file, new or replaced whole.
+    File,
+    /// Written in place: a FIFO or a device.
+    InPlace,
+    /// This process's stdout or stderr.
+    StandardStream,
+}
+
+impl Written {
+    /// Whether a "wrote PATH" line may follow: not when the bytes went to stdout or stderr,
+    /// where the line would land in the output itself.
+    pub fn may_say_so(self) -> bool {
+        self != Written::StandardStream
+    }
+}
+
+/// Writes `bytes` into a new temporary file beside `target`, then renames it over `target`.
+fn replace_whole(
+    target: &Path,
+    permissions: Option<std::fs::Permissions>,
+    bytes: &[u8],
+) -> std::io::Result<()> {
+    let (temporary, mut file) = temporary_beside(target)?;
     let written = (|| {
         file.write_all(bytes)?;
-        if let Ok(earlier) = std::fs::metadata(&target) {
-            file.set_permissions(earlier.permissions())?;
+        if let Some(permissions) = permissions {
+            file.set_permissions(permissions)?;
         }
         // Where the file system allocates late, a full disk shows here, not in the write.
         file.sync_all()?;
         drop(file);
-        std::fs::rename(&temporary, &target)
+        std::fs::rename(&temporary, target)
     })();
-    written.map_err(|e| {
+    written.inspect_err(|_| {
         let _ = std::fs::remove_file(&temporary);
-        error(e)
     })
+}
+
+/// The process's stdout or stderr.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum StandardStream {
+    Stdout,
+    Stderr,
+}
+
+impl StandardStream {
+    fn write(self, bytes: &[u8]) -> std::io::Result<()> {
+        match self {
+            StandardStream::Stdout => {
+                let mut out = std::io::stdout().lock();
+                out.write_all(bytes).and_then(|()| out.flush())
+            }
+            StandardStream::Stderr => std::io::stderr().lock().write_all(bytes),
+        }
+    }
+}
+
+/// Whether the file `metadata` describes is the one this process's stdout or stderr writes to
+/// (the same device and inode).
+#[cfg(unix)]
+fn standard_stream_at(metadata: &std::fs::Metadata) -> Option<StandardStream> {
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::MetadataExt;
+    let is = |fd: std::os::fd::BorrowedFd<'_>| {
+        let Ok(owned) = fd.try_clone_to_owned() else { return false };
+        std::fs::File::from(owned)
+            .metadata()
+            .is_ok_and(|m| m.dev() == metadata.dev() && m.ino() == metadata.ino())
+    };
+    if is(std::io::stdout().as_fd()) {
+        Some(StandardStream::Stdout)
+    } else if is(std::io::stderr().as_fd()) {
+        Some(StandardStream::Stderr)
+    } else {
+        None
+    }
+}
+
+/// (Windows has no inode to compare: `-` is how to write to stdout there.)
+#[cfg(not(unix))]
+fn standard_stream_at(_metadata: &std::fs::Metadata) -> Option<StandardStream> {
+    None
 }
 
 /// A new file beside `path` (same folder, so a rename replaces `path` in one step), named
@@ -269,6 +366,48 @@ mod tests {
         assert_eq!(std::fs::read(&path).unwrap(), b"second");
         let names: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
         assert_eq!(names, ["out.json"]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn links_are_written_through_and_special_files_in_place_never_replaced() {
+        use std::os::unix::fs::FileTypeExt;
+        let dir = std::env::temp_dir().join(format!("lazybuf-cli-special-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // A link to a file: the file is replaced, the link stays a link.
+        let file = dir.join("real.json");
+        let link = dir.join("link.json");
+        std::fs::write(&file, b"old").unwrap();
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        assert_eq!(write_file(&link, b"new").unwrap(), Written::File);
+        assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+        assert_eq!(std::fs::read(&file).unwrap(), b"new");
+        // A link to nothing: refused, nothing made.
+        let dangling = dir.join("dangling.json");
+        std::os::unix::fs::symlink(dir.join("missing.json"), &dangling).unwrap();
+        let err = write_file(&dangling, b"x").unwrap_err().to_string();
+        assert!(err.contains("a symbolic link to nothing"), "{err}");
+        assert!(!dir.join("missing.json").exists());
+        // A FIFO: its reader gets the bytes; it stays a FIFO.
+        let fifo = dir.join("fifo");
+        assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+        let reader = {
+            let fifo = fifo.clone();
+            std::thread::spawn(move || std::fs::read(fifo).unwrap())
+        };
+        assert_eq!(write_file(&fifo, b"through the fifo").unwrap(), Written::InPlace);
+        assert_eq!(reader.join().unwrap(), b"through the fifo");
+        assert!(std::fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo());
+        // A character device: written to, still a device.
+        assert_eq!(write_file(Path::new("/dev/null"), b"nothing").unwrap(), Written::InPlace);
+        assert!(std::fs::symlink_metadata("/dev/null").unwrap().file_type().is_char_device());
+        // A link to a character device: the same.
+        let null_link = dir.join("null-link");
+        std::os::unix::fs::symlink("/dev/null", &null_link).unwrap();
+        write_file(&null_link, b"nothing").unwrap();
+        assert!(std::fs::symlink_metadata(&null_link).unwrap().file_type().is_symlink());
+        assert!(std::fs::symlink_metadata("/dev/null").unwrap().file_type().is_char_device());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -417,6 +417,31 @@ fn bandwidth_json_can_go_to_stdout_with_the_table_on_stderr() {
     assert!(stderr(&output).contains("lazybuf bandwidth on host:0 ("), "{}", stderr(&output));
 }
 
+/// `--json /dev/stdout` (and the `/proc/self/fd/1` it links to) writes after the table, to
+/// wherever stdout goes: a pipe or a redirected file, never replacing either.
+#[test]
+fn bandwidth_json_to_dev_stdout_reaches_the_pipe_or_file_after_the_table() {
+    let args = "bandwidth --device host --min 1KiB --max 64KiB --time-per-point 1ms";
+    for json in ["/dev/stdout", "/proc/self/fd/1"] {
+        // A pipe: the table, then the JSON.
+        let (status, out, err) = lazybuf_sh("", &format!("{args} --json {json}"), "| cat");
+        assert_eq!(status, Some(0), "{err}");
+        let start = out.find("\n{").unwrap_or_else(|| panic!("no JSON after the table on stdout: {out}"));
+        let report: Value = serde_json::from_str(&out[start..]).expect("the JSON after the table");
+        assert_bandwidth_json(&report, "host:0", &[false, true]);
+        assert!(out[..start].contains("GB/s"), "the table first: {out}");
+        // A file stdout was redirected to: it keeps the table and gets the JSON after it.
+        let file = scratch(&format!("stdout-{}.txt", json.replace('/', "_")));
+        let (status, _, err) =
+            lazybuf_sh("", &format!("{args} --json {json}"), &format!("> '{}'", file.display()));
+        assert_eq!(status, Some(0), "{err}");
+        let text = std::fs::read_to_string(&file).unwrap();
+        let start = text.find("\n{").unwrap_or_else(|| panic!("no JSON after the table in the file: {text}"));
+        assert!(text[..start].contains("GB/s"), "the table kept: {text}");
+        let _: Value = serde_json::from_str(&text[start..]).expect("the JSON after the table");
+    }
+}
+
 #[test]
 fn watch_prints_one_row_per_device_per_refresh() {
     let all = selectors();

@@ -220,12 +220,14 @@ pub fn run(args: &BandwidthArgs, context: &Context) -> Result<i32> {
     } else {
         outln!("{text}");
     }
-    if let Some(path) = args.json.as_ref().filter(|_| !json_to_stdout) {
-        write_json(&report, path)?;
+    if let Some(path) = args.json.as_ref().filter(|_| !json_to_stdout)
+        && write_json(&report, path)?.may_say_so()
+    {
         outln!("wrote {}", path.display());
     }
-    if let Some(path) = &args.plot {
-        plot::write(&report, path, args.plot_size)?;
+    if let Some(path) = &args.plot
+        && plot::write(&report, path, args.plot_size)?.may_say_so()
+    {
         if json_to_stdout {
             errln!("wrote {}", path.display());
         } else {
@@ -258,7 +260,7 @@ pub fn check_host_memory(device: &Device, max: u64) -> Result<()> {
     }
 }
 
-fn write_json(report: &BandwidthReport, path: &Path) -> Result<()> {
+fn write_json(report: &BandwidthReport, path: &Path) -> Result<crate::output::Written> {
     let text = serde_json::to_string_pretty(report)?;
     crate::output::write_file(path, (text + "\n").as_bytes())
 }

@@ -77,7 +77,7 @@ pub fn format_of(path: &Path, option: &str) -> Result<Format> {
 
 /// Draws `report` into `path` (PNG or SVG by its extension), `size` pixels. The file is
 /// drawn in memory and written whole or not at all ([`crate::output::write_file`]).
-pub fn write(report: &BandwidthReport, path: &Path, size: (u32, u32)) -> Result<()> {
+pub fn write(report: &BandwidthReport, path: &Path, size: (u32, u32)) -> Result<crate::output::Written> {
     let format = format_of(path, "--plot")?;
     let text = font_available();
     if !text {

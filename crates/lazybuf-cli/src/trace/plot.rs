@@ -31,7 +31,7 @@ pub fn memory_colour(index: usize) -> RGBColor {
 
 /// Draws `file` into `path`, `size` pixels; the file is drawn in memory and written whole or
 /// not at all ([`crate::output::write_file`]).
-pub fn write(file: &TraceFile, path: &Path, size: (u32, u32)) -> Result<()> {
+pub fn write(file: &TraceFile, path: &Path, size: (u32, u32)) -> Result<crate::output::Written> {
     let format = format_of(path, "-o")?;
     let text = font_available();
     if !text {
