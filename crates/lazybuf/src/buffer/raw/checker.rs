@@ -29,7 +29,7 @@ impl RawBuffer {
             {
                 continue;
             }
-            copy.last_use()?.wait()?;
+            copy.wait_for_use()?;
             if scratch.is_empty() {
                 // Sized by the user's buffer: a failed allocation is an error, never an abort.
                 scratch.try_reserve_exact(n).map_err(|_| Error::OutOfMemory {

@@ -69,11 +69,7 @@ impl DeviceCopy {
             self.used = false;
             // A marker just taken is not polled (it has almost never completed yet, and a poll
             // is a runtime call); nor joined with nothing (a joint ticket is an allocation).
-            self.external = if self.external.is_trivially_done() {
-                marker
-            } else {
-                Ticket::all([std::mem::take(&mut self.external), marker])
-            };
+            self.join_external(marker);
             return Ok(self.external.clone());
         }
         if matches!(self.external.poll(), Ok(true)) {
@@ -108,14 +104,95 @@ impl DeviceCopy {
         Ok(())
     }
 
+    /// Waits for the caller's use of the memory so far ([`Self::last_use`]); once it is done,
+    /// nothing declared so far needs waiting for again.
+    pub(super) fn wait_for_use(&mut self) -> Result<()> {
+        self.last_use()?.wait()?;
+        self.external = Ticket::done();
+        Ok(())
+    }
+
     /// Records that the caller's work `ticket` uses the memory.
     pub(in crate::buffer) fn used_until(&mut self, ticket: Ticket) {
-        self.external = Ticket::all([std::mem::take(&mut self.external), ticket]);
+        self.join_external(ticket);
     }
+
+    /// Adds `ticket` to the work the copy's later users wait for, keeping of the earlier work
+    /// only the parts still running (or failed: their error is still to be reported). Without
+    /// the pruning, a buffer used for a long time (`order_after` before every batch, a view
+    /// of a zero-copy copy taken again and again) made every later transfer wait on, and keep,
+    /// every ticket it was ever given. One poll per earlier part: a runtime call each, so the
+    /// first join after a wait costs nothing ([`Self::wait_for_use`] leaves no parts).
+    fn join_external(&mut self, ticket: Ticket) {
+        self.external = joined(std::mem::take(&mut self.external), ticket);
+    }
+}
+
+/// `earlier` and `ticket` as one ticket, without the parts of `earlier` that are done (`ticket`
+/// itself is not polled: a marker just taken has almost never completed).
+fn joined(earlier: Ticket, ticket: Ticket) -> Ticket {
+    if earlier.is_trivially_done() {
+        return ticket;
+    }
+    let running =
+        earlier.parts().into_iter().map(Ticket::new).filter(|part| !matches!(part.poll(), Ok(true)));
+    Ticket::all(running.chain([ticket]))
 }
 
 impl std::fmt::Debug for DeviceCopy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DeviceCopy").field("device", &self.device).field("memory", &self.memory).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+    use crate::backend::Completion;
+    use crate::error::Error;
+
+    /// Work that is done once `done` is set.
+    #[derive(Debug, Default)]
+    struct Work(AtomicBool);
+
+    impl Completion for Work {
+        fn poll(&self) -> Result<bool> {
+            Ok(self.0.load(Ordering::Acquire))
+        }
+
+        fn wait(&self) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    fn work(done: bool) -> (Arc<Work>, Ticket) {
+        let work = Arc::new(Work(AtomicBool::new(done)));
+        (work.clone(), Ticket::new(work))
+    }
+
+    #[test]
+    fn joining_keeps_only_the_work_still_running() {
+        // A buffer given a finished ticket before each of 10 000 batches keeps one part, not
+        // 10 000 nested ones.
+        let mut external = Ticket::done();
+        for _ in 0..10_000 {
+            external = joined(external, work(true).1);
+        }
+        assert_eq!(external.parts().len(), 1);
+        // Running work stays until it is done; the ticket just given is kept unpolled.
+        let (first, running) = work(false);
+        external = joined(joined(external, running), work(false).1);
+        assert_eq!(external.parts().len(), 2, "{external:?}");
+        first.0.store(true, Ordering::Release);
+        external = joined(external, work(false).1);
+        assert_eq!(external.parts().len(), 2, "{external:?}");
+        // A failure is kept to be reported.
+        let failed = Ticket::finished(Err(Error::invalid("test", "failed")));
+        external = joined(joined(Ticket::done(), failed), work(true).1);
+        external = joined(external, work(true).1);
+        assert!(external.poll().is_err());
     }
 }
