@@ -220,10 +220,13 @@ class UnifiedBuffer:
         behaviour, as with CuPy's ``ExternalStream``)."""
 
     def mark_host_dirty(self) -> None:
-        """Declare a host write: the device copy becomes stale."""
+        """Declare a host write: the device copy becomes stale. On a buffer that holds no data
+        (UNINITIALIZED) the host copy holds zeros after it, never an earlier buffer's bytes."""
 
     def mark_device_dirty(self) -> None:
-        """Declare a device write (after a kernel): the host copy becomes stale."""
+        """Declare a device write (after a kernel): the host copy becomes stale. On a buffer
+        that holds no data (UNINITIALIZED) the device copy holds zeros after it (a fill, not a
+        transfer), never an earlier buffer's bytes."""
 
     def mark_metal_dirty(self) -> None:
         """Declare a write on the Metal device ``metal`` uses: every other copy becomes stale.
@@ -243,7 +246,11 @@ class UnifiedBuffer:
     def free(self) -> None:
         """Give the memory back (to the pool or cache it came from) and make the buffer
         UNINITIALIZED; it stays usable and takes memory again at its next use. Views made
-        earlier keep the old memory; writable ``.host`` arrays become read-only."""
+        earlier keep the old memory; writable ``.host`` arrays become read-only. Memory whose
+        address ``__array_interface__`` or ``__cuda_array_interface__`` handed out stays with
+        the buffer object (its consumers hold the object, not the memory): ``free()`` reuses
+        it, contents forgotten, instead of taking more (then ``is_allocated`` stays true and
+        ``buffer_id`` may stay the same), so a loop over one buffer holds one memory."""
 
     @property
     def is_allocated(self) -> bool:
@@ -296,7 +303,8 @@ class UnifiedBuffer:
     @property
     def buffer_id(self) -> int:
         """The buffer's id: unique in the process, the name ``TransferGuardError`` and
-        recorded events (``lazybuf.trace``) give it. A new id after ``free()``."""
+        recorded events (``lazybuf.trace``) give it. A new id after ``free()``, unless
+        ``free()`` kept memory an interface exported (see ``free``)."""
 
     def transfer_stats(self) -> dict[str, int]:
         """Copies and bytes moved since creation: ``host_to_device_copies``,
@@ -332,13 +340,15 @@ class UnifiedBuffer:
     @property
     def __array_interface__(self) -> dict[str, Any]:
         """NumPy array interface v3 over the host copy, read-only (a host read). Consumers
-        hold the buffer itself, so after a release the buffer keeps this memory until the
-        buffer object is gone."""
+        hold the buffer itself, so the buffer keeps this memory until the buffer object is
+        gone, also after ``release()``; ``free()`` reuses it (see ``free``). AttributeError
+        for bfloat16 (no type string), before any access."""
 
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
         """CUDA array interface v3 over the device copy (a device write); AttributeError unless
-        the buffer is on a CUDA device."""
+        the buffer is on a CUDA device, and for bfloat16 (no type string), before any access.
+        The memory stays with the buffer object as for ``__array_interface__``."""
 
     def __dlpack__(
         self,
@@ -353,7 +363,9 @@ class UnifiedBuffer:
         exported location. ``copy=True`` with ``dl_device=(1, 0)`` exports a fresh host copy for
         the CPU (flagged ``IS_COPIED`` in the versioned ABI); without ``dl_device`` it asks for a
         copy on the buffer's own device: the host copy for a CPU export, a ``BufferError``
-        saying to pass ``dl_device=(1, 0)`` for a CUDA buffer."""
+        saying to pass ``dl_device=(1, 0)`` for a CUDA buffer. ``stream``: ``None`` for a CPU
+        export; for CUDA ``None``, -1, 1, 2 or a stream handle (0 is forbidden by DLPack):
+        ``TypeError`` for another type, ``ValueError`` out of range."""
 
     def __dlpack_device__(self) -> tuple[int, int]: ...
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
@@ -723,9 +735,9 @@ class DeviceBuffer:
     def __new__(
         cls, *, size: SupportsIndex | None = None, device: _DeviceLike = None, mr: Any = None
     ) -> DeviceBuffer:
-        """``size`` uninitialized bytes (``ValueError`` if negative) on ``device`` (default:
-        the current device), from ``mr`` (a ``lazybuf.mr`` resource; default: the device's
-        current resource)."""
+        """``size`` uninitialized bytes (``ValueError`` if negative; ``TypeError`` for a bool,
+        as in ``resize``/``reserve``) on ``device`` (default: the current device), from ``mr``
+        (a ``lazybuf.mr`` resource; default: the device's current resource)."""
 
     @staticmethod
     def to_device(b: _Buffer, *, device: _DeviceLike = None, mr: Any = None) -> DeviceBuffer:
@@ -792,7 +804,9 @@ class DeviceBuffer:
         max_version: tuple[int, int] | None = None,
         dl_device: tuple[int, int] | None = None,
         copy: bool | None = None,
-    ) -> Any: ...
+    ) -> Any:
+        """DLPack export of the bytes (see ``Memory.__dlpack__``)."""
+
     def __dlpack_device__(self) -> tuple[int, int]: ...
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]: ...
 
@@ -812,7 +826,8 @@ class Memory:
     def size(self) -> int: ...
     def __len__(self) -> int: ...
     def __sizeof__(self) -> int:
-        """The object's size, its memory included."""
+        """The object's size, its memory included when it owns it: an object made zero-copy
+        from another counts none (its root owner counts it)."""
 
     def get_usm_type(self) -> str:
         """``"device"``, ``"host"`` or ``"shared"``."""
@@ -844,7 +859,8 @@ class Memory:
 
     def copy_from_device(self, obj: Any) -> None:
         """Copies device memory (a memory object, a DeviceBuffer, ``__cuda_array_interface__``
-        or DLPack; C-contiguous, at most ``nbytes``) into the first bytes."""
+        or DLPack, producers from before DLPack 1.0 included; C-contiguous, at most
+        ``nbytes``) into the first bytes."""
 
     def memset(self, value: int = 0) -> None:
         """Sets every byte to ``value`` (0 to 255)."""
@@ -862,7 +878,15 @@ class Memory:
         max_version: tuple[int, int] | None = None,
         dl_device: tuple[int, int] | None = None,
         copy: bool | None = None,
-    ) -> Any: ...
+    ) -> Any:
+        """DLPack export as a 1-d uint8 tensor on the memory's DLPack device (``BufferError``
+        for memory DLPack has no device for: OpenCL and wgpu device memory). With
+        ``dl_device=(1, 0)`` memory that is not CPU memory is exported as a fresh host copy
+        (flagged ``IS_COPIED``) unless ``copy=False`` (``numpy.from_dlpack(obj,
+        device="cpu")``); ``copy=True`` always copies. ``stream``: ``None`` for the CPU; for
+        CUDA ``None``, -1, 1, 2 or a stream handle (0 is forbidden by DLPack): ``TypeError``
+        for another type, ``ValueError`` out of range."""
+
     def __dlpack_device__(self) -> tuple[int, int]: ...
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]: ...
 
@@ -876,7 +900,9 @@ class MemoryDevice(Memory):
         cls, other: _MemorySource, *, alignment: int = 0, device: _DeviceLike = None, copy: bool = False
     ) -> MemoryDevice:
         """``other`` bytes, or the memory of the memory object ``other`` (zero-copy when the
-        kind matches, else ``ValueError`` unless ``copy=True``)."""
+        kind matches, else ``ValueError`` unless ``copy=True``); with ``copy=True`` also a
+        copy of a DeviceBuffer, UnifiedBuffer, ``__cuda_array_interface__`` or DLPack
+        producer. ``TypeError`` for anything else (a bool is not a size)."""
 
 @final
 class MemoryHost(Memory):

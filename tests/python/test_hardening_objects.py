@@ -30,6 +30,7 @@ import pytest
 
 import lazybuf
 import lazybuf.mr as mr
+from conftest import run_python
 from lazybuf import BufferState, DeviceBuffer, MemoryDevice, MemoryHost, MemoryShared, UnifiedBuffer
 
 TITLES = {"host": "host", "opencl": "OpenCL", "cuda": "CUDA", "wgpu": "wgpu", "loopback": "loopback"}
@@ -539,3 +540,208 @@ def test_a_unified_buffer_source_is_read_in_place_and_a_refused_copy_changes_not
     if view is not None:
         np.testing.assert_array_equal(view, values)
     np.testing.assert_array_equal(u.to_numpy(), values)
+
+
+# A hostile pass (objects, 9th): each test failed before its fix.
+
+
+def _interfaces(device):
+    """The interfaces that hand out a raw address of a UnifiedBuffer on `device`."""
+    return ["__array_interface__"] + (["__cuda_array_interface__"] if device.backend == "cuda" else [])
+
+
+def test_free_after_an_interface_export_keeps_memory_bounded(device):
+    """`free()` after `__array_interface__`/`__cuda_array_interface__` kept every batch's
+    memory until the buffer object died (a consumer holds the object and a raw address, so the
+    memory cannot be given back): a loop reusing one buffer grew without bound. The exported
+    memory is now the buffer's own for its next batch, its contents forgotten."""
+    stats = mr.StatisticsResourceAdaptor(mr.DirectMemoryResource())
+    mr.set_current_device_resource(stats, device=device)
+    try:
+        buf = UnifiedBuffer((1 << 16,), np.float32, device=device)
+        for batch in range(1, 21):
+            buf.fill(batch)
+            for name in _interfaces(device):
+                getattr(buf, name)
+            buf.free()
+            assert buf.state == BufferState.UNINITIALIZED
+            assert not buf.to_numpy().any(), "the contents are gone: a read sees zeros"
+        counts = stats.allocation_counts
+        assert counts.current_bytes <= 2 * buf.nbytes, counts.current_bytes
+        assert buf.transfer_stats()["host_to_device_bytes"] == 0, "the counters start over"
+        del buf
+        gc.collect()
+        assert stats.allocation_counts.current_count == 0, "the object gone, its memory goes"
+    finally:
+        mr.set_current_device_resource(None, device=device)
+
+
+def test_free_keeps_memory_a_view_holds_and_reuses_it_once_the_view_is_gone(device):
+    stats = mr.StatisticsResourceAdaptor(mr.DirectMemoryResource())
+    mr.set_current_device_resource(stats, device=device)
+    try:
+        buf = UnifiedBuffer((1 << 16,), np.float32, device=device)
+        for batch in range(1, 21):
+            buf.fill(batch)
+            view = buf.host_readonly  # the previous batch's view goes here
+            buf.__array_interface__  # noqa: B018
+            buf.free()
+            buf.fill(-1)
+            np.testing.assert_array_equal(view, batch)  # its memory was not reused
+        assert stats.allocation_counts.current_bytes <= 4 * buf.nbytes
+    finally:
+        mr.set_current_device_resource(None, device=device)
+
+
+@pytest.mark.parametrize("mark", ["mark_device_dirty", "mark_host_dirty"])
+def test_marking_a_buffer_that_holds_no_data_dirty_gives_zeros(device, mark):
+    """An UNINITIALIZED buffer marked dirty took a cached block as it was and marked it valid:
+    a read then returned an earlier buffer's bytes (CONTRACT.md: a read of a buffer that holds
+    no data sees zeros). The zero-fill moves no bytes."""
+    expected = BufferState.DEVICE_ONLY if mark == "mark_device_dirty" else BufferState.HOST_ONLY
+    for _ in range(3):
+        old = UnifiedBuffer((1031,), np.int32, device=device)
+        old.copy_from(np.full(1031, 0x5A5A5A5A, np.int32))
+        old.sync_to_device()
+        del old  # both blocks go back to the cache
+        buf = UnifiedBuffer((1031,), np.int32, device=device)
+        getattr(buf, mark)()
+        assert buf.state == expected
+        stats = buf.transfer_stats()
+        assert stats["host_to_device_bytes"] == stats["device_to_host_bytes"] == 0, stats
+        assert not buf.to_numpy().any(), "an earlier buffer's bytes"
+
+
+def test_a_refused_cuda_array_interface_changes_nothing(device):
+    """On CUDA, `__cuda_array_interface__` of a bfloat16 buffer (no type string) uploaded and
+    marked the buffer DEVICE_DIRTY before it failed, so `hasattr` froze the host views."""
+    pytest.importorskip("ml_dtypes")
+    buf = UnifiedBuffer((4,), "bfloat16", device=device)
+    view = buf.host
+    view[:] = 1
+    before = (buf.state, buf.transfer_stats())
+    assert not hasattr(buf, "__cuda_array_interface__")
+    assert (buf.state, buf.transfer_stats()) == before
+    view[0] = 2  # still writable
+
+
+class _LegacyProducer:
+    """A DLPack producer from before DLPack 1.0: `__dlpack__` takes only `stream`."""
+
+    def __init__(self, array):
+        self.array = array
+
+    def __dlpack__(self, stream=None):
+        return self.array.__dlpack__(stream=stream)
+
+    def __dlpack_device__(self):
+        return self.array.__dlpack_device__()
+
+
+def test_producers_from_before_dlpack_1_are_imported(device):
+    data = np.frombuffer(_pattern(16), dtype=np.uint8).copy()  # writable: legacy DLPack has no read-only flag
+    source = _LegacyProducer(data)
+    for kind in _kinds(device):
+        m = kind(16, device=device)
+        m.copy_from_device(source)
+        assert m.tobytes() == _pattern(16)
+        assert kind(source, copy=True, device=device).tobytes() == _pattern(16)
+    db = DeviceBuffer(size=16, device=device)
+    db.copy_from_device(source)
+    assert db.tobytes() == _pattern(16)
+
+
+def test_dlpack_to_the_cpu_without_copy_exports_a_host_copy_where_needed(device):
+    """`numpy.from_dlpack(obj, device="cpu")` passes copy=None, which lets the producer copy:
+    memory objects and DeviceBuffer off the CPU refused it (UnifiedBuffer did not)."""
+    for obj in _objects(device):
+        name = type(obj).__name__
+        assert np.from_dlpack(obj, device="cpu").tobytes() == _pattern(64), name
+        capsule = obj.__dlpack__(max_version=(1, 0), dl_device=(1, 0))
+        try:
+            own = obj.__dlpack_device__()
+        except BufferError:
+            own = None
+        if not isinstance(obj, UnifiedBuffer):
+            # A copy exactly where the memory is not the CPU's, flagged as one.
+            assert bool(_versioned_flags(capsule) & _IS_COPIED) == (own != (1, 0)), name
+
+
+def test_memory_objects_say_what_they_expected_with_a_type_error(device):
+    for kind in _kinds(device):
+        for bad in (None, "16", 16.0, True, object()):
+            with pytest.raises(TypeError, match=r"expected a number of bytes \(an int\) or a memory object") as raised:
+                kind(bad, device=device)
+            assert str(raised.value).count("expected") == 1, raised.value
+    with pytest.raises(TypeError, match="a bool is not a size"):
+        MemoryDevice(True, device=device)
+    with pytest.raises(TypeError, match="a bool is not a size"):
+        DeviceBuffer(size=True, device=device)
+    db = DeviceBuffer(size=4, device=device)
+    for call in (db.resize, db.reserve):
+        with pytest.raises(TypeError, match="a bool is not a size"):
+            call(True)
+    assert (db.size, db.capacity()) == (4, 4)
+
+
+def test_getsizeof_counts_shared_memory_once(device):
+    n = 1 << 20
+    for kind in _kinds(device):
+        owner = kind(n, device=device)
+        views = [kind(owner) for _ in range(3)]
+        assert sys.getsizeof(owner) >= n
+        assert sum(map(sys.getsizeof, views)) < n, "zero-copy objects hold no memory of their own"
+
+
+class _ReturnsAnInt:
+    def __dlpack__(self, **_):
+        return 5
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+
+def test_dlpack_arguments_are_checked(device):
+    """`__dlpack__` took any `stream` on CUDA (0, which DLPack forbids there, a str, 2**70), and
+    a producer returning an int was reported as a capsule with neither ABI."""
+    for obj in _objects(device):
+        name = type(obj).__name__
+        with pytest.raises(TypeError, match="stream must be None, -1"):
+            obj.__dlpack__(stream="not a stream")
+        with pytest.raises(TypeError, match="stream must be None, -1"):
+            obj.__dlpack__(stream=True)
+        with pytest.raises(ValueError, match="out of range"):
+            obj.__dlpack__(stream=2**70)
+        # 0: "must be None" for the CPU, forbidden by DLPack for CUDA; never taken.
+        with pytest.raises(ValueError, match="stream"):
+            obj.__dlpack__(stream=0)
+        assert obj.__dlpack__(dl_device=(1, 0), copy=True) is not None, name
+    with pytest.raises(TypeError, match=r"returned int 5, not a DLPack capsule"):
+        DeviceBuffer(size=8, device=device).copy_from_device(_ReturnsAnInt())
+
+
+def test_fill_and_a_first_state_work_in_a_finalizer_late_in_shutdown():
+    # A finalizer of an object kept in sys.modules runs after sys.meta_path is cleared, when
+    # imports fail: `fill` imported NumPy on every call and a buffer's first `state` imported
+    # lazybuf._state, both ImportErrors there.
+    result = run_python(
+        """
+        import sys, numpy as np, lazybuf
+        filled = lazybuf.UnifiedBuffer((16,), dtype=np.float32)
+        fresh = lazybuf.UnifiedBuffer((16,), dtype=np.float32)
+        class Late:
+            def __del__(self):
+                for name, f in [("fill", lambda: filled.fill(2)), ("state", lambda: fresh.state),
+                                ("values", lambda: float(filled.to_numpy()[3]))]:
+                    try:
+                        print(name, "ok", f())
+                    except BaseException as e:
+                        print(name, type(e).__name__, e)
+        sys.modules["__late__"] = Late()
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert any(line.startswith("fill ok UnifiedBuffer(") for line in lines), result.stdout
+    assert "state ok UNINITIALIZED" in lines, result.stdout
+    assert "values ok 2.0" in lines, result.stdout

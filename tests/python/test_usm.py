@@ -318,9 +318,10 @@ def test_foreign_memory_needs_copy(device):
         MemoryDevice(db)
     m = MemoryDevice(db, copy=True)
     assert m.tobytes() == b"abc"
-    with pytest.raises(ValueError):
+    # Not memory and not a size: a TypeError saying what was expected.
+    with pytest.raises(TypeError, match="expected"):
         MemoryDevice("abc")
-    with pytest.raises(ValueError):
+    with pytest.raises(TypeError, match="expected"):
         MemoryDevice(1.5)
 
 

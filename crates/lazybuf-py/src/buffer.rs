@@ -98,7 +98,11 @@ struct Inner {
     /// The exposures of addresses handed to consumers that keep the buffer object rather than
     /// a view (`__array_interface__`, `__cuda_array_interface__`), one per memory and kind:
     /// that memory stays in use (never evicted or written to disk) and alive, also after a
-    /// release or `free()`, for as long as the buffer object lives.
+    /// release or `free()`, for as long as the buffer object lives. Such a consumer holds a
+    /// raw address and the buffer object, never a reference to the memory, so nothing can
+    /// tell when it is done with the address: the memory is never given back before the
+    /// object is gone. To keep that bounded, `free()` reuses it ([`UnifiedBuffer::reuse_exported`]):
+    /// a buffer freed in a loop holds one memory, not one per iteration.
     exports: Vec<Exposure>,
     /// The last views handed out (`.host`, `.host_readonly`, `.device` with its handle), to
     /// hand out again while still valid: the same object, while the caller or `kept` holds it
@@ -157,7 +161,27 @@ pub(crate) struct Released {
     writable: Vec<(usize, Py<PyWeakrefReference>)>,
 }
 
+impl Inner {
+    /// Takes the views handed out (they are of the memory going away) with `storage`, the
+    /// memory given up, for [`Released::finish`].
+    fn take_views(&mut self, storage: Arc<Storage>) -> Released {
+        let views =
+            [self.host_view.take(), self.host_readonly_view.take(), self.device_view.take().map(|(_, v)| v)];
+        Released {
+            _storage: storage,
+            views: views.into_iter().flatten().collect(),
+            kept: self.kept.take_all(),
+            writable: std::mem::take(&mut self.writable_views),
+        }
+    }
+}
+
 impl Released {
+    /// Gives up nothing but a reference to `storage`.
+    fn nothing(storage: Arc<Storage>) -> Released {
+        Released { _storage: storage, views: Vec::new(), kept: Vec::new(), writable: Vec::new() }
+    }
+
     /// Makes the writable host views handed out read-only (a write through them now would
     /// be lost), then drops the buffer's holds.
     pub(crate) fn finish(self, py: Python<'_>) -> PyResult<()> {
@@ -275,17 +299,7 @@ impl UnifiedBuffer {
         let mut inner = self.inner();
         // The memory of `exports` stays with them (they hold it) while the object lives.
         let storage = inner.storage.take().ok_or_else(released)?;
-        let views = [
-            inner.host_view.take(),
-            inner.host_readonly_view.take(),
-            inner.device_view.take().map(|(_, v)| v),
-        ];
-        Ok(Released {
-            _storage: storage,
-            views: views.into_iter().flatten().collect(),
-            kept: inner.kept.take_all(),
-            writable: std::mem::take(&mut inner.writable_views),
-        })
+        Ok(inner.take_views(storage))
     }
 
     /// Installs `fresh` in place of the buffer's memory (`free()`) and gives up the old one:
@@ -295,17 +309,99 @@ impl UnifiedBuffer {
         let mut inner = self.inner();
         // The old memory's `exports` keep it (alive, and in use) while the object lives.
         let old = inner.storage.replace(fresh).ok_or_else(released)?;
-        let views = [
-            inner.host_view.take(),
-            inner.host_readonly_view.take(),
-            inner.device_view.take().map(|(_, v)| v),
-        ];
-        Ok(Released {
-            _storage: old,
-            views: views.into_iter().flatten().collect(),
-            kept: inner.kept.take_all(),
-            writable: std::mem::take(&mut inner.writable_views),
-        })
+        Ok(inner.take_views(old))
+    }
+
+    /// `free()` of a buffer whose memory (the current, or an earlier one) an interface
+    /// exported (see `Inner::exports`): that memory can never be given back while the object
+    /// lives, so the buffer reuses it instead of taking more. The first memory in `exports`
+    /// that nothing but the buffer holds (no view, capsule, memory owner or call in progress:
+    /// its reference count is the buffer's own references and the exports') becomes the
+    /// buffer's memory, its contents forgotten (UNINITIALIZED, as `invalidate`; a read sees
+    /// zeros) and its counters reset: the current memory first (kept in place), else an
+    /// earlier one (installed in place of the current, which goes as `free()` lets memory go).
+    /// `None` when there is none: `free()` then takes new memory as usual. Memory held this
+    /// way is at most what live objects hold, plus one.
+    ///
+    /// An interface consumer still using an address after `free()` then sees the buffer's
+    /// later bytes there, never freed memory. The caller [`Released::finish`]es the result.
+    fn reuse_exported(&self, py: Python<'_>, current: &Arc<Storage>) -> PyResult<Option<Released>> {
+        let candidates: Vec<Arc<Storage>> = {
+            let inner = self.inner();
+            let mut candidates: Vec<Arc<Storage>> = Vec::new();
+            for storage in inner.exports.iter().map(Exposure::storage) {
+                if !candidates.iter().any(|c| Arc::ptr_eq(c, storage)) {
+                    candidates.push(Arc::clone(storage));
+                }
+            }
+            // The current memory first: reusing it in place changes the least.
+            candidates.sort_by_key(|c| !Arc::ptr_eq(c, current));
+            candidates
+        };
+        if candidates.is_empty() {
+            return Ok(None);
+        }
+        // The views the buffer keeps hold their memory: let go of them first (dropping a view
+        // may run Python code, so not under a lock). `free()` drops them anyway.
+        let kept = self.inner().kept.take_all();
+        drop(kept);
+        for candidate in &candidates {
+            let reused = lock::detach(py, |d| -> PyResult<Option<Released>> {
+                // Held until the memory is installed and forgotten: nobody can use it meanwhile.
+                let mut raw = candidate.lock_detached(d)?;
+                let given_up = {
+                    let mut inner = self.inner();
+                    let Some(installed) = inner.storage.as_ref() else {
+                        return Err(released());
+                    };
+                    if !Arc::ptr_eq(installed, current) {
+                        // Another thread freed the buffer meanwhile: that was this free.
+                        return Ok(Some(Released::nothing(Arc::clone(current))));
+                    }
+                    let in_place = Arc::ptr_eq(candidate, current);
+                    let exported =
+                        inner.exports.iter().filter(|e| Arc::ptr_eq(e.storage(), candidate)).count();
+                    // The exports, `candidates`, and for the current memory `inner.storage` and
+                    // the caller's `current`: any other reference may use the memory. (No new
+                    // one can appear: the memory is reached through `inner`, locked here, or
+                    // through a reference counted now.)
+                    let ours = exported + 1 + if in_place { 2 } else { 0 };
+                    if Arc::strong_count(candidate) != ours {
+                        return Ok(None);
+                    }
+                    let old = if in_place {
+                        Arc::clone(current)
+                    } else {
+                        candidate.spill().set_spillable(current.spill().spillable());
+                        inner.storage.replace(Arc::clone(candidate)).ok_or_else(released)?
+                    };
+                    inner.take_views(old)
+                };
+                raw.invalidate();
+                raw.reset_transfer_stats();
+                Ok(Some(given_up))
+            })?;
+            if reused.is_some() {
+                return Ok(reused);
+            }
+        }
+        Ok(None)
+    }
+
+    /// Declares a write of the copy on `device` (the host's when `None`), as
+    /// [`RawBuffer::mark_written`] does: made current first (zeros when the buffer held no
+    /// data), then every other copy is stale. In place when that copy is current and the
+    /// storage's lock is free (bookkeeping only, as the `_nogil` accesses do), else with the
+    /// GIL released.
+    fn mark_written(&self, py: Python<'_>, device: Option<&Device>) -> PyResult<()> {
+        let storage = self.storage()?;
+        if let Some(mut raw) = storage.try_lock_raw()
+            && raw.access_is_immediate(device, Access::Write)
+        {
+            storage.spill().touch();
+            return raw.mark_written(device).or_py();
+        }
+        lock::detach(py, |d| storage.lock_detached(d)?.mark_written(device).or_py())
     }
 
     /// Makes the host current for `access` (the GIL released meanwhile).
@@ -850,22 +946,26 @@ impl UnifiedBuffer {
 
     /// Declares a host write: the host is made current, then the device copy is stale.
     fn mark_host_dirty(&self, py: Python<'_>) -> PyResult<()> {
-        observed(py, Cause::access("mark_host_dirty"), || self.access_host(py, Access::Write))
+        observed(py, Cause::access("mark_host_dirty"), || self.mark_written(py, None))
     }
 
     /// Declares a device write (by a kernel): the device is made current, then the host copy
     /// is stale (and the writable host views handed out become read-only).
     fn mark_device_dirty(&self, py: Python<'_>) -> PyResult<()> {
-        observed(py, Cause::access("mark_device_dirty"), || self.access_device(py, Access::Write))
+        observed(py, Cause::access("mark_device_dirty"), || {
+            self.mark_written(py, Some(&self.home))?;
+            self.freeze_if_host_stale(py)
+        })
     }
 
     /// Declares a write on the Metal device `.metal` uses (by a Metal kernel): that copy is
     /// made current, then every other copy is stale. Raises `MetalUnavailableError` where
     /// there is no Metal device.
     fn mark_metal_dirty(&self, py: Python<'_>) -> PyResult<()> {
-        let storage = self.storage()?;
+        // A released buffer says so first, wherever Metal is.
+        self.storage_unordered()?;
         let metal = metal_device(&self.home)?;
-        storage.sync_device_nogil(py, &metal, Access::Write)?;
+        self.mark_written(py, Some(&metal))?;
         self.freeze_if_host_stale(py)
     }
 
@@ -1067,11 +1167,17 @@ impl UnifiedBuffer {
     /// makes the buffer UNINITIALIZED; it stays usable and takes memory again at its next use.
     /// The data is gone. Views made earlier keep the old memory alive until they are gone;
     /// the writable `.host` arrays handed out become read-only (a write through them would be
-    /// lost).
+    /// lost). Memory whose address `__array_interface__` or `__cuda_array_interface__` handed
+    /// out stays with the buffer until the object is gone (a consumer holds the object and the
+    /// address): `free()` reuses it, its contents forgotten, instead of taking more (see
+    /// `reuse_exported`).
     fn free(slf: &Bound<'_, Self>) -> PyResult<()> {
         let this = slf.get();
+        let storage = this.storage()?;
+        if let Some(released) = this.reuse_exported(slf.py(), &storage)? {
+            return released.finish(slf.py());
+        }
         let fresh = {
-            let storage = this.storage()?;
             let raw = storage.lock(slf.py())?;
             let resource = Arc::clone(raw.resource());
             let fresh = Storage::new(RawBuffer::with_resource(
@@ -1318,6 +1424,14 @@ impl UnifiedBuffer {
             return Err(PyAttributeError::new_err(format!(
                 "__cuda_array_interface__ exists only for buffers on a CUDA device; this one is on {}",
                 selector(&self.home)
+            )));
+        }
+        if typestr(self.elem.dtype).is_none() {
+            // Refused before the device write, which would change the state (a failed
+            // `hasattr` made the buffer DEVICE_DIRTY and its host views read-only).
+            return Err(PyAttributeError::new_err(format!(
+                "{} has no __cuda_array_interface__ type string; use __dlpack__ instead",
+                self.elem.dtype
             )));
         }
         let storage = self.storage()?;

@@ -7,7 +7,8 @@
 //! C-contiguous, no mask; its pointer must be memory of one of lazybuf's CUDA devices, found
 //! with the driver; a v3 `stream` is waited for on the device), or a DLPack producer (CPU
 //! tensors are the host device's memory, CUDA and CUDA-managed tensors that device's;
-//! C-contiguous). Foreign memory is wrapped without copying or owning
+//! C-contiguous; producers from before DLPack 1.0 too, asked again without keywords as NumPy
+//! does). Foreign memory is wrapped without copying or owning
 //! ([`lazybuf::DeviceAllocation::borrowed`]) and kept alive (the producer object, or the
 //! imported DLPack tensor) until the copy is done. Copies between devices go peer to peer
 //! where the runtime can, else through the host.
@@ -17,11 +18,12 @@
 
 use std::sync::Arc;
 
-use dlpark::ffi::DLDeviceType;
+use dlpark::ffi::{DLDeviceType, DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION};
+use dlpark::python::consumer::exchange::ExchangeApi;
 use dlpark::python::{ImportedDlpack, from_dlpack};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyInt};
+use pyo3::types::{PyCapsule, PyDict, PyInt};
 
 use lazybuf::backend::HostSpan;
 use lazybuf::coherence::Access;
@@ -31,6 +33,7 @@ use crate::args::repr;
 use crate::buffer::UnifiedBuffer;
 use crate::device_buffer::{BufferCell, PyDeviceBuffer};
 use crate::errors::OrPyErr;
+use crate::gil_cell::interned;
 use crate::interop::addresses_cuda;
 use crate::lock::Detached;
 use crate::memory::{MemoryCell, PyMemory};
@@ -81,29 +84,48 @@ pub(crate) enum KeepAlive {
 }
 
 impl Source {
-    /// Resolves `obj` (see the module docs); `what` names the call in messages.
+    /// Resolves `obj` (see the module docs); `what` names the call in messages. An object that
+    /// is none of the sources: `ValueError` saying what is expected.
     pub(crate) fn resolve(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<(Source, KeepAlive)> {
+        Self::resolve_any(obj, what)?.ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "{what}: expected device memory (a lazybuf memory object or DeviceBuffer, an object \
+                 with __cuda_array_interface__, or a DLPack producer), got {}",
+                repr(obj)
+            ))
+        })
+    }
+
+    /// As [`Self::resolve`], `None` for an object that is none of the sources (the caller says
+    /// what it expected).
+    pub(crate) fn resolve_any(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Option<(Source, KeepAlive)>> {
         if let Ok(memory) = obj.cast::<PyMemory>() {
-            return Ok((Source::Memory(memory.get().cell().clone()), KeepAlive::Nothing));
+            return Ok(Some((Source::Memory(memory.get().cell().clone()), KeepAlive::Nothing)));
         }
         if let Ok(buffer) = obj.cast::<PyDeviceBuffer>() {
-            return Ok((Source::Buffer(buffer.get().cell().clone()), KeepAlive::Nothing));
+            return Ok(Some((Source::Buffer(buffer.get().cell().clone()), KeepAlive::Nothing)));
         }
         if let Ok(buffer) = obj.cast::<UnifiedBuffer>() {
-            return Ok((Source::Unified(buffer.get().storage()?), KeepAlive::Nothing));
+            return Ok(Some((Source::Unified(buffer.get().storage()?), KeepAlive::Nothing)));
         }
         if obj.hasattr("__cuda_array_interface__")? {
             let memory = from_cuda_array_interface(obj, what)?;
-            return Ok((Source::Borrowed(memory), KeepAlive::Object(obj.clone().unbind())));
+            return Ok(Some((Source::Borrowed(memory), KeepAlive::Object(obj.clone().unbind()))));
         }
         if obj.hasattr("__dlpack__")? {
-            return dlpack(obj, what);
+            return dlpack(obj, what).map(Some);
         }
-        Err(PyValueError::new_err(format!(
-            "{what}: expected device memory (a lazybuf memory object or DeviceBuffer, an object \
-             with __cuda_array_interface__, or a DLPack producer), got {}",
-            repr(obj)
-        )))
+        Ok(None)
+    }
+
+    /// Whether `obj` is of a kind [`Self::resolve`] takes, without resolving it (nothing is
+    /// imported or accessed; an object's `__cuda_array_interface__` property is read).
+    pub(crate) fn is_source(obj: &Bound<'_, PyAny>) -> PyResult<bool> {
+        Ok(obj.cast::<PyMemory>().is_ok()
+            || obj.cast::<PyDeviceBuffer>().is_ok()
+            || obj.cast::<UnifiedBuffer>().is_ok()
+            || obj.hasattr("__cuda_array_interface__")?
+            || obj.hasattr("__dlpack__")?)
     }
 
     /// Runs `f` with the source's memory and the number of its bytes to copy. Locks the
@@ -313,9 +335,49 @@ fn wait_for_stream(device: &Device, stream: &Bound<'_, PyAny>, what: &str) -> Py
     }
 }
 
+/// The DLPack tensor of `obj`: a capsule handed over as it is, or what its `__dlpack__`
+/// returns. A producer is asked for the versioned ABI (`max_version`); one written before
+/// DLPack 1.0 takes no such keyword and raises `TypeError`, and is then asked again without
+/// keywords, as NumPy's `from_dlpack` does (the array API standard asks consumers to).
+/// Producers with the C exchange API go through dlpark's import. A `__dlpack__` that returns
+/// something other than a capsule is a `TypeError` saying what it returned.
+fn import_dlpack(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<ImportedDlpack> {
+    let py = obj.py();
+    if obj.is_instance_of::<PyCapsule>() || ExchangeApi::from_object(obj.as_borrowed())?.is_some() {
+        return from_dlpack(obj.as_borrowed(), None, None);
+    }
+    let kwargs = PyDict::new(py);
+    kwargs.set_item("max_version", (DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION))?;
+    let capsule = match obj.call_method(interned!(py, "__dlpack__"), (), Some(&kwargs)) {
+        Ok(capsule) => capsule,
+        Err(versioned) if versioned.is_instance_of::<PyTypeError>(py) => {
+            obj.call_method0(interned!(py, "__dlpack__")).inspect_err(|legacy| {
+                // The first refusal says why the keywords were dropped.
+                legacy.set_cause(py, Some(versioned));
+            })?
+        }
+        Err(err) => return Err(err),
+    };
+    if !capsule.is_instance_of::<PyCapsule>() {
+        return Err(PyTypeError::new_err(format!(
+            "{what}: {}.__dlpack__() returned {} {}, not a DLPack capsule (a PyCapsule named \
+             \"dltensor_versioned\" or \"dltensor\")",
+            type_name(obj),
+            type_name(&capsule),
+            repr(&capsule)
+        )));
+    }
+    from_dlpack(capsule.as_borrowed(), None, None)
+}
+
+/// The name of `obj`'s type, for messages.
+fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "<object>".into())
+}
+
 /// Imports a DLPack producer and wraps its memory on the device it names.
 fn dlpack(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<(Source, KeepAlive)> {
-    let imported = from_dlpack(obj.as_borrowed(), None, None)?;
+    let imported = import_dlpack(obj, what)?;
     let memory = {
         let tensor = imported
             .validate()

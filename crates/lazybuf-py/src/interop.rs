@@ -8,7 +8,10 @@
 //! **DLPack.** Zero-copy export of a buffer's host copy (kDLCPU) or, on a CUDA device, of its
 //! device copy (kDLCUDA); of memory objects and device buffers as 1-d uint8 tensors on their
 //! memory's DLPack device (memory DLPack has no device for, OpenCL and wgpu device memory, is
-//! a `BufferError` naming its backend, except with `copy=True`). The versioned ABI when the
+//! a `BufferError` naming its backend, except with `copy=True`; a consumer asking for the CPU
+//! with `copy=None`, as `numpy.from_dlpack(obj, device="cpu")` does, gets a host copy of memory
+//! that is not the CPU's). The consumer's `stream` is checked as DLPack defines it
+//! ([`DlpackArgs`]). The versioned ABI when the
 //! consumer passes `max_version >= (1, 0)` (NumPy 2 does), the legacy one otherwise. dlpark
 //! does the protocol work (argument parsing, ABI choice, capsule names and single use,
 //! zero-copy validation); this module describes the memory, with the one [`Exporter`]. Each
@@ -49,6 +52,7 @@ use lazybuf::coherence::Access;
 use lazybuf::{DType, Device, DlpackDevice, MemoryKind};
 
 use crate::dtype::typestr;
+use crate::gil_cell::interned;
 use crate::views::Exposure;
 use crate::views::Storage;
 
@@ -91,8 +95,11 @@ fn data_type(dtype: DType) -> DLDataType {
 
 /// The arguments of one `__dlpack__` call.
 pub(crate) struct DlpackArgs<'py> {
-    /// The consumer's stream (`None` on the CPU).
+    /// The consumer's stream (`None` on the CPU), checked ([`stream_value`]); `None` when the
+    /// consumer passed none or `None`.
     pub(crate) stream: Option<Bound<'py, PyAny>>,
+    /// Its value as DLPack defines it (see [`stream_value`]).
+    stream_value: Option<i128>,
     /// The newest DLPack version the consumer understands.
     pub(crate) max_version: Option<(u32, u32)>,
     /// Where the consumer wants the tensor.
@@ -102,15 +109,20 @@ pub(crate) struct DlpackArgs<'py> {
 }
 
 impl<'py> DlpackArgs<'py> {
-    /// The arguments as `__dlpack__` received them: `max_version` and `dl_device` are checked
-    /// here, so a value out of range is a `ValueError` naming the argument (extracted as
-    /// `(u32, u32)` by PyO3, `(-1, -1)` raised an `OverflowError` that named nothing).
+    /// The arguments as `__dlpack__` received them: `stream`, `max_version` and `dl_device`
+    /// are checked here, before anything is accessed, so a value of the wrong type is a
+    /// `TypeError` and one out of range a `ValueError`, each naming the argument (extracted as
+    /// `(u32, u32)` by PyO3, `(-1, -1)` raised an `OverflowError` that named nothing; any
+    /// `stream` was taken). What a stream means depends on where the tensor goes:
+    /// [`DlpackArgs::check_stream_for`].
     pub(crate) fn new(
         stream: Option<Bound<'py, PyAny>>,
         max_version: Option<Bound<'py, PyAny>>,
         dl_device: Option<Bound<'py, PyAny>>,
         copy: Option<bool>,
     ) -> PyResult<Self> {
+        let stream = stream.filter(|s| !s.is_none());
+        let stream_value = stream.as_ref().map(stream_value).transpose()?;
         let max_version =
             int_pair(max_version, "max_version", "(major, minor), two ints from 0 to 2**32 - 1")?;
         let dl_device = int_pair(
@@ -118,8 +130,81 @@ impl<'py> DlpackArgs<'py> {
             "dl_device",
             "(device_type, device_id), an int from 0 to 2**32 - 1 and one from -2**31 to 2**31 - 1",
         )?;
-        Ok(DlpackArgs { stream, max_version, dl_device, copy })
+        Ok(DlpackArgs { stream, stream_value, max_version, dl_device, copy })
     }
+
+    /// Checks the consumer's stream against the DLPack device `wanted` the tensor goes to: the
+    /// CPU has no streams (it must be `None`, NumPy's rule); for CUDA memory DLPack forbids 0
+    /// (ambiguous: it could mean `None`, 1 or 2). lazybuf's copies are complete when they
+    /// return, so any other stream needs no synchronization.
+    pub(crate) fn check_stream_for(&self, wanted: DLDevice) -> PyResult<()> {
+        let (Some(stream), Some(value)) = (&self.stream, self.stream_value) else {
+            return Ok(());
+        };
+        if wanted.device_type == DLDeviceType::CPU {
+            return Err(PyValueError::new_err(format!(
+                "__dlpack__: stream must be None for an export to the CPU (it has no streams), got {}",
+                crate::args::repr(stream)
+            )));
+        }
+        let cuda = [DLDeviceType::CUDA, DLDeviceType::CUDAMANAGED].contains(&wanted.device_type);
+        if cuda && value == 0 {
+            return Err(PyValueError::new_err(format!(
+                "__dlpack__: stream 0 is not allowed for CUDA memory (DLPack forbids it: it could mean \
+                 None, 1 or 2); expected {STREAM_VALUES}"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// What a `stream` argument may be, for messages.
+const STREAM_VALUES: &str = "None, -1 (no synchronization), 1 (the legacy default stream), 2 (the \
+     per-thread default stream) or a stream handle (an int above 2, or an object with __cuda_stream__)";
+
+/// The value of a consumer's `stream` (not `None`) as DLPack defines it: an int (a NumPy
+/// integer too) or an object with `__cuda_stream__` (an int, or a method returning one, as
+/// `torch.cuda.Stream` has), from -1 up to the largest handle (`usize::MAX`). Of another type
+/// (a bool included): `TypeError`; out of that range: `ValueError`.
+fn stream_value(stream: &Bound<'_, PyAny>) -> PyResult<i128> {
+    let wrong_type = || {
+        pyo3::exceptions::PyTypeError::new_err(format!(
+            "__dlpack__: stream must be {STREAM_VALUES}; got {}",
+            crate::args::repr(stream)
+        ))
+    };
+    let as_int = |x: &Bound<'_, PyAny>| -> PyResult<Option<i128>> {
+        if x.is_instance_of::<pyo3::types::PyBool>() {
+            return Err(wrong_type());
+        }
+        match x.extract::<i128>() {
+            Ok(value) => Ok(Some(value)),
+            Err(err) if err.is_instance_of::<pyo3::exceptions::PyOverflowError>(x.py()) => {
+                Err(PyValueError::new_err(format!(
+                    "__dlpack__: stream {} is out of range; expected {STREAM_VALUES}",
+                    crate::args::repr(stream)
+                )))
+            }
+            Err(_) => Ok(None),
+        }
+    };
+    let value = match as_int(stream)? {
+        Some(value) => value,
+        None => {
+            let py = stream.py();
+            let Ok(handle) = stream.getattr(interned!(py, "__cuda_stream__")) else {
+                return Err(wrong_type());
+            };
+            let handle = if handle.is_callable() { handle.call0()? } else { handle };
+            as_int(&handle)?.ok_or_else(wrong_type)?
+        }
+    };
+    if value < -1 || value > usize::MAX as i128 {
+        return Err(PyValueError::new_err(format!(
+            "__dlpack__: stream {value} is out of range; expected {STREAM_VALUES}"
+        )));
+    }
+    Ok(value)
 }
 
 /// `value` (`None`: not given) as a pair of ints that fit `A` and `B`; an error naming `name`
@@ -177,15 +262,8 @@ pub(crate) fn dlpack_of_buffer<'py>(
     let request = ExportRequest::parse(args.stream.as_ref(), args.max_version, args.dl_device, args.copy)?;
     let home_device = buffer_dlpack_device(source.home);
     let wanted = request.device().unwrap_or(home_device);
+    args.check_stream_for(wanted)?;
     if wanted.device_type == DLDeviceType::CPU {
-        // NumPy's rule for CPU exports: the CPU has no streams, so the consumer passes None.
-        if let Some(stream) = &args.stream {
-            return Err(PyValueError::new_err(format!(
-                "__dlpack__: stream must be None for an export to the CPU (it has no streams), \
-                 got {}",
-                stream.repr().map(|r| r.to_string()).unwrap_or_else(|_| "<unprintable>".into())
-            )));
-        }
         if args.copy == Some(true) {
             let copy = source.storage.to_array(py, source.shape, source.descr)?;
             return export_copy(py, copy, data_type(source.dtype), &request);
@@ -397,11 +475,11 @@ pub(crate) struct ExportedBytes {
 }
 
 /// `__dlpack__` of memory of `kind` on `device` (memory objects, device buffers) as a 1-d uint8
-/// tensor: zero-copy (`view`
-/// describes the memory), or, with `copy=True`, a copy in new host memory for the CPU
-/// flagged as copied (`read` makes it: a new uint8 NumPy array of the bytes). The consumer's
-/// `dl_device`, else the memory's own DLPack device, else the CPU is where the tensor goes;
-/// a copy for a device other than the CPU is a `BufferError`.
+/// tensor: zero-copy (`view` describes the memory), or a copy in new host memory for the CPU
+/// flagged as copied (`read` makes it: a new uint8 NumPy array of the bytes) with `copy=True`,
+/// and with `copy=None` when the consumer asked for the CPU and the memory is not the CPU's.
+/// The consumer's `dl_device`, else the memory's own DLPack device, else the CPU is where the
+/// tensor goes; a copy for a device other than the CPU is a `BufferError`.
 pub(crate) fn dlpack_of_bytes<'py>(
     py: Python<'py>,
     device: &Device,
@@ -410,16 +488,20 @@ pub(crate) fn dlpack_of_bytes<'py>(
     view: impl FnOnce(Python<'py>) -> PyResult<ExportedBytes>,
     read: impl FnOnce(Python<'py>) -> PyResult<Bound<'py, PyAny>>,
 ) -> PyResult<Py<PyAny>> {
-    let stream = call.stream.filter(|s| !s.is_none());
-    let request = ExportRequest::parse(stream.as_ref(), call.max_version, call.dl_device, call.copy)?;
+    let request = ExportRequest::parse(call.stream.as_ref(), call.max_version, call.dl_device, call.copy)?;
     let home = dlpack_device(device, kind);
     // A copy goes to the CPU (where the consumer asked for no device, too, for memory with
     // no DLPack device of its own).
     let wanted = request.device().or(home).unwrap_or(DLDevice::CPU);
-    if wanted == DLDevice::CPU && stream.is_some() {
-        return Err(PyValueError::new_err("__dlpack__: stream must be None for an export to the CPU"));
-    }
-    if call.copy == Some(true) {
+    call.check_stream_for(wanted)?;
+    // `copy=None` leaves the choice to the producer (the array API standard: reuse the memory
+    // if possible, copy otherwise): memory a consumer asked for on the CPU that is not CPU
+    // memory is exported as a host copy, as with `copy=True` (NumPy's
+    // `numpy.from_dlpack(obj, device="cpu")`). Without `dl_device` the tensor goes to the
+    // memory's own device, which is no copy.
+    let copy_to_cpu =
+        call.copy.is_none() && request.device() == Some(DLDevice::CPU) && home != Some(DLDevice::CPU);
+    if call.copy == Some(true) || copy_to_cpu {
         if wanted != DLDevice::CPU {
             return Err(copy_elsewhere(wanted, request.device().is_some()));
         }

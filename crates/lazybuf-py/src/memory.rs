@@ -12,14 +12,15 @@
 //! `Kind(nbytes, *, alignment=0, device=None, copy=False)` allocates (`nbytes`: an int, see
 //! [`crate::args::size`]; an array is a source, never a size); `Kind(other)` with another
 //! memory object shares its memory (zero-copy) when the kind matches, else raises `ValueError`
-//! unless `copy=True`, which copies (as it does for a `DeviceBuffer`, a
-//! `__cuda_array_interface__` or a DLPack source). A zero-copy object keeps the object that
+//! unless `copy=True`, which copies (as it does for a `DeviceBuffer`, a `UnifiedBuffer`, a
+//! `__cuda_array_interface__` or a DLPack source). Anything else is a `TypeError` saying what
+//! was expected (a bool too: it is not a size). A zero-copy object keeps the object that
 //! allocated the memory alive as `reference_obj` (the root owner, as NumPy collapses `.base`):
 //! `Kind(Kind(m))` references `m`, so chains of zero-copy objects never nest.
 //! `nbytes`/`size`/`len()`, `get_usm_type()` (`"device"`, `"host"`, `"shared"`), `alignment`,
 //! `device`, `ptr`, `copy_to_host(dest=None)`, `copy_from_host(obj)` (a shorter source fills a
 //! prefix), `copy_from_device(obj)` ([`crate::foreign`]), `memset(value=0)`, `tobytes()`,
-//! `__sizeof__` (the data counted), CUDA array interface and DLPack exports (`copy=True`: a
+//! `__sizeof__` (the data counted by its owner only), CUDA array interface and DLPack exports (`copy=True`: a
 //! copy in host memory for the CPU, for every kind and device), and pickling that
 //! records the kind and the device (unpickling checks the kind; a device this process lacks
 //! falls back to the current device with a `RuntimeWarning`).
@@ -37,10 +38,10 @@
 use std::ffi::c_int;
 use std::sync::Arc;
 
-use pyo3::exceptions::{PyAttributeError, PyValueError};
+use pyo3::exceptions::{PyAttributeError, PyTypeError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyTuple};
+use pyo3::types::{PyBool, PyBytes, PyDict, PyTuple};
 
 use lazybuf::{AllocationOptions, Device, Memory, MemoryKind};
 
@@ -142,6 +143,22 @@ impl PyMemory {
         device: Option<&Bound<'_, PyAny>>,
         copy: bool,
     ) -> PyResult<Self> {
+        let expected = || {
+            format!(
+                "{}(other): expected a number of bytes (an int) or a memory object (or, with copy=True, \
+                 device memory to copy: a DeviceBuffer, a UnifiedBuffer, an object with \
+                 __cuda_array_interface__ or a DLPack producer)",
+                class_name(kind)
+            )
+        };
+        if other.is_instance_of::<PyBool>() {
+            // An int to Python, but never meant as a size (DeviceBuffer(size=) refuses it too).
+            return Err(PyTypeError::new_err(format!(
+                "{}, got the bool {}: a bool is not a size",
+                expected(),
+                args::repr(other)
+            )));
+        }
         if args::is_size(other)? {
             let nbytes = args::size(other, "nbytes")?;
             return Self::allocate(py, kind, nbytes, alignment, crate::accelerator::device_arg(device)?);
@@ -193,18 +210,22 @@ impl PyMemory {
             return Ok(memory);
         }
         let what = format!("{}(other)", class_name(kind));
-        let (source, keep) = Source::resolve(other, &what).map_err(|err| {
-            PyValueError::new_err(format!(
-                "{what}: expected a number of bytes or a memory object (or, with copy=True, device \
-                 memory to copy: a DeviceBuffer, __cuda_array_interface__ or DLPack); {err}"
-            ))
-        })?;
+        let wrong_type = || {
+            let type_name = other.get_type().name().map(|n| n.to_string()).unwrap_or_default();
+            PyTypeError::new_err(format!("{}, got {type_name} {}", expected(), args::repr(other)))
+        };
         if !copy {
+            // Refused before the source is imported or read: nothing is accessed.
+            if !Source::is_source(other)? {
+                return Err(wrong_type());
+            }
             return Err(PyValueError::new_err(format!(
                 "{what}: lazybuf does not wrap foreign memory without copying; pass copy=True to copy {}",
                 args::repr(other)
             )));
         }
+        // A source's own errors (a bad interface, a refused DLPack export) name `what` already.
+        let (source, keep) = Source::resolve_any(other, &what)?.ok_or_else(wrong_type)?;
         let (nbytes, home) = lock::detach(py, |d| source.with(d, |m, n| (n, m.device().clone())))?;
         let memory = Self::allocate(py, kind, nbytes, alignment, device.unwrap_or(home))?;
         memory.copy_from(py, &source)?;
@@ -285,9 +306,12 @@ impl PyMemory {
         self.nbytes
     }
 
-    /// The object's size in bytes, its memory included.
+    /// The object's size in bytes, its memory included when it owns it: an object made
+    /// zero-copy from another (`reference_obj` set) shares memory its root owner counts, so
+    /// summing `sys.getsizeof` over the objects counts each allocation once.
     fn __sizeof__(&self) -> usize {
-        std::mem::size_of::<Self>() + 2 * std::mem::size_of::<usize>() + self.nbytes
+        let owned = if self.reference.is_none() { self.nbytes } else { 0 };
+        std::mem::size_of::<Self>() + 2 * std::mem::size_of::<usize>() + owned
     }
 
     /// `"device"`, `"host"` or `"shared"`.

@@ -350,9 +350,10 @@ impl<T: Element> UnifiedBuffer<T> {
     }
 
     /// Declares that the host copy was written: it is made current first, then every device
-    /// copy is stale.
+    /// copy is stale. On a buffer that holds no data (UNINITIALIZED) the host copy holds zeros
+    /// after it, as a read sees them, never an earlier user's bytes of a reused block.
     pub fn mark_host_dirty(&mut self) -> Result<()> {
-        self.raw.host_access(Access::Write).map(drop)
+        self.raw.mark_written(None)
     }
 
     /// Declares that the buffer's own device copy was written (by a kernel): it is made
@@ -362,9 +363,10 @@ impl<T: Element> UnifiedBuffer<T> {
         self.mark_dirty_on(&device)
     }
 
-    /// As [`Self::mark_device_dirty`], for any device.
+    /// As [`Self::mark_device_dirty`], for any device. On a buffer that holds no data
+    /// (UNINITIALIZED) that copy holds zeros after it (see [`Self::mark_host_dirty`]).
     pub fn mark_dirty_on(&mut self, device: &Device) -> Result<()> {
-        self.raw.hand_out(device, Access::Write).map(drop)
+        self.raw.mark_written(Some(device))
     }
 
     /// Sets every element to `value` where the data is current, with no transfer (on the

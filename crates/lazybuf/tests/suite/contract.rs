@@ -418,3 +418,51 @@ fn host_device_views_expose_exactly_the_buffers_elements() {
     assert_eq!(buf.device_mut().unwrap().as_host_slice_mut().unwrap().len(), 1000);
     assert_eq!(buf.device().unwrap().as_host_slice().unwrap(), &pattern(1, 1000)[..]);
 }
+
+/// `mark_device_dirty()`/`mark_host_dirty()` of a buffer that holds no data (UNINITIALIZED):
+/// the copy declared written reads as zeros, never as an earlier buffer's bytes left in a block
+/// reused through the default pool or kept by `invalidate()`; the state follows the table and
+/// the zero-fill is no transfer.
+#[test]
+fn marking_a_buffer_that_holds_no_data_dirty_gives_zeros() {
+    // An odd length, so that another test's buffers rarely take the block given back.
+    const LEN: usize = 3331;
+    let nonzero = vec![0x5A5A_5A5Au32; LEN];
+    for device in common::devices() {
+        let home = Location::Device(device.id());
+        for on_device in [true, false] {
+            let what = if on_device { "mark_device_dirty" } else { "mark_host_dirty" };
+            let mark = |buf: &mut UnifiedBuffer<u32>| {
+                if on_device { buf.mark_device_dirty() } else { buf.mark_host_dirty() }.unwrap()
+            };
+            // A block that held the pattern goes back to the default pool and is handed out again.
+            for _ in 0..3 {
+                let mut old = UnifiedBuffer::<u32>::on(&[LEN], &device).unwrap();
+                old.copy_from(&nonzero).unwrap();
+                old.sync_to_device().unwrap();
+                drop(old);
+                let mut buf = UnifiedBuffer::<u32>::on(&[LEN], &device).unwrap();
+                mark(&mut buf);
+                let expected = if on_device { BufferState::DeviceOnly } else { BufferState::HostOnly };
+                assert_eq!(buf.state(), expected, "{what} on {device}");
+                assert_nothing_moved(buf.transfer_stats());
+                assert_eq!(buf.transfer_stats().allocations, 1, "{what} on {device}");
+                assert!(buf.to_vec().unwrap().iter().all(|&x| x == 0), "{what} on {device}: not zeros");
+            }
+            // Memory kept by invalidate() holds the old bytes: marked dirty, it reads as zeros.
+            let mut buf = UnifiedBuffer::<u32>::on(&[LEN], &device).unwrap();
+            buf.copy_from(&nonzero).unwrap();
+            buf.sync_to_device().unwrap();
+            buf.invalidate();
+            buf.reset_transfer_stats();
+            mark(&mut buf);
+            let (valid, stale) = if on_device { (home, Location::Host) } else { (Location::Host, home) };
+            assert_eq!(buf.residency(valid), Residency::Valid, "{what} on {device}");
+            assert_eq!(buf.residency(stale), Residency::Stale, "{what} on {device}");
+            let expected = if on_device { BufferState::DeviceDirty } else { BufferState::HostDirty };
+            assert_eq!(buf.state(), expected, "{what} on {device}");
+            assert_eq!(buf.transfer_stats(), TransferStats::default(), "{what} on {device}");
+            assert!(buf.to_vec().unwrap().iter().all(|&x| x == 0), "{what} on {device}: not zeros");
+        }
+    }
+}

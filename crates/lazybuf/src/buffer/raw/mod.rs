@@ -404,6 +404,42 @@ impl RawBuffer {
         }
     }
 
+    /// Declares that the copy on `device` (the host's when `None`) was written: it is made
+    /// current first (allocated, and filled from a current copy if it is stale), then every
+    /// other copy is stale; a device copy counts as handed out for writing (to the caller's
+    /// kernels). The typed wrapper's `mark_host_dirty`/`mark_dirty_on`.
+    ///
+    /// When the buffer holds no data (UNINITIALIZED: nothing valid anywhere), nobody can have
+    /// written that copy through lazybuf, so it is made current as a read makes it: zero-filled
+    /// (the contract: a buffer that holds no data reads as zeros, never as the bytes an
+    /// earlier user of a reused block left). The zero-fill is no transfer (the counters count
+    /// only the allocation). A failed allocation or zero-fill changes nothing: the buffer is
+    /// UNINITIALIZED as before, holding what it held.
+    pub fn mark_written(&mut self, device: Option<&Device>) -> Result<()> {
+        let held_nothing = !self.coherence.any_valid();
+        match device {
+            Some(device) => {
+                if held_nothing {
+                    // A read of data nobody holds zero-fills (access_planned), without handing
+                    // the copy out.
+                    self.access(
+                        Location::Device(device.id()),
+                        Some(device),
+                        Access::Read,
+                        &observed::DEVICE,
+                    )?;
+                }
+                self.hand_out(device, Access::Write).map(drop)
+            }
+            None => {
+                if held_nothing {
+                    self.host_access(Access::Read)?;
+                }
+                self.host_access(Access::Write).map(drop)
+            }
+        }
+    }
+
     /// Makes the host copy (`host`: a host read) and the copy on `device` (a sync there) hold
     /// the buffer's data, as one operation: PyDotCompute's `allocate`. A buffer that held no
     /// data holds zeros after it. When the sync fails after the host read gave a buffer that
@@ -677,7 +713,7 @@ impl RawBuffer {
     fn await_aliased_use(&mut self) -> Result<()> {
         for copy in self.copies.iter_mut() {
             if copy.aliased_in_use() {
-                copy.last_use()?.wait()?;
+                copy.wait_for_use()?;
             }
         }
         Ok(())
