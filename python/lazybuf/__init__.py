@@ -154,9 +154,61 @@ __all__ += [
 __all__ += ["get_memory_limit", "memory_held", "reset_spill_stats", "set_memory_limit", "spill_stats"]
 __all__ += ["get_host_memory_limit", "host_memory_held", "set_host_memory_limit"]
 
-# Spill files of buffers still alive at exit (the interpreter need not finalize them) go too.
+# Spill files of buffers still alive at exit (the interpreter need not finalize them) go too:
+# at interpreter exit (atexit), and at the end of every multiprocessing child, which ends with
+# os._exit() after multiprocessing's own finalizers, never running atexit (workers started by
+# fork and forkserver; docs/SPILLING.md "The host tier and the disk").
 import atexit as _atexit
+import os as _os
+import typing as _typing
+
+if _typing.TYPE_CHECKING:
+    from multiprocessing.util import Finalize as _Finalize
 
 from ._lazybuf import _remove_spill_files
 
 _atexit.register(_remove_spill_files)
+
+
+class _ChildCleanup:
+    """Registers ``_remove_spill_files`` as a ``multiprocessing.util.Finalize`` of this process,
+    once: multiprocessing runs such finalizers (those with an exit priority) when a child's
+    target returns, before its ``os._exit()``. Its priority is low, so it runs after
+    multiprocessing's own (a pool's, a queue's), which may still use buffers."""
+
+    EXIT_PRIORITY = -100
+
+    def __init__(self) -> None:
+        self.finalizer: "_Finalize | None" = None
+        self.pid: int | None = None
+
+    def register(self) -> None:
+        util = _sys.modules.get("multiprocessing.util")
+        if util is None:
+            return
+        # Finalizers made by another process (a parent's, inherited) do nothing here, and a
+        # child's start clears the registry: register again unless this process's still stands.
+        if self.pid == _os.getpid() and self.finalizer is not None and self.finalizer.still_active():
+            return
+        self.finalizer = util.Finalize(None, _remove_spill_files, exitpriority=self.EXIT_PRIORITY)
+        self.pid = _os.getpid()
+
+    def after_fork(self) -> None:
+        # A child's start (BaseProcess._bootstrap) clears the finalizers inherited or made
+        # before it, then runs the "after fork" callbacks: register from one of those.
+        util = _sys.modules.get("multiprocessing.util")
+        if util is not None:
+            util.register_after_fork(self, _ChildCleanup.register)
+
+
+_child_cleanup = _ChildCleanup()
+# Forked children (multiprocessing's fork start method, and the forkserver's children).
+if hasattr(_os, "register_at_fork"):
+    _os.register_at_fork(after_in_child=_child_cleanup.after_fork)
+# Imported by a child that multiprocessing is starting (spawn, forkserver: the target's module
+# is unpickled before the child's start), or by one that has started (an import in its target).
+_child_cleanup.after_fork()
+_mp_process = _sys.modules.get("multiprocessing.process")
+if _mp_process is not None and _mp_process.parent_process() is not None:
+    _child_cleanup.register()
+del _mp_process

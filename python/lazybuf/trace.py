@@ -68,9 +68,18 @@ def record(*, capacity: int = 1 << 20, python_stack: bool = False, rust_backtrac
 
 def dump(path: str | os.PathLike[str], trace: Trace | None = None) -> None:
     """Writes ``trace`` (else a snapshot of the recording in progress) to ``path`` as Chrome
-    trace-event JSON."""
+    trace-event JSON. ``ValueError`` when no trace is given and the recorder is not recording."""
     if trace is not None and not isinstance(trace, Trace):
         raise TypeError(f"dump: trace must be a lazybuf.trace.Trace (what stop() returns) or None, got {trace!r}")
-    data = (trace if trace is not None else snapshot()).to_chrome_json()
+    if trace is None:
+        try:
+            trace = snapshot()
+        except ValueError:
+            # snapshot()'s own error would name trace.snapshot, which the caller never called.
+            raise ValueError(
+                "trace.dump: expected a Trace to write (dump(path, rec.trace), what stop() returns) or a "
+                "recording in progress to snapshot; the recorder is not recording (start() it first)"
+            ) from None
+    data = trace.to_chrome_json()
     with open(path, "w", encoding="utf-8") as f:
         f.write(data)

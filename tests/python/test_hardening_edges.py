@@ -325,14 +325,15 @@ import builtins, os, sys, threading, time
 import numpy as np
 import lazybuf
 
-# The first call of each kind makes one of the binding's once-cells by an import (NumPy, the
-# BufferState enum's module). While the "maker" thread is inside that import (held there, with
-# the GIL released, as a slow import would be), the main thread forks; the child then makes
-# the same call.
+# The first call of each kind makes one of the binding's once-cells by an import (NumPy,
+# pickle's PickleBuffer; the BufferState enum's members are made at import since a buffer's
+# first `state` could come from a finalizer late in shutdown). While the "maker" thread is
+# inside that import (held there, with the GIL released, as a slow import would be), the main
+# thread forks; the child then makes the same call.
 buf = lazybuf.UnifiedBuffer(4, np.float32, device="host")
 calls = {
     "copy_from": lambda: buf.copy_from(np.ones(4, np.float32)),
-    "state": lambda: buf.state,
+    "pickle out of band": lambda: buf.__reduce_ex__(5),
 }
 parent = os.getpid()
 inside, release = threading.Event(), threading.Event()

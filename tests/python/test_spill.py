@@ -602,3 +602,116 @@ def test_the_eviction_policy_environment_variable(policy, expected):
     assert done.stdout.startswith(expected), done.stdout
     if expected == "error":
         assert "LAZYBUF_EVICTION_POLICY" in done.stdout and "write-back-always" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("size", "message"),
+    [("-1", "a size cannot be negative"), ("-1MiB", "a size cannot be negative"), ("+5", "a size takes no sign")],
+)
+def test_a_signed_size_is_refused_as_signed_not_as_a_bad_unit(size, message):
+    """A hostile pass (2026-11-28): `-1` and `+5` were "expected a size unit ..., got \"-1\"":
+    the sign is what is wrong, and the error says so."""
+    with pytest.raises(ValueError, match=message) as raised:
+        lazybuf.set_memory_limit("host", size)
+    assert "expected a size unit" not in str(raised.value)
+    done = _with_env(f"host={size}", "import lazybuf\ntry:\n    lazybuf.get_memory_limit('host')\nexcept ValueError as e:\n    print(e)\n")
+    assert done.returncode == 0, done.stderr
+    assert "LAZYBUF_MEMORY_LIMIT" in done.stdout and message in done.stdout, done.stdout
+    assert "expected a size unit" not in done.stdout, done.stdout
+
+
+EXPLICIT_LIMIT_OVER_A_BAD_ENVIRONMENT = """
+import numpy as np, lazybuf
+devices = [d.selector for d in lazybuf.get_accelerator().devices if d.selector.startswith("loopback")]
+first, second = devices[:2]
+lazybuf.set_memory_limit(first, "1MiB")
+print("LIMIT", lazybuf.get_memory_limit(first))
+b = lazybuf.UnifiedBuffer(16, np.float32, device=first)
+b.copy_from(np.ones(16, np.float32))
+b.sync_to_device()
+print("ALLOCATED", lazybuf.memory_held(first) > 0)
+try:
+    lazybuf.UnifiedBuffer(1 << 19, np.float32, device=first).sync_to_device()   # 2 MiB: over 1 MiB
+except MemoryError as err:
+    print("OVER", "limit" in str(err))
+for call in (lambda: lazybuf.get_memory_limit(second), lambda: lazybuf.UnifiedBuffer(16, np.float32, device=second).sync_to_device()):
+    try:
+        call()
+    except ValueError as err:
+        print("OTHER", err)
+lazybuf.set_memory_limit(second, None)                # no limit, explicitly: also an override
+print("SECOND", lazybuf.get_memory_limit(second))
+lazybuf.UnifiedBuffer(16, np.float32, device=second).sync_to_device()
+print("DONE")
+"""
+
+
+def test_an_explicit_limit_overrides_a_malformed_environment_for_its_device():
+    """A hostile pass (2026-11-28): with LAZYBUF_MEMORY_LIMIT malformed, set_memory_limit()
+    returned, yet get_memory_limit() and every allocation on that device still failed with the
+    variable's error: the limit could not be set at all. SPILLING.md: a call of
+    set_memory_limit overrides the variable for its device; devices no call set still report
+    the variable's error."""
+    if len([d for d in lazybuf.get_accelerator().devices if d.selector.startswith("loopback")]) < 2:
+        pytest.skip("needs two loopback devices (a wheel built with the testing feature)")
+    done = _with_env("host=lots", EXPLICIT_LIMIT_OVER_A_BAD_ENVIRONMENT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert f"LIMIT {1 << 20}" in lines and "ALLOCATED True" in lines and "OVER True" in lines, done.stdout
+    others = [line for line in lines if line.startswith("OTHER")]
+    assert len(others) == 2 and all("LAZYBUF_MEMORY_LIMIT" in line and "lots" in line for line in others), done.stdout
+    assert "SECOND None" in lines and "DONE" in lines, done.stdout
+
+
+READ_BACK_OF_A_REPLACED_FILE = f"""
+import os, sys
+import numpy as np, lazybuf
+lazybuf.trim()
+lazybuf.set_host_memory_limit(lazybuf.host_memory_held() + {NBYTES})
+a = lazybuf.UnifiedBuffer({N}, np.float32, device="host"); a.copy_from(np.full({N}, 5, np.float32))
+b = lazybuf.UnifiedBuffer({N}, np.float32, device="host"); b.copy_from(np.full({N}, 6, np.float32))
+lazybuf.set_host_memory_limit(None)
+spill_dir = os.environ["LAZYBUF_SPILL_DIR"]
+(name,) = os.listdir(spill_dir)
+path = os.path.join(spill_dir, name)
+os.rename(path, path + ".aside")
+replacement = sys.argv[1]
+if replacement == "fifo":
+    os.mkfifo(path)
+try:
+    a.to_numpy()
+except Exception as err:
+    print("ERROR", type(err).__name__, err)
+print("STATE", a.state)
+if replacement == "fifo":
+    os.remove(path)
+os.rename(path + ".aside", path)
+print("BACK", bool((a.to_numpy() == 5).all()))
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="FIFOs")
+@pytest.mark.parametrize("replacement", ["missing", "fifo"])
+def test_a_spill_file_gone_or_replaced_is_an_io_error_and_changes_nothing(tmp_path, replacement):
+    """A hostile pass (2026-11-28): a spill file replaced by a FIFO made the next access wait in
+    open() forever; a missing one was "invalid argument for read back from disk". Both are I/O
+    errors now (OSError, not ValueError), the FIFO refused at once, and the buffer is
+    unchanged: with its file back, it reads back."""
+    spill_dir = tmp_path / "spill"
+    spill_dir.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-c", READ_BACK_OF_A_REPLACED_FILE, replacement],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "LAZYBUF_DEVICE": "host", "LAZYBUF_SPILL_DIR": str(spill_dir)},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    (error,) = [line for line in done.stdout.splitlines() if line.startswith("ERROR")]
+    # OSError with the system's errno where there is one (a missing file: FileNotFoundError).
+    expected = "FileNotFoundError [Errno 2] " if replacement == "missing" else "OSError "
+    assert error.startswith(f"ERROR {expected}read back from disk failed: could not read spill file"), error
+    assert "invalid argument" not in error and "the buffer is unchanged" in error, error
+    assert ("found a FIFO in its place" if replacement == "fifo" else "No such file or directory") in error, error
+    assert "STATE HOST_ONLY" in done.stdout and "BACK True" in done.stdout, done.stdout
+    assert os.listdir(spill_dir) == []

@@ -137,3 +137,80 @@ print("OK")
     done = _run(code, {"LAZYBUF_SPILL_DIR": None, "TMPDIR": str(tmp)})
     assert done.returncode == 0 and "OK" in done.stdout, done.stdout + done.stderr
     assert os.listdir(tmp) == [] and os.listdir(other) == []
+
+
+# A multiprocessing child that spills and keeps its spilled buffers alive until it ends (a
+# worker-level cache). `late`: lazybuf is imported by the child's target, not by the parent.
+MP_CHILDREN = f"""
+import glob, os, sys, tempfile
+import multiprocessing as mp
+KEEP = []
+def work(_=None):
+    import numpy as np, lazybuf
+    lazybuf.trim()
+    lazybuf.set_host_memory_limit(lazybuf.host_memory_held() + {NBYTES})
+    for value in range(3):
+        b = lazybuf.UnifiedBuffer({N}, np.float32, device="host"); b.copy_from(np.full({N}, value, np.float32))
+        KEEP.append(b)
+    lazybuf.set_host_memory_limit(None)
+    assert lazybuf.spill_stats("host")["bytes_to_disk"] >= 2 * {NBYTES}
+    root = os.environ.get("LAZYBUF_SPILL_DIR") or tempfile.gettempdir()
+    return len(glob.glob(os.path.join(root, "**", f"{{os.getpid()}}-*.bin"), recursive=True))
+def work_and_check():
+    spilled = work()
+    assert spilled >= 2, spilled                     # the child had files on disk when it ended
+if __name__ == "__main__":
+    method, kind, late = sys.argv[1:4]
+    if late != "late":
+        import lazybuf
+    ctx = mp.get_context(method)
+    if kind == "pool":
+        pool = ctx.Pool(2)
+        spilled = pool.map(work, range(4))
+        pool.close()                                 # a clean shutdown (terminate() kills)
+        pool.join()
+        assert sum(spilled) >= 2, spilled            # the workers had files on disk when they ended
+    else:
+        p = ctx.Process(target=work_and_check)
+        p.start(); p.join()
+        assert p.exitcode == 0, p.exitcode
+    print("OK")
+"""
+
+
+@pytest.mark.parametrize(
+    "method,kind,late",
+    [
+        ("fork", "pool", "early"),
+        ("fork", "process", "early"),
+        ("fork", "process", "late"),
+        ("forkserver", "process", "early"),
+        ("spawn", "process", "early"),
+    ],
+)
+@pytest.mark.parametrize("named", [False, True], ids=["own-dir", "named-dir"])
+def test_multiprocessing_children_remove_their_spill_files_when_they_end(tmp_path, method, kind, late, named):
+    """A hostile pass (2026-11-28): a multiprocessing child (fork or forkserver) that spilled
+    and ended normally left its spill files (and lazybuf's directory) behind: such children end
+    with os._exit(), which runs no atexit hook. The package also registers its cleanup as a
+    multiprocessing finalizer in every child, which multiprocessing runs before os._exit()."""
+    if method not in __import__("multiprocessing").get_all_start_methods():
+        pytest.skip(f"no {method} start method here")
+    tmp, named_dir = tmp_path / "tmp", tmp_path / "named"
+    tmp.mkdir()
+    named_dir.mkdir()
+    script = tmp_path / "mp_children.py"
+    script.write_text(MP_CHILDREN)
+    env = {**os.environ, "LAZYBUF_DEVICE": "host", "TMPDIR": str(tmp)}
+    env.pop("LAZYBUF_SPILL_DIR", None)
+    if named:
+        env["LAZYBUF_SPILL_DIR"] = str(named_dir)
+    done = subprocess.run(
+        [sys.executable, str(script), method, kind, late], capture_output=True, text=True, timeout=240, env=env
+    )
+    assert done.returncode == 0 and "OK" in done.stdout, done.stdout + done.stderr
+    # No file, and no directory of lazybuf's, of any process is left (the forkserver's own
+    # helper files go with it before the run returns).
+    left = [str(p.relative_to(tmp_path)) for p in tmp.rglob("*")] + [str(p.relative_to(tmp_path)) for p in named_dir.rglob("*")]
+    assert not [p for p in left if "lazybuf-spill" in p or p.endswith(".bin")], left
+    assert named_dir.is_dir()  # a named directory stays

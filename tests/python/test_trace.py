@@ -201,3 +201,14 @@ def test_dump_names_what_it_expects(tmp_path):
     with pytest.raises(TypeError, match="trace must be a lazybuf.trace.Trace"):
         lazybuf.trace.dump(tmp_path / "t.json", "hi")
     assert not (tmp_path / "t.json").exists()
+
+
+def test_dump_without_a_trace_or_a_recording_names_dump(tmp_path):
+    """A hostile pass (2026-11-28): trace.dump(path) with the recorder off said "invalid
+    argument for trace.snapshot", a call the caller never made."""
+    with pytest.raises(ValueError) as raised:
+        lazybuf.trace.dump(tmp_path / "t.json")
+    message = str(raised.value)
+    assert message.startswith("trace.dump:") and "trace.snapshot" not in message, message
+    assert "not recording" in message and "stop()" in message and "start()" in message, message
+    assert not (tmp_path / "t.json").exists()

@@ -435,3 +435,30 @@ def test_copy_to_a_converting_or_strided_array_is_explicit(device):
         b.copy_to(strided)
     np.testing.assert_array_equal(wide, np.arange(64))
     np.testing.assert_array_equal(strided, np.arange(64))
+
+
+def test_a_direction_named_twice_in_the_environment_variable_is_refused():
+    """A hostile pass (2026-11-28): `h2d=disallow,d2h=disallow,h2d=allow` set h2d to `allow`,
+    the later entry silently winning, so a `disallow` asked for was off. A direction named
+    twice is an error, as a device named twice in LAZYBUF_MEMORY_LIMIT is."""
+    code = """
+        import os
+        os.environ["LAZYBUF_TRANSFER_GUARD"] = "h2d=disallow,d2h=disallow,h2d=allow"
+        import numpy as np, lazybuf
+        try:
+            print("GOT", lazybuf.get_transfer_guard())
+        except ValueError as err:
+            print("GET", err)
+        b = lazybuf.UnifiedBuffer((10,), np.float32)
+        try:
+            b.host
+        except ValueError as err:
+            print("USE", err)
+    """
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr
+    assert "GOT" not in result.stdout, result.stdout
+    for prefix in ("GET", "USE"):
+        line = next(line for line in result.stdout.splitlines() if line.startswith(prefix))
+        assert "LAZYBUF_TRANSFER_GUARD" in line and "expected each direction once" in line, line
+        assert "h2d twice" in line and "h2d=disallow" in line and "h2d=allow" in line, line

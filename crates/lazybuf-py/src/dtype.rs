@@ -10,7 +10,7 @@
 
 use crate::gil_cell::GilOnceCell;
 use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyImportError, PyValueError};
 use pyo3::prelude::*;
 use std::sync::{Mutex, PoisonError};
 
@@ -125,11 +125,37 @@ pub(crate) fn classify(descr: Bound<'_, PyArrayDescr>) -> PyResult<ElementType> 
 /// thread forks (PyO3 releases the GIL before it starts making a once-cell's value), and the
 /// child would wait forever for a maker that `fork` did not copy (a hostile script hung so in
 /// 5 runs of 6; docs/RELIABILITY.md).
-pub(crate) fn make_ready(py: Python<'_>) {
-    let float32 = float32(py);
-    // The dtype checks of `classify` read NumPy's API version.
-    let _ = classify(float32.descr.into_bound(py));
+///
+/// NumPy is imported first, so its own failure is what the import of lazybuf raises, as
+/// NumPy raised it (`ModuleNotFoundError` where it is missing, `KeyboardInterrupt` for a
+/// Ctrl-C while it loads); rust-numpy panics where it cannot have NumPy's C API, and such a
+/// panic becomes an `ImportError` here, never a `PanicException`.
+pub(crate) fn make_ready(py: Python<'_>) -> PyResult<()> {
+    let numpy = py.import("numpy")?;
+    // `fill`'s scalar maker, kept from here: no import per call, and `fill` works in a
+    // finalizer late in the interpreter's shutdown, when imports no longer do.
+    let empty = numpy.getattr("empty")?.unbind();
+    NUMPY_EMPTY.get_or_init(py, || empty);
+    let made = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let float32 = float32(py);
+        // The dtype checks of `classify` read NumPy's API version.
+        let _ = classify(float32.descr.into_bound(py));
+    }));
+    made.map_err(|panic| {
+        let why = panic
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| panic.downcast_ref::<&str>().copied())
+            .unwrap_or("no reason given");
+        PyImportError::new_err(format!(
+            "lazybuf could not load NumPy's C API ({why}); expected an importable NumPy 1.x or 2.x \
+             (`python -c 'import numpy'` shows why it fails)"
+        ))
+    })
 }
+
+/// `numpy.empty`, kept at import ([`make_ready`]).
+static NUMPY_EMPTY: GilOnceCell<Py<PyAny>> = GilOnceCell::new();
 
 fn float32(py: Python<'_>) -> ElementType {
     static F32: GilOnceCell<Py<PyArrayDescr>> = GilOnceCell::new();
@@ -207,7 +233,9 @@ pub(crate) fn fill_scalar<'py>(
             value.get_type().name().map(|n| n.to_string()).unwrap_or_default()
         )));
     }
-    let scalar = py.import("numpy")?.call_method1("empty", (PyTuple::empty(py), descr))?;
+    let empty =
+        NUMPY_EMPTY.get_or_try_init(py, || py.import("numpy")?.getattr("empty").map(Bound::unbind))?;
+    let scalar = empty.bind(py).call1((PyTuple::empty(py), descr))?;
     scalar.call_method1("fill", (value,))?;
     Ok(scalar.cast_into::<PyUntypedArray>()?)
 }

@@ -24,7 +24,7 @@
 //! What does not live here: validation itself (the core validates; [`crate::args`] and
 //! [`crate::dtype`] validate Python arguments before they reach it).
 
-use pyo3::exceptions::{PyMemoryError, PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyMemoryError, PyOSError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::{PyErr, PyResult};
 
@@ -106,6 +106,10 @@ fn to_py_with(err: lazybuf::Error, message: String) -> PyErr {
         E::Runtime { backend, .. } if backend.name() == "cuda" => CUDARuntimeError::new_err(message),
         E::Runtime { .. } => PyRuntimeError::new_err(message),
         E::Coherence { .. } => CoherenceError::new_err(message),
+        // A file lazybuf wrote (a spill file) could not be read back: OSError, with the
+        // system's errno where there was one (`FileNotFoundError` for a missing file).
+        E::Io { code: Some(lazybuf::RuntimeCode::Os(errno)), .. } => PyOSError::new_err((errno, message)),
+        E::Io { .. } => PyOSError::new_err(message),
         // A device of a runtime that does not survive fork, used in a forked child: the
         // message names the device and says to use the 'spawn' start method.
         E::ForkedChild { .. } => ForkedChildError::new_err(message),

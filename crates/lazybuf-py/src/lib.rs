@@ -61,8 +61,21 @@ use pyo3::prelude::*;
 
 #[pymodule]
 fn _lazybuf(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    dtype::make_ready(m.py());
-    errors::make_ready(m.py());
+    // NumPy's import failure (or a Ctrl-C during it) as raised, never a panic.
+    dtype::make_ready(m.py())?;
+    // The exception classes' module is imported by the package first; import it here too so
+    // that its failure is raised as it is, and a panic in making the classes' cells (PyO3's
+    // `import_exception!` panics where the module cannot be had) is an ImportError.
+    m.py().import("lazybuf.exceptions")?;
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| errors::make_ready(m.py()))).map_err(|_| {
+        pyo3::exceptions::PyImportError::new_err(
+            "lazybuf could not load its exception classes from lazybuf.exceptions; expected the \
+             lazybuf package's own lazybuf/exceptions.py next to the extension",
+        )
+    })?;
+    // The state enum's members, looked up now rather than at a buffer's first `state`, which
+    // may come from a finalizer late in the interpreter's shutdown, when imports fail.
+    state::make_ready(m.py())?;
     // The per-object locks tell a forked child that their holder was not copied (`lock.rs`).
     lazybuf::backend::fork::watch_every_fork();
     m.add_class::<buffer::UnifiedBuffer>()?;

@@ -271,6 +271,20 @@ pub enum Error {
         /// The write-back's own error.
         source: std::sync::Arc<Error>,
     },
+    /// A file lazybuf keeps itself (a spill file, [`crate::spill::disk`]) could not be read:
+    /// an I/O failure, not a bad argument. `reason` names the file, what failed and what
+    /// became of the data; `code` is the operating system's error where it gave one, and
+    /// [`Error::is_retryable`] answers as it does (out of memory, `EAGAIN`), never for a
+    /// missing or replaced file.
+    #[error("{operation} failed: {reason}")]
+    Io {
+        /// What lazybuf was doing (`"read back from disk"`).
+        operation: &'static str,
+        /// The file, what failed, and what became of the data.
+        reason: String,
+        /// The operating system's error, where there was one.
+        code: Option<RuntimeCode>,
+    },
     /// A fault injected by `lazybuf::testing::FaultyDevice` (feature `testing`).
     #[cfg(feature = "testing")]
     #[error("injected fault: {operation} number {count} was told to fail")]
@@ -325,14 +339,16 @@ fn code_suffix(code: &Option<RuntimeCode>) -> String {
 
 impl Error {
     /// Whether repeating the call can succeed: true for out-of-memory (after memory is
-    /// freed), runtime statuses their runtime calls recoverable, and injected faults; false
-    /// for bad input, missing runtimes, coherence violations and devices used in a forked
+    /// freed), runtime statuses their runtime calls recoverable, file errors the system calls
+    /// temporary ([`Error::Io`] with `ENOMEM` or `EAGAIN`) and injected faults; false for bad
+    /// input, missing runtimes, missing or replaced files, coherence violations and devices used in a forked
     /// child ([`Error::ForkedChild`]: it will not work in that process, however often tried).
     pub fn is_retryable(&self) -> bool {
         match self {
             Error::WriteBack { source, .. } => source.is_retryable(),
             Error::OutOfMemory { .. } => true,
             Error::Runtime { code, .. } => code.retryable(),
+            Error::Io { code, .. } => code.is_some_and(|code| code.retryable()),
             #[cfg(feature = "testing")]
             Error::InjectedFault { .. } => true,
             _ => false,

@@ -511,3 +511,114 @@ fn whether_lazybuf_made_the_spill_directory_is_decided_when_it_is_made() {
     );
     assert!(entries(&tmp).is_empty(), "{:?}", entries(&tmp));
 }
+
+/// Spills one host buffer (`pattern(seed)`) to disk in this process's spill directory and
+/// returns it with its spill file's path.
+fn spilled_with_its_file(seed: u32) -> (SharedBuffer<u32>, std::path::PathBuf, SharedBuffer<u32>) {
+    let device = Device::host();
+    let before = entries(&spill::disk::spill_dir());
+    host_limit_for(1);
+    let first = shared(&device, seed, false);
+    let second = shared(&device, seed + 1, false);
+    spill::set_host_memory_limit(None);
+    assert!(first.lock().raw().is_on_disk());
+    let dir = spill::disk::spill_dir();
+    let new: Vec<String> = entries(&dir).into_iter().filter(|name| !before.contains(name)).collect();
+    assert_eq!(new.len(), 1, "one new spill file: {new:?}");
+    (first, dir.join(&new[0]), second)
+}
+
+/// A hostile pass (2026-11-28): a spill file replaced by a FIFO of the same name made the
+/// buffer's next access wait in `open` forever. Anything but a regular file in its place (a
+/// FIFO, a directory, a symbolic link to the data itself) is refused at once, as an I/O error
+/// (not an invalid argument) that names what was found, and the buffer is unchanged: with the
+/// file put back, the next access reads it.
+#[test]
+#[cfg(unix)]
+fn a_spill_file_replaced_by_something_else_is_refused_not_waited_on() {
+    let _serial = serial();
+    type Replace = fn(&std::path::Path, &std::path::Path);
+    let cases: [(&str, Replace); 3] = [
+        ("a FIFO", |path, _| {
+            let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+            // SAFETY: `c_path` is a NUL-terminated path that lives for the call.
+            let made = unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) };
+            assert_eq!(made, 0, "{}", std::io::Error::last_os_error());
+        }),
+        ("a directory", |path, _| std::fs::create_dir(path).unwrap()),
+        ("a symbolic link", |path, aside| std::os::unix::fs::symlink(aside, path).unwrap()),
+    ];
+    for (seed, (what, replace)) in (10..).step_by(2).zip(cases) {
+        let (first, path, _second) = spilled_with_its_file(seed);
+        let aside = path.with_extension("aside");
+        std::fs::rename(&path, &aside).unwrap();
+        replace(&path, &aside);
+        // The access runs on another thread: were it to wait on the FIFO, the test fails
+        // (after opening the FIFO's other end, which lets it go) instead of hanging.
+        let reader = first.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            let result = reader.lock().host().map(|h| h.to_vec());
+            tx.send(result).unwrap();
+        });
+        let result = match rx.recv_timeout(std::time::Duration::from_secs(20)) {
+            Ok(result) => result,
+            Err(_) => {
+                let _ = std::fs::OpenOptions::new().write(true).open(&path);
+                panic!("{what}: the access waited on the file for 20 s");
+            }
+        };
+        thread.join().unwrap();
+        let err = result.unwrap_err();
+        let text = err.to_string();
+        assert!(matches!(err, lazybuf::Error::Io { .. }), "{what}: {err:?}");
+        assert!(!err.is_retryable(), "{what}: {text}");
+        assert!(
+            text.contains("read back from disk") && text.contains(what) && text.contains("regular file"),
+            "{what}: {text}"
+        );
+        assert!(text.contains(&path.display().to_string()), "{what}: {text}");
+        {
+            let mut buf = first.lock();
+            assert!(buf.raw().is_on_disk() && buf.state() == BufferState::HostOnly, "{what}");
+            // Put back: read back as written.
+            match std::fs::symlink_metadata(&path).unwrap().is_dir() {
+                true => std::fs::remove_dir(&path).unwrap(),
+                false => std::fs::remove_file(&path).unwrap(),
+            }
+            std::fs::rename(&aside, &path).unwrap();
+            assert_eq!(buf.host().unwrap(), pattern(seed, LEN), "{what}");
+            assert!(!buf.raw().is_on_disk() && !path.exists(), "{what}");
+        }
+    }
+}
+
+/// A hostile pass (2026-11-28): a spill file gone or cut short was reported as "invalid
+/// argument for read back from disk". It is an I/O error ([`lazybuf::Error::Io`]) with the
+/// system's code, not retryable (the file will not come back by itself), and changes nothing.
+#[test]
+fn a_missing_or_short_spill_file_is_an_io_error_and_changes_nothing() {
+    let _serial = serial();
+    let (first, path, _second) = spilled_with_its_file(20);
+    let aside = path.with_extension("aside");
+    std::fs::rename(&path, &aside).unwrap();
+    let err = first.lock().host().map(|h| h.len()).unwrap_err();
+    let text = err.to_string();
+    assert!(
+        matches!(err, lazybuf::Error::Io { code: Some(lazybuf::RuntimeCode::Os(libc::ENOENT)), .. }),
+        "{err:?}"
+    );
+    assert!(!err.is_retryable() && !text.contains("invalid argument"), "{text}");
+    assert!(text.starts_with("read back from disk failed: could not read spill file"), "{text}");
+    assert!(text.contains(&path.display().to_string()) && text.contains("the buffer is unchanged"), "{text}");
+    assert!(first.lock().raw().is_on_disk());
+    // Cut short: said so, with both sizes.
+    std::fs::copy(&aside, &path).unwrap();
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    file.set_len(1000).unwrap();
+    drop(file);
+    let text = first.lock().host().map(|h| h.len()).unwrap_err().to_string();
+    assert!(text.contains(&format!("expected at least {NBYTES} bytes in it, found 1000")), "{text}");
+    std::fs::rename(&aside, &path).unwrap();
+    assert_eq!(first.lock().host().unwrap(), pattern(20, LEN));
+}

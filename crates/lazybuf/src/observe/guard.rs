@@ -18,8 +18,8 @@
 //! initially from `LAZYBUF_TRANSFER_GUARD`, else `allow`) and, per thread, an optional level
 //! that overrides it ([`scope`], [`set_thread`]): a thread's guard never applies to another
 //! thread. `LAZYBUF_TRANSFER_GUARD` is either one level for every direction (`disallow`) or a
-//! comma-separated list (`h2d=disallow,d2h=log`); a value that is neither makes every guarded
-//! check fail with an error that names the accepted values.
+//! comma-separated list (`h2d=disallow,d2h=log`, each direction at most once); a value that is
+//! neither makes every guarded check fail with an error that names the accepted values.
 //!
 //! **When.** The engine checks a plan's copies when the plan is made, before anything is
 //! allocated, enqueued or committed: a refused access changes nothing. A logged copy is written
@@ -137,8 +137,9 @@ impl GuardLevels {
         self
     }
 
-    /// Parses `disallow` (every direction) or `h2d=disallow,d2h=log` (the directions named);
-    /// `what` names the setting in errors.
+    /// Parses `disallow` (every direction) or `h2d=disallow,d2h=log` (the directions named,
+    /// each at most once: a direction named twice is refused, never left to the order of its
+    /// levels); `what` names the setting in errors.
     pub fn parse(text: &str, what: &'static str) -> Result<GuardLevels> {
         if !text.contains('=') {
             return GuardLevel::parse(text, what).map(GuardLevels::all);
@@ -151,7 +152,19 @@ impl GuardLevels {
             let direction = Direction::ALL.into_iter().find(|d| d.name() == key.trim()).ok_or_else(|| {
                 Error::invalid(what, format!("expected a direction h2d, d2h or d2d, got {:?}", key.trim()))
             })?;
-            levels = levels.with(direction, Some(GuardLevel::parse(value, what)?));
+            let level = GuardLevel::parse(value, what)?;
+            if let Some(first) = levels.get(direction) {
+                return Err(Error::invalid(
+                    what,
+                    format!(
+                        "expected each direction once, got {} twice ({}={first} and {}={level}) in {text:?}",
+                        direction.name(),
+                        direction.name(),
+                        direction.name()
+                    ),
+                ));
+            }
+            levels = levels.with(direction, Some(level));
         }
         Ok(levels)
     }
@@ -396,4 +409,25 @@ pub(crate) fn describe(copy: &TransferInfo) -> String {
         if copy.cause.reason.is_explicit() { "explicit" } else { "implicit" },
         copy.cause.call
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A hostile pass (2026-11-28): `h2d=disallow,d2h=disallow,h2d=allow` left h2d at
+    /// `allow`, the last one silently winning: a direction named twice is refused.
+    #[test]
+    fn a_direction_named_twice_is_refused() {
+        for text in ["h2d=disallow,d2h=disallow,h2d=allow", "d2d=log, d2d=log"] {
+            let err = GuardLevels::parse(text, ENV_VAR).unwrap_err().to_string();
+            assert!(
+                err.contains(ENV_VAR)
+                    && err.contains("expected each direction once")
+                    && err.contains("twice"),
+                "{text}: {err}"
+            );
+        }
+        assert!(GuardLevels::parse("h2d=disallow,d2h=log,d2d=allow", ENV_VAR).is_ok());
+    }
 }

@@ -13,7 +13,7 @@
 //! What does not live here: making room under a limit (`spill::eviction`).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use crate::coherence::DeviceId;
@@ -36,6 +36,9 @@ pub(crate) struct Ledger {
     limit: AtomicU64,
     /// Bytes of device memory held (buffers, cached blocks, memory objects).
     used: AtomicU64,
+    /// Whether [`set_memory_limit`] set the limit: the environment's limit, and its error,
+    /// no longer apply to this device.
+    explicit: AtomicBool,
 }
 
 impl Ledger {
@@ -81,16 +84,18 @@ pub(crate) fn ledger(device: &Device) -> Arc<Ledger> {
     // Resolving the environment's selectors opens the device registry: not under the lock.
     let from_env = env_limit_for(device).ok().flatten().unwrap_or(UNLIMITED);
     let mut ledgers = ledgers().lock().unwrap_or_else(PoisonError::into_inner);
-    let ledger = ledgers
-        .entry(device.id())
-        .or_insert_with(|| Arc::new(Ledger { limit: AtomicU64::new(from_env), used: AtomicU64::new(0) }));
+    let ledger = ledgers.entry(device.id()).or_insert_with(|| {
+        let limit = AtomicU64::new(from_env);
+        Arc::new(Ledger { limit, used: AtomicU64::new(0), explicit: AtomicBool::new(false) })
+    });
     Arc::clone(ledger)
 }
 
 /// The host's ledger: host blocks lazybuf takes from backends (buffers' host copies, cached
 /// host blocks, pinned memory), against the host memory limit.
 pub(crate) fn host_ledger() -> &'static Ledger {
-    static HOST: Ledger = Ledger { limit: AtomicU64::new(UNLIMITED), used: AtomicU64::new(0) };
+    static HOST: Ledger =
+        Ledger { limit: AtomicU64::new(UNLIMITED), used: AtomicU64::new(0), explicit: AtomicBool::new(true) };
     &HOST
 }
 
@@ -136,8 +141,11 @@ pub(crate) fn release(device: &Device, bytes: usize) {
 
 /// Sets (`Some`) or clears (`None`) the memory limit of `device`, in bytes. Above it, lazybuf
 /// evicts device copies before it allocates (see [`crate::spill`]); a limit below what is held
-/// now takes effect at the next allocation. Overrides the environment's limit for `device`.
-/// `Some(u64::MAX)` is no limit, as `None` is.
+/// now takes effect at the next allocation. Overrides the environment's limit for `device`,
+/// `None` included, and so its error: where [`MEMORY_LIMIT_ENV`] is malformed, this device
+/// has the limit set here (its [`memory_limit`] and allocations work again), while devices
+/// no call has set still report the variable's error. `Some(u64::MAX)` is no limit, as
+/// `None` is.
 ///
 /// ```
 /// let host = lazybuf::Device::host();
@@ -148,14 +156,27 @@ pub(crate) fn release(device: &Device, bytes: usize) {
 /// # Ok::<(), lazybuf::Error>(())
 /// ```
 pub fn set_memory_limit(device: &Device, limit: Option<u64>) {
-    ledger(device).limit.store(limit.unwrap_or(UNLIMITED), Ordering::Relaxed);
+    let ledger = ledger(device);
+    ledger.limit.store(limit.unwrap_or(UNLIMITED), Ordering::Relaxed);
+    ledger.explicit.store(true, Ordering::Relaxed);
 }
 
 /// The memory limit of `device` (`None`: no limit). An error when [`MEMORY_LIMIT_ENV`] is set
-/// but malformed, or names a device that does not exist.
+/// but malformed, or names a device that does not exist, unless [`set_memory_limit`] set this
+/// device's limit.
 pub fn memory_limit(device: &Device) -> Result<Option<u64>> {
-    env_limits()?;
-    Ok(ledger(device).limit())
+    let ledger = ledger_checked(device)?;
+    Ok(ledger.limit())
+}
+
+/// The ledger of `device`, or the environment's error when [`MEMORY_LIMIT_ENV`] is malformed
+/// and no [`set_memory_limit`] call overrode it for `device`.
+pub(crate) fn ledger_checked(device: &Device) -> Result<Arc<Ledger>> {
+    let ledger = ledger(device);
+    if !ledger.explicit.load(Ordering::Relaxed) {
+        env_limits()?;
+    }
+    Ok(ledger)
 }
 
 /// The bytes of device memory lazybuf holds on `device` now: device copies, cached pool
@@ -233,6 +254,18 @@ pub fn parse_memory_limits(text: &str) -> Result<Vec<(String, u64)>> {
 /// Parses a byte count with an optional unit: `512`, `512B`, `1.5GB`, `8GiB`.
 pub fn parse_size(text: &str) -> Result<u64> {
     let text = text.trim();
+    if let Some(sign) = text.chars().next().filter(|c| matches!(c, '-' | '+')) {
+        let why = match sign {
+            '-' => "a size cannot be negative",
+            _ => "a size takes no sign",
+        };
+        return Err(Error::invalid(
+            "a size",
+            format!(
+                "expected a non-negative number of bytes without a sign (like 512MiB): {why}, got {text:?}"
+            ),
+        ));
+    }
     let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(text.len());
     let (number, unit) = (&text[..split], text[split..].trim());
     let scale: u64 = match unit.to_ascii_lowercase().as_str() {
@@ -308,7 +341,10 @@ mod tests {
         for (text, expected) in [
             ("lots", "expected a size unit"),
             ("", "expected a non-negative number"),
-            ("-1MiB", "expected a size unit"),
+            ("-1MiB", "a size cannot be negative"),
+            ("-1", "a size cannot be negative"),
+            ("+5", "a size takes no sign"),
+            (" -0.5GB", "a size cannot be negative"),
             ("1..2GB", "expected a non-negative number"),
             ("99999999TiB", "below 16 EiB"),
         ] {

@@ -17,7 +17,10 @@
 //! written and read in large chunks ([`CHUNK`]), and removed when its data is read back or its
 //! buffer goes (a file of a process killed before that stays behind in the directory). A write
 //! that fails (a full or unwritable disk) removes the partial file and returns a clear error:
-//! the buffer keeps its host copy.
+//! the buffer keeps its host copy. A read that fails is an [`Error::Io`] and changes nothing;
+//! a file is opened without following a link or waiting (`O_NOFOLLOW`, `O_NONBLOCK`) and
+//! refused unless it is a regular file, so a FIFO or a device put in its place cannot block
+//! the reading thread.
 //!
 //! **Direct I/O.** On Linux files are opened with `O_DIRECT`, bypassing the page cache (a
 //! spilled copy is read once, later: caching its bytes would take back the host memory the
@@ -39,10 +42,10 @@ use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, RuntimeCode};
 use crate::host_memory::HostMemory;
 
 /// The environment variable that names the spill directory.
@@ -171,6 +174,7 @@ impl Disk {
             match new_file(&dir, pid) {
                 Ok(path) => {
                     self.live.insert(path.clone(), pid);
+                    SPILLED_IN.store(pid, Ordering::Relaxed);
                     return Ok(path);
                 }
                 // lazybuf's own directory was removed behind its back: made again, once.
@@ -292,13 +296,23 @@ fn direct_io_wanted() -> bool {
     cfg!(target_os = "linux") && !off
 }
 
+/// The last process that made a spill file (0: none yet). A forked child inherits its
+/// parent's pid here until it spills itself.
+static SPILLED_IN: AtomicU32 = AtomicU32::new(0);
+
 /// Removes every spill file this process made and still has (for an exit that drops no
-/// buffer: the Python package calls it at interpreter exit), and the directory lazybuf made
-/// once it is empty (never one the user named, whatever the environment says now). Buffers
-/// whose file is removed lose their data, so call it only when none will be used again. A
-/// forked child's call leaves its parent's files alone. Returns the files removed.
+/// buffer: the Python package calls it at interpreter exit, and at the end of every
+/// `multiprocessing` child), and the directory lazybuf made once it is empty (never one the
+/// user named, whatever the environment says now). Buffers whose file is removed lose their
+/// data, so call it only when none will be used again. A forked child's call leaves its
+/// parent's files alone, and one that never spilled returns at once without taking the disk
+/// tier's lock (which a thread of the parent may have held at the fork, never to release it
+/// in the child). Returns the files removed.
 pub fn remove_spill_files() -> usize {
     let pid = std::process::id();
+    if SPILLED_IN.load(Ordering::Relaxed) != pid {
+        return 0;
+    }
     let mut disk = disk();
     let files: Vec<PathBuf> =
         disk.live.iter().filter(|&(_, &owner)| owner == pid).map(|(path, _)| path.clone()).collect();
@@ -370,7 +384,8 @@ impl SpillFile {
                 Err((what, err)) => return Err(failed(what, err)),
             }
         }
-        let mut out = File::create(&path).map_err(|err| failed("create", err))?;
+        let mut out = open_spill_file(OpenOptions::new().write(true).create(true).truncate(true), &path, 0)
+            .map_err(|err| failed("create", err))?;
         for chunk in bytes.chunks(CHUNK) {
             out.write_all(chunk).map_err(|err| failed("write", err))?;
         }
@@ -384,16 +399,22 @@ impl SpillFile {
     }
 
     /// [`Self::read_into`], opening a direct file with `open_direct`.
+    ///
+    /// A failure is [`Error::Io`] (an I/O failure: the file is missing, unreadable, short, or
+    /// no longer a regular file) and changes nothing: the buffer keeps its state and still
+    /// expects its data in the file, so the next access tries again. Something put in the
+    /// file's place (a FIFO, a device, a directory, a symbolic link) is refused at once,
+    /// never waited on or followed.
     fn read_with(&self, out: &mut [u8], open_direct: &Opener) -> Result<()> {
-        let failed = |err: std::io::Error| {
-            Error::invalid(
-                "read back from disk",
-                format!(
-                    "could not read {} ({} bytes): {err}; the buffer keeps its spill file",
-                    self.path.display(),
-                    self.len
-                ),
-            )
+        let failed = |err: std::io::Error| Error::Io {
+            operation: "read back from disk",
+            reason: format!(
+                "could not read spill file {} ({} bytes): {err}; the buffer is unchanged (its data \
+                 is in that file only, and its next access reads the file again)",
+                self.path.display(),
+                self.len
+            ),
+            code: err.raw_os_error().map(RuntimeCode::Os),
         };
         if out.len() != self.len {
             return Err(Error::LengthMismatch {
@@ -403,14 +424,17 @@ impl SpillFile {
             });
         }
         if self.direct {
-            match open_direct(&self.path, false).and_then(|mut file| read_direct(&mut file, out)) {
+            let opened = open_direct(&self.path, false).and_then(|file| at_least(file, self.len));
+            match opened.and_then(|mut file| read_direct(&mut file, out)) {
                 Ok(()) => return Ok(()),
                 // Refused after all (the directory is on another file system now?): buffered.
                 Err(err) if refuses_direct_io(&err) => {}
                 Err(err) => return Err(failed(err)),
             }
         }
-        let mut file = File::open(&self.path).map_err(failed)?;
+        let mut file = open_spill_file(OpenOptions::new().read(true), &self.path, 0)
+            .and_then(|file| at_least(file, self.len))
+            .map_err(failed)?;
         for chunk in out.chunks_mut(CHUNK) {
             file.read_exact(chunk).map_err(failed)?;
         }
@@ -450,8 +474,8 @@ impl Drop for SpillFile {
     }
 }
 
-/// Opens `path` with `O_DIRECT`: a new file to write (`create`) or one to read. Elsewhere than
-/// on Linux the open is refused as unsupported.
+/// Opens `path` with `O_DIRECT`: a new file to write (`create`) or one to read, as
+/// [`open_spill_file`] does. Elsewhere than on Linux the open is refused as unsupported.
 fn open_direct(path: &Path, create: bool) -> std::io::Result<File> {
     let mut options = OpenOptions::new();
     if create {
@@ -461,15 +485,106 @@ fn open_direct(path: &Path, create: bool) -> std::io::Result<File> {
     }
     #[cfg(target_os = "linux")]
     {
-        use std::os::unix::fs::OpenOptionsExt;
-        options.custom_flags(libc::O_DIRECT);
-        options.open(path)
+        open_spill_file(&options, path, libc::O_DIRECT)
     }
     #[cfg(not(target_os = "linux"))]
     {
         let _ = (options, path);
         Err(std::io::Error::from_raw_os_error(EINVAL))
     }
+}
+
+/// Opens a spill file with `options` (and the `open` flags `flags`), never following a
+/// symbolic link put in its place and never waiting (a FIFO put there would block the open,
+/// and every read, forever: `O_NONBLOCK`, cleared again once the file is known to be
+/// regular), and refuses anything that is not a regular file: a spill file is only ever
+/// one, so something else there was put in its place after lazybuf wrote it.
+fn open_spill_file(options: &OpenOptions, path: &Path, flags: i32) -> std::io::Result<File> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut options = options.clone();
+        options.custom_flags(flags | libc::O_NOFOLLOW | libc::O_NONBLOCK);
+        let file = options.open(path).map_err(|err| match err.raw_os_error() {
+            // What O_NOFOLLOW answers for a link (Linux ELOOP; some BSDs EMLINK).
+            Some(code) if code == libc::ELOOP || code == libc::EMLINK => not_regular("a symbolic link"),
+            _ => err,
+        })?;
+        let kind = file.metadata()?.file_type();
+        if !kind.is_file() {
+            return Err(not_regular(file_kind(kind)));
+        }
+        blocking(&file)?;
+        Ok(file)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = flags;
+        let file = options.open(path)?;
+        if !file.metadata()?.is_file() {
+            return Err(not_regular("not a file"));
+        }
+        Ok(file)
+    }
+}
+
+/// The error for something other than a regular file where a spill file should be.
+fn not_regular(kind: &str) -> std::io::Error {
+    std::io::Error::other(format!("expected the regular file lazybuf wrote, found {kind} in its place"))
+}
+
+/// What kind of file `kind` is, in words (for [`not_regular`]).
+#[cfg(unix)]
+fn file_kind(kind: std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if kind.is_fifo() {
+        "a FIFO"
+    } else if kind.is_dir() {
+        "a directory"
+    } else if kind.is_socket() {
+        "a socket"
+    } else if kind.is_char_device() {
+        "a character device"
+    } else if kind.is_block_device() {
+        "a block device"
+    } else if kind.is_symlink() {
+        "a symbolic link"
+    } else {
+        "something other than a regular file"
+    }
+}
+
+/// Clears `O_NONBLOCK` on `file` (opened with it so that nothing could make the open wait).
+#[cfg(unix)]
+fn blocking(file: &File) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let fd = file.as_raw_fd();
+    // SAFETY: `fd` is the open descriptor `file` owns for this whole call; F_GETFL reads its
+    // status flags and touches no memory.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: as above; F_SETFL only changes the descriptor's status flags.
+    if unsafe { libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `file` if it holds at least `len` bytes (a direct file may hold up to [`ALIGN`] - 1 more),
+/// else an error that says it was cut short.
+fn at_least(file: File, len: usize) -> std::io::Result<File> {
+    let size = file.metadata()?.len();
+    if size < len as u64 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            format!(
+                "expected at least {len} bytes in it, found {size}: it was cut short after lazybuf wrote it"
+            ),
+        ));
+    }
+    Ok(file)
 }
 
 #[cfg(unix)]

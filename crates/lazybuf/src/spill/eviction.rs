@@ -101,9 +101,9 @@ pub(crate) fn allocate_within_budget(
     bytes: usize,
     allocate: impl Fn() -> Result<Block>,
 ) -> Result<Block> {
-    budget::env_limits()?;
+    // The environment's error, unless set_memory_limit overrode it for this device.
+    let ledger = budget::ledger_checked(device)?;
     env_policy()?;
-    let ledger = budget::ledger(device);
     reserve(device, &ledger, bytes)?;
     let result = allocate().or_else(|err| {
         if !err.is_out_of_memory() {
