@@ -272,6 +272,7 @@ fn replace_whole(
 
 /// The process's stdout or stderr.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(not(unix), expect(dead_code, reason = "only Unix can tell a path is stdout or stderr"))]
 enum StandardStream {
     Stdout,
     Stderr,
