@@ -2,6 +2,10 @@
 
 ``LAZYBUF_REQUIRE=opencl`` (set by scripts/test.sh) turns a missing OpenCL device or a
 missing PyOpenCL into a failure instead of a skip, so CI cannot silently test less.
+
+``LAZYBUF_PY_SHARD=K/N`` runs the tests whose id's CRC-32 is K modulo N: N processes given
+K = 0..N-1 run the whole suite between them, each test once (scripts/test-python.sh
+runs one pass as two such shards, one per core).
 """
 
 import gc
@@ -9,10 +13,37 @@ import os
 import subprocess
 import sys
 import textwrap
+import zlib
 
 import pytest
 
 import lazybuf
+
+
+def _shard() -> tuple[int, int] | None:
+    value = os.environ.get("LAZYBUF_PY_SHARD", "")
+    if not value:
+        return None
+    try:
+        k, n = (int(part) for part in value.split("/"))
+    except ValueError:
+        raise pytest.UsageError(f"LAZYBUF_PY_SHARD must be K/N with 0 <= K < N, got {value!r}") from None
+    if not 0 <= k < n:
+        raise pytest.UsageError(f"LAZYBUF_PY_SHARD must be K/N with 0 <= K < N, got {value!r}")
+    return k, n
+
+
+def pytest_collection_modifyitems(config, items):
+    shard = _shard()
+    if shard is None:
+        return
+    k, n = shard
+    # By a checksum of each test's id, not its place in the collection: each test goes to one
+    # shard whatever the others collected, and neighbours (a file's tests, a test's devices)
+    # are spread, so the shards take about as long as each other.
+    mine = [zlib.crc32(item.nodeid.encode()) % n == k for item in items]
+    config.hook.pytest_deselected(items=[item for item, keep in zip(items, mine) if not keep])
+    items[:] = [item for item, keep in zip(items, mine) if keep]
 
 
 def _required(name: str) -> bool:
