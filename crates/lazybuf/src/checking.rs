@@ -4,8 +4,9 @@
 //! written: a kernel that writes it must say so (`mark_device_dirty()`, or take the copy for
 //! writing), or the host keeps its older bytes and the next host read returns them, silently,
 //! on every device that does not alias the host. With checking on, a host read of a buffer
-//! whose host and device copies are both current, and whose device copy was handed out for
-//! reading since it was last filled, on a device that does not alias host memory, copies the
+//! whose host and device copies are both current, and whose device copy was handed out (for
+//! reading or writing) since lazybuf last filled or wrote it, on a device that does not alias
+//! host memory, copies the
 //! device bytes back and compares them with the host's: a difference is an
 //! [`crate::Error::Coherence`] naming the missing mark, and nothing else changes.
 //!

@@ -108,15 +108,17 @@ pub enum Error {
         /// What was wrong, and what was expected.
         reason: String,
     },
-    /// A copy whose source and destination lengths differ.
-    #[error("length mismatch in {operation}: expected {expected} elements, got {actual}")]
+    /// A copy whose source and destination lengths differ, or a length beyond the memory.
+    #[error("length mismatch in {operation}: expected {expected} {unit}, got {actual}")]
     LengthMismatch {
         /// The operation that was called.
         operation: &'static str,
-        /// The buffer's length.
+        /// The buffer's (or the memory's) length.
         expected: usize,
         /// The length that was passed.
         actual: usize,
+        /// What both lengths count: `"elements"` or `"bytes"`.
+        unit: &'static str,
     },
     /// An argument outside what the call accepts.
     #[error("invalid argument for {operation}: {reason}")]

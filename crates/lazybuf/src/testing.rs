@@ -213,6 +213,10 @@ impl Backend for FaultyDevice {
         self.backend().survives_fork()
     }
 
+    fn check_usable(&self) -> Result<()> {
+        self.backend().check_usable()
+    }
+
     fn memory_info(&self) -> Result<MemoryInfo> {
         self.backend().memory_info()
     }

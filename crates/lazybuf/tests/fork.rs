@@ -35,16 +35,24 @@ fn in_child(device: &Device, inherited: Vec<UnifiedBuffer<u32>>) -> i32 {
     };
     let outcome = attempt();
     let mut inherited = inherited;
+    // The parent's device copy, current, handed out again: no runtime call needed, but the
+    // handle is the parent's runtime's (a hostile pass, 2026-11-28: it was handed out, and
+    // a kernel through it hung the child).
+    let handed_again = inherited[0].device().map(drop);
     // The parent's buffer with only its device copy current: reading it needs the runtime.
     let inherited_read = inherited[0].to_vec();
     // Dropping the parent's buffers (device memory, queues, events) must not hang either.
     drop(inherited);
     let memory = device.memory_info().map(drop);
     let synchronized = device.synchronize();
-    match (outcome, inherited_read, memory, synchronized) {
-        (Ok(back), Ok(old), Ok(()), Ok(())) if back == data && old == common::pattern(1, 4096) => WORKED,
-        (Ok(_), Ok(_), Ok(()), Ok(())) => WRONG_DATA,
-        (Err(a), Err(b), Err(c), Err(d)) if [&a, &b, &c, &d].iter().all(|e| names_the_device(e, device)) => {
+    match (outcome, inherited_read, memory, synchronized, handed_again) {
+        (Ok(back), Ok(old), Ok(()), Ok(()), Ok(())) if back == data && old == common::pattern(1, 4096) => {
+            WORKED
+        }
+        (Ok(_), Ok(_), Ok(()), Ok(()), Ok(())) => WRONG_DATA,
+        (Err(a), Err(b), Err(c), Err(d), Err(e))
+            if [&a, &b, &c, &d, &e].iter().all(|e| names_the_device(e, device)) =>
+        {
             REFUSED
         }
         _ => WRONG_ERROR,

@@ -406,6 +406,52 @@ fn the_out_of_memory_error_says_plain_buffers_are_not_evictable() {
     }
 }
 
+/// A hostile pass (2026-11-28): a limit lowered below what the device's pool cached was not
+/// enforced on cache hits, so unevictable buffers took cached blocks far past it (900 KB
+/// held under 512 KiB) and nothing failed. The limit holds after every allocation now: the
+/// cache goes back and the request takes the budgeted path, which refuses.
+#[test]
+fn a_limit_lowered_below_the_cached_blocks_holds_for_cache_hits() {
+    let _serial = serial();
+    for device in devices().into_iter().filter(evicts) {
+        lazybuf::trim();
+        spill::set_memory_limit(&device, None);
+        let base = spill::memory_held(&device);
+        // Eight device copies made and dropped: their blocks stay cached, still held.
+        let made: Vec<_> = (0..8)
+            .map(|i| {
+                let mut buf = UnifiedBuffer::<u32>::from_slice(&pattern(i, LEN), &device).unwrap();
+                buf.sync_to_device().unwrap();
+                buf
+            })
+            .collect();
+        drop(made);
+        assert!(spill::memory_held(&device) >= base + 8 * NBYTES, "{device}: the blocks are cached");
+        let limit = base + 5 * NBYTES + NBYTES / 2;
+        spill::set_memory_limit(&device, Some(limit));
+        // Plain buffers cannot be evicted: five fit, the sixth is refused.
+        let mut live = Vec::new();
+        for i in 0..6u32 {
+            let mut buf = UnifiedBuffer::<u32>::from_slice(&pattern(10 + i, LEN), &device).unwrap();
+            match buf.sync_to_device() {
+                Ok(()) => live.push(buf),
+                Err(err) => {
+                    assert!(err.is_out_of_memory() && i == 5, "{device}: buffer {i}: {err}");
+                    assert_eq!(buf.state(), BufferState::HostOnly, "{device}");
+                }
+            }
+            assert!(spill::memory_held(&device) <= limit, "{device}: {} held", spill::memory_held(&device));
+        }
+        assert_eq!(live.len(), 5, "{device}");
+        for (i, buf) in live.iter_mut().enumerate() {
+            let mut out = vec![0u32; LEN];
+            buf.device().unwrap().read_into(&mut out).unwrap();
+            assert_eq!(out, pattern(10 + i as u32, LEN), "{device}");
+        }
+        spill::set_memory_limit(&device, None);
+    }
+}
+
 /// A hostile pass (2026-11-27): a request larger than the whole limit first evicted every
 /// evictable copy, writing the dirty ones back, and then failed. It fails at once now,
 /// nothing evicted or moved.

@@ -42,6 +42,37 @@ fn spill_files() -> usize {
     std::fs::read_dir(spill::disk::spill_dir()).map_or(0, |dir| dir.count())
 }
 
+/// The host's side of a hostile pass (2026-11-28): a host limit lowered below the host
+/// blocks a pool caches holds for cache hits too. Plain buffers cannot spill: once the limit
+/// is reached the next host copy is refused, and memory held never passes the limit.
+#[test]
+fn a_host_limit_lowered_below_the_cached_blocks_holds_for_cache_hits() {
+    let _serial = serial();
+    for device in devices() {
+        lazybuf::trim();
+        spill::set_host_memory_limit(None);
+        let base = spill::host_memory_held();
+        let made: Vec<_> =
+            (0..8).map(|i| UnifiedBuffer::<u32>::from_slice(&pattern(i, LEN), &device).unwrap()).collect();
+        drop(made);
+        let limit = base + 5 * NBYTES + NBYTES / 2;
+        spill::set_host_memory_limit(Some(limit));
+        let mut live = Vec::new();
+        for i in 0..6u32 {
+            match UnifiedBuffer::<u32>::from_slice(&pattern(10 + i, LEN), &device) {
+                Ok(buf) => live.push(buf),
+                Err(err) => assert!(err.is_out_of_memory() && i == 5, "{device}: buffer {i}: {err}"),
+            }
+            assert!(spill::host_memory_held() <= limit, "{device}: {} held", spill::host_memory_held());
+        }
+        assert_eq!(live.len(), 5, "{device}");
+        spill::set_host_memory_limit(None);
+        for (i, buf) in live.iter_mut().enumerate() {
+            assert_eq!(buf.host().unwrap(), pattern(10 + i as u32, LEN), "{device}");
+        }
+    }
+}
+
 #[test]
 fn host_copies_go_to_disk_and_come_back() {
     let _serial = serial();
@@ -115,6 +146,10 @@ fn child_with_an_unwritable_spill_directory() {
     host_limit_for(1);
     let first = shared(&Device::host(), 1, false);
     let err = UnifiedBuffer::<u32>::from_slice(&pattern(2, LEN), &Device::host()).unwrap_err();
+    assert!(
+        matches!(err, lazybuf::Error::Io { code: Some(_), .. }),
+        "an I/O error with the system's code: {err:?}"
+    );
     let message = err.to_string();
     assert!(
         message.contains("could not create the directory") && message.contains("keeps its host copy"),

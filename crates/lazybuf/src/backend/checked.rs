@@ -133,6 +133,11 @@ impl<R: Runtime> Backend for Checked<R> {
         R::SURVIVES_FORK
     }
 
+    #[inline]
+    fn check_usable(&self) -> Result<()> {
+        self.alive()
+    }
+
     fn memory_info(&self) -> Result<MemoryInfo> {
         self.alive()?;
         self.runtime.memory_info()

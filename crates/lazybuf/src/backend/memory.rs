@@ -27,7 +27,7 @@ pub trait MemoryHandle: Any + Send + Sync + fmt::Debug {
 /// Checks that an operation on `len` bytes fits an allocation of `capacity` bytes.
 pub(crate) fn check_fits(operation: &'static str, capacity: usize, len: usize) -> Result<()> {
     if len > capacity {
-        return Err(Error::LengthMismatch { operation, expected: capacity, actual: len });
+        return Err(Error::LengthMismatch { operation, expected: capacity, actual: len, unit: "bytes" });
     }
     Ok(())
 }

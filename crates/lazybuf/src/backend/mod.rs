@@ -100,6 +100,15 @@ pub trait Backend: Any + Send + Sync + fmt::Debug {
         false
     }
 
+    /// `Ok` where the device may be used in this process: always where its runtime survives
+    /// `fork`, else only in the process that opened it ([`crate::Error::ForkedChild`] in a
+    /// forked child). Asked before a device access that may need no runtime call (a copy
+    /// already current handed out again), so that no handle of the parent's runtime reaches a
+    /// child, where using it hangs.
+    fn check_usable(&self) -> Result<()> {
+        Ok(())
+    }
+
     /// Free and total memory, with where the figure comes from (`cached` is left at 0: the
     /// device handle adds what lazybuf's caches hold).
     fn memory_info(&self) -> Result<MemoryInfo>;

@@ -87,22 +87,35 @@ pub struct BufferOptions {
 #[must_use = "a transfer's failure is reported by its handle (or by the buffer's next call that waits for it)"]
 pub struct Transfer {
     ticket: Ticket,
+    /// The device whose copy it reads or writes (none for a transfer that copies nothing).
+    device: Option<Device>,
 }
 
 impl Transfer {
-    pub(crate) fn new(ticket: Ticket) -> Transfer {
-        Transfer { ticket }
+    pub(crate) fn new(ticket: Ticket, device: Option<Device>) -> Transfer {
+        Transfer { ticket, device }
     }
 
     /// Blocks until the transfer is done; `Err` if it failed (the buffer then returns to the
     /// state it had before the transfer at its next call).
     pub fn wait(&self) -> Result<()> {
-        self.ticket.wait()
+        self.ticket.wait().map_err(|err| self.named(err))
     }
 
     /// `Ok(true)` once the transfer is done, `Ok(false)` while it runs, `Err` if it failed.
     pub fn is_complete(&self) -> Result<bool> {
-        self.ticket.poll()
+        self.ticket.poll().map_err(|err| self.named(err))
+    }
+
+    /// `err` naming the transfer's device where the runtime's ticket could not: a ticket waited
+    /// for in a forked child knows its runtime, not which of its devices.
+    fn named(&self, err: Error) -> Error {
+        match (err, &self.device) {
+            (Error::ForkedChild { backend, .. }, Some(device)) => {
+                Error::ForkedChild { device: device.name().to_string(), backend }
+            }
+            (err, _) => err,
+        }
     }
 
     /// The transfer's ticket, to order another stream after it ([`Stream::wait_for`]).
@@ -171,6 +184,14 @@ impl<T: Element> UnifiedBuffer<T> {
     /// A buffer of `shape` on `device` holding `data` (its length must be the shape's).
     pub fn from_vec(data: Vec<T>, shape: &[usize], device: &Device) -> Result<Self> {
         let mut buf = Self::on(shape, device)?;
+        if data.len() != buf.len() {
+            return Err(Error::LengthMismatch {
+                operation: "from_vec",
+                expected: buf.len(),
+                actual: data.len(),
+                unit: "elements",
+            });
+        }
         buf.copy_from(&data)?;
         Ok(buf)
     }
@@ -382,6 +403,7 @@ impl<T: Element> UnifiedBuffer<T> {
                 operation: "copy_from",
                 expected: self.len(),
                 actual: data.len(),
+                unit: "elements",
             });
         }
         // Bytes, not elements: works for a host copy at any alignment (adopted memory).
@@ -396,6 +418,7 @@ impl<T: Element> UnifiedBuffer<T> {
                 operation: "copy_to",
                 expected: self.len(),
                 actual: out.len(),
+                unit: "elements",
             });
         }
         // An explicit transfer for the transfer guard, as sync_to_host() is.
@@ -431,6 +454,7 @@ impl<T: Element> UnifiedBuffer<T> {
                 operation: "from_raw",
                 expected: raw.nbytes(),
                 actual: shape.len() * size_of::<T>(),
+                unit: "bytes",
             });
         }
         Ok(UnifiedBuffer { shape, raw, _element: PhantomData })

@@ -189,7 +189,7 @@ impl<'a, T: Element> DeviceViewMut<'a, T> {
 
 fn check_len(operation: &'static str, expected: usize, actual: usize) -> Result<()> {
     if expected != actual {
-        return Err(Error::LengthMismatch { operation, expected, actual });
+        return Err(Error::LengthMismatch { operation, expected, actual, unit: "elements" });
     }
     Ok(())
 }

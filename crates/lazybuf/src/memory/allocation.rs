@@ -437,7 +437,12 @@ impl<T: Element> DeviceAllocation<T> {
 
     fn check(&self, operation: &'static str, count: usize) -> Result<()> {
         if count > self.len {
-            return Err(Error::LengthMismatch { operation, expected: self.len, actual: count });
+            return Err(Error::LengthMismatch {
+                operation,
+                expected: self.len,
+                actual: count,
+                unit: "elements",
+            });
         }
         Ok(())
     }

@@ -258,7 +258,12 @@ impl DeviceBuffer {
 
     fn check(&self, operation: &'static str, count: usize) -> Result<()> {
         if count > self.size {
-            return Err(Error::LengthMismatch { operation, expected: self.size, actual: count });
+            return Err(Error::LengthMismatch {
+                operation,
+                expected: self.size,
+                actual: count,
+                unit: "bytes",
+            });
         }
         Ok(())
     }

@@ -456,6 +456,10 @@ impl fmt::Display for Summary {
                 t.bytes
             )?;
         }
+        if self.rows.is_empty() {
+            // As `lazybuf trace summary` says it: a header alone reads as a cut-off table.
+            writeln!(f, "(no copies recorded)")?;
+        }
         if self.dropped > 0 {
             writeln!(f, "({} events dropped by the full ring are not counted)", self.dropped)?;
         }

@@ -442,6 +442,12 @@ impl MemoryResource for CachingResource {
             // cannot be allocated anyway.
             _ => return self.upstream.allocate(device, kind, bytes, stream),
         };
+        if crate::spill::budget::over_limit(device, kind) {
+            // Memory held beyond a limit lowered below it: a cached block must not be handed
+            // out (the limit holds after every allocation). The cache goes back; the request
+            // below misses and takes the upstream's budgeted path, which evicts or refuses.
+            self.trim();
+        }
         if let Some(mut block) = self.reuse(Key { device: device.id(), kind, bytes: class }, stream) {
             if self.config.zero_reused
                 && let Err(err) = zero(&mut block, stream, bytes)
@@ -476,6 +482,10 @@ impl MemoryResource for CachingResource {
     fn allocate_host_now(&self, device: &Device, bytes: usize, pinned: bool) -> Option<HostMemory> {
         let class = class_size(bytes).filter(|&class| class > 0)?;
         let kind = MemoryKind::Host { pinned };
+        if crate::spill::budget::over_limit(device, kind) {
+            // Beyond the host limit: the budgeted path decides ([`Self::allocate`]).
+            return None;
+        }
         let stream = device.stream();
         let mut block =
             self.reuse_counting(Key { device: device.id(), kind, bytes: class }, &stream, false)?;

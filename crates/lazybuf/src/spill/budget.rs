@@ -16,6 +16,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
+use crate::backend::MemoryKind;
 use crate::coherence::DeviceId;
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -83,6 +84,9 @@ pub(crate) fn ledger(device: &Device) -> Arc<Ledger> {
     }
     // Resolving the environment's selectors opens the device registry: not under the lock.
     let from_env = env_limit_for(device).ok().flatten().unwrap_or(UNLIMITED);
+    if from_env != UNLIMITED {
+        ANY_DEVICE_LIMIT.store(true, Ordering::Relaxed);
+    }
     let mut ledgers = ledgers().lock().unwrap_or_else(PoisonError::into_inner);
     let ledger = ledgers.entry(device.id()).or_insert_with(|| {
         let limit = AtomicU64::new(from_env);
@@ -157,7 +161,11 @@ pub(crate) fn release(device: &Device, bytes: usize) {
 /// ```
 pub fn set_memory_limit(device: &Device, limit: Option<u64>) {
     let ledger = ledger(device);
-    ledger.limit.store(limit.unwrap_or(UNLIMITED), Ordering::Relaxed);
+    let limit = limit.unwrap_or(UNLIMITED);
+    if limit != UNLIMITED {
+        ANY_DEVICE_LIMIT.store(true, Ordering::Relaxed);
+    }
+    ledger.limit.store(limit, Ordering::Relaxed);
     ledger.explicit.store(true, Ordering::Relaxed);
 }
 
@@ -183,6 +191,24 @@ pub(crate) fn ledger_checked(device: &Device) -> Result<Arc<Ledger>> {
 /// blocks, memory objects (what a limit is checked against).
 pub fn memory_held(device: &Device) -> u64 {
     ledger(device).used()
+}
+
+/// Whether any device has had a limit (set, or from the environment): until one has, a pool's
+/// cache hit asks no ledger ([`over_limit`]).
+static ANY_DEVICE_LIMIT: AtomicBool = AtomicBool::new(false);
+
+/// Whether memory of `kind` for `device` is held beyond its limit now (a limit lowered below
+/// what is held). A pool must not hand out a cached block then: the allocation would leave the
+/// memory held above the limit. Its cached blocks go back instead, and the allocation takes
+/// the budgeted path, which evicts or refuses. One relaxed load while no device has a limit.
+pub(crate) fn over_limit(device: &Device, kind: MemoryKind) -> bool {
+    let over = |ledger: &Ledger| ledger.used() > ledger.limit.load(Ordering::Relaxed);
+    match kind {
+        MemoryKind::Host { .. } => over(host_ledger()),
+        MemoryKind::Device | MemoryKind::Shared => {
+            ANY_DEVICE_LIMIT.load(Ordering::Relaxed) && over(&ledger(device))
+        }
+    }
 }
 
 /// The environment's limits, parsed and resolved to devices once: an error when the variable
@@ -252,6 +278,12 @@ pub fn parse_memory_limits(text: &str) -> Result<Vec<(String, u64)>> {
 }
 
 /// Parses a byte count with an optional unit: `512`, `512B`, `1.5GB`, `8GiB`.
+///
+/// The number is digits with at most one decimal point (`1.`, `.5`), no sign or exponent; the
+/// unit is `B`, `KB`/`MB`/`GB`/`TB` (powers of 1000) or `KiB`/`MiB`/`GiB`/`TiB` (powers of 1024),
+/// in any case. The value is scaled exactly, in integers: it must be a whole number of bytes
+/// (`4.1MB` is 4,100,000 bytes; `1.5B` is refused) below 2**64 - 1, which the setters read as
+/// no limit.
 pub fn parse_size(text: &str) -> Result<u64> {
     let text = text.trim();
     if let Some(sign) = text.chars().next().filter(|c| matches!(c, '-' | '+')) {
@@ -287,26 +319,56 @@ pub fn parse_size(text: &str) -> Result<u64> {
             ));
         }
     };
-    let value: f64 = number.parse().ok().filter(|v: &f64| v.is_finite() && *v >= 0.0).ok_or_else(|| {
-        Error::invalid(
+    // `number` is ASCII digits and points (the split above): a number has at most one point
+    // and at least one digit.
+    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+    if fraction.contains('.') || (whole.is_empty() && fraction.is_empty()) {
+        return Err(Error::invalid(
             "a size",
             format!("expected a non-negative number of bytes (like 512MiB), got {text:?}"),
-        )
-    })?;
-    let bytes = value * scale as f64;
-    if bytes.fract() != 0.0 {
-        return Err(Error::invalid(
-            "a size",
-            format!("expected a whole number of bytes, got {text:?} ({bytes} bytes)"),
         ));
     }
-    if bytes >= u64::MAX as f64 {
+    // The bytes exactly: all the digits as one integer, times the scale, with the point put
+    // back `fraction.len()` digits from the right. Decimal digits of any length, so nothing
+    // is rounded however many digits are given.
+    let digits = times_scale(whole.bytes().chain(fraction.bytes()).map(|digit| digit - b'0'), scale);
+    let (bytes, below_one) = digits.split_at(digits.len() - fraction.len());
+    let bytes = &bytes[bytes.iter().position(|&d| d != 0).unwrap_or(bytes.len())..];
+    let below_one = &below_one[..below_one.iter().rposition(|&d| d != 0).map_or(0, |last| last + 1)];
+    // 20 digits hold every u64 (and fit a u128); more are 10**20 or above.
+    let bytes = (bytes.len() <= 20)
+        .then(|| bytes.iter().fold(0u128, |value, &digit| value * 10 + u128::from(digit)))
+        .and_then(|value| u64::try_from(value).ok())
+        .filter(|&value| value != u64::MAX)
+        .ok_or_else(|| {
+            Error::invalid("a size", format!("expected a size below 16 EiB (2**64 - 1 bytes), got {text:?}"))
+        })?;
+    if !below_one.is_empty() {
+        let below_one: String = below_one.iter().map(|&digit| char::from(b'0' + digit)).collect();
         return Err(Error::invalid(
             "a size",
-            format!("expected a size below 16 EiB (2**64 - 1 bytes), got {text:?}"),
+            format!("expected a whole number of bytes, got {text:?} ({bytes}.{below_one} bytes)"),
         ));
     }
-    Ok(bytes as u64)
+    Ok(bytes)
+}
+
+/// The decimal digits (most significant first) of the integer `digits` spell, times `scale`:
+/// at least as many digits as were given, leading zeros kept.
+fn times_scale(digits: impl DoubleEndedIterator<Item = u8>, scale: u64) -> Vec<u8> {
+    let mut product = Vec::new();
+    let mut carry = 0u128;
+    for digit in digits.rev() {
+        let value = u128::from(digit) * u128::from(scale) + carry;
+        product.push((value % 10) as u8);
+        carry = value / 10;
+    }
+    while carry != 0 {
+        product.push((carry % 10) as u8);
+        carry /= 10;
+    }
+    product.reverse();
+    product
 }
 
 #[cfg(test)]
@@ -353,6 +415,131 @@ mod tests {
             // In the environment variable, the same reason names the variable.
             let err = parse_memory_limits(&format!("host={text}")).unwrap_err().to_string();
             assert!(err.contains(expected) && err.contains("LAZYBUF_MEMORY_LIMIT"), "{text:?}: {err}");
+        }
+    }
+
+    /// The exact bytes of `hundredths / 100` of `scale`, or `None` when not a whole number.
+    fn exact(hundredths: u64, scale: u64) -> Option<u64> {
+        let product = u128::from(hundredths) * u128::from(scale);
+        (product % 100 == 0).then(|| u64::try_from(product / 100).unwrap())
+    }
+
+    #[test]
+    fn decimal_sizes_are_scaled_exactly() {
+        // A hostile pass: parsed as f64, "4.1MB" was 4099999.9999999995 bytes and refused, as
+        // were 170 of the 3,960 spellings of 0.01 to 9.99 with one or two decimals in KB to TB.
+        assert_eq!(parse_size("4.1MB").unwrap(), 4_100_000);
+        assert_eq!(parse_memory_limits("host=4.1MB").unwrap(), [("host".to_string(), 4_100_000)]);
+        let units = [
+            ("KB", 1_000),
+            ("MB", 1_000_000),
+            ("GB", 1_000_000_000),
+            ("TB", 1_000_000_000_000),
+            ("KiB", 1 << 10),
+            ("MiB", 1 << 20),
+            ("GiB", 1 << 30),
+            ("TiB", 1 << 40),
+        ];
+        let mut checked = 0;
+        for hundredths in 1..=999u64 {
+            let (whole, fraction) = (hundredths / 100, hundredths % 100);
+            let mut spellings = vec![format!("{whole}.{fraction:02}")];
+            if fraction % 10 == 0 {
+                spellings.push(format!("{whole}.{}", fraction / 10));
+            }
+            for (unit, scale) in units {
+                for number in &spellings {
+                    let text = format!("{number}{unit}");
+                    match exact(hundredths, scale) {
+                        Some(bytes) => assert_eq!(parse_size(&text).unwrap(), bytes, "{text}"),
+                        None => {
+                            let err = parse_size(&text).unwrap_err().to_string();
+                            let product = hundredths * scale;
+                            let below_one = format!("{:02}", product % 100);
+                            let bytes = format!("{}.{}", product / 100, below_one.trim_end_matches('0'));
+                            assert!(
+                                err.contains("expected a whole number of bytes")
+                                    && err.contains(&format!("({bytes} bytes)")),
+                                "{text}: {err}"
+                            );
+                        }
+                    }
+                    checked += 1;
+                }
+            }
+        }
+        assert_eq!(checked, 8 * (999 + 99));
+    }
+
+    #[test]
+    fn large_sizes_are_exact_up_to_the_no_limit_value() {
+        // Above 2**53 an f64 changed the value: this was 9007199254740992.
+        assert_eq!(parse_size("9007199254740993").unwrap(), 9_007_199_254_740_993);
+        assert_eq!(parse_size("9007199254740993B").unwrap(), 9_007_199_254_740_993);
+        assert_eq!(parse_size("18446744073709550591").unwrap(), 18_446_744_073_709_550_591);
+        assert_eq!(parse_size(&(u64::MAX - 1).to_string()).unwrap(), u64::MAX - 1);
+        assert_eq!(parse_size("16777215TiB").unwrap(), 16_777_215 << 40);
+        assert_eq!(parse_size("18446744073709551.614KB").unwrap(), u64::MAX - 1);
+        // u64::MAX is the setters' "no limit": refused, as Python refuses that int.
+        for text in [
+            u64::MAX.to_string(),
+            "18446744073709551616".to_string(),
+            "16777216TiB".to_string(),
+            "18446744073709551.615KB".to_string(),
+            "99999999999999999999.5".to_string(),
+            format!("1{}", "0".repeat(400)),
+        ] {
+            let err = parse_size(&text).unwrap_err().to_string();
+            assert!(err.contains("expected a size below 16 EiB (2**64 - 1 bytes)"), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn fractions_of_a_byte_are_named_exactly() {
+        for (text, bytes) in [
+            ("1.5B", "1.5"),
+            ("0.5", "0.5"),
+            ("0.001KiB", "1.024"),
+            ("1.0000001KB", "1000.0001"),
+            ("16777215.999999TiB", "18446744073708452104.372224"),
+            ("9007199254740992.5", "9007199254740992.5"),
+        ] {
+            let err = parse_size(text).unwrap_err().to_string();
+            assert!(
+                err.contains("expected a whole number of bytes") && err.contains(&format!("({bytes} bytes)")),
+                "{text}: {err}"
+            );
+        }
+        // However many digits: nothing is rounded to a whole number.
+        let tiny = format!("0.{}1", "0".repeat(400));
+        assert!(parse_size(&tiny).unwrap_err().to_string().contains("expected a whole number of bytes"));
+    }
+
+    #[test]
+    fn the_grammar_is_the_one_f64_parsing_accepted() {
+        for (text, bytes) in [
+            ("1.", 1),
+            (".5KiB", 512),
+            ("1.5 GiB", 3 << 29),
+            ("\t2 kb ", 2000),
+            ("000000000000000000000000000042", 42),
+            ("1.000000000000000000000000000000000000000000000000", 1),
+            ("0.0000000000009094947017729282379150390625TiB", 1),
+        ] {
+            assert_eq!(parse_size(text).unwrap(), bytes, "{text:?}");
+        }
+        for (text, expected) in [
+            (".", "expected a non-negative number"),
+            ("1.2.3", "expected a non-negative number"),
+            ("..5", "expected a non-negative number"),
+            ("KiB", "expected a non-negative number"),
+            ("1e5", "expected a size unit"),
+            ("1.5e3MB", "expected a size unit"),
+            ("inf", "expected a size unit"),
+            ("5 5", "expected a size unit"),
+        ] {
+            let err = parse_size(text).unwrap_err().to_string();
+            assert!(err.contains(expected), "{text:?}: {err}");
         }
     }
 

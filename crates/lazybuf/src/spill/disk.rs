@@ -351,16 +351,17 @@ impl SpillFile {
     /// [`Self::write`], opening the file for direct I/O with `open_direct` (`None`: buffered
     /// I/O only).
     fn write_with(bytes: &[u8], open_direct: Option<&Opener>) -> Result<SpillFile> {
-        let failed = |what: &str, path: &Path, err: std::io::Error| {
-            Error::invalid(
-                "spill to disk",
-                format!(
-                    "could not {what} {} ({} bytes): {err}; the buffer keeps its host copy \
-                     (set {SPILL_DIR_ENV} to a writable directory with room, or raise the host memory limit)",
-                    path.display(),
-                    bytes.len()
-                ),
-            )
+        // An I/O failure, as a read-back's is: the operating system's code inside (a full disk
+        // is `ENOSPC`, Python's `OSError` with that `errno`).
+        let failed = |what: &str, path: &Path, err: std::io::Error| Error::Io {
+            operation: "spill to disk",
+            reason: format!(
+                "could not {what} {} ({} bytes): {err}; the buffer keeps its host copy \
+                 (set {SPILL_DIR_ENV} to a writable directory with room, or raise the host memory limit)",
+                path.display(),
+                bytes.len()
+            ),
+            code: err.raw_os_error().map(RuntimeCode::Os),
         };
         let registered = disk().register();
         let path =
@@ -421,6 +422,7 @@ impl SpillFile {
                 operation: "read back from disk",
                 expected: self.len,
                 actual: out.len(),
+                unit: "bytes",
             });
         }
         if self.direct {
@@ -842,7 +844,10 @@ mod tests {
             *MADE.lock().unwrap() = Some(path.to_path_buf());
             Err(std::io::Error::from_raw_os_error(28)) // ENOSPC, not a refusal of direct I/O
         };
-        let err = SpillFile::write_with(&pattern(100), Some(&full)).unwrap_err().to_string();
+        let err = SpillFile::write_with(&pattern(100), Some(&full)).unwrap_err();
+        assert!(matches!(err, Error::Io { code: Some(RuntimeCode::Os(28)), .. }), "{err:?}");
+        assert!(!err.is_retryable(), "a full disk stays full: {err}");
+        let err = err.to_string();
         assert!(err.contains("could not create") && err.contains("keeps its host copy"), "{err}");
         let path = MADE.lock().unwrap().take().expect("the opener ran");
         assert!(!path.exists() && !disk().live.contains_key(&path));

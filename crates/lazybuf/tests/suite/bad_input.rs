@@ -43,6 +43,54 @@ fn wrapping_an_untyped_buffer_of_another_size() {
     assert!(matches!(err, Error::LengthMismatch { expected: 12, actual: 16, .. }), "{err}");
 }
 
+/// A hostile pass: every length mismatch said "elements", also for byte counts ("expected 7
+/// elements, got 8" for a 7-byte raw buffer), and from_vec named copy_from, a call the user never
+/// made. Each message names its own call and what its lengths count.
+#[test]
+fn length_mismatches_name_their_call_and_unit() {
+    let raw = lazybuf::RawBuffer::new(7, Device::host(), false);
+    let err = UnifiedBuffer::<f32>::from_raw(&[2], raw).unwrap_err();
+    assert_eq!(err.to_string(), "length mismatch in from_raw: expected 7 bytes, got 8");
+    assert!(matches!(err, Error::LengthMismatch { expected: 7, actual: 8, unit: "bytes", .. }), "{err}");
+
+    let err = UnifiedBuffer::from_vec(vec![1u32, 2, 3], &[2, 2], &Device::host()).unwrap_err();
+    assert_eq!(err.to_string(), "length mismatch in from_vec: expected 4 elements, got 3");
+    let err = UnifiedBuffer::from_vec(vec![0.5f64; 5], &[2], &Device::host()).unwrap_err();
+    assert_eq!(err.to_string(), "length mismatch in from_vec: expected 2 elements, got 5");
+    assert_eq!(
+        UnifiedBuffer::from_vec(vec![1u16, 2], &[2], &Device::host()).unwrap().to_vec().unwrap(),
+        [1, 2]
+    );
+
+    for device in common::devices() {
+        // Memory and streams count bytes; typed allocations and views count elements.
+        let stream = device.stream();
+        let (mut a, b) = (common::device_memory(&device, 16), common::device_memory(&device, 8));
+        let err = stream.fill(&mut a, &[0], 17).unwrap_err();
+        assert_eq!(err.to_string(), "length mismatch in fill: expected 16 bytes, got 17", "{device}");
+        let err = stream.copy(&b, &mut a, 12).unwrap_err();
+        assert_eq!(err.to_string(), "length mismatch in copy: expected 8 bytes, got 12", "{device}");
+        let mut bytes = lazybuf::DeviceBuffer::from_host(&device, b"abc").unwrap();
+        let err = bytes.copy_from_host(b"abcd").unwrap_err();
+        assert_eq!(err.to_string(), "length mismatch in copy_from_host: expected 3 bytes, got 4", "{device}");
+        let mut typed =
+            lazybuf::DeviceAllocation::<u32>::new(&device, lazybuf::MemoryKind::Device, 10).unwrap();
+        let err = typed.copy_from_host(&[0; 11]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "length mismatch in copy_from_host: expected 10 elements, got 11",
+            "{device}"
+        );
+        let mut buf = UnifiedBuffer::from_slice(&pattern(1, 10), &device).unwrap();
+        let err = buf.device().unwrap().read_into(&mut [0; 9]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "length mismatch in DeviceView::read_into: expected 10 elements, got 9",
+            "{device}"
+        );
+    }
+}
+
 #[test]
 fn host_allocations_larger_than_memory_fail_cleanly() {
     // 64 TiB: no machine here has it, so the allocation must fail, not abort.

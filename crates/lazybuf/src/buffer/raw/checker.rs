@@ -1,6 +1,7 @@
 //! The coherence checker's comparison (see [`crate::checking`]): before a host read, a valid
-//! host copy must equal every valid device copy handed out for reading on a device that does
-//! not alias it; a difference means a kernel wrote the copy without `mark_device_dirty()`.
+//! host copy must equal every valid device copy handed out since lazybuf last wrote it, on a
+//! device that does not alias it; a difference means a kernel wrote the copy without
+//! `mark_device_dirty()`.
 //!
 //! Its read of a device copy is no transfer: the transfer counters do not count it and the
 //! transfer guard does not refuse it (the user turned the checker on to debug); the recorder
@@ -16,14 +17,14 @@ use crate::error::{Error, Result};
 
 impl RawBuffer {
     /// The checker (see [`crate::checking`]): a valid host copy must equal every valid device
-    /// copy handed out for reading on a device that does not alias it.
+    /// copy handed out since lazybuf last wrote it, on a device that does not alias it.
     pub(super) fn check_coherence(&mut self) -> Result<()> {
         let n = self.nbytes;
         let Some(host) = self.host.as_ref() else { return Ok(()) };
         let mut scratch = Vec::new();
         for copy in &mut self.copies {
             let at = Location::Device(copy.device.id());
-            if !copy.handed_out_for_reading()
+            if !copy.handed_out_since_written()
                 || copy.memory.is_host_alias()
                 || self.coherence.residency(at) != Residency::Valid
             {

@@ -5,7 +5,7 @@
 //! stream that read or write it. Later work is ordered after that use through a marker of the
 //! stream taken when it matters ([`DeviceCopy::last_use`]), plus any ticket the caller gave
 //! ([`DeviceCopy::used_until`]). For the coherence checker the copy also remembers whether it
-//! was handed out for reading since it was last filled or written.
+//! was handed out (for reading or writing) since lazybuf last filled or wrote it.
 //!
 //! What does not live here: when a use must be waited for (the accesses in [`super`]), and
 //! the transfers themselves ([`super::execute`]).
@@ -26,7 +26,8 @@ pub(in crate::buffer) struct DeviceCopy {
     used: bool,
     /// Work the caller said uses the memory, and markers of `stream` taken for it.
     external: Ticket,
-    /// For the checker: handed out for reading since it was last filled or written.
+    /// For the checker: handed out since lazybuf last filled or wrote it (the caller may keep
+    /// the handle and write through it later, whatever it was handed out for).
     handed_out: bool,
 }
 
@@ -36,22 +37,24 @@ impl DeviceCopy {
         DeviceCopy { device, stream, memory, used: false, external: Ticket::done(), handed_out: false }
     }
 
-    /// Records that the copy is handed out to the caller (a view, or a handle for kernels),
-    /// for reading (`reading`) or writing.
-    pub(super) fn hand_out(&mut self, reading: bool) {
+    /// Records that the copy is handed out to the caller (a view, or a handle for kernels).
+    /// Handed out for writing too, it stays in the checker's eye: a `mark_device_dirty()` does
+    /// not end what a handle kept from `.device` can do later (a hostile pass, 2026-11-28:
+    /// the mark hid the next unmarked kernel write from the checker).
+    pub(super) fn hand_out(&mut self) {
         self.used = true;
-        self.handed_out = reading;
+        self.handed_out = true;
     }
 
-    /// Records that lazybuf itself filled or wrote the copy: an earlier hand-out for reading
-    /// no longer matters to the checker.
+    /// Records that lazybuf itself filled or wrote the copy: an earlier hand-out no longer
+    /// matters to the checker.
     pub(super) fn written(&mut self) {
         self.handed_out = false;
     }
 
-    /// Whether the copy was handed out for reading since it was last filled or written (the
-    /// checker compares such copies).
-    pub(super) fn handed_out_for_reading(&self) -> bool {
+    /// Whether the copy was handed out since lazybuf last filled or wrote it (the checker
+    /// compares such copies).
+    pub(super) fn handed_out_since_written(&self) -> bool {
         self.handed_out
     }
 

@@ -386,7 +386,7 @@ impl RawBuffer {
         self.access(Location::Device(device.id()), Some(device), access, &observed::DEVICE)?;
         let index = self.copy_index(device.id()).expect("the device is allocated after a device access");
         let copy = &mut self.copies[index];
-        copy.hand_out(access == Access::Read);
+        copy.hand_out();
         Ok(copy)
     }
 
@@ -504,7 +504,7 @@ impl RawBuffer {
                 self.observe_abort();
             }
             self.sync(device)?;
-            return Ok(Transfer::new(Ticket::done()));
+            return Ok(Transfer::new(Ticket::done(), None));
         }
         if at == Location::Host {
             self.await_aliased_use().inspect_err(|_| self.observe_abort())?;
@@ -522,6 +522,14 @@ impl RawBuffer {
             return Err(err);
         }
         let ticket = Ticket::all(tickets);
+        // The device a forked child's wait names: the one written, else the one read.
+        let named = plan.steps().iter().find_map(|step| match *step {
+            Step::Copy { from, to } => [to, from].into_iter().find_map(|at| match at {
+                Location::Device(id) => self.copy_index(id).map(|i| self.copies[i].device.clone()),
+                Location::Host => None,
+            }),
+            Step::Allocate(_) => None,
+        });
         self.stats = self.stats.plus(delta);
         self.coherence.commit(at, Access::Read, &plan);
         let op = if observed { self.observe_commit() } else { 0 };
@@ -534,7 +542,7 @@ impl RawBuffer {
             stats: delta,
             op,
         });
-        Ok(Transfer::new(ticket))
+        Ok(Transfer::new(ticket, named))
     }
 
     /// Fills every element with `pattern` (one element's bytes) at one current location,
@@ -766,6 +774,12 @@ impl RawBuffer {
         access: Access,
         cause: &'static Cause,
     ) -> Result<()> {
+        // A device whose runtime does not survive fork, used in a forked child: refused before
+        // anything changes, also where the access needs no runtime call (a current copy
+        // handed out again would give the child the parent's handle, which hangs when used).
+        if let Some(device) = device {
+            device.backend().check_usable()?;
+        }
         // While something observes, the guard sees the plan's copies before anything runs
         // (observed.rs); otherwise this costs one atomic load.
         if observe::active() {

@@ -188,6 +188,7 @@ impl RawBuffer {
                 operation: "read back from disk",
                 expected: self.nbytes,
                 actual: block.len(),
+                unit: "bytes",
             }),
             false => file.read_into(&mut block.as_mut_slice()[..self.nbytes]),
         };
