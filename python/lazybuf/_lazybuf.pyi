@@ -210,7 +210,8 @@ class UnifiedBuffer:
 
     @property
     def stream(self) -> int:
-        """The raw handle of the queue/stream lazybuf uses for this buffer (0 on the host)."""
+        """The raw handle of the queue/stream lazybuf uses for this buffer (0 on the host
+        device and on wgpu, which have none to hand out)."""
 
     def order_after(self, stream: Any) -> None:
         """Orders lazybuf's next work on the device copy after the work enqueued on ``stream``
@@ -332,7 +333,8 @@ class UnifiedBuffer:
         ``from_buffer`` asks through a memoryview, which is read-only: pass ``buf.host``."""
 
     def __sizeof__(self) -> int:
-        """The object's size, the memory it holds included (``nbytes`` per allocated copy)."""
+        """The object's size, the memory it holds included (``nbytes`` per allocated copy);
+        once released only the object itself (its memory part is 0)."""
 
     def __array__(self, dtype: npt.DTypeLike | None = None, copy: bool | None = None) -> np.ndarray:
         """A read-only view (a host read), or a copy with ``copy=True``."""
@@ -430,7 +432,8 @@ class Device:
 
     @property
     def device_type(self) -> DeviceType:
-        """``DeviceType.CPU`` (the host), ``CUDA`` or ``OPENCL``."""
+        """The device's backend as a ``DeviceType`` (``CPU`` for the host, ``CUDA``,
+        ``OPENCL``, ``WGPU``), except ``METAL`` for a wgpu device on Metal."""
 
     @property
     def compute_capability(self) -> tuple[int, int] | None:
@@ -494,7 +497,8 @@ class Accelerator:
 
     @property
     def metal_available(self) -> bool:
-        """False: lazybuf has no Metal backend."""
+        """Whether lazybuf found a Metal device: a wgpu device on Metal (macOS), the device
+        ``.metal`` uses."""
 
 def get_accelerator() -> Accelerator:
     """The accelerator, the same object on every call."""
@@ -1003,7 +1007,8 @@ class Trace:
         """The events as Chrome trace-event JSON (ui.perfetto.dev, chrome://tracing)."""
 
     def summary(self) -> str:
-        """Copies and bytes per buffer, direction and reason, as text."""
+        """Copies and bytes per buffer, direction and reason, as text; ``(no copies
+        recorded)`` under the header when the trace has none."""
 
     def summary_rows(self) -> list[tuple[int, str, str, int, int]]:
         """The summary as rows ``(buffer, direction, reason, copies, bytes)``."""

@@ -68,17 +68,38 @@ class PoolStatistics:
 
 
 class DeviceType(Enum):
-    """The kind of a device (``Device.device_type``). The values are lazybuf's backend names
-    (``Device.backend``): ``CPU`` is the host. lazybuf has no Metal backend, so no device is
-    ``METAL`` (``metal_available()`` is False)."""
+    """The kind of a device (``Device.device_type``). Each value is the selector name of that
+    kind, which ``select_device()`` and ``LAZYBUF_DEVICE`` take: the device's backend
+    (``Device.backend``; ``CPU`` is the host), except that a wgpu device on Metal (macOS) is
+    ``METAL``, the device ``.metal`` uses (``metal_available()`` is True when there is one).
+    Other wgpu devices (Vulkan, DirectX 12) are ``WGPU``.
+
+    A backend this build has that is not listed here (the test suites' loopback devices) gets
+    a member of its own on first use, named after it: ``device_type`` never raises."""
 
     CPU = "host"
     CUDA = "cuda"
     METAL = "metal"
     OPENCL = "opencl"
+    WGPU = "wgpu"
 
     def __str__(self) -> str:
         return self.name
+
+    @classmethod
+    def _missing_(cls, value: object) -> DeviceType | None:
+        # A backend compiled into this build but not listed above: a member made once, kept
+        # with the others (so ``DeviceType("name") is DeviceType("name")``); anything else is
+        # Enum's ValueError.
+        from ._lazybuf import get_accelerator
+
+        if not isinstance(value, str) or value not in {name for name, _ in get_accelerator().backend_status}:
+            return None
+        member = object.__new__(cls)
+        member._name_ = value.upper()
+        member._value_ = value
+        found: DeviceType = cls._value2member_map_.setdefault(value, member)  # type: ignore[assignment]
+        return found
 
 
 def _size_mb(name: str, value: object, *, allow_none: bool) -> int | None:
@@ -133,8 +154,8 @@ def cuda_available() -> bool:
 
 
 def metal_available() -> bool:
-    """Whether lazybuf found a Metal device: always False, lazybuf has no Metal backend
-    (``get_accelerator().metal_available``)."""
+    """Whether lazybuf found a Metal device, a wgpu device on Metal (macOS; the device
+    ``.metal`` uses): ``get_accelerator().metal_available``."""
     from ._lazybuf import get_accelerator
 
     return bool(get_accelerator().metal_available)

@@ -2,13 +2,16 @@
 
 ``pip install lazybuf`` installs a ``lazybuf`` command that runs :func:`main`; ``python -m
 lazybuf`` runs it too. It is the same Rust code as the ``lazybuf`` executable that
-``cargo install`` builds (``lazybuf._lazybuf._cli_main``), so the subcommands, options and
-output are the same. ``lazybuf --help`` lists them.
+``cargo install`` builds (``lazybuf._lazybuf._cli_main``), so the subcommands, options,
+output and exit statuses are the same, a closed stdout included (the output goes nowhere,
+status 0); only ``python -m lazybuf`` refuses a closed stdout (status 1).
+``lazybuf --help`` lists them.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import sys
 from collections.abc import Sequence
 
@@ -23,25 +26,61 @@ _CLOSED_STDOUT = "cannot write to stdout: it is closed (Bad file descriptor)"
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the tool with ``argv`` (default: this process's arguments, without the program
     name) and returns its exit status: 0 on success, non-zero with a one-line error on
-    stderr otherwise (a closed stdout included). ``Ctrl-C`` stops ``watch`` and
-    ``bandwidth`` cleanly.
+    stderr otherwise. ``Ctrl-C`` stops ``watch`` and ``bandwidth`` cleanly.
 
-    As a console script entry point the return value becomes the process's exit status.
+    As a console script entry point (the ``lazybuf`` command ``pip install`` puts on PATH)
+    the return value becomes the process's exit status, and a closed stdout (``lazybuf
+    devices >&-``) is what it is for the ``lazybuf`` executable, whose runtime opens
+    ``/dev/null`` on it: the output goes nowhere and the status is the run's (0).
     """
     args = sys.argv[1:] if argv is None else list(argv)
     if sys.stdout is None:
-        # Descriptor 1 was closed when Python started: say so here, before the tool runs,
-        # since a file opened since then may have been given descriptor 1.
+        # Descriptor 1 was closed when Python started. A file opened since may hold it now:
+        # the tool writes to /dev/null, as the executable does, and that file is left alone.
+        return _run_on_devnull(args)
+    _flush_stdout()
+    return _cli_main(["lazybuf", *args])
+
+
+def _module_main() -> int:
+    """``python -m lazybuf``: as :func:`main`, except that a stdout closed when Python started
+    is refused before any subcommand runs (one ``lazybuf: error:`` line, status 1)."""
+    if sys.stdout is None:
         if sys.stderr is not None:
             print(f"lazybuf: error: {_CLOSED_STDOUT}", file=sys.stderr)
         return 1
-    # Python's own buffered output goes first. A reader that has gone, or a descriptor closed
-    # under Python, is the tool's to report: it writes to descriptor 1 itself.
+    return main()
+
+
+def _flush_stdout() -> None:
+    """Python's own buffered output goes first. A reader that has gone, or a descriptor
+    closed under Python, is the tool's to report: it writes to descriptor 1 itself."""
     try:
         sys.stdout.flush()
     except (OSError, ValueError):
         pass
-    return _cli_main(["lazybuf", *args])
+
+
+def _run_on_devnull(args: list[str]) -> int:
+    """Runs the tool with descriptor 1 on the null device, then puts descriptor 1 back as it
+    was (closed, or the file that held it)."""
+    try:
+        held = os.dup(1)
+    except OSError:
+        held = None  # closed
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        if null != 1:
+            os.dup2(null, 1)
+        return _cli_main(["lazybuf", *args])
+    finally:
+        if held is not None:
+            os.dup2(held, 1)
+            os.close(held)
+        else:
+            os.close(1)
+        if null != 1:
+            os.close(null)
 
 
 def watch(device: str | None = None, *, interval: str | float = "1s", count: int | None = None) -> int:

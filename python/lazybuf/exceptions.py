@@ -6,8 +6,9 @@ in ``lazybuf``), and lazybuf's own errors derive from them where the meaning mat
 
 - ``BackendUnavailableError`` (a ``RuntimeError``) is a ``BackendNotAvailableError``: a
   backend is not installed, not compiled in, or has no device;
-- ``MetalUnavailableError``, raised by ``.metal`` and ``mark_metal_dirty()`` (lazybuf has no
-  Metal backend), is a ``BackendUnavailableError`` and a ``MetalError``;
+- ``MetalUnavailableError``, raised by ``.metal`` and ``mark_metal_dirty()`` where there is no
+  Metal device (Metal works through wgpu, on macOS), is a ``BackendUnavailableError`` and a
+  ``MetalError``;
 - ``CUDARuntimeError`` (a ``RuntimeError``), a failed CUDA driver call, is a ``CUDAError``;
 - ``CoherenceError`` (a ``RuntimeError``), found by the coherence checker, is a
   ``BufferError``;
@@ -120,8 +121,9 @@ class BackendUnavailableError(RuntimeError, BackendNotAvailableError):
 
 
 class MetalUnavailableError(BackendUnavailableError, MetalError):
-    """Metal is not available: lazybuf has no Metal backend yet (``.metal`` and
-    ``mark_metal_dirty()`` raise it). Also a ``MetalError``, which PyDotCompute raised."""
+    """Metal is not available: there is no Metal device (Metal works through wgpu, on macOS;
+    ``.metal`` and ``mark_metal_dirty()`` raise it elsewhere). Also a ``MetalError``, which
+    PyDotCompute raised."""
 
 
 class CUDARuntimeError(RuntimeError, CUDAError):

@@ -119,6 +119,28 @@ def test_other_host_reads_check_too(checking, separate_device):
         buf.sync_to_host()
 
 
+@pytest.mark.parametrize("handle", ["device", "device_writable"])
+def test_a_kept_handle_written_again_after_a_mark_is_caught(checking, separate_device, handle):
+    """A hostile pass (2026-11-28): `.device` taken once and kept, a kernel, the mark, a host
+    read, then a second kernel through the same array without a second mark: the mark had
+    ended the checker's watch, and `to_numpy()` returned the first kernel's data silently. The
+    same with a kept `.device_writable` array."""
+    buf = UnifiedBuffer(N, np.int32, device=separate_device)
+    buf.host[:] = 1
+    array = getattr(buf, handle)
+    _kernel(array, 3)
+    if handle == "device":
+        buf.mark_device_dirty()
+    np.testing.assert_array_equal(buf.host_readonly, np.full(N, 3, np.int32))  # the host updated
+    assert buf.state == BufferState.SYNCHRONIZED
+    _kernel(array, 7)  # the mark forgotten this time
+    with pytest.raises(CoherenceError):
+        buf.to_numpy()
+    assert buf.state == BufferState.SYNCHRONIZED
+    buf.mark_device_dirty()
+    np.testing.assert_array_equal(buf.to_numpy(), np.full(N, 7, np.int32))
+
+
 def test_correct_pattern_passes(checking, separate_device):
     buf = _seed_pattern(separate_device, mark=True)
     np.testing.assert_array_equal(buf.to_numpy(), np.full(N, 3, np.int32))

@@ -9,8 +9,11 @@ errors. The Rust suite (crates/lazybuf-cli/tests/cli.rs) covers every option on 
 
 import json
 import os
+import shlex
 import subprocess
 import sys
+
+import pytest
 
 import lazybuf
 
@@ -119,3 +122,72 @@ def test_watch_runs_in_process_and_returns_its_status(capfd):
     lines = capfd.readouterr().out.splitlines()
     assert lines[0].startswith("TIME") and len(lines) == 3
     assert all(line.split()[1] == "host:0" for line in lines[1:])
+
+
+# What pip writes for the `lazybuf` console script (pyproject.toml: lazybuf = "lazybuf.cli:main").
+CONSOLE_SCRIPT = """\
+import re
+import sys
+from lazybuf.cli import main
+if __name__ == '__main__':
+    sys.argv[0] = re.sub(r'(-script\\.pyw|\\.exe)?$', '', sys.argv[0])
+    sys.exit(main())
+"""
+
+
+def _stderr_without_driver_notices(text: str) -> str:
+    noise = ("XDG_RUNTIME_DIR", "MESA", "WARNING: lavapipe")
+    return "".join(line for line in text.splitlines(keepends=True) if not any(n in line for n in noise))
+
+
+def test_the_console_script_is_lazybuf_cli_main():
+    import tomllib
+    from pathlib import Path
+
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    scripts = tomllib.loads(pyproject.read_text())["project"]["scripts"]
+    assert scripts == {"lazybuf": "lazybuf.cli:main"}
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["devices"],
+        ["devices", "--json"],
+        ["watch", "--device", "host", "--count", "1"],
+        ["check", "--device", "host", "--steps", "1"],
+    ],
+    ids=lambda a: " ".join(a[:2]),
+)
+def test_the_pip_installed_command_on_a_closed_stdout_ends_with_0_as_the_executable(args, tmp_path):
+    """`lazybuf devices >&-` with the command pip installs: as the cargo-built executable
+    (docs/CLI.md), the output goes nowhere and the status is 0, with nothing on stderr.
+    (`python -m lazybuf` refuses instead: tests/python/test_hardening_edges.py.)"""
+    script = tmp_path / "lazybuf"
+    script.write_text(CONSOLE_SCRIPT)
+    command = shlex.join([sys.executable, str(script), *args]) + " >&-"
+    result = subprocess.run(["sh", "-c", "exec " + command], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result
+    assert _stderr_without_driver_notices(result.stderr) == "", result.stderr
+
+
+def test_a_closed_stdout_never_sends_the_output_to_the_file_that_took_its_descriptor(tmp_path):
+    """With descriptor 1 closed at start, a file opened later gets it: `main()` writes to the
+    null device meanwhile, and the file keeps its descriptor and gets only its own lines."""
+    program = tmp_path / "prog.py"
+    target = tmp_path / "mine.txt"
+    program.write_text(
+        "import os, sys\n"
+        "f = open(sys.argv[1], 'w')\n"
+        "assert f.fileno() == 1, f.fileno()\n"
+        "from lazybuf.cli import main\n"
+        "status = main(['devices'])\n"
+        "f.write('mine\\n')\n"
+        "f.close()\n"
+        "sys.exit(status)\n"
+    )
+    command = "exec " + shlex.join([sys.executable, str(program), str(target)]) + " >&-"
+    result = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result
+    assert _stderr_without_driver_notices(result.stderr) == "", result.stderr
+    assert target.read_text() == "mine\n"

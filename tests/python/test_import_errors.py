@@ -72,3 +72,15 @@ def test_a_keyboard_interrupt_while_numpy_loads_is_raised_as_such():
 
 def test_the_import_still_works():
     assert _raised(_run("")) == "IMPORTED"
+
+
+def test_a_numpy_without_its_c_api_is_an_import_error_without_a_panic_message(tmp_path):
+    # Importable, but not NumPy's C API behind it (a stand-in, or a build without it): found
+    # before rust-numpy looks, which would print its panic's message first.
+    broken = tmp_path / "numpy"
+    broken.mkdir()
+    (broken / "__init__.py").write_text("__version__ = '2.1.0'\nempty = None\n")
+    path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH", "")) if p)
+    line = _raised(_run("", {"PYTHONPATH": path}))
+    assert line.startswith("RAISED builtins ImportError lazybuf could not load NumPy's C API"), line
+    assert "numpy.lib" in line, line

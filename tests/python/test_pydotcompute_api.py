@@ -757,7 +757,35 @@ def test_configure_memory_pool_bad_arguments(kwargs, error, match, caching_resto
 
 def test_device_type():
     assert {DeviceType.CPU, DeviceType.CUDA, DeviceType.METAL} <= set(DeviceType)
+    assert {DeviceType.OPENCL, DeviceType.WGPU} <= set(DeviceType)  # lazybuf's other backends
     assert str(DeviceType.CUDA) == "CUDA"
+    assert DeviceType("wgpu") is DeviceType.WGPU and DeviceType("host") is DeviceType.CPU
+    for bogus in ("nonsense", "vulkan", "", 1):
+        with pytest.raises(ValueError):
+            DeviceType(bogus)
+
+
+def test_every_device_has_a_device_type():
+    """Every device every backend reports (wgpu's, and the test suites' loopback devices)
+    maps to a DeviceType: the backend's own, METAL for a wgpu device on Metal."""
+    acc = get_accelerator()
+    seen = set()
+    for device in acc.devices:
+        kind = device.device_type
+        assert isinstance(kind, DeviceType), (device, kind)
+        if kind is DeviceType.METAL:
+            assert device.backend == "wgpu" and metal_available()
+        else:
+            assert kind.value == device.backend, (device, kind)
+        assert DeviceType(kind.value) is kind and str(kind) == kind.name
+        assert kind.name == ("CPU" if kind is DeviceType.CPU else kind.value.upper())
+        assert device.device_type is kind  # the same member on every read
+        seen.add(kind)
+    named = {"host": DeviceType.CPU, "opencl": DeviceType.OPENCL, "cuda": DeviceType.CUDA, "wgpu": DeviceType.WGPU}
+    for device in acc.devices:
+        if device.backend in named and device.device_type is not DeviceType.METAL:
+            assert device.device_type is named[device.backend]
+    assert DeviceType.CPU in seen  # the host is always listed
 
 
 def test_device_properties(device):
@@ -838,7 +866,10 @@ def test_cuda_and_metal_available():
     acc = get_accelerator()
     has_cuda = any(d.backend == "cuda" for d in acc.devices)
     assert cuda_available() is has_cuda and acc.cuda_available is has_cuda
-    assert metal_available() is False and acc.metal_available is False  # no Metal backend
+    # Metal is a graphics API under wgpu: a Metal device is a wgpu device on Metal (macOS).
+    has_metal = any(d.device_type is DeviceType.METAL for d in acc.devices)
+    assert metal_available() is has_metal and acc.metal_available is has_metal
+    assert has_metal is acc.is_available("metal")
 
 
 def test_every_name_is_exported():

@@ -3,6 +3,8 @@ counts, the Chrome trace-event JSON it dumps is well formed and its bytes add up
 bounded, stacks on request, threads, and recording off records nothing."""
 
 import json
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -212,3 +214,35 @@ def test_dump_without_a_trace_or_a_recording_names_dump(tmp_path):
     assert message.startswith("trace.dump:") and "trace.snapshot" not in message, message
     assert "not recording" in message and "stop()" in message and "start()" in message, message
     assert not (tmp_path / "t.json").exists()
+
+
+def test_a_summary_without_copies_says_so_as_the_cli_does(tmp_path):
+    """A trace with no copy (here the host device's syncs, all zero-copy): `Trace.summary()`
+    says `(no copies recorded)` under its header, as `lazybuf trace summary` does, rather than
+    a bare header that reads as a cut-off table. A trace with a copy has no such line."""
+    with lazybuf.trace.record() as rec:
+        b = lazybuf.UnifiedBuffer((1000,), np.float32, device="host")
+        b.host[:] = 1.0
+        b.sync_to_device()
+        b.to_numpy()
+    assert rec.trace.summary_rows() == []
+    lines = rec.trace.summary().splitlines()
+    assert lines[0].split() == ["buffer", "direction", "reason", "copies", "bytes"]
+    assert lines[1:] == ["(no copies recorded)"], lines
+    path = tmp_path / "empty.json"
+    lazybuf.trace.dump(path, rec.trace)
+    cli = subprocess.run(
+        [sys.executable, "-m", "lazybuf", "trace", "summary", str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert cli.returncode == 0, cli.stderr
+    assert "(no copies recorded)" in cli.stdout.splitlines(), cli.stdout
+
+    copying = [d for d in _devices() if d != "host"]
+    if not copying:
+        pytest.skip("no device with copies (only the host)")
+    with lazybuf.trace.record() as rec:
+        b = lazybuf.UnifiedBuffer((1000,), np.float32, device=copying[0])  # 4000 B: a real copy
+        b.host[:] = 1.0
+        b.sync_to_device()
+    assert rec.trace.summary_rows(), copying[0]
+    assert "(no copies recorded)" not in rec.trace.summary()

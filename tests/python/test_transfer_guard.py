@@ -3,7 +3,9 @@ calls, a refused copy changing nothing, threads, the process-wide level and
 LAZYBUF_TRANSFER_GUARD. Expectations follow transfer_stats(): on the host device a sync moves
 no bytes, so nothing is refused or logged there."""
 
+import copy
 import logging
+import pickle
 import sys
 import threading
 
@@ -110,13 +112,20 @@ def test_disallow_explicit_refuses_every_call_per_direction_including_async(devi
 
 @pytest.mark.parametrize("device", _devices())
 def test_the_export_protocols_name_themselves_and_a_refusal_changes_nothing(device):
-    exports = {
-        "buffer protocol": lambda b: memoryview(b),
-        "__array_interface__": lambda b: b.__array_interface__,
+    exports = [
+        ("buffer protocol", lambda b: memoryview(b)),
+        ("__array_interface__", lambda b: b.__array_interface__),
         # A host export (a CUDA buffer's default export is its device copy: no copy there).
-        "__dlpack__": lambda b: b.__dlpack__(dl_device=(1, 0)),
-    }
-    for call, export in exports.items():
+        ("__dlpack__", lambda b: b.__dlpack__(dl_device=(1, 0))),
+        # Pickling, every protocol: implicit (a hostile pass, 2026-11-28: protocols 0-4, the
+        # default before Python 3.14, downloaded as an explicit `read_into` that `disallow`
+        # let through, and protocol 5 was named `host`).
+        ("__reduce_ex__", lambda b: pickle.dumps(b, protocol=4)),
+        ("__reduce_ex__", lambda b: pickle.dumps(b, protocol=5)),
+        ("__reduce_ex__", lambda b: copy.copy(b)),
+        ("__reduce__", lambda b: b.__reduce__()),
+    ]
+    for call, export in exports:
         b = _host_only(device, seed=7)
         b.device
         b.mark_device_dirty()

@@ -91,6 +91,12 @@ fn source_name(source: MemorySource) -> &'static str {
     }
 }
 
+/// Whether `device` is a wgpu device on Metal: Metal is a graphics API under the wgpu backend
+/// (selector `metal`), not a backend of its own.
+fn runs_on_metal(device: &Device) -> bool {
+    device.answers_to("metal")
+}
+
 /// One device: what it is and how much memory it has.
 #[pyclass(name = "Device", module = "lazybuf", frozen, eq, hash, subclass)]
 pub(crate) struct PyDevice {
@@ -225,14 +231,16 @@ impl PyDevice {
         lazybuf::devices().iter().position(|d| *d == self.device)
     }
 
-    /// The kind of device, a `DeviceType` (`CPU` for the host, `CUDA`, `OPENCL`).
+    /// The kind of device, a `DeviceType`: its backend (`CPU` for the host, `CUDA`, `OPENCL`,
+    /// `WGPU`), except `METAL` for a wgpu device on Metal (the device `.metal` uses).
     #[getter]
     fn device_type(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         static CLASS: GilOnceCell<Py<PyAny>> = GilOnceCell::new();
         let class = CLASS.get_or_try_init(py, || {
             py.import("lazybuf._pydotcompute")?.getattr("DeviceType").map(Bound::unbind)
         })?;
-        class.bind(py).call1((self.device.backend_kind().name(),)).map(Bound::unbind)
+        let kind = if runs_on_metal(&self.device) { "metal" } else { self.device.backend_kind().name() };
+        class.bind(py).call1((kind,)).map(Bound::unbind)
     }
 
     /// `(major, minor)` of a CUDA device; None for other devices (they have none).
@@ -420,10 +428,11 @@ impl Accelerator {
         lazybuf::devices().iter().any(|d| d.backend_kind().name() == "cuda")
     }
 
-    /// Whether lazybuf found a Metal device: False, lazybuf has no Metal backend.
+    /// Whether lazybuf found a Metal device: a wgpu device on Metal (macOS), the device
+    /// `.metal` uses.
     #[getter]
     fn metal_available(&self) -> bool {
-        lazybuf::devices().iter().any(|d| d.backend_kind().name() == "metal")
+        lazybuf::devices().iter().any(runs_on_metal)
     }
 
     fn __repr__(&self) -> PyResult<String> {

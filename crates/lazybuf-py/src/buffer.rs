@@ -929,7 +929,7 @@ impl UnifiedBuffer {
 
     /// The queue or stream lazybuf enqueues this buffer's copies on, as a raw handle (an int):
     /// a `cl_command_queue` on OpenCL, a `CUstream` on CUDA (`cupy.cuda.ExternalStream(buf.stream)`
-    /// runs CuPy work there), 0 on the host device.
+    /// runs CuPy work there), 0 on the host device and on wgpu (neither has a queue handle to give).
     #[getter]
     fn stream(&self, py: Python<'_>) -> PyResult<usize> {
         streams::raw_stream(py, &*self.storage_unordered()?)
@@ -1109,7 +1109,7 @@ impl UnifiedBuffer {
     }
 
     /// The object's size in bytes, the memory it holds included: `nbytes` for each allocated
-    /// copy (host, and the device copy unless it is the host memory itself); 0 once released.
+    /// copy (host, and the device copy unless it is the host memory itself). Once released, the memory part is 0: only the object itself is counted.
     fn __sizeof__(&self, py: Python<'_>) -> usize {
         let nbytes = self.nbytes();
         let held = self.held_storage().map_or(0, |storage| {
@@ -1482,20 +1482,30 @@ impl UnifiedBuffer {
     /// buffers use): the host copy goes out as a `pickle.PickleBuffer`, zero-copy (synced from
     /// the device first if only the device copy is current), and the buffer's device is
     /// recorded. Older protocols pickle as `__reduce__` does.
+    ///
+    /// Every protocol's download is an implicit transfer named after this call (the transfer
+    /// guard's `disallow` refuses it, as it refuses `.host`).
     fn __reduce_ex__<'py>(
         slf: &Bound<'py, Self>,
         protocol: i64,
     ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
-        if protocol >= 5 {
-            return wire::reduce_out_of_band(slf);
-        }
-        slf.get().__reduce__(slf.py())
+        observed(slf.py(), Cause::access("__reduce_ex__"), || {
+            if protocol >= 5 { wire::reduce_out_of_band(slf) } else { slf.get().reduce_in_band(slf.py()) }
+        })
     }
 
     /// Pickling (protocols 0-4) copies the data through the host and records the device:
     /// the copy is made on that device when the unpickling process has it, else on its current
-    /// device (pinned dropped where that device cannot pin).
+    /// device (pinned dropped where that device cannot pin). An implicit transfer, as
+    /// `__reduce_ex__`'s.
     fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
+        observed(py, Cause::access("__reduce__"), || self.reduce_in_band(py))
+    }
+}
+
+impl UnifiedBuffer {
+    /// [`Self::__reduce__`]'s work (the data as an array read straight from its current copy).
+    fn reduce_in_band<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
         let storage = self.storage()?;
         let initialized = storage.lock(py)?.state() != lazybuf::BufferState::Uninitialized;
         let data = if initialized { Some(storage.to_array(py, &self.shape, self.descr(py))?) } else { None };

@@ -136,6 +136,11 @@ pub(crate) fn make_ready(py: Python<'_>) -> PyResult<()> {
     // finalizer late in the interpreter's shutdown, when imports no longer do.
     let empty = numpy.getattr("empty")?.unbind();
     NUMPY_EMPTY.get_or_init(py, || empty);
+    // rust-numpy panics where it cannot have the C API, and the panic's message is printed
+    // before the `catch_unwind` below can turn it into an ImportError: look first, as
+    // rust-numpy looks, so that a module that is not NumPy's (or a build without its C API)
+    // is an ImportError alone. Only its version checks are left to the panic's path.
+    find_c_api(py, &numpy).map_err(|why| c_api_missing(&why))?;
     let made = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let float32 = float32(py);
         // The dtype checks of `classify` read NumPy's API version.
@@ -147,11 +152,36 @@ pub(crate) fn make_ready(py: Python<'_>) -> PyResult<()> {
             .map(String::as_str)
             .or_else(|| panic.downcast_ref::<&str>().copied())
             .unwrap_or("no reason given");
-        PyImportError::new_err(format!(
-            "lazybuf could not load NumPy's C API ({why}); expected an importable NumPy 1.x or 2.x \
-             (`python -c 'import numpy'` shows why it fails)"
-        ))
+        c_api_missing(why)
     })
+}
+
+/// NumPy's C API capsule where rust-numpy looks for it: `_ARRAY_API` of `numpy._core.multiarray`
+/// (NumPy 2) or `numpy.core.multiarray` (1.x), the major version read as rust-numpy reads it.
+fn find_c_api(py: Python<'_>, numpy: &Bound<'_, PyModule>) -> Result<(), String> {
+    let looked = || -> PyResult<Result<(), String>> {
+        let version = numpy.getattr("__version__")?;
+        let major: u8 = py
+            .import("numpy.lib")?
+            .getattr("NumpyVersion")?
+            .call1((version,))?
+            .getattr("major")?
+            .extract()?;
+        let module = if major >= 2 { "numpy._core.multiarray" } else { "numpy.core.multiarray" };
+        let api = py.import(module)?.getattr("_ARRAY_API")?;
+        Ok(match api.cast::<pyo3::types::PyCapsule>() {
+            Ok(_) => Ok(()),
+            Err(_) => Err(format!("{module}._ARRAY_API is a {}, not a capsule", api.get_type().name()?)),
+        })
+    };
+    looked().map_err(|err| err.to_string()).and_then(|found| found)
+}
+
+fn c_api_missing(why: &str) -> PyErr {
+    PyImportError::new_err(format!(
+        "lazybuf could not load NumPy's C API ({why}); expected an importable NumPy 1.x or 2.x \
+         (`python -c 'import numpy'` shows why it fails)"
+    ))
 }
 
 /// `numpy.empty`, kept at import ([`make_ready`]).

@@ -50,7 +50,7 @@ imported_exceptions! {
 // A backend (Metal, CUDA, OpenCL) is not installed, not compiled in, or has no device:
 // `BackendUnavailableError(message, backend_name, reason)`, a RuntimeError.
 BackendUnavailableError,
-// Metal is not available (no Metal backend): a BackendUnavailableError and a MetalError.
+// Metal is not available (no wgpu device on Metal): a BackendUnavailableError and a MetalError.
 MetalUnavailableError,
 // A failed CUDA driver call: a RuntimeError and a CUDAError.
 CUDARuntimeError,
@@ -106,7 +106,7 @@ fn to_py_with(err: lazybuf::Error, message: String) -> PyErr {
         E::Runtime { backend, .. } if backend.name() == "cuda" => CUDARuntimeError::new_err(message),
         E::Runtime { .. } => PyRuntimeError::new_err(message),
         E::Coherence { .. } => CoherenceError::new_err(message),
-        // A file lazybuf wrote (a spill file) could not be read back: OSError, with the
+        // A spill file could not be written or read back: OSError, with the
         // system's errno where there was one (`FileNotFoundError` for a missing file).
         E::Io { code: Some(lazybuf::RuntimeCode::Os(errno)), .. } => PyOSError::new_err((errno, message)),
         E::Io { .. } => PyOSError::new_err(message),

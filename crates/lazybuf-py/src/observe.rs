@@ -249,7 +249,9 @@ impl PyTrace {
         py.detach(|| self.trace.to_chrome_json())
     }
 
-    /// The plain summary: copies and bytes per buffer, direction and reason, as text.
+    /// The plain summary: copies and bytes per buffer, direction and reason, as text;
+    /// `(no copies recorded)` under the header when the trace has none (as `lazybuf trace
+    /// summary` says it).
     fn summary(&self) -> String {
         self.trace.summary().to_string()
     }

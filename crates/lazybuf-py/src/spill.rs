@@ -120,7 +120,9 @@ pub(crate) fn memory_held(device: &Bound<'_, PyAny>) -> PyResult<u64> {
 }
 
 /// What spilling did on `device`, as a dict: evictions, clean_evictions (those that moved no
-/// byte), bytes_written_back, bytes_read_back, spill_requests, spill_failures, seconds.
+/// byte), bytes_written_back, bytes_read_back, bytes_to_disk and bytes_from_disk (host copies
+/// of its buffers written to and read back from spill files), spill_requests, spill_failures,
+/// seconds.
 #[pyfunction]
 pub(crate) fn spill_stats<'py>(py: Python<'py>, device: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
     let stats = spill::spill_stats(&crate::accelerator::device_arg(Some(device))?);

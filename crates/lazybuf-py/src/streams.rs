@@ -31,7 +31,7 @@ use crate::views::{Storage, device_handles};
 
 /// The raw handle of the stream lazybuf uses for this buffer, as an int: its
 /// `cl_command_queue` on OpenCL, its `CUstream` on CUDA, 0 on the host (whose work is done
-/// when each call returns).
+/// when each call returns) and on wgpu (whose one queue has no handle to give).
 pub(crate) fn raw_stream(py: Python<'_>, storage: &Storage) -> PyResult<usize> {
     let raw = storage.lock(py)?;
     // SAFETY: the handle is only turned into an int for the caller, who may use it while the
