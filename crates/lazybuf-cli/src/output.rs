@@ -110,7 +110,9 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
 }
 
 /// Parses a duration: a number and a unit (`ms`, `s`, `m`; a bare number is seconds), e.g.
-/// `250ms`, `1s`, `1.5s`, `2m`. Zero is refused.
+/// `250ms`, `1s`, `1.5s`, `2m`. Zero is refused. A duration beyond what [`Duration`] holds
+/// (`18446744073709551615s` rounds up past it) is [`Duration::MAX`]: for `watch
+/// --interval`, a wait until Ctrl-C.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let bad = || format!("expected a duration such as 250ms, 1s or 2m, got {text:?}");
     let t = text.trim();
@@ -125,6 +127,9 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     };
     match Duration::try_from_secs_f64(seconds) {
         Ok(d) if !d.is_zero() => Ok(d),
+        // Only digits and dots were parsed: the number is not negative or NaN, so an error
+        // for a positive one is an overflow (infinity included).
+        Err(_) if seconds > 0.0 => Ok(Duration::MAX),
         _ => Err(bad()),
     }
 }
@@ -439,9 +444,22 @@ mod tests {
         assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
         assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        for bad in ["0s", "soon", "1h", "-1s"] {
+        for bad in ["0s", "soon", "1h", "-1s", ".", "0.0000000001ms"] {
             assert!(parse_duration(bad).unwrap_err().contains("expected a duration"), "{bad}");
         }
+    }
+
+    #[test]
+    fn durations_beyond_what_a_duration_holds_saturate() {
+        let u64_max = u64::MAX.to_string();
+        for long in [format!("{u64_max}s"), u64_max.clone(), format!("{u64_max}m"), "9".repeat(400)] {
+            assert_eq!(parse_duration(&long), Ok(Duration::MAX), "{long}");
+        }
+        // The largest f64 below 2^64 seconds still fits: the value itself.
+        assert_eq!(
+            parse_duration("18446744073709549568s"),
+            Ok(Duration::from_secs(18_446_744_073_709_549_568))
+        );
     }
 
     #[test]

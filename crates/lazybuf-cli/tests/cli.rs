@@ -11,8 +11,9 @@
 //! a deliberately broken one, failing with status 1 and naming the divergence; errors as one
 //! line and a non-zero status; `--help` with examples on every subcommand; no escape codes
 //! when the output is not a terminal; sizes beyond the machine and allocations refused by
-//! `ulimit -v` as one error line (never an abort), a closed stdout as one error line for every
-//! subcommand, and a `watch` interval beyond the clock waiting for Ctrl-C without a panic.
+//! `ulimit -v` as one error line (never an abort), a closed stdout ending quietly with status 0
+//! for every subcommand, and a `watch` interval beyond the clock (or beyond what a `Duration`
+//! holds) taken without a panic: waiting for Ctrl-C, or ending at once after `--count 1`.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -699,6 +700,22 @@ fn a_watch_interval_beyond_the_clock_waits_until_ctrl_c_without_a_panic() {
     let err = stderr(&output);
     assert_eq!(output.status.code(), Some(0), "{err}");
     assert!(!err.contains("panicked"), "{err}");
+}
+
+/// An interval beyond what a `Duration` holds (`u64::MAX` seconds, which rounds up past it as
+/// a float) is taken as the longest wait, not refused: with `--count 1` the one refresh is
+/// printed and the run ends at once, without waiting.
+#[test]
+fn a_watch_interval_beyond_what_a_duration_holds_is_taken_and_count_1_ends_at_once() {
+    for interval in ["18446744073709551615s", "18446744073709551615", "18446744073709551615m"] {
+        let start = Instant::now();
+        let text = ok(&["watch", "--device", "host", "--interval", interval, "--count", "1"]);
+        assert!(start.elapsed() < Duration::from_secs(60), "{interval}: watch waited");
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2, "{interval}: the header and one sample: {text}");
+        assert!(lines[0].starts_with("TIME"), "{text}");
+        assert!(lines[1].contains("host:0"), "{text}");
+    }
 }
 
 /// With no `--device` and no `LAZYBUF_DEVICE`, `bandwidth` measures a device that is not the
