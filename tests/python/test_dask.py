@@ -686,3 +686,24 @@ def test_a_64_mib_buffer_moves_between_workers_without_an_extra_copy(cluster):
     assert client.nbytes(summary=False)[source.key] == 64 * MiB
     assert same_bytes(arrived, seed=64)
 
+
+
+def test_the_dask_familys_download_is_an_implicit_transfer_named_dask_serialize():
+    """A hostile pass (2026-11-28): the `dask` family's host frame of a DEVICE_DIRTY buffer
+    was refused under `disallow` as the engine's `host` access: it names what the user did."""
+    devices = [d for d in get_accelerator().devices if d.backend in ("opencl", "cuda", "wgpu", "loopback")]
+    if not devices:
+        _need("opencl", "no device with memory of its own")
+    from lazybuf import _dask
+
+    buf = UnifiedBuffer((1000,), np.float32, device=devices[0])
+    buf.host[:] = 1
+    buf.device_writable
+    before = (buf.state, buf.transfer_stats())
+    with lazybuf.transfer_guard(d2h="disallow"):
+        with pytest.raises(lazybuf.TransferGuardError) as info:
+            _dask.dask_dumps(buf)
+    assert (info.value.direction, info.value.call) == ("d2h", "dask serialize")
+    assert (buf.state, buf.transfer_stats()) == before
+    header, frames = _dask.dask_dumps(buf)
+    np.testing.assert_array_equal(np.frombuffer(frames[0], np.float32), np.ones(1000, np.float32))

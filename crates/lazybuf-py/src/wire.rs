@@ -279,7 +279,11 @@ pub(crate) fn _rebuild_buffer_from_bytes<'py>(
 pub(crate) fn _host_frame<'py>(
     buf: &Bound<'py, UnifiedBuffer>,
 ) -> PyResult<Option<Bound<'py, PyMemoryView>>> {
-    host_bytes(buf)?.map(|view| PyMemoryView::from(&view)).transpose()
+    // An implicit transfer, named after what the user called (the guard's refusal and the
+    // recorder say `dask serialize`, not the engine's `host`).
+    crate::observe::observed(buf.py(), lazybuf::observe::Cause::access("dask serialize"), || {
+        host_bytes(buf)?.map(|view| PyMemoryView::from(&view)).transpose()
+    })
 }
 
 /// A CUDA buffer's device copy as one frame of bytes, for Dask's `cuda` serializer family
