@@ -348,3 +348,35 @@ def test_integer_arguments_take_numpy_integers_and_none_where_optional():
     assert lmr.LimitingResourceAdaptor(lmr.DirectMemoryResource(), np.uint64(1 << 20)).get_allocation_limit() == 1 << 20
     with pytest.raises(TypeError, match="allocation_limit"):
         lmr.LimitingResourceAdaptor(lmr.DirectMemoryResource(), 1.5)
+
+def test_spilling_trims_a_pool_memory_resource_before_it_evicts_a_copy(device):
+    """A hostile pass (2026-11-28): a `lmr.PoolMemoryResource`'s cached blocks counted against
+    the device's limit, but spilling never trimmed them: it evicted a live copy (or, with the
+    copy not spillable, refused the allocation) while the pool still cached 512 KiB. Such pools
+    are trimmed first now, as every MemoryPool is."""
+    lazybuf.trim()
+    held = lazybuf.memory_held(device)
+    probe = UnifiedBuffer(16 * 1024, np.float32, device=device)
+    probe.sync_to_device()
+    if lazybuf.memory_held(device) == held:
+        pytest.skip("device copies on this device are host memory: no device memory to limit")
+    del probe
+    lazybuf.trim()
+    KiB = 1024
+    pool = lmr.PoolMemoryResource()
+    ptr = pool.allocate(512 * KiB, device=device)
+    pool.deallocate(ptr, 512 * KiB)
+    assert pool.cached_bytes() >= 512 * KiB
+    old = UnifiedBuffer(256 * KiB // 4, np.float32, device=device, spillable=False)
+    old.host[:] = 1
+    old.sync_to_device()
+    base = lazybuf.memory_held(device) - pool.cached_bytes()
+    try:
+        lazybuf.set_memory_limit(device, base + 512 * KiB + 64 * KiB)
+        new = UnifiedBuffer(512 * KiB // 4, np.float32, device=device)
+        new.sync_to_device()  # fits once the pool's cache is given back
+        assert pool.cached_bytes() == 0
+        assert old.state == lazybuf.BufferState.SYNCHRONIZED
+        assert lazybuf.memory_held(device) <= base + 512 * KiB + 64 * KiB
+    finally:
+        lazybuf.set_memory_limit(device, None)

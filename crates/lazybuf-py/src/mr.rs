@@ -266,6 +266,9 @@ impl PyPool {
             zero_reused: false,
         };
         let pool = Arc::new(CachingResource::new(below, config, "lazybuf.mr.PoolMemoryResource".into()));
+        // Its cached blocks count against device budgets: spilling trims it (whole: it serves
+        // any device) before it evicts a copy, as it trims every MemoryPool.
+        lazybuf::pool::register_cache(&pool, None);
         Ok(PyClassInitializer::from(PyResource::new(pool.clone(), keep)).add_subclass(PyPool { pool, limit }))
     }
 

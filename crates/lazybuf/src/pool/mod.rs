@@ -213,8 +213,9 @@ impl fmt::Debug for MemoryPool {
     }
 }
 
-/// The caches of pools made, with their device, weakly held.
-type LivePools = Mutex<Vec<(DeviceId, Weak<CachingResource>)>>;
+/// The caches of pools made, with their device (`None`: a cache that serves every device),
+/// weakly held.
+type LivePools = Mutex<Vec<(Option<DeviceId>, Weak<CachingResource>)>>;
 
 /// The caches of every pool made, by device, weakly held.
 fn live_pools() -> &'static LivePools {
@@ -224,12 +225,20 @@ fn live_pools() -> &'static LivePools {
 
 /// Adds a new pool's cache to the live pools of `device`.
 fn register(device: &Device, cache: &Arc<CachingResource>) {
+    register_cache(cache, Some(device));
+}
+
+/// Makes `cache`, a [`CachingResource`] made outside [`MemoryPool`] (a binding's own pool
+/// resource), one of the live pools that spilling trims before it evicts anything (of
+/// `device`, or of every device with `None`: a cache serving any device is trimmed whole
+/// whenever one of them needs room). Held weakly: dropping the cache unregisters it.
+pub fn register_cache(cache: &Arc<CachingResource>, device: Option<&Device>) {
     let mut live = live_pools().lock().unwrap_or_else(PoisonError::into_inner);
     // Pools gone are dropped from the list when it would grow past twice the live ones.
     if live.len() >= 16 && live.len() == live.capacity() {
         live.retain(|(_, pool)| pool.strong_count() > 0);
     }
-    live.push((device.id(), Arc::downgrade(cache)));
+    live.push((device.map(Device::id), Arc::downgrade(cache)));
 }
 
 /// Frees the cached blocks of every live pool of `device` (of every device with `None`)
@@ -240,7 +249,7 @@ pub(crate) fn trim_live_pools(device: Option<&Device>) -> u64 {
         let mut live = live_pools().lock().unwrap_or_else(PoisonError::into_inner);
         live.retain(|(_, pool)| pool.strong_count() > 0);
         live.iter()
-            .filter(|(id, _)| device.is_none_or(|d| d.id() == *id))
+            .filter(|(id, _)| device.is_none_or(|d| id.is_none_or(|id| d.id() == id)))
             .filter_map(|(_, pool)| pool.upgrade())
             .collect()
     };

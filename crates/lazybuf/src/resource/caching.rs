@@ -362,9 +362,12 @@ impl CachingResource {
     /// nothing: the lock is only ever held for bookkeeping and ticket polls.
     fn reuse_counting(&self, key: Key, stream: &Stream, count_miss: bool) -> Option<Block> {
         let mut state = self.lock();
+        // Checked under the lock that a block's return takes too: a block cached by a racing
+        // free after the caller's trim is not handed out while memory held is over its limit.
+        let over_limit = crate::spill::budget::over_limit(stream.device(), key.kind);
         let State { slots, stats, kind_counts, .. } = &mut *state;
         let counts = &mut kind_counts[kind_index(key.kind)];
-        let found = slots.get_mut(&key).and_then(|slot| {
+        let found = slots.get_mut(&key).filter(|_| !over_limit).and_then(|slot| {
             // The most recently cached usable block: the warmest in the caches.
             let index = slot.free.iter().rposition(|cached| cached.usable_on(stream))?;
             let cached = slot.free.swap_remove(index);
@@ -513,13 +516,16 @@ impl MemoryResource for CachingResource {
             let key = Key { device: device.id(), kind, bytes: block.len() };
             let n = block.len() as u64;
             let cap = self.config.max_cached_bytes;
+            // Over a memory limit (lowered below what is held) the block goes back upstream,
+            // so that memory held comes down instead of waiting in the cache.
+            let over_limit = crate::spill::budget::over_limit(device, kind);
             let mut state = self.lock();
             let State { slots, stats, .. } = &mut *state;
             match slots.get_mut(&key) {
                 Some(slot) if slot.outstanding > 0 => {
                     slot.outstanding -= 1;
                     stats.bytes_in_use -= n;
-                    if stats.bytes_cached.saturating_add(n) <= cap {
+                    if stats.bytes_cached.saturating_add(n) <= cap && !over_limit {
                         stats.bytes_cached += n;
                         memory_of(device, kind).cached_bytes().fetch_add(n, Ordering::Relaxed);
                         slot.free.push(Cached { block, stream, ready });
