@@ -750,6 +750,11 @@ class DeviceBuffer:
         gaps."""
 
     @property
+    def buffer_id(self) -> int:
+        """The id transfer guard errors (``TransferGuardError.buffer_id``) and recorded
+        events give the buffer; kept across reallocations."""
+
+    @property
     def size(self) -> int: ...
     @property
     def nbytes(self) -> int: ...
@@ -823,6 +828,11 @@ def _rebuild_device_buffer(data: Any, device: str) -> DeviceBuffer: ...
 class Memory:
     """An untyped allocation of one memory kind (dpctl's USM memory): the base class of
     ``MemoryDevice``, ``MemoryHost`` and ``MemoryShared``. Every call is synchronous."""
+
+    @property
+    def buffer_id(self) -> int:
+        """The id transfer guard errors (``TransferGuardError.buffer_id``) and recorded
+        events give the memory (shared by objects made zero-copy from one another)."""
 
     @property
     def nbytes(self) -> int: ...

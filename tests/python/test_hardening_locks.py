@@ -90,6 +90,7 @@ UNIFIED_CALLS: dict[str, str | None] = {
 
 # Every public method and property of DeviceBuffer, called on a buffer (`b`) being resized.
 DEVICE_BUFFER_CALLS: dict[str, str | None] = {
+    "buffer_id": "b.buffer_id",
     "capacity": "b.capacity()",
     "copy": "b.copy()",
     "copy_from_device": "b.copy_from_device(lazybuf.DeviceBuffer(size=16, device=device))",

@@ -22,6 +22,13 @@
 //! Results sized by the buffer (`tobytes()`, `copy_to_host()`, pickling, DLPack copies) are
 //! allocated through Python: `MemoryError` when the host has no memory for them.
 //!
+//! **Seen copies.** Each copy between memories (device memory to or from the host, or between
+//! device memories) is seen by the transfer guard and the recorder ([`lazybuf::observe`]),
+//! named by the Python call: explicit for `to_device`, `copy_to_host`, `copy_from_host`,
+//! `copy_from_device`, `tobytes`, `copy()` (and `__dlpack__(copy=True)`); implicit for
+//! pickling, unpickling, DLPack's host copy with `copy=None` and a reallocation's move
+//! (`resize`, `reserve`, `shrink_to_fit`).
+//!
 //! Threads: the buffer is locked for each call, always with the GIL released (so a memory
 //! resource's Python callback can run meanwhile); two buffers are locked in a fixed order.
 //!
@@ -34,6 +41,7 @@ use pyo3::exceptions::{PyAttributeError, PyRuntimeError, PyTypeError, PyValueErr
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyTuple};
 
+use lazybuf::observe::Cause;
 use lazybuf::{AllocationOptions, Device, DeviceBuffer, MemoryKind};
 
 use crate::accelerator::{PyDevice, selector};
@@ -43,6 +51,7 @@ use crate::foreign::Source;
 use crate::hostbuf::{self, HostBuffer};
 use crate::interop::{self, DlpackArgs, ExportedBytes};
 use crate::lock::{self, Detached, GilFreeGuard, GilFreeMutex};
+use crate::observe::observed;
 
 /// A device buffer shared by its Python object and the DLPack tensors made from it.
 pub(crate) struct BufferCell {
@@ -134,6 +143,114 @@ impl PyDeviceBuffer {
         Ok(Self::new_buffer(buffer, keep))
     }
 
+    /// `copy_to_host`'s work: into `ary`, else into a new array.
+    fn copy_to_host_into<'py>(
+        &self,
+        py: Python<'py>,
+        ary: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let Some(ary) = ary.filter(|a| !a.is_none()).cloned() else {
+            return self.snapshot(py);
+        };
+        let mut host = HostBuffer::get(&ary, true, "copy_to_host: ary")?;
+        self.with(py, |b| {
+            if host.len() < b.size() {
+                return Err(PyValueError::new_err(format!(
+                    "copy_to_host: ary is too small: {} bytes; need space for {} bytes",
+                    host.len(),
+                    b.size()
+                )));
+            }
+            if host.overlaps(b.memory()) {
+                // `ary` is a view of this buffer (a DLPack export): copy through the host.
+                let staged = b.to_vec().or_py()?;
+                host.bytes_mut()[..staged.len()].copy_from_slice(&staged);
+                return Ok(());
+            }
+            b.copy_to_host(host.bytes_mut()).or_py()
+        })??;
+        drop(host);
+        Ok(ary)
+    }
+
+    /// `copy_from_host`'s work.
+    fn copy_from_host_impl(&self, py: Python<'_>, ary: &Bound<'_, PyAny>) -> PyResult<()> {
+        let host = HostBuffer::get(ary, false, "copy_from_host: ary")?;
+        self.with(py, |b| {
+            if host.len() > b.size() {
+                return Err(PyValueError::new_err(format!(
+                    "copy_from_host: ary is too large: {} bytes; the buffer holds {}",
+                    host.len(),
+                    b.size()
+                )));
+            }
+            if host.overlaps(b.memory()) {
+                let staged = hostbuf::staged(host.bytes()).or_py()?;
+                return b.copy_from_host(&staged).or_py();
+            }
+            b.copy_from_host(host.bytes()).or_py()
+        })?
+    }
+
+    /// `copy_from_device`'s work.
+    fn copy_from_device_impl(&self, py: Python<'_>, cuda_ary: &Bound<'_, PyAny>) -> PyResult<()> {
+        let (source, keep) = Source::resolve(cuda_ary, "copy_from_device")?;
+        let result = if source.is_buffer(&self.cell) {
+            Ok(()) // a buffer onto itself: every byte stays
+        } else {
+            let copy = |dst: &mut DeviceBuffer, src: &lazybuf::Memory, n: usize| {
+                if n > dst.size() {
+                    return Err(PyValueError::new_err(format!(
+                        "copy_from_device: the source is too large: {n} bytes; the buffer holds {}",
+                        dst.size()
+                    )));
+                }
+                if crate::hostbuf::ranges_overlap(dst.memory().host_range(), src.host_range()) {
+                    // Foreign memory that is a view of this buffer: copy through the host.
+                    let staged = src.to_vec().or_py()?;
+                    return dst.copy_from_host(&staged[..n]).or_py();
+                }
+                dst.copy_from_memory(src, n).or_py()
+            };
+            let mine = Arc::as_ptr(&self.cell) as usize;
+            lock::detach(py, |d| {
+                if source.lock_order() < mine {
+                    source.with(d, |src, n| copy(&mut *self.cell.lock(d)?, src, n))?
+                } else {
+                    let mut dst = self.cell.lock(d)?;
+                    source.with(d, |src, n| copy(&mut dst, src, n))?
+                }
+            })
+        };
+        drop(keep);
+        result
+    }
+
+    /// `tobytes`'s work.
+    fn tobytes_impl<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        // The bytes object is made with the GIL and the copy runs without it: a resize by
+        // another thread in between is seen (the size no longer matches) and the copy retried.
+        for _ in 0..8 {
+            let size = self.with(py, |b| b.size())?;
+            let mut resized = false;
+            let bytes = PyBytes::new_with(py, size, |data| {
+                self.with(py, |b| {
+                    if b.size() != data.len() {
+                        resized = true;
+                        return Ok(());
+                    }
+                    b.copy_to_host(data).or_py()
+                })?
+            })?;
+            if !resized {
+                return Ok(bytes);
+            }
+        }
+        Err(PyRuntimeError::new_err(
+            "tobytes: the buffer was resized by another thread during each of 8 tries",
+        ))
+    }
+
     /// The raw handle as an int, valid until the next reallocation (see the module docs).
     fn raw_address(&self, py: Python<'_>) -> PyResult<usize> {
         // SAFETY: the memory is live (held here) and its device's; the address is only handed
@@ -177,7 +294,14 @@ impl PyDeviceBuffer {
         mr: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let device = crate::accelerator::device_arg(device)?;
-        Self::from_host(py, b, device, mr)
+        observed(py, Cause::sync("to_device"), || Self::from_host(py, b, device, mr))
+    }
+
+    /// The id the transfer guard's errors (`TransferGuardError.buffer_id`) and the recorder's
+    /// events give the buffer.
+    #[getter]
+    fn buffer_id(&self, py: Python<'_>) -> PyResult<u64> {
+        self.with(py, |b| b.id())
     }
 
     /// The size in bytes.
@@ -212,7 +336,7 @@ impl PyDeviceBuffer {
     /// the contents); never shrinks.
     fn reserve(&self, py: Python<'_>, new_capacity: &Bound<'_, PyAny>) -> PyResult<()> {
         let n = byte_size(new_capacity, "new_capacity")?;
-        self.with(py, |b| b.reserve(n))?.or_py()
+        observed(py, Cause::access("reserve"), || self.with(py, |b| b.reserve(n))?.or_py())
     }
 
     /// Sets the size to `new_size` bytes, keeping the contents up to the smaller size; within
@@ -220,12 +344,12 @@ impl PyDeviceBuffer {
     /// of exactly `new_size` bytes. New bytes are uninitialized.
     fn resize(&self, py: Python<'_>, new_size: &Bound<'_, PyAny>) -> PyResult<()> {
         let n = byte_size(new_size, "new_size")?;
-        self.with(py, |b| b.resize(n))?.or_py()
+        observed(py, Cause::access("resize"), || self.with(py, |b| b.resize(n))?.or_py())
     }
 
     /// Moves the contents to an allocation of exactly `size` bytes if the capacity is larger.
     fn shrink_to_fit(&self, py: Python<'_>) -> PyResult<()> {
-        self.with(py, |b| b.shrink_to_fit())?.or_py()
+        observed(py, Cause::access("shrink_to_fit"), || self.with(py, |b| b.shrink_to_fit())?.or_py())
     }
 
     /// The device.
@@ -250,107 +374,23 @@ impl PyDeviceBuffer {
         py: Python<'py>,
         ary: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let Some(ary) = ary.filter(|a| !a.is_none()).cloned() else {
-            return self.snapshot(py);
-        };
-        let mut host = HostBuffer::get(&ary, true, "copy_to_host: ary")?;
-        self.with(py, |b| {
-            if host.len() < b.size() {
-                return Err(PyValueError::new_err(format!(
-                    "copy_to_host: ary is too small: {} bytes; need space for {} bytes",
-                    host.len(),
-                    b.size()
-                )));
-            }
-            if host.overlaps(b.memory()) {
-                // `ary` is a view of this buffer (a DLPack export): copy through the host.
-                let staged = b.to_vec().or_py()?;
-                host.bytes_mut()[..staged.len()].copy_from_slice(&staged);
-                return Ok(());
-            }
-            b.copy_to_host(host.bytes_mut()).or_py()
-        })??;
-        drop(host);
-        Ok(ary)
+        observed(py, Cause::sync("copy_to_host"), || self.copy_to_host_into(py, ary))
     }
 
     /// Copies `ary` (a 1-d buffer of bytes, read-only is fine) into the first `len(ary)` bytes.
     fn copy_from_host(&self, py: Python<'_>, ary: &Bound<'_, PyAny>) -> PyResult<()> {
-        let host = HostBuffer::get(ary, false, "copy_from_host: ary")?;
-        self.with(py, |b| {
-            if host.len() > b.size() {
-                return Err(PyValueError::new_err(format!(
-                    "copy_from_host: ary is too large: {} bytes; the buffer holds {}",
-                    host.len(),
-                    b.size()
-                )));
-            }
-            if host.overlaps(b.memory()) {
-                let staged = hostbuf::staged(host.bytes()).or_py()?;
-                return b.copy_from_host(&staged).or_py();
-            }
-            b.copy_from_host(host.bytes()).or_py()
-        })?
+        observed(py, Cause::sync("copy_from_host"), || self.copy_from_host_impl(py, ary))
     }
 
     /// Copies device memory (a lazybuf memory object or DeviceBuffer, an object with
     /// `__cuda_array_interface__`, or a DLPack producer; C-contiguous) into the first bytes.
     fn copy_from_device(&self, py: Python<'_>, cuda_ary: &Bound<'_, PyAny>) -> PyResult<()> {
-        let (source, keep) = Source::resolve(cuda_ary, "copy_from_device")?;
-        let result = if source.is_buffer(&self.cell) {
-            Ok(()) // a buffer onto itself: every byte stays
-        } else {
-            let copy = |dst: &mut DeviceBuffer, src: &lazybuf::Memory, n: usize| {
-                if n > dst.size() {
-                    return Err(PyValueError::new_err(format!(
-                        "copy_from_device: the source is too large: {n} bytes; the buffer holds {}",
-                        dst.size()
-                    )));
-                }
-                if crate::hostbuf::ranges_overlap(dst.memory().host_range(), src.host_range()) {
-                    // Foreign memory that is a view of this buffer: copy through the host.
-                    let staged = src.to_vec().or_py()?;
-                    return dst.copy_from_host(&staged[..n]).or_py();
-                }
-                dst.copy_from_memory(src, n).or_py()
-            };
-            let mine = Arc::as_ptr(&self.cell) as usize;
-            lock::detach(py, |d| {
-                if source.lock_order() < mine {
-                    source.with(d, |src, n| copy(&mut *self.cell.lock(d)?, src, n))?
-                } else {
-                    let mut dst = self.cell.lock(d)?;
-                    source.with(d, |src, n| copy(&mut dst, src, n))?
-                }
-            })
-        };
-        drop(keep);
-        result
+        observed(py, Cause::sync("copy_from_device"), || self.copy_from_device_impl(py, cuda_ary))
     }
 
     /// The contents as `bytes`.
     fn tobytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
-        // The bytes object is made with the GIL and the copy runs without it: a resize by
-        // another thread in between is seen (the size no longer matches) and the copy retried.
-        for _ in 0..8 {
-            let size = self.with(py, |b| b.size())?;
-            let mut resized = false;
-            let bytes = PyBytes::new_with(py, size, |data| {
-                self.with(py, |b| {
-                    if b.size() != data.len() {
-                        resized = true;
-                        return Ok(());
-                    }
-                    b.copy_to_host(data).or_py()
-                })?
-            })?;
-            if !resized {
-                return Ok(bytes);
-            }
-        }
-        Err(PyRuntimeError::new_err(
-            "tobytes: the buffer was resized by another thread during each of 8 tries",
-        ))
+        observed(py, Cause::sync("tobytes"), || self.tobytes_impl(py))
     }
 
     fn __bytes__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
@@ -359,7 +399,7 @@ impl PyDeviceBuffer {
 
     /// A new buffer with the same contents (copied on the device), of capacity `size`.
     fn copy(&self, py: Python<'_>) -> PyResult<Self> {
-        let copy = self.with(py, |b| b.try_clone())?.or_py()?;
+        let copy = observed(py, Cause::sync("copy"), || self.with(py, |b| b.try_clone()))?.or_py()?;
         Ok(Self::new_buffer(copy, self.resource.as_ref().map(|r| r.clone_ref(py))))
     }
 
@@ -413,8 +453,12 @@ impl PyDeviceBuffer {
                 ExportedBytes { address, nbytes: b.size(), owner }
             })
         };
-        interop::dlpack_of_bytes(py, &self.device, MemoryKind::Device, call, view, |py| {
-            self.copy_to_host(py, None)
+        // As a UnifiedBuffer's: a host copy asked for is explicit, one made for the export not.
+        let cause = if copy == Some(true) { Cause::sync("__dlpack__") } else { Cause::access("__dlpack__") };
+        observed(py, cause, || {
+            interop::dlpack_of_bytes(py, &self.device, MemoryKind::Device, call, view, |py| {
+                self.copy_to_host_into(py, None)
+            })
         })
     }
 
@@ -427,7 +471,7 @@ impl PyDeviceBuffer {
     /// device; unpickling puts them on that device, or on the current device with a
     /// `RuntimeWarning` when this process does not have it.
     fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
-        let data = self.snapshot(py)?;
+        let data = observed(py, Cause::access("__reduce__"), || self.snapshot(py))?;
         let rebuild = py.import("lazybuf._lazybuf")?.getattr("_rebuild_device_buffer")?;
         let args = (data, selector(&self.device)).into_pyobject(py)?;
         Ok((rebuild, args))
@@ -471,7 +515,7 @@ pub(crate) fn to_device(
     mr: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyDeviceBuffer> {
     let device = crate::accelerator::device_arg(device)?;
-    PyDeviceBuffer::from_host(py, b, device, mr)
+    observed(py, Cause::sync("to_device"), || PyDeviceBuffer::from_host(py, b, device, mr))
 }
 
 /// Unpickles a DeviceBuffer (see `__reduce__`).
@@ -482,5 +526,6 @@ pub(crate) fn _rebuild_device_buffer(
     device: &str,
 ) -> PyResult<PyDeviceBuffer> {
     let device = crate::accelerator::pickled_device(py, device)?;
-    PyDeviceBuffer::from_host(py, data, device, None)
+    // Unpickling (pickle.loads, copy.deepcopy through pickling) uploads: an implicit copy.
+    observed(py, Cause::access("unpickle"), || PyDeviceBuffer::from_host(py, data, device, None))
 }

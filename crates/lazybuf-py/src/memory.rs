@@ -33,6 +33,13 @@
 //! Results sized by the memory (`tobytes()`, `copy_to_host()`, pickling) are allocated through
 //! Python: `MemoryError` when the host has no memory for them ([`crate::hostbuf`]).
 //!
+//! **Seen copies.** Each copy between memories (device or shared memory to or from host
+//! memory, or between device memories; on the host device no kind is device memory) is seen
+//! by the transfer guard and the recorder ([`lazybuf::observe`]), named by the Python call:
+//! explicit for `copy_to_host`, `copy_from_host`, `copy_from_device`, `tobytes`, a
+//! constructor with `copy=True` (named by the class) and `__dlpack__(copy=True)`; implicit for
+//! pickling, unpickling and DLPack's host copy with `copy=None`.
+//!
 //! Threads: as [`crate::device_buffer`]: each call locks the memory with the GIL released.
 
 use std::ffi::c_int;
@@ -43,6 +50,7 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyTuple};
 
+use lazybuf::observe::Cause;
 use lazybuf::{AllocationOptions, Device, Memory, MemoryKind};
 
 use crate::accelerator::pickled_device;
@@ -53,6 +61,7 @@ use crate::foreign::Source;
 use crate::hostbuf::{self, HostBuffer};
 use crate::interop::{self, DlpackArgs, ExportedBytes, ExportedHost};
 use crate::lock::{self, Detached, GilFreeGuard, GilFreeMutex};
+use crate::observe::observed;
 
 /// A memory object's allocation, shared by the objects made zero-copy from it and by the
 /// exports (buffer protocol, DLPack) of it.
@@ -206,7 +215,9 @@ impl PyMemory {
             }
             let device = device.unwrap_or_else(|| src.device.clone());
             let memory = Self::allocate(py, kind, src.nbytes, alignment, device)?;
-            memory.copy_from_device(py, other)?;
+            let (source, keep) = Source::resolve(other, "copy_from_device")?;
+            observed(py, Cause::sync(class_name(kind)), || memory.copy_from(py, &source))?;
+            drop(keep);
             return Ok(memory);
         }
         let what = format!("{}(other)", class_name(kind));
@@ -228,7 +239,7 @@ impl PyMemory {
         let (source, keep) = Source::resolve_any(other, &what)?.ok_or_else(wrong_type)?;
         let (nbytes, home) = lock::detach(py, |d| source.with(d, |m, n| (n, m.device().clone())))?;
         let memory = Self::allocate(py, kind, nbytes, alignment, device.unwrap_or(home))?;
-        memory.copy_from(py, &source)?;
+        observed(py, Cause::sync(class_name(kind)), || memory.copy_from(py, &source))?;
         drop(keep);
         Ok(memory)
     }
@@ -256,6 +267,30 @@ impl PyMemory {
                 source.with(d, |src, n| copy(&mut dst, src, n))?
             }
         })
+    }
+
+    /// `copy_to_host`'s work: into `dest`, else into a new array.
+    fn copy_to_host_into<'py>(
+        &self,
+        py: Python<'py>,
+        dest: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let dest = match dest.filter(|d| !d.is_none()) {
+            Some(dest) => dest.clone(),
+            None => hostbuf::new_array(py, self.nbytes)?,
+        };
+        let mut host = HostBuffer::get(&dest, true, "copy_to_host: dest")?;
+        if host.len() < self.nbytes {
+            return Err(PyValueError::new_err(format!(
+                "copy_to_host: destination object is too small to accommodate {} bytes (it has {})",
+                self.nbytes,
+                host.len()
+            )));
+        }
+        let n = self.nbytes;
+        self.with(py, |m| crate::hostbuf::copy_out(m, &mut host, n))?.or_py()?;
+        drop(host);
+        Ok(dest)
     }
 
     /// The address of the bytes for the host, for the buffer protocol (host and shared).
@@ -359,22 +394,14 @@ impl PyMemory {
         py: Python<'py>,
         dest: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let dest = match dest.filter(|d| !d.is_none()) {
-            Some(dest) => dest.clone(),
-            None => hostbuf::new_array(py, self.nbytes)?,
-        };
-        let mut host = HostBuffer::get(&dest, true, "copy_to_host: dest")?;
-        if host.len() < self.nbytes {
-            return Err(PyValueError::new_err(format!(
-                "copy_to_host: destination object is too small to accommodate {} bytes (it has {})",
-                self.nbytes,
-                host.len()
-            )));
-        }
-        let n = self.nbytes;
-        self.with(py, |m| crate::hostbuf::copy_out(m, &mut host, n))?.or_py()?;
-        drop(host);
-        Ok(dest)
+        observed(py, Cause::sync("copy_to_host"), || self.copy_to_host_into(py, dest))
+    }
+
+    /// The id the transfer guard's errors (`TransferGuardError.buffer_id`) and the recorder's
+    /// events give the memory (shared by the objects made zero-copy from one another).
+    #[getter]
+    fn buffer_id(&self, py: Python<'_>) -> PyResult<u64> {
+        self.with(py, |m| m.id())
     }
 
     /// Copies `obj` (any 1-d buffer of bytes, read-only is fine; at most `nbytes` long) into
@@ -388,7 +415,9 @@ impl PyMemory {
                 host.len()
             )));
         }
-        self.with(py, |m| crate::hostbuf::copy_in(m, &host))?.or_py()
+        observed(py, Cause::sync("copy_from_host"), || {
+            self.with(py, |m| crate::hostbuf::copy_in(m, &host))?.or_py()
+        })
     }
 
     /// Copies device memory (a memory object, a DeviceBuffer, an object with
@@ -396,7 +425,7 @@ impl PyMemory {
     /// the first bytes: on the device, peer to peer between devices, else through the host.
     fn copy_from_device(&self, py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<()> {
         let (source, keep) = Source::resolve(obj, "copy_from_device")?;
-        let result = self.copy_from(py, &source);
+        let result = observed(py, Cause::sync("copy_from_device"), || self.copy_from(py, &source));
         drop(keep);
         result
     }
@@ -412,7 +441,9 @@ impl PyMemory {
 
     /// The memory's bytes, copied.
     fn tobytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
-        PyBytes::new_with(py, self.nbytes, |data| self.with(py, |m| m.copy_to_host(data))?.or_py())
+        observed(py, Cause::sync("tobytes"), || {
+            PyBytes::new_with(py, self.nbytes, |data| self.with(py, |m| m.copy_to_host(data))?.or_py())
+        })
     }
 
     fn __bytes__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
@@ -458,7 +489,13 @@ impl PyMemory {
             let owner: Arc<dyn std::any::Any + Send + Sync> = self.cell.clone();
             Ok(ExportedBytes { address, nbytes: self.nbytes, owner })
         };
-        interop::dlpack_of_bytes(py, &self.device, self.kind, call, view, |py| self.copy_to_host(py, None))
+        // As a UnifiedBuffer's: a host copy asked for is explicit, one made for the export not.
+        let cause = if copy == Some(true) { Cause::sync("__dlpack__") } else { Cause::access("__dlpack__") };
+        observed(py, cause, || {
+            interop::dlpack_of_bytes(py, &self.device, self.kind, call, view, |py| {
+                self.copy_to_host_into(py, None)
+            })
+        })
     }
 
     /// `(device_type, device_id)` of the DLPack export.
@@ -469,7 +506,7 @@ impl PyMemory {
     /// Pickles the kind, the device and the bytes (one NumPy array: protocol 5 takes it out of
     /// band).
     fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
-        let data = self.copy_to_host(py, None)?;
+        let data = observed(py, Cause::access("__reduce__"), || self.copy_to_host_into(py, None))?;
         let rebuild = py.import("lazybuf._lazybuf")?.getattr("_rebuild_memory")?;
         // The kind last: it is the last string in the pickle (dpctl's corruption test edits it).
         let args = (selector(&self.device), self.kind.name(), data).into_pyobject(py)?;
@@ -616,7 +653,8 @@ pub(crate) fn _rebuild_memory(
     let device = pickled_device(py, device)?;
     let host = HostBuffer::get(data, false, "unpickling: data")?;
     let memory = PyMemory::allocate(py, mem_kind, host.len(), 0, device)?;
-    memory.with(py, |m| m.copy_from_host(host.bytes()))?.or_py()?;
+    // Unpickling (pickle.loads) uploads: an implicit copy.
+    observed(py, Cause::access("unpickle"), || memory.with(py, |m| m.copy_from_host(host.bytes()))?.or_py())?;
     let init = PyClassInitializer::from(memory);
     Ok(match mem_kind {
         MemoryKind::Device => Py::new(py, init.add_subclass(PyMemoryDevice))?.into_any(),

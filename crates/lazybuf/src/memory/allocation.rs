@@ -15,7 +15,10 @@ use crate::device::{Device, Stream};
 use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::host_memory::{HostMemory, copy_bytes, fill_pattern};
+use crate::observe::Cause;
 use crate::resource::{Block, MemoryResource, default_resource};
+
+use super::observed::{self, Seen};
 
 /// How an allocation is made.
 #[derive(Clone, Debug, Default)]
@@ -61,6 +64,8 @@ pub type Memory = DeviceAllocation<u8>;
 /// # Ok::<(), lazybuf::Error>(())
 /// ```
 pub struct DeviceAllocation<T: Element> {
+    /// The name errors and events give it ([`Self::id`]).
+    pub(super) id: u64,
     device: Device,
     kind: MemoryKind,
     len: usize,
@@ -133,6 +138,7 @@ impl<T: Element> DeviceAllocation<T> {
             ));
         }
         Ok(DeviceAllocation {
+            id: crate::observe::next_buffer_id(),
             device: device.clone(),
             kind,
             len,
@@ -158,6 +164,7 @@ impl<T: Element> DeviceAllocation<T> {
         // SAFETY: forwarded contract.
         let memory = unsafe { device.backend().borrow(raw, bytes) }?;
         Ok(DeviceAllocation {
+            id: crate::observe::next_buffer_id(),
             device: device.clone(),
             kind: MemoryKind::Device,
             len,
@@ -166,6 +173,13 @@ impl<T: Element> DeviceAllocation<T> {
             resource: None,
             _element: PhantomData,
         })
+    }
+
+    /// The allocation's id (unique in the process, shared with buffers' ids: 1, 2, ...): the
+    /// name the transfer guard's errors and the recorder's events give it
+    /// ([`crate::observe::TransferInfo::buffer`]).
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// The number of elements.
@@ -223,13 +237,37 @@ impl<T: Element> DeviceAllocation<T> {
         self.kind.host_accessible()
     }
 
+    /// The device whose copies alone reach the memory, for the guard and the recorder
+    /// ([`observed::device_side`]); `None` for memory the host addresses as its own (the host
+    /// kinds, every kind on the host device).
+    pub(super) fn observed_at(&self) -> Option<&Device> {
+        observed::device_side(&self.device, self.kind)
+    }
+
     /// Copies `src` into the first `src.len()` elements (a shorter source fills a prefix).
+    ///
+    /// Between host memory and memory a device addresses, the transfer guard sees the copy
+    /// (an explicit host-to-device copy, call `copy_from_host`; a refused one copies nothing)
+    /// and the recorder records it; so for every copy method ([`crate::observe`]).
     pub fn copy_from_host(&mut self, src: &[T]) -> Result<()> {
+        self.copy_from_host_as(src, Seen::new(self.id, Cause::sync("copy_from_host")))
+    }
+
+    /// [`Self::copy_from_host`], seen as `seen` says.
+    pub(super) fn copy_from_host_as(&mut self, src: &[T], seen: Seen) -> Result<()> {
         self.check("copy_from_host", src.len())?;
         let src: &[u8] = bytemuck::cast_slice(src);
         if src.is_empty() {
             return Ok(());
         }
+        let pending = observed::start(seen, None, self.observed_at(), src.len())?;
+        self.upload_bytes(src)?;
+        observed::finish(pending);
+        Ok(())
+    }
+
+    /// The copy of [`Self::copy_from_host_as`], unobserved: `src` fits and is not empty.
+    pub(super) fn upload_bytes(&mut self, src: &[u8]) -> Result<()> {
         match &mut self.block {
             Block::Host(host) => copy_bytes(&mut host.as_mut_slice()[..src.len()], src),
             Block::Device(memory) => {
@@ -241,13 +279,19 @@ impl<T: Element> DeviceAllocation<T> {
     }
 
     /// Copies the first `dst.len()` elements into `dst` (a shorter destination takes a
-    /// prefix).
+    /// prefix). An explicit device-to-host copy for the guard (call `copy_to_host`).
     pub fn copy_to_host(&self, dst: &mut [T]) -> Result<()> {
+        self.copy_to_host_as(dst, Seen::new(self.id, Cause::sync("copy_to_host")))
+    }
+
+    /// [`Self::copy_to_host`], seen as `seen` says.
+    pub(super) fn copy_to_host_as(&self, dst: &mut [T], seen: Seen) -> Result<()> {
         self.check("copy_to_host", dst.len())?;
         let dst: &mut [u8] = bytemuck::cast_slice_mut(dst);
         if dst.is_empty() {
             return Ok(());
         }
+        let pending = observed::start(seen, self.observed_at(), None, dst.len())?;
         match &self.block {
             Block::Host(host) => copy_bytes(dst, &host.as_slice()[..dst.len()]),
             Block::Device(memory) => {
@@ -256,14 +300,20 @@ impl<T: Element> DeviceAllocation<T> {
                 unsafe { self.device.stream().download(memory, span) }?.wait()?
             }
         }
+        observed::finish(pending);
         Ok(())
     }
 
     /// The elements, copied to a new vector ([`Error::OutOfMemory`] when the host cannot
-    /// allocate it).
+    /// allocate it). An explicit device-to-host copy for the guard (call `to_vec`).
     pub fn to_vec(&self) -> Result<Vec<T>> {
+        self.to_vec_as(Seen::new(self.id, Cause::sync("to_vec")))
+    }
+
+    /// [`Self::to_vec`], seen as `seen` says.
+    pub(super) fn to_vec_as(&self, seen: Seen) -> Result<Vec<T>> {
         let mut out = zeroed_vec(self.len)?;
-        self.copy_to_host(&mut out)?;
+        self.copy_to_host_as(&mut out, seen)?;
         Ok(out)
     }
 
@@ -295,14 +345,34 @@ impl<T: Element> DeviceAllocation<T> {
     /// Copies the first `count` elements of `src` into the first `count` elements of this
     /// allocation: on the device where both are memory of one device, peer to peer between
     /// devices that can, else through host memory. The copy is ordered after the work enqueued
-    /// on `src`'s device stream so far.
+    /// on `src`'s device stream so far. The guard sees one explicit copy (call `copy_from`),
+    /// host-to-device, device-to-host or device-to-device (also when staged through the host)
+    /// as the two memories are; none between two host memories.
     pub fn copy_prefix_from(&mut self, src: &DeviceAllocation<T>, count: usize) -> Result<()> {
+        self.copy_prefix_from_as(src, count, Seen::new(self.id, Cause::sync("copy_from")))
+    }
+
+    /// [`Self::copy_prefix_from`], seen as `seen` says.
+    pub(super) fn copy_prefix_from_as(
+        &mut self,
+        src: &DeviceAllocation<T>,
+        count: usize,
+        seen: Seen,
+    ) -> Result<()> {
         self.check("copy_from", count)?;
         src.check("copy_from (source)", count)?;
         let n = count * std::mem::size_of::<T>();
         if n == 0 {
             return Ok(());
         }
+        let pending = observed::start(seen, src.observed_at(), self.observed_at(), n)?;
+        self.copy_bytes_from(src, n)?;
+        observed::finish(pending);
+        Ok(())
+    }
+
+    /// The copy of [`Self::copy_prefix_from_as`], unobserved: `n` bytes, checked, not empty.
+    pub(super) fn copy_bytes_from(&mut self, src: &DeviceAllocation<T>, n: usize) -> Result<()> {
         let stream = self.device.stream();
         if src.device != self.device
             && let (Block::Device(_), Block::Device(_)) = (&src.block, &self.block)
@@ -339,13 +409,20 @@ impl<T: Element> DeviceAllocation<T> {
     /// else that device's current resource) holding a copy of these elements.
     pub fn to(&self, device: &Device, kind: MemoryKind) -> Result<DeviceAllocation<T>> {
         let resource = if device == &self.device { self.resource.clone() } else { None };
+        // The guard decides before anything is allocated: a refusal changes nothing.
+        let seen = Seen::new(self.id, Cause::sync("to"));
+        let to = observed::device_side(device, kind);
+        let pending = observed::start(seen, self.observed_at(), to, self.nbytes())?;
         let mut copy = DeviceAllocation::with_options(
             device,
             kind,
             self.len,
             AllocationOptions { resource, alignment: 0 },
         )?;
-        copy.copy_from(self)?;
+        if self.nbytes() > 0 {
+            copy.copy_bytes_from(self, self.nbytes())?;
+        }
+        observed::finish(pending);
         Ok(copy)
     }
 
@@ -455,6 +532,7 @@ impl<T: Element> DeviceAllocation<T> {
         let block = std::mem::replace(&mut self.block, Block::Host(empty));
         let len = std::mem::take(&mut self.len);
         Some(DeviceAllocation {
+            id: self.id,
             device: self.device.clone(),
             kind: self.kind,
             len,

@@ -18,9 +18,11 @@ use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use super::allocation::{AllocationOptions, Memory};
+use super::observed::{self, Seen};
 use crate::backend::{MemoryKind, RawMemory};
 use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::observe::Cause;
 
 /// A resizable buffer of bytes in one allocation of device memory (or of another kind).
 ///
@@ -96,9 +98,23 @@ impl DeviceBuffer {
         bytes: &[u8],
         options: AllocationOptions,
     ) -> Result<DeviceBuffer> {
+        // The guard decides before anything is allocated: a refusal changes nothing.
+        let id = crate::observe::next_buffer_id();
+        let seen = Seen::new(id, Cause::sync("from_host"));
+        let pending = observed::start(seen, None, observed::device_side(device, kind), bytes.len())?;
         let mut buffer = Self::with_options(device, kind, bytes.len(), options)?;
-        buffer.memory.copy_from_host(bytes)?;
+        buffer.memory.id = id;
+        if !bytes.is_empty() {
+            buffer.memory.upload_bytes(bytes)?;
+        }
+        observed::finish(pending);
         Ok(buffer)
+    }
+
+    /// The buffer's id (unique in the process, shared with buffers' ids; kept across
+    /// reallocations): the name the transfer guard's errors and the recorder's events give it.
+    pub fn id(&self) -> u64 {
+        self.memory.id()
     }
 
     /// The size in bytes.
@@ -140,7 +156,7 @@ impl DeviceBuffer {
     /// new allocation of exactly `capacity` bytes when it grows, nothing otherwise.
     pub fn reserve(&mut self, capacity: usize) -> Result<()> {
         if capacity > self.capacity() {
-            self.reallocate(capacity)?;
+            self.reallocate(capacity, "reserve")?;
         }
         Ok(())
     }
@@ -150,7 +166,7 @@ impl DeviceBuffer {
     /// `size` bytes. New bytes are unspecified.
     pub fn resize(&mut self, size: usize) -> Result<()> {
         if size > self.capacity() {
-            self.reallocate(size)?;
+            self.reallocate(size, "resize")?;
         }
         self.size = size;
         Ok(())
@@ -159,19 +175,27 @@ impl DeviceBuffer {
     /// Moves the contents to an allocation of exactly the size, if the capacity is larger.
     pub fn shrink_to_fit(&mut self) -> Result<()> {
         if self.capacity() > self.size {
-            self.reallocate(self.size)?;
+            self.reallocate(self.size, "shrink_to_fit")?;
         }
         Ok(())
     }
 
     /// Moves the first `size` bytes to a new allocation of `capacity` bytes; on failure the
     /// new allocation is given back and nothing changes. The old allocation is given back, or
-    /// handed to its holds.
-    fn reallocate(&mut self, capacity: usize) -> Result<()> {
+    /// handed to its holds. The move is a copy between memories the guard sees (implicit,
+    /// made for `call`; refused, it changes nothing).
+    fn reallocate(&mut self, capacity: usize, call: &'static str) -> Result<()> {
         let options =
             AllocationOptions { resource: self.memory.resource().cloned(), alignment: self.alignment };
+        let n = self.size.min(capacity);
+        let at = self.memory.observed_at();
+        let pending = observed::start(Seen::new(self.id(), Cause::access(call)), at, at, n)?;
         let mut memory = Memory::with_options(self.memory.device(), self.memory.kind(), capacity, options)?;
-        memory.copy_prefix_from(&self.memory, self.size.min(capacity))?;
+        memory.id = self.memory.id();
+        if n > 0 {
+            memory.copy_bytes_from(&self.memory, n)?;
+        }
+        observed::finish(pending);
         let old = std::mem::replace(&mut self.memory, memory);
         self.let_go(old);
         Ok(())
@@ -195,9 +219,11 @@ impl DeviceBuffer {
     }
 
     /// Copies `src` into the first `src.len()` bytes (at most the size).
+    /// An explicit host-to-device copy for the guard, as every copy method's (see
+    /// [`crate::DeviceAllocation::copy_from_host`]).
     pub fn copy_from_host(&mut self, src: &[u8]) -> Result<()> {
         self.check("copy_from_host", src.len())?;
-        self.memory.copy_from_host(src)
+        self.memory.copy_from_host_as(src, Seen::new(self.id(), Cause::sync("copy_from_host")))
     }
 
     /// Copies the whole buffer into the first `size` bytes of `dst` (which may be longer).
@@ -208,27 +234,32 @@ impl DeviceBuffer {
                 format!("destination of {} bytes is too small; expected at least {}", dst.len(), self.size),
             ));
         }
-        self.memory.copy_to_host(&mut dst[..self.size])
+        let seen = Seen::new(self.id(), Cause::sync("copy_to_host"));
+        self.memory.copy_to_host_as(&mut dst[..self.size], seen)
     }
 
     /// The contents, copied to a new vector ([`Error::OutOfMemory`] when the host cannot
     /// allocate it).
     pub fn to_vec(&self) -> Result<Vec<u8>> {
         let mut out = super::allocation::zeroed_vec(self.size)?;
-        self.memory.copy_to_host(&mut out)?;
+        self.memory.copy_to_host_as(&mut out, Seen::new(self.id(), Cause::sync("to_vec")))?;
         Ok(out)
     }
 
     /// Copies the first `count` bytes of `src` (memory of any kind on any device) into the
     /// first `count` bytes of this buffer; `count` is at most both sizes.
     pub fn copy_from_memory(&mut self, src: &Memory, count: usize) -> Result<()> {
+        self.copy_from_memory_as(src, count, Cause::sync("copy_from_memory"))
+    }
+
+    fn copy_from_memory_as(&mut self, src: &Memory, count: usize, cause: Cause) -> Result<()> {
         self.check("copy_from_device", count)?;
-        self.memory.copy_prefix_from(src, count)
+        self.memory.copy_prefix_from_as(src, count, Seen::new(self.id(), cause))
     }
 
     /// Copies all of `src` into the first `src.size()` bytes of this buffer.
     pub fn copy_from(&mut self, src: &DeviceBuffer) -> Result<()> {
-        self.copy_from_memory(&src.memory, src.size)
+        self.copy_from_memory_as(&src.memory, src.size, Cause::sync("copy_from"))
     }
 
     /// Sets every byte of the buffer (up to its size) to `value`.
@@ -241,8 +272,15 @@ impl DeviceBuffer {
     pub fn try_clone(&self) -> Result<DeviceBuffer> {
         let options =
             AllocationOptions { resource: self.memory.resource().cloned(), alignment: self.alignment };
+        // An explicit copy of this buffer for the guard, which decides before anything is
+        // allocated.
+        let at = self.memory.observed_at();
+        let pending = observed::start(Seen::new(self.id(), Cause::sync("try_clone")), at, at, self.size)?;
         let mut memory = Memory::with_options(self.memory.device(), self.memory.kind(), self.size, options)?;
-        memory.copy_prefix_from(&self.memory, self.size)?;
+        if self.size > 0 {
+            memory.copy_bytes_from(&self.memory, self.size)?;
+        }
+        observed::finish(pending);
         Ok(DeviceBuffer { memory, size: self.size, alignment: self.alignment, hold: None })
     }
 

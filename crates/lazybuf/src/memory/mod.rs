@@ -34,6 +34,7 @@
 
 mod allocation;
 mod device_buffer;
+mod observed;
 
 pub use allocation::{AllocationOptions, DeviceAllocation, Memory};
 pub use device_buffer::{AllocationHold, DeviceBuffer};

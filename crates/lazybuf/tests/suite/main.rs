@@ -27,6 +27,7 @@ mod cuda;
 mod faults;
 mod loopback;
 mod memory;
+mod memory_observed;
 mod opencl_kernel;
 #[cfg(feature = "testing")]
 mod pool;

@@ -1,0 +1,93 @@
+//! The transfer guard's and the event recorder's view of memory objects' copies
+//! ([`crate::observe`], "Other copy sites"): every copy method of [`super::DeviceAllocation`]
+//! and [`super::DeviceBuffer`] calls [`start`] before its copy (and before allocating what it
+//! copies into: a refusal changes nothing) and [`finish`] once the copy has completed.
+//!
+//! Only copies between memories are seen: host memory to memory a device addresses, back, or
+//! between two such memories (on one device or two). A copy from host memory to host memory
+//! (host and pinned kinds, every kind on the host device, device memory that aliases host
+//! memory) moves no bytes between memories, and an empty one moves none: neither is seen, as
+//! the counters of a buffer do not count a zero-copy sync.
+
+use crate::backend::MemoryKind;
+use crate::device::Device;
+use crate::error::{BackendKind, Result};
+use crate::observe::{self, Cause, Direction, TransferInfo};
+
+/// Who a copy is made for: the memory object the errors and events name, and the call that
+/// makes it (replaced by a running [`observe::call`]'s cause).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Seen {
+    pub(super) buffer: u64,
+    pub(super) cause: Cause,
+}
+
+impl Seen {
+    pub(super) const fn new(buffer: u64, cause: Cause) -> Seen {
+        Seen { buffer, cause }
+    }
+}
+
+/// The memory a device addresses: `Some(device)` for `kind` memory on `device` that only the
+/// device's copies reach (device and shared memory), `None` for memory the host addresses as its
+/// own (the host kinds; every kind on the host device).
+pub(super) fn device_side(device: &Device, kind: MemoryKind) -> Option<&Device> {
+    let host = matches!(kind, MemoryKind::Host { .. }) || device.backend_kind() == BackendKind::HOST;
+    (!host).then_some(device)
+}
+
+/// A copy the guard let through while recording: [`Pending::finished`] records it.
+#[must_use = "record the copy with finished() once it has completed"]
+pub(super) struct Pending {
+    started: observe::Started,
+    device: Device,
+}
+
+impl Pending {
+    /// The copy has completed.
+    pub(super) fn finished(self) {
+        self.started.finished(observe::stream_id(&self.device.stream()));
+    }
+}
+
+/// The guard's look at a copy of `bytes` from `from` to `to` (`None`: host memory;
+/// `Some(device)`: memory only that device's copies reach, [`device_side`]), before anything
+/// for it is allocated or copied: its refusal is returned (the caller must then change
+/// nothing). `Ok(Some(_))` while recording: [`Pending::finished`] once the copy has completed.
+/// One relaxed load when nothing observes; nothing is seen of a copy between host memories or
+/// of an empty one.
+#[inline]
+pub(super) fn start(
+    seen: Seen,
+    from: Option<&Device>,
+    to: Option<&Device>,
+    bytes: usize,
+) -> Result<Option<Pending>> {
+    if !observe::active() || bytes == 0 {
+        return Ok(None);
+    }
+    let (direction, device) = match (from, to) {
+        (None, None) => return Ok(None),
+        (None, Some(to)) => (Direction::HostToDevice, to),
+        (Some(from), None) => (Direction::DeviceToHost, from),
+        (Some(_), Some(to)) => (Direction::DeviceToDevice, to),
+    };
+    let name = |at: Option<&Device>| at.map_or_else(|| "host".to_string(), Device::to_string);
+    let started = observe::transfer(|| TransferInfo {
+        buffer: seen.buffer,
+        direction,
+        bytes,
+        from: name(from),
+        to: name(to),
+        cause: observe::cause_or(seen.cause),
+    })?;
+    Ok(started.map(|started| Pending { started, device: device.clone() }))
+}
+
+/// Records the copy [`start`] let through, once it has completed (nothing when not recording).
+#[inline]
+pub(super) fn finish(pending: Option<Pending>) {
+    if let Some(pending) = pending {
+        pending.finished();
+    }
+}
