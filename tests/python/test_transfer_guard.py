@@ -471,3 +471,40 @@ def test_a_direction_named_twice_in_the_environment_variable_is_refused():
         line = next(line for line in result.stdout.splitlines() if line.startswith(prefix))
         assert "LAZYBUF_TRANSFER_GUARD" in line and "expected each direction once" in line, line
         assert "h2d twice" in line and "h2d=disallow" in line and "h2d=allow" in line, line
+
+
+@pytest.mark.parametrize("device", _devices())
+def test_calls_made_through_other_calls_are_named_after_what_the_user_called(device):
+    """A hostile pass (2026-11-28): `b[3]` was refused as `.host_readonly`, `b[3] = v` as
+    `.host`, `__array__(copy=True)` as an explicit `to_numpy` (so `disallow` let it through),
+    `synchronize()` as `sync_to_host`: the outermost call names the copy, and its reason."""
+    import asyncio
+
+    if not _moves(device):
+        pytest.skip("the host device: its syncs move no bytes")
+    device_dirty = [
+        ("__getitem__", False, lambda b: b[3]),
+        ("__setitem__", False, lambda b: b.__setitem__(3, 9)),
+        ("__array__", False, lambda b: b.__array__(copy=True)),
+        ("synchronize", True, lambda b: b.synchronize()),
+        ("ensure_on_host", True, lambda b: asyncio.run(b.ensure_on_host())),
+    ]
+    for call, explicit, use in device_dirty:
+        b = _host_only(device, seed=3)
+        b.device
+        b.mark_device_dirty()
+        before = _snapshot(b)
+        with lazybuf.transfer_guard(d2h="disallow_explicit" if explicit else "disallow"):
+            with pytest.raises(lazybuf.TransferGuardError) as info:
+                use(b)
+        assert (info.value.direction, info.value.call) == ("d2h", call)
+        assert _snapshot(b) == before
+        if explicit:  # `disallow` lets an explicit call through
+            with lazybuf.transfer_guard(d2h="disallow"):
+                use(b)
+            np.testing.assert_array_equal(b.host_readonly, np.arange(1000, dtype=np.uint32) * 3)
+    b = _host_only(device, seed=3)
+    with lazybuf.transfer_guard(h2d="disallow_explicit"):
+        with pytest.raises(lazybuf.TransferGuardError) as info:
+            asyncio.run(b.ensure_on_device())
+    assert (info.value.direction, info.value.call) == ("h2d", "ensure_on_device")

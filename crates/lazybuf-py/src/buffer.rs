@@ -1244,16 +1244,18 @@ impl UnifiedBuffer {
     /// that do not exist are not made (that is `allocate()`).
     fn synchronize(&self, py: Python<'_>) -> PyResult<()> {
         let (storage, home) = (self.storage()?, self.home.clone());
-        lock::detach(py, |d| {
-            let mut raw = storage.lock_detached(d)?;
-            raw.finish().or_py()?;
-            if raw.residency(Location::Host) == Residency::Stale {
-                raw.sync(None).or_py()?;
-            }
-            if raw.residency(Location::Device(home.id())) == Residency::Stale {
-                raw.sync(Some(&home)).or_py()?;
-            }
-            Ok(())
+        observed(py, Cause::sync("synchronize"), || {
+            lock::detach(py, |d| {
+                let mut raw = storage.lock_detached(d)?;
+                raw.finish().or_py()?;
+                if raw.residency(Location::Host) == Residency::Stale {
+                    raw.sync(None).or_py()?;
+                }
+                if raw.residency(Location::Device(home.id())) == Residency::Stale {
+                    raw.sync(Some(&home)).or_py()?;
+                }
+                Ok(())
+            })
         })
     }
 
@@ -1261,13 +1263,24 @@ impl UnifiedBuffer {
     /// asynchronous `sync_to_device_async()`, started when the coroutine runs; the event loop
     /// keeps running while the copy is in flight.
     fn ensure_on_device<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
-        ensure(slf, "sync_to_device_async")
+        ensure(slf, "_ensure_on_device")
     }
 
     /// A coroutine that makes the host copy current (`await buf.ensure_on_host()`): the
     /// asynchronous `sync_to_host_async()` (a host read), started when the coroutine runs.
     fn ensure_on_host<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
-        ensure(slf, "sync_to_host_async")
+        ensure(slf, "_ensure_on_host")
+    }
+
+    /// `ensure_on_device()`'s start: `sync_to_device_async()`, named after the call the user
+    /// made (the guard and the recorder say `ensure_on_device`).
+    fn _ensure_on_device(&self, py: Python<'_>) -> PyResult<PyTransfer> {
+        observed(py, Cause::sync("ensure_on_device"), || self.sync_to_device_async(py))
+    }
+
+    /// `ensure_on_host()`'s start (see `_ensure_on_device`).
+    fn _ensure_on_host(&self, py: Python<'_>) -> PyResult<PyTransfer> {
+        observed(py, Cause::sync("ensure_on_host"), || self.sync_to_host_async(py))
     }
 
     /// `UnifiedBuffer[np.float32]` in annotations (PyDotCompute's class was `Generic[T]`): a
@@ -1283,13 +1296,13 @@ impl UnifiedBuffer {
     /// `buf[key]`: indexes the host copy, a host read (syncs from the device first if it is
     /// newer). Slices are read-only views (take `.host` to write).
     fn __getitem__<'py>(slf: &Bound<'py, Self>, key: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-        UnifiedBuffer::host_readonly(slf)?.get_item(key)
+        observed(slf.py(), Cause::access("__getitem__"), || UnifiedBuffer::host_readonly(slf)?.get_item(key))
     }
 
     /// `buf[key] = value`: assigns into the host copy as NumPy does, a host write (the device
     /// copy is stale afterwards).
     fn __setitem__(slf: &Bound<'_, Self>, key: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>) -> PyResult<()> {
-        UnifiedBuffer::host(slf)?.set_item(key, value)
+        observed(slf.py(), Cause::access("__setitem__"), || UnifiedBuffer::host(slf)?.set_item(key, value))
     }
 
     // --- garbage collector ------------------------------------------------------------
@@ -1374,11 +1387,11 @@ impl UnifiedBuffer {
         copy: Option<bool>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let py = slf.py();
-        let base = if copy == Some(true) {
-            slf.get().to_numpy(py, None)?
-        } else {
-            UnifiedBuffer::host_readonly(slf)?
-        };
+        // An implicit transfer whatever the copy (OBSERVING.md): named `__array__`, not the
+        // explicit `to_numpy` it calls.
+        let base = observed(py, Cause::access("__array__"), || {
+            if copy == Some(true) { slf.get().to_numpy(py, None) } else { UnifiedBuffer::host_readonly(slf) }
+        })?;
         match dtype.filter(|d| !d.is_none()) {
             None => Ok(base),
             Some(dtype) => {

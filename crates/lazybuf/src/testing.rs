@@ -436,3 +436,9 @@ fn scribble(backend: &dyn Backend, stream: &dyn StreamHandle, dst: &mut DeviceMe
         let _ = ticket.wait();
     }
 }
+
+/// Runs `f` while this thread holds the event recorder's process-wide lock: a test forks in
+/// another thread meanwhile, as a process whose recorder is busy at the fork would.
+pub fn with_recorder_locked<R>(f: impl FnOnce() -> R) -> R {
+    crate::observe::with_recorder_locked(f)
+}

@@ -198,3 +198,41 @@ fn large_host_copies_work_in_a_forked_child_of_a_process_whose_copy_workers_were
     stop.store(true, Ordering::Relaxed);
     busy.join().unwrap();
 }
+
+/// A hostile pass (2026-11-28): a child forked while another thread held the recorder's lock
+/// (a session running, another thread recording) hung at its first event, on the host device
+/// too. A forked child records nothing of its parent's session, and takes none of its locks.
+#[cfg(feature = "testing")]
+#[test]
+fn a_child_forked_while_the_recorder_is_locked_works_on_the_host_device() {
+    use lazybuf::observe::trace::{self, TraceOptions};
+    use std::sync::mpsc;
+    trace::start(TraceOptions::default()).unwrap();
+    let (locked_tx, locked_rx) = mpsc::channel();
+    let (release_tx, release_rx) = mpsc::channel::<()>();
+    let holder = std::thread::spawn(move || {
+        lazybuf::testing::with_recorder_locked(|| {
+            locked_tx.send(()).unwrap();
+            release_rx.recv().unwrap();
+        })
+    });
+    locked_rx.recv().unwrap();
+    let status = fork_and_wait(Duration::from_secs(20), || {
+        let data = common::pattern(5, 4096);
+        let attempt = || -> lazybuf::Result<Vec<u32>> {
+            let mut buf = UnifiedBuffer::<u32>::from_slice(&data, &Device::host())?;
+            buf.sync_to_device()?;
+            buf.mark_device_dirty()?;
+            buf.to_vec()
+        };
+        match attempt() {
+            Ok(back) if back == data => WORKED,
+            Ok(_) => WRONG_DATA,
+            Err(_) => WRONG_ERROR,
+        }
+    });
+    release_tx.send(()).unwrap();
+    holder.join().unwrap();
+    trace::stop().unwrap();
+    assert_eq!(status, Some(WORKED), "the child ended with {status:?} (None: it hung and was killed)");
+}

@@ -260,6 +260,39 @@ fn a_call_that_unwinds_restores_the_enclosing_cause() {
     }
 }
 
+/// A call made inside another (a binding's `__array__` calling its `to_numpy`) is part of what
+/// the user called: the outermost call names the copies (a hostile pass, 2026-11-28: indexing
+/// was named `.host_readonly`, `__array__(copy=True)` an explicit `to_numpy`).
+#[test]
+fn the_outermost_call_names_the_copies() {
+    let _l = lock();
+    for device in common::devices().into_iter().filter(|d| !d.is_zero_copy(256 * 4)) {
+        let mut buf = UnifiedBuffer::<u32>::on(&[256], &device).unwrap();
+        buf.host_mut().unwrap().fill(3);
+        let id = buf.raw().id();
+        trace::start(TraceOptions::default()).unwrap();
+        observe::call(observe::Cause::access("outer"), || {
+            observe::call(observe::Cause::sync("inner"), || buf.sync_to_device().unwrap());
+        });
+        let recorded = trace::stop().unwrap();
+        let calls: Vec<&str> = transfers_of(&recorded, id).iter().map(|&(_, _, call)| call).collect();
+        assert_eq!(calls, ["outer"], "{device}");
+        // And its reason: the outer call is implicit, so the guard refuses the copy as such.
+        buf.mark_host_dirty().unwrap();
+        let refused = {
+            let _scope =
+                observe::guard::scope(observe::guard::GuardLevels::all(observe::guard::GuardLevel::Disallow));
+            observe::call(observe::Cause::access("outer"), || {
+                observe::call(observe::Cause::sync("inner"), || buf.sync_to_device())
+            })
+        };
+        assert!(
+            matches!(refused, Err(lazybuf::Error::TransferGuard { call: "outer", .. })),
+            "{device}: {refused:?}"
+        );
+    }
+}
+
 /// State changes made outside the plans are recorded too, named after their call: a fill on
 /// the device, an invalidation, a release of the memory.
 #[test]

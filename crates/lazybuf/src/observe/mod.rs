@@ -88,6 +88,7 @@ pub fn set_tracing_events(on: bool) {
     if on {
         // The events' clock is calibrated here, not at the first event.
         record::calibrate();
+        record::record_in_this_process();
     }
     set_bit(TRACING_BIT, on);
 }
@@ -97,6 +98,14 @@ pub fn set_tracing_events(on: bool) {
 #[inline(always)]
 pub(crate) fn tracing_events() -> bool {
     ACTIVE.load(Ordering::Relaxed) & TRACING_BIT != 0
+}
+
+/// Runs `f` while holding the recorder's process-wide lock (for tests of a fork made while
+/// another thread holds it).
+#[cfg(feature = "testing")]
+pub(crate) fn with_recorder_locked<R>(f: impl FnOnce() -> R) -> R {
+    let _held = record::global();
+    f()
 }
 
 fn set_bit(bit: u8, on: bool) {
@@ -183,8 +192,10 @@ impl Cause {
 
 /// Runs `f` as `cause`: the copies it makes on this thread are attributed to `cause` instead
 /// of the engine's own name for them (a binding's `to_numpy` reads the host like any host
-/// access, but it is an explicit transfer). Costs one atomic load when nothing observes, one
-/// look at the thread's recorder state when something does.
+/// access, but it is an explicit transfer). Inside another `call` on this thread the enclosing
+/// one's cause stays: the outermost call is the one the user made (`__array__` calling
+/// `to_numpy`). Costs one atomic load when nothing observes, one look at the thread's recorder
+/// state when something does.
 #[inline]
 pub fn call<R>(cause: Cause, f: impl FnOnce() -> R) -> R {
     if !active() {

@@ -449,9 +449,28 @@ pub(super) fn nanos(ticks: u64) -> u64 {
     clock.clock.delta_as_nanos(clock.epoch, ticks)
 }
 
+/// The fork generation ([`crate::backend::fork::generation`]) of the process that started
+/// recording ([`begin`], or `tracing` events turned on).
+static RECORDING_PROCESS: AtomicU64 = AtomicU64::new(0);
+
+/// Marks this process as the one whose events are recorded: its forked children record none.
+pub(super) fn record_in_this_process() {
+    crate::backend::fork::watch_every_fork();
+    RECORDING_PROCESS.store(crate::backend::fork::generation(), Ordering::Relaxed);
+}
+
+/// Whether this process is a forked child of the one that started recording. Such a child
+/// records nothing: the session lives in its parent, and the recorder's locks may have been
+/// held by a parent's thread at the fork (the child would wait for them forever).
+#[inline]
+pub(super) fn in_forked_child() -> bool {
+    crate::backend::fork::generation() != RECORDING_PROCESS.load(Ordering::Relaxed)
+}
+
 /// Begins a session (the caller checked none runs); returns nothing, the hooks see it at once.
 pub(super) fn begin(global: &mut Global, capacity: usize, backtrace: bool) {
     let generation = LAST_GENERATION.fetch_add(1, Ordering::Relaxed) + 1;
+    record_in_this_process();
     calibrate();
     global.threads.clear();
     global.session = Some(Session {
@@ -575,21 +594,24 @@ impl Local {
     }
 
     /// Runs `f` as `cause` ([`super::call`]): its events read the clock anew; afterwards (also
-    /// when `f` unwinds) the enclosing call's cause is back, and an enclosing call goes on from
-    /// the latest time (a thread's times never go back: its events keep their order when
-    /// merged by time); outside calls, none.
+    /// when `f` unwinds) no call's cause is set. Inside an enclosing call `f` simply runs: the
+    /// outermost call names the copies (`__array__` calling `to_numpy`, `synchronize` calling
+    /// the syncs are what the user called), and its events go on from the latest time (a
+    /// thread's times never go back: its events keep their order when merged by time).
     pub(super) fn run_as<R>(&self, cause: super::Cause, f: impl FnOnce() -> R) -> R {
-        struct Restore<'a>(&'a Local, Option<super::Cause>);
+        struct Restore<'a>(&'a Local);
         impl Drop for Restore<'_> {
             fn drop(&mut self) {
-                self.0.cause.set(self.1);
-                if self.1.is_none() {
-                    self.0.call_time.set(0);
-                }
+                self.0.cause.set(None);
+                self.0.call_time.set(0);
             }
         }
+        if self.cause.get().is_some() {
+            return f();
+        }
         self.call_time.set(0);
-        let _restore = Restore(self, self.cause.replace(Some(cause)));
+        self.cause.set(Some(cause));
+        let _restore = Restore(self);
         f()
     }
 

@@ -232,6 +232,11 @@ fn emit_ended(build: impl FnOnce(&Local) -> Raw) {
 
 #[inline]
 fn emit_at(time: fn(&Local) -> u64, build: impl FnOnce(&Local) -> Raw) {
+    // A forked child of the recording process records nothing (no lock of the recorder is
+    // taken there: a parent's thread may have held one at the fork).
+    if record::in_forked_child() {
+        return;
+    }
     record::with_local(|local| {
         let raw = build(local);
         let at = time(local);
@@ -327,6 +332,9 @@ pub(crate) fn record_copy(copy: CopyEvent<'_>) -> u64 {
 
 /// Records a copy reported through [`super::transfer`] (devices known by name).
 pub(crate) fn record_transfer(info: TransferInfo, stream: usize, start: u64, waited: bool) {
+    if record::in_forked_child() {
+        return; // before the device names' lock, as `emit_at`
+    }
     let (from, to) = (record::named_device(&info.from), record::named_device(&info.to));
     emit_ended(|local| Raw::Transfer {
         buffer: info.buffer,
