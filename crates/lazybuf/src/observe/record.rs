@@ -38,6 +38,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
@@ -519,6 +520,32 @@ pub(super) fn collect(global: &Global) -> (Vec<Entry>, u64) {
     (all, dropped)
 }
 
+/// A thread's numbers of the call names it used, by the name's address and length.
+type CallNumbers = HashMap<(usize, usize), Call, BuildHasherDefault<NameHasher>>;
+
+/// The hash of a call name's address and length: one multiply-and-rotate step per word (the
+/// addresses of literals differ in their low bits, which the multiplication spreads over the
+/// bits the table looks at).
+#[derive(Default)]
+struct NameHasher(u64);
+
+impl Hasher for NameHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.write_usize(usize::from(byte));
+        }
+    }
+
+    #[inline]
+    fn write_usize(&mut self, word: usize) {
+        self.0 = (self.0.rotate_left(5) ^ word as u64).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+}
+
 /// This thread's recorder state, and the cause of the call it runs ([`super::call`]): one
 /// thread-local, made without running code (a `const` one: in a shared library, such as the
 /// Python extension, each access to a thread-local is a call, so the hooks use one, once).
@@ -544,7 +571,9 @@ pub(super) struct Local {
     /// Recently seen devices and calls, known to be registered.
     devices: [Cell<u64>; 4],
     next_device: Cell<usize>,
-    calls: [Cell<(usize, usize, Call)>; 16],
+    recent_calls: [Cell<(usize, usize, Call)>; 32],
+    /// Every call name this thread met, with its number.
+    calls: RefCell<CallNumbers>,
     /// The last pool lookup's outcome, for the allocation that follows.
     pub(super) pool_hit: Cell<Option<bool>>,
     next_op: Cell<u64>,
@@ -564,7 +593,8 @@ impl Local {
             backtrace: Cell::new(false),
             devices: [const { Cell::new(0) }; 4],
             next_device: Cell::new(0),
-            calls: [const { Cell::new((0, 0, 0)) }; 16],
+            recent_calls: [const { Cell::new((0, 0, 0)) }; 32],
+            calls: RefCell::new(HashMap::with_hasher(BuildHasherDefault::new())),
             pool_hit: Cell::new(None),
             next_op: Cell::new(0),
         }
@@ -651,26 +681,41 @@ impl Local {
         id
     }
 
-    /// `call`'s number in events.
+    /// `call`'s number in events. First a two-way cache: the slot pair the pointer hashes to,
+    /// most recent first (the pair from the high bits of a Fibonacci hash: the literals'
+    /// addresses differ in their low bits only). Behind it this thread's map of every name it
+    /// met: a workload whose names share a pair (three names in one pair missed on every
+    /// event, each miss a global lock and a SipHash) costs a map lookup per miss, not more.
+    /// Names new to the thread are interned.
     #[inline]
     pub(super) fn call(&self, call: &'static str) -> Call {
-        // A two-way cache: the slot pair the pointer hashes to, most recent first. The pair is
-        // taken from the high bits of a Fibonacci hash: the literals' addresses differ in
-        // their low bits only, and a weaker hash put three calls of one batch in one pair,
-        // which then missed on every event.
         let (ptr, len) = (call.as_ptr() as usize, call.len());
         let hash = ((ptr ^ len) as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        let pair = (hash >> 60) as usize % (self.calls.len() / 2) * 2;
-        let (first, second) = (&self.calls[pair], &self.calls[pair + 1]);
+        let pair = (hash >> 60) as usize % (self.recent_calls.len() / 2) * 2;
+        let (first, second) = (&self.recent_calls[pair], &self.recent_calls[pair + 1]);
         for slot in [first, second] {
             let (p, l, id) = slot.get();
             if p == ptr && l == len {
                 return id;
             }
         }
-        let id = intern_call(call);
+        let id = self.call_slow(call);
         second.set(first.get());
         first.set((ptr, len, id));
+        id
+    }
+
+    /// [`Self::call`] past its cache: the thread's map, else the interned number.
+    #[cold]
+    fn call_slow(&self, call: &'static str) -> Call {
+        let key = (call.as_ptr() as usize, call.len());
+        if let Some(&id) = self.calls.try_borrow().ok().as_ref().and_then(|calls| calls.get(&key)) {
+            return id;
+        }
+        let id = intern_call(call);
+        if let Ok(mut calls) = self.calls.try_borrow_mut() {
+            calls.insert(key, id);
+        }
         id
     }
 
@@ -885,6 +930,29 @@ impl Names {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Names that share a slot pair of the thread's cache (any number of them) keep their
+    /// numbers, and each number names its call when exported.
+    #[test]
+    fn call_numbers_hold_however_many_names_share_a_cache_pair() {
+        const NAMES: [&str; 40] = [
+            "c00", "c01", "c02", "c03", "c04", "c05", "c06", "c07", "c08", "c09", "c10", "c11", "c12", "c13",
+            "c14", "c15", "c16", "c17", "c18", "c19", "c20", "c21", "c22", "c23", "c24", "c25", "c26", "c27",
+            "c28", "c29", "c30", "c31", "c32", "c33", "c34", "c35", "c36", "c37", "c38", "c39",
+        ];
+        with_local(|local| {
+            let first: Vec<Call> = NAMES.iter().map(|name| local.call(name)).collect();
+            for _ in 0..3 {
+                let again: Vec<Call> = NAMES.iter().rev().map(|name| local.call(name)).collect();
+                assert!(again.iter().rev().eq(first.iter()));
+            }
+            let names = names();
+            for (name, id) in NAMES.iter().zip(&first) {
+                assert_eq!(names.calls[*id as usize], *name);
+            }
+        })
+        .unwrap();
+    }
 
     #[test]
     fn every_state_round_trips() {
