@@ -67,6 +67,12 @@ fn names_the_device(err: &Error, device: &Device) -> bool {
         && err.to_string().contains("'spawn'")
 }
 
+/// The recorder is process-wide: the tests that record take turns.
+fn one_session() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// Forks; the child runs `child` and exits with its status (a panic exits with PANICKED).
 /// Returns the child's status, or None when it ran past `deadline` (it is killed then).
 fn fork_and_wait(deadline: Duration, child: impl FnOnce() -> i32) -> Option<i32> {
@@ -207,6 +213,7 @@ fn large_host_copies_work_in_a_forked_child_of_a_process_whose_copy_workers_were
 fn a_child_forked_while_the_recorder_is_locked_works_on_the_host_device() {
     use lazybuf::observe::trace::{self, TraceOptions};
     use std::sync::mpsc;
+    let _one_session = one_session();
     trace::start(TraceOptions::default()).unwrap();
     let (locked_tx, locked_rx) = mpsc::channel();
     let (release_tx, release_rx) = mpsc::channel::<()>();
@@ -235,4 +242,44 @@ fn a_child_forked_while_the_recorder_is_locked_works_on_the_host_device() {
     holder.join().unwrap();
     trace::stop().unwrap();
     assert_eq!(status, Some(WORKED), "the child ended with {status:?} (None: it hung and was killed)");
+}
+
+/// A hostile pass (2026-11-28): a child forked while its parent recorded was told "already
+/// recording" by its own `start()`, and its `stop()` returned the parent's events as its own.
+/// The parent's session is not the child's: the child sees none, and may record its own.
+#[test]
+fn a_forked_child_has_no_session_of_its_parents_and_may_record_its_own() {
+    use lazybuf::observe::trace::{self, EventKind, TraceOptions};
+    let _one_session = one_session();
+    trace::start(TraceOptions::default()).unwrap();
+    let parents = UnifiedBuffer::<u32>::from_slice(&common::pattern(1, 64), &Device::host()).unwrap();
+    let parents_id = parents.raw().id();
+    let status = fork_and_wait(Duration::from_secs(20), || {
+        if trace::snapshot().is_ok() || trace::stop().is_ok() {
+            return WRONG_DATA; // the parent's session, seen as the child's
+        }
+        if trace::start(TraceOptions::default()).is_err() {
+            return WRONG_ERROR;
+        }
+        let own = UnifiedBuffer::<u32>::from_slice(&common::pattern(2, 64), &Device::host());
+        let Ok(recorded) = trace::stop() else { return WRONG_ERROR };
+        let Ok(own) = own else { return WRONG_ERROR };
+        let buffers: Vec<u64> = recorded
+            .events
+            .iter()
+            .filter_map(|e| match &e.kind {
+                EventKind::Allocate { buffer, .. } | EventKind::State { buffer, .. } => Some(*buffer),
+                _ => None,
+            })
+            .collect();
+        if buffers.contains(&parents_id) || !buffers.contains(&own.raw().id()) { WRONG_DATA } else { WORKED }
+    });
+    let recorded = trace::stop().unwrap();
+    assert_eq!(status, Some(WORKED), "the child ended with {status:?}");
+    assert!(
+        recorded
+            .events
+            .iter()
+            .any(|e| matches!(&e.kind, EventKind::Allocate { buffer, .. } if *buffer == parents_id))
+    );
 }

@@ -407,6 +407,37 @@ static LAST_GENERATION: AtomicU64 = AtomicU64::new(0);
 static BACKTRACE: AtomicBool = AtomicBool::new(false);
 static NEXT_THREAD: AtomicU64 = AtomicU64::new(1);
 
+/// The recorder's state for `start`, `stop` and `snapshot` (`operation`): in a forked child of
+/// the recording process, the session inherited from the parent is dropped first (it is the
+/// parent's: the child recorded nothing into it), so the child may record its own. A lock a
+/// parent's thread held at the fork stays held in the child forever: an error says so, never
+/// a wait.
+pub(super) fn global_of_this_process(
+    operation: &'static str,
+) -> crate::error::Result<MutexGuard<'static, Global>> {
+    if !in_forked_child() {
+        return Ok(global());
+    }
+    let mut global = match GLOBAL.try_lock() {
+        Ok(global) => global,
+        Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+        Err(std::sync::TryLockError::WouldBlock) => {
+            return Err(crate::error::Error::invalid(
+                operation,
+                "the recorder was in use by another thread of the parent process when this \
+                 process was forked, so it cannot be used here; record in the parent, or start \
+                 worker processes with 'spawn'",
+            ));
+        }
+    };
+    if global.session.take().is_some() {
+        GENERATION.store(0, Ordering::Release);
+        global.threads.clear();
+        super::set_bit(super::TRACE_BIT, false);
+    }
+    Ok(global)
+}
+
 pub(super) fn global() -> MutexGuard<'static, Global> {
     // Nothing panics while holding the lock: a poisoned ring is still consistent.
     GLOBAL.lock().unwrap_or_else(PoisonError::into_inner)

@@ -87,7 +87,7 @@ pub fn start(options: TraceOptions) -> Result<()> {
     if options.capacity == 0 {
         return Err(Error::invalid("trace.start", "expected a capacity of at least 1 event, got 0"));
     }
-    let mut global = record::global();
+    let mut global = record::global_of_this_process("trace.start")?;
     if global.session.is_some() {
         return Err(Error::invalid("trace.start", "the recorder is already recording; stop() it first"));
     }
@@ -99,7 +99,7 @@ pub fn start(options: TraceOptions) -> Result<()> {
 /// Stops recording and returns what was recorded (every thread's events, in order); an error
 /// if not recording.
 pub fn stop() -> Result<Trace> {
-    let mut global = record::global();
+    let mut global = record::global_of_this_process("trace.stop")?;
     if global.session.is_none() {
         return Err(Error::invalid("trace.stop", "the recorder is not recording; start() it first"));
     }
@@ -113,7 +113,7 @@ pub fn stop() -> Result<Trace> {
 
 /// What was recorded so far, recording on; an error if not recording.
 pub fn snapshot() -> Result<Trace> {
-    let global = record::global();
+    let global = record::global_of_this_process("trace.snapshot")?;
     let Some(session) = global.session.as_ref() else {
         return Err(Error::invalid("trace.snapshot", "the recorder is not recording; start() it first"));
     };

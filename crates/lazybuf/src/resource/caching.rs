@@ -374,10 +374,9 @@ impl CachingResource {
             slot.outstanding += 1;
             Some((cached.block, slot.device.clone()))
         });
-        if found.is_some() || count_miss {
-            crate::observe::trace::record_pool(found.is_some(), stream.device(), key.bytes);
-        }
-        match found {
+        let record = found.is_some() || count_miss;
+        let hit = found.is_some();
+        let block = match found {
             Some((block, device)) => {
                 let n = block.len() as u64;
                 stats.hits += 1;
@@ -395,7 +394,14 @@ impl CachingResource {
                 }
                 None
             }
+        };
+        // Recorded after the pool's lock is released: the recorder may take its own lock (a
+        // full chunk), which must never extend the pool's.
+        drop(state);
+        if record {
+            crate::observe::trace::record_pool(hit, stream.device(), key.bytes);
         }
+        block
     }
 
     /// Counts a fresh block from upstream as handed out.
