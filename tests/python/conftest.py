@@ -91,6 +91,16 @@ def host_device() -> lazybuf.Device:
     return next(d for d in lazybuf.get_accelerator().devices if d.backend == "host")
 
 
+def one_selector_per_backend() -> list[str]:
+    """"host" and one backend selector per backend with memory of its own ("opencl", "wgpu",
+    "cuda", "loopback") that this build has, for tests run once per kind of memory."""
+    found = ["host"]
+    for d in lazybuf.get_accelerator().devices:
+        if d.backend in ("opencl", "wgpu", "cuda", "loopback") and d.backend not in found:
+            found.append(d.backend)
+    return found
+
+
 def run_python(code: str) -> subprocess.CompletedProcess:
     """Runs `code` in a fresh interpreter (for crashes that must not take pytest down, and for
     per-process state such as which optional packages import), with the host as its default

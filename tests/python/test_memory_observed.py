@@ -14,16 +14,13 @@ import numpy as np
 import pytest
 
 import lazybuf
+from conftest import one_selector_per_backend
 
 N = 4000
 
 
 def _devices() -> list[str]:
-    found = ["host"]
-    for d in lazybuf.get_accelerator().devices:
-        if d.backend in ("opencl", "wgpu", "cuda", "loopback") and d.backend not in found:
-            found.append(d.backend)
-    return found
+    return one_selector_per_backend()
 
 
 def _on_device(device: str, obj) -> bool:

@@ -13,15 +13,11 @@ import numpy as np
 import pytest
 
 import lazybuf
-from conftest import run_python
+from conftest import one_selector_per_backend, run_python
 
 
 def _devices() -> list[str]:
-    found = ["host"]
-    for d in lazybuf.get_accelerator().devices:
-        if d.backend in ("opencl", "wgpu", "cuda", "loopback") and d.backend not in found:
-            found.append(d.backend)
-    return found
+    return one_selector_per_backend()
 
 
 def _host_only(device: str, n: int = 1000, seed: int = 1) -> lazybuf.UnifiedBuffer:

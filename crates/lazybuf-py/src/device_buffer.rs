@@ -213,14 +213,7 @@ impl PyDeviceBuffer {
                 dst.copy_from_memory(src, n).or_py()
             };
             let mine = Arc::as_ptr(&self.cell) as usize;
-            lock::detach(py, |d| {
-                if source.lock_order() < mine {
-                    source.with(d, |src, n| copy(&mut *self.cell.lock(d)?, src, n))?
-                } else {
-                    let mut dst = self.cell.lock(d)?;
-                    source.with(d, |src, n| copy(&mut dst, src, n))?
-                }
-            })
+            lock::detach(py, |d| source.with_locked_in_order(d, mine, || self.cell.lock(d), copy))
         };
         drop(keep);
         result

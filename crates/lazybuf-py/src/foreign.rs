@@ -184,6 +184,25 @@ impl Source {
         })
     }
 
+    /// Runs `f` with the destination locked by `lock` (an object whose lock orders at `mine`)
+    /// and the source's memory, taking the two locks in the process-wide order
+    /// ([`Self::lock_order`]: the lower address first), so that two copies between the same
+    /// objects in opposite directions cannot deadlock.
+    pub(crate) fn with_locked_in_order<G: std::ops::DerefMut, R>(
+        &self,
+        detached: &Detached,
+        mine: usize,
+        lock: impl FnOnce() -> PyResult<G>,
+        f: impl FnOnce(&mut G::Target, &Memory, usize) -> PyResult<R>,
+    ) -> PyResult<R> {
+        if self.lock_order() < mine {
+            self.with(detached, |src, n| f(&mut *lock()?, src, n))?
+        } else {
+            let mut dst = lock()?;
+            self.with(detached, |src, n| f(&mut dst, src, n))?
+        }
+    }
+
     /// The address that orders the locks of two objects (the source's lock is taken first
     /// when it is lower); 0 for foreign memory, which has no lock.
     pub(crate) fn lock_order(&self) -> usize {

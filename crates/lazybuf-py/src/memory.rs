@@ -259,14 +259,7 @@ impl PyMemory {
             crate::hostbuf::copy_between(dst, src, n).or_py()
         };
         let mine = Arc::as_ptr(&self.cell) as usize;
-        lock::detach(py, |d| {
-            if source.lock_order() < mine {
-                source.with(d, |src, n| copy(&mut *self.cell.lock(d)?, src, n))?
-            } else {
-                let mut dst = self.cell.lock(d)?;
-                source.with(d, |src, n| copy(&mut dst, src, n))?
-            }
-        })
+        lock::detach(py, |d| source.with_locked_in_order(d, mine, || self.cell.lock(d), copy))
     }
 
     /// `copy_to_host`'s work: into `dest`, else into a new array.
