@@ -121,7 +121,7 @@ def test_other_host_reads_check_too(checking, separate_device):
 
 @pytest.mark.parametrize("handle", ["device", "device_writable"])
 def test_a_kept_handle_written_again_after_a_mark_is_caught(checking, separate_device, handle):
-    """A hostile pass (2026-11-28): `.device` taken once and kept, a kernel, the mark, a host
+    """A hostile pass (2026-11-27): `.device` taken once and kept, a kernel, the mark, a host
     read, then a second kernel through the same array without a second mark: the mark had
     ended the checker's watch, and `to_numpy()` returned the first kernel's data silently. The
     same with a kept `.device_writable` array."""

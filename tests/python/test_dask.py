@@ -689,7 +689,7 @@ def test_a_64_mib_buffer_moves_between_workers_without_an_extra_copy(cluster):
 
 
 def test_the_dask_familys_download_is_an_implicit_transfer_named_dask_serialize():
-    """A hostile pass (2026-11-28): the `dask` family's host frame of a DEVICE_DIRTY buffer
+    """A hostile pass (2026-11-27): the `dask` family's host frame of a DEVICE_DIRTY buffer
     was refused under `disallow` as the engine's `host` access: it names what the user did."""
     devices = [d for d in get_accelerator().devices if d.backend in ("opencl", "cuda", "wgpu", "loopback")]
     if not devices:

@@ -222,7 +222,7 @@ def child() -> int:
         device.get_memory_info,
         pending.wait,
         # The parent's current device copy handed out again needs no runtime call, but its
-        # handle is the parent runtime's: using it hung the child (a hostile pass, 2026-11-28).
+        # handle is the parent runtime's: using it hung the child (a hostile pass, 2026-11-27).
         lambda: parent_buf.device,
         lambda: parent_buf.device_writable,
     ):

@@ -1,6 +1,6 @@
 """`import lazybuf` where it cannot work raises what went wrong, never a Rust panic.
 
-A hostile pass (2026-11-28): with NumPy unimportable (missing, broken, or a Ctrl-C while it
+A hostile pass (2026-11-27): with NumPy unimportable (missing, broken, or a Ctrl-C while it
 loads), the extension's import reached rust-numpy, which panics where it cannot have NumPy's C
 API: the user got `pyo3_runtime.PanicException: Failed to access NumPy array API capsule`.
 NumPy is imported first now, and its error is raised as NumPy raised it. Each case runs in a

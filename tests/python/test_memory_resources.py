@@ -350,7 +350,7 @@ def test_integer_arguments_take_numpy_integers_and_none_where_optional():
         lmr.LimitingResourceAdaptor(lmr.DirectMemoryResource(), 1.5)
 
 def test_spilling_trims_a_pool_memory_resource_before_it_evicts_a_copy(device):
-    """A hostile pass (2026-11-28): a `lmr.PoolMemoryResource`'s cached blocks counted against
+    """A hostile pass (2026-11-27): a `lmr.PoolMemoryResource`'s cached blocks counted against
     the device's limit, but spilling never trimmed them: it evicted a live copy (or, with the
     copy not spillable, refused the allocation) while the pool still cached 512 KiB. Such pools
     are trimmed first now, as every MemoryPool is."""

@@ -610,7 +610,7 @@ def test_the_eviction_policy_environment_variable(policy, expected):
     [("-1", "a size cannot be negative"), ("-1MiB", "a size cannot be negative"), ("+5", "a size takes no sign")],
 )
 def test_a_signed_size_is_refused_as_signed_not_as_a_bad_unit(size, message):
-    """A hostile pass (2026-11-28): `-1` and `+5` were "expected a size unit ..., got \"-1\"":
+    """A hostile pass (2026-11-27): `-1` and `+5` were "expected a size unit ..., got \"-1\"":
     the sign is what is wrong, and the error says so."""
     with pytest.raises(ValueError, match=message) as raised:
         lazybuf.set_memory_limit("host", size)
@@ -648,7 +648,7 @@ print("DONE")
 
 
 def test_an_explicit_limit_overrides_a_malformed_environment_for_its_device():
-    """A hostile pass (2026-11-28): with LAZYBUF_MEMORY_LIMIT malformed, set_memory_limit()
+    """A hostile pass (2026-11-27): with LAZYBUF_MEMORY_LIMIT malformed, set_memory_limit()
     returned, yet get_memory_limit() and every allocation on that device still failed with the
     variable's error: the limit could not be set at all. SPILLING.md: a call of
     set_memory_limit overrides the variable for its device; devices no call set still report
@@ -694,7 +694,7 @@ print("BACK", bool((a.to_numpy() == 5).all()))
 @pytest.mark.skipif(sys.platform == "win32", reason="FIFOs")
 @pytest.mark.parametrize("replacement", ["missing", "fifo"])
 def test_a_spill_file_gone_or_replaced_is_an_io_error_and_changes_nothing(tmp_path, replacement):
-    """A hostile pass (2026-11-28): a spill file replaced by a FIFO made the next access wait in
+    """A hostile pass (2026-11-27): a spill file replaced by a FIFO made the next access wait in
     open() forever; a missing one was "invalid argument for read back from disk". Both are I/O
     errors now (OSError, not ValueError), the FIFO refused at once, and the buffer is
     unchanged: with its file back, it reads back."""

@@ -9,7 +9,7 @@ directory is read once per process, and what happens at exit is part of what is 
 - a directory the user named is never removed, also when the variable is unset at run time,
   and lazybuf's own goes at exit also when the variable is set at run time.
 
-Found by a hostile script (2026-11-28).
+Found by a hostile script (2026-11-27).
 """
 
 from __future__ import annotations
@@ -190,7 +190,7 @@ if __name__ == "__main__":
 )
 @pytest.mark.parametrize("named", [False, True], ids=["own-dir", "named-dir"])
 def test_multiprocessing_children_remove_their_spill_files_when_they_end(tmp_path, method, kind, late, named):
-    """A hostile pass (2026-11-28): a multiprocessing child (fork or forkserver) that spilled
+    """A hostile pass (2026-11-27): a multiprocessing child (fork or forkserver) that spilled
     and ended normally left its spill files (and lazybuf's directory) behind: such children end
     with os._exit(), which runs no atexit hook. The package also registers its cleanup as a
     multiprocessing finalizer in every child, which multiprocessing runs before os._exit()."""

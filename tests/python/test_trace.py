@@ -206,7 +206,7 @@ def test_dump_names_what_it_expects(tmp_path):
 
 
 def test_dump_without_a_trace_or_a_recording_names_dump(tmp_path):
-    """A hostile pass (2026-11-28): trace.dump(path) with the recorder off said "invalid
+    """A hostile pass (2026-11-27): trace.dump(path) with the recorder off said "invalid
     argument for trace.snapshot", a call the caller never made."""
     with pytest.raises(ValueError) as raised:
         lazybuf.trace.dump(tmp_path / "t.json")

@@ -113,7 +113,7 @@ def test_the_export_protocols_name_themselves_and_a_refusal_changes_nothing(devi
         ("__array_interface__", lambda b: b.__array_interface__),
         # A host export (a CUDA buffer's default export is its device copy: no copy there).
         ("__dlpack__", lambda b: b.__dlpack__(dl_device=(1, 0))),
-        # Pickling, every protocol: implicit (a hostile pass, 2026-11-28: protocols 0-4, the
+        # Pickling, every protocol: implicit (a hostile pass, 2026-11-27: protocols 0-4, the
         # default before Python 3.14, downloaded as an explicit `read_into` that `disallow`
         # let through, and protocol 5 was named `host`).
         ("__reduce_ex__", lambda b: pickle.dumps(b, protocol=4)),
@@ -443,7 +443,7 @@ def test_copy_to_a_converting_or_strided_array_is_explicit(device):
 
 
 def test_a_direction_named_twice_in_the_environment_variable_is_refused():
-    """A hostile pass (2026-11-28): `h2d=disallow,d2h=disallow,h2d=allow` set h2d to `allow`,
+    """A hostile pass (2026-11-27): `h2d=disallow,d2h=disallow,h2d=allow` set h2d to `allow`,
     the later entry silently winning, so a `disallow` asked for was off. A direction named
     twice is an error, as a device named twice in LAZYBUF_MEMORY_LIMIT is."""
     code = """
@@ -471,7 +471,7 @@ def test_a_direction_named_twice_in_the_environment_variable_is_refused():
 
 @pytest.mark.parametrize("device", _devices())
 def test_calls_made_through_other_calls_are_named_after_what_the_user_called(device):
-    """A hostile pass (2026-11-28): `b[3]` was refused as `.host_readonly`, `b[3] = v` as
+    """A hostile pass (2026-11-27): `b[3]` was refused as `.host_readonly`, `b[3] = v` as
     `.host`, `__array__(copy=True)` as an explicit `to_numpy` (so `disallow` let it through),
     `synchronize()` as `sync_to_host`: the outermost call names the copy, and its reason."""
     import asyncio

@@ -36,7 +36,7 @@ fn in_child(device: &Device, inherited: Vec<UnifiedBuffer<u32>>) -> i32 {
     let outcome = attempt();
     let mut inherited = inherited;
     // The parent's device copy, current, handed out again: no runtime call needed, but the
-    // handle is the parent's runtime's (a hostile pass, 2026-11-28: it was handed out, and
+    // handle is the parent's runtime's (a hostile pass, 2026-11-27: it was handed out, and
     // a kernel through it hung the child).
     let handed_again = inherited[0].device().map(drop);
     // The parent's buffer with only its device copy current: reading it needs the runtime.
@@ -205,7 +205,7 @@ fn large_host_copies_work_in_a_forked_child_of_a_process_whose_copy_workers_were
     busy.join().unwrap();
 }
 
-/// A hostile pass (2026-11-28): a child forked while another thread held the recorder's lock
+/// A hostile pass (2026-11-27): a child forked while another thread held the recorder's lock
 /// (a session running, another thread recording) hung at its first event, on the host device
 /// too. A forked child records nothing of its parent's session, and takes none of its locks.
 #[cfg(feature = "testing")]
@@ -244,7 +244,7 @@ fn a_child_forked_while_the_recorder_is_locked_works_on_the_host_device() {
     assert_eq!(status, Some(WORKED), "the child ended with {status:?} (None: it hung and was killed)");
 }
 
-/// A hostile pass (2026-11-28): a child forked while its parent recorded was told "already
+/// A hostile pass (2026-11-27): a child forked while its parent recorded was told "already
 /// recording" by its own `start()`, and its `stop()` returned the parent's events as its own.
 /// The parent's session is not the child's: the child sees none, and may record its own.
 #[test]

@@ -406,7 +406,7 @@ fn the_out_of_memory_error_says_plain_buffers_are_not_evictable() {
     }
 }
 
-/// A hostile pass (2026-11-28): a limit lowered below what the device's pool cached was not
+/// A hostile pass (2026-11-27): a limit lowered below what the device's pool cached was not
 /// enforced on cache hits, so unevictable buffers took cached blocks far past it (900 KB
 /// held under 512 KiB) and nothing failed. The limit holds after every allocation now: the
 /// cache goes back and the request takes the budgeted path, which refuses.

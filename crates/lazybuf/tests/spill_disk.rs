@@ -42,7 +42,7 @@ fn spill_files() -> usize {
     std::fs::read_dir(spill::disk::spill_dir()).map_or(0, |dir| dir.count())
 }
 
-/// The host's side of a hostile pass (2026-11-28): a host limit lowered below the host
+/// The host's side of a hostile pass (2026-11-27): a host limit lowered below the host
 /// blocks a pool caches holds for cache hits too. Plain buffers cannot spill: once the limit
 /// is reached the next host copy is refused, and memory held never passes the limit.
 #[test]
@@ -563,7 +563,7 @@ fn spilled_with_its_file(seed: u32) -> (SharedBuffer<u32>, std::path::PathBuf, S
     (first, dir.join(&new[0]), second)
 }
 
-/// A hostile pass (2026-11-28): a spill file replaced by a FIFO of the same name made the
+/// A hostile pass (2026-11-27): a spill file replaced by a FIFO of the same name made the
 /// buffer's next access wait in `open` forever. Anything but a regular file in its place (a
 /// FIFO, a directory, a symbolic link to the data itself) is refused at once, as an I/O error
 /// (not an invalid argument) that names what was found, and the buffer is unchanged: with the
@@ -628,7 +628,7 @@ fn a_spill_file_replaced_by_something_else_is_refused_not_waited_on() {
     }
 }
 
-/// A hostile pass (2026-11-28): a spill file gone or cut short was reported as "invalid
+/// A hostile pass (2026-11-27): a spill file gone or cut short was reported as "invalid
 /// argument for read back from disk". It is an I/O error ([`lazybuf::Error::Io`]) with the
 /// system's code, not retryable (the file will not come back by itself), and changes nothing.
 #[test]

@@ -261,7 +261,7 @@ fn a_call_that_unwinds_restores_the_enclosing_cause() {
 }
 
 /// A call made inside another (a binding's `__array__` calling its `to_numpy`) is part of what
-/// the user called: the outermost call names the copies (a hostile pass, 2026-11-28: indexing
+/// the user called: the outermost call names the copies (a hostile pass, 2026-11-27: indexing
 /// was named `.host_readonly`, `__array__(copy=True)` an explicit `to_numpy`).
 #[test]
 fn the_outermost_call_names_the_copies() {

@@ -415,7 +415,7 @@ pub(crate) fn describe(copy: &TransferInfo) -> String {
 mod tests {
     use super::*;
 
-    /// A hostile pass (2026-11-28): `h2d=disallow,d2h=disallow,h2d=allow` left h2d at
+    /// A hostile pass (2026-11-27): `h2d=disallow,d2h=disallow,h2d=allow` left h2d at
     /// `allow`, the last one silently winning: a direction named twice is refused.
     #[test]
     fn a_direction_named_twice_is_refused() {

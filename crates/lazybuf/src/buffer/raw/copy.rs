@@ -39,7 +39,7 @@ impl DeviceCopy {
 
     /// Records that the copy is handed out to the caller (a view, or a handle for kernels).
     /// Handed out for writing too, it stays in the checker's eye: a `mark_device_dirty()` does
-    /// not end what a handle kept from `.device` can do later (a hostile pass, 2026-11-28:
+    /// not end what a handle kept from `.device` can do later (a hostile pass, 2026-11-27:
     /// the mark hid the next unmarked kernel write from the checker).
     pub(super) fn hand_out(&mut self) {
         self.used = true;
