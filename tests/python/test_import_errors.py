@@ -46,12 +46,17 @@ def test_numpy_blocked_in_sys_modules_raises_its_import_error():
     assert line.startswith("RAISED builtins ModuleNotFoundError") and "numpy" in line, line
 
 
-def test_a_numpy_that_fails_to_import_raises_its_own_error(tmp_path):
+def _with_stand_in_numpy(tmp_path, source: str) -> str:
+    """The outcome of `import lazybuf` with a package `numpy` of `source` first on the path."""
     broken = tmp_path / "numpy"
     broken.mkdir()
-    (broken / "__init__.py").write_text("raise ImportError('this NumPy is broken (a test stand-in)')\n")
+    (broken / "__init__.py").write_text(source)
     path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH", "")) if p)
-    line = _raised(_run("", {"PYTHONPATH": path}))
+    return _raised(_run("", {"PYTHONPATH": path}))
+
+
+def test_a_numpy_that_fails_to_import_raises_its_own_error(tmp_path):
+    line = _with_stand_in_numpy(tmp_path, "raise ImportError('this NumPy is broken (a test stand-in)')\n")
     assert line == "RAISED builtins ImportError this NumPy is broken (a test stand-in)", line
 
 
@@ -77,10 +82,6 @@ def test_the_import_still_works():
 def test_a_numpy_without_its_c_api_is_an_import_error_without_a_panic_message(tmp_path):
     # Importable, but not NumPy's C API behind it (a stand-in, or a build without it): found
     # before rust-numpy looks, which would print its panic's message first.
-    broken = tmp_path / "numpy"
-    broken.mkdir()
-    (broken / "__init__.py").write_text("__version__ = '2.1.0'\nempty = None\n")
-    path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH", "")) if p)
-    line = _raised(_run("", {"PYTHONPATH": path}))
+    line = _with_stand_in_numpy(tmp_path, "__version__ = '2.1.0'\nempty = None\n")
     assert line.startswith("RAISED builtins ImportError lazybuf could not load NumPy's C API"), line
     assert "numpy.lib" in line, line

@@ -184,15 +184,7 @@ impl<T: Element> UnifiedBuffer<T> {
     /// A buffer of `shape` on `device` holding `data` (its length must be the shape's).
     pub fn from_vec(data: Vec<T>, shape: &[usize], device: &Device) -> Result<Self> {
         let mut buf = Self::on(shape, device)?;
-        if data.len() != buf.len() {
-            return Err(Error::LengthMismatch {
-                operation: "from_vec",
-                expected: buf.len(),
-                actual: data.len(),
-                unit: "elements",
-            });
-        }
-        buf.copy_from(&data)?;
+        buf.copy_from_as(&data, "from_vec")?;
         Ok(buf)
     }
 
@@ -398,9 +390,14 @@ impl<T: Element> UnifiedBuffer<T> {
 
     /// Copies `data` into the buffer on the host (exactly `len()` elements, else an error).
     pub fn copy_from(&mut self, data: &[T]) -> Result<()> {
+        self.copy_from_as(data, "copy_from")
+    }
+
+    /// [`Self::copy_from`], its length error naming `operation` (the call the user made).
+    fn copy_from_as(&mut self, data: &[T], operation: &'static str) -> Result<()> {
         if data.len() != self.len() {
             return Err(Error::LengthMismatch {
-                operation: "copy_from",
+                operation,
                 expected: self.len(),
                 actual: data.len(),
                 unit: "elements",
