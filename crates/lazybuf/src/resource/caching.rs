@@ -11,6 +11,10 @@
 //! - **Give back**: a block goes onto its free list, with the stream and the ticket of its
 //!   last use, unless that would push the cached bytes over the cap; then it goes back
 //!   upstream.
+//! - **Over a memory limit** (a device's or the host's, lowered below what is held): no cached
+//!   block is handed out, checked under the lock a block's return takes; the request trims
+//!   the cache and goes upstream, whose budget evicts or refuses; a block given back goes
+//!   upstream too, so that the memory held comes down.
 //! - **Out of memory** (or a refused page lock, which cached pinned blocks may be causing):
 //!   trim every cached block, retry once, and if the upstream still refuses, return its error
 //!   as it is (it names the device, the size and the runtime's code).
@@ -22,7 +26,9 @@
 //!   device's.
 //!
 //! One mutex guards the free lists and the counters; it is never held across an upstream
-//! call, a fill, a wait or a free, only across a hash lookup, a poll and a push or pop.
+//! call, a fill, a wait, a free or the recorder, only across a hash lookup, a poll, a push or
+//! pop and the device's budget lookup (`spill::budget::over_limit`, whose own lock is never
+//! held while taking a pool's).
 //!
 //! What does not live here: the pool handle that hands out buffers ([`crate::pool`]).
 
