@@ -149,7 +149,15 @@ class UnifiedBuffer:
         writes it, call ``mark_device_dirty()`` so the next host access copies the results back.
         Host device: the same ndarray as ``.host``. OpenCL: a ``pyopencl.array.Array`` sharing
         the buffer's cl_mem on lazybuf's queue (PyOpenCL installed). CUDA: a ``cupy.ndarray``
-        over the device pointer (CuPy installed). Otherwise a ``DeviceMemoryView``."""
+        over the device pointer (CuPy installed). Otherwise a ``DeviceMemoryView``.
+
+        On CUDA it is stream-ordered: an upload it needs is enqueued on the buffer's stream and
+        not waited for. The CuPy array is ready for work on CuPy's current stream at this call
+        (made to wait for the upload on the device) and on the buffer's stream; a
+        ``DeviceMemoryView`` for work on ``queue`` and on the legacy default stream, and
+        elsewhere after its ``synchronize()``. ``mark_device_dirty()`` does not wait for the
+        upload either; the read-back waits once. If the upload fails, the read-back raises and
+        the buffer holds what it held before ``.device``."""
 
     @property
     def device_writable(self) -> Any:
@@ -690,11 +698,18 @@ class DeviceMemoryView:
         """The queue or stream lazybuf copies on: enqueue kernels there to order them with
         lazybuf's copies."""
 
+    def synchronize(self) -> None:
+        """Waits until the memory holds the buffer's data: the upload ``.device`` enqueued
+        without waiting (CUDA) is done. Needed before using ``ptr`` from another stream or
+        from the host; kernels on ``queue`` (and on CUDA's legacy default stream) are ordered
+        after the upload already. Raises the upload's error if it failed."""
+
     @property
     def owner(self) -> MemoryOwner: ...
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
-        """CUDA array interface v3 (CUDA devices only)."""
+        """CUDA array interface v3 (CUDA devices only). Waits for the upload ``.device``
+        enqueued, if any, so it names no stream: its consumers may use any stream."""
 
 @final
 class MemoryOwner:

@@ -149,9 +149,12 @@ def test_kernels_on_cupys_current_stream_are_ordered_before_lazybuf(cuda_device,
         buf.mark_device_dirty()
         out = buf.to_numpy()
     np.testing.assert_array_equal(out, np.full(1 << 16, 7, np.float32))
-    # Again after a host write (whose upload lands before `.device` returns).
+    # Again after a host write: `.device` taken inside the stream's block, so its upload is
+    # ordered before CuPy's current stream, `stream`.
     buf.host[:] = 2
-    spin_fill(cupy, buf.device, 9, stream)
+    with stream:
+        array = buf.device
+    spin_fill(cupy, array, 9, stream)
     with stream:
         buf.mark_device_dirty()
         np.testing.assert_array_equal(buf.to_numpy(), np.full(1 << 16, 9, np.float32))
@@ -166,3 +169,28 @@ def test_kernels_on_cupys_default_stream_need_no_call(cuda_device):
     spin_fill(cupy, buf.device, 5, cupy.cuda.Stream.null)
     buf.mark_device_dirty()
     np.testing.assert_array_equal(buf.to_numpy(), np.full(1 << 16, 5, np.float32))
+
+
+@pytest.mark.parametrize("non_blocking", [True, False])
+def test_device_returns_before_its_upload_and_cupys_stream_waits_for_it(cuda_device, non_blocking):
+    """`.device` is in the order of the buffer's stream: it enqueues the upload and returns
+    (here while the upload waits behind a kernel that holds lazybuf's stream), and CuPy's
+    current stream waits for it on the device, so a reduction there sees the uploaded data."""
+    cupy = pytest.importorskip("cupy")
+    if cuda_device.name.startswith("lazybuf CUDA test double"):
+        pytest.skip("needs a GPU: CuPy cannot launch kernels on the test double")
+    n = 1 << 20
+    buf = UnifiedBuffer(n, np.float32, device=cuda_device, pinned=True)
+    lazybufs = cupy.cuda.ExternalStream(buf.stream)
+    hold = cupy.zeros(1, np.float32)
+    stream = cupy.cuda.Stream(non_blocking=non_blocking)
+    for value in (3, 4):
+        buf.host[:] = value
+        spin_fill(cupy, hold, 0, lazybufs)  # lazybuf's stream is busy for about 0.1 s
+        with stream:
+            array = buf.device
+            assert not lazybufs.done, "the upload is still queued: .device did not wait for it"
+            total = float(array.sum())
+        assert total == value * n, (value, total)
+        buf.mark_device_dirty()
+        np.testing.assert_array_equal(buf.to_numpy(), np.full(n, value, np.float32))

@@ -4,10 +4,15 @@ double per entry point (`lazybuf_cuda_double_call_counts`).
 Steady state (after warm-up batches), per batch: no allocation, no pinning or registration,
 no event created or destroyed (a context keeps the events of finished tickets for the next
 ones), exactly one upload and one download (none for double buffering, which reads nothing
-back), and the waits counted below. The minimum is one wait, the read-back's; lazybuf also waits for
-the upload that `.device` makes (a blocking access waits for its copy), so the loops with a
-read-back wait twice: docs/BENCHMARKS.md ("Driver calls per batch") lists every entry point
-against the minimum. The counts are exact, so a change that adds driver work fails here.
+back), and the waits counted below. The minimum is one wait, the read-back's, and the seeds'
+loop (a new or pooled buffer per batch) makes just that: `.device` enqueues its upload in the
+order of the buffer's stream and does not wait for it, `mark_device_dirty()` is ordered after
+it, and `to_numpy()` downloads on the same stream and waits once, for its own download.
+Read-modify-write on one buffer waits twice: its read-back updates the host copy, which the
+upload reads and which must still hold the data if the upload fails, so it waits for the
+upload first. Double buffering waits once, in `sync_to_device()` (a blocking call; the seeds
+then wait for their kernel). docs/BENCHMARKS.md ("Driver calls per batch") lists every entry
+point against the minimum. The counts are exact, so a change that adds driver work fails here.
 
 Runs only with the test double loaded (LD_LIBRARY_PATH=target/cuda-double); its devices are
 host memory, so no kernel runs: `mark_device_dirty()` stands for one.
@@ -96,7 +101,7 @@ def test_new_buffer_per_batch(double):
         np.testing.assert_array_equal(buf.to_numpy(), DATA)
         del buf
 
-    check_minimum(per_batch(lib, batch), uploads=1, downloads=1, waits=2)
+    check_minimum(per_batch(lib, batch), uploads=1, downloads=1, waits=1)
 
 
 def test_pooled_buffer_per_batch(double):
@@ -113,7 +118,7 @@ def test_pooled_buffer_per_batch(double):
         finally:
             pool.release(buf)
 
-    check_minimum(per_batch(lib, batch), uploads=1, downloads=1, waits=2)
+    check_minimum(per_batch(lib, batch), uploads=1, downloads=1, waits=1)
 
 
 def test_read_modify_write_on_one_buffer(double):

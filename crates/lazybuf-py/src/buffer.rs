@@ -50,7 +50,7 @@ use pyo3::types::{PyDict, PyModule, PyTuple, PyWeakrefReference};
 use lazybuf::coherence::{Access, Location, Residency};
 use lazybuf::observe::Cause;
 use lazybuf::shape::Shape;
-use lazybuf::{Device, DlpackDevice, MemoryKind, MemoryResource, RawBuffer};
+use lazybuf::{Device, DlpackDevice, MemoryKind, MemoryResource, RawBuffer, Ticket};
 
 use crate::accelerator::{PyDevice, selector};
 use crate::args::shape_repr;
@@ -463,8 +463,10 @@ impl UnifiedBuffer {
         if self.inner().writable_views.is_empty() {
             return Ok(());
         }
+        // As committed: an upload in flight that fails later makes the host current again,
+        // and a view frozen meanwhile is only read-only (no poll of the runtime here).
         let stale = match self.held_storage() {
-            Some(storage) => storage.lock(py)?.residency(Location::Host) != Residency::Valid,
+            Some(storage) => storage.lock(py)?.residency_as_committed(Location::Host) != Residency::Valid,
             None => true,
         };
         if !stale {
@@ -734,14 +736,25 @@ fn device_access<'py>(slf: &Bound<'py, UnifiedBuffer>, access: Access) -> PyResu
         UnifiedBuffer::cache(slf, &array, Slot::Host, |i| &mut i.host_view);
         return Ok(array);
     }
-    let (handle, exposure) = storage.device_handle_nogil(py, &this.home, access)?;
+    // A read is in the order of the copy's stream: an upload is enqueued, not waited for, and
+    // the object returned is ordered after it (`ready`; device_view.rs).
+    let (handle, exposure, ready) = if access == Access::Read {
+        storage.device_handle_ordered_nogil(py, &this.home)?
+    } else {
+        let (handle, exposure) = storage.device_handle_nogil(py, &this.home, access)?;
+        (handle, exposure, Ticket::done())
+    };
     if access != Access::Read {
         this.freeze_if_host_stale(py)?;
     }
     let key = handle.as_int();
     // A live cached view over this very handle holds its own exposure: this one is dropped.
+    // With an upload in flight, it is ordered after that upload first.
     let cached = this.cached(py, |i| i.device_view.as_ref().filter(|(k, _)| *k == key).map(|(_, v)| v));
     if let Some(view) = cached {
+        if !ready.is_trivially_done() {
+            crate::device_view::order_after_upload(py, &this.home, &view, ready)?;
+        }
         return Ok(view);
     }
     let object = device_object(
@@ -750,6 +763,7 @@ fn device_access<'py>(slf: &Bound<'py, UnifiedBuffer>, access: Access) -> PyResu
         &this.home,
         handle,
         exposure,
+        ready,
         &this.shape,
         this.elem.dtype,
         this.descr(py),
@@ -839,7 +853,17 @@ impl UnifiedBuffer {
             return device_access(slf, Access::Read);
         }
         let (handle, exposure) = storage.device_handle_nogil(py, &metal, Access::Read)?;
-        device_object(py, &storage, &metal, handle, exposure, &this.shape, this.elem.dtype, this.descr(py))
+        device_object(
+            py,
+            &storage,
+            &metal,
+            handle,
+            exposure,
+            Ticket::done(),
+            &this.shape,
+            this.elem.dtype,
+            this.descr(py),
+        )
     }
 
     /// The dimensions.

@@ -18,9 +18,10 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyModule, PyTuple};
 
 use lazybuf::backend::{RawDevice, RawMemory};
-use lazybuf::{DType, Device};
+use lazybuf::{DType, Device, Ticket};
 
 use crate::accelerator::PyDevice;
+use crate::errors::OrPyErr;
 use crate::views::Exposure;
 use crate::views::{MemoryOwner, PerDim, Storage, device_handles};
 
@@ -34,6 +35,7 @@ pub(crate) fn device_object<'py>(
     home: &Device,
     handle: RawMemory,
     mut exposure: Exposure,
+    ready: Ticket,
     shape: &[usize],
     dtype: DType,
     descr: &Bound<'py, PyArrayDescr>,
@@ -44,6 +46,8 @@ pub(crate) fn device_object<'py>(
     if let (RawMemory::OpenCl(_), RawDevice::OpenCl { .. }) = (handle, raw_device)
         && let Some(cl) = optional(py, &PYOPENCL, "pyopencl.array")
     {
+        // (OpenCL uploads are waited for by the access: `ready` is done.)
+        wait_ready(py, &ready)?;
         let owner = Bound::new(py, MemoryOwner::new(exposure))?;
         return pyopencl_array(py, &cl, raw_device.queue_int(), handle.as_int(), shape, descr, owner);
     }
@@ -53,6 +57,11 @@ pub(crate) fn device_object<'py>(
     {
         // Once the array is gone, kernels CuPy enqueued through it may still be pending: the
         // copy is then kept until lazybuf is ordered after them (`SpillState::cupy_unordered`).
+        // CuPy's kernels run on its current stream: made to wait for the upload there (no
+        // host wait; the legacy default stream, handle 0, included).
+        if !ready.is_trivially_done() {
+            crate::streams::order_cupy_after_ticket(py, home, &ready)?;
+        }
         exposure.held_by_cupy();
         let owner = Bound::new(py, MemoryOwner::new(exposure))?;
         let ordinal = i32::try_from(ordinal).unwrap_or(i32::MAX);
@@ -70,8 +79,36 @@ pub(crate) fn device_object<'py>(
         dtype,
         descr: descr.clone().unbind(),
         owner: owner.unbind(),
+        ready: Mutex::new(ready),
     };
     Ok(Bound::new(py, view)?.into_any())
+}
+
+/// Orders `object`, a device object [`device_object`] made earlier for the same memory, after
+/// `ready`, an upload since: a `DeviceMemoryView` takes it as the upload it waits for, a CuPy
+/// array's users on CuPy's current stream are made to wait for it.
+pub(crate) fn order_after_upload(
+    py: Python<'_>,
+    home: &Device,
+    object: &Bound<'_, PyAny>,
+    ready: Ticket,
+) -> PyResult<()> {
+    match object.cast::<DeviceMemoryView>() {
+        Ok(view) => {
+            *view.get().ready.lock().unwrap_or_else(PoisonError::into_inner) = ready;
+            Ok(())
+        }
+        Err(_) => crate::streams::order_cupy_after_ticket(py, home, &ready),
+    }
+}
+
+/// Waits, with the GIL released, for `ready` (an upload the object about to be returned
+/// depends on) unless it is done.
+fn wait_ready(py: Python<'_>, ready: &Ticket) -> PyResult<()> {
+    if ready.is_trivially_done() {
+        return Ok(());
+    }
+    crate::lock::detach(py, |_| ready.wait().or_py())
 }
 
 static PYOPENCL: GilOnceCell<Option<Py<PyModule>>> = GilOnceCell::new();
@@ -292,10 +329,29 @@ pub(crate) struct DeviceMemoryView {
     dtype: DType,
     descr: Py<PyArrayDescr>,
     owner: Py<MemoryOwner>,
+    /// The upload the memory's data depends on (done when there was none): work on `queue`
+    /// (and, on CUDA, on the legacy default stream) is ordered after it; anything else waits
+    /// for it (`synchronize`, `__cuda_array_interface__`). Replaced when the view is handed out
+    /// again after another upload into the same memory.
+    ready: Mutex<Ticket>,
+}
+
+impl DeviceMemoryView {
+    /// The upload the memory depends on (a clone: not held while waiting).
+    fn ready(&self) -> Ticket {
+        self.ready.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
 }
 
 #[pymethods]
 impl DeviceMemoryView {
+    /// Waits until the memory holds the buffer's data: the upload `.device` enqueued (in the
+    /// order of `queue`, so kernels there need no wait) is done. Call it before using `ptr`
+    /// from another stream or queue, or from the host.
+    fn synchronize(&self, py: Python<'_>) -> PyResult<()> {
+        wait_ready(py, &self.ready())
+    }
+
     /// `"opencl"`, `"cuda"` or `"wgpu"` (or `"host"`).
     #[getter]
     fn backend(&self) -> &'static str {
@@ -361,6 +417,9 @@ impl DeviceMemoryView {
                 "__cuda_array_interface__ exists only for memory on a CUDA device",
             ));
         }
+        // Its consumers may use any stream: the upload is waited for here, so the interface
+        // names no stream to synchronize with.
+        wait_ready(py, &self.ready())?;
         crate::interop::cuda_array_interface(py, self.handle, &self.shape, self.dtype, false)
     }
 

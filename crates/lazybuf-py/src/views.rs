@@ -355,6 +355,36 @@ impl Storage {
         lock::detach(py, |d| self.lock_detached(d)?.device_access(device, access).map(drop).or_py())
     }
 
+    /// [`Self::device_handle_nogil`] for a read, in the order of the copy's stream
+    /// ([`RawBuffer::device_access_ordered`]): an upload it needs is enqueued and not waited
+    /// for, and the ticket returned (done when there is none) completes when it has. The
+    /// caller orders the handle's consumer after that ticket.
+    pub(crate) fn device_handle_ordered_nogil(
+        self: &Arc<Self>,
+        py: Python<'_>,
+        device: &Device,
+    ) -> PyResult<(RawMemory, Exposure, Ticket)> {
+        if let Some(mut raw) = self.immediate(Some(device), Access::Read) {
+            let exposure = Exposure::new(self, Exposed::Device);
+            return Ok((device_handle_in(&mut raw, device, Access::Read)?, exposure, Ticket::done()));
+        }
+        /// A handle and a ticket crossing the detached closure's boundary.
+        struct Handle(RawMemory, Ticket);
+        // SAFETY: the handle is an opaque value (a pointer or a runtime handle) that is only
+        // moved out of the closure, on the same thread; nothing dereferences it on the way.
+        // The ticket is Send itself.
+        unsafe impl Send for Handle {}
+        let (handle, exposure) = lock::detach(py, |d| {
+            let mut raw = self.lock_detached(d)?;
+            let exposure = Exposure::new(self, Exposed::Device);
+            let (memory, ticket) = raw.device_access_ordered(device).or_py()?;
+            // SAFETY: as in device_handle_in: the handle reaches Python only with an owner of
+            // this storage.
+            Ok::<_, PyErr>((Handle(unsafe { memory.raw() }, ticket), exposure))
+        })?;
+        Ok((handle.0, exposure, handle.1))
+    }
+
     /// Makes `device`'s copy current for `access` and returns the runtime's handle to it,
     /// with the exposure the caller hands to whatever uses the handle.
     pub(crate) fn device_handle(

@@ -152,3 +152,48 @@ fn kernels_on_the_legacy_default_stream_are_ordered_with_lazybufs_copies() {
         "the kernel on the legacy stream ran before lazybuf's queued upload (which then overwrote it)"
     );
 }
+
+/// The stream-ordered device access (`RawBuffer::device_access_ordered`, Python's `.device`):
+/// the upload is enqueued and not waited for, a declared kernel write after it
+/// (`mark_written`) does not wait either, and the read-back into outside memory, enqueued on
+/// the same stream, waits once and settles the upload. A staged upload (a worker thread's, not
+/// in the stream's order) is waited for instead.
+#[test]
+fn the_stream_ordered_device_access_leaves_its_upload_in_flight_for_the_read_back() {
+    let Some((devices, _lock)) = setup("the_stream_ordered_device_access") else { return };
+    let device = &devices[0];
+    let stream = raw_stream(&device.stream());
+    // Pinned: its upload is truly asynchronous on a GPU too.
+    let n = 1 << 16;
+    let data = ramp(n);
+    let mut buf = buffer(device, n, true);
+    buf.copy_from(&data).unwrap();
+    let held = Gate::close(device, stream);
+    let raw = buf.raw_mut();
+    let (_, ticket) = raw.device_access_ordered(device).unwrap();
+    assert!(!ticket.poll().unwrap(), "the upload waits behind the gate: the call did not wait for it");
+    raw.mark_written(Some(device)).unwrap();
+    assert!(raw.is_busy(), "the declared write did not wait for the upload");
+    assert_eq!(raw.state(), BufferState::DeviceDirty);
+    let opener = held.open_after(50);
+    let mut out = lazybuf::host_memory::HostMemory::allocate(n).unwrap();
+    raw.read_into(&mut out).unwrap();
+    opener.join().unwrap();
+    assert!(out.as_slice()[..n] == data[..], "the read-back ran after the upload");
+    assert!(!raw.is_busy(), "the read-back settled the upload");
+    assert!(ticket.poll().unwrap());
+    assert_eq!(raw.state(), BufferState::DeviceDirty);
+
+    // A current copy with no upload in flight: nothing to order after.
+    let (_, again) = raw.device_access_ordered(device).unwrap();
+    assert!(again.is_trivially_done());
+
+    // Staged: waited for, the ticket done.
+    let big = STAGING_MIN_BYTES * 2;
+    let mut staged = buffer(device, big, false);
+    staged.copy_from(&ramp(big)).unwrap();
+    let (_, ticket) = staged.raw_mut().device_access_ordered(device).unwrap();
+    assert!(ticket.is_trivially_done(), "a staged upload is waited for");
+    assert!(!staged.raw().is_busy());
+    assert_eq!(staged.state(), BufferState::Synchronized);
+}

@@ -354,3 +354,41 @@ fn a_failed_free_is_recorded_on_its_device() {
         "on its own device only"
     );
 }
+
+/// The stream-ordered device access (`RawBuffer::device_access_ordered`, Python's `.device`)
+/// whose upload fails where its stream runs it: the declared kernel write after it
+/// (`mark_written`) does not wait and succeeds, the read-back that waits reports the failure,
+/// and the buffer is as it was before the upload: host current with its bytes, the counters
+/// as they were. Small pageable and pinned (the driver's path), whose uploads are in the
+/// stream's order.
+#[test]
+fn a_failed_stream_ordered_upload_undoes_the_write_declared_after_it() {
+    let Some((devices, _lock)) = setup("a_failed_stream_ordered_upload") else { return };
+    let device = &devices[0];
+    let n = 4096;
+    let data = ramp(n);
+    for pinned in [false, true] {
+        let mut buf = buffer(device, n, pinned);
+        buf.copy_from(&data).unwrap();
+        let stats = buf.transfer_stats();
+        let raw = buf.raw_mut();
+        arm_copy(1, false);
+        let (_, ticket) = raw.device_access_ordered(device).unwrap();
+        assert!(!ticket.is_trivially_done(), "pinned={pinned}: the upload is left in flight");
+        raw.mark_written(Some(device)).unwrap();
+        let mut out = lazybuf::host_memory::HostMemory::allocate(n).unwrap();
+        assert!(raw.read_into(&mut out).is_err(), "pinned={pinned}: the read-back reports the failed upload");
+        assert!(ticket.wait().is_err());
+        assert!(!raw.is_busy());
+        assert_eq!(buf.state(), BufferState::HostOnly, "pinned={pinned}");
+        assert_eq!(buf.transfer_stats(), stats);
+        assert!(buf.host_if_valid().unwrap() == &data[..]);
+        // And it works on the next try, ending where the first would have.
+        let raw = buf.raw_mut();
+        raw.device_access_ordered(device).unwrap();
+        raw.mark_written(Some(device)).unwrap();
+        raw.read_into(&mut out).unwrap();
+        assert!(out.as_slice()[..n] == data[..]);
+        assert_eq!(buf.state(), BufferState::DeviceDirty);
+    }
+}

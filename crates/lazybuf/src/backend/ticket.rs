@@ -22,6 +22,14 @@ pub trait Completion: Any + Send + Sync + fmt::Debug {
 
     /// Blocks until the work is done; `Err` if it failed.
     fn wait(&self) -> Result<()>;
+
+    /// Whether the work is a runtime command in its stream's order: work enqueued later on
+    /// the same stream starts after it (a CUDA event recorded after a copy). Not so for work
+    /// done elsewhere, such as a worker thread's [`Signal`] (staged copies), which later work
+    /// on the stream must wait for explicitly.
+    fn stream_ordered(&self) -> bool {
+        false
+    }
 }
 
 /// The completion of some enqueued work. `Ticket::default()` is complete.
@@ -73,6 +81,12 @@ impl Ticket {
     /// Blocks until the work is done; `Err` if it failed.
     pub fn wait(&self) -> Result<()> {
         self.pending.as_ref().map_or(Ok(()), |c| c.wait())
+    }
+
+    /// Whether every part of the ticket is in its stream's order ([`Completion::stream_ordered`]):
+    /// work enqueued on that stream after it starts after it. A done ticket is.
+    pub fn is_stream_ordered(&self) -> bool {
+        self.parts().iter().all(|part| part.stream_ordered())
     }
 
     /// The runtime side, for backends that can order their streams after it.

@@ -9,6 +9,16 @@
 //! zero-copy aliases of it, so touching an alias touches the host location too (and nothing
 //! can alias, read or write a block a transfer in flight uses, or that a failed one frees).
 //!
+//! One exception, for the stream-ordered device access ([`super::RawBuffer::device_access_ordered`]):
+//! an upload to a device whose ticket is in the order of that device copy's stream
+//! ([`InFlight::upload_to`]) is not waited for by work that is ordered after it on that stream
+//! anyway: a kernel the caller declares with a bookkeeping write (`mark_device_dirty`), and a
+//! download of the copy into memory outside the buffer (`read_into`), which settles the upload
+//! once its own download is done. The write then makes the host stale while the upload is
+//! still in flight; if the upload fails, undoing it also makes current again what the write
+//! made stale ([`InFlight::revalidate`]): the kernel read a copy that never arrived, so its
+//! output is not data to keep, and the buffer holds what it held before the upload.
+//!
 //! What does not live here: executing plans and freeing memory ([`super::raw`]).
 
 use super::stats::TransferStats;
@@ -87,6 +97,12 @@ pub(super) struct InFlight {
     /// Its plan's number in the recorder's events (0: none of its copies was recorded), for
     /// the rollback event when it fails.
     pub(super) op: u64,
+    /// The device it uploads to when it is only host-to-device copies into that device's copy,
+    /// each in the order of the copy's stream: work later on that stream runs after it.
+    pub(super) upload_to: Option<DeviceId>,
+    /// Locations that were current when a write ordered after this upload made them stale:
+    /// made current again if the upload fails (module docs).
+    pub(super) revalidate: Locations,
 }
 
 impl InFlight {
@@ -104,6 +120,15 @@ impl InFlight {
                 coherence.restore(at, residency);
             }
         }
+        for at in self.revalidate.iter() {
+            coherence.restore(at, Residency::Valid);
+        }
+    }
+
+    /// Whether it is an upload to `device` in the order of that copy's stream
+    /// ([`Self::upload_to`]).
+    pub(super) fn is_ordered_upload_to(&self, device: DeviceId) -> bool {
+        self.upload_to == Some(device)
     }
 
     /// Whether the transfer has failed, as far as is known now (no waiting).

@@ -252,6 +252,11 @@ impl Completion for CudaEvent {
         }
     }
 
+    /// An event recorded on a stream completes in that stream's order.
+    fn stream_ordered(&self) -> bool {
+        true
+    }
+
     fn wait(&self) -> Result<()> {
         if crate::backend::fork::in_forked_child() {
             return Err(Error::ForkedChild { device: "a CUDA device".into(), backend: BackendKind::CUDA });

@@ -210,6 +210,13 @@ impl RawBuffer {
         self.settled_view().0.residency(at)
     }
 
+    /// The residency of one location as the accesses so far committed it: every transfer in
+    /// flight counted as succeeding, so no runtime call asks whether one failed (for a caller
+    /// that acts only on what a later failure cannot make worse).
+    pub fn residency_as_committed(&self, at: Location) -> Residency {
+        self.coherence.residency(at)
+    }
+
     /// The bytes moved so far (transfers in flight count unless known to have failed).
     pub fn transfer_stats(&self) -> TransferStats {
         if self.inflight.is_empty() {
@@ -282,7 +289,7 @@ impl RawBuffer {
                 self.check_coherence()?;
             }
         }
-        self.access(Location::Host, None, access, cause)?;
+        self.access(Location::Host, None, access, cause, false)?;
         let n = self.nbytes;
         let host = self.host.as_mut().expect("the host is allocated after a host access");
         // A read leaves the block knowing whether it is all zeros.
@@ -383,7 +390,18 @@ impl RawBuffer {
     }
 
     pub(super) fn hand_out(&mut self, device: &Device, access: Access) -> Result<&mut DeviceCopy> {
-        self.access(Location::Device(device.id()), Some(device), access, &observed::DEVICE)?;
+        self.hand_out_as(device, access, false)
+    }
+
+    /// [`Self::hand_out`]; `stream_ordered`: an access that needs no copy does not wait for
+    /// the uploads to this copy in flight in its stream's order ([`Self::device_access_ordered`]).
+    fn hand_out_as(
+        &mut self,
+        device: &Device,
+        access: Access,
+        stream_ordered: bool,
+    ) -> Result<&mut DeviceCopy> {
+        self.access(Location::Device(device.id()), Some(device), access, &observed::DEVICE, stream_ordered)?;
         let index = self.copy_index(device.id()).expect("the device is allocated after a device access");
         let copy = &mut self.copies[index];
         copy.hand_out();
@@ -399,6 +417,7 @@ impl RawBuffer {
                 Some(device),
                 Access::Read,
                 &observed::SYNC_TO_DEVICE,
+                false,
             ),
             None => self.host_access_as(Access::Read, &observed::SYNC_TO_HOST).map(drop),
         }
@@ -427,9 +446,12 @@ impl RawBuffer {
                         Some(device),
                         Access::Read,
                         &observed::DEVICE,
+                        false,
                     )?;
                 }
-                self.hand_out(device, Access::Write).map(drop)
+                // The caller's kernel wrote the copy after an upload to it in flight in its
+                // stream's order: the mark does not wait for the upload (inflight.rs).
+                self.hand_out_as(device, Access::Write, true).map(drop)
             }
             None => {
                 if held_nothing {
@@ -473,10 +495,21 @@ impl RawBuffer {
     /// As [`Self::sync`], asynchronously: enqueues the copies and returns at once. See the
     /// module docs for the state while the transfer is in flight and after it fails.
     pub fn sync_async(&mut self, device: Option<&Device>) -> Result<Transfer> {
-        let at = device.map_or(Location::Host, |d| Location::Device(d.id()));
-        let observed = observe::active();
         let cause =
             if device.is_some() { &observed::SYNC_TO_DEVICE_ASYNC } else { &observed::SYNC_TO_HOST_ASYNC };
+        self.sync_async_as(device, cause, false)
+    }
+
+    /// [`Self::sync_async`], its copies caused by `cause` (for the transfer guard); `ordered`:
+    /// for [`Self::device_access_ordered`], whose upload keeps its stream's order.
+    fn sync_async_as(
+        &mut self,
+        device: Option<&Device>,
+        cause: &'static Cause,
+        ordered: bool,
+    ) -> Result<Transfer> {
+        let at = device.map_or(Location::Host, |d| Location::Device(d.id()));
+        let observed = observe::active();
         // While something observes, the guard sees the copies before a host copy spilled to
         // disk is read back, as for every access: a refused call changes nothing (the read-back
         // would allocate, perhaps spilling another buffer). The plan observed is made before
@@ -533,6 +566,14 @@ impl RawBuffer {
         self.stats = self.stats.plus(delta);
         self.coherence.commit(at, Access::Read, &plan);
         let op = if observed { self.observe_commit() } else { 0 };
+        // Only the stream-ordered access's uploads keep the stream's order; an explicit
+        // asynchronous sync is waited for by every later access that conflicts with it.
+        let upload_to = match at {
+            Location::Device(id) if ordered && ticket.is_stream_ordered() && only_uploads_to(&plan, at) => {
+                Some(id)
+            }
+            _ => None,
+        };
         self.inflight.push(InFlight {
             ticket: ticket.clone(),
             reads,
@@ -541,8 +582,63 @@ impl RawBuffer {
             undo,
             stats: delta,
             op,
+            upload_to,
+            revalidate: Locations::default(),
         });
         Ok(Transfer::new(ticket, named))
+    }
+
+    /// Makes `device`'s copy current for reading and hands out its memory *in the order of the
+    /// copy's stream* ([`Self::stream`] for the buffer's own device): where that takes an
+    /// upload in the stream's order (a CUDA copy, not a staged one), it is enqueued and not
+    /// waited for, and the ticket returned completes when it has. The memory is ready for work
+    /// enqueued on that stream after this call, and for work on another stream once that
+    /// stream waits for the ticket ([`Stream::wait_for`]); anything else (a host read of the
+    /// device memory, work on another stream) must wait for the ticket first.
+    ///
+    /// Meanwhile the upload is a transfer in flight, as [`Self::sync_async`] makes one, with
+    /// two exceptions that keep the stream's order instead of waiting: a bookkeeping write of
+    /// this copy ([`Self::mark_written`], the caller's kernel having written it) and a read of
+    /// it into outside memory ([`Self::read_into`]). When the upload fails, the buffer is as
+    /// it was before it (host current; a write declared meanwhile is undone: the kernel read a
+    /// copy that never arrived), and the next call that waits for it returns the failure.
+    /// Where no such upload is needed or possible (a current copy with no upload in flight, a
+    /// zero-copy device, a staged or device-to-device copy, a copy spilled to disk) this is
+    /// [`Self::device_access`] and the ticket is done.
+    pub fn device_access_ordered(&mut self, device: &Device) -> Result<(&DeviceMemory, Ticket)> {
+        device.backend().check_usable()?;
+        let at = Location::Device(device.id());
+        if self.on_disk.is_none() && self.coherence.any_valid() {
+            let plan = self.plan(at, Some(device), Access::Read);
+            let uploads = plan.steps().iter().any(|s| matches!(s, Step::Copy { .. }));
+            if !uploads && !self.inflight.is_empty() {
+                // Uploads of earlier calls that are done are settled (a query each; the wait
+                // that follows returns the outcome the query found), so the ticket returned
+                // names only what still runs.
+                let done = |op: &InFlight| {
+                    op.is_ordered_upload_to(device.id()) && matches!(op.ticket.poll(), Ok(true))
+                };
+                self.settle(done)?;
+            }
+            if uploads && only_uploads_to(&plan, at) {
+                // Committed and in flight; its ticket is among the uploads collected below.
+                drop(self.sync_async_as(Some(device), &observed::DEVICE, true)?);
+                if !self.inflight.last().is_some_and(|op| op.is_ordered_upload_to(device.id())) {
+                    // Staged (a worker thread's copy): not in the stream's order, so waited for.
+                    self.settle_for(at, Some(device), Access::Read)?;
+                }
+            }
+        }
+        let ticket = self.ordered_uploads_to(device.id());
+        let copy = self.hand_out_as(device, Access::Read, true)?;
+        Ok((&copy.memory, ticket))
+    }
+
+    /// The uploads to `device` in flight in the order of its copy's stream, as one ticket.
+    fn ordered_uploads_to(&self, device: DeviceId) -> Ticket {
+        Ticket::all(
+            self.inflight.iter().filter(|op| op.is_ordered_upload_to(device)).map(|op| op.ticket.clone()),
+        )
     }
 
     /// Fills every element with `pattern` (one element's bytes) at one current location,
@@ -653,7 +749,7 @@ impl RawBuffer {
             ));
         }
         self.host = Some(block);
-        let adopted = self.access(Location::Host, None, Access::Overwrite, &observed::ADOPT_HOST);
+        let adopted = self.access(Location::Host, None, Access::Overwrite, &observed::ADOPT_HOST, false);
         if adopted.is_err() {
             self.host = None;
             self.coherence.clear();
@@ -693,7 +789,14 @@ impl RawBuffer {
 
     /// Waits for the transfers in flight that `which` picks; undoes those that failed and
     /// returns the first failure.
-    fn settle(&mut self, mut which: impl FnMut(&InFlight) -> bool) -> Result<()> {
+    fn settle(&mut self, which: impl FnMut(&InFlight) -> bool) -> Result<()> {
+        self.settle_after(false, which)
+    }
+
+    /// [`Self::settle`]; `finished`: the transfers `which` picks are known to be complete (work
+    /// later on their stream has finished), so each is polled, not waited for (no wait call of
+    /// the runtime's), unless the poll finds it still running.
+    fn settle_after(&mut self, finished: bool, mut which: impl FnMut(&InFlight) -> bool) -> Result<()> {
         let mut first = None;
         let mut i = 0;
         while i < self.inflight.len() {
@@ -702,7 +805,12 @@ impl RawBuffer {
                 continue;
             }
             let op = self.inflight.remove(i);
-            if let Err(err) = op.ticket.wait() {
+            let outcome = match finished.then(|| op.ticket.poll()) {
+                Some(Ok(true)) => Ok(()),
+                Some(Err(err)) => Err(err),
+                Some(Ok(false)) | None => op.ticket.wait(),
+            };
+            if let Err(err) = outcome {
                 // Its state put back, and (while observed) the undoing recorded.
                 self.observe_undo(op.op, |buffer| op.undo_state(&mut buffer.coherence));
                 self.stats = self.stats.minus(op.stats);
@@ -767,12 +875,15 @@ impl RawBuffer {
     /// Makes `at` current for `access`; `cause`: what the transfer guard and the recorder
     /// call its copies.
     #[inline(always)]
+    /// `stream_ordered`: a device access that needs no copy does not wait for the uploads to
+    /// that copy in flight in its stream's order ([`Self::device_access_ordered`]).
     fn access(
         &mut self,
         at: Location,
         device: Option<&Device>,
         access: Access,
         cause: &'static Cause,
+        stream_ordered: bool,
     ) -> Result<()> {
         // A device whose runtime does not survive fork, used in a forked child: refused before
         // anything changes, also where the access needs no runtime call (a current copy
@@ -783,16 +894,22 @@ impl RawBuffer {
         // While something observes, the guard sees the plan's copies before anything runs
         // (observed.rs); otherwise this costs one atomic load.
         if observe::active() {
-            return self.access_observed(at, device, access, cause);
+            return self.access_observed(at, device, access, cause, stream_ordered);
         }
-        self.access_unobserved(at, device, access)
+        self.access_unobserved(at, device, access, stream_ordered)
     }
 
     #[inline(always)]
-    fn access_unobserved(&mut self, at: Location, device: Option<&Device>, access: Access) -> Result<()> {
+    fn access_unobserved(
+        &mut self,
+        at: Location,
+        device: Option<&Device>,
+        access: Access,
+        stream_ordered: bool,
+    ) -> Result<()> {
         self.reload_from_disk()?;
         let plan = self.plan(at, device, access);
-        self.access_planned(at, device, access, &plan)
+        self.access_planned(at, device, access, &plan, stream_ordered)
     }
 
     /// [`Self::access_unobserved`] once nothing is on disk and `plan` is the access's plan.
@@ -803,13 +920,26 @@ impl RawBuffer {
         device: Option<&Device>,
         access: Access,
         plan: &Plan,
+        stream_ordered: bool,
     ) -> Result<()> {
         // The blocking calls' fast path: no transfer in flight, nothing to settle. Settling
         // the transfers the access depends on changes no state when they succeed (a transfer
         // commits when it is enqueued), so the plan stays; when one failed, the error returns.
         if !self.inflight.is_empty() {
             let (reads, writes) = self.touched(plan, at, device, access);
-            self.settle(|op| op.conflicts(&reads, &writes))?;
+            // A stream-ordered access that copies nothing leaves the uploads to its copy in
+            // flight (they run before whatever the caller enqueues next on the copy's stream).
+            let ordered = match at {
+                Location::Device(id) if stream_ordered && plan.is_empty() => Some(id),
+                _ => None,
+            };
+            let keep = |op: &InFlight| ordered.is_some_and(|id| op.is_ordered_upload_to(id));
+            self.settle(|op| op.conflicts(&reads, &writes) && !keep(op))?;
+            if access != Access::Read
+                && let Some(id) = ordered
+            {
+                self.revalidate_on_failure(id);
+            }
         }
         if at == Location::Host {
             // Reads too: on a zero-copy device the caller's kernel may still be writing the
@@ -850,6 +980,25 @@ impl RawBuffer {
         }
     }
 
+    /// Before a write to device `id`'s copy that leaves the uploads to it in flight: whatever
+    /// is current now besides that copy becomes current again if one of them fails.
+    fn revalidate_on_failure(&mut self, id: DeviceId) {
+        let at = Location::Device(id);
+        let mut current = Locations::default();
+        for loc in
+            std::iter::once(Location::Host).chain(self.copies.iter().map(|c| Location::Device(c.device.id())))
+        {
+            if loc != at && self.coherence.residency(loc) == Residency::Valid {
+                current.insert(loc);
+            }
+        }
+        for op in self.inflight.iter_mut().filter(|op| op.is_ordered_upload_to(id)) {
+            for loc in current.iter() {
+                op.revalidate.insert(loc);
+            }
+        }
+    }
+
     /// After a write, every other copy is stale (their hand-outs no longer matter to the
     /// checker) and the written copy's own write is declared.
     fn forget_hand_outs(&mut self) {
@@ -875,4 +1024,13 @@ impl std::fmt::Debug for RawBuffer {
             .field("in_flight", &self.inflight.len())
             .finish()
     }
+}
+
+/// Whether every copy of `plan` is an upload from the host to `at` (a device location); a plan
+/// that only allocates qualifies too.
+fn only_uploads_to(plan: &Plan, at: Location) -> bool {
+    plan.steps().iter().all(|step| match *step {
+        Step::Allocate(loc) => loc == at,
+        Step::Copy { from, to } => from == Location::Host && to == at,
+    })
 }

@@ -63,15 +63,16 @@ impl RawBuffer {
         device: Option<&Device>,
         access: Access,
         cause: &'static Cause,
+        stream_ordered: bool,
     ) -> Result<()> {
         // The same plan the access makes next (planning is pure): reused when nothing is on
         // disk (a reload changes what the access plans).
         let plan = self.plan(at, device, access);
         self.observe_plan(&plan, device, cause)?;
         let done = if self.on_disk.is_none() {
-            self.access_planned(at, device, access, &plan)
+            self.access_planned(at, device, access, &plan, stream_ordered)
         } else {
-            self.access_unobserved(at, device, access)
+            self.access_unobserved(at, device, access, stream_ordered)
         };
         if let Err(err) = done {
             self.observe_abort();

@@ -42,10 +42,25 @@ impl RawBuffer {
                 format!("expected a block of at least {n} bytes, got {}", out.len()),
             ));
         }
-        self.settle_for(Location::Host, None, Access::Read)?;
         if let Some(index) = self.direct_source() {
-            return self.download_into(index, out);
+            // Uploads to the source copy in its stream's order run before the download, which
+            // is enqueued on that stream: not waited for apart (inflight.rs).
+            let id = self.copies[index].device.id();
+            let plan = self.plan(Location::Host, None, Access::Read);
+            let (reads, writes) = self.touched(&plan, Location::Host, None, Access::Read);
+            self.settle(|op| op.conflicts(&reads, &writes) && !op.is_ordered_upload_to(id))?;
+            let downloaded = self.download_into(index, out);
+            // Done with the download when it succeeded: settled without a wait of their own.
+            let settled = self.settle_after(downloaded.is_ok(), |op| op.is_ordered_upload_to(id));
+            // An upload's failure comes first: the download read what it never wrote, and is
+            // not counted.
+            settled.and(downloaded)?;
+            let copy = &self.copies[index];
+            self.stats.record(Direction::DeviceToHost, copy.memory.is_host_alias(), n);
+            self.direct_read = true;
+            return Ok(());
         }
+        self.settle_for(Location::Host, None, Access::Read)?;
         let source = self.host_access(Access::Read)?.as_ptr();
         if n > 0 {
             out.mark_written();
@@ -97,8 +112,6 @@ impl RawBuffer {
         if let Some(started) = started {
             started.finished(crate::observe::stream_id(&copy.stream));
         }
-        self.stats.record(Direction::DeviceToHost, copy.memory.is_host_alias(), n);
-        self.direct_read = true;
         Ok(())
     }
 

@@ -26,7 +26,7 @@ impl RawBuffer {
     /// Frees this buffer's copy on `device`, writing it back to the host first when it holds
     /// the only current data. `Ok(None)` when there is nothing to free: no copy there, a copy
     /// that aliases the host block (it holds no device memory), or a transfer in flight (the
-    /// buffer is in use). A failed write-back returns [`crate::Error::WriteBack`] (naming this
+    /// buffer is in use; the upload of a stream-ordered access is waited for instead). A failed write-back returns [`crate::Error::WriteBack`] (naming this
     /// buffer, with the write-back's own error inside) and changes nothing: the copy, the
     /// state and every valid byte stay as they were. The write-back runs on the device's side
     /// stream where it has one (see `write_back`).
@@ -34,6 +34,13 @@ impl RawBuffer {
         let Some(index) = self.copy_index(device.id()) else {
             return Ok(None);
         };
+        // The uploads of stream-ordered accesses (`.device`) are lazybuf's own, not a transfer
+        // the caller holds: waited for, so that a buffer handed out that way is evictable
+        // once nothing uses it. One that failed stays in flight, for the caller's next wait
+        // to report (the buffer is then skipped, as for any transfer in flight).
+        for op in self.inflight.iter().filter(|op| op.upload_to.is_some()) {
+            let _ = op.ticket.wait();
+        }
         self.settle_succeeded();
         if self.copies[index].memory.is_host_alias() || !self.inflight.is_empty() {
             return Ok(None);
@@ -82,14 +89,14 @@ impl RawBuffer {
         let index = self.copy_index(device.id());
         let side = index.and_then(|i| device.side_stream().filter(|side| *side != self.copies[i].stream));
         let (Some(index), Some(side)) = (index, side) else {
-            return self.access(Location::Host, None, Access::Read, cause);
+            return self.access(Location::Host, None, Access::Read, cause, false);
         };
         // The caller's use so far, as tickets the side stream can wait for: kept in the copy
         // (its `order_stream` makes the side stream wait for them); nothing changes when this
         // fails, the copy is still marked used.
         let _kept_in_the_copy = self.copies[index].last_use()?;
         let own = std::mem::replace(&mut self.copies[index].stream, side);
-        let result = self.access(Location::Host, None, Access::Read, cause);
+        let result = self.access(Location::Host, None, Access::Read, cause, false);
         // A host read never frees the device copy it reads from.
         if let Some(index) = self.copy_index(device.id()) {
             self.copies[index].stream = own;
