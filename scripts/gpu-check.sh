@@ -53,10 +53,10 @@ export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 if [[ $parts == *" bench "* ]]; then
     report="$out/gpu-check.md"
     echo "# GPU check at $(cat "$root/.gpu/commit" 2>/dev/null || echo '?'), $(date -u +%Y-%m-%d)" >"$report"
-    (cd "$root/benches/python" && timeout 200 python3 bench_workflows.py --reps 7) >"$logs/workflows.log" 2>&1
+    (cd "$root/benches/python" && timeout 170 python3 bench_workflows.py --reps 7) >"$logs/workflows.log" 2>&1
     note "bench_workflows rc=$?"
     { echo; echo "## Python workflows (bench_workflows.py --reps 7)"; echo; cat "$logs/workflows.log"; } >>"$report"
-    (cd "$root/benches/python" && timeout 70 python3 bench_steps.py --reps 11) >"$logs/steps.log" 2>&1
+    (cd "$root/benches/python" && timeout 50 python3 bench_steps.py --reps 11) >"$logs/steps.log" 2>&1
     note "bench_steps rc=$?"
     { echo; echo "## Where a batch's time goes (bench_steps.py --reps 11)"; echo; cat "$logs/steps.log"; } >>"$report"
     pack_logs
@@ -64,12 +64,13 @@ fi
 
 if [[ $parts == *" test "* ]]; then
     unpack_bins "$root/.gpu" || note "could not unpack .gpu/bin.tar.xz"
-    export LAZYBUF_REQUIRE=cuda LAZYBUF_REQUIRE_CUDA=1 PROPTEST_CASES="${PROPTEST_CASES:-300}"
+    export LAZYBUF_REQUIRE=cuda LAZYBUF_REQUIRE_CUDA=1 PROPTEST_CASES="${PROPTEST_CASES:-128}"
     (cd "$root/.gpu/tests" && LAZYBUF_CHECK=1 timeout 220 python3 -m pytest -q -rs -p no:cacheprovider . \
         >"$logs/pytest-checker.log" 2>&1; echo "pytest (checker on) rc=$? $(tail -1 "$logs/pytest-checker.log")" >"$logs/pytest.rc") &
     python=$!
+    # Four binaries at a time, the whole part within 220 s (a binary cut off shows rc=124).
     # shellcheck disable=SC2016
-    ls "$root"/.gpu/bin/test-* | xargs -P 4 -I{} bash -c \
+    ls "$root"/.gpu/bin/test-* | timeout 220 xargs -P 4 -I{} bash -c \
         'n=$(basename {}); timeout 200 {} --test-threads=4 >"$0/$n.log" 2>&1; rc=$?;
          echo "$n rc=$rc $(grep -E "^test result:" "$0/$n.log" | tail -1 | sed "s/; finished.*//")"' "$logs" \
         >"$logs/rust.rc"
@@ -81,7 +82,7 @@ if [[ $parts == *" test "* ]]; then
 fi
 
 if [[ $parts == *" memcheck "* ]] && command -v compute-sanitizer >/dev/null && [ -x "$root/.gpu/bin/test-cuda_async" ]; then
-    LAZYBUF_CACHE=0 timeout 90 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 1 \
+    LAZYBUF_CACHE=0 timeout 60 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 1 \
         "$root/.gpu/bin/test-cuda_async" --test-threads=1 >"$logs/memcheck-cuda_async.log" 2>&1
     rc=$?
     note "memcheck cuda_async rc=$rc $(grep -E 'ERROR SUMMARY' "$logs/memcheck-cuda_async.log" | tail -1)"

@@ -403,6 +403,12 @@ class Device:
     @property
     def shares_host_memory(self) -> bool: ...
     @property
+    def shared_memory(self) -> bool:
+        """Whether the device allocates shared memory (``MemoryShared``): CUDA managed memory,
+        OpenCL fine-grained SVM, host memory on the host device; ``False`` on wgpu and where
+        the runtime lacks it (NVIDIA's OpenCL has only coarse-grained SVM)."""
+
+    @property
     def is_gpu(self) -> bool: ...
     @property
     def survives_fork(self) -> bool:

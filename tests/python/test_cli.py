@@ -58,7 +58,13 @@ def test_devices_json_follows_the_schema_and_matches_the_package():
         assert entry["vendor"] == device.vendor
         assert entry["is_gpu"] == device.is_gpu
         assert entry["shares_host_memory"] == device.shares_host_memory
-        assert entry["total_bytes"] == device.total_memory
+        if device.backend == "opencl" and not device.is_gpu:
+            # PoCL's CPU device derives its global memory from the memory available when the
+            # process opens it: another process sees another figure (seen on a GPU machine,
+            # 6.9 against 5.9 GB, 2026-11-27).
+            assert entry["total_bytes"] > 0 and device.total_memory > 0
+        else:
+            assert entry["total_bytes"] == device.total_memory
         assert entry["free_source"] == device.memory_source
         assert isinstance(entry["free_bytes"], int) and 0 <= entry["free_bytes"] <= entry["total_bytes"]
         assert entry["memory_error"] is None

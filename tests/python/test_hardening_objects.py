@@ -46,10 +46,11 @@ def device(request):
 
 
 def _kinds(device):
-    """The memory object classes `device` has (wgpu: device memory only)."""
+    """The memory object classes `device` has (wgpu: device memory only; shared memory where
+    the device says it has it, `Device.shared_memory`: not NVIDIA's OpenCL, for one)."""
     if device.backend == "wgpu":
         return [MemoryDevice]
-    return [MemoryDevice, MemoryHost, MemoryShared]
+    return [MemoryDevice, MemoryHost] + ([MemoryShared] if device.shared_memory else [])
 
 
 def _pattern(n, seed=0):
@@ -126,7 +127,8 @@ device = next(d for d in lazybuf.get_accelerator().devices if d.selector == sys.
 # Above glibc malloc's largest mmap threshold (32 MiB), so every block is mapped on its own and
 # a freed one leaves the address space (a smaller one may reuse freed heap, under the limit).
 N = 40 << 20
-kinds = [MemoryDevice] if device.backend == "wgpu" else [MemoryDevice, MemoryHost, MemoryShared]
+kinds = [MemoryDevice] if device.backend == "wgpu" else [MemoryDevice, MemoryHost]
+kinds += [MemoryShared] if device.backend != "wgpu" and device.shared_memory else []
 
 def touched(obj):
     # Written once: runtimes that allocate at first touch (PoCL) have allocated the memory

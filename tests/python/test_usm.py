@@ -33,8 +33,10 @@ KINDS = {MemoryDevice: "device", MemoryHost: "host", MemoryShared: "shared"}
 def _usm_devices():
     """Devices with all three USM kinds. wgpu devices have device memory only (no page-locked
     host memory, no shared memory): their memory objects and refusals are tested in
-    test_wgpu.py."""
-    return [d for d in lazybuf.get_accelerator().devices if d.backend != "wgpu"]
+    test_wgpu.py. Other devices without shared memory (`Device.shared_memory`: NVIDIA's
+    OpenCL has only coarse-grained SVM) are tested by
+    test_devices_without_shared_memory_have_the_other_kinds_and_refuse_it_clearly."""
+    return [d for d in lazybuf.get_accelerator().devices if d.backend != "wgpu" and d.shared_memory]
 
 
 def _selectors():
@@ -469,3 +471,22 @@ def test_copies_between_a_memory_and_a_view_of_itself(device, ctor):
     view = np.from_dlpack(m)[2:6]
     m.copy_from_device(view)
     assert m.tobytes()[:4] == before[2:6] and m.tobytes()[4:] == before[4:]
+
+
+def test_devices_without_shared_memory_have_the_other_kinds_and_refuse_it_clearly():
+    """A device that says it has no shared memory (`Device.shared_memory`) refuses
+    MemoryShared with a ValueError saying so, and has device and host memory objects; one that
+    says it has it allocates it. wgpu (device memory only) is test_wgpu.py's."""
+    for device in lazybuf.get_accelerator().devices:
+        if device.backend == "wgpu":
+            assert not device.shared_memory
+            continue
+        if device.shared_memory:
+            assert MemoryShared(64, device=device).nbytes == 64
+            continue
+        with pytest.raises(ValueError, match="shared memory"):
+            MemoryShared(64, device=device)
+        for ctor in (MemoryDevice, MemoryHost):
+            m = ctor(5, device=device)
+            m.copy_from_host(b"12345")
+            assert m.tobytes() == b"12345", (device, ctor)

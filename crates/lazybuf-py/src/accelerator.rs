@@ -153,6 +153,14 @@ impl PyDevice {
         self.device.info().shares_host_memory
     }
 
+    /// Whether the device allocates shared memory (``MemoryShared``, ``kind="shared"``): CUDA
+    /// managed memory, OpenCL fine-grained SVM, host memory on the host device; ``False`` on
+    /// wgpu and where the runtime lacks it (NVIDIA's OpenCL has only coarse-grained SVM).
+    #[getter]
+    fn shared_memory(&self) -> bool {
+        self.device.info().shared_memory
+    }
+
     /// Whether the device is a GPU.
     #[getter]
     fn is_gpu(&self) -> bool {

@@ -34,6 +34,7 @@
 mod accelerator;
 mod args;
 mod buffer;
+mod cupy_stream;
 mod device_buffer;
 mod device_view;
 mod dtype;

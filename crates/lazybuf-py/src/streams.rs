@@ -18,7 +18,6 @@
 //! What does not live here: the ordering itself (the core's copies wait for the marker) and
 //! transfers in flight ([`crate::transfer`]).
 
-use crate::gil_cell::GilOnceCell;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyInt, PyTuple};
@@ -147,7 +146,7 @@ fn order_after_handle(py: Python<'_>, storage: &Storage, home: &Device, handle: 
 /// legacy default stream (handle 0), which lazybuf's blocking default stream is ordered with
 /// already. Costs one call into CuPy; an event and a stream wait only for another stream.
 pub(crate) fn order_after_cupy(py: Python<'_>, storage: &Storage, home: &Device) -> PyResult<()> {
-    let Some(handle) = cupy_current_stream(py, home)? else {
+    let Some(handle) = crate::cupy_stream::current_stream(py, home)? else {
         return Ok(());
     };
     if handle == 0 {
@@ -156,27 +155,12 @@ pub(crate) fn order_after_cupy(py: Python<'_>, storage: &Storage, home: &Device)
     order_after_handle(py, storage, home, handle)
 }
 
-/// CuPy's current stream for `home` (`cupy.cuda.get_current_stream(device_id).ptr`; 0 for the
-/// legacy default stream); `None` for a device that is not a CUDA device with an ordinal.
-fn cupy_current_stream(py: Python<'_>, home: &Device) -> PyResult<Option<usize>> {
-    /// `cupy.cuda.get_current_stream` (Python-visible in every CuPy since 9; it takes the
-    /// device since 11), looked up once.
-    static CURRENT_STREAM: GilOnceCell<Py<PyAny>> = GilOnceCell::new();
-    // CuPy's streams belong to CUDA devices (the ones with an ordinal).
-    let Some(ordinal) = home.info().ordinal else {
-        return Ok(None);
-    };
-    let current_stream = CURRENT_STREAM
-        .get_or_try_init(py, || py.import("cupy.cuda")?.getattr("get_current_stream").map(Bound::unbind))?;
-    Ok(Some(current_stream.bind(py).call1((ordinal,))?.getattr("ptr")?.extract()?))
-}
-
 /// The other direction: makes CuPy's current stream for `home` wait for `ticket` (an upload
 /// the array handed to CuPy depends on) on the device, without a host wait
 /// (`cuStreamWaitEvent`; on the legacy default stream too, which a buffer's own stream may not
 /// be ordered with). Where there is no CuPy stream to order, waits on the host.
 pub(crate) fn order_cupy_after_ticket(py: Python<'_>, home: &Device, ticket: &Ticket) -> PyResult<()> {
-    let raw = match cupy_current_stream(py, home)? {
+    let raw = match crate::cupy_stream::current_stream(py, home)? {
         Some(handle) => device_handles(home).stream_from_int(handle),
         None => None,
     };

@@ -91,6 +91,26 @@ impl MemoryOwner {
     }
 }
 
+impl Drop for MemoryOwner {
+    /// The owner of a CuPy array's memory orders lazybuf's next work on the copy after CuPy's
+    /// current stream at once, where that waits for nothing (the storage's lock is free), so
+    /// the copy is evictable as soon as the array is gone; else its exposure marks the storage
+    /// until the next call on the buffer does it (`SpillState::cupy_unordered`). Without it a
+    /// buffer whose CuPy array was gone stayed unevictable until that call (an H200,
+    /// 2026-11-27).
+    fn drop(&mut self) {
+        if !self.exposure.cupy {
+            return;
+        }
+        // SAFETY: a MemoryOwner lives only inside its Python object, whose deallocation drops
+        // it with the interpreter attached to this thread; `py` is used within this call.
+        let py = unsafe { Python::assume_attached() };
+        if self.exposure.storage.order_after_cupy_now(py).unwrap_or(false) {
+            self.exposure.cupy = false;
+        }
+    }
+}
+
 /// One live exposure of a storage's memory: counted from [`Exposure::new`] (under the storage
 /// lock) until it is dropped. Keeps the storage alive, so whatever holds it keeps the memory.
 pub(crate) struct Exposure {
@@ -237,6 +257,35 @@ impl Storage {
     /// The core buffer if its lock is free (eviction never waits for it).
     pub(crate) fn try_lock_raw(&self) -> Option<GilFreeGuard<'_, RawBuffer>> {
         self.raw.try_lock()
+    }
+
+    /// Orders lazybuf's next work on the device copy after CuPy's current stream without
+    /// waiting for anything: the lock taken only if it is free (`Ok(false)` otherwise, nothing
+    /// done), CuPy asked for its stream before; nothing to do for the legacy default stream,
+    /// which lazybuf's blocking stream is ordered with already. For the drop of a CuPy array's
+    /// owner, which holds the interpreter (`MemoryOwner`'s drop).
+    pub(crate) fn order_after_cupy_now(&self, py: Python<'_>) -> PyResult<bool> {
+        let Some(home) = self.try_lock_raw().map(|raw| raw.home().clone()) else {
+            return Ok(false);
+        };
+        let Some(handle) = crate::cupy_stream::current_stream(py, &home)? else {
+            return Ok(true);
+        };
+        if handle == 0 {
+            return Ok(true);
+        }
+        let Some(raw) = device_handles(&home).stream_from_int(handle) else {
+            return Ok(false);
+        };
+        // SAFETY: CuPy's current stream for this device is a live stream of the device's
+        // primary context, which lazybuf's CUDA devices use.
+        let stream = unsafe { home.wrap_stream(raw) }.or_py()?;
+        let Some(mut buffer) = self.try_lock_raw() else {
+            return Ok(false);
+        };
+        let ticket = stream.marker().or_py()?;
+        buffer.used_until(&home, ticket);
+        Ok(true)
     }
 
     /// Records that CuPy holds an array over the device copy.

@@ -27,6 +27,11 @@ pub struct DeviceInfo {
     /// The runtime's index of the device: the CUDA ordinal (what `cudaSetDevice`, CuPy and
     /// DLPack's `device_id` call it); `None` elsewhere.
     pub ordinal: Option<u32>,
+    /// Whether the device allocates shared memory ([`MemoryKind::Shared`], memory the host
+    /// and the device both address): CUDA managed memory, OpenCL fine-grained buffer SVM, host
+    /// memory on the host device; not on wgpu, nor where the runtime lacks it (an allocation
+    /// is then refused with an error saying why).
+    pub shared_memory: bool,
     /// Where DLPack says this device's memory kinds live.
     pub dlpack: DlpackDevices,
 }

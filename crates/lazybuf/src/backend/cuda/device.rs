@@ -106,6 +106,7 @@ impl CudaBackend {
                 compute_capability: Some((major.max(0) as u32, minor.max(0) as u32)),
                 // cuDeviceGet hands out the ordinal as the device.
                 ordinal: Some(device.max(0) as u32),
+                shared_memory: managed_memory,
                 dlpack: crate::backend::DlpackDevices {
                     device: Some(crate::backend::DlpackDevice::cuda(device.max(0) as u32)),
                     shared: Some(crate::backend::DlpackDevice::cuda_managed(device.max(0) as u32)),

@@ -32,6 +32,7 @@ impl HostBackend {
                 total_memory: total,
                 compute_capability: None,
                 ordinal: None,
+                shared_memory: true,
                 dlpack: crate::backend::DlpackDevices::CPU,
             },
         }

@@ -48,6 +48,7 @@ impl LoopbackBackend {
                 compute_capability: None,
                 ordinal: None,
                 // The host does not address its device memory; its shared memory is host memory.
+                shared_memory: true,
                 dlpack: DlpackDevices::HOST_SHARED,
             },
             id,

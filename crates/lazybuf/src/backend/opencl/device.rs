@@ -113,6 +113,7 @@ impl OpenClBackend {
     /// As for [`OpenClBackend::open`].
     pub unsafe fn open_with(device: cl_device_id, options: OpenClOptions) -> Result<Self> {
         let kind = info_u64(device, dev::CL_DEVICE_TYPE).unwrap_or(0);
+        let svm_capabilities = info_u64(device, dev::CL_DEVICE_SVM_CAPABILITIES).unwrap_or(0);
         let info = DeviceInfo {
             name: info_string(device, dev::CL_DEVICE_NAME).unwrap_or_else(|| "OpenCL device".into()),
             backend: BackendKind::OPENCL,
@@ -123,10 +124,11 @@ impl OpenClBackend {
             total_memory: info_u64(device, dev::CL_DEVICE_GLOBAL_MEM_SIZE).unwrap_or(0),
             compute_capability: None,
             ordinal: None,
+            // Shared memory is fine-grained buffer SVM (allocate_shared says why not).
+            shared_memory: svm_capabilities & dev::CL_DEVICE_SVM_FINE_GRAIN_BUFFER != 0,
             dlpack: crate::backend::DlpackDevices::HOST_SHARED,
         };
         let max_alloc = info_u64(device, dev::CL_DEVICE_MAX_MEM_ALLOC_SIZE).unwrap_or(info.total_memory);
-        let svm_capabilities = info_u64(device, dev::CL_DEVICE_SVM_CAPABILITIES).unwrap_or(0);
         // Reported in bits; at least a byte, a power of two.
         let base_align = (info_u64(device, dev::CL_DEVICE_MEM_BASE_ADDR_ALIGN).unwrap_or(8) / 8)
             .max(1)
@@ -165,7 +167,7 @@ impl OpenClBackend {
             return Err(Error::invalid(
                 "allocate_shared",
                 format!(
-                    "{} has {has}; expected a device with fine-grained buffer SVM (CL_DEVICE_SVM_FINE_GRAIN_BUFFER)",
+                    "{} has no shared memory ({has}); expected a device with fine-grained buffer SVM (CL_DEVICE_SVM_FINE_GRAIN_BUFFER)",
                     self.info.name
                 ),
             ));

@@ -126,6 +126,8 @@ impl WgpuBackend {
             total_memory,
             compute_capability: None,
             ordinal: None,
+            // No memory both sides address (MemoryKind::Shared is refused).
+            shared_memory: false,
             dlpack: crate::backend::DlpackDevices::HOST_SHARED,
         };
         let context = Context::new(device, queue, name);
