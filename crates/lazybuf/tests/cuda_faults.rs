@@ -385,9 +385,10 @@ fn a_failed_stream_ordered_upload_undoes_the_write_declared_after_it() {
         assert!(buf.host_if_valid().unwrap() == &data[..]);
         // And it works on the next try, ending where the first would have.
         let raw = buf.raw_mut();
-        raw.device_access_ordered(device).unwrap();
+        let (_, ticket) = raw.device_access_ordered(device).unwrap();
         raw.mark_written(Some(device)).unwrap();
         raw.read_into(&mut out).unwrap();
+        ticket.wait().unwrap();
         assert!(out.as_slice()[..n] == data[..]);
         assert_eq!(buf.state(), BufferState::DeviceDirty);
     }

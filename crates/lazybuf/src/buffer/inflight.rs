@@ -45,6 +45,10 @@ impl Locations {
         self.items.contains(&Some(at))
     }
 
+    pub(super) fn is_empty(&self) -> bool {
+        self.items.iter().all(Option::is_none)
+    }
+
     pub(super) fn iter(&self) -> impl Iterator<Item = Location> + '_ {
         self.items.iter().flatten().copied()
     }
@@ -107,8 +111,14 @@ pub(super) struct InFlight {
 
 impl InFlight {
     /// Whether an access that reads `reads` and writes `writes` must wait for this transfer.
+    /// An upload with locations to make current again if it fails ([`Self::revalidate`])
+    /// conflicts with every write: undoing it after a later write elsewhere would make an old
+    /// copy current beside the newer one (found by the model test, 2026-11-27).
     pub(super) fn conflicts(&self, reads: &Locations, writes: &Locations) -> bool {
-        self.writes.meets(reads) || self.writes.meets(writes) || self.reads.meets(writes)
+        self.writes.meets(reads)
+            || self.writes.meets(writes)
+            || self.reads.meets(writes)
+            || (!self.revalidate.is_empty() && !writes.is_empty())
     }
 
     /// Puts the transfer's targets back to their residency before it. A transfer never copies

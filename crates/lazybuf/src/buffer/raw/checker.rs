@@ -12,6 +12,7 @@
 
 use super::RawBuffer;
 use crate::backend::HostSpan;
+use crate::buffer::inflight::InFlight;
 use crate::coherence::{Location, Residency};
 use crate::error::{Error, Result};
 
@@ -19,6 +20,13 @@ impl RawBuffer {
     /// The checker (see [`crate::checking`]): a valid host copy must equal every valid device
     /// copy handed out since lazybuf last wrote it, on a device that does not alias it.
     pub(super) fn check_coherence(&mut self) -> Result<()> {
+        // A copy a transfer in flight writes is compared once it has landed: a failed one is
+        // undone (the copy is no longer current) and its error returned, never mistaken for a
+        // kernel's unmarked write (the model test, 2026-11-27: a failed stream-ordered upload).
+        let into_device = |op: &InFlight| op.writes.iter().any(|at| matches!(at, Location::Device(_)));
+        if self.inflight.iter().any(into_device) {
+            self.settle(into_device)?;
+        }
         let n = self.nbytes;
         let Some(host) = self.host.as_ref() else { return Ok(()) };
         let mut scratch = Vec::new();

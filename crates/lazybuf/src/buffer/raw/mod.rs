@@ -569,7 +569,13 @@ impl RawBuffer {
         // Only the stream-ordered access's uploads keep the stream's order; an explicit
         // asynchronous sync is waited for by every later access that conflicts with it.
         let upload_to = match at {
-            Location::Device(id) if ordered && ticket.is_stream_ordered() && only_uploads_to(&plan, at) => {
+            // (A ticket done already is no upload in flight: a zero-copy sync, an empty buffer.)
+            Location::Device(id)
+                if ordered
+                    && !ticket.is_trivially_done()
+                    && ticket.is_stream_ordered()
+                    && only_uploads_to(&plan, at) =>
+            {
                 Some(id)
             }
             _ => None,
