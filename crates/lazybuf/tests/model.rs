@@ -23,20 +23,43 @@
 //! Asynchronous syncs (`SyncAsync`) are settled by `Poll`, `Finish`, or the first access that
 //! depends on them, as the completion rules (docs/CONTRACT.md) say.
 //!
+//! The stream-ordered device access (`RawBuffer::device_access_ordered`, Python's `.device`) is
+//! part of the sequences too (`DeviceOrdered`), with the two calls that keep its stream's order
+//! instead of waiting: a declared write of that copy (`MarkDirtyOn`) and a read into memory
+//! outside the buffer (`ReadInto`, straight from a device copy while the host is stale). Where
+//! the access needs an upload in the order of the copy's stream, the upload is left in flight
+//! (`Pending::upload_to`); which uploads are is the model's [`Uploads`] of each device. A mark
+//! made while such an upload is in flight is undone with it if it fails (`Pending::revalidate`).
+//! An upload in the stream's order fails only where its stream runs it: the CUDA driver test
+//! double's own fault (`ArmStreamFault`, its next device write failing at the stream's next
+//! event), since a `FaultyDevice` fault's ticket has failed already and is in no stream's order.
+//!
 //! The coherence checker is on for the whole binary: a sequence that declares every write
 //! must never trip it. `PROPTEST_CASES` sets the number of sequences (default 2000).
 
 mod common;
+#[cfg(feature = "cuda")]
+mod cuda_common;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use common::pattern;
+use lazybuf::host_memory::HostMemory;
 use lazybuf::testing::{FaultPlan, FaultyDevice};
 use lazybuf::{
-    BufferOptions, BufferState, Device, DirectResource, Error, LimitingResource, MemoryPool, MemoryResource,
-    PoolConfig, UnifiedBuffer,
+    BackendKind, BufferOptions, BufferState, Device, DirectResource, Error, LimitingResource, MemoryPool,
+    MemoryResource, PoolConfig, UnifiedBuffer,
 };
 use proptest::prelude::*;
+
+/// Whether `device_access_ordered` also leaves in flight an upload that is complete when its
+/// call returns (a done ticket: the host device, loopback devices, wgpu mapping its buffers, an
+/// empty buffer everywhere). The contract says no: where no upload in the stream's order is
+/// needed or possible the access is `device_access` (see the doc comment of
+/// `device_access_ordered`). The library at b1254a5 says yes: `Ticket::is_stream_ordered` counts
+/// a done ticket as in its stream's order, so such a buffer stays busy until a later access
+/// settles the finished upload. `false` tests the contract.
+const COMPLETE_UPLOADS_LEFT_IN_FLIGHT: bool = false;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Loc {
@@ -83,6 +106,13 @@ enum Op {
     Release,
     ArmAllocationFault(usize, u64),
     ArmCopyFault(usize, u64),
+    /// The CUDA test double's n-th device write of the next operation fails (nothing where no
+    /// device is the double).
+    ArmStreamFault(u64),
+    /// `device_access_ordered` on a device; `true`: then waits for the ticket it returns.
+    DeviceOrdered(usize, bool),
+    /// `read_into` memory outside the buffer.
+    ReadInto,
 }
 
 fn op_strategy(devices: usize) -> impl Strategy<Value = Op> {
@@ -110,7 +140,10 @@ fn op_strategy(devices: usize) -> impl Strategy<Value = Op> {
         1 => Just(Op::Invalidate),
         1 => Just(Op::Release),
         2 => (dev.clone(), 1..4u64).prop_map(|(d, n)| Op::ArmAllocationFault(d, n)),
-        2 => (dev, 1..4u64).prop_map(|(d, n)| Op::ArmCopyFault(d, n)),
+        2 => (dev.clone(), 1..4u64).prop_map(|(d, n)| Op::ArmCopyFault(d, n)),
+        2 => (1..4u64).prop_map(Op::ArmStreamFault),
+        4 => (dev, any::<bool>()).prop_map(|(d, wait)| Op::DeviceOrdered(d, wait)),
+        3 => Just(Op::ReadInto),
     ]
 }
 
@@ -159,6 +192,51 @@ struct Pending {
     fails: bool,
     /// The held completions it waits for (empty: complete, or not held).
     gates: Vec<(usize, u64)>,
+    /// The device it uploads to in the order of that copy's stream (`device_access_ordered`):
+    /// a mark of that copy and a read of it into outside memory do not wait for it.
+    upload_to: Option<usize>,
+    /// Locations a mark made after it made stale: current again if it fails.
+    revalidate: Vec<Loc>,
+}
+
+/// How an upload to a device completes, which decides whether `device_access_ordered` leaves
+/// it in flight (`Model::upload_left_in_flight`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Uploads {
+    /// A CUDA copy, whose event is in the order of the copy's stream: later work on that
+    /// stream runs after it. Not so for a pageable host block of
+    /// `lazybuf::backend::cuda::STAGING_MIN_BYTES` or more, which a worker thread stages
+    /// (`Model::staged`).
+    StreamOrdered,
+    /// Done when the call returns (a done ticket): the host device, loopback devices, wgpu
+    /// mapping its buffers.
+    AtOnce,
+    /// Done on the runtime's own time, in no stream's order lazybuf can use: an OpenCL event, a
+    /// wgpu submission.
+    Elsewhere,
+}
+
+impl Uploads {
+    fn of(device: &Device) -> Uploads {
+        let kind = device.backend_kind();
+        if is_cuda(kind) {
+            Uploads::StreamOrdered
+        } else if kind == BackendKind::HOST || kind == BackendKind::LOOPBACK || maps_for_transfers(device) {
+            Uploads::AtOnce
+        } else {
+            Uploads::Elsewhere
+        }
+    }
+}
+
+#[cfg(feature = "wgpu")]
+fn maps_for_transfers(device: &Device) -> bool {
+    device.backend_as::<lazybuf::backend::wgpu::WgpuBackend>().is_some_and(|b| b.maps_for_transfers())
+}
+
+#[cfg(not(feature = "wgpu"))]
+fn maps_for_transfers(_: &Device) -> bool {
+    false
 }
 
 /// The counters a transfer adds to.
@@ -216,10 +294,20 @@ struct Model {
     /// Devices in the order their copies were allocated: a device-to-host copy takes the first
     /// valid one in this order, as the planner does.
     order: Vec<usize>,
+    /// How an upload to each device completes.
+    uploads: Vec<Uploads>,
+    /// The host block is page-locked for CUDA (a pinned buffer on a CUDA device): its CUDA
+    /// transfers are never staged.
+    pinned_for_cuda: bool,
+    /// The last read into outside memory took the bytes straight from a device copy, and
+    /// nothing was written since; and: a host access had to download after such a read, so
+    /// reads into outside memory go through the host copy from now on (read.rs).
+    direct_read: bool,
+    host_sync_pays: bool,
 }
 
 impl Model {
-    fn new(len: usize, zero_copy: Vec<bool>, direct: Vec<Vec<bool>>) -> Self {
+    fn new(len: usize, zero_copy: Vec<bool>, direct: Vec<Vec<bool>>, uploads: Vec<Uploads>) -> Self {
         let devs = vec![Res::Unallocated; zero_copy.len()];
         Model {
             len,
@@ -237,6 +325,10 @@ impl Model {
             trace: Vec::new(),
             pending: Vec::new(),
             order: Vec::new(),
+            uploads,
+            pinned_for_cuda: false,
+            direct_read: false,
+            host_sync_pays: false,
         }
     }
 
@@ -362,15 +454,24 @@ impl Model {
                 self.stale_others(at);
             }
         }
+        if access != Access::Read {
+            // A write: the last direct read is no longer what the buffer holds.
+            self.direct_read = false;
+        }
+    }
+
+    /// The allocations (`(None, at)`) and copies an access plans, from a copy of the model.
+    fn plan(&self, at: Loc, access: Access) -> Vec<(Option<Loc>, Loc)> {
+        let mut probe = Model { pending: Vec::new(), trace: Vec::new(), ..self.clone() };
+        probe.access(at, access);
+        probe.trace
     }
 
     /// The locations an access reads and writes (copy sources; copy targets, allocations, and
     /// the accessed location as the access says), from its plan on a copy of the model.
     fn touched(&self, at: Loc, access: Access) -> (Vec<Loc>, Vec<Loc>) {
-        let mut probe = Model { pending: Vec::new(), trace: Vec::new(), ..self.clone() };
-        probe.access(at, access);
         let (mut reads, mut writes) = (Vec::new(), Vec::new());
-        for (from, to) in probe.trace {
+        for (from, to) in self.plan(at, access) {
             reads.extend(from);
             writes.push(to);
         }
@@ -418,6 +519,11 @@ impl Model {
                 self.set(at, residency);
             }
         }
+        // A mark ordered after a failed upload is undone: the kernel read a copy that never
+        // arrived, and what was current before the mark holds the data.
+        for &at in &op.revalidate {
+            self.set(at, Res::Valid);
+        }
         if op.writes.contains(&Loc::Host) {
             self.host_block = op.host_block;
         }
@@ -433,6 +539,94 @@ impl Model {
     fn settle_for(&mut self, at: Loc, access: Access) -> bool {
         let (reads, writes) = self.touched(at, access);
         self.settle(|op| conflicts(op, &reads, &writes))
+    }
+
+    /// As [`Self::settle_for`], for an access of device `d` in the order of its copy's stream
+    /// (`device_access_ordered`'s hand-out, a mark of that copy): when it copies nothing, the
+    /// uploads to that copy in the stream's order stay in flight (work the caller enqueues
+    /// next on that stream runs after them).
+    fn settle_for_ordered(&mut self, d: usize, access: Access) -> bool {
+        let at = Loc::Dev(d);
+        let (reads, writes) = self.touched(at, access);
+        let keep = self.plan(at, access).is_empty();
+        self.settle(|op| conflicts(op, &reads, &writes) && !(keep && op.upload_to == Some(d)))
+    }
+
+    /// Before a mark of device `d`'s copy that leaves the uploads to it in flight: what is
+    /// current now besides that copy is current again if one of them fails.
+    fn revalidate_on_failure(&mut self, d: usize) {
+        let current: Vec<Loc> = std::iter::once(Loc::Host)
+            .chain((0..self.devs.len()).map(Loc::Dev))
+            .filter(|&at| at != Loc::Dev(d) && self.res(at) == Res::Valid)
+            .collect();
+        for op in self.pending.iter_mut().filter(|op| op.upload_to == Some(d)) {
+            for &at in &current {
+                if !op.revalidate.contains(&at) {
+                    op.revalidate.push(at);
+                }
+            }
+        }
+    }
+
+    /// Whether an upload to `d` from the host block is staged by a worker thread (CUDA, a
+    /// pageable block of `STAGING_MIN_BYTES` or more). The lengths drawn stay under that
+    /// (`len_strategy`): a pageable block that large is registered with the driver on its
+    /// second transfer and then no longer staged, a history (carried by pooled blocks from
+    /// buffer to buffer) this model does not follow; cuda_async.rs tests the staged upload.
+    fn staged(&self, d: usize) -> bool {
+        self.uploads[d] == Uploads::StreamOrdered
+            && !self.pinned_for_cuda
+            && self.len * 4 >= staging_min_bytes()
+    }
+
+    /// Whether `device_access_ordered`, having enqueued an upload to `d` (host current, that
+    /// copy not), leaves it in flight rather than waiting for it: an upload in the order of the
+    /// copy's stream (a CUDA copy, not staged), whose ticket is no held completion (`holding`:
+    /// the `FaultyDevice`'s gate completes in no stream's order) and no injected fault's
+    /// (`faulty`: its ticket failed already). See also [`COMPLETE_UPLOADS_LEFT_IN_FLIGHT`].
+    fn upload_left_in_flight(&self, d: usize, holding: bool, faulty: bool) -> bool {
+        if COMPLETE_UPLOADS_LEFT_IN_FLIGHT && self.len == 0 {
+            // An empty upload is a done ticket on every device (it reaches no backend).
+            return true;
+        }
+        let ordered = match self.uploads[d] {
+            Uploads::StreamOrdered => !self.staged(d) && self.len > 0,
+            Uploads::AtOnce => COMPLETE_UPLOADS_LEFT_IN_FLIGHT,
+            Uploads::Elsewhere => false,
+        };
+        ordered && !holding && !faulty
+    }
+
+    /// The device copy a read into outside memory takes the bytes from directly (read.rs:
+    /// `direct_source`): the host is not current, a device is (the first in allocation order,
+    /// as a host read would download from), and no host access had to download after such a
+    /// read.
+    fn direct_source(&self) -> Option<usize> {
+        if self.host_sync_pays || self.len == 0 || self.host == Res::Valid {
+            return None;
+        }
+        self.order.iter().copied().find(|&i| self.devs[i] == Res::Valid)
+    }
+
+    /// A direct read's download from device `d`: counted as the download it is (a zero-copy
+    /// sync where the copy aliases the host block); the state does not change.
+    fn count_download(&mut self, d: usize) {
+        if self.zero_copy[d] {
+            self.zero_copy_syncs += 1;
+        } else {
+            self.to_host_bytes += (self.len * 4) as u64;
+        }
+    }
+
+    /// Before a host access (once the transfers it depends on are settled): one that copies
+    /// into the host after a direct read makes later reads into outside memory go through
+    /// the host, even if its copy then fails (read.rs: `note_host_download`).
+    fn note_host_download(&mut self, access: Access) {
+        if self.direct_read
+            && self.plan(Loc::Host, access).iter().any(|&(from, to)| from.is_some() && to == Loc::Host)
+        {
+            self.host_sync_pays = true;
+        }
     }
 
     /// Fill: at the home device if current, else the host if current, else another current
@@ -489,26 +683,84 @@ fn conflicts(op: &Pending, reads: &[Loc], writes: &[Loc]) -> bool {
     meets(&op.writes, reads) || meets(&op.writes, writes) || meets(&op.reads, writes)
 }
 
+/// A fault armed for the next operation.
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    /// That device's n-th allocation (`FaultyDevice`).
+    Allocation(usize, u64),
+    /// That device's n-th copy (`FaultyDevice`): at the call, or at wait when deferred.
+    Copy(usize, u64),
+    /// The CUDA double's n-th device write (any memcpy or memset): at the call, or, when
+    /// deferred, where its stream runs it (the stream's next event reports it).
+    Stream(u64),
+}
+
+/// A counter an armed fault fires at, and the count it fires at.
+#[derive(Clone, Copy, Debug)]
+enum Trigger {
+    Allocations(usize, u64),
+    Copies(usize, u64),
+    DoubleWrites(u64),
+}
+
 struct Harness {
     devices: Vec<Device>,
     plans: Vec<Arc<FaultPlan>>,
-    armed: Option<(usize, bool, u64)>,
+    armed: Option<Fault>,
     config: Config,
+    /// A device is the CUDA driver test double (whose fault hooks `Fault::Stream` uses).
+    double: bool,
+    /// Where the fault armed for the current operation fires (`None`: none armed).
+    trigger: Option<Trigger>,
 }
 
 impl Harness {
     fn arm(&mut self) {
-        if let Some((dev, allocation, n)) = self.armed.take() {
-            if allocation {
+        self.trigger = match self.armed.take() {
+            None => None,
+            Some(Fault::Allocation(dev, n)) => {
                 self.plans[dev].fail_allocation_in(n);
-            } else {
-                self.plans[dev].fail_copy_in(n);
+                Some(Trigger::Allocations(dev, self.plans[dev].allocations() + n))
             }
-        }
+            Some(Fault::Copy(dev, n)) => {
+                self.plans[dev].fail_copy_in(n);
+                Some(Trigger::Copies(dev, self.plans[dev].copies() + n))
+            }
+            Some(Fault::Stream(n)) => {
+                let at = double::writes() + n;
+                double::fail_write(n, self.config.deferred);
+                Some(Trigger::DoubleWrites(at))
+            }
+        };
     }
 
     fn disarm(&self) {
         self.plans.iter().for_each(|p| p.disarm());
+        if self.double {
+            double::fail_write(0, false);
+        }
+    }
+
+    /// Whether the fault armed for this operation fired: its counter reached it.
+    fn fired(&self) -> bool {
+        match self.trigger {
+            None => false,
+            Some(Trigger::Allocations(dev, at)) => self.plans[dev].allocations() >= at,
+            Some(Trigger::Copies(dev, at)) => self.plans[dev].copies() >= at,
+            Some(Trigger::DoubleWrites(at)) => double::writes() >= at,
+        }
+    }
+
+    /// Whether a copy fault that fails at wait (`deferred`) fired in this operation: the
+    /// transfer it enqueued fails when waited on.
+    fn deferred_copy_fault_fired(&self) -> bool {
+        self.config.deferred && !matches!(self.trigger, Some(Trigger::Allocations(..)) | None) && self.fired()
+    }
+
+    /// Whether [`Self::deferred_copy_fault_fired`] is the `FaultyDevice`'s: its ticket has
+    /// failed already and is in no stream's order (the double's fails at its stream's event).
+    fn faulty_ticket(&self) -> bool {
+        self.deferred_copy_fault_fired() && matches!(self.trigger, Some(Trigger::Copies(..)))
     }
 
     fn held(&self) -> Vec<(usize, u64)> {
@@ -516,10 +768,90 @@ impl Harness {
     }
 
     /// Whether the buffer can know a pending transfer has failed without waiting: its fault
-    /// is in a ticket that is complete (not held, or released).
+    /// is in a ticket that is complete (not held, or released; the double's once its stream
+    /// got there, see `check_state`).
     fn known_failed(&self, op: &Pending) -> bool {
         let held = self.held();
         op.gates.iter().all(|gate| !held.contains(gate))
+    }
+
+    /// Lets the devices finish the work nobody holds (a poll then finds it complete, and a
+    /// failure on the CUDA double known).
+    fn synchronize(&self) {
+        for device in &self.devices {
+            device.synchronize().unwrap();
+        }
+    }
+}
+
+/// The CUDA driver test double's hooks (`cuda_common`): they are process-wide, so a sequence
+/// on the double holds [`DOUBLE`] while it runs.
+#[cfg(feature = "cuda")]
+mod double {
+    pub use super::cuda_common::is_double;
+
+    /// Device writes (memcpy and memset) the double has done.
+    pub fn writes() -> u64 {
+        super::cuda_common::copies() as u64
+    }
+
+    /// Makes the n-th device write from now fail, at its stream's next event when
+    /// `deferred`, else at the call (0 disarms).
+    pub fn fail_write(n: u64, deferred: bool) {
+        if deferred {
+            super::cuda_common::fail_copy(n as i64)
+        } else {
+            super::cuda_common::fail_copy_now(n as i64)
+        }
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+mod double {
+    pub fn is_double(_: &lazybuf::Device) -> bool {
+        false
+    }
+
+    pub fn writes() -> u64 {
+        0
+    }
+
+    pub fn fail_write(_: u64, _: bool) {}
+}
+
+/// Held by a sequence on the CUDA double: its fault hooks and write counter are the process's.
+static DOUBLE: Mutex<()> = Mutex::new(());
+
+#[cfg(feature = "cuda")]
+fn is_cuda(kind: BackendKind) -> bool {
+    kind == BackendKind::CUDA
+}
+
+#[cfg(not(feature = "cuda"))]
+fn is_cuda(_: BackendKind) -> bool {
+    false
+}
+
+#[cfg(feature = "cuda")]
+fn staging_min_bytes() -> usize {
+    lazybuf::backend::cuda::STAGING_MIN_BYTES
+}
+
+#[cfg(not(feature = "cuda"))]
+fn staging_min_bytes() -> usize {
+    usize::MAX
+}
+
+/// An injected failure: the `FaultyDevice`'s, or the CUDA double's failed write (at its
+/// stream's event: LAUNCH_FAILED; at the call: UNKNOWN).
+fn is_injected(err: &Error) -> bool {
+    match err {
+        Error::InjectedFault { .. } => true,
+        Error::Runtime { backend, code, .. } if is_cuda(*backend) => {
+            let code = code.to_string();
+            code.contains("CUDA_ERROR_LAUNCH_FAILED") || code.contains("CUDA_ERROR_UNKNOWN")
+        }
+        _ => false,
     }
 }
 
@@ -536,7 +868,7 @@ fn guarded<R>(
     h.disarm();
     match result {
         Ok(r) => Ok(Some(r)),
-        Err(Error::InjectedFault { .. }) => {
+        Err(err) if is_injected(&err) => {
             check_state(h, buf, model)?;
             Ok(None)
         }
@@ -545,6 +877,10 @@ fn guarded<R>(
 }
 
 fn check_state(h: &Harness, buf: &UnifiedBuffer<u32>, model: &Model) -> Result<(), TestCaseError> {
+    if model.pending.iter().any(|op| op.fails) {
+        // A failure on the CUDA double shows when its stream gets there: let it get there.
+        h.synchronize();
+    }
     let model = model.reported(|op| h.known_failed(op));
     for (i, d) in h.devices.iter().enumerate() {
         prop_assert_eq!(buf.state_on(d), model.state(i), "state against device {}", i);
@@ -593,7 +929,7 @@ fn observe<R>(
             let result = op(buf);
             h.disarm();
             match result {
-                Err(Error::InjectedFault { .. }) => {
+                Err(err) if is_injected(&err) => {
                     check_state(h, buf, model)?;
                     Ok(None)
                 }
@@ -606,6 +942,129 @@ fn observe<R>(
     }
 }
 
+/// `DeviceOrdered(d, wait)`: `device_access_ordered` on device `d`. Where the access needs an
+/// upload from the current host and nothing else, the upload is enqueued as an asynchronous
+/// sync is, and left in flight where it is in the order of the copy's stream
+/// ([`Model::upload_left_in_flight`]), else waited for (a failure then is the call's). Otherwise
+/// it is `device_access` for a read, except that, copying nothing, it leaves the uploads to that
+/// copy in flight, first settling those found complete. With `wait`, the ticket it returns (the
+/// uploads to that copy in flight) is waited for: it fails exactly when one of them does.
+fn device_ordered(
+    h: &mut Harness,
+    buf: &mut UnifiedBuffer<u32>,
+    model: &mut Model,
+    d: usize,
+    wait: bool,
+) -> Result<(), TestCaseError> {
+    let device = h.devices[d].clone();
+    let at = Loc::Dev(d);
+    let plan = model.plan(at, Access::Read);
+    let copies = plan.iter().any(|(from, _)| from.is_some());
+    let only_uploads =
+        copies && plan.iter().all(|&(from, to)| to == at && from.is_none_or(|f| f == Loc::Host));
+    let access =
+        |b: &mut UnifiedBuffer<u32>| b.raw_mut().device_access_ordered(&device).map(|(_, ticket)| ticket);
+    let ticket = if model.any_valid() && only_uploads {
+        let expected = expect_access(model, at, Access::Read);
+        let held = h.held();
+        let Some(ticket) = observe(h, buf, model, expected, access)? else { return Ok(()) };
+        let in_flight = model.upload_left_in_flight(d, h.config.holding, h.faulty_ticket());
+        let fails = h.deferred_copy_fault_fired();
+        prop_assert!(
+            in_flight || !fails,
+            "the upload the call waited for failed, and the call did not say so"
+        );
+        let (reads, writes) = model.touched(at, Access::Read);
+        let before = writes.iter().map(|&w| (w, model.res(w))).collect();
+        let (counters, host_block) = (Counters::of(model), model.host_block);
+        model.read(at);
+        if in_flight {
+            let gates = h.held().into_iter().filter(|g| !held.contains(g)).collect();
+            let delta = Counters::of(model).minus(counters);
+            let revalidate = Vec::new();
+            model.pending.push(Pending {
+                reads,
+                writes,
+                before,
+                host_block,
+                delta,
+                fails,
+                gates,
+                upload_to: Some(d),
+                revalidate,
+            });
+        }
+        ticket
+    } else {
+        if model.any_valid() && !copies && model.pending.iter().any(|p| p.upload_to == Some(d)) {
+            // The uploads to that copy found complete (a query each) are settled: let the
+            // runtime complete them, so the model knows which are (all but the failed).
+            h.synchronize();
+            model.settle(|p| p.upload_to == Some(d) && !p.fails);
+        }
+        let expected = if model.settle_for_ordered(d, Access::Read) { Err(()) } else { Ok(()) };
+        let Some(ticket) = observe(h, buf, model, expected, access)? else { return Ok(()) };
+        model.read(at);
+        ticket
+    };
+    if wait {
+        let fails = model.pending.iter().any(|p| p.upload_to == Some(d) && p.fails);
+        let waited = ticket.wait();
+        prop_assert_eq!(waited.is_err(), fails, "the ticket of the uploads in flight: {:?}", waited);
+    }
+    Ok(())
+}
+
+/// `ReadInto`: `read_into` memory outside the buffer (read.rs). With the host current (or
+/// nothing, or once a host access had to download after a direct read) it is a host read and
+/// one copy out of the host block. Else the current device copy is downloaded straight into
+/// that memory and the state does not change; the uploads to that copy in its stream's order
+/// are not waited for first (the download runs after them on that stream) but settled after
+/// it. A failed upload comes first: the call returns its error and the download is not
+/// counted.
+fn read_into(h: &mut Harness, buf: &mut UnifiedBuffer<u32>, model: &mut Model) -> Result<(), TestCaseError> {
+    let len = model.len;
+    let mut out = HostMemory::allocate(len * 4).unwrap();
+    let Some(src) = model.direct_source() else {
+        let expected = expect_access(model, Loc::Host, Access::Read);
+        if expected.is_ok() {
+            model.note_host_download(Access::Read);
+        }
+        if observe(h, buf, model, expected, |b| b.raw_mut().read_into(&mut out))?.is_some() {
+            model.read(Loc::Host);
+            model.known(&words(&out, len))?;
+        }
+        return Ok(());
+    };
+    let (reads, writes) = model.touched(Loc::Host, Access::Read);
+    if model.settle(|p| conflicts(p, &reads, &writes) && p.upload_to != Some(src)) {
+        return observe(h, buf, model, Err(()), |b| b.raw_mut().read_into(&mut out)).map(drop);
+    }
+    h.arm();
+    let result = buf.raw_mut().read_into(&mut out);
+    h.disarm();
+    // The download is the call's only copy: a fault armed for the call that fired failed it.
+    let download_failed = h.fired();
+    let upload_failed = model.settle(|p| p.upload_to == Some(src));
+    match result {
+        Ok(()) if !download_failed && !upload_failed => {
+            model.count_download(src);
+            model.direct_read = true;
+            model.known(&words(&out, len))
+        }
+        Err(err) if is_injected(&err) && (download_failed || upload_failed) => Ok(()),
+        other => Err(TestCaseError::fail(format!(
+            "read_into from device {src}: {other:?}; model: download failed {download_failed}, \
+             an upload failed {upload_failed}"
+        ))),
+    }
+}
+
+/// The first `len` elements of `out`.
+fn words(out: &HostMemory, len: usize) -> Vec<u32> {
+    out.as_slice()[..len * 4].chunks_exact(4).map(|c| u32::from_ne_bytes([c[0], c[1], c[2], c[3]])).collect()
+}
+
 fn run(base: &[Device], len: usize, config: Config, ops: &[Op]) -> Result<(), TestCaseError> {
     let (devices, plans): (Vec<_>, Vec<_>) = base.iter().map(FaultyDevice::wrap).unzip();
     for plan in &plans {
@@ -615,25 +1074,40 @@ fn run(base: &[Device], len: usize, config: Config, ops: &[Op]) -> Result<(), Te
     let zero_copy = devices.iter().map(|d| d.is_zero_copy(len * 4)).collect();
     let direct =
         devices.iter().map(|to| devices.iter().map(|from| to.can_copy_from(from)).collect()).collect();
-    let mut h = Harness { devices, plans, armed: None, config };
+    // `Model::staged`: a length that a CUDA device stages would need the host block's history.
+    assert!(len * 4 < staging_min_bytes(), "{len} elements are staged on CUDA devices: not modelled");
+    let uploads = base.iter().map(Uploads::of).collect();
+    let double = base.iter().any(double::is_double);
+    // The double's hooks and counters are the process's: one sequence on it at a time.
+    let _double = double.then(|| DOUBLE.lock().unwrap_or_else(PoisonError::into_inner));
+    let mut h = Harness { devices, plans, armed: None, config, double, trigger: None };
+    h.disarm();
+    let pinned = config.pinned && h.devices[0].can_pin_host_memory();
     let options = BufferOptions {
         device: Some(h.devices[0].clone()),
         // Pinned host copies on devices that have them (wgpu refuses; `wgpu.rs` tests that).
-        pinned: config.pinned && h.devices[0].can_pin_host_memory(),
+        pinned,
         resource: resource(config, &h.devices[0]),
         ..BufferOptions::default()
     };
     let mut buf = UnifiedBuffer::<u32>::with_options(&[len], options).unwrap();
-    let mut model = Model::new(len, zero_copy, direct);
+    let mut model = Model::new(len, zero_copy, direct, uploads);
+    model.pinned_for_cuda = pinned && is_cuda(h.devices[0].backend_kind());
     let mut scratch = vec![0u32; len];
 
     for op in ops {
         let before = model.clone();
+        h.trigger = None;
         match *op {
-            Op::ArmAllocationFault(d, n) => h.armed = Some((d, true, n)),
-            Op::ArmCopyFault(d, n) => h.armed = Some((d, false, n)),
+            Op::ArmAllocationFault(d, n) => h.armed = Some(Fault::Allocation(d, n)),
+            Op::ArmCopyFault(d, n) => h.armed = Some(Fault::Copy(d, n)),
+            // Only the double has these hooks; elsewhere the step arms nothing.
+            Op::ArmStreamFault(n) => h.armed = h.double.then_some(Fault::Stream(n)),
             Op::HostRead | Op::ToVec | Op::SyncToHost => {
                 let expected = expect_access(&mut model, Loc::Host, Access::Read);
+                if expected.is_ok() {
+                    model.note_host_download(Access::Read);
+                }
                 let got = observe(&mut h, &mut buf, &model, expected, |b| match op {
                     Op::SyncToHost => b.sync_to_host().map(|()| None),
                     Op::ToVec => b.to_vec().map(Some),
@@ -648,6 +1122,9 @@ fn run(base: &[Device], len: usize, config: Config, ops: &[Op]) -> Result<(), Te
             }
             Op::HostWrite(seed) => {
                 let expected = expect_access(&mut model, Loc::Host, Access::Write);
+                if expected.is_ok() {
+                    model.note_host_download(Access::Write);
+                }
                 if let Some(host) =
                     observe(&mut h, &mut buf, &model, expected, |b| b.host_mut().map(|s| s as *mut [u32]))?
                 {
@@ -727,12 +1204,6 @@ fn run(base: &[Device], len: usize, config: Config, ops: &[Op]) -> Result<(), Te
                 let at = target.map_or(Loc::Host, Loc::Dev);
                 let device = target.map(|d| h.devices[d].clone());
                 let expected = expect_access(&mut model, at, Access::Read);
-                // Whether an armed copy fault fires while the transfer is enqueued: the copies
-                // made reach its position.
-                let copy_fault = match h.armed {
-                    Some((d, false, n)) if expected.is_ok() => Some((d, h.plans[d].copies() + n)),
-                    _ => None,
-                };
                 let held = h.held();
                 let done = observe(&mut h, &mut buf, &model, expected, |b| match &device {
                     Some(device) => b.sync_to_async(device),
@@ -748,8 +1219,9 @@ fn run(base: &[Device], len: usize, config: Config, ops: &[Op]) -> Result<(), Te
                     let copied = model.trace.iter().any(|(from, _)| from.is_some());
                     if copied && anything_valid {
                         let gates = h.held().into_iter().filter(|g| !held.contains(g)).collect();
-                        let fired = copy_fault.is_some_and(|(d, at)| h.plans[d].copies() >= at);
-                        let fails = h.config.deferred && fired;
+                        // An armed copy fault that fired while the transfer was enqueued (the
+                        // copies made reached its position) and fails at wait.
+                        let fails = h.deferred_copy_fault_fired();
                         let delta = Counters::of(&model).minus(counters);
                         model.pending.push(Pending {
                             reads,
@@ -759,6 +1231,8 @@ fn run(base: &[Device], len: usize, config: Config, ops: &[Op]) -> Result<(), Te
                             delta,
                             fails,
                             gates,
+                            upload_to: None,
+                            revalidate: Vec::new(),
                         });
                     }
                 }
@@ -774,14 +1248,13 @@ fn run(base: &[Device], len: usize, config: Config, ops: &[Op]) -> Result<(), Te
                 let finishing = matches!(op, Op::Finish);
                 // Work nobody holds completes on the runtime's own time: let it finish, so
                 // the model knows what a poll finds complete.
-                for device in &h.devices {
-                    device.synchronize().unwrap();
-                }
+                h.synchronize();
                 let held = h.held();
                 let failed = model.settle(|p| finishing || p.gates.iter().all(|g| !held.contains(g)));
                 let result = if finishing { buf.finish() } else { buf.poll() };
                 match (failed, result) {
-                    (false, Ok(())) | (true, Err(Error::InjectedFault { .. })) => {}
+                    (false, Ok(())) => {}
+                    (true, Err(err)) if is_injected(&err) => {}
                     (_, other) => {
                         return Err(TestCaseError::fail(format!(
                             "{op:?}: model failed={failed}, buffer {other:?}"
@@ -791,6 +1264,9 @@ fn run(base: &[Device], len: usize, config: Config, ops: &[Op]) -> Result<(), Te
             }
             Op::MarkHostDirty => {
                 let expected = expect_access(&mut model, Loc::Host, Access::Write);
+                if expected.is_ok() {
+                    model.note_host_download(Access::Write);
+                }
                 if observe(&mut h, &mut buf, &model, expected, |b| b.mark_host_dirty())?.is_some() {
                     model.access(Loc::Host, Access::Write);
                 }
@@ -798,8 +1274,15 @@ fn run(base: &[Device], len: usize, config: Config, ops: &[Op]) -> Result<(), Te
             Op::MarkDeviceDirty | Op::MarkDirtyOn(_) => {
                 let d = if let Op::MarkDirtyOn(d) = *op { d } else { 0 };
                 let device = h.devices[d].clone();
-                let expected = expect_access(&mut model, Loc::Dev(d), Access::Write);
+                // The caller's kernel wrote the copy after the uploads to it in its stream's
+                // order: when the mark copies nothing it does not wait for them, and if one
+                // fails the mark is undone with it.
+                let keep = model.plan(Loc::Dev(d), Access::Write).is_empty();
+                let expected = if model.settle_for_ordered(d, Access::Write) { Err(()) } else { Ok(()) };
                 if observe(&mut h, &mut buf, &model, expected, |b| b.mark_dirty_on(&device))?.is_some() {
+                    if keep {
+                        model.revalidate_on_failure(d);
+                    }
                     model.access(Loc::Dev(d), Access::Write);
                 }
             }
@@ -808,19 +1291,29 @@ fn run(base: &[Device], len: usize, config: Config, ops: &[Op]) -> Result<(), Te
                 if model.settle(|_| true) {
                     h.armed = None;
                     let result = buf.fill(value);
-                    prop_assert!(matches!(result, Err(Error::InjectedFault { .. })), "fill: {result:?}");
+                    prop_assert!(result.as_ref().is_err_and(is_injected), "fill: {result:?}");
                 } else {
                     let target = model.fill_target();
+                    // A fill abandoned half-way is the CUDA double's (`cuda_faults.rs`): its
+                    // faults are kept off fills here.
+                    if matches!(h.armed, Some(Fault::Stream(_))) {
+                        h.armed = None;
+                    }
                     h.arm();
                     let result = buf.fill(value);
                     h.disarm();
                     match result {
                         Ok(()) => {
+                            let direct_read = model.direct_read;
                             model.access(target, Access::Overwrite);
                             model.data = vec![Some(value); len];
+                            if target != Loc::Host {
+                                // A fill on a device is no access (raw/mod.rs: `fill_device`):
+                                // it leaves the direct-read flag as it was.
+                                model.direct_read = direct_read;
+                            }
                         }
-                        // The faulty device refuses a fill before it starts: nothing changes
-                        // (a fill abandoned half-way is the CUDA double's, `cuda_faults.rs`).
+                        // The faulty device refuses a fill before it starts: nothing changes.
                         Err(Error::InjectedFault { .. }) => {}
                         Err(other) => return Err(TestCaseError::fail(format!("unexpected error: {other}"))),
                     }
@@ -835,6 +1328,7 @@ fn run(base: &[Device], len: usize, config: Config, ops: &[Op]) -> Result<(), Te
                     }
                 }
                 model.data = vec![None; len];
+                (model.direct_read, model.host_sync_pays) = (false, false);
             }
             Op::Release => {
                 model.settle(|_| true);
@@ -844,7 +1338,10 @@ fn run(base: &[Device], len: usize, config: Config, ops: &[Op]) -> Result<(), Te
                 model.order.clear();
                 model.host_block = false;
                 model.data = vec![None; len];
+                (model.direct_read, model.host_sync_pays) = (false, false);
             }
+            Op::DeviceOrdered(d, wait) => device_ordered(&mut h, &mut buf, &mut model, d, wait)?,
+            Op::ReadInto => read_into(&mut h, &mut buf, &mut model)?,
         }
         check_state(&h, &buf, &model).map_err(|e| {
             TestCaseError::fail(format!("after {op:?} (model before: {before:?}, after: {model:?}): {e}"))
