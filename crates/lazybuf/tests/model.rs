@@ -33,6 +33,7 @@
 //! An upload in the stream's order fails only where its stream runs it: the CUDA driver test
 //! double's own fault (`ArmStreamFault`, its next device write failing at the stream's next
 //! event), since a `FaultyDevice` fault's ticket has failed already and is in no stream's order.
+//! A third test runs such sequences, denser in these steps, on the double.
 //!
 //! The coherence checker is on for the whole binary: a sequence that declares every write
 //! must never trip it. `PROPTEST_CASES` sets the number of sequences (default 2000).
@@ -145,6 +146,50 @@ fn op_strategy(devices: usize) -> impl Strategy<Value = Op> {
         4 => (dev, any::<bool>()).prop_map(|(d, wait)| Op::DeviceOrdered(d, wait)),
         3 => Just(Op::ReadInto),
     ]
+}
+
+/// Steps around the stream-ordered access, more often than [`op_strategy`] draws them: the
+/// access after a host write (so that it uploads), or failing on the double (its first write:
+/// the upload), either followed by the mark of a kernel's write (the batch loop's pattern);
+/// the marks and reads that keep the stream's order; writes elsewhere meanwhile.
+fn ordered_steps_strategy(devices: usize) -> impl Strategy<Value = Vec<Op>> {
+    let dev = 0..devices;
+    let then_mark = |mut steps: Vec<Op>, d: usize, mark: bool| {
+        if mark {
+            steps.push(Op::MarkDirtyOn(d));
+        }
+        steps
+    };
+    prop_oneof![
+        6 => op_strategy(devices).prop_map(|op| vec![op]),
+        3 => (any::<u32>(), dev.clone(), any::<bool>(), any::<bool>()).prop_map(move |(s, d, wait, mark)| {
+            then_mark(vec![Op::CopyFrom(s), Op::DeviceOrdered(d, wait)], d, mark)
+        }),
+        3 => (dev.clone(), any::<bool>(), any::<bool>()).prop_map(move |(d, wait, mark)| {
+            then_mark(vec![Op::ArmStreamFault(1), Op::DeviceOrdered(d, wait)], d, mark)
+        }),
+        2 => dev.clone().prop_map(|d| vec![Op::MarkDirtyOn(d)]),
+        2 => Just(vec![Op::ReadInto]),
+        2 => (dev, any::<u32>()).prop_map(|(d, s)| vec![Op::DeviceOverwrite(d, s)]),
+    ]
+}
+
+/// `ops` with every device index 0 (for a run on one device).
+fn on_device_0(ops: &[Op]) -> Vec<Op> {
+    ops.iter()
+        .map(|op| match *op {
+            Op::DeviceRead(_) => Op::DeviceRead(0),
+            Op::DeviceWrite(_, s) => Op::DeviceWrite(0, s),
+            Op::DeviceOverwrite(_, s) => Op::DeviceOverwrite(0, s),
+            Op::SyncTo(_) => Op::SyncTo(0),
+            Op::SyncAsync(Some(_)) => Op::SyncAsync(Some(0)),
+            Op::MarkDirtyOn(_) => Op::MarkDirtyOn(0),
+            Op::ArmAllocationFault(_, n) => Op::ArmAllocationFault(0, n),
+            Op::ArmCopyFault(_, n) => Op::ArmCopyFault(0, n),
+            Op::DeviceOrdered(_, wait) => Op::DeviceOrdered(0, wait),
+            ref other => other.clone(),
+        })
+        .collect()
 }
 
 /// Where a sequence's buffer takes its memory.
@@ -1409,5 +1454,35 @@ proptest! {
         let other = if others.is_empty() { home.clone() } else { pair.1.get(&others).clone() };
         let len = shrink_unless_it_matters(len, &[home.clone(), other.clone()]);
         run(&[home, other], len, config, &ops)?;
+    }
+
+    /// The stream-ordered access where its uploads are left in flight: a buffer on the CUDA
+    /// driver test double, alone or also used on another device, with sequences that take
+    /// that path (and fail it) often. Nothing to run without the double.
+    #[test]
+    fn stream_ordered_sequences_on_the_cuda_double_match_the_model(
+        pair in any::<(prop::sample::Index, prop::sample::Index)>(),
+        alone in any::<bool>(),
+        len in len_strategy(),
+        config in config_strategy(),
+        steps in prop::collection::vec(ordered_steps_strategy(2), 1..30),
+    ) {
+        let ops: Vec<Op> = steps.into_iter().flatten().collect();
+        lazybuf::set_checking(true);
+        let all = common::devices();
+        let doubles: Vec<Device> = all.iter().filter(|d| double::is_double(d)).cloned().collect();
+        if doubles.is_empty() {
+            return Ok(());
+        }
+        let home = pair.0.get(&doubles).clone();
+        let others: Vec<Device> = all.iter().filter(|d| **d != home).cloned().collect();
+        let other = if others.is_empty() { home.clone() } else { pair.1.get(&others).clone() };
+        if alone {
+            let len = shrink_unless_it_matters(len, std::slice::from_ref(&home));
+            run(&[home], len, config, &on_device_0(&ops))?;
+        } else {
+            let len = shrink_unless_it_matters(len, &[home.clone(), other.clone()]);
+            run(&[home, other], len, config, &ops)?;
+        }
     }
 }
