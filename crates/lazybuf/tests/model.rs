@@ -28,15 +28,18 @@
 //! instead of waiting: a declared write of that copy (`MarkDirtyOn`) and a read into memory
 //! outside the buffer (`ReadInto`, straight from a device copy while the host is stale). Where
 //! the access needs an upload in the order of the copy's stream, the upload is left in flight
-//! (`Pending::upload_to`); which uploads are is the model's [`Uploads`] of each device. A mark
-//! made while such an upload is in flight is undone with it if it fails (`Pending::revalidate`).
+//! (`Pending::upload_to`); which uploads are is the model's [`Uploads`] of each device (an
+//! upload done when the call returns is not). A mark made while such an upload is in flight is
+//! undone with it if it fails (`Pending::revalidate`), so every later write waits for it first
+//! (`conflicts`).
 //! An upload in the stream's order fails only where its stream runs it: the CUDA driver test
 //! double's own fault (`ArmStreamFault`, its next device write failing at the stream's next
 //! event), since a `FaultyDevice` fault's ticket has failed already and is in no stream's order.
 //! A third test runs such sequences, denser in these steps, on the double.
 //!
 //! The coherence checker is on for the whole binary: a sequence that declares every write
-//! must never trip it. `PROPTEST_CASES` sets the number of sequences (default 2000).
+//! must never trip it. A host read it checks first settles every transfer in flight into a
+//! device copy (`expect_host_read`): a failed one is the read's error. `PROPTEST_CASES` sets the number of sequences (default 2000).
 
 mod common;
 #[cfg(feature = "cuda")]
@@ -52,15 +55,6 @@ use lazybuf::{
     MemoryResource, PoolConfig, UnifiedBuffer,
 };
 use proptest::prelude::*;
-
-/// Whether `device_access_ordered` also leaves in flight an upload that is complete when its
-/// call returns (a done ticket: the host device, loopback devices, wgpu mapping its buffers, an
-/// empty buffer everywhere). The contract says no: where no upload in the stream's order is
-/// needed or possible the access is `device_access` (see the doc comment of
-/// `device_access_ordered`). The library at b1254a5 says yes: `Ticket::is_stream_ordered` counts
-/// a done ticket as in its stream's order, so such a buffer stays busy until a later access
-/// settles the finished upload. `false` tests the contract.
-const COMPLETE_UPLOADS_LEFT_IN_FLIGHT: bool = false;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Loc {
@@ -628,16 +622,14 @@ impl Model {
     /// copy not), leaves it in flight rather than waiting for it: an upload in the order of the
     /// copy's stream (a CUDA copy, not staged), whose ticket is no held completion (`holding`:
     /// the `FaultyDevice`'s gate completes in no stream's order) and no injected fault's
-    /// (`faulty`: its ticket failed already). See also [`COMPLETE_UPLOADS_LEFT_IN_FLIGHT`].
+    /// (`faulty`: its ticket failed already). An upload done when the call returns (a done
+    /// ticket: [`Uploads::AtOnce`], an empty buffer everywhere) is not left in flight: the
+    /// access is then `device_access` (the doc comment of `device_access_ordered`).
     fn upload_left_in_flight(&self, d: usize, holding: bool, faulty: bool) -> bool {
-        if COMPLETE_UPLOADS_LEFT_IN_FLIGHT && self.len == 0 {
-            // An empty upload is a done ticket on every device (it reaches no backend).
-            return true;
-        }
         let ordered = match self.uploads[d] {
+            // An empty upload reaches no backend: a done ticket.
             Uploads::StreamOrdered => !self.staged(d) && self.len > 0,
-            Uploads::AtOnce => COMPLETE_UPLOADS_LEFT_IN_FLIGHT,
-            Uploads::Elsewhere => false,
+            Uploads::AtOnce | Uploads::Elsewhere => false,
         };
         ordered && !holding && !faulty
     }
@@ -723,9 +715,16 @@ impl Model {
     }
 }
 
+/// Whether an access that reads `reads` and writes `writes` waits for `op` first: they share a
+/// location one of them writes, or `op` is an upload a mark was ordered after (its `revalidate`
+/// set) and the access writes anything. Undoing that upload after a later write elsewhere would
+/// make the copies the mark made stale current beside the newer one.
 fn conflicts(op: &Pending, reads: &[Loc], writes: &[Loc]) -> bool {
     let meets = |a: &[Loc], b: &[Loc]| a.iter().any(|l| b.contains(l));
-    meets(&op.writes, reads) || meets(&op.writes, writes) || meets(&op.reads, writes)
+    meets(&op.writes, reads)
+        || meets(&op.writes, writes)
+        || meets(&op.reads, writes)
+        || (!op.revalidate.is_empty() && !writes.is_empty())
 }
 
 /// A fault armed for the next operation.
@@ -958,6 +957,18 @@ fn expect_access(model: &mut Model, at: Loc, access: Access) -> Result<(), ()> {
     if model.settle_for(at, access) { Err(()) } else { Ok(()) }
 }
 
+/// A host read (`host`, `to_vec`, `sync_to_host`, `read_into` through the host, an asynchronous
+/// sync to the host that copies nothing): the access's
+/// own dependencies, then, with the coherence checker on (the whole binary) and the host
+/// current, every transfer in flight into a device copy, which the checker compares with the
+/// host once it has landed (raw/checker.rs); a failed one is undone and the read returns its
+/// error.
+fn expect_host_read(model: &mut Model) -> Result<(), ()> {
+    expect_access(model, Loc::Host, Access::Read)?;
+    let into_device = |p: &Pending| p.writes.iter().any(|l| matches!(l, Loc::Dev(_)));
+    if model.host == Res::Valid && model.settle(into_device) { Err(()) } else { Ok(()) }
+}
+
 /// Checks that a call the model expects to fail on a settled transfer did, with an injected
 /// fault, and that a call expected to succeed (or fail on its own armed fault) did so.
 fn observe<R>(
@@ -1071,7 +1082,7 @@ fn read_into(h: &mut Harness, buf: &mut UnifiedBuffer<u32>, model: &mut Model) -
     let len = model.len;
     let mut out = HostMemory::allocate(len * 4).unwrap();
     let Some(src) = model.direct_source() else {
-        let expected = expect_access(model, Loc::Host, Access::Read);
+        let expected = expect_host_read(model);
         if expected.is_ok() {
             model.note_host_download(Access::Read);
         }
@@ -1149,7 +1160,7 @@ fn run(base: &[Device], len: usize, config: Config, ops: &[Op]) -> Result<(), Te
             // Only the double has these hooks; elsewhere the step arms nothing.
             Op::ArmStreamFault(n) => h.armed = h.double.then_some(Fault::Stream(n)),
             Op::HostRead | Op::ToVec | Op::SyncToHost => {
-                let expected = expect_access(&mut model, Loc::Host, Access::Read);
+                let expected = expect_host_read(&mut model);
                 if expected.is_ok() {
                     model.note_host_download(Access::Read);
                 }
@@ -1248,7 +1259,12 @@ fn run(base: &[Device], len: usize, config: Config, ops: &[Op]) -> Result<(), Te
             Op::SyncAsync(target) => {
                 let at = target.map_or(Loc::Host, Loc::Dev);
                 let device = target.map(|d| h.devices[d].clone());
-                let expected = expect_access(&mut model, at, Access::Read);
+                // With the host current, an asynchronous sync to it copies nothing and is the
+                // blocking sync, a host read (which the checker then follows).
+                let expected = match target {
+                    None => expect_host_read(&mut model),
+                    Some(_) => expect_access(&mut model, at, Access::Read),
+                };
                 let held = h.held();
                 let done = observe(&mut h, &mut buf, &model, expected, |b| match &device {
                     Some(device) => b.sync_to_async(device),
