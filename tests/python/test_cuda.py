@@ -181,7 +181,9 @@ def test_device_returns_before_its_upload_and_cupys_stream_waits_for_it(cuda_dev
         pytest.skip("needs a GPU: CuPy cannot launch kernels on the test double")
     n = 1 << 20
     buf = UnifiedBuffer(n, np.float32, device=cuda_device, pinned=True)
-    lazybufs = cupy.cuda.ExternalStream(buf.stream)
+    # CuPy 14 names it Stream.from_external (ExternalStream, deprecated there, before).
+    external = getattr(cupy.cuda.Stream, "from_external", None) or cupy.cuda.ExternalStream
+    lazybufs = external(buf.stream)
     hold = cupy.zeros(1, np.float32)
     stream = cupy.cuda.Stream(non_blocking=non_blocking)
     for value in (3, 4):
