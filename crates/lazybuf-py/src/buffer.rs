@@ -395,8 +395,11 @@ impl UnifiedBuffer {
     /// GIL released.
     fn mark_written(&self, py: Python<'_>, device: Option<&Device>) -> PyResult<()> {
         let storage = self.storage()?;
+        // In place, with the interpreter held, when the mark waits for nothing: also right
+        // after `.device` on CUDA, whose upload the mark leaves in flight.
         if let Some(mut raw) = storage.try_lock_raw()
-            && raw.access_is_immediate(device, Access::Write)
+            && (raw.access_is_immediate(device, Access::Write)
+                || device.is_some_and(|d| raw.mark_is_immediate(d)))
         {
             storage.spill().touch();
             return raw.mark_written(device).or_py();

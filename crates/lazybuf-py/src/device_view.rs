@@ -55,8 +55,9 @@ pub(crate) fn device_object<'py>(
         && crate::interop::addresses_cuda(home)
         && let Some(cupy) = optional(py, &CUPY, "cupy")
     {
-        // Once the array is gone, kernels CuPy enqueued through it may still be pending: the
-        // copy is then kept until lazybuf is ordered after them (`SpillState::cupy_unordered`).
+        // Once the array is gone, kernels CuPy enqueued through it may still be pending: its
+        // owner's drop orders lazybuf after CuPy's current stream (`MemoryOwner`), or the copy
+        // is kept until the next call does (`SpillState::cupy_unordered`). The other way,
         // CuPy's kernels run on its current stream: made to wait for the upload there (no
         // host wait; the legacy default stream, handle 0, included).
         if !ready.is_trivially_done() {

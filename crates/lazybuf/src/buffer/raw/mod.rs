@@ -320,6 +320,16 @@ impl RawBuffer {
         }
     }
 
+    /// Whether [`Self::mark_written`] on `device` would be bookkeeping only: that copy is
+    /// current, nothing is on disk, and every transfer in flight is an upload to that copy in
+    /// its stream's order, which the mark leaves in flight ([`Self::device_access_ordered`]).
+    /// Such a mark waits for nothing, so a caller that must not block can make it in place.
+    pub fn mark_is_immediate(&self, device: &Device) -> bool {
+        self.on_disk.is_none()
+            && self.coherence.residency(Location::Device(device.id())) == Residency::Valid
+            && self.inflight.iter().all(|op| op.is_ordered_upload_to(device.id()))
+    }
+
     /// The host bytes for an overwrite of all of them ([`Access::Overwrite`], as
     /// [`Self::host_access`] makes it) when that access waits for nothing: nothing is on
     /// disk, no transfer is in flight, no device copy that aliases the host block is in use,
@@ -879,10 +889,10 @@ impl RawBuffer {
     }
 
     /// Makes `at` current for `access`; `cause`: what the transfer guard and the recorder
-    /// call its copies.
+    /// call its copies; `stream_ordered`: a device access that needs no copy does not wait for
+    /// the uploads to that copy in flight in its stream's order
+    /// ([`Self::device_access_ordered`]).
     #[inline(always)]
-    /// `stream_ordered`: a device access that needs no copy does not wait for the uploads to
-    /// that copy in flight in its stream's order ([`Self::device_access_ordered`]).
     fn access(
         &mut self,
         at: Location,
