@@ -755,9 +755,7 @@ fn device_access<'py>(slf: &Bound<'py, UnifiedBuffer>, access: Access) -> PyResu
     // With an upload in flight, it is ordered after that upload first.
     let cached = this.cached(py, |i| i.device_view.as_ref().filter(|(k, _)| *k == key).map(|(_, v)| v));
     if let Some(view) = cached {
-        if !ready.is_trivially_done() {
-            crate::device_view::order_after_upload(py, &this.home, &view, ready)?;
-        }
+        crate::device_view::order_after_upload(py, &this.home, &view, ready)?;
         return Ok(view);
     }
     let object = device_object(
@@ -1387,6 +1385,13 @@ impl UnifiedBuffer {
             ))
         });
         let py = slf.py();
+        // A transfer in flight that failed is raised here without being settled: NumPy drops
+        // an error of this slot and tries `__array_interface__`, which then settles it and
+        // raises it where NumPy does not drop it (np.asarray returned the old data with no
+        // error, a hostile pass of 2026-11-27).
+        if let Some(err) = storage.lock(py)?.failure_in_flight() {
+            return Err(err).or_py();
+        }
         let memory = |writable: bool| {
             // A writable export is a host write, a read-only one a host read.
             let access = if writable { Access::Write } else { Access::Read };

@@ -86,8 +86,8 @@ pub(crate) fn device_object<'py>(
 }
 
 /// Orders `object`, a device object [`device_object`] made earlier for the same memory, after
-/// `ready`, an upload since: a `DeviceMemoryView` takes it as the upload it waits for, a CuPy
-/// array's users on CuPy's current stream are made to wait for it.
+/// `ready`, the uploads it now depends on (done when none): a `DeviceMemoryView` takes it as
+/// what it waits for, a CuPy array's users on CuPy's current stream are made to wait for it.
 pub(crate) fn order_after_upload(
     py: Python<'_>,
     home: &Device,
@@ -96,9 +96,11 @@ pub(crate) fn order_after_upload(
 ) -> PyResult<()> {
     match object.cast::<DeviceMemoryView>() {
         Ok(view) => {
+            // Replaced also by a done ticket: an earlier failed upload's is not the view's now.
             *view.get().ready.lock().unwrap_or_else(PoisonError::into_inner) = ready;
             Ok(())
         }
+        Err(_) if ready.is_trivially_done() => Ok(()),
         Err(_) => crate::streams::order_cupy_after_ticket(py, home, &ready),
     }
 }

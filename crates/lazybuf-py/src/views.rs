@@ -102,8 +102,18 @@ impl Drop for MemoryOwner {
         if !self.exposure.cupy {
             return;
         }
-        // SAFETY: a MemoryOwner lives only inside its Python object, whose deallocation drops
-        // it with the interpreter attached to this thread; `py` is used within this call.
+        // An array freed while an exception propagates (a temporary `.device` in a call that
+        // raised) is dropped with that exception set: calling into CuPy then would fetch and
+        // lose it (the interpreter crashed, a hostile pass of 2026-11-27). The copy is then
+        // kept until the next call orders it, as before.
+        // SAFETY: PyErr_Occurred only reads this thread's exception state; a MemoryOwner lives
+        // only inside its Python object, whose deallocation runs with the interpreter attached
+        // to this thread.
+        if !unsafe { pyo3::ffi::PyErr_Occurred() }.is_null() {
+            return;
+        }
+        // SAFETY: as above: the interpreter is attached to this thread; `py` is used within
+        // this call.
         let py = unsafe { Python::assume_attached() };
         if self.exposure.storage.order_after_cupy_now(py).unwrap_or(false) {
             self.exposure.cupy = false;

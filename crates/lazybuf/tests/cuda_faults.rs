@@ -393,3 +393,69 @@ fn a_failed_stream_ordered_upload_undoes_the_write_declared_after_it() {
         assert_eq!(buf.state(), BufferState::DeviceDirty);
     }
 }
+
+/// A mark after a stream-ordered upload settles every other transfer first (a hostile pass,
+/// 2026-11-27): an upload to a second device that fails, still in flight at the mark, was
+/// recorded as current-before-the-mark, and the failed ordered upload's undo then made that
+/// copy current with no memory behind it (the next access of it panicked) or with the failed
+/// copy's bytes (data lost). Now the mark returns that failure and does nothing else; the
+/// ordered upload's failure then undoes only itself.
+#[test]
+fn a_mark_after_an_ordered_upload_settles_other_transfers_first() {
+    let Some((devices, _lock)) = setup("a_mark_after_an_ordered_upload_settles_other_transfers_first") else {
+        return;
+    };
+    let [d0, d1, ..] = &devices[..] else { return };
+    let n = 4096;
+    let data = ramp(n);
+    let mut buf = buffer(d0, n, false);
+    buf.copy_from(&data).unwrap();
+    let raw = buf.raw_mut();
+    arm_copy(1, false);
+    let other = raw.sync_async(Some(d1)).unwrap(); // fails where its stream runs it
+    arm_copy(1, false);
+    let (_, ordered) = raw.device_access_ordered(d0).unwrap(); // fails too
+    assert!(raw.mark_written(Some(d0)).is_err(), "the mark reports the other upload's failure");
+    assert!(other.wait().is_err());
+    assert!(raw.finish().is_err(), "the ordered upload's own failure");
+    assert!(ordered.wait().is_err());
+    assert_eq!(raw.state_on(d0), BufferState::HostOnly);
+    assert_eq!(raw.state_on(d1), BufferState::HostOnly);
+    // Both devices usable again, no copy current without memory: marks and reads work.
+    raw.mark_written(Some(d1)).unwrap();
+    let mut out = lazybuf::host_memory::HostMemory::allocate(n).unwrap();
+    raw.read_into(&mut out).unwrap();
+    assert!(out.as_slice()[..n] == data[..]);
+}
+
+/// The recorder sees the copies the counters count after a failed stream-ordered upload (a
+/// hostile pass, 2026-11-27): the read-back that reports the failure downloaded what the
+/// upload never wrote; the counters leave it out, and so does the recorder now (it recorded
+/// it as a transfer that no rollback could take back).
+#[test]
+fn the_recorder_leaves_out_the_read_back_a_failed_ordered_upload_voids() {
+    use lazybuf::observe::{Direction, trace};
+    let Some((devices, _lock)) = setup("the_recorder_leaves_out_the_read_back") else { return };
+    let device = &devices[0];
+    let n = 4096;
+    let mut buf = buffer(device, n, false);
+    buf.copy_from(&ramp(n)).unwrap();
+    buf.reset_transfer_stats();
+    let id = buf.raw().id();
+    trace::start(trace::TraceOptions::default()).unwrap();
+    let raw = buf.raw_mut();
+    arm_copy(1, false);
+    raw.device_access_ordered(device).unwrap().1.poll().ok();
+    raw.mark_written(Some(device)).unwrap();
+    let mut out = lazybuf::host_memory::HostMemory::allocate(n).unwrap();
+    let read = raw.read_into(&mut out);
+    let recorded = trace::stop().unwrap();
+    assert!(read.is_err(), "the read-back reports the failed upload");
+    let stats = buf.transfer_stats();
+    let summary = recorded.summary();
+    let copies = |dir: Direction| {
+        summary.rows.iter().filter(|((b, d, _), _)| *b == id && *d == dir).map(|(_, t)| t.copies).sum::<u64>()
+    };
+    assert_eq!(copies(Direction::HostToDevice), stats.host_to_device.copies);
+    assert_eq!(copies(Direction::DeviceToHost), stats.device_to_host.copies);
+}

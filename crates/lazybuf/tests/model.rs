@@ -584,11 +584,17 @@ impl Model {
     /// (`device_access_ordered`'s hand-out, a mark of that copy): when it copies nothing, the
     /// uploads to that copy in the stream's order stay in flight (work the caller enqueues
     /// next on that stream runs after them).
+    /// A write that keeps them (a mark) settles every other transfer first, so what it records
+    /// to make current again is current for certain.
     fn settle_for_ordered(&mut self, d: usize, access: Access) -> bool {
         let at = Loc::Dev(d);
         let (reads, writes) = self.touched(at, access);
         let keep = self.plan(at, access).is_empty();
-        self.settle(|op| conflicts(op, &reads, &writes) && !(keep && op.upload_to == Some(d)))
+        let kept = |op: &Pending| keep && op.upload_to == Some(d);
+        if keep && access != Access::Read {
+            return self.settle(|op| !kept(op));
+        }
+        self.settle(|op| conflicts(op, &reads, &writes) && !kept(op))
     }
 
     /// Before a mark of device `d`'s copy that leaves the uploads to it in flight: what is

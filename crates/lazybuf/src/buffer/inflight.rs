@@ -24,6 +24,7 @@
 use super::stats::TransferStats;
 use crate::backend::Ticket;
 use crate::coherence::{Access, Coherence, DeviceId, Location, Plan, Residency, Step};
+use crate::error::Error;
 
 /// A handful of locations (a plan touches at most three, and the host block's).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -141,8 +142,18 @@ impl InFlight {
         self.upload_to == Some(device)
     }
 
-    /// Whether the transfer has failed, as far as is known now (no waiting).
+    /// Whether the transfer has failed, as far as is known now (no waiting). A forked child's
+    /// refusal to ask the runtime ([`Error::ForkedChild`]) is no failure of the transfer: in
+    /// the child nothing is known of it, and its state stays as the parent committed it.
     pub(super) fn has_failed(&self) -> bool {
-        self.ticket.poll().is_err()
+        self.failure().is_some()
+    }
+
+    /// The transfer's failure, as far as is known now (no waiting); see [`Self::has_failed`].
+    pub(super) fn failure(&self) -> Option<Error> {
+        match self.ticket.poll() {
+            Err(Error::ForkedChild { .. }) | Ok(_) => None,
+            Err(err) => Some(err),
+        }
     }
 }

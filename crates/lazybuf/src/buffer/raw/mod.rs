@@ -244,6 +244,14 @@ impl RawBuffer {
         }
     }
 
+    /// The failure of a transfer in flight, when one is known to have failed (a poll of each,
+    /// no waiting), without settling it: the call that settles it still undoes it and returns
+    /// the error. For a caller whose error may be dropped unseen (the buffer protocol, whose
+    /// failures NumPy ignores before it tries another interface).
+    pub fn failure_in_flight(&self) -> Option<Error> {
+        self.inflight.iter().find_map(InFlight::failure)
+    }
+
     /// Whether transfers of this buffer are in flight (not yet settled).
     pub fn is_busy(&self) -> bool {
         !self.inflight.is_empty()
@@ -826,6 +834,14 @@ impl RawBuffer {
                 Some(Err(err)) => Err(err),
                 Some(Ok(false)) | None => op.ticket.wait(),
             };
+            if let Err(err @ Error::ForkedChild { .. }) = outcome {
+                // A forked child cannot learn the transfer's outcome: it stays in flight, its
+                // state as committed (never undone as if it had failed), and the call fails.
+                self.inflight.insert(i, op);
+                first.get_or_insert(err);
+                i += 1;
+                continue;
+            }
             if let Err(err) = outcome {
                 // Its state put back, and (while observed) the undoing recorded.
                 self.observe_undo(op.op, |buffer| op.undo_state(&mut buffer.coherence));
@@ -950,11 +966,16 @@ impl RawBuffer {
                 _ => None,
             };
             let keep = |op: &InFlight| ordered.is_some_and(|id| op.is_ordered_upload_to(id));
-            self.settle(|op| op.conflicts(&reads, &writes) && !keep(op))?;
-            if access != Access::Read
-                && let Some(id) = ordered
-            {
-                self.revalidate_on_failure(id);
+            match ordered {
+                Some(id) if access != Access::Read => {
+                    // A write the kept uploads may have to undo: every other transfer is
+                    // settled first, so what it records as current is current for certain,
+                    // not because a transfer that may still fail says so (a hostile pass,
+                    // 2026-11-27: a failed upload to another device was made current again).
+                    self.settle(|op| !keep(op))?;
+                    self.revalidate_on_failure(id);
+                }
+                _ => self.settle(|op| op.conflicts(&reads, &writes) && !keep(op))?,
             }
         }
         if at == Location::Host {

@@ -53,9 +53,12 @@ impl RawBuffer {
             // Done with the download when it succeeded: settled without a wait of their own.
             let settled = self.settle_after(downloaded.is_ok(), |op| op.is_ordered_upload_to(id));
             // An upload's failure comes first: the download read what it never wrote, and is
-            // not counted.
-            settled.and(downloaded)?;
+            // neither counted nor recorded.
+            let started = settled.and(downloaded)?;
             let copy = &self.copies[index];
+            if let Some(started) = started {
+                started.finished(crate::observe::stream_id(&copy.stream));
+            }
             self.stats.record(Direction::DeviceToHost, copy.memory.is_host_alias(), n);
             self.direct_read = true;
             return Ok(());
@@ -95,7 +98,11 @@ impl RawBuffer {
     /// transfer counters count it as the download it is (a zero-copy sync when the copy
     /// aliases host memory), so whatever watches them sees every read-back; the state and
     /// the buffer's copies are unchanged.
-    fn download_into(&mut self, index: usize, out: &mut HostMemory) -> Result<()> {
+    fn download_into(
+        &mut self,
+        index: usize,
+        out: &mut HostMemory,
+    ) -> Result<Option<crate::observe::Started>> {
         let n = self.nbytes;
         let from = Location::Device(self.copies[index].device.id());
         // Seen by the transfer guard (which may refuse it: nothing has changed yet) and the
@@ -109,10 +116,7 @@ impl RawBuffer {
         // the device copy stays allocated and unwritten meanwhile (`self` is borrowed).
         let ticket = unsafe { copy.stream.download(&copy.memory, HostSpan::of(out, n))? };
         ticket.wait()?;
-        if let Some(started) = started {
-            started.finished(crate::observe::stream_id(&copy.stream));
-        }
-        Ok(())
+        Ok(started)
     }
 
     /// Called by every host access that has to copy: once the host copy is wanted after a

@@ -1,0 +1,142 @@
+"""The stream-ordered `.device` on CUDA against a hostile user (a pass of 2026-11-27, on the CUDA
+driver test double): a failed upload, the objects `.device` hands out, NumPy's interfaces, fork,
+and a CuPy array freed while an exception propagates. Each test failed before its fix.
+
+Runs only with the test double loaded (LD_LIBRARY_PATH=target/cuda-double), whose fault hooks
+make an upload fail where its stream runs it.
+"""
+
+import ctypes
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import lazybuf
+from lazybuf import BufferState, DeviceMemoryView, UnifiedBuffer
+
+N = 1024
+DATA = np.arange(N, dtype=np.float32)
+
+
+@pytest.fixture(scope="module")
+def double():
+    found = [d for d in lazybuf.get_accelerator().devices if d.backend == "cuda"]
+    if not found or "test double" not in found[0].name:
+        pytest.skip("needs the CUDA driver test double (LD_LIBRARY_PATH=target/cuda-double)")
+    lib = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD | os.RTLD_NOW)
+    lib.lazybuf_cuda_double_fail_copy.argtypes = (ctypes.c_longlong,)
+    yield found[0], lib
+    lib.lazybuf_cuda_double_fail_copy(0)
+
+
+def failing_upload(device, lib):
+    """A buffer holding DATA whose `.device` upload fails on the stream (it is enqueued)."""
+    buf = UnifiedBuffer(N, np.float32, device=device)
+    buf.host[:] = DATA
+    lib.lazybuf_cuda_double_fail_copy(1)
+    return buf, buf.device
+
+
+def test_a_cached_view_takes_the_current_upload_not_a_failed_one(double):
+    device, lib = double
+    buf, view = failing_upload(device, lib)
+    with pytest.raises(RuntimeError):
+        buf.sync_to_device()  # waits for the upload: its failure, undone
+    buf.sync_to_device()  # succeeds: the device copy is current
+    again = buf.device
+    if isinstance(view, DeviceMemoryView):
+        assert again is view  # the buffer's kept view, handed out again
+        again.synchronize()  # raised the old failure before the fix
+        assert again.__cuda_array_interface__["data"][0] == view.ptr
+    np.testing.assert_array_equal(buf.to_numpy(), DATA)
+
+
+def test_numpy_sees_a_failed_upload_instead_of_the_old_data(double):
+    device, lib = double
+    buf, _ = failing_upload(device, lib)
+    buf.mark_device_dirty()  # a kernel "wrote" the copy that never arrived
+    # NumPy drops a buffer-protocol error and tries __array_interface__: the failure must
+    # still reach the caller, not the input as if it were the kernel's output.
+    with pytest.raises(RuntimeError):
+        np.asarray(buf)
+    assert buf.state == BufferState.HOST_ONLY  # undone: the host holds the input again
+    np.testing.assert_array_equal(np.asarray(buf), DATA)
+
+
+def test_a_forked_child_does_not_undo_a_transfer_it_cannot_see(double):
+    device, _ = double
+    if not hasattr(os, "fork"):
+        pytest.skip("no fork here")
+    buf = UnifiedBuffer(N, np.float32, device=device)
+    buf.host[:] = DATA
+    view = buf.device  # upload in flight
+    buf.mark_device_dirty()
+    if isinstance(view, DeviceMemoryView):
+        view.synchronize()  # done on the device, not yet settled by lazybuf
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: every call on the parent's device refuses, nothing is undone
+        code = 0
+        try:
+            for _ in range(2):
+                try:
+                    buf.host  # noqa: B018
+                    code |= 1  # a host read returned data the child cannot know
+                except lazybuf.ForkedChildError:
+                    pass
+            if buf.state != BufferState.DEVICE_DIRTY:
+                code |= 2
+        finally:
+            os.write(write, bytes([code]))
+            os._exit(0)
+    os.close(write)
+    code = os.read(read, 1)
+    os.waitpid(pid, 0)
+    assert code == b"\x00", f"child: {code!r} (1: a host read returned data, 2: the state was undone)"
+    np.testing.assert_array_equal(buf.to_numpy(), DATA)
+
+
+FAKE_CUPY_RAISE = r"""
+import sys, types
+import numpy as np
+cupy, cuda = types.ModuleType("cupy"), types.ModuleType("cupy.cuda")
+class UnownedMemory:
+    def __init__(self, ptr, size, owner, device_id):
+        self.owner = owner
+class MemoryPointer:
+    def __init__(self, mem, offset):
+        self.mem = mem
+class ndarray:
+    def __init__(self, shape, dtype, memptr=None):
+        self.data = memptr
+class Stream:
+    ptr = 0
+cuda.UnownedMemory, cuda.MemoryPointer = UnownedMemory, MemoryPointer
+cuda.get_current_stream = lambda device_id=None: Stream()
+cupy.cuda, cupy.ndarray = cuda, ndarray
+sys.modules["cupy"], sys.modules["cupy.cuda"] = cupy, cuda
+
+import lazybuf
+d = [d for d in lazybuf.get_accelerator().devices if d.backend == "cuda"][0]
+def kernel(array, scale):
+    pass
+for _ in range(3):
+    try:
+        # The CuPy array is a temporary freed while the ZeroDivisionError propagates.
+        kernel(lazybuf.UnifiedBuffer(4, np.float32, device=d).device, 1 / 0)
+    except ZeroDivisionError:
+        pass
+print("ok")
+"""
+
+
+def test_a_cupy_array_freed_while_an_exception_propagates_keeps_the_exception(double):
+    """The owner's drop orders lazybuf after CuPy by calling CuPy: never while an exception is
+    set (the interpreter crashed, or the user's error became a SystemError). A child process
+    with a stand-in CuPy module (lazybuf probes for CuPy once per process)."""
+    done = subprocess.run([sys.executable, "-c", FAKE_CUPY_RAISE], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert done.stdout.strip() == "ok", done.stdout + done.stderr[-2000:]
