@@ -118,3 +118,41 @@ def collect() -> None:
     """Runs the garbage collector until nothing more is freed."""
     while gc.collect():
         pass
+
+
+def cuda_double():
+    """The CUDA driver test double's first device and its library (ctypes; its fault hooks and
+    call counters), or a skip where the double is not loaded (LD_LIBRARY_PATH=target/cuda-double)."""
+    import ctypes
+
+    found = [d for d in lazybuf.get_accelerator().devices if d.backend == "cuda"]
+    if not found or "test double" not in found[0].name:
+        pytest.skip("needs the CUDA driver test double (LD_LIBRARY_PATH=target/cuda-double)")
+    return found[0], ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD | os.RTLD_NOW)
+
+
+# Just enough of CuPy for lazybuf's `.device` and its ordering after CuPy's current stream, for
+# a child process (lazybuf probes for CuPy once per process): `orderings` lists the device ids
+# CuPy was asked for its current stream, which is the legacy default stream (handle 0).
+FAKE_CUPY = """
+import sys, types
+cupy, cuda = types.ModuleType("cupy"), types.ModuleType("cupy.cuda")
+class UnownedMemory:
+    def __init__(self, ptr, size, owner, device_id):
+        self.owner = owner
+class MemoryPointer:
+    def __init__(self, mem, offset):
+        self.mem = mem
+class ndarray:
+    def __init__(self, shape, dtype, memptr=None):
+        self.data = memptr
+class Stream:
+    ptr = 0
+orderings = []
+def get_current_stream(device_id=None):
+    orderings.append(device_id)
+    return Stream()
+cuda.UnownedMemory, cuda.MemoryPointer, cuda.get_current_stream = UnownedMemory, MemoryPointer, get_current_stream
+cupy.cuda, cupy.ndarray = cuda, ndarray
+sys.modules["cupy"], sys.modules["cupy.cuda"] = cupy, cuda
+"""

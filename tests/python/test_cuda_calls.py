@@ -19,12 +19,12 @@ host memory, so no kernel runs: `mark_device_dirty()` stands for one.
 """
 
 import ctypes
-import os
 
 import numpy as np
 import pytest
 
 import lazybuf
+from conftest import cuda_double
 from lazybuf import UnifiedBuffer
 
 N = 1024  # 4 KiB of float32
@@ -40,13 +40,10 @@ EVENTS_MADE = ("cuEventCreate", "cuEventDestroy", "cuEventDestroy_v2")
 
 @pytest.fixture(scope="module")
 def double():
-    found = [d for d in lazybuf.get_accelerator().devices if d.backend == "cuda"]
-    if not found or "test double" not in found[0].name:
-        pytest.skip("needs the CUDA driver test double (LD_LIBRARY_PATH=target/cuda-double)")
-    lib = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD | os.RTLD_NOW)
+    device, lib = cuda_double()
     lib.lazybuf_cuda_double_call_counts.restype = ctypes.c_longlong
     lib.lazybuf_cuda_double_call_counts.argtypes = (ctypes.c_char_p, ctypes.c_longlong)
-    return found[0], lib
+    return device, lib
 
 
 def counts(lib) -> dict[str, int]:

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import lazybuf
+from conftest import FAKE_CUPY, cuda_double
 from lazybuf import BufferState, DeviceMemoryView, UnifiedBuffer
 
 N = 1024
@@ -23,12 +24,9 @@ DATA = np.arange(N, dtype=np.float32)
 
 @pytest.fixture(scope="module")
 def double():
-    found = [d for d in lazybuf.get_accelerator().devices if d.backend == "cuda"]
-    if not found or "test double" not in found[0].name:
-        pytest.skip("needs the CUDA driver test double (LD_LIBRARY_PATH=target/cuda-double)")
-    lib = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD | os.RTLD_NOW)
+    device, lib = cuda_double()
     lib.lazybuf_cuda_double_fail_copy.argtypes = (ctypes.c_longlong,)
-    yield found[0], lib
+    yield device, lib
     lib.lazybuf_cuda_double_fail_copy(0)
 
 
@@ -99,26 +97,8 @@ def test_a_forked_child_does_not_undo_a_transfer_it_cannot_see(double):
     np.testing.assert_array_equal(buf.to_numpy(), DATA)
 
 
-FAKE_CUPY_RAISE = r"""
-import sys, types
+FAKE_CUPY_RAISE = FAKE_CUPY + r"""
 import numpy as np
-cupy, cuda = types.ModuleType("cupy"), types.ModuleType("cupy.cuda")
-class UnownedMemory:
-    def __init__(self, ptr, size, owner, device_id):
-        self.owner = owner
-class MemoryPointer:
-    def __init__(self, mem, offset):
-        self.mem = mem
-class ndarray:
-    def __init__(self, shape, dtype, memptr=None):
-        self.data = memptr
-class Stream:
-    ptr = 0
-cuda.UnownedMemory, cuda.MemoryPointer = UnownedMemory, MemoryPointer
-cuda.get_current_stream = lambda device_id=None: Stream()
-cupy.cuda, cupy.ndarray = cuda, ndarray
-sys.modules["cupy"], sys.modules["cupy.cuda"] = cupy, cuda
-
 import lazybuf
 d = [d for d in lazybuf.get_accelerator().devices if d.backend == "cuda"][0]
 def kernel(array, scale):

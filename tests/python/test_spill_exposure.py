@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 import lazybuf
+from conftest import FAKE_CUPY
 from lazybuf import BufferState
 
 testing = pytest.importorskip("lazybuf.testing")
@@ -532,30 +533,9 @@ def test_exposures_takes_a_live_buffer():
 
 # --- CuPy: a dropped array's kernels may still be pending ------------------------------------
 
-FAKE_CUPY = '''
-import gc, sys, types
+FAKE_CUPY_SCENARIO = FAKE_CUPY + '''
+import gc
 import numpy as np
-
-# Just enough of CuPy for lazybuf's `.device` and its ordering after CuPy's current stream.
-cupy, cuda = types.ModuleType("cupy"), types.ModuleType("cupy.cuda")
-class UnownedMemory:
-    def __init__(self, ptr, size, owner, device_id):
-        self.owner = owner
-class MemoryPointer:
-    def __init__(self, mem, offset):
-        self.mem = mem
-class ndarray:
-    def __init__(self, shape, dtype, memptr=None):
-        self.data = memptr
-class Stream:
-    ptr = 0  # the legacy default stream: ordered with lazybuf's already
-orderings = []
-def get_current_stream(device_id=None):
-    orderings.append(device_id)
-    return Stream()
-cuda.UnownedMemory, cuda.MemoryPointer, cuda.get_current_stream = UnownedMemory, MemoryPointer, get_current_stream
-cupy.cuda, cupy.ndarray = cuda, ndarray
-sys.modules["cupy"], sys.modules["cupy.cuda"] = cupy, cuda
 
 import lazybuf, lazybuf.testing
 N = 16 * 1024
@@ -598,7 +578,7 @@ def test_a_dropped_cupy_array_orders_lazybuf_after_cupy_and_leaves_the_copy_evic
     if not any(is_cuda(d) for d in _devices()):
         pytest.skip("no CUDA device (run with the CUDA driver test double)")
     # A child process: lazybuf probes for CuPy once per process, and this one is a stand-in.
-    done = subprocess.run([sys.executable, "-c", FAKE_CUPY], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", FAKE_CUPY_SCENARIO], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
 
