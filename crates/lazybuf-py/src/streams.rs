@@ -160,15 +160,8 @@ pub(crate) fn order_after_cupy(py: Python<'_>, storage: &Storage, home: &Device)
 /// (`cuStreamWaitEvent`; on the legacy default stream too, which a buffer's own stream may not
 /// be ordered with). Where there is no CuPy stream to order, waits on the host.
 pub(crate) fn order_cupy_after_ticket(py: Python<'_>, home: &Device, ticket: &Ticket) -> PyResult<()> {
-    let raw = match crate::cupy_stream::current_stream(py, home)? {
-        Some(handle) => device_handles(home).stream_from_int(handle),
-        None => None,
-    };
-    let Some(raw) = raw else {
-        return lock::detach(py, |_| ticket.wait().or_py());
-    };
-    // SAFETY: CuPy's current stream for this device is a live stream of the device's primary
-    // context, which lazybuf's CUDA devices use.
-    let stream = unsafe { home.wrap_stream(raw) }.or_py()?;
-    stream.wait_for(ticket).or_py()
+    match crate::views::cupy_current_stream(py, home)? {
+        Some((_, stream)) => stream.wait_for(ticket).or_py(),
+        None => lock::detach(py, |_| ticket.wait().or_py()),
+    }
 }

@@ -278,18 +278,12 @@ impl Storage {
         let Some(home) = self.try_lock_raw().map(|raw| raw.home().clone()) else {
             return Ok(false);
         };
-        let Some(handle) = crate::cupy_stream::current_stream(py, &home)? else {
+        let Some((handle, stream)) = cupy_current_stream(py, &home)? else {
             return Ok(true);
         };
         if handle == 0 {
             return Ok(true);
         }
-        let Some(raw) = device_handles(&home).stream_from_int(handle) else {
-            return Ok(false);
-        };
-        // SAFETY: CuPy's current stream for this device is a live stream of the device's
-        // primary context, which lazybuf's CUDA devices use.
-        let stream = unsafe { home.wrap_stream(raw) }.or_py()?;
         let Some(mut buffer) = self.try_lock_raw() else {
             return Ok(false);
         };
@@ -833,6 +827,25 @@ unsafe fn ndarray_raw<'py>(
     };
     // SAFETY: a new reference or null with an exception set.
     unsafe { Bound::from_owned_ptr_or_err(py, array) }
+}
+
+/// CuPy's current stream for `home` ([`crate::cupy_stream::current_stream`]) with its handle,
+/// wrapped as a stream of `home` that lazybuf does not own; `None` where CuPy has no stream
+/// for the device.
+pub(crate) fn cupy_current_stream(
+    py: Python<'_>,
+    home: &Device,
+) -> PyResult<Option<(usize, lazybuf::Stream)>> {
+    let Some(handle) = crate::cupy_stream::current_stream(py, home)? else {
+        return Ok(None);
+    };
+    let Some(raw) = device_handles(home).stream_from_int(handle) else {
+        return Ok(None);
+    };
+    // SAFETY: CuPy's current stream for this device is a live stream of the device's primary
+    // context, which lazybuf's CUDA devices use.
+    let stream = unsafe { home.wrap_stream(raw) }.or_py()?;
+    Ok(Some((handle, stream)))
 }
 
 /// The runtime handles of `device` (context, queue or stream), as integers for Python

@@ -238,6 +238,39 @@ struct Pending {
     revalidate: Vec<Loc>,
 }
 
+/// What a read at a location that may be left in flight starts from ([`Model::begin_read`]):
+/// with the counters after it, a [`Pending`] transfer.
+struct ReadStart {
+    reads: Vec<Loc>,
+    writes: Vec<Loc>,
+    before: Vec<(Loc, Res)>,
+    counters: Counters,
+    host_block: bool,
+}
+
+impl ReadStart {
+    /// The transfer in flight this read left, `model` being after it.
+    fn into_pending(
+        self,
+        model: &Model,
+        gates: Vec<(usize, u64)>,
+        fails: bool,
+        upload_to: Option<usize>,
+    ) -> Pending {
+        Pending {
+            reads: self.reads,
+            writes: self.writes,
+            before: self.before,
+            host_block: self.host_block,
+            delta: Counters::of(model).minus(self.counters),
+            fails,
+            gates,
+            upload_to,
+            revalidate: Vec::new(),
+        }
+    }
+}
+
 /// How an upload to a device completes, which decides whether `device_access_ordered` leaves
 /// it in flight (`Model::upload_left_in_flight`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -578,6 +611,13 @@ impl Model {
     fn settle_for(&mut self, at: Loc, access: Access) -> bool {
         let (reads, writes) = self.touched(at, access);
         self.settle(|op| conflicts(op, &reads, &writes))
+    }
+
+    /// What a read at `at` starts from, for a transfer it may leave in flight.
+    fn begin_read(&self, at: Loc) -> ReadStart {
+        let (reads, writes) = self.touched(at, Access::Read);
+        let before = writes.iter().map(|&w| (w, self.res(w))).collect();
+        ReadStart { reads, writes, before, counters: Counters::of(self), host_block: self.host_block }
     }
 
     /// As [`Self::settle_for`], for an access of device `d` in the order of its copy's stream
@@ -1036,25 +1076,12 @@ fn device_ordered(
             in_flight || !fails,
             "the upload the call waited for failed, and the call did not say so"
         );
-        let (reads, writes) = model.touched(at, Access::Read);
-        let before = writes.iter().map(|&w| (w, model.res(w))).collect();
-        let (counters, host_block) = (Counters::of(model), model.host_block);
+        let start = model.begin_read(at);
         model.read(at);
         if in_flight {
             let gates = h.held().into_iter().filter(|g| !held.contains(g)).collect();
-            let delta = Counters::of(model).minus(counters);
-            let revalidate = Vec::new();
-            model.pending.push(Pending {
-                reads,
-                writes,
-                before,
-                host_block,
-                delta,
-                fails,
-                gates,
-                upload_to: Some(d),
-                revalidate,
-            });
+            let pending = start.into_pending(model, gates, fails, Some(d));
+            model.pending.push(pending);
         }
         ticket
     } else {
@@ -1277,10 +1304,7 @@ fn run(base: &[Device], len: usize, config: Config, ops: &[Op]) -> Result<(), Te
                     None => b.sync_to_host_async(),
                 })?;
                 if done.is_some() {
-                    let (reads, writes) = model.touched(at, Access::Read);
-                    let before: Vec<(Loc, Res)> = writes.iter().map(|&w| (w, model.res(w))).collect();
-                    let (counters, host_block, anything_valid) =
-                        (Counters::of(&model), model.host_block, model.any_valid());
+                    let (start, anything_valid) = (model.begin_read(at), model.any_valid());
                     model.trace.clear();
                     model.read(at);
                     let copied = model.trace.iter().any(|(from, _)| from.is_some());
@@ -1289,18 +1313,8 @@ fn run(base: &[Device], len: usize, config: Config, ops: &[Op]) -> Result<(), Te
                         // An armed copy fault that fired while the transfer was enqueued (the
                         // copies made reached its position) and fails at wait.
                         let fails = h.deferred_copy_fault_fired();
-                        let delta = Counters::of(&model).minus(counters);
-                        model.pending.push(Pending {
-                            reads,
-                            writes,
-                            before,
-                            host_block,
-                            delta,
-                            fails,
-                            gates,
-                            upload_to: None,
-                            revalidate: Vec::new(),
-                        });
+                        let pending = start.into_pending(&model, gates, fails, None);
+                        model.pending.push(pending);
                     }
                 }
             }

@@ -17,7 +17,10 @@
 //! once its own download is done. The write then makes the host stale while the upload is
 //! still in flight; if the upload fails, undoing it also makes current again what the write
 //! made stale ([`InFlight::revalidate`]): the kernel read a copy that never arrived, so its
-//! output is not data to keep, and the buffer holds what it held before the upload.
+//! output is not data to keep, and the buffer holds what it held before the upload. So that
+//! what it makes current again is current for certain, that write first settles every other
+//! transfer, and every later write waits for such an upload ([`InFlight::conflicts`]). A
+//! forked child's refusal to ask the runtime is no failure: nothing is undone there.
 //!
 //! What does not live here: executing plans and freeing memory ([`super::raw`]).
 
