@@ -953,9 +953,8 @@ impl UnifiedBuffer {
     }
 
     /// The queue or stream lazybuf enqueues this buffer's copies on, as a raw handle (an int):
-    /// a `cl_command_queue` on OpenCL, a `CUstream` on CUDA
-    /// (`cupy.cuda.Stream.from_external(buf.stream)`, `ExternalStream` before CuPy 14, runs
-    /// CuPy work there), 0 on the host device and on wgpu (neither has a queue handle to give).
+    /// a `cl_command_queue` on OpenCL, a `CUstream` on CUDA (`cupy.cuda.ExternalStream(buf.stream)`
+    /// runs CuPy work there), 0 on the host device and on wgpu (neither has a queue handle to give).
     #[getter]
     fn stream(&self, py: Python<'_>) -> PyResult<usize> {
         streams::raw_stream(py, &*self.storage_unordered()?)
