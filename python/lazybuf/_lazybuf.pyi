@@ -294,7 +294,10 @@ class UnifiedBuffer:
         """Index the host copy (a host read); slices are read-only views."""
 
     def __setitem__(self, key: Any, value: Any, /) -> None:
-        """Assign into the host copy as NumPy does (a host write)."""
+        """Assign into the host copy as NumPy does (a host write). ``buf[:] = x`` and
+        ``buf[...] = x`` (an array that is not a view of this buffer's host copy, or a number)
+        replace every element: a stale host copy is overwritten, not synced first, and a failed
+        conversion changes nothing."""
 
     def copy_from(self, data: npt.ArrayLike) -> None:
         """Copy ``data`` (exactly the buffer's shape) into the host copy (a host write that

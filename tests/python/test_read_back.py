@@ -171,3 +171,90 @@ def test_to_numpy_out_is_keyword_only():
     buf = UnifiedBuffer(4)
     with pytest.raises(TypeError):
         buf.to_numpy(np.zeros(4, np.float32))
+
+
+# --- an assignment to every element overwrites: the stale host copy is not synced first ----
+
+
+def _kernel_fill(buf: UnifiedBuffer, value: float) -> None:
+    """A kernel's write of `value` into every element of the buffer's device copy, in place
+    (`device_writable`: the host copy is stale afterwards, on every device)."""
+    array = buf.device_writable
+    if isinstance(array, np.ndarray):  # the host device
+        array[:] = value
+    elif hasattr(array, "fill"):  # a PyOpenCL array, on lazybuf's queue
+        array.fill(value)
+    else:  # a DeviceMemoryView of the CUDA test double: its pointers are host memory
+        import ctypes
+
+        assert "test double" in array.device.name
+        array.synchronize()
+        address = array.__cuda_array_interface__["data"][0]
+        np.ctypeslib.as_array((ctypes.c_float * buf.size).from_address(address))[:] = value
+
+
+@pytest.mark.parametrize("key", [slice(None), Ellipsis], ids=["colon", "ellipsis"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda data: data * 2,  # the buffer's dtype and shape
+        lambda data: (data * 2).astype(np.float64),  # converted as NumPy's assignment converts
+        lambda data: (data * 2)[::-1].copy()[::-1],  # not contiguous
+        lambda data: np.float32(5),  # a number, broadcast
+        lambda data: 5,
+    ],
+    ids=["same", "float64", "strided", "numpy-scalar", "int"],
+)
+def test_assigning_every_element_of_a_stale_host_copy_downloads_nothing(device, n, key, make):
+    """`buf[:] = x` reads none of the old bytes: the host copy is overwritten where `.host`
+    would sync it from the device first (SYCL's `no_init`); then the device copy is stale."""
+    buf, data = device_dirty(device, n)
+    value = make(data)
+    before = downloads(buf)
+    buf[key] = value
+    assert downloads(buf) == before
+    assert buf.state == BufferState.HOST_DIRTY
+    expected = np.broadcast_to(np.asarray(value, dtype=np.float32), (n,))
+    np.testing.assert_array_equal(buf.to_numpy(), expected)
+    buf.sync_to_device()  # the device copy gets the assigned bytes
+    buf.mark_device_dirty()
+    np.testing.assert_array_equal(buf.to_numpy(), expected)
+
+
+@pytest.mark.parametrize(
+    "value, error",
+    [
+        (lambda n: np.zeros(n + 1, np.float32), ValueError),  # no broadcast to the shape
+        (lambda n: np.array(["x"] * n), ValueError),  # no conversion to float32
+    ],
+    ids=["shape", "strings"],
+)
+def test_a_whole_assignment_that_fails_changes_nothing(device, n, value, error):
+    buf, data = device_dirty(device, n)
+    before = downloads(buf)
+    with pytest.raises(error):
+        buf[:] = value(n)
+    assert downloads(buf) == before
+    assert buf.state == BufferState.DEVICE_DIRTY
+    np.testing.assert_array_equal(buf.to_numpy(), data)
+
+
+def test_assigning_a_view_of_the_buffers_own_stale_host_copy_sees_the_sync(device, n):
+    """NumPy's assignment reads the view after `.host` synced the block it views: the kernel's
+    values, not the stale bytes the view showed before."""
+    buf = UnifiedBuffer(n, np.float32, device=device)
+    buf.copy_from(np.arange(n, dtype=np.float32))
+    stale = buf.host_readonly
+    _kernel_fill(buf, 7)
+    buf[:] = stale[::-1]
+    np.testing.assert_array_equal(buf.to_numpy(), np.full(n, 7, np.float32))
+
+
+def test_a_partial_assignment_still_syncs_the_host_copy(device, n):
+    buf, data = device_dirty(device, n)
+    before = downloads(buf)
+    buf[1:] = 0
+    assert downloads(buf) == before + 1
+    expected = np.zeros(n, np.float32)
+    expected[0] = data[0]
+    np.testing.assert_array_equal(buf.to_numpy(), expected)

@@ -638,6 +638,64 @@ fn numpy_module(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
     NUMPY.get_or_try_init(py, || py.import("numpy").map(Bound::unbind)).map(|m| m.bind(py))
 }
 
+/// `buf[key] = value` that assigns every element, so reads none of the old bytes, while the
+/// host copy is stale: the buffer's memory and `value` as one C-contiguous array of its shape
+/// and dtype, converted as NumPy's assignment converts it (a conversion error is raised here,
+/// before the buffer changes), for an overwrite that syncs nothing first (SYCL's `no_init`,
+/// OpenCL's `CL_MAP_WRITE_INVALIDATE_REGION`). Every element: `key` is `...`, or `:` on a
+/// buffer of at least one dimension. `value`: a NumPy array (not of objects, not a view of the
+/// buffer's own host block, which must see the sync's bytes) or a number. `None`: assign
+/// through `.host`, as NumPy does.
+fn whole_assignment<'py>(
+    this: &UnifiedBuffer,
+    py: Python<'py>,
+    key: &Bound<'py, PyAny>,
+    value: &Bound<'py, PyAny>,
+) -> PyResult<Option<(Arc<Storage>, Bound<'py, PyUntypedArray>)>> {
+    let every_element = key.is(py.Ellipsis())
+        || (!this.shape.is_empty()
+            && key.cast::<pyo3::types::PySlice>().is_ok_and(|slice| {
+                ["start", "stop", "step"].iter().all(|part| slice.getattr(*part).is_ok_and(|v| v.is_none()))
+            }));
+    if !every_element {
+        return Ok(None);
+    }
+    let np = numpy_module(py)?;
+    let array = match value.cast::<PyUntypedArray>() {
+        Ok(array) if array.dtype().kind() != b'O' => Some(array),
+        Ok(_) => return Ok(None),
+        Err(_) => {
+            let number = value.is_exact_instance_of::<pyo3::types::PyFloat>()
+                || value.is_exact_instance_of::<pyo3::types::PyInt>()
+                || value.is_exact_instance_of::<pyo3::types::PyBool>()
+                || value.is_exact_instance_of::<pyo3::types::PyComplex>()
+                || value.is_instance(&np.getattr("number")?)?
+                || value.is_instance(&np.getattr("bool_")?)?;
+            if !number {
+                return Ok(None);
+            }
+            None
+        }
+    };
+    let storage = this.storage()?;
+    if !storage.overwrite_skips_sync(py, array)? {
+        return Ok(None);
+    }
+    let descr = this.descr(py);
+    if let Some(array) = array
+        && array.dtype().is_equiv_to(descr)
+        && array.is_c_contiguous()
+        && array.shape() == this.shape.as_slice()
+    {
+        return Ok(Some((storage, array.clone())));
+    }
+    let kwargs = PyDict::new(py);
+    kwargs.set_item("dtype", descr)?;
+    let whole = np.call_method("empty", (PyTuple::new(py, this.shape.iter())?,), Some(&kwargs))?;
+    whole.set_item(py.Ellipsis(), value)?;
+    Ok(Some((storage, whole.cast_into::<PyUntypedArray>()?)))
+}
+
 /// The buffer objects that keep views ([`Kept`]), weakly, for [`reclaim_kept_views`].
 static KEPT: KeptList = KeptList(Mutex::new(Vec::new()));
 
@@ -1325,9 +1383,16 @@ impl UnifiedBuffer {
     }
 
     /// `buf[key] = value`: assigns into the host copy as NumPy does, a host write (the device
-    /// copy is stale afterwards).
+    /// copy is stale afterwards). An assignment to every element (`buf[:] = x`,
+    /// `buf[...] = x`, of an array or a number) reads none of the old bytes: when the host copy
+    /// is stale it is overwritten, not synced from the device first ([`whole_assignment`]).
     fn __setitem__(slf: &Bound<'_, Self>, key: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>) -> PyResult<()> {
-        observed(slf.py(), Cause::access("__setitem__"), || UnifiedBuffer::host(slf)?.set_item(key, value))
+        observed(slf.py(), Cause::access("__setitem__"), || {
+            if let Some((storage, array)) = whole_assignment(slf.get(), slf.py(), key, value)? {
+                return storage.copy_from_array(&array);
+            }
+            UnifiedBuffer::host(slf)?.set_item(key, value)
+        })
     }
 
     // --- garbage collector ------------------------------------------------------------

@@ -554,6 +554,27 @@ impl Storage {
         Ok(raw.adopt_host(block).is_ok())
     }
 
+    /// Whether an assignment of every element from `source` (an array, or `None` for a
+    /// number) should overwrite the host copy rather than write through `.host`: the host copy
+    /// is not current (as the accesses so far committed it: `.host` would sync it first) and
+    /// `source` does not overlap the host block (a view of it must see the sync's bytes).
+    pub(crate) fn overwrite_skips_sync(
+        &self,
+        py: Python<'_>,
+        source: Option<&Bound<'_, PyUntypedArray>>,
+    ) -> PyResult<bool> {
+        let raw = self.lock(py)?;
+        if raw.residency_as_committed(lazybuf::coherence::Location::Host)
+            == lazybuf::coherence::Residency::Valid
+        {
+            return Ok(false);
+        }
+        let (Some(source), Some(host)) = (source, raw.host_addresses()) else {
+            return Ok(true);
+        };
+        Ok(byte_extent(source).is_none_or(|bytes| bytes.end <= host.start || host.end <= bytes.start))
+    }
+
     /// Overwrites the host copy with the bytes of `src`, a C-contiguous array of the buffer's
     /// dtype and size (checked here; nothing changes when the check fails).
     ///
@@ -761,6 +782,23 @@ fn is_view(
         && fields.descr == descr.as_dtype_ptr()
         && flags_ok
         && array.shape() == shape
+}
+
+/// The addresses an array's elements span (`None`: it has none), from its data pointer,
+/// shape and strides (negative strides included).
+fn byte_extent(array: &Bound<'_, PyUntypedArray>) -> Option<Range<usize>> {
+    let (shape, strides) = (array.shape(), array.strides());
+    if shape.contains(&0) {
+        return None;
+    }
+    // SAFETY: array is a live NumPy array; its fields are valid while it is borrowed.
+    let data = unsafe { (*npyffi::_PyArray_GET_ITEM_DATA(array.as_array_ptr())).data } as isize;
+    let (mut low, mut high) = (data, data);
+    for (&n, &stride) in shape.iter().zip(strides) {
+        let span = stride.saturating_mul(n as isize - 1);
+        if span < 0 { low = low.saturating_add(span) } else { high = high.saturating_add(span) }
+    }
+    Some(low as usize..(high as usize).saturating_add(array.dtype().itemsize()))
 }
 
 /// A NumPy array over `address` whose base is `owner`.

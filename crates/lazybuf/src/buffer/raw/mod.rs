@@ -386,6 +386,14 @@ impl RawBuffer {
             .flatten()
     }
 
+    /// The addresses of the host block, whatever it holds (current or stale), without any
+    /// sync: for a caller that must know whether outside memory overlaps it (an assignment
+    /// whose source may be a view of this very block). `None` when there is none.
+    pub fn host_addresses(&self) -> Option<std::ops::Range<usize>> {
+        let start = self.host.as_ref()?.as_ptr() as usize;
+        Some(start..start + self.nbytes)
+    }
+
     /// Makes `device`'s copy current for `access` and hands out its memory (to a view, or to
     /// the caller's kernels): the copy counts as used from now on.
     pub fn device_access(&mut self, device: &Device, access: Access) -> Result<&DeviceMemory> {
