@@ -32,12 +32,19 @@ build() {
     grep -qx "/$(basename "$dir")/" "$exclude" 2>/dev/null || echo "/$(basename "$dir")/" >>"$exclude"
     echo "==> building the test binaries (all features)"
     cargo test --workspace --all-features --no-run --message-format=json 2>/dev/null |
-        python3 -c 'import json, sys
+        python3 -c 'import collections, json, sys
+found = []
 for line in sys.stdin:
     try: m = json.loads(line)
     except ValueError: continue
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
-        print(m["target"]["name"], m["executable"])' |
+        crate = m["manifest_path"].rsplit("/", 2)[-2]
+        found.append((m["target"]["name"], crate, m["target"]["kind"][0], m["executable"]))
+# A name two targets share (the core library and the CLI binary are both `lazybuf`, two crates
+# have a `trace` test) is qualified by crate and kind, so neither overwrites the other.
+count = collections.Counter(name for name, *_ in found)
+for name, crate, kind, path in found:
+    print(name if count[name] == 1 else f"{crate}-{name}-{kind}", path)' |
         while read -r name path; do cp "$path" "$dir/bin/test-$name"; done
     strip --strip-debug "$dir"/bin/* 2>/dev/null || true
     echo "==> packing the test binaries into one .tar.xz (about 2 minutes; scripts/gpu-bins.sh)"
