@@ -442,3 +442,15 @@ fn scribble(backend: &dyn Backend, stream: &dyn StreamHandle, dst: &mut DeviceMe
 pub fn with_recorder_locked<R>(f: impl FnOnce() -> R) -> R {
     crate::observe::with_recorder_locked(f)
 }
+
+/// Runs `f` while this thread holds the lock of `device`'s default pool's cache: a test forks
+/// in another thread meanwhile, as a process whose pool is busy at the fork would.
+pub fn with_pool_locked<R>(device: &Device, f: impl FnOnce() -> R) -> R {
+    crate::resource::default_memory_pool(device).with_cache_locked(f)
+}
+
+/// Runs `f` while this thread holds the process-wide table of default pools (see
+/// [`with_pool_locked`]).
+pub fn with_default_pools_locked<R>(f: impl FnOnce() -> R) -> R {
+    crate::resource::with_default_pools_locked(f)
+}

@@ -95,3 +95,83 @@ pub fn watch_every_fork() {
 pub fn generation() -> u64 {
     GENERATION.load(Ordering::Relaxed)
 }
+
+/// How long a forked child waits, at its first use of a lock found held, for a thread of its
+/// own that may have just taken it (it records its generation right after).
+const GRACE: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// A mutex over process-wide state (a pool's cache, the table of default pools) that a forked
+/// child can find held forever: `fork` copies only the forking thread, so a lock another
+/// thread of the parent held at that moment is never released in the child. [`Self::lock`]
+/// tells that case apart (the lock records the [`generation`] it was taken in) and returns
+/// `None` instead of waiting: the caller goes on without the state (a pool's allocation goes
+/// upstream). In the process that took it, and in a child that finds it free, it is a plain
+/// mutex: one relaxed load more per lock, and one store per generation.
+///
+/// Counting generations starts when the first such lock is made ([`watch_every_fork`]).
+pub(crate) struct ForkAwareMutex<T> {
+    value: std::sync::Mutex<T>,
+    /// The generation the lock was last taken in (or made in).
+    taken_in: AtomicU64,
+    /// The generation in which a thread found the lock held by a parent's thread (`u64::MAX`:
+    /// none): later calls there give up at once.
+    orphaned_in: AtomicU64,
+}
+
+impl<T> ForkAwareMutex<T> {
+    pub(crate) fn new(value: T) -> Self {
+        watch_every_fork();
+        ForkAwareMutex {
+            value: std::sync::Mutex::new(value),
+            taken_in: AtomicU64::new(generation()),
+            orphaned_in: AtomicU64::new(u64::MAX),
+        }
+    }
+
+    /// The lock, waited for; `None` in a forked child when a thread of a parent process held
+    /// it at the fork. A poisoned lock is taken as it is (its users panic nowhere under it).
+    pub(crate) fn lock(&self) -> Option<std::sync::MutexGuard<'_, T>> {
+        let now = generation();
+        if self.taken_in.load(Ordering::Relaxed) == now {
+            return Some(self.value.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+        }
+        // The first use since a fork (or a use while the first is under way).
+        if self.orphaned_in.load(Ordering::Relaxed) == now {
+            return None;
+        }
+        let start = std::time::Instant::now();
+        loop {
+            match self.value.try_lock() {
+                Ok(guard) => {
+                    self.taken_in.store(now, Ordering::Relaxed);
+                    return Some(guard);
+                }
+                Err(std::sync::TryLockError::Poisoned(poisoned)) => {
+                    self.taken_in.store(now, Ordering::Relaxed);
+                    return Some(poisoned.into_inner());
+                }
+                Err(std::sync::TryLockError::WouldBlock) => {}
+            }
+            if self.taken_in.load(Ordering::Relaxed) == now {
+                // A thread of this process holds it: an ordinary wait.
+                return Some(self.value.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+            }
+            if start.elapsed() > GRACE {
+                self.orphaned_in.store(now, Ordering::Relaxed);
+                return None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
+    /// The value, through exclusive access (no lock needed).
+    pub(crate) fn get_mut(&mut self) -> &mut T {
+        self.value.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl<T: Default> Default for ForkAwareMutex<T> {
+    fn default() -> Self {
+        ForkAwareMutex::new(T::default())
+    }
+}

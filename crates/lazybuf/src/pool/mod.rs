@@ -35,8 +35,9 @@
 //! What does not live here: the caching itself ([`crate::resource`]), and the buffer's
 //! coherence ([`crate::buffer`]).
 
+use crate::backend::fork::ForkAwareMutex;
 use std::fmt;
-use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 
 use crate::backend::MemoryKind;
 use crate::buffer::{BufferOptions, RawBuffer, UnifiedBuffer};
@@ -213,14 +214,21 @@ impl fmt::Debug for MemoryPool {
     }
 }
 
+impl MemoryPool {
+    /// Runs `f` while this thread holds the cache's lock ([`crate::testing::with_pool_locked`]).
+    pub(crate) fn with_cache_locked<R>(&self, f: impl FnOnce() -> R) -> R {
+        self.resource.with_state_locked(f)
+    }
+}
+
 /// The caches of pools made, with their device (`None`: a cache that serves every device),
 /// weakly held.
-type LivePools = Mutex<Vec<(Option<DeviceId>, Weak<CachingResource>)>>;
+type LivePools = ForkAwareMutex<Vec<(Option<DeviceId>, Weak<CachingResource>)>>;
 
 /// The caches of every pool made, by device, weakly held.
 fn live_pools() -> &'static LivePools {
     static LIVE: OnceLock<LivePools> = OnceLock::new();
-    LIVE.get_or_init(Mutex::default)
+    LIVE.get_or_init(ForkAwareMutex::default)
 }
 
 /// Adds a new pool's cache to the live pools of `device`.
@@ -233,7 +241,9 @@ fn register(device: &Device, cache: &Arc<CachingResource>) {
 /// `device`, or of every device with `None`: a cache serving any device is trimmed whole
 /// whenever one of them needs room). Held weakly: dropping the cache unregisters it.
 pub fn register_cache(cache: &Arc<CachingResource>, device: Option<&Device>) {
-    let mut live = live_pools().lock().unwrap_or_else(PoisonError::into_inner);
+    // Not listed in a forked child whose parent's thread held the list at the fork: spilling
+    // does not trim it there.
+    let Some(mut live) = live_pools().lock() else { return };
     // Pools gone are dropped from the list when it would grow past twice the live ones.
     if live.len() >= 16 && live.len() == live.capacity() {
         live.retain(|(_, pool)| pool.strong_count() > 0);
@@ -246,7 +256,7 @@ pub fn register_cache(cache: &Arc<CachingResource>, device: Option<&Device>) {
 /// before it evicts anything. The list's lock is not held while the pools trim.
 pub(crate) fn trim_live_pools(device: Option<&Device>) -> u64 {
     let pools: Vec<Arc<CachingResource>> = {
-        let mut live = live_pools().lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(mut live) = live_pools().lock() else { return 0 };
         live.retain(|(_, pool)| pool.strong_count() > 0);
         live.iter()
             .filter(|(id, _)| device.is_none_or(|d| id.is_none_or(|id| d.id() == id)))

@@ -36,10 +36,11 @@ use std::collections::HashMap;
 use std::fmt;
 use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, MutexGuard};
 
 use super::size_class::class_size;
 use super::{Block, MemoryResource};
+use crate::backend::fork::ForkAwareMutex;
 use crate::backend::{MemoryKind, Ticket};
 use crate::coherence::DeviceId;
 use crate::device::{Device, Stream};
@@ -286,13 +287,15 @@ pub struct CachingResource {
     config: PoolConfig,
     /// For messages: the pool's own device.
     name: String,
-    state: Mutex<State>,
+    /// A forked child whose parent's thread held it at the fork goes on without it: misses
+    /// go upstream, returns too, and the counters read zero ([`ForkAwareMutex`]).
+    state: ForkAwareMutex<State>,
 }
 
 impl CachingResource {
     /// A cache with `config` over `upstream`; `name` (the pool's device) shows in messages.
     pub fn new(upstream: Arc<dyn MemoryResource>, config: PoolConfig, name: String) -> Self {
-        CachingResource { upstream, config, name, state: Mutex::new(State::default()) }
+        CachingResource { upstream, config, name, state: ForkAwareMutex::new(State::default()) }
     }
 
     /// Where misses go.
@@ -307,14 +310,14 @@ impl CachingResource {
 
     /// The counters now.
     pub fn stats(&self) -> PoolStats {
-        self.lock().stats
+        self.lock().map(|state| state.stats).unwrap_or_default()
     }
 
     /// What the pool holds of the kinds `kinds` accepts, and the hits and misses of requests
     /// for them.
     pub fn usage(&self, kinds: impl Fn(MemoryKind) -> bool) -> PoolUsage {
-        let state = self.lock();
         let mut usage = PoolUsage::default();
+        let Some(state) = self.lock() else { return usage };
         for (kind, (hits, misses)) in KINDS.iter().zip(state.kind_counts) {
             if kinds(*kind) {
                 usage.hits += hits;
@@ -333,7 +336,7 @@ impl CachingResource {
     /// Frees every cached block upstream; returns their bytes.
     pub fn trim(&self) -> u64 {
         let blocks = {
-            let mut state = self.lock();
+            let Some(mut state) = self.lock() else { return 0 };
             state.stats.bytes_cached = 0;
             drain(&mut state.slots)
         };
@@ -342,7 +345,7 @@ impl CachingResource {
 
     /// Sets hits, misses, allocations and OOM retries to zero and the peak to the bytes in use.
     pub fn reset_counters(&self) {
-        let mut state = self.lock();
+        let Some(mut state) = self.lock() else { return };
         let stats = &mut state.stats;
         *stats = PoolStats {
             bytes_in_use: stats.bytes_in_use,
@@ -353,9 +356,16 @@ impl CachingResource {
         state.kind_counts = Default::default();
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // No code panics while holding the lock, so a poisoned state is still consistent.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    /// Runs `f` while this thread holds the state's lock (for a test that forks meanwhile).
+    pub(crate) fn with_state_locked<R>(&self, f: impl FnOnce() -> R) -> R {
+        let _held = self.lock();
+        f()
+    }
+
+    /// The state; `None` in a forked child whose parent's thread held it at the fork. (No code
+    /// panics while holding the lock, so a poisoned state is still consistent.)
+    fn lock(&self) -> Option<MutexGuard<'_, State>> {
+        self.state.lock()
     }
 
     /// Pops a cached block of `key` that may be used on `stream`, counting a hit, or counts a
@@ -367,7 +377,7 @@ impl CachingResource {
     /// [`Self::reuse`]; a miss is counted (and recorded) only with `count_miss`. Waits for
     /// nothing: the lock is only ever held for bookkeeping and ticket polls.
     fn reuse_counting(&self, key: Key, stream: &Stream, count_miss: bool) -> Option<Block> {
-        let mut state = self.lock();
+        let mut state = self.lock()?;
         // Checked under the lock that a block's return takes too: a block cached by a racing
         // free after the caller's trim is not handed out while memory held is over its limit.
         let over_limit = crate::spill::budget::over_limit(stream.device(), key.kind);
@@ -412,7 +422,8 @@ impl CachingResource {
 
     /// Counts a fresh block from upstream as handed out.
     fn count_fresh(&self, device: &Device, block: &Block) {
-        let mut state = self.lock();
+        // Not counted in a child without the state: its return then goes upstream.
+        let Some(mut state) = self.lock() else { return };
         let State { slots, stats, .. } = &mut *state;
         let slot = slots
             .entry(Key { device: device.id(), kind: block.kind(), bytes: block.len() })
@@ -474,7 +485,9 @@ impl MemoryResource for CachingResource {
         }
         let block = match fresh(class) {
             Err(err) if exhausted(&err) => {
-                self.lock().stats.oom_retries += 1;
+                if let Some(mut state) = self.lock() {
+                    state.stats.oom_retries += 1;
+                }
                 self.trim();
                 fresh(class)
             }
@@ -532,7 +545,11 @@ impl MemoryResource for CachingResource {
             // so that memory held comes down instead of waiting in the cache.
             let over_limit = crate::spill::budget::over_limit(device, kind);
             let mut state = self.lock();
-            let State { slots, stats, .. } = &mut *state;
+            let Some(State { slots, stats, .. }) = state.as_deref_mut() else {
+                drop(state);
+                give_upstream(&*self.upstream, device, block, stream, ready);
+                return;
+            };
             match slots.get_mut(&key) {
                 Some(slot) if slot.outstanding > 0 => {
                     slot.outstanding -= 1;
@@ -559,7 +576,10 @@ impl Drop for CachingResource {
     /// Gives every cached block back upstream (no buffer can still hold one: each holds the
     /// resource alive).
     fn drop(&mut self) {
-        self.trim();
+        // Through exclusive access: no lock, so also in a forked child whose parent's thread
+        // held it at the fork.
+        let blocks = drain(&mut self.state.get_mut().slots);
+        give_all(&*self.upstream, blocks);
     }
 }
 

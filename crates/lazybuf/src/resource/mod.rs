@@ -59,6 +59,7 @@ use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 pub use crate::backend::Block;
+use crate::backend::fork::ForkAwareMutex;
 use crate::backend::{DeviceMemory, MemoryKind, Ticket};
 use crate::coherence::DeviceId;
 use crate::device::{Device, Stream};
@@ -244,16 +245,20 @@ pub fn default_pool(device: &Device) -> Arc<CachingResource> {
 /// The process-wide default pool of `device` (made at the first call). Entries are never
 /// removed or replaced: [`default_pool`] caches them per thread.
 pub(crate) fn default_memory_pool(device: &Device) -> crate::MemoryPool {
-    let mut pools = default_pools().lock().unwrap_or_else(PoisonError::into_inner);
+    let Some(mut pools) = default_pools().lock() else {
+        // A forked child whose parent's thread held the table at the fork: a pool of the
+        // caller's own (the thread caches it, [`default_pool`]).
+        return crate::MemoryPool::new(device, PoolConfig::for_device(device));
+    };
     pools
         .entry(device.id())
         .or_insert_with(|| crate::MemoryPool::new(device, PoolConfig::for_device(device)))
         .clone()
 }
 
-fn default_pools() -> &'static Mutex<HashMap<DeviceId, crate::MemoryPool>> {
-    static POOLS: OnceLock<Mutex<HashMap<DeviceId, crate::MemoryPool>>> = OnceLock::new();
-    POOLS.get_or_init(Mutex::default)
+fn default_pools() -> &'static ForkAwareMutex<HashMap<DeviceId, crate::MemoryPool>> {
+    static POOLS: OnceLock<ForkAwareMutex<HashMap<DeviceId, crate::MemoryPool>>> = OnceLock::new();
+    POOLS.get_or_init(ForkAwareMutex::default)
 }
 
 /// The resource a buffer or memory object on `device` made without one uses: the device's
@@ -298,13 +303,20 @@ pub fn set_current_resource(
     previous
 }
 
+/// Runs `f` while this thread holds the table of default pools
+/// ([`crate::testing::with_default_pools_locked`]).
+pub(crate) fn with_default_pools_locked<R>(f: impl FnOnce() -> R) -> R {
+    let _held = default_pools().lock();
+    f()
+}
+
 /// Gives back everything lazybuf keeps for reuse: the cached blocks of every device's default
 /// pool, and the backends' staging memory. Returns the bytes of cached blocks freed. Live
 /// buffers keep their memory; pools made with [`crate::MemoryPool::new`] are trimmed by their
 /// own `trim`.
 pub fn trim() -> u64 {
     let pools: Vec<crate::MemoryPool> =
-        default_pools().lock().unwrap_or_else(PoisonError::into_inner).values().cloned().collect();
+        default_pools().lock().map(|pools| pools.values().cloned().collect()).unwrap_or_default();
     let freed = pools.iter().map(|pool| pool.trim()).sum();
     // Only devices already found: trimming must not open every backend (slow, and it would
     // make the registry where another thread may fork meanwhile).
