@@ -175,3 +175,53 @@ impl<T: Default> Default for ForkAwareMutex<T> {
         ForkAwareMutex::new(T::default())
     }
 }
+
+#[cfg(all(test, unix))]
+mod tests {
+    use super::ForkAwareMutex;
+    use std::sync::{Arc, mpsc};
+
+    /// Forks; the child exits with `child`'s status; returns it (the child is not expected to
+    /// hang: the lock gives up after its grace period).
+    fn in_child(child: impl FnOnce() -> i32) -> i32 {
+        // SAFETY: fork has no preconditions; the child only runs `child` and `_exit`s.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let status = std::panic::catch_unwind(std::panic::AssertUnwindSafe(child)).unwrap_or(99);
+            // SAFETY: ends the child at once, without the parent's destructors.
+            unsafe { libc::_exit(status) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for our own child; status is a valid out-pointer.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        libc::WEXITSTATUS(status)
+    }
+
+    #[test]
+    fn a_child_gives_up_a_lock_a_parents_thread_held_and_takes_one_that_was_free() {
+        let held = Arc::new(ForkAwareMutex::new(1u32));
+        let free = ForkAwareMutex::new(2u32);
+        let (locked_tx, locked_rx) = mpsc::channel();
+        let (release_tx, release_rx) = mpsc::channel::<()>();
+        let holder = {
+            let held = held.clone();
+            std::thread::spawn(move || {
+                let _guard = held.lock().unwrap();
+                locked_tx.send(()).unwrap();
+                release_rx.recv().unwrap();
+            })
+        };
+        locked_rx.recv().unwrap();
+        let status = in_child(|| {
+            // Given up (twice: the second at once), while the free one works as a mutex.
+            let gave_up = held.lock().is_none() && held.lock().is_none();
+            let took = free.lock().map(|mut v| *v += 1).is_some() && free.lock().is_some_and(|v| *v == 3);
+            i32::from(gave_up) * 10 + i32::from(took)
+        });
+        release_tx.send(()).unwrap();
+        holder.join().unwrap();
+        assert_eq!(status, 11, "10: the held lock given up, 1: the free one taken");
+        assert_eq!(held.lock().map(|v| *v), Some(1), "the parent takes it as before");
+    }
+}

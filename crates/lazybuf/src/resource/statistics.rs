@@ -14,10 +14,11 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, MutexGuard};
 
 use super::tracking::block_key;
 use super::{Block, MemoryResource};
+use crate::backend::fork::ForkAwareMutex;
 use crate::backend::{MemoryKind, Ticket};
 use crate::coherence::DeviceId;
 use crate::device::{Device, Stream};
@@ -88,14 +89,16 @@ struct State {
 /// ```
 pub struct StatisticsResource {
     upstream: Arc<dyn MemoryResource>,
-    state: Mutex<State>,
+    /// A forked child whose parent's thread held it at the fork counts nothing
+    /// ([`ForkAwareMutex`]): allocations pass through, the counters read zero.
+    state: ForkAwareMutex<State>,
 }
 
 impl StatisticsResource {
     /// Counts what `upstream` hands out through this resource.
     pub fn new(upstream: Arc<dyn MemoryResource>) -> StatisticsResource {
         let state = State { stack: vec![Statistics::default()], requested: HashMap::new() };
-        StatisticsResource { upstream, state: Mutex::new(state) }
+        StatisticsResource { upstream, state: ForkAwareMutex::new(state) }
     }
 
     /// Where allocations go.
@@ -103,19 +106,20 @@ impl StatisticsResource {
         &self.upstream
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // Nothing panics while holding the lock.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    /// The state; `None` in a forked child whose parent's thread held it at the fork.
+    /// (Nothing panics while holding the lock.)
+    fn lock(&self) -> Option<MutexGuard<'_, State>> {
+        self.state.lock()
     }
 
     /// The counters of the current (top) level.
     pub fn statistics(&self) -> Statistics {
-        self.lock().stack.last().copied().unwrap_or_default()
+        self.lock().and_then(|state| state.stack.last().copied()).unwrap_or_default()
     }
 
     /// Starts a new level of zeroed counters; returns the level below as it was.
     pub fn push_counters(&self) -> Statistics {
-        let mut state = self.lock();
+        let Some(mut state) = self.lock() else { return Statistics::default() };
         let top = state.stack.last().copied().unwrap_or_default();
         state.stack.push(Statistics::default());
         top
@@ -124,7 +128,7 @@ impl StatisticsResource {
     /// Ends the top level, folds it into the one below and returns it; `None` (and nothing
     /// changes) when only the bottom level is left.
     pub fn pop_counters(&self) -> Option<Statistics> {
-        let mut state = self.lock();
+        let mut state = self.lock()?;
         if state.stack.len() < 2 {
             return None;
         }
@@ -137,14 +141,14 @@ impl StatisticsResource {
 
     /// The number of levels (1 without pushes).
     pub fn depth(&self) -> usize {
-        self.lock().stack.len()
+        self.lock().map_or(1, |state| state.stack.len())
     }
 }
 
 impl MemoryResource for StatisticsResource {
     fn allocate(&self, device: &Device, kind: MemoryKind, bytes: usize, stream: &Stream) -> Result<Block> {
         let block = self.upstream.allocate(device, kind, bytes, stream)?;
-        let mut state = self.lock();
+        let Some(mut state) = self.lock() else { return Ok(block) };
         if let Some(key) = block_key(device, &block) {
             state.requested.insert(key, bytes);
         }
@@ -155,8 +159,7 @@ impl MemoryResource for StatisticsResource {
     }
 
     fn deallocate(&self, device: &Device, block: Block, stream: &Stream, ready: Ticket) {
-        {
-            let mut state = self.lock();
+        if let Some(mut state) = self.lock() {
             let bytes = match block_key(device, &block) {
                 Some(key) => state.requested.remove(&key).unwrap_or(block.len()),
                 None => 0,

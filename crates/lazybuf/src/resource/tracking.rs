@@ -15,9 +15,10 @@ use std::backtrace::Backtrace;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, MutexGuard};
 
 use super::{Block, MemoryResource};
+use crate::backend::fork::ForkAwareMutex;
 use crate::backend::{MemoryKind, Ticket};
 use crate::coherence::DeviceId;
 use crate::device::{Device, Stream};
@@ -70,7 +71,9 @@ pub struct Outstanding {
 pub struct TrackingResource {
     upstream: Arc<dyn MemoryResource>,
     capture_stacks: bool,
-    records: Mutex<HashMap<(DeviceId, usize), Outstanding>>,
+    /// A forked child whose parent's thread held it at the fork tracks nothing
+    /// ([`ForkAwareMutex`]).
+    records: ForkAwareMutex<HashMap<(DeviceId, usize), Outstanding>>,
     allocated: AtomicU64,
 }
 
@@ -78,7 +81,12 @@ impl TrackingResource {
     /// Tracks what `upstream` hands out through this resource; with `capture_stacks`, each
     /// record keeps the call stack that allocated it (costly: for debugging).
     pub fn new(upstream: Arc<dyn MemoryResource>, capture_stacks: bool) -> TrackingResource {
-        TrackingResource { upstream, capture_stacks, records: Mutex::default(), allocated: AtomicU64::new(0) }
+        TrackingResource {
+            upstream,
+            capture_stacks,
+            records: ForkAwareMutex::default(),
+            allocated: AtomicU64::new(0),
+        }
     }
 
     /// Where allocations go.
@@ -86,9 +94,10 @@ impl TrackingResource {
         &self.upstream
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<(DeviceId, usize), Outstanding>> {
-        // Nothing panics while holding the lock.
-        self.records.lock().unwrap_or_else(PoisonError::into_inner)
+    /// The records; `None` in a forked child whose parent's thread held them at the fork.
+    /// (Nothing panics while holding the lock.)
+    fn lock(&self) -> Option<MutexGuard<'_, HashMap<(DeviceId, usize), Outstanding>>> {
+        self.records.lock()
     }
 
     /// The bytes outstanding (as asked for).
@@ -98,7 +107,8 @@ impl TrackingResource {
 
     /// The allocations outstanding, by address.
     pub fn outstanding(&self) -> Vec<Outstanding> {
-        let mut all: Vec<Outstanding> = self.lock().values().cloned().collect();
+        let mut all: Vec<Outstanding> =
+            self.lock().map(|r| r.values().cloned().collect()).unwrap_or_default();
         all.sort_by_key(|o| o.address);
         all
     }
@@ -124,7 +134,8 @@ impl MemoryResource for TrackingResource {
             let stack = self.capture_stacks.then(|| Backtrace::force_capture().to_string());
             let record = Outstanding { address: key.1, bytes, kind, device: device.to_string(), stack };
             // A live block's address is unique, so no record is replaced.
-            if let Some(stale) = self.lock().insert(key, record) {
+            let Some(mut records) = self.lock() else { return Ok(block) };
+            if let Some(stale) = records.insert(key, record) {
                 self.allocated.fetch_sub(stale.bytes as u64, Ordering::SeqCst);
             }
             self.allocated.fetch_add(bytes as u64, Ordering::SeqCst);
@@ -134,7 +145,7 @@ impl MemoryResource for TrackingResource {
 
     fn deallocate(&self, device: &Device, block: Block, stream: &Stream, ready: Ticket) {
         if let Some(key) = block_key(device, &block)
-            && let Some(record) = self.lock().remove(&key)
+            && let Some(record) = self.lock().and_then(|mut records| records.remove(&key))
         {
             self.allocated.fetch_sub(record.bytes as u64, Ordering::SeqCst);
         }
@@ -145,7 +156,7 @@ impl MemoryResource for TrackingResource {
 impl fmt::Debug for TrackingResource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TrackingResource")
-            .field("outstanding", &self.lock().len())
+            .field("outstanding", &self.lock().map_or(0, |records| records.len()))
             .field("allocated_bytes", &self.allocated_bytes())
             .field("upstream", &self.upstream)
             .finish()
