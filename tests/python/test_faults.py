@@ -252,3 +252,51 @@ def test_a_failed_read_back_gives_its_cached_block_back(faulty_opencl):
     assert pool.stats().bytes_in_use == in_use
     assert buf.state == BufferState.DEVICE_DIRTY
     np.testing.assert_array_equal(buf.to_numpy(), data)
+
+
+def test_the_buffer_protocol_is_not_stuck_on_an_upload_failure_the_host_copy_does_not_depend_on(faulty_opencl):
+    """A failed asynchronous upload, reported by `Transfer.wait()`: the host copy is current,
+    so exports of it work (the tenth hostile pass: `bytes(buf)` raised the failure forever)."""
+    buf = UnifiedBuffer(N, np.float32, device=faulty_opencl)
+    buf.host[:] = DATA
+    faulty_opencl.defer_copy_faults(True)
+    faulty_opencl.fail_copy_in(1)
+    transfer = buf.sync_to_device_async()
+    with pytest.raises(RuntimeError, match="injected fault: copy"):
+        transfer.wait()
+    # The coherence checker (LAZYBUF_CHECK=1) settles transfers into device copies before it
+    # compares them: there the first export reports the failure again, once.
+    raised = 0
+    for _ in range(3):
+        try:
+            assert bytes(buf) == DATA.tobytes()
+            np.testing.assert_array_equal(np.frombuffer(memoryview(buf), np.float32), DATA)
+        except RuntimeError as err:
+            assert "injected fault: copy" in str(err)
+            raised += 1
+    assert raised <= 1, raised
+    assert bytes(buf) == DATA.tobytes()
+    assert buf.state == BufferState.HOST_ONLY
+
+
+def test_the_buffer_protocol_raises_a_failure_it_depends_on_once_then_settles(faulty_opencl):
+    """A failed download the export waits for: raised without settling once (NumPy drops this
+    slot's errors, and its next interface settles and raises it), then settled by the next
+    export, which raises it where nothing drops it; the export after that works."""
+    buf = UnifiedBuffer(N, np.float32, device=faulty_opencl)
+    buf.host[:] = DATA
+    buf.sync_to_device()
+    buf.mark_device_dirty()
+    faulty_opencl.defer_copy_faults(True)
+    faulty_opencl.fail_copy_in(1)
+    transfer = buf.sync_to_host_async()
+    raised = 0
+    for _ in range(4):
+        try:
+            assert bytes(buf) == DATA.tobytes()
+        except RuntimeError as err:
+            assert "injected fault: copy" in str(err)
+            raised += 1
+    assert raised == 2, raised
+    del transfer
+    assert buf.state == BufferState.SYNCHRONIZED

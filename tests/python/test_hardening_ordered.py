@@ -8,8 +8,11 @@ make an upload fail where its stream runs it.
 
 import ctypes
 import os
+import random
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -120,3 +123,47 @@ def test_a_cupy_array_freed_while_an_exception_propagates_keeps_the_exception(do
     done = subprocess.run([sys.executable, "-c", FAKE_CUPY_RAISE], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
     assert done.stdout.strip() == "ok", done.stdout + done.stderr[-2000:]
+
+
+def test_threads_sharing_a_stream_get_each_failure_at_the_transfer_that_failed(double):
+    """A failure the double reports to the next event recorded on the stream reaches the copy
+    that failed, also when four threads' buffers share the stream (the tenth hostile pass: a
+    failed upload kept as a success returned the double's garbage with no error, about 800
+    times in 5 s, while another thread got an error for a copy that had succeeded). Only
+    blocking calls; the stream's enqueue and its event's record are one step (cuda/memory.rs)."""
+    device, lib = double
+    wrong, raised, armed = [], [0], [0]
+    stop = time.monotonic() + 1.5
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+
+    def worker(k):
+        rng = random.Random(k)
+        buf = UnifiedBuffer(1024, np.int32, device=device)
+        while time.monotonic() < stop:
+            value = rng.randrange(1, 1 << 30)
+            if k == 0 and rng.random() < 0.3:
+                lib.lazybuf_cuda_double_fail_copy(1)
+                armed[0] += 1
+            try:  # a failure is raised by the call that settles it (with the checker: any)
+                buf.host[:] = value
+                buf.sync_to_device()
+                buf.mark_device_dirty()
+                back = buf.to_numpy()
+            except RuntimeError:
+                raised[0] += 1
+                continue
+            if not (back == value).all():
+                wrong.append((k, hex(int(back[0]) & 0xFFFFFFFF), value))
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(switch)
+        lib.lazybuf_cuda_double_fail_copy(0)
+    assert armed[0] > 0 and raised[0] > 0
+    assert not wrong, f"{len(wrong)} reads returned wrong bytes without an error: {wrong[:3]}"

@@ -1449,12 +1449,22 @@ impl UnifiedBuffer {
             ))
         });
         let py = slf.py();
-        // A transfer in flight that failed is raised here without being settled: NumPy drops
-        // an error of this slot and tries `__array_interface__`, which then settles it and
-        // raises it where NumPy does not drop it (np.asarray returned the old data with no
-        // error, a hostile pass of 2026-11-27).
-        if let Some(err) = storage.lock(py)?.failure_in_flight() {
-            return Err(err).or_py();
+        // A failed transfer in flight that the export's host access depends on is raised here
+        // once without being settled: NumPy drops an error of this slot and tries
+        // `__array_interface__`, which then settles it and raises it where NumPy does not drop
+        // it (np.asarray returned the old data with no error, a hostile pass of 2026-11-27).
+        // Once only, and only such a failure: `bytes(buf)` raised an upload's failure forever,
+        // although the host copy was current (the tenth hostile pass).
+        let writable = flags & ffi::PyBUF_WRITABLE != 0;
+        let access = if writable { Access::Write } else { Access::Read };
+        if storage.lock(py)?.is_busy() {
+            // Waited for without the GIL, as the access would wait.
+            let failure = lock::detach(py, |d| {
+                PyResult::Ok(storage.lock_detached(d)?.unreported_failure_for_host(access))
+            })?;
+            if let Some(err) = failure {
+                return Err(err).or_py();
+            }
         }
         let memory = |writable: bool| {
             // A writable export is a host write, a read-only one a host read.

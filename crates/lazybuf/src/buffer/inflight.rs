@@ -111,6 +111,9 @@ pub(super) struct InFlight {
     /// Locations that were current when a write ordered after this upload made them stale:
     /// made current again if the upload fails (module docs).
     pub(super) revalidate: Locations,
+    /// Its failure was returned once without settling it
+    /// ([`super::RawBuffer::unreported_failure_for_host`]).
+    pub(super) reported: bool,
 }
 
 impl InFlight {

@@ -280,6 +280,7 @@ impl Runtime for CudaBackend {
     unsafe fn upload(&self, stream: &CudaStream, src: HostSpan, dst: &CudaMemory) -> Result<Ticket> {
         let dst = dst.ptr;
         let _bound = self.context.bind()?;
+        let _order = stream.enqueue();
         if Self::needs_staging(&src)
             && let Some(staging) = self.staging()
         {
@@ -296,6 +297,7 @@ impl Runtime for CudaBackend {
     unsafe fn download(&self, stream: &CudaStream, src: &CudaMemory, dst: HostSpan) -> Result<Ticket> {
         let src = src.ptr;
         let _bound = self.context.bind()?;
+        let _order = stream.enqueue();
         if Self::needs_staging(&dst)
             && let Some(staging) = self.staging()
         {
@@ -321,6 +323,7 @@ impl Runtime for CudaBackend {
         // period (the shortest repeating unit) divides it, so it is 1, 2, 4, 8 or 16 too.
         let period = period(pattern);
         let _bound = self.context.bind()?;
+        let _order = stream.enqueue();
         // dst holds at least `bytes` bytes and is 256-byte aligned (cuMemAlloc), so memsets of
         // 2- and 4-byte units are aligned and stay inside the allocation.
         let (s, count) = (stream.stream, bytes / period);
@@ -359,6 +362,7 @@ impl Runtime for CudaBackend {
     ) -> Result<Ticket> {
         let (src, dst) = (src.ptr, dst.ptr);
         let _bound = self.context.bind()?;
+        let _order = stream.enqueue();
         // SAFETY: both allocations hold at least `bytes` and are distinct (`dst` is borrowed
         // mutably while `src` is borrowed shared).
         unsafe { result::memcpy_dtod_async(dst, src, bytes, stream.stream) }
@@ -382,6 +386,7 @@ impl Runtime for CudaBackend {
         let dst = dst.ptr;
         let copy = || {
             let _bound = self.context.bind()?;
+            let _order = stream.enqueue();
             // SAFETY: source.ptr holds at least `bytes` in `peer`, dst holds at least `bytes`
             // here; both stay allocated until the copy's event completes (the engine waits).
             unsafe {

@@ -157,6 +157,8 @@ pub struct CudaStream {
     pub(super) stream: sys::CUstream,
     pub(super) context: Arc<Context>,
     owned: bool,
+    /// Held from a command's enqueue to the record of its event ([`Self::enqueue`]).
+    enqueue: std::sync::Mutex<()>,
 }
 
 // SAFETY: the driver API is thread-safe and streams may be used from any thread; the value
@@ -178,12 +180,22 @@ impl CudaStream {
             result::stream::StreamKind::NonBlocking
         };
         let stream = result::stream::create(kind).map_err(|err| cuda_error("cuStreamCreate", err))?;
-        Ok(CudaStream { stream, context: context.clone(), owned: true })
+        Ok(CudaStream { stream, context: context.clone(), owned: true, enqueue: Default::default() })
     }
 
     /// The caller's stream `stream` of `context`, not destroyed on drop.
     pub(super) fn borrowed(context: &Arc<Context>, stream: sys::CUstream) -> CudaStream {
-        CudaStream { stream, context: context.clone(), owned: false }
+        CudaStream { stream, context: context.clone(), owned: false, enqueue: Default::default() }
+    }
+
+    /// Held by the caller from a command's enqueue to the record of its event, so that the
+    /// event recorded after a command is that command's, also when threads share the stream: a
+    /// failure reported to the next event recorded on the stream (the test double's, a
+    /// non-sticky error's) is reported to the command that failed, and undone there, not to
+    /// another thread's (the tenth hostile pass: four threads on one stream with faults read
+    /// the double's garbage without an error). Never held while waiting.
+    pub(super) fn enqueue(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.enqueue.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Records a new event on the stream, as a completion; `context` must be current.

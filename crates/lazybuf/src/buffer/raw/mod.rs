@@ -244,12 +244,28 @@ impl RawBuffer {
         }
     }
 
-    /// The failure of a transfer in flight, when one is known to have failed (a poll of each,
-    /// no waiting), without settling it: the call that settles it still undoes it and returns
-    /// the error. For a caller whose error may be dropped unseen (the buffer protocol, whose
-    /// failures NumPy ignores before it tries another interface).
-    pub fn failure_in_flight(&self) -> Option<Error> {
-        self.inflight.iter().find_map(InFlight::failure)
+    /// The failure of a transfer in flight that a host access for `access` would settle (and
+    /// return), when one failed (waited for, as the access would wait) and this method has not
+    /// returned it before; returned without settling it. For a caller whose error may be
+    /// dropped unseen (the buffer protocol, whose failures NumPy ignores before it tries
+    /// another interface, which then settles it): the next such call goes on to the access,
+    /// which settles it, so no failure is returned forever, and a failure the host access does
+    /// not depend on (an upload that failed, the host copy still current) is not returned.
+    pub fn unreported_failure_for_host(&mut self, access: Access) -> Option<Error> {
+        if self.inflight.is_empty() {
+            return None;
+        }
+        let plan = self.plan(Location::Host, None, access);
+        let (reads, writes) = self.touched(&plan, Location::Host, None, access);
+        let (op, err) =
+            self.inflight.iter_mut().filter(|op| !op.reported && op.conflicts(&reads, &writes)).find_map(
+                |op| match op.ticket.wait() {
+                    Err(Error::ForkedChild { .. }) | Ok(()) => None,
+                    Err(err) => Some((op, err)),
+                },
+            )?;
+        op.reported = true;
+        Some(err)
     }
 
     /// Whether transfers of this buffer are in flight (not yet settled).
@@ -616,6 +632,7 @@ impl RawBuffer {
             op,
             upload_to,
             revalidate: Locations::default(),
+            reported: false,
         });
         Ok(Transfer::new(ticket, named))
     }
