@@ -119,6 +119,24 @@ def test_other_host_reads_check_too(checking, separate_device):
         buf.sync_to_host()
 
 
+def test_a_host_write_that_keeps_the_old_bytes_checks_too(checking, separate_device):
+    """`.host` is a host write whose array holds the old bytes: a kernel's unmarked write is
+    caught there as at a read (before, only reads checked: `buf.host[0] = 9` then lost the
+    kernel's data silently). An overwrite of every element reads no old byte: not checked."""
+    buf = _seed_pattern(separate_device, mark=False)
+    with pytest.raises(CoherenceError):
+        buf.host
+    assert buf.state == BufferState.SYNCHRONIZED  # the failed check changed nothing
+    buf.mark_device_dirty()
+    buf.host[0] = 9
+    expected = np.full(N, 3, np.int32)
+    expected[0] = 9
+    np.testing.assert_array_equal(buf.to_numpy(), expected)
+    again = _seed_pattern(separate_device, mark=False)
+    again[:] = 5  # every element: nothing to check
+    np.testing.assert_array_equal(again.to_numpy(), np.full(N, 5, np.int32))
+
+
 @pytest.mark.parametrize("handle", ["device", "device_writable"])
 def test_a_kept_handle_written_again_after_a_mark_is_caught(checking, separate_device, handle):
     """A hostile pass (2026-11-27): `.device` taken once and kept, a kernel, the mark, a host

@@ -639,7 +639,8 @@ fn numpy_module(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
 }
 
 /// `buf[key] = value` that assigns every element, so reads none of the old bytes, while the
-/// host copy is stale: the buffer's memory and `value` as one C-contiguous array of its shape
+/// host copy is stale (or the coherence checker is on: `.host` would check old bytes this
+/// never reads): the buffer's memory and `value` as one C-contiguous array of its shape
 /// and dtype, converted as NumPy's assignment converts it (a conversion error is raised here,
 /// before the buffer changes), for an overwrite that syncs nothing first (SYCL's `no_init`,
 /// OpenCL's `CL_MAP_WRITE_INVALIDATE_REGION`). Every element: `key` is `...`, or `:` on a
@@ -678,7 +679,7 @@ fn whole_assignment<'py>(
         }
     };
     let storage = this.storage()?;
-    if !storage.overwrite_skips_sync(py, array)? {
+    if !storage.assignment_overwrites(py, array)? {
         return Ok(None);
     }
     let descr = this.descr(py);

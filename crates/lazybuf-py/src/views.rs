@@ -556,9 +556,10 @@ impl Storage {
 
     /// Whether an assignment of every element from `source` (an array, or `None` for a
     /// number) should overwrite the host copy rather than write through `.host`: the host copy
-    /// is not current (as the accesses so far committed it: `.host` would sync it first) and
+    /// is not current (as the accesses so far committed it: `.host` would sync it first) or the
+    /// coherence checker is on (`.host` would check old bytes the assignment never reads), and
     /// `source` does not overlap the host block (a view of it must see the sync's bytes).
-    pub(crate) fn overwrite_skips_sync(
+    pub(crate) fn assignment_overwrites(
         &self,
         py: Python<'_>,
         source: Option<&Bound<'_, PyUntypedArray>>,
@@ -566,6 +567,7 @@ impl Storage {
         let raw = self.lock(py)?;
         if raw.residency_as_committed(lazybuf::coherence::Location::Host)
             == lazybuf::coherence::Residency::Valid
+            && !lazybuf::checking::checking()
         {
             return Ok(false);
         }

@@ -3,14 +3,18 @@
 //! A device copy handed out as a *read* (a device view, Python's `.device`) must not be
 //! written: a kernel that writes it must say so (`mark_device_dirty()`, or take the copy for
 //! writing), or the host keeps its older bytes and the next host read returns them, silently,
-//! on every device that does not alias the host. With checking on, a host read of a buffer
+//! on every device that does not alias the host. With checking on, a host read (or a host
+//! write that keeps the bytes it does not change: Python's `.host`, Rust's `host_mut`) of a buffer
 //! whose host and device copies are both current, and whose device copy was handed out (for
 //! reading or writing) since lazybuf last filled or wrote it, on a device that does not alias
 //! host memory, copies the
 //! device bytes back and compares them with the host's: a difference is an
 //! [`crate::Error::Coherence`] naming the missing mark, and nothing else changes.
 //!
-//! **Cost**: nothing while off. While on, each such host read costs one device-to-host copy of
+//! An overwrite of every byte (`host_overwrite`, `copy_from`, `buf[:] = x`) is not checked: it
+//! reads no old byte.
+//!
+//! **Cost**: nothing while off. While on, each such host access costs one device-to-host copy of
 //! the buffer into scratch memory and a memcmp (and checks only what the host is about to
 //! read). Reads of buffers whose device copy was not handed out cost nothing extra.
 //!

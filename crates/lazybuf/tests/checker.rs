@@ -144,6 +144,25 @@ fn an_undeclared_kernel_write_is_caught_at_the_next_host_read() {
     }
 }
 
+/// A host write that keeps the bytes it does not change (`host_mut`, Python's `.host`) is
+/// checked as a read is: before, only reads were, and `host_mut()[0] = 1` lost the kernel's
+/// undeclared write silently. An overwrite of every byte reads none: not checked.
+#[test]
+fn an_undeclared_kernel_write_is_caught_at_the_next_host_write_but_not_at_an_overwrite() {
+    let _on = checking(true);
+    for device in non_aliasing() {
+        let mut buf = common::direct(&device, 1000);
+        buf.copy_from(&pattern(1, 1000)).unwrap();
+        write_behind_a_read_view(&mut buf, 7);
+        let stats = buf.transfer_stats();
+        let err = buf.host_mut().map(|_| ()).unwrap_err();
+        assert!(matches!(err, Error::Coherence { first_difference: 0, .. }), "{device}: {err}");
+        assert_eq!((buf.state(), buf.transfer_stats()), (BufferState::Synchronized, stats), "nothing changed");
+        buf.host_overwrite().unwrap().fill(5);
+        assert_eq!(buf.to_vec().unwrap(), vec![5; 1000], "{device}");
+    }
+}
+
 #[test]
 fn declared_writes_and_untouched_reads_pass_the_check() {
     let _on = checking(true);

@@ -1,4 +1,5 @@
-//! The coherence checker's comparison (see [`crate::checking`]): before a host read, a valid
+//! The coherence checker's comparison (see [`crate::checking`]): before a host read or a host
+//! write that keeps the bytes it does not change (not an overwrite), a valid
 //! host copy must equal every valid device copy handed out since lazybuf last wrote it, on a
 //! device that does not alias it; a difference means a kernel wrote the copy without
 //! `mark_device_dirty()`.

@@ -305,9 +305,11 @@ impl RawBuffer {
     #[inline(always)]
     fn host_access_as(&mut self, access: Access, cause: &'static Cause) -> Result<&mut [u8]> {
         self.reload_from_disk()?;
-        if access == Access::Read && crate::checking::checking() {
-            // Only a read that copies nothing can find the host behind a device (a copy from
-            // a device makes them equal), and the check changes nothing when it fails.
+        if access != Access::Overwrite && crate::checking::checking() {
+            // A read, or a write that keeps the bytes it does not change (`.host`): only an
+            // access that copies nothing can find the host behind a device (a copy from a
+            // device makes them equal), and the check changes nothing when it fails. An
+            // overwrite reads no old byte, so there is nothing to find.
             self.settle_for(Location::Host, None, access)?;
             if self.coherence.residency(Location::Host) == Residency::Valid {
                 self.check_coherence()?;
@@ -323,8 +325,8 @@ impl RawBuffer {
     /// Whether an access for `access` on `device` (the host when `None`: [`Self::host_access`],
     /// else [`Self::device_access`]) would be bookkeeping only: that copy is current, no
     /// transfer is in flight, and, for the host, no device copy that aliases the host block is
-    /// in use (a host access waits for that use) and, for a read, the coherence checker is off
-    /// (its check of a host read copies). Such an access allocates nothing, moves no bytes and waits for
+    /// in use (a host access waits for that use) and, for a read or write, the coherence checker
+    /// is off (its check of such a host access copies). Such an access allocates nothing, moves no bytes and waits for
     /// nothing, so a caller that must not block (a binding holding its interpreter's lock) can
     /// make it in place.
     pub fn access_is_immediate(&self, device: Option<&Device>, access: Access) -> bool {
@@ -339,7 +341,7 @@ impl RawBuffer {
             (Location::Device(_), _) => true,
             (Location::Host, access) => {
                 !self.copies.iter().any(DeviceCopy::aliased_in_use)
-                    && (access != Access::Read || !crate::checking::checking())
+                    && (access == Access::Overwrite || !crate::checking::checking())
             }
         }
     }
