@@ -157,7 +157,11 @@ fn an_undeclared_kernel_write_is_caught_at_the_next_host_write_but_not_at_an_ove
         let stats = buf.transfer_stats();
         let err = buf.host_mut().map(|_| ()).unwrap_err();
         assert!(matches!(err, Error::Coherence { first_difference: 0, .. }), "{device}: {err}");
-        assert_eq!((buf.state(), buf.transfer_stats()), (BufferState::Synchronized, stats), "nothing changed");
+        assert_eq!(
+            (buf.state(), buf.transfer_stats()),
+            (BufferState::Synchronized, stats),
+            "nothing changed"
+        );
         buf.host_overwrite().unwrap().fill(5);
         assert_eq!(buf.to_vec().unwrap(), vec![5; 1000], "{device}");
     }

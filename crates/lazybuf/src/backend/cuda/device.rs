@@ -151,8 +151,9 @@ impl CudaBackend {
         host.len() >= PIPELINE_MIN && !host.pinning().is_dma_ready_for(BackendKind::CUDA)
     }
 
-    /// A ticket for what was just enqueued on `stream` (the context is current).
-    fn ticket(stream: &CudaStream) -> Result<Ticket> {
+    /// A ticket for what was just enqueued on `stream` (the context is current), recorded
+    /// while `_order` ([`CudaStream::enqueue`]) is still held.
+    fn ticket(stream: &CudaStream, _order: &std::sync::MutexGuard<'_, ()>) -> Result<Ticket> {
         Ok(Ticket::new(stream.record()?))
     }
 }
@@ -262,11 +263,12 @@ impl Runtime for CudaBackend {
         }
         let target = if to_device { self.context.device() } else { CU_DEVICE_CPU };
         let _bound = self.context.bind()?;
+        let _order = stream.enqueue();
         // SAFETY: [ptr, ptr + len) is the managed allocation `memory` owns; the stream is live.
         unsafe { sys::cuMemPrefetchAsync(memory.ptr, len, target, stream.stream) }
             .result()
             .map_err(|err| cuda_error("cuMemPrefetchAsync", err))?;
-        Self::ticket(stream)
+        Self::ticket(stream, &_order)
     }
 
     fn owns(&self, memory: &CudaMemory) -> bool {
@@ -291,7 +293,7 @@ impl Runtime for CudaBackend {
         unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.ptr().cast(), src.len(), stream.stream) }
             .result()
             .map_err(|err| cuda_error("cuMemcpyHtoDAsync", err))?;
-        Self::ticket(stream)
+        Self::ticket(stream, &_order)
     }
 
     unsafe fn download(&self, stream: &CudaStream, src: &CudaMemory, dst: HostSpan) -> Result<Ticket> {
@@ -308,7 +310,7 @@ impl Runtime for CudaBackend {
         unsafe { sys::cuMemcpyDtoHAsync_v2(dst.ptr().cast(), src, dst.len(), stream.stream) }
             .result()
             .map_err(|err| cuda_error("cuMemcpyDtoHAsync", err))?;
-        Self::ticket(stream)
+        Self::ticket(stream, &_order)
     }
 
     unsafe fn fill(
@@ -350,7 +352,7 @@ impl Runtime for CudaBackend {
                 .unwrap_or(sys::CUresult::CUDA_SUCCESS),
         };
         status.result().map_err(|err| cuda_error("cuMemset", err))?;
-        Self::ticket(stream)
+        Self::ticket(stream, &_order)
     }
 
     unsafe fn copy(
@@ -367,7 +369,7 @@ impl Runtime for CudaBackend {
         // mutably while `src` is borrowed shared).
         unsafe { result::memcpy_dtod_async(dst, src, bytes, stream.stream) }
             .map_err(|err| cuda_error("cuMemcpyDtoDAsync", err))?;
-        Self::ticket(stream)
+        Self::ticket(stream, &_order)
     }
 
     fn can_copy_from_peer(&self, src: &CudaBackend) -> bool {
@@ -400,7 +402,7 @@ impl Runtime for CudaBackend {
                 )
             }
             .map_err(|err| cuda_error("cuMemcpyPeerAsync", err))?;
-            Self::ticket(stream)
+            Self::ticket(stream, &_order)
         };
         Some(copy())
     }
@@ -422,11 +424,16 @@ impl Runtime for CudaBackend {
 
     fn marker(&self, stream: &CudaStream) -> Result<Ticket> {
         let _bound = self.context.bind()?;
-        Self::ticket(stream)
+        // An event, as a command's, never between another command and its event.
+        let _order = stream.enqueue();
+        Self::ticket(stream, &_order)
     }
 
     fn synchronize(&self) -> Result<()> {
         let _bound = self.context.bind()?;
+        // A failure the stream reports here is no other command's: none is between its
+        // enqueue and its event meanwhile.
+        let _order = self.stream.enqueue();
         // SAFETY: the stream is live for as long as self.
         unsafe { result::stream::synchronize(self.stream.stream) }
             .map_err(|err| cuda_error("cuStreamSynchronize", err))

@@ -193,12 +193,15 @@ impl CudaStream {
     /// failure reported to the next event recorded on the stream (the test double's, a
     /// non-sticky error's) is reported to the command that failed, and undone there, not to
     /// another thread's (the tenth hostile pass: four threads on one stream with faults read
-    /// the double's garbage without an error). Never held while waiting.
+    /// the double's garbage without an error). Markers and stream synchronizes take it too;
+    /// only a synchronize waits while holding it (for the device, never for another thread).
+    /// A staged transfer's lanes record their own events outside it (`staging.rs`).
     pub(super) fn enqueue(&self) -> std::sync::MutexGuard<'_, ()> {
         self.enqueue.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Records a new event on the stream, as a completion; `context` must be current.
+    /// Records a new event on the stream, as a completion; `context` must be current and the
+    /// caller holds [`Self::enqueue`].
     pub(super) fn record(&self) -> Result<Arc<CudaEvent>> {
         let event = self.context.take_event()?;
         let event = Arc::new(CudaEvent { event, context: self.context.clone(), outcome: OnceLock::new() });
