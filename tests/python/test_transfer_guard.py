@@ -504,3 +504,23 @@ def test_calls_made_through_other_calls_are_named_after_what_the_user_called(dev
         with pytest.raises(lazybuf.TransferGuardError) as info:
             asyncio.run(b.ensure_on_device())
     assert (info.value.direction, info.value.call) == ("h2d", "ensure_on_device")
+
+
+@pytest.mark.parametrize("device", _devices())
+def test_an_assignment_to_every_element_is_no_copy_and_a_partial_one_is_refused(device):
+    """`buf[:] = x` reads no old byte: under `d2h="disallow"` it overwrites a stale host copy
+    (nothing to refuse), while `buf[1:] = x` needs the device copy first and is refused."""
+    if not _moves(device):
+        pytest.skip("the host device: its syncs move no bytes")
+    values = np.arange(1000, dtype=np.uint32) * 7
+    b = _host_only(device, seed=3)
+    b.device
+    b.mark_device_dirty()
+    before = _snapshot(b)
+    with lazybuf.transfer_guard(d2h="disallow"):
+        with pytest.raises(lazybuf.TransferGuardError) as info:
+            b[1:] = values[1:]
+        assert (info.value.direction, info.value.call) == ("d2h", "__setitem__")
+        assert _snapshot(b) == before
+        b[:] = values
+    np.testing.assert_array_equal(b.to_numpy(), values)
