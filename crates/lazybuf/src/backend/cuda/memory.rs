@@ -157,8 +157,6 @@ pub struct CudaStream {
     pub(super) stream: sys::CUstream,
     pub(super) context: Arc<Context>,
     owned: bool,
-    /// Held from a command's enqueue to the record of its event ([`Self::enqueue`]).
-    enqueue: std::sync::Mutex<()>,
 }
 
 // SAFETY: the driver API is thread-safe and streams may be used from any thread; the value
@@ -180,12 +178,12 @@ impl CudaStream {
             result::stream::StreamKind::NonBlocking
         };
         let stream = result::stream::create(kind).map_err(|err| cuda_error("cuStreamCreate", err))?;
-        Ok(CudaStream { stream, context: context.clone(), owned: true, enqueue: Default::default() })
+        Ok(CudaStream { stream, context: context.clone(), owned: true })
     }
 
     /// The caller's stream `stream` of `context`, not destroyed on drop.
     pub(super) fn borrowed(context: &Arc<Context>, stream: sys::CUstream) -> CudaStream {
-        CudaStream { stream, context: context.clone(), owned: false, enqueue: Default::default() }
+        CudaStream { stream, context: context.clone(), owned: false }
     }
 
     /// Held by the caller from a command's enqueue to the record of its event, so that the
@@ -193,11 +191,12 @@ impl CudaStream {
     /// failure reported to the next event recorded on the stream (the test double's, a
     /// non-sticky error's) is reported to the command that failed, and undone there, not to
     /// another thread's (the tenth hostile pass: four threads on one stream with faults read
-    /// the double's garbage without an error). Markers and stream synchronizes take it too;
-    /// only a synchronize waits while holding it (for the device, never for another thread).
-    /// A staged transfer's lanes record their own events outside it (`staging.rs`).
-    pub(super) fn enqueue(&self) -> std::sync::MutexGuard<'_, ()> {
-        self.enqueue.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    /// the double's garbage without an error). Markers, stream synchronizes and the staging
+    /// lanes' copies take it too; only a synchronize waits while holding it (for the device,
+    /// never for another thread). One lock per raw stream, whichever wrapper holds it
+    /// ([`enqueue_lock`]).
+    pub(super) fn enqueue(&self) -> std::sync::MutexGuard<'static, ()> {
+        enqueue_lock(self.stream)
     }
 
     /// Records a new event on the stream, as a completion; `context` must be current and the
@@ -210,6 +209,19 @@ impl CudaStream {
             .map_err(|err| cuda_error("cuEventRecord", err))?;
         Ok(event)
     }
+}
+
+/// The locks of [`enqueue_lock`]: one per stripe of stream handles.
+static ENQUEUE: [std::sync::Mutex<()>; 64] = [const { std::sync::Mutex::new(()) }; 64];
+
+/// The lock held from a command's enqueue on `stream` to the record of its event
+/// ([`CudaStream::enqueue`]): one per raw stream, whatever wraps it (a caller's stream is
+/// wrapped anew for each use, [`CudaStream::borrowed`]: a hostile pass found a lock per
+/// wrapper let a marker through), shared by a stripe of handles (a wait only, never a
+/// deadlock: nothing holds two).
+pub(super) fn enqueue_lock(stream: sys::CUstream) -> std::sync::MutexGuard<'static, ()> {
+    let stripe = (stream as usize).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (usize::BITS - 6);
+    ENQUEUE[stripe].lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl StreamHandle for CudaStream {

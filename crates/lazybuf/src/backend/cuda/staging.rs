@@ -30,6 +30,7 @@ use std::thread::JoinHandle;
 
 use cudarc::driver::{result, sys};
 
+use super::memory::enqueue_lock;
 use super::pinned::PinnedBlock;
 use super::{Context, cuda_error};
 use crate::backend::{HostSpan, Signal, Ticket};
@@ -289,6 +290,8 @@ fn upload_lane(lane: &Lane, stream: sys::CUstream, src: HostSpan, dst: sys::CUde
             // lane, and the DMA that last read it is complete (its event was waited on above).
             unsafe { std::ptr::copy_nonoverlapping(piece.as_ptr(), lane.slots[slot], piece.len()) };
             let at = dst + (i * CHUNK) as u64;
+            // The copy and its event in one step on the stream (`enqueue_lock`).
+            let _order = enqueue_lock(stream);
             // SAFETY: `at` lies in the destination allocation (the caller checked the length);
             // the slot stays untouched until its event, recorded next, has completed.
             unsafe { sys::cuMemcpyHtoDAsync_v2(at, lane.slots[slot].cast(), piece.len(), stream) }
@@ -313,6 +316,8 @@ fn download_lane(lane: &Lane, stream: sys::CUstream, src: sys::CUdeviceptr, dst:
         let enqueue = |piece: usize, in_flight: &mut [bool; 2]| -> Result<()> {
             let slot = piece % 2;
             let n = CHUNK.min(len - piece * CHUNK);
+            // The copy and its event in one step on the stream (`enqueue_lock`).
+            let _order = enqueue_lock(stream);
             // SAFETY: the source range lies in the allocation (the caller checked the
             // length); the slot has CHUNK >= n bytes and its previous contents were drained.
             unsafe {
