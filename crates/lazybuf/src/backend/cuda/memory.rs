@@ -194,9 +194,9 @@ impl CudaStream {
     /// the double's garbage without an error). Markers, stream synchronizes and the staging
     /// lanes' copies take it too; only a synchronize waits while holding it (for the device,
     /// never for another thread). One lock per raw stream, whichever wrapper holds it
-    /// ([`enqueue_lock`]).
+    /// ([`super::enqueue_lock`]).
     pub(super) fn enqueue(&self) -> std::sync::MutexGuard<'static, ()> {
-        enqueue_lock(self.stream)
+        super::enqueue_lock(self.stream)
     }
 
     /// Records a new event on the stream, as a completion; `context` must be current and the
@@ -209,19 +209,6 @@ impl CudaStream {
             .map_err(|err| cuda_error("cuEventRecord", err))?;
         Ok(event)
     }
-}
-
-/// The locks of [`enqueue_lock`]: one per stripe of stream handles.
-static ENQUEUE: [std::sync::Mutex<()>; 64] = [const { std::sync::Mutex::new(()) }; 64];
-
-/// The lock held from a command's enqueue on `stream` to the record of its event
-/// ([`CudaStream::enqueue`]): one per raw stream, whatever wraps it (a caller's stream is
-/// wrapped anew for each use, [`CudaStream::borrowed`]: a hostile pass found a lock per
-/// wrapper let a marker through), shared by a stripe of handles (a wait only, never a
-/// deadlock: nothing holds two).
-pub(super) fn enqueue_lock(stream: sys::CUstream) -> std::sync::MutexGuard<'static, ()> {
-    let stripe = (stream as usize).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (usize::BITS - 6);
-    ENQUEUE[stripe].lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl StreamHandle for CudaStream {

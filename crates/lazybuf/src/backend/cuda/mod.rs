@@ -355,3 +355,16 @@ pub(crate) fn allocation_error(call: &'static str, err: DriverError, device: &st
 fn unavailable(reason: impl Into<String>) -> Error {
     Error::BackendUnavailable { backend: BackendKind::CUDA, reason: reason.into() }
 }
+
+/// The locks of [`enqueue_lock`]: one per stripe of stream handles.
+static ENQUEUE: [std::sync::Mutex<()>; 64] = [const { std::sync::Mutex::new(()) }; 64];
+
+/// The lock held from a command's enqueue on `stream` to the record of its event
+/// ([`CudaStream::enqueue`]): one per raw stream, whatever wraps it (a caller's stream is
+/// wrapped anew for each use, [`CudaStream::borrowed`]: a hostile pass found a lock per
+/// wrapper let a marker through), shared by a stripe of handles (a wait only, never a
+/// deadlock: nothing holds two).
+fn enqueue_lock(stream: sys::CUstream) -> std::sync::MutexGuard<'static, ()> {
+    let stripe = (stream as usize).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (usize::BITS - 6);
+    ENQUEUE[stripe].lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}

@@ -30,9 +30,8 @@ use std::thread::JoinHandle;
 
 use cudarc::driver::{result, sys};
 
-use super::memory::enqueue_lock;
 use super::pinned::PinnedBlock;
-use super::{Context, cuda_error};
+use super::{Context, cuda_error, enqueue_lock};
 use crate::backend::{HostSpan, Signal, Ticket};
 use crate::error::{Error, Result};
 use crate::host_memory::HostMemory;
