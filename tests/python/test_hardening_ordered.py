@@ -183,3 +183,40 @@ def test_threads_sharing_a_stream_get_each_failure_at_the_transfer_that_failed(d
         lib.lazybuf_cuda_double_fail_copy(0)
     assert armed[0] > 0 and raised[0] > 0
     assert not wrong, f"{len(wrong)} reads returned wrong bytes without an error: {wrong[:3]}"
+
+
+FAKE_CUPY_NO_BFLOAT16 = FAKE_CUPY.replace(
+    "    def __init__(self, shape, dtype, memptr=None):\n",
+    "    def __init__(self, shape, dtype, memptr=None):\n"
+    "        import numpy as np\n"
+    "        if np.dtype(dtype).name == 'bfloat16':\n"
+    "            raise TypeError(f'Unsupported dtype {np.dtype(dtype)}')\n",
+) + r"""
+import numpy as np, ml_dtypes, lazybuf
+d = [d for d in lazybuf.get_accelerator().devices if d.backend == "cuda"][0]
+b = lazybuf.UnifiedBuffer(8, ml_dtypes.bfloat16, device=d)
+b.host[:] = 1
+before = (str(b.state), b.transfer_stats()["host_to_device_copies"])
+try:
+    b.device
+    print("returned")
+except TypeError as err:
+    print("raised", err)
+after = (str(b.state), b.transfer_stats()["host_to_device_copies"])
+f = lazybuf.UnifiedBuffer(8, np.float32, device=d)
+f.host[:] = 2
+f.device
+print("unchanged" if before == after else f"changed {before} {after}", f.transfer_stats()["host_to_device_copies"])
+"""
+
+
+def test_a_device_object_cupy_cannot_make_is_refused_before_the_upload(double):
+    """The tenth hostile pass: `.device` of a dtype CuPy refuses raised after the upload, so the
+    failed call had made the device copy current and counted the copy. A stand-in CuPy that
+    refuses bfloat16, in a child process (lazybuf probes for CuPy once per process)."""
+    pytest.importorskip("ml_dtypes")
+    done = subprocess.run([sys.executable, "-c", FAKE_CUPY_NO_BFLOAT16], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.split("\n")
+    assert lines[0].startswith("raised Unsupported dtype bfloat16"), done.stdout
+    assert lines[1] == "unchanged 1", done.stdout

@@ -798,6 +798,8 @@ fn device_access<'py>(slf: &Bound<'py, UnifiedBuffer>, access: Access) -> PyResu
         UnifiedBuffer::cache(slf, &array, Slot::Host, |i| &mut i.host_view);
         return Ok(array);
     }
+    // Before anything changes: a dtype the device object cannot hold.
+    crate::device_view::refuse_unwrappable(py, &this.home, this.descr(py))?;
     // A read is in the order of the copy's stream: an upload is enqueued, not waited for, and
     // the object returned is ordered after it (`ready`; device_view.rs).
     let (handle, exposure, ready) = if access == Access::Read {

@@ -117,6 +117,29 @@ fn wait_ready(py: Python<'_>, ready: &Ticket) -> PyResult<()> {
 static PYOPENCL: GilOnceCell<Option<Py<PyModule>>> = GilOnceCell::new();
 static CUPY: GilOnceCell<Option<Py<PyModule>>> = GilOnceCell::new();
 
+/// Refuses, before the access that makes the device copy current, a dtype the object `.device`
+/// would wrap it in cannot hold: a CuPy array of a dtype CuPy refuses (`bfloat16` where CuPy has
+/// no kernels for it, say) raised only after the upload, so the failed call had changed the
+/// state (the tenth hostile pass). NumPy's own numeric dtypes in native byte order, which CuPy
+/// takes, are passed without asking; any other dtype is tried on a zero-size CuPy array, and its
+/// error raised here.
+pub(crate) fn refuse_unwrappable(
+    py: Python<'_>,
+    home: &Device,
+    descr: &Bound<'_, PyArrayDescr>,
+) -> PyResult<()> {
+    /// NumPy's type numbers of bool, the integers, float32/64, complex64/128 and float16.
+    const CUPY_TAKES: [std::ffi::c_int; 16] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14, 15, 23];
+    if CUPY_TAKES.contains(&descr.num()) && descr.is_native_byteorder() != Some(false) {
+        return Ok(());
+    }
+    if home.info().ordinal.is_none() || !crate::interop::addresses_cuda(home) {
+        return Ok(());
+    }
+    let Some(cupy) = optional(py, &CUPY, "cupy") else { return Ok(()) };
+    cupy.getattr("ndarray")?.call1(((0,), descr)).map(drop)
+}
+
 /// An optional package, imported at most once per process (a failed import is remembered:
 /// retrying it on every call is what made the reference implementation slow).
 fn optional<'py>(
