@@ -72,10 +72,12 @@ impl Device {
     }
 
     /// The host device: memory is host memory, views alias it and syncs copy nothing. Always
-    /// the same device.
+    /// the same device (made without waiting for another thread making it: a child forked
+    /// while another thread made it makes its own, [`crate::backend::fork`]).
     pub fn host() -> Device {
         static HOST: OnceLock<Device> = OnceLock::new();
-        HOST.get_or_init(|| Device::from_backend(crate::backend::host::backend())).clone()
+        crate::backend::fork::get_or_make(&HOST, || Device::from_backend(crate::backend::host::backend()))
+            .clone()
     }
 
     /// This device's identity.

@@ -454,3 +454,11 @@ pub fn with_pool_locked<R>(device: &Device, f: impl FnOnce() -> R) -> R {
 pub fn with_default_pools_locked<R>(f: impl FnOnce() -> R) -> R {
     crate::resource::with_default_pools_locked(f)
 }
+
+/// Runs `f` while this thread holds spilling's process-wide locks: the list of eviction
+/// candidates, the disk tier's state and the table of device ledgers (see [`with_pool_locked`]).
+pub fn with_spill_locks_held<R>(f: impl FnOnce() -> R) -> R {
+    crate::spill::registry::with_locked(|| {
+        crate::spill::disk::with_locked(|| crate::spill::budget::with_locked(f))
+    })
+}

@@ -344,3 +344,44 @@ fn a_child_forked_while_another_thread_holds_the_table_of_default_pools_works() 
     let status = fork_while_held(lazybuf::testing::with_default_pools_locked);
     assert_eq!(status, Some(WORKED), "the child ended with {status:?} (None: it hung and was killed)");
 }
+
+/// Spilling's process-wide locks (the candidates, the disk tier, the device ledgers), held by
+/// another thread at the fork: a child that shares a buffer, sets and reads a device limit and
+/// asks for the spill directory goes on without them (before, each would have waited forever).
+#[test]
+fn a_child_forked_while_another_thread_holds_spillings_locks_works() {
+    use std::sync::mpsc;
+    let _host = Device::host(); // made before the fork (the other tests may be making it now)
+    let (locked_tx, locked_rx) = mpsc::channel();
+    let (release_tx, release_rx) = mpsc::channel::<()>();
+    let holder = std::thread::spawn(move || {
+        lazybuf::testing::with_spill_locks_held(|| {
+            locked_tx.send(()).unwrap();
+            release_rx.recv().unwrap();
+        })
+    });
+    locked_rx.recv().unwrap();
+    let status = fork_and_wait(Duration::from_secs(20), || {
+        let data = common::pattern(7, 4096);
+        let attempt = || -> lazybuf::Result<Vec<u32>> {
+            let shared =
+                lazybuf::spill::SharedBuffer::new(UnifiedBuffer::<u32>::from_slice(&data, &Device::host())?);
+            let back = shared.lock().to_vec()?;
+            drop(shared);
+            lazybuf::spill::set_memory_limit(&Device::host(), Some(1 << 30));
+            let _ = lazybuf::spill::memory_held(&Device::host());
+            let _ = lazybuf::spill::disk::spill_dir();
+            let _ = lazybuf::spill::disk::remove_spill_files();
+            Ok(back)
+        };
+        match attempt() {
+            Ok(back) if back == data => WORKED,
+            Ok(_) => WRONG_DATA,
+            Err(_) => WRONG_ERROR,
+        }
+    });
+    release_tx.send(()).unwrap();
+    holder.join().unwrap();
+    lazybuf::spill::set_memory_limit(&Device::host(), None);
+    assert_eq!(status, Some(WORKED), "the child ended with {status:?} (None: it hung and was killed)");
+}

@@ -96,6 +96,19 @@ pub fn generation() -> u64 {
     GENERATION.load(Ordering::Relaxed)
 }
 
+/// `cell`'s value, made by `init` when it has none yet, without waiting for another thread's
+/// `init` as `OnceLock::get_or_init` does: a forked child whose parent's thread was making the
+/// value at the fork (a thread the child does not have, so `get_or_init` would wait forever)
+/// makes its own. Threads racing may each make one; the first published is kept, and every
+/// caller gets that one.
+pub(crate) fn get_or_make<T>(cell: &std::sync::OnceLock<T>, init: impl FnOnce() -> T) -> &T {
+    if let Some(value) = cell.get() {
+        return value;
+    }
+    let _ = cell.set(init());
+    cell.get().expect("published above, or by the thread that won the race")
+}
+
 /// How long a forked child waits, at its first use of a lock found held, for a thread of its
 /// own that may have just taken it (it records its generation right after).
 const GRACE: std::time::Duration = std::time::Duration::from_millis(20);
@@ -181,8 +194,8 @@ mod tests {
     use super::ForkAwareMutex;
     use std::sync::{Arc, mpsc};
 
-    /// Forks; the child exits with `child`'s status; returns it (the child is not expected to
-    /// hang: the lock gives up after its grace period).
+    /// Forks; the child exits with `child`'s status; returns it, or -1 when the child ran past
+    /// 20 s (it is killed then: a hang fails the test, never hangs it).
     fn in_child(child: impl FnOnce() -> i32) -> i32 {
         // SAFETY: fork has no preconditions; the child only runs `child` and `_exit`s.
         let pid = unsafe { libc::fork() };
@@ -192,10 +205,42 @@ mod tests {
             // SAFETY: ends the child at once, without the parent's destructors.
             unsafe { libc::_exit(status) };
         }
+        let start = std::time::Instant::now();
         let mut status = 0;
-        // SAFETY: waits for our own child; status is a valid out-pointer.
-        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        // SAFETY: polls our own child without blocking; status is a valid out-pointer.
+        while unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } != pid {
+            if start.elapsed() > std::time::Duration::from_secs(20) {
+                // SAFETY: kills and reaps our own child, not reaped yet.
+                unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                    libc::waitpid(pid, &mut status, 0);
+                }
+                return -1;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
         libc::WEXITSTATUS(status)
+    }
+
+    #[test]
+    fn a_child_makes_its_own_value_of_a_cell_a_parents_thread_was_making() {
+        static CELL: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+        let (making_tx, making_rx) = mpsc::channel();
+        let (release_tx, release_rx) = mpsc::channel::<()>();
+        let maker = std::thread::spawn(move || {
+            *super::get_or_make(&CELL, || {
+                making_tx.send(()).unwrap();
+                release_rx.recv().unwrap();
+                1
+            })
+        });
+        making_rx.recv().unwrap();
+        // (Had the maker used `CELL.get_or_init`, the child's would wait forever for it.)
+        let status = in_child(|| i32::from(*super::get_or_make(&CELL, || 2) == 2));
+        release_tx.send(()).unwrap();
+        assert_eq!(maker.join().unwrap(), 1);
+        assert_eq!(status, 1, "the child made its own value");
+        assert_eq!(*super::get_or_make(&CELL, || 3), 1, "the parent keeps the first one published");
     }
 
     #[test]

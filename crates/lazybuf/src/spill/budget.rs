@@ -14,9 +14,10 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, OnceLock};
 
 use crate::backend::MemoryKind;
+use crate::backend::fork::ForkAwareMutex;
 use crate::coherence::DeviceId;
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -70,29 +71,39 @@ impl Ledger {
     }
 }
 
-fn ledgers() -> &'static Mutex<HashMap<DeviceId, Arc<Ledger>>> {
-    static LEDGERS: OnceLock<Mutex<HashMap<DeviceId, Arc<Ledger>>>> = OnceLock::new();
-    LEDGERS.get_or_init(Mutex::default)
+/// The devices' ledgers. A forked child whose parent's thread held the table at the fork goes
+/// on without it ([`ForkAwareMutex`]): each lookup there gets a ledger of its own, so device
+/// limits are not kept in that child.
+fn ledgers() -> &'static ForkAwareMutex<HashMap<DeviceId, Arc<Ledger>>> {
+    static LEDGERS: OnceLock<ForkAwareMutex<HashMap<DeviceId, Arc<Ledger>>>> = OnceLock::new();
+    LEDGERS.get_or_init(ForkAwareMutex::default)
+}
+
+/// Runs `f` while this thread holds the table of ledgers
+/// ([`crate::testing::with_spill_locks_held`]).
+pub(crate) fn with_locked<R>(f: impl FnOnce() -> R) -> R {
+    let _held = ledgers().lock();
+    f()
 }
 
 /// The ledger of `device`, made at the first call (with the environment's limit for it, if
 /// any: one the environment names but cannot be matched is left unset; [`memory_limit`]
 /// reports the environment's errors).
 pub(crate) fn ledger(device: &Device) -> Arc<Ledger> {
-    if let Some(ledger) = ledgers().lock().unwrap_or_else(PoisonError::into_inner).get(&device.id()) {
-        return Arc::clone(ledger);
+    if let Some(ledger) = ledgers().lock().and_then(|ledgers| ledgers.get(&device.id()).cloned()) {
+        return ledger;
     }
     // Resolving the environment's selectors opens the device registry: not under the lock.
     let from_env = env_limit_for(device).ok().flatten().unwrap_or(UNLIMITED);
     if from_env != UNLIMITED {
         ANY_DEVICE_LIMIT.store(true, Ordering::Relaxed);
     }
-    let mut ledgers = ledgers().lock().unwrap_or_else(PoisonError::into_inner);
-    let ledger = ledgers.entry(device.id()).or_insert_with(|| {
+    let new = || {
         let limit = AtomicU64::new(from_env);
         Arc::new(Ledger { limit, used: AtomicU64::new(0), explicit: AtomicBool::new(false) })
-    });
-    Arc::clone(ledger)
+    };
+    let Some(mut ledgers) = ledgers().lock() else { return new() };
+    Arc::clone(ledgers.entry(device.id()).or_insert_with(new))
 }
 
 /// The host's ledger: host blocks lazybuf takes from backends (buffers' host copies, cached

@@ -43,8 +43,9 @@ use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{MutexGuard, OnceLock};
 
+use crate::backend::fork::ForkAwareMutex;
 use crate::error::{Error, Result, RuntimeCode};
 use crate::host_memory::HostMemory;
 
@@ -72,7 +73,12 @@ const PAGED: usize = 64 * 1024;
 /// (or the first call of this function); lazybuf's own directory is made at a spill, so until
 /// then this is the name it tries first.
 pub fn spill_dir() -> PathBuf {
-    let mut disk = disk();
+    let unresolved = || match std::env::var_os(SPILL_DIR_ENV) {
+        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
+        _ => std::env::temp_dir().join(default_name()),
+    };
+    // A forked child without the disk tier's state: what the setting says, unresolved.
+    let Some(mut disk) = disk() else { return unresolved() };
     if let Some(dir) = disk.own_dir() {
         return dir.to_path_buf();
     }
@@ -80,10 +86,7 @@ pub fn spill_dir() -> PathBuf {
         Ok(Place::Named(dir)) => dir,
         Ok(Place::Default(tmp)) => tmp.join(default_name()),
         // The working directory is gone: what the setting says, unresolved.
-        Err(_) => match std::env::var_os(SPILL_DIR_ENV) {
-            Some(dir) if !dir.is_empty() => PathBuf::from(dir),
-            _ => std::env::temp_dir().join(default_name()),
-        },
+        Err(_) => unresolved(),
     }
 }
 
@@ -118,9 +121,19 @@ struct Disk {
     own: Option<(PathBuf, u32)>,
 }
 
-fn disk() -> MutexGuard<'static, Disk> {
-    static DISK: OnceLock<Mutex<Disk>> = OnceLock::new();
-    DISK.get_or_init(Mutex::default).lock().unwrap_or_else(PoisonError::into_inner)
+/// The disk tier's state; `None` in a forked child whose parent's thread held it at the fork
+/// ([`ForkAwareMutex`]): that child writes no spill file (the write-back fails, the buffer keeps
+/// its host copy) and forgets none.
+fn disk() -> Option<MutexGuard<'static, Disk>> {
+    static DISK: OnceLock<ForkAwareMutex<Disk>> = OnceLock::new();
+    DISK.get_or_init(ForkAwareMutex::default).lock()
+}
+
+/// Runs `f` while this thread holds the disk tier's state
+/// ([`crate::testing::with_spill_locks_held`]).
+pub(crate) fn with_locked<R>(f: impl FnOnce() -> R) -> R {
+    let _held = disk();
+    f()
 }
 
 impl Disk {
@@ -313,7 +326,7 @@ pub fn remove_spill_files() -> usize {
     if SPILLED_IN.load(Ordering::Relaxed) != pid {
         return 0;
     }
-    let mut disk = disk();
+    let Some(mut disk) = disk() else { return 0 };
     let files: Vec<PathBuf> =
         disk.live.iter().filter(|&(_, &owner)| owner == pid).map(|(path, _)| path.clone()).collect();
     files
@@ -363,7 +376,12 @@ impl SpillFile {
             ),
             code: err.raw_os_error().map(RuntimeCode::Os),
         };
-        let registered = disk().register();
+        let registered = match disk() {
+            Some(mut disk) => disk.register(),
+            None => Err(std::io::Error::other(
+                "the disk tier was in use by another thread when this process was forked",
+            )),
+        };
         let path =
             registered.map_err(|err| failed("create the directory or a new file in", &spill_dir(), err))?;
         let failed = |what: &str, err: std::io::Error| failed(what, &path, err);
@@ -472,7 +490,9 @@ impl Drop for SpillFile {
         if mine {
             let _ = std::fs::remove_file(&self.path);
         }
-        disk().forget(&self.path);
+        if let Some(mut disk) = disk() {
+            disk.forget(&self.path);
+        }
     }
 }
 
@@ -660,6 +680,7 @@ fn read_direct(file: &mut File, out: &mut [u8]) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Mutex;
 
     fn pattern(len: usize) -> Vec<u8> {
         (0..len).map(|i| (i * 7 + i / 4096) as u8).collect()
@@ -671,11 +692,11 @@ mod tests {
 
     /// Whether the spill directory's file system takes an aligned `O_DIRECT` write.
     fn directory_does_direct_io() -> bool {
-        let probe = disk().register().unwrap();
+        let probe = disk().unwrap().register().unwrap();
         let block = HostMemory::allocate(PAGED).unwrap();
         let done = open_direct(&probe, true).and_then(|mut file| file.write_all(&block.as_slice()[..ALIGN]));
         let _ = std::fs::remove_file(&probe);
-        disk().forget(&probe);
+        disk().unwrap().forget(&probe);
         match done {
             Ok(()) => true,
             Err(err) if refuses_direct_io(&err) => false,
@@ -850,6 +871,6 @@ mod tests {
         let err = err.to_string();
         assert!(err.contains("could not create") && err.contains("keeps its host copy"), "{err}");
         let path = MADE.lock().unwrap().take().expect("the opener ran");
-        assert!(!path.exists() && !disk().live.contains_key(&path));
+        assert!(!path.exists() && !disk().unwrap().live.contains_key(&path));
     }
 }

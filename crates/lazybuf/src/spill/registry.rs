@@ -11,8 +11,9 @@
 //! buffer's copy ([`crate::RawBuffer::evict_device_copy`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 
+use crate::backend::fork::ForkAwareMutex;
 use crate::device::Device;
 use crate::error::Result;
 
@@ -75,14 +76,22 @@ pub fn tick() -> u64 {
     CLOCK.fetch_add(1, Ordering::Relaxed)
 }
 
-fn entries() -> &'static Mutex<Vec<Weak<dyn Evictable>>> {
-    static ENTRIES: OnceLock<Mutex<Vec<Weak<dyn Evictable>>>> = OnceLock::new();
-    ENTRIES.get_or_init(Mutex::default)
+/// The candidates. A forked child whose parent's thread held the list at the fork goes on
+/// without it ([`ForkAwareMutex`]): nothing registers there, and nothing is evicted.
+fn entries() -> &'static ForkAwareMutex<Vec<Weak<dyn Evictable>>> {
+    static ENTRIES: OnceLock<ForkAwareMutex<Vec<Weak<dyn Evictable>>>> = OnceLock::new();
+    ENTRIES.get_or_init(ForkAwareMutex::default)
+}
+
+/// Runs `f` while this thread holds the list ([`crate::testing::with_spill_locks_held`]).
+pub(crate) fn with_locked<R>(f: impl FnOnce() -> R) -> R {
+    let _held = entries().lock();
+    f()
 }
 
 /// Makes `buffer` a candidate for eviction for as long as it lives.
 pub fn register(buffer: Weak<dyn Evictable>) {
-    let mut entries = entries().lock().unwrap_or_else(PoisonError::into_inner);
+    let Some(mut entries) = entries().lock() else { return };
     // Dropped buffers go when the list would grow past twice the live ones.
     if entries.len() >= 64 && entries.len() == entries.capacity() {
         entries.retain(|e| e.strong_count() > 0);
@@ -94,7 +103,7 @@ pub fn register(buffer: Weak<dyn Evictable>) {
 /// caller evicts.
 pub(crate) fn candidates() -> Vec<Arc<dyn Evictable>> {
     let mut live: Vec<Arc<dyn Evictable>> = {
-        let mut entries = entries().lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(mut entries) = entries().lock() else { return Vec::new() };
         entries.retain(|e| e.strong_count() > 0);
         entries.iter().filter_map(Weak::upgrade).collect()
     };

@@ -24,5 +24,6 @@ impl BackendKind {
 /// The host device's backend: one per process.
 pub fn backend() -> Arc<dyn Backend> {
     static HOST: OnceLock<Arc<dyn Backend>> = OnceLock::new();
-    HOST.get_or_init(|| crate::backend::checked::open(HostBackend::new())).clone()
+    // Not waiting for another thread making it: see `fork::get_or_make`.
+    crate::backend::fork::get_or_make(&HOST, || crate::backend::checked::open(HostBackend::new())).clone()
 }
