@@ -309,8 +309,9 @@ fn host_buffer_works() -> i32 {
 }
 
 /// Forks while another thread runs `hold` (which holds a lock until told), and returns the
-/// child's status; the parent then makes a buffer again (its lock was released).
-fn fork_while_held(hold: fn(Box<dyn FnOnce() + Send>)) -> Option<i32> {
+/// status of the child, which runs `child`; the parent then makes a buffer again (its lock was
+/// released).
+fn fork_while_held(hold: fn(Box<dyn FnOnce() + Send>), child: fn() -> i32) -> Option<i32> {
     use std::sync::mpsc;
     // A buffer first: the host device's default pool exists before the fork.
     drop(UnifiedBuffer::<u32>::from_slice(&[1, 2, 3], &Device::host()).unwrap());
@@ -323,7 +324,7 @@ fn fork_while_held(hold: fn(Box<dyn FnOnce() + Send>)) -> Option<i32> {
         }))
     });
     locked_rx.recv().unwrap();
-    let status = fork_and_wait(Duration::from_secs(20), host_buffer_works);
+    let status = fork_and_wait(Duration::from_secs(20), child);
     release_tx.send(()).unwrap();
     holder.join().unwrap();
     assert_eq!(host_buffer_works(), WORKED, "the parent after the fork");
@@ -335,13 +336,14 @@ fn fork_while_held(hold: fn(Box<dyn FnOnce() + Send>)) -> Option<i32> {
 /// 300 forks of a Python loop. The child now goes on without that cache.
 #[test]
 fn a_child_forked_while_another_thread_holds_the_pools_cache_works() {
-    let status = fork_while_held(|held| lazybuf::testing::with_pool_locked(&Device::host(), held));
+    let status =
+        fork_while_held(|held| lazybuf::testing::with_pool_locked(&Device::host(), held), host_buffer_works);
     assert_eq!(status, Some(WORKED), "the child ended with {status:?} (None: it hung and was killed)");
 }
 
 #[test]
 fn a_child_forked_while_another_thread_holds_the_table_of_default_pools_works() {
-    let status = fork_while_held(lazybuf::testing::with_default_pools_locked);
+    let status = fork_while_held(lazybuf::testing::with_default_pools_locked, host_buffer_works);
     assert_eq!(status, Some(WORKED), "the child ended with {status:?} (None: it hung and was killed)");
 }
 
@@ -350,18 +352,7 @@ fn a_child_forked_while_another_thread_holds_the_table_of_default_pools_works() 
 /// asks for the spill directory goes on without them (before, each would have waited forever).
 #[test]
 fn a_child_forked_while_another_thread_holds_spillings_locks_works() {
-    use std::sync::mpsc;
-    let _host = Device::host(); // made before the fork (the other tests may be making it now)
-    let (locked_tx, locked_rx) = mpsc::channel();
-    let (release_tx, release_rx) = mpsc::channel::<()>();
-    let holder = std::thread::spawn(move || {
-        lazybuf::testing::with_spill_locks_held(|| {
-            locked_tx.send(()).unwrap();
-            release_rx.recv().unwrap();
-        })
-    });
-    locked_rx.recv().unwrap();
-    let status = fork_and_wait(Duration::from_secs(20), || {
+    fn spill_calls_work() -> i32 {
         let data = common::pattern(7, 4096);
         let attempt = || -> lazybuf::Result<Vec<u32>> {
             let shared =
@@ -379,9 +370,7 @@ fn a_child_forked_while_another_thread_holds_spillings_locks_works() {
             Ok(_) => WRONG_DATA,
             Err(_) => WRONG_ERROR,
         }
-    });
-    release_tx.send(()).unwrap();
-    holder.join().unwrap();
-    lazybuf::spill::set_memory_limit(&Device::host(), None);
+    }
+    let status = fork_while_held(lazybuf::testing::with_spill_locks_held, spill_calls_work);
     assert_eq!(status, Some(WORKED), "the child ended with {status:?} (None: it hung and was killed)");
 }
