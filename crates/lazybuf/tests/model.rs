@@ -1010,7 +1010,13 @@ fn expect_access(model: &mut Model, at: Loc, access: Access) -> Result<(), ()> {
 /// host once it has landed (raw/checker.rs); a failed one is undone and the read returns its
 /// error.
 fn expect_host_read(model: &mut Model) -> Result<(), ()> {
-    expect_access(model, Loc::Host, Access::Read)?;
+    expect_checked_host_access(model, Access::Read)
+}
+
+/// A host access the coherence checker checks: a read ([`expect_host_read`]), or a write that
+/// keeps the bytes it does not change (`host_mut`, `mark_host_dirty`), checked as a read is.
+fn expect_checked_host_access(model: &mut Model, access: Access) -> Result<(), ()> {
+    expect_access(model, Loc::Host, access)?;
     let into_device = |p: &Pending| p.writes.iter().any(|l| matches!(l, Loc::Dev(_)));
     if model.host == Res::Valid && model.settle(into_device) { Err(()) } else { Ok(()) }
 }
@@ -1210,7 +1216,7 @@ fn run(base: &[Device], len: usize, config: Config, ops: &[Op]) -> Result<(), Te
                 }
             }
             Op::HostWrite(seed) => {
-                let expected = expect_access(&mut model, Loc::Host, Access::Write);
+                let expected = expect_checked_host_access(&mut model, Access::Write);
                 if expected.is_ok() {
                     model.note_host_download(Access::Write);
                 }
@@ -1344,7 +1350,7 @@ fn run(base: &[Device], len: usize, config: Config, ops: &[Op]) -> Result<(), Te
                 }
             }
             Op::MarkHostDirty => {
-                let expected = expect_access(&mut model, Loc::Host, Access::Write);
+                let expected = expect_checked_host_access(&mut model, Access::Write);
                 if expected.is_ok() {
                     model.note_host_download(Access::Write);
                 }
