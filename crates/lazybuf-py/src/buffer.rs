@@ -4,7 +4,8 @@
 //!
 //! | Python | core access |
 //! |---|---|
-//! | `.host`, `mark_host_dirty()`, `copy_from()`, writable buffer/DLPack exports | host write |
+//! | `.host`, `mark_host_dirty()`, writable buffer/DLPack exports, `buf[k] = v` | host write |
+//! | `copy_from()`, `buf[:] = v` / `buf[...] = v` of an array or a number | host overwrite (no sync first) |
 //! | `.host_readonly`, `sync_to_host()`, `__array__`, read-only exports | host read |
 //! | `to_numpy()`, `copy_to()` | a read into the caller's array ([`RawBuffer::read_into`]) |
 //! | `.device_writable`, `mark_device_dirty()`, `__cuda_array_interface__` | device write |
