@@ -187,7 +187,8 @@ def _kernel_fill(buf: UnifiedBuffer, value: float) -> None:
     else:  # a DeviceMemoryView of the CUDA test double: its pointers are host memory
         import ctypes
 
-        assert "test double" in array.device.name
+        if "test double" not in array.device.name:
+            pytest.skip("a kernel on a real CUDA device needs CuPy (its arrays have .fill)")
         array.synchronize()
         address = array.__cuda_array_interface__["data"][0]
         np.ctypeslib.as_array((ctypes.c_float * buf.size).from_address(address))[:] = value
