@@ -50,6 +50,10 @@ step "cargo fmt --check"
 cargo fmt --all -- --check
 step "cargo clippy (all targets, all features)"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
+# The libraries and binaries as users build them, with default features: code only the
+# `testing` feature uses must be gated by it (a release wheel warned of six such functions).
+step "cargo clippy (libraries and binaries, default features)"
+cargo clippy --workspace --lib --bins -- -D warnings
 # macOS and Windows: compiled and linted, not run (about 5 min from a cold target/cross on 2
 # cores when the targets' std is built from source, seconds warm; docs/RELEASING.md).
 step "scripts/cross-check.sh: clippy for aarch64-apple-darwin and x86_64-pc-windows-msvc (compiled, not run)"

@@ -215,6 +215,7 @@ impl fmt::Debug for MemoryPool {
 }
 
 impl MemoryPool {
+    #[cfg(feature = "testing")]
     /// Runs `f` while this thread holds the cache's lock ([`crate::testing::with_pool_locked`]).
     pub(crate) fn with_cache_locked<R>(&self, f: impl FnOnce() -> R) -> R {
         self.resource.with_state_locked(f)

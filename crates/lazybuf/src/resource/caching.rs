@@ -356,6 +356,7 @@ impl CachingResource {
         state.kind_counts = Default::default();
     }
 
+    #[cfg(feature = "testing")]
     /// Runs `f` while this thread holds the state's lock (for a test that forks meanwhile).
     pub(crate) fn with_state_locked<R>(&self, f: impl FnOnce() -> R) -> R {
         let _held = self.lock();

@@ -303,6 +303,7 @@ pub fn set_current_resource(
     previous
 }
 
+#[cfg(feature = "testing")]
 /// Runs `f` while this thread holds the table of default pools
 /// ([`crate::testing::with_default_pools_locked`]).
 pub(crate) fn with_default_pools_locked<R>(f: impl FnOnce() -> R) -> R {

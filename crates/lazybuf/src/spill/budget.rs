@@ -79,6 +79,7 @@ fn ledgers() -> &'static ForkAwareMutex<HashMap<DeviceId, Arc<Ledger>>> {
     LEDGERS.get_or_init(ForkAwareMutex::default)
 }
 
+#[cfg(feature = "testing")]
 /// Runs `f` while this thread holds the table of ledgers
 /// ([`crate::testing::with_spill_locks_held`]).
 pub(crate) fn with_locked<R>(f: impl FnOnce() -> R) -> R {

@@ -129,6 +129,7 @@ fn disk() -> Option<MutexGuard<'static, Disk>> {
     DISK.get_or_init(ForkAwareMutex::default).lock()
 }
 
+#[cfg(feature = "testing")]
 /// Runs `f` while this thread holds the disk tier's state
 /// ([`crate::testing::with_spill_locks_held`]).
 pub(crate) fn with_locked<R>(f: impl FnOnce() -> R) -> R {

@@ -83,6 +83,7 @@ fn entries() -> &'static ForkAwareMutex<Vec<Weak<dyn Evictable>>> {
     ENTRIES.get_or_init(ForkAwareMutex::default)
 }
 
+#[cfg(feature = "testing")]
 /// Runs `f` while this thread holds the list ([`crate::testing::with_spill_locks_held`]).
 pub(crate) fn with_locked<R>(f: impl FnOnce() -> R) -> R {
     let _held = entries().lock();
