@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use crate::backend::deferred::DeferredErrors;
+use crate::backend::fork::ForkAwareOnce;
 use crate::backend::{
     Backend, Checked, DeviceInfo, DeviceMemory, HostSpan, MemoryInfo, RawDevice, RawMemory, RawStream,
     Runtime, StreamHandle, Ticket, check_fits,
@@ -49,7 +50,7 @@ struct Opened {
     /// Failures of drop, rollback and free paths of work on this device, not yet taken.
     deferred: DeferredErrors,
     /// The stream eviction's write-backs run on ([`Device::side_stream`]), made at first use.
-    side: OnceLock<Option<Arc<dyn StreamHandle>>>,
+    side: ForkAwareOnce<Option<Arc<dyn StreamHandle>>>,
 }
 
 static OPENED: AtomicU64 = AtomicU64::new(0);
@@ -61,7 +62,7 @@ impl Device {
         let stream = backend.default_stream();
         let id = DeviceId(NonZeroU64::MIN.saturating_add(OPENED.fetch_add(1, Ordering::Relaxed)));
         let deferred = DeferredErrors::default();
-        let side = OnceLock::new();
+        let side = ForkAwareOnce::new();
         Device { inner: Arc::new(Opened { id, backend, stream, cached: AtomicU64::new(0), deferred, side }) }
     }
 

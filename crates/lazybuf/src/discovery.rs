@@ -10,8 +10,7 @@
 //! answer to the graphics API under them (`vulkan`, `metal`, `dx12`, with an index among the
 //! devices of that API: [`crate::backend::SELECTOR_ALIASES`]).
 
-use std::sync::OnceLock;
-
+use crate::backend::fork::ForkAwareOnce;
 use crate::backend::{REGISTERED, SELECTOR_ALIASES};
 use crate::device::Device;
 use crate::error::{BackendKind, Error, Result};
@@ -33,7 +32,7 @@ struct Registry {
     status: Vec<BackendStatus>,
 }
 
-static REGISTRY: OnceLock<Registry> = OnceLock::new();
+static REGISTRY: ForkAwareOnce<Registry> = ForkAwareOnce::new();
 
 fn registry() -> &'static Registry {
     REGISTRY.get_or_init(|| {

@@ -35,8 +35,8 @@
 use std::alloc::{self, Layout};
 use std::fmt;
 use std::ptr::NonNull;
-use std::sync::OnceLock;
 
+use crate::backend::fork::ForkAwareOnce;
 use crate::error::{BackendKind, Error, Result, RuntimeCode};
 
 /// Blocks this large or larger are mapped pages rather than heap allocations.
@@ -439,10 +439,10 @@ mod os {
     /// compressed pages), from `host_statistics64(HOST_VM_INFO64)`.
     #[cfg(target_os = "macos")]
     pub(super) fn system_memory() -> Option<(u64, u64)> {
-        use std::sync::OnceLock;
+        use crate::backend::fork::ForkAwareOnce;
         // One send right to the host port for the process's lifetime (asking again would add
         // a reference each time).
-        static HOST: OnceLock<libc::mach_port_t> = OnceLock::new();
+        static HOST: ForkAwareOnce<libc::mach_port_t> = ForkAwareOnce::new();
         // SAFETY: every bit pattern is a valid u64.
         let total = unsafe { sysctl::<u64>(c"hw.memsize")? };
         // libc deprecates its Mach declarations in favour of the `mach2` crate; this one call
@@ -625,7 +625,7 @@ mod os {
 /// The machine's physical memory plus swap, in bytes (`usize::MAX` where unknown; see the
 /// module docs for where each system's figure comes from).
 pub fn machine_memory() -> usize {
-    static TOTAL: OnceLock<usize> = OnceLock::new();
+    static TOTAL: ForkAwareOnce<usize> = ForkAwareOnce::new();
     *TOTAL.get_or_init(|| {
         os::machine_memory().map_or(usize::MAX, |total| usize::try_from(total).unwrap_or(usize::MAX))
     })
@@ -974,7 +974,7 @@ mod copy_workers {
 
 /// How many threads [`copy_bytes`] uses for `len` bytes.
 fn copy_threads(len: usize) -> usize {
-    static CORES: OnceLock<usize> = OnceLock::new();
+    static CORES: ForkAwareOnce<usize> = ForkAwareOnce::new();
     if len < PARALLEL_COPY_MIN {
         return 1;
     }

@@ -374,3 +374,93 @@ fn a_child_forked_while_another_thread_holds_spillings_locks_works() {
     let status = fork_while_held(lazybuf::testing::with_spill_locks_held, spill_calls_work);
     assert_eq!(status, Some(WORKED), "the child ended with {status:?} (None: it hung and was killed)");
 }
+
+/// The cause of the fork hangs above, checked in the source: process-wide state a thread can
+/// hold while the process forks must be fork-aware (`backend::fork`: `ForkAwareMutex`,
+/// `ForkAwareOnce`, `get_or_make`), so that a child whose parent's thread held it goes on
+/// instead of waiting forever. Every plain once-cell and every `static` lock in the core's
+/// sources (outside unit tests) must be in [`ALLOWED`], with the reason it cannot hang a child.
+#[test]
+fn process_wide_state_is_fork_aware_or_says_why_not() {
+    const ALLOWED: &[(&str, &str, &str)] = &[
+        ("backend/fork.rs", "OnceLock", "the fork-aware cells themselves"),
+        ("backend/host/mod.rs", "OnceLock", "made by fork::get_or_make (compute, then publish)"),
+        ("device.rs", "OnceLock", "the host device, made by fork::get_or_make"),
+        ("backend/cuda/memory.rs", "OnceLock", "one event's outcome: its runtime is refused in a child"),
+        ("backend/opencl/memory.rs", "OnceLock", "one event's failure: its runtime is refused in a child"),
+        ("spill/registry.rs", "OnceLock", "set once at the binding's import; `get` never waits"),
+        (
+            "observe/record.rs",
+            "static GLOBAL: Mutex",
+            "a child takes it with try_lock (global_of_this_process)",
+        ),
+        (
+            "observe/record.rs",
+            "static NAMES: Mutex",
+            "left: a child that records while a parent's thread exported (ROADMAP)",
+        ),
+        ("observe/guard.rs", "static LOG_HOOK: RwLock", "written once, at the binding's import"),
+        ("host_memory.rs", "static RESIZE: Mutex", "Windows only: no fork"),
+        ("resource/mod.rs", "ForkAwareOnce<Mutex<", "left: the current resources (ROADMAP)"),
+    ];
+    let once = regex_lite("OnceLock|LazyLock|OnceCell");
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut found = Vec::new();
+    let mut used = vec![false; ALLOWED.len()];
+    let mut stack = vec![src.clone()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            if path.extension().is_none_or(|e| e != "rs") {
+                continue;
+            }
+            let rel = path.strip_prefix(&src).unwrap().to_string_lossy().replace('\\', "/");
+            let text = std::fs::read_to_string(&path).unwrap();
+            // Unit tests may do what they like.
+            let code = text.split("#[cfg(test)]\nmod tests").next().unwrap();
+            let code = code.split("#[cfg(all(test, unix))]\nmod tests").next().unwrap();
+            for (n, line) in code.lines().enumerate() {
+                let line = line.split("//").next().unwrap();
+                let static_lock = line.trim_start().starts_with("static ")
+                    && (line.contains(": Mutex<")
+                        || line.contains(": RwLock<")
+                        || line.contains(": std::sync::Mutex<"));
+                let lock_in_once =
+                    line.contains("ForkAwareOnce<Mutex<") || line.contains("ForkAwareOnce<RwLock<");
+                if !(once(line) || static_lock || lock_in_once) {
+                    continue;
+                }
+                match ALLOWED.iter().position(|(file, needle, _)| rel == *file && line.contains(needle)) {
+                    Some(i) => used[i] = true,
+                    None => found.push(format!("src/{rel}:{}: {}", n + 1, line.trim())),
+                }
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "process-wide state a forked child could wait for forever (use backend::fork's \
+         ForkAwareMutex / ForkAwareOnce, or add it to ALLOWED with the reason it is safe):\n{}",
+        found.join("\n")
+    );
+    let stale: Vec<_> = ALLOWED.iter().zip(&used).filter(|(_, u)| !**u).map(|(a, _)| a).collect();
+    assert!(stale.is_empty(), "ALLOWED entries that match nothing any more: {stale:?}");
+}
+
+/// `pattern`'s alternatives as a plain substring test on word boundaries (no regex crate).
+fn regex_lite(pattern: &'static str) -> impl Fn(&str) -> bool {
+    move |line: &str| {
+        pattern.split('|').any(|word| {
+            line.match_indices(word).any(|(i, _)| {
+                let before = line[..i].chars().next_back();
+                let after = line[i + word.len()..].chars().next();
+                let boundary = |c: Option<char>| c.is_none_or(|c| !(c.is_alphanumeric() || c == '_'));
+                boundary(before) && boundary(after)
+            })
+        })
+    }
+}

@@ -109,6 +109,54 @@ pub(crate) fn get_or_make<T>(cell: &std::sync::OnceLock<T>, init: impl FnOnce() 
     cell.get().expect("published above, or by the thread that won the race")
 }
 
+/// A value made once per process by one thread at a time, as `OnceLock::get_or_init` makes
+/// it, for values too costly to make twice when threads race ([`get_or_make`] lets each
+/// racer make one): the device registry's discovery opens every runtime. Unlike
+/// `get_or_init`, a forked child whose parent's thread was making the value at the fork (a
+/// thread the child does not have) makes its own instead of waiting forever: the maker holds a
+/// [`ForkAwareMutex`], which tells that case apart. (Left: a fork in the nanoseconds in which
+/// the maker publishes the made value.)
+pub(crate) struct ForkAwareOnce<T> {
+    value: std::sync::OnceLock<T>,
+    /// Held by the thread making the value.
+    making: ForkAwareMutex<()>,
+}
+
+impl<T> ForkAwareOnce<T> {
+    pub(crate) const fn new() -> Self {
+        ForkAwareOnce { value: std::sync::OnceLock::new(), making: ForkAwareMutex::unwatched(()) }
+    }
+
+    /// The value if one was made.
+    #[inline]
+    pub(crate) fn get(&self) -> Option<&T> {
+        self.value.get()
+    }
+
+    /// The value, made by `init` when there is none yet; a thread finding another thread of
+    /// this process making it waits for that one.
+    #[inline]
+    pub(crate) fn get_or_init(&self, init: impl FnOnce() -> T) -> &T {
+        match self.value.get() {
+            Some(value) => value,
+            None => self.make(init),
+        }
+    }
+
+    #[cold]
+    fn make(&self, init: impl FnOnce() -> T) -> &T {
+        watch_every_fork();
+        // `None`: a parent's thread was making it at the fork; this child makes its own.
+        let _making = self.making.lock();
+        if let Some(value) = self.value.get() {
+            return value; // made while this thread waited
+        }
+        // Only a maker holding `making` (or a child whose maker is gone) publishes: never waits.
+        let _ = self.value.set(init());
+        self.value.get().expect("published just above")
+    }
+}
+
 /// How long a forked child waits, at its first use of a lock found held, for a thread of its
 /// own that may have just taken it (it records its generation right after).
 const GRACE: std::time::Duration = std::time::Duration::from_millis(20);
@@ -137,6 +185,16 @@ impl<T> ForkAwareMutex<T> {
         ForkAwareMutex {
             value: std::sync::Mutex::new(value),
             taken_in: AtomicU64::new(generation()),
+            orphaned_in: AtomicU64::new(u64::MAX),
+        }
+    }
+
+    /// A lock for a `static`: as [`Self::new`], but its user must call [`watch_every_fork`]
+    /// before its first [`Self::lock`] (forks before that are not told apart).
+    pub(crate) const fn unwatched(value: T) -> Self {
+        ForkAwareMutex {
+            value: std::sync::Mutex::new(value),
+            taken_in: AtomicU64::new(0),
             orphaned_in: AtomicU64::new(u64::MAX),
         }
     }
@@ -241,6 +299,30 @@ mod tests {
         assert_eq!(maker.join().unwrap(), 1);
         assert_eq!(status, 1, "the child made its own value");
         assert_eq!(*super::get_or_make(&CELL, || 3), 1, "the parent keeps the first one published");
+    }
+
+    #[test]
+    fn a_child_makes_its_own_value_of_a_once_a_parents_thread_was_making() {
+        static ONCE: super::ForkAwareOnce<u32> = super::ForkAwareOnce::new();
+        let (making_tx, making_rx) = mpsc::channel();
+        let (release_tx, release_rx) = mpsc::channel::<()>();
+        let maker = std::thread::spawn(move || {
+            *ONCE.get_or_init(|| {
+                making_tx.send(()).unwrap();
+                release_rx.recv().unwrap();
+                1
+            })
+        });
+        making_rx.recv().unwrap();
+        // A second thread of this process waits for the maker: one value, made once.
+        let waiter = std::thread::spawn(|| *ONCE.get_or_init(|| 4));
+        // (Had the maker used `OnceLock::get_or_init`, the child's would wait forever for it.)
+        let status = in_child(|| i32::from(*ONCE.get_or_init(|| 2) == 2));
+        release_tx.send(()).unwrap();
+        assert_eq!(maker.join().unwrap(), 1);
+        assert_eq!(waiter.join().unwrap(), 1, "the waiting thread got the maker's value");
+        assert_eq!(status, 1, "the child made its own value");
+        assert_eq!(*ONCE.get_or_init(|| 3), 1, "the parent keeps its own");
     }
 
     #[test]

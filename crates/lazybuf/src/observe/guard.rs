@@ -47,11 +47,12 @@
 use std::cell::Cell;
 use std::fmt;
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
+use std::sync::{Arc, PoisonError, RwLock};
 
 pub use super::kinds::GuardLevel;
 use super::kinds::NAMES;
 use super::{Direction, GUARD_BIT, TransferInfo};
+use crate::backend::fork::{ForkAwareMutex, ForkAwareOnce};
 use crate::error::{Error, Result};
 
 impl GuardLevel {
@@ -177,11 +178,12 @@ impl GuardLevels {
 /// The process-wide levels, as `GuardLevel as u8`.
 static GLOBAL: [AtomicU8; 3] = [AtomicU8::new(0), AtomicU8::new(0), AtomicU8::new(0)];
 
-/// Serializes the writers of [`GLOBAL`], the thread count and [`super::ACTIVE`].
-static STATE: Mutex<usize> = Mutex::new(0);
+/// Serializes the writers of [`GLOBAL`], the thread count and [`super::ACTIVE`]. Fork-aware
+/// (`backend::fork`): a forked child whose parent's thread held it at the fork does not wait.
+static STATE: ForkAwareMutex<usize> = ForkAwareMutex::unwatched(0);
 
 /// `LAZYBUF_TRANSFER_GUARD`, read once.
-static ENV: OnceLock<Result<()>> = OnceLock::new();
+static ENV: ForkAwareOnce<Result<()>> = ForkAwareOnce::new();
 
 /// Receives each logged copy and the level that logged it ([`set_log_hook`]).
 pub type LogHook = Arc<dyn Fn(&TransferInfo, GuardLevel) + Send + Sync>;
@@ -192,8 +194,15 @@ pub const ENV_VAR: &str = "LAZYBUF_TRANSFER_GUARD";
 
 /// Takes the writers' lock; `threads` counts the threads with levels of their own.
 fn with_state<R>(f: impl FnOnce(&mut usize) -> R) -> R {
-    // Nothing panics while holding the lock: a poisoned state is still consistent.
-    let mut threads = STATE.lock().unwrap_or_else(PoisonError::into_inner);
+    crate::backend::fork::watch_every_fork();
+    let Some(mut threads) = STATE.lock() else {
+        // A forked child whose parent's thread held the lock at the fork: the count is gone,
+        // so the hooks stay on for good (they then look at each thread's levels, which is
+        // always right; the bit only lets them skip that when nothing guards).
+        let result = f(&mut 0);
+        super::set_bit(GUARD_BIT, true);
+        return result;
+    };
     let result = f(&mut threads);
     let global_on = GLOBAL.iter().any(|l| l.load(Ordering::Relaxed) != 0);
     let env_bad = matches!(ENV.get(), Some(Err(_)));

@@ -40,10 +40,11 @@ use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::event::{MemoryKind, Source};
 use super::{Direction, Reason};
+use crate::backend::fork::ForkAwareOnce;
 use crate::coherence::BufferState;
 use crate::device::Device;
 
@@ -453,7 +454,7 @@ struct Clock {
     epoch: u64,
 }
 
-static CLOCK: OnceLock<Clock> = OnceLock::new();
+static CLOCK: ForkAwareOnce<Clock> = ForkAwareOnce::new();
 
 fn clock() -> &'static Clock {
     CLOCK.get_or_init(|| {

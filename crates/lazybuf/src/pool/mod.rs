@@ -37,9 +37,10 @@
 
 use crate::backend::fork::ForkAwareMutex;
 use std::fmt;
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::{Arc, Weak};
 
 use crate::backend::MemoryKind;
+use crate::backend::fork::ForkAwareOnce;
 use crate::buffer::{BufferOptions, RawBuffer, UnifiedBuffer};
 use crate::coherence::DeviceId;
 use crate::device::Device;
@@ -228,7 +229,7 @@ type LivePools = ForkAwareMutex<Vec<(Option<DeviceId>, Weak<CachingResource>)>>;
 
 /// The caches of every pool made, by device, weakly held.
 fn live_pools() -> &'static LivePools {
-    static LIVE: OnceLock<LivePools> = OnceLock::new();
+    static LIVE: ForkAwareOnce<LivePools> = ForkAwareOnce::new();
     LIVE.get_or_init(ForkAwareMutex::default)
 }
 

@@ -56,10 +56,11 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 pub use crate::backend::Block;
 use crate::backend::fork::ForkAwareMutex;
+use crate::backend::fork::ForkAwareOnce;
 use crate::backend::{DeviceMemory, MemoryKind, Ticket};
 use crate::coherence::DeviceId;
 use crate::device::{Device, Stream};
@@ -161,7 +162,7 @@ pub struct DirectResource;
 impl DirectResource {
     /// The shared direct resource.
     pub fn shared() -> Arc<dyn MemoryResource> {
-        static DIRECT: OnceLock<Arc<dyn MemoryResource>> = OnceLock::new();
+        static DIRECT: ForkAwareOnce<Arc<dyn MemoryResource>> = ForkAwareOnce::new();
         DIRECT.get_or_init(|| Arc::new(DirectResource)).clone()
     }
 }
@@ -257,7 +258,7 @@ pub(crate) fn default_memory_pool(device: &Device) -> crate::MemoryPool {
 }
 
 fn default_pools() -> &'static ForkAwareMutex<HashMap<DeviceId, crate::MemoryPool>> {
-    static POOLS: OnceLock<ForkAwareMutex<HashMap<DeviceId, crate::MemoryPool>>> = OnceLock::new();
+    static POOLS: ForkAwareOnce<ForkAwareMutex<HashMap<DeviceId, crate::MemoryPool>>> = ForkAwareOnce::new();
     POOLS.get_or_init(ForkAwareMutex::default)
 }
 
@@ -275,7 +276,7 @@ pub fn default_resource(device: &Device) -> Arc<dyn MemoryResource> {
 static ANY_CURRENT: AtomicBool = AtomicBool::new(false);
 
 fn current_resources() -> &'static Mutex<HashMap<DeviceId, Arc<dyn MemoryResource>>> {
-    static CURRENT: OnceLock<Mutex<HashMap<DeviceId, Arc<dyn MemoryResource>>>> = OnceLock::new();
+    static CURRENT: ForkAwareOnce<Mutex<HashMap<DeviceId, Arc<dyn MemoryResource>>>> = ForkAwareOnce::new();
     CURRENT.get_or_init(Mutex::default)
 }
 

@@ -13,11 +13,12 @@
 //! What does not live here: making room under a limit (`spill::eviction`).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
 
 use crate::backend::MemoryKind;
 use crate::backend::fork::ForkAwareMutex;
+use crate::backend::fork::ForkAwareOnce;
 use crate::coherence::DeviceId;
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -75,7 +76,7 @@ impl Ledger {
 /// on without it ([`ForkAwareMutex`]): each lookup there gets a ledger of its own, so device
 /// limits are not kept in that child.
 fn ledgers() -> &'static ForkAwareMutex<HashMap<DeviceId, Arc<Ledger>>> {
-    static LEDGERS: OnceLock<ForkAwareMutex<HashMap<DeviceId, Arc<Ledger>>>> = OnceLock::new();
+    static LEDGERS: ForkAwareOnce<ForkAwareMutex<HashMap<DeviceId, Arc<Ledger>>>> = ForkAwareOnce::new();
     LEDGERS.get_or_init(ForkAwareMutex::default)
 }
 
@@ -226,7 +227,7 @@ pub(crate) fn over_limit(device: &Device, kind: MemoryKind) -> bool {
 /// The environment's limits, parsed and resolved to devices once: an error when the variable
 /// is malformed or names a device that does not exist.
 pub(crate) fn env_limits() -> Result<&'static [(Device, u64)]> {
-    static RESOLVED: OnceLock<Result<Vec<(Device, u64)>>> = OnceLock::new();
+    static RESOLVED: ForkAwareOnce<Result<Vec<(Device, u64)>>> = ForkAwareOnce::new();
     let resolved = RESOLVED.get_or_init(|| {
         let text = std::env::var(MEMORY_LIMIT_ENV).unwrap_or_default();
         let bad = |why: String| Error::invalid("LAZYBUF_MEMORY_LIMIT", why);

@@ -42,10 +42,11 @@ use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::MutexGuard;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{MutexGuard, OnceLock};
 
 use crate::backend::fork::ForkAwareMutex;
+use crate::backend::fork::ForkAwareOnce;
 use crate::error::{Error, Result, RuntimeCode};
 use crate::host_memory::HostMemory;
 
@@ -125,7 +126,7 @@ struct Disk {
 /// ([`ForkAwareMutex`]): that child writes no spill file (the write-back fails, the buffer keeps
 /// its host copy) and forgets none.
 fn disk() -> Option<MutexGuard<'static, Disk>> {
-    static DISK: OnceLock<ForkAwareMutex<Disk>> = OnceLock::new();
+    static DISK: ForkAwareOnce<ForkAwareMutex<Disk>> = ForkAwareOnce::new();
     DISK.get_or_init(ForkAwareMutex::default).lock()
 }
 

@@ -25,13 +25,13 @@
 //!
 //! What does not live here: the eviction of one copy ([`crate::RawBuffer::evict_device_copy`]).
 
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use super::budget::{self, Ledger};
 use super::registry;
 use super::stats;
+use crate::backend::fork::ForkAwareOnce;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::resource::Block;
@@ -58,7 +58,7 @@ pub const EVICTION_POLICY_ENV: &str = "LAZYBUF_EVICTION_POLICY";
 
 /// Applies [`EVICTION_POLICY_ENV`], once per process.
 fn env_policy() -> Result<()> {
-    static READ: OnceLock<Result<()>> = OnceLock::new();
+    static READ: ForkAwareOnce<Result<()>> = ForkAwareOnce::new();
     READ.get_or_init(|| {
         let Ok(text) = std::env::var(EVICTION_POLICY_ENV) else {
             return Ok(());

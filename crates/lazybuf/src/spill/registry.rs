@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 
 use crate::backend::fork::ForkAwareMutex;
+use crate::backend::fork::ForkAwareOnce;
 use crate::device::Device;
 use crate::error::Result;
 
@@ -79,7 +80,7 @@ pub fn tick() -> u64 {
 /// The candidates. A forked child whose parent's thread held the list at the fork goes on
 /// without it ([`ForkAwareMutex`]): nothing registers there, and nothing is evicted.
 fn entries() -> &'static ForkAwareMutex<Vec<Weak<dyn Evictable>>> {
-    static ENTRIES: OnceLock<ForkAwareMutex<Vec<Weak<dyn Evictable>>>> = OnceLock::new();
+    static ENTRIES: ForkAwareOnce<ForkAwareMutex<Vec<Weak<dyn Evictable>>>> = ForkAwareOnce::new();
     ENTRIES.get_or_init(ForkAwareMutex::default)
 }
 

@@ -3,9 +3,9 @@
 //! What does not live here: the eviction itself (`spill::eviction`).
 
 use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
+use crate::backend::fork::{ForkAwareMutex, ForkAwareOnce};
 use crate::coherence::DeviceId;
 use crate::device::Device;
 
@@ -38,14 +38,18 @@ pub struct SpillStats {
     pub seconds: f64,
 }
 
-fn table() -> &'static Mutex<HashMap<DeviceId, SpillStats>> {
-    static TABLE: OnceLock<Mutex<HashMap<DeviceId, SpillStats>>> = OnceLock::new();
-    TABLE.get_or_init(Mutex::default)
+/// The counters per device. A fork-aware lock: a forked child whose parent's thread held it at
+/// the fork counts nothing and reads zeros, instead of waiting forever (`backend::fork`).
+fn table() -> &'static ForkAwareMutex<HashMap<DeviceId, SpillStats>> {
+    static TABLE: ForkAwareOnce<ForkAwareMutex<HashMap<DeviceId, SpillStats>>> = ForkAwareOnce::new();
+    TABLE.get_or_init(ForkAwareMutex::default)
 }
 
 /// Applies `change` to `device`'s counters.
 pub(crate) fn update(device: &Device, change: impl FnOnce(&mut SpillStats)) {
-    change(table().lock().unwrap_or_else(PoisonError::into_inner).entry(device.id()).or_default());
+    if let Some(mut table) = table().lock() {
+        change(table.entry(device.id()).or_default());
+    }
 }
 
 /// Counts `elapsed` time spent making room on `device`.
@@ -55,10 +59,12 @@ pub(crate) fn add_time(device: &Device, elapsed: Duration) {
 
 /// The spill counters of `device`.
 pub fn spill_stats(device: &Device) -> SpillStats {
-    table().lock().unwrap_or_else(PoisonError::into_inner).get(&device.id()).copied().unwrap_or_default()
+    table().lock().and_then(|table| table.get(&device.id()).copied()).unwrap_or_default()
 }
 
 /// Sets `device`'s spill counters to zero.
 pub fn reset_spill_stats(device: &Device) {
-    table().lock().unwrap_or_else(PoisonError::into_inner).remove(&device.id());
+    if let Some(mut table) = table().lock() {
+        table.remove(&device.id());
+    }
 }

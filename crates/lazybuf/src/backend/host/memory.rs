@@ -2,8 +2,9 @@
 //! and its stream.
 
 use std::ptr::NonNull;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
+use crate::backend::fork::ForkAwareOnce;
 use crate::backend::{MemoryHandle, RawMemory, RawStream, StreamHandle};
 use crate::host_memory::HostMemory;
 
@@ -78,7 +79,7 @@ pub struct HostStream;
 impl HostStream {
     /// The shared immediate stream.
     pub fn shared() -> Arc<HostStream> {
-        static STREAM: OnceLock<Arc<HostStream>> = OnceLock::new();
+        static STREAM: ForkAwareOnce<Arc<HostStream>> = ForkAwareOnce::new();
         STREAM.get_or_init(|| Arc::new(HostStream)).clone()
     }
 }
