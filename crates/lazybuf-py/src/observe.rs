@@ -13,9 +13,10 @@
 //! What does not live here: the guard's and recorder's rules (the core), the context managers
 //! (Python).
 
+use lazybuf::backend::fork::ForkAwareMutex;
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::gil_cell::GilOnceCell;
 use lazybuf::observe::guard::{self, GuardLevel, GuardLevels};
@@ -49,7 +50,10 @@ pub fn observed<R>(py: Python<'_>, cause: Cause, f: impl FnOnce() -> R) -> R {
 
 /// Logged lines waiting for the GIL (at most [`LOGGED_MAX`]; [`LOGGED_DROPPED`] counts the
 /// rest), and whether there are any (the one load a call pays when there are none).
-static LOGGED: Mutex<VecDeque<String>> = Mutex::new(VecDeque::new());
+/// Fork-aware: lines are queued by whichever thread copies, also without the GIL, so a fork
+/// can leave the lock held by a parent's thread; such a child drops its lines (counted)
+/// instead of waiting forever.
+static LOGGED: ForkAwareMutex<VecDeque<String>> = ForkAwareMutex::unwatched(VecDeque::new());
 static LOGGED_WAITING: AtomicBool = AtomicBool::new(false);
 static LOGGED_DROPPED: AtomicUsize = AtomicUsize::new(0);
 const LOGGED_MAX: usize = 10_000;
@@ -57,13 +61,12 @@ const LOGGED_MAX: usize = 10_000;
 /// The guard's log hook in this process: queues the line (see the module docs).
 fn queue_logged(copy: &core::TransferInfo, level: GuardLevel) {
     let line = guard::log_line(copy, level);
-    let mut logged = LOGGED.lock().unwrap_or_else(PoisonError::into_inner);
-    if logged.len() < LOGGED_MAX {
-        logged.push_back(line);
-    } else {
-        LOGGED_DROPPED.fetch_add(1, Ordering::Relaxed);
+    match LOGGED.lock() {
+        Some(mut logged) if logged.len() < LOGGED_MAX => logged.push_back(line),
+        _ => {
+            LOGGED_DROPPED.fetch_add(1, Ordering::Relaxed);
+        }
     }
-    drop(logged);
     LOGGED_WAITING.store(true, Ordering::Release);
 }
 
@@ -100,7 +103,7 @@ pub fn hand_logged_to_python(py: Python<'_>) {
         }
     }
     let _handing = Handing::start();
-    let lines = std::mem::take(&mut *LOGGED.lock().unwrap_or_else(PoisonError::into_inner));
+    let lines = LOGGED.lock().map(|mut logged| std::mem::take(&mut *logged)).unwrap_or_default();
     let dropped = LOGGED_DROPPED.swap(0, Ordering::Relaxed);
     static LOGGER: GilOnceCell<Py<PyAny>> = GilOnceCell::new();
     let logger = match LOGGER.get_or_try_init(py, || {

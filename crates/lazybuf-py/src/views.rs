@@ -30,7 +30,7 @@ use std::ffi::{c_int, c_void};
 use std::ops::Range;
 use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, MutexGuard};
 
 use numpy::npyffi::{self, NPY_ARRAY_C_CONTIGUOUS, NPY_ARRAY_WRITEABLE, PY_ARRAY_API, npy_intp};
 use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
@@ -38,6 +38,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use lazybuf::backend::RawMemory;
+use lazybuf::backend::fork::ForkAwareMutex;
 use lazybuf::coherence::Access;
 use lazybuf::host_memory::{ForeignHostMemory, HostMemory, copy_bytes};
 use lazybuf::resource::{MemoryResource, default_resource};
@@ -203,10 +204,12 @@ impl Drop for HostBlock {
 }
 
 /// The address ranges of the frames buffers have adopted (start -> end), so that no two
-/// buffers ever adopt the same bytes.
-fn adopted_frames() -> MutexGuard<'static, BTreeMap<usize, usize>> {
-    static FRAMES: Mutex<BTreeMap<usize, usize>> = Mutex::new(BTreeMap::new());
-    FRAMES.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+/// buffers ever adopt the same bytes. Fork-aware (a frame is given back by a buffer's drop,
+/// also without the GIL): `None` in a forked child whose parent's thread held it at the fork,
+/// where nothing is adopted any more (the frame is copied instead).
+fn adopted_frames() -> Option<MutexGuard<'static, BTreeMap<usize, usize>>> {
+    static FRAMES: ForkAwareMutex<BTreeMap<usize, usize>> = ForkAwareMutex::unwatched(BTreeMap::new());
+    FRAMES.lock()
 }
 
 /// A frame lent to a buffer as its host copy: the buffer's own memoryview over it (which holds
@@ -221,7 +224,9 @@ impl ForeignHostMemory for LentFrame {}
 
 impl Drop for LentFrame {
     fn drop(&mut self) {
-        adopted_frames().remove(&self.range.start);
+        if let Some(mut frames) = adopted_frames() {
+            frames.remove(&self.range.start);
+        }
     }
 }
 
@@ -538,7 +543,7 @@ impl Storage {
         if range.len() != raw.nbytes() || range.is_empty() {
             return Ok(false);
         }
-        let mut frames = adopted_frames();
+        let Some(mut frames) = adopted_frames() else { return Ok(false) };
         if frames.range(..range.end).next_back().is_some_and(|(_, &end)| end > range.start) {
             return Ok(false);
         }

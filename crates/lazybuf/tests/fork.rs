@@ -379,7 +379,8 @@ fn a_child_forked_while_another_thread_holds_spillings_locks_works() {
 /// hold while the process forks must be fork-aware (`backend::fork`: `ForkAwareMutex`,
 /// `ForkAwareOnce`, `get_or_make`), so that a child whose parent's thread held it goes on
 /// instead of waiting forever. Every plain once-cell and every `static` lock in the core's
-/// sources (outside unit tests) must be in [`ALLOWED`], with the reason it cannot hang a child.
+/// sources and the Python binding's (outside unit tests) must be in [`ALLOWED`], with the
+/// reason it cannot hang a child.
 #[test]
 fn process_wide_state_is_fork_aware_or_says_why_not() {
     const ALLOWED: &[(&str, &str, &str)] = &[
@@ -402,12 +403,31 @@ fn process_wide_state_is_fork_aware_or_says_why_not() {
         ("observe/guard.rs", "static LOG_HOOK: RwLock", "written once, at the binding's import"),
         ("host_memory.rs", "static RESIZE: Mutex", "Windows only: no fork"),
         ("resource/mod.rs", "ForkAwareOnce<Mutex<", "left: the current resources (ROADMAP)"),
+        // The binding's: Python's `os.fork` runs with the GIL held, so a lock taken only with
+        // the GIL held and released before the GIL is never held by another thread at a fork.
+        (
+            "../lazybuf-py/src/gil_cell.rs",
+            "OnceLock",
+            "the binding's fork-safe cell: made under the GIL, never waited for",
+        ),
+        ("../lazybuf-py/src/accelerator.rs", "static SELECTED: Mutex", "taken only with the GIL held"),
+        ("../lazybuf-py/src/pool.rs", "static SHARED: Mutex", "taken only with the GIL held"),
+        ("../lazybuf-py/src/device_view.rs", "static QUEUES: Mutex", "taken only with the GIL held"),
+        ("../lazybuf-py/src/device_view.rs", "static CHECKED: Mutex", "taken only with the GIL held"),
+        (
+            "../lazybuf-py/src/mr.rs",
+            "OnceLock",
+            "the raw allocations' registry: taken only with the GIL held",
+        ),
+        ("../lazybuf-py/src/mr.rs", "static CURRENT: Mutex", "taken only with the GIL held"),
+        ("../lazybuf-py/src/mr.rs", "static DEFAULTS: Mutex", "taken only with the GIL held"),
     ];
     let once = regex_lite("OnceLock|LazyLock|OnceCell");
     let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let binding = src.join("../../lazybuf-py/src");
     let mut found = Vec::new();
     let mut used = vec![false; ALLOWED.len()];
-    let mut stack = vec![src.clone()];
+    let mut stack = vec![src.clone(), binding];
     while let Some(dir) = stack.pop() {
         for entry in std::fs::read_dir(&dir).unwrap() {
             let path = entry.unwrap().path();
@@ -418,7 +438,11 @@ fn process_wide_state_is_fork_aware_or_says_why_not() {
             if path.extension().is_none_or(|e| e != "rs") {
                 continue;
             }
-            let rel = path.strip_prefix(&src).unwrap().to_string_lossy().replace('\\', "/");
+            // The core's files by their path under src/, the binding's as `../lazybuf-py/src/...`.
+            let rel = match path.strip_prefix(&src) {
+                Ok(rel) if !rel.starts_with("..") => rel.to_string_lossy().replace('\\', "/"),
+                _ => format!("../lazybuf-py/src/{}", path.file_name().unwrap().to_string_lossy()),
+            };
             let text = std::fs::read_to_string(&path).unwrap();
             // Unit tests may do what they like.
             let code = text.split("#[cfg(test)]\nmod tests").next().unwrap();

@@ -170,7 +170,10 @@ const GRACE: std::time::Duration = std::time::Duration::from_millis(20);
 /// mutex: one relaxed load more per lock, and one store per generation.
 ///
 /// Counting generations starts when the first such lock is made ([`watch_every_fork`]).
-pub(crate) struct ForkAwareMutex<T> {
+///
+/// Public for bindings, whose process-wide state has the same hazard (the Python binding's
+/// queue of logged lines, its table of adopted frames).
+pub struct ForkAwareMutex<T> {
     value: std::sync::Mutex<T>,
     /// The generation the lock was last taken in (or made in).
     taken_in: AtomicU64,
@@ -180,7 +183,8 @@ pub(crate) struct ForkAwareMutex<T> {
 }
 
 impl<T> ForkAwareMutex<T> {
-    pub(crate) fn new(value: T) -> Self {
+    /// A lock over `value`; starts counting forks ([`watch_every_fork`]).
+    pub fn new(value: T) -> Self {
         watch_every_fork();
         ForkAwareMutex {
             value: std::sync::Mutex::new(value),
@@ -191,7 +195,7 @@ impl<T> ForkAwareMutex<T> {
 
     /// A lock for a `static`: as [`Self::new`], but its user must call [`watch_every_fork`]
     /// before its first [`Self::lock`] (forks before that are not told apart).
-    pub(crate) const fn unwatched(value: T) -> Self {
+    pub const fn unwatched(value: T) -> Self {
         ForkAwareMutex {
             value: std::sync::Mutex::new(value),
             taken_in: AtomicU64::new(0),
@@ -201,7 +205,7 @@ impl<T> ForkAwareMutex<T> {
 
     /// The lock, waited for; `None` in a forked child when a thread of a parent process held
     /// it at the fork. A poisoned lock is taken as it is (its users panic nowhere under it).
-    pub(crate) fn lock(&self) -> Option<std::sync::MutexGuard<'_, T>> {
+    pub fn lock(&self) -> Option<std::sync::MutexGuard<'_, T>> {
         let now = generation();
         if self.taken_in.load(Ordering::Relaxed) == now {
             return Some(self.value.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
@@ -236,7 +240,7 @@ impl<T> ForkAwareMutex<T> {
     }
 
     /// The value, through exclusive access (no lock needed).
-    pub(crate) fn get_mut(&mut self) -> &mut T {
+    pub fn get_mut(&mut self) -> &mut T {
         self.value.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
