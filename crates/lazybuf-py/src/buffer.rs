@@ -1395,7 +1395,17 @@ impl UnifiedBuffer {
             if let Some((storage, array)) = whole_assignment(slf.get(), slf.py(), key, value)? {
                 return storage.copy_from_array(&array);
             }
-            UnifiedBuffer::host(slf)?.set_item(key, value)
+            let host = UnifiedBuffer::host(slf)?;
+            // NumPy converts `key` and `value` after `.host`'s access, and a conversion may run
+            // the user's code (`__index__`, `__float__`, `__array__`, a finalizer gc runs
+            // there). Were that code to use this buffer (mark its device copy dirty, sync it),
+            // the write would land in a host copy stale by then, or one the device copy was
+            // just synced from, silently. The buffer's lock is held across NumPy's call, so
+            // such a use gets `ReentrancyError` (raised from the assignment, which then wrote
+            // nothing); other threads wait for it without the GIL (`crate::lock`).
+            let storage = slf.get().storage()?;
+            let _in_use = storage.lock(slf.py())?;
+            host.set_item(key, value)
         })
     }
 
