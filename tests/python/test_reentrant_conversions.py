@@ -128,20 +128,17 @@ def test_another_thread_waits_for_an_assignment_whose_conversion_runs_python(sel
     np.testing.assert_array_equal(seen[0], expected)
 
 
-# --- left (ROADMAP): the guard names user code's calls after the lazybuf call running it ----
+# --- the guard's and the recorder's names for calls the user's code makes in the middle ---
 #
-# `observed` (crates/lazybuf-py/src/observe.rs) runs a method's body as its cause, and a cause
-# set on the thread wins over later ones, so a lazybuf call that user code makes inside a
-# conversion (on any buffer) is named after the outer call.
+# A lazybuf call that the user's code makes while lazybuf runs that code inside another call
+# (NumPy's conversion of a value calling its `__float__`, a DLPack producer's `__dlpack__`) is
+# the user's own call: its copies are judged by its own cause, not the outer call's. (Before,
+# the outer call named them: an explicit `to_numpy()` there was refused under `disallow` as
+# "implicit __setitem__", and an implicit `.host` inside `copy_from_device` let through.)
 
-KNOWN = "the guard names a call made by user code inside another call after the outer one (ROADMAP)"
 
-
-@pytest.mark.xfail(strict=True, reason=KNOWN)
 @pytest.mark.parametrize("selector", one_selector_per_backend())
 def test_an_explicit_read_back_made_by_user_code_inside_an_item_assignment_is_explicit(selector):
-    if str(selector).startswith("host"):
-        pytest.skip("nothing is refused on the host device: the copies are one memory")
     buf = synchronized(selector)
     other = synchronized(selector)
     other.mark_device_dirty()
@@ -155,3 +152,43 @@ def test_an_explicit_read_back_made_by_user_code_inside_an_item_assignment_is_ex
     with lazybuf.transfer_guard("disallow"):
         buf[0] = Value()
     np.testing.assert_array_equal(read[0], DATA)
+
+
+@pytest.mark.parametrize("selector", one_selector_per_backend())
+def test_an_implicit_download_made_by_user_code_inside_an_item_assignment_is_refused(selector):
+    if selector == "host":
+        pytest.skip("nothing is refused on the host device: the copies are one memory")
+    buf = synchronized(selector)
+    other = synchronized(selector)
+    other.mark_device_dirty()
+
+    class Value:
+        def __float__(self):
+            return float(other.host[3])  # implicit: refused under "disallow"
+
+    with lazybuf.transfer_guard("disallow"):
+        with pytest.raises(lazybuf.TransferGuardError, match="__getattribute__|host"):
+            buf[0] = Value()
+    np.testing.assert_array_equal(buf.to_numpy(), DATA)
+
+
+@pytest.mark.parametrize("selector", one_selector_per_backend())
+def test_the_recorder_names_a_call_made_by_user_code_after_itself(selector):
+    buf = synchronized(selector)
+    other = synchronized(selector)
+    other.mark_device_dirty()
+
+    class Value:
+        def __float__(self):
+            other.sync_to_host()
+            return 5.0
+
+    lazybuf.trace.start()
+    try:
+        buf[0] = Value()
+    finally:
+        trace = lazybuf.trace.stop()
+    mine = [e for e in trace.events() if e.get("buffer") == other.buffer_id and e["kind"] == "state"]
+    assert [e["call"] for e in mine] == ["sync_to_host"], mine
+    outer = [e for e in trace.events() if e.get("buffer") == buf.buffer_id and e["kind"] == "state"]
+    assert outer and all(e["call"] in ("__setitem__",) for e in outer), outer

@@ -32,20 +32,54 @@ static PYTHON_STACK: AtomicBool = AtomicBool::new(false);
 
 /// Runs `f`, a `UnifiedBuffer` method's body, as `cause`: one atomic load when nothing
 /// observes. Copies the guard logged meanwhile go to `logging` when `f` has returned.
+///
+/// Inside another observed call on this thread, the outer call names the copies when the
+/// binding itself made the inner call (`__array__(copy=True)` calling `to_numpy`), and the
+/// inner call names its own when the user's code made it, run by the outer call in the middle
+/// of its work (NumPy's conversion of a value calling its `__float__`, a DLPack producer's
+/// `__dlpack__`, a finalizer): told apart by the running Python frame, which is the outer
+/// call's caller's in the first case and the user's code's in the second.
 pub fn observed<R>(py: Python<'_>, cause: Cause, f: impl FnOnce() -> R) -> R {
     if !core::active() {
         return f();
     }
+    let frame = python_frame(py);
+    let outer = CALLER_FRAME.with(|c| c.replace(frame));
+    struct Restore(usize);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let _ = CALLER_FRAME.try_with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(outer);
+    let users_own = outer != 0 && outer != frame;
     let done = if !(core::recording() && PYTHON_STACK.load(Ordering::Relaxed)) {
         // No stack to attach: the thread's events stay as they are (a stack is only ever
         // attached here, for the length of one call).
-        core::call(cause, f)
+        run_as(users_own, cause, f)
     } else {
         let stack = python_stack(py);
-        trace::call_with_stack(stack, || core::call(cause, f))
+        trace::call_with_stack(stack, || run_as(users_own, cause, f))
     };
     hand_logged_to_python(py);
     done
+}
+
+/// `f` as `cause`: a call of its own (`users_own`), or part of the enclosing one ([`observed`]).
+fn run_as<R>(users_own: bool, cause: Cause, f: impl FnOnce() -> R) -> R {
+    if users_own { core::call_anew(cause, f) } else { core::call(cause, f) }
+}
+
+thread_local! {
+    /// The Python frame that made the observed call running on this thread (0: none runs).
+    static CALLER_FRAME: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// The running Python frame, as an identity (0: none).
+fn python_frame(_py: Python<'_>) -> usize {
+    // SAFETY: the GIL is held (`_py`); the borrowed frame is only turned into an address,
+    // never used.
+    unsafe { pyo3::ffi::PyEval_GetFrame() as usize }
 }
 
 /// Logged lines waiting for the GIL (at most [`LOGGED_MAX`]; [`LOGGED_DROPPED`] counts the

@@ -214,6 +214,26 @@ pub fn call<R>(cause: Cause, f: impl FnOnce() -> R) -> R {
     }
 }
 
+/// Runs `f` as `cause`, also inside another [`call`] on this thread (whose cause is restored
+/// after): for a call the user's own code makes while lazybuf runs it in the middle of another
+/// call (a binding's conversion running the user's `__float__`, which reads another buffer).
+/// Such a call is the user's, not part of the one running, and its copies are judged as its
+/// own (an explicit `to_numpy()` there is allowed under `disallow`, an implicit `.host`
+/// refused).
+pub fn call_anew<R>(cause: Cause, f: impl FnOnce() -> R) -> R {
+    if !active() {
+        return f();
+    }
+    let mut f = Some(f);
+    if let Some(done) = record::with_local(|l| f.take().map(|f| l.run_anew(cause, f))).flatten() {
+        return done;
+    }
+    match f {
+        Some(f) => f(),
+        None => unreachable!("with_local ran its closure, which returned f's result"),
+    }
+}
+
 /// The cause set by [`call`] on this thread, else `default`; an eviction's `default` always
 /// (see [`Cause::yields_to_call`]).
 pub(crate) fn cause_or(default: Cause) -> Cause {

@@ -677,6 +677,20 @@ impl Local {
         f()
     }
 
+    /// Runs `f` as `cause` whatever call runs on this thread, and puts that call's cause and
+    /// time back after it (also when `f` unwinds): [`super::call_anew`].
+    pub(super) fn run_anew<R>(&self, cause: super::Cause, f: impl FnOnce() -> R) -> R {
+        struct Restore<'a>(&'a Local, Option<super::Cause>, u64);
+        impl Drop for Restore<'_> {
+            fn drop(&mut self) {
+                self.0.cause.set(self.1);
+                self.0.call_time.set(self.2);
+            }
+        }
+        let _restore = Restore(self, self.cause.replace(Some(cause)), self.call_time.replace(0));
+        f()
+    }
+
     /// Drops this thread's chunk (its session ended: nobody reads it again).
     fn release_chunk(&self) {
         if let Ok(mut chunk) = self.chunk.try_borrow_mut() {
