@@ -133,7 +133,7 @@ def test_read_modify_write_on_one_buffer(double):
         buf.mark_device_dirty()
         np.testing.assert_array_equal(buf.to_numpy(), DATA)
 
-    check_minimum(per_batch(lib, batch), uploads=1, downloads=1, waits=2)
+    check_minimum(per_batch(lib, batch), uploads=1, downloads=1, waits=1)
 
 
 def test_double_buffering(double):

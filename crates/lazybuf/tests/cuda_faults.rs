@@ -459,3 +459,58 @@ fn the_recorder_leaves_out_the_read_back_a_failed_ordered_upload_voids() {
     assert_eq!(copies(Direction::HostToDevice), stats.host_to_device.copies);
     assert_eq!(copies(Direction::DeviceToHost), stats.device_to_host.copies);
 }
+
+/// Read-modify-write on one buffer with a stream-ordered upload (the seeds' loop: host write,
+/// `.device`, a kernel, `to_numpy()`): once the host copy is wanted after read-backs, the
+/// read-back downloads into the caller's block behind the upload and fills the host copy from
+/// it when the upload is known to have succeeded (one wait where downloading into the host
+/// copy took two: `test_cuda_calls.py` counts them). The bytes, the state and the counters are
+/// those of a host read followed by a copy out; and when the upload fails, the read-back
+/// reports it and the host copy keeps the bytes that upload was to take (it must not be
+/// overwritten by a download of what the upload never wrote).
+#[test]
+fn a_read_modify_write_loop_reads_back_behind_the_upload_and_a_failed_upload_keeps_the_host_copy() {
+    let Some((devices, _lock)) = setup("a_read_modify_write_loop_reads_back_behind_the_upload") else {
+        return;
+    };
+    let device = &devices[0];
+    let n = 4096;
+    let downloads = |b: &UnifiedBuffer<u8>| b.transfer_stats().device_to_host.copies;
+    let uploads = |b: &UnifiedBuffer<u8>| b.transfer_stats().host_to_device.copies;
+    for pinned in [false, true] {
+        let mut buf = buffer(device, n, pinned);
+        let mut out = lazybuf::host_memory::HostMemory::allocate(n).unwrap();
+        for i in 0..6u8 {
+            let fails = i == 4;
+            let (up, down) = (uploads(&buf), downloads(&buf));
+            let before = buf.host_mut().unwrap().to_vec();
+            buf.host_mut().unwrap().fill(i);
+            let raw = buf.raw_mut();
+            if fails {
+                arm_copy(1, false);
+            }
+            let (_, ticket) = raw.device_access_ordered(device).unwrap();
+            raw.mark_written(Some(device)).unwrap();
+            let read = raw.read_into(&mut out);
+            let _ = ticket.wait();
+            if fails {
+                assert!(read.is_err(), "pinned={pinned}: the read-back reports the failed upload");
+                assert_eq!(buf.state(), BufferState::HostDirty, "pinned={pinned}: as before the upload");
+                assert!(buf.host_if_valid().unwrap().iter().all(|&b| b == i), "pinned={pinned}: host kept");
+                assert_eq!((uploads(&buf), downloads(&buf)), (up, down), "pinned={pinned}: nothing counted");
+                continue;
+            }
+            read.unwrap();
+            assert!(out.as_slice()[..n].iter().all(|&b| b == i), "pinned={pinned} batch {i}");
+            assert_eq!(uploads(&buf) - up, 1, "pinned={pinned} batch {i}");
+            // Batch 1's host write downloads (the host copy is wanted after a direct read):
+            // from then on the read-back updates the host copy.
+            let expected_downloads = if i == 1 { 2 } else { 1 };
+            assert_eq!(downloads(&buf) - down, expected_downloads, "pinned={pinned} batch {i}: {before:?}");
+            if i >= 1 {
+                assert_eq!(buf.state(), BufferState::Synchronized, "pinned={pinned} batch {i}");
+                assert!(buf.host_if_valid().unwrap().iter().all(|&b| b == i), "pinned={pinned} batch {i}");
+            }
+        }
+    }
+}

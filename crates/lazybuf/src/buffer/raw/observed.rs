@@ -304,6 +304,19 @@ impl RawBuffer {
         }
     }
 
+    /// [`Self::observe_state`] for a change an engine call makes (named by the running
+    /// [`observe::call`], else `cause`).
+    #[inline]
+    pub(super) fn observe_state_as<R>(&mut self, cause: Cause, change: impl FnOnce(&mut Self) -> R) -> R {
+        if !observe::emitting() {
+            return change(self);
+        }
+        let before = self.state();
+        let result = change(self);
+        trace::record_state(self.id, before, self.state(), trace::Call::Of(cause));
+        result
+    }
+
     /// Runs `change`, a state change outside the plans (a release, an invalidation, a fill on a
     /// device), and records its transition, named `call`, while events are wanted.
     #[inline]

@@ -63,6 +63,9 @@ impl RawBuffer {
             self.direct_read = true;
             return Ok(());
         }
+        if let Some((index, plan)) = self.staged_source() {
+            return self.read_staged(index, &plan, out);
+        }
         self.settle_for(Location::Host, None, Access::Read)?;
         let source = self.host_access(Access::Read)?.as_ptr();
         if n > 0 {
@@ -91,6 +94,59 @@ impl RawBuffer {
             Step::Copy { from: Location::Device(id), to: Location::Host } => self.copy_index(id),
             _ => None,
         })
+    }
+
+    /// The device copy to read through `out` into the stale host copy
+    /// ([`Self::read_staged`]), with the plan of the host read it stands for: when the host
+    /// copy is wanted after reads (a read-modify-write loop on one buffer), its plan is one
+    /// download from a device copy of its own memory, and an upload to that copy, ordered on
+    /// its stream, is still in flight.
+    fn staged_source(&self) -> Option<(usize, Plan)> {
+        if !self.host_sync_pays || self.nbytes == 0 || self.host.is_none() || self.on_disk.is_some() {
+            return None;
+        }
+        let plan = self.plan(Location::Host, None, Access::Read);
+        let [Step::Copy { from: Location::Device(id), to: Location::Host }] = *plan.steps() else {
+            return None;
+        };
+        let index = self.copy_index(id)?;
+        let pays = !self.copies[index].memory.is_host_alias()
+            && self.inflight.iter().any(|op| op.is_ordered_upload_to(id));
+        pays.then_some((index, plan))
+    }
+
+    /// A read into `out` that also updates the host copy, with one wait where the host read
+    /// and the copy out wait twice. The host read would download into the host copy, which the
+    /// upload in flight reads and which must still hold the bytes if that upload fails, so it
+    /// must learn the upload's outcome first (a wait) before its own download (another). Here
+    /// the download goes into `out`, on the copy's stream behind the upload; one wait sees
+    /// both; once the upload is known to have succeeded, the host copy is filled from `out`
+    /// and becomes current, as the host read would have left it. The same copies (one
+    /// download, one host copy) and counters; a failure leaves the host copy and the state as
+    /// they were (`out`'s bytes are then unspecified).
+    fn read_staged(&mut self, index: usize, plan: &Plan, out: &mut HostMemory) -> Result<()> {
+        let n = self.nbytes;
+        let id = self.copies[index].device.id();
+        let (reads, writes) = self.touched(plan, Location::Host, None, Access::Read);
+        self.settle(|op| op.conflicts(&reads, &writes) && !op.is_ordered_upload_to(id))?;
+        let downloaded = self.download_into(index, out);
+        let settled = self.settle_after(downloaded.is_ok(), |op| op.is_ordered_upload_to(id));
+        let started = settled.and(downloaded)?;
+        let copy = &self.copies[index];
+        if let Some(started) = started {
+            started.finished(crate::observe::stream_id(&copy.stream));
+        }
+        self.stats.record(Direction::DeviceToHost, false, n);
+        self.observe_state_as(super::observed::READ_INTO, |buffer| {
+            let host = buffer.host.as_mut().expect("staged_source checked the host copy is allocated");
+            // SAFETY: `out` holds at least n bytes, just written by the download (read_into
+            // checked its length); the host block holds n writable bytes and is borrowed
+            // mutably here with the buffer. They may share bytes only when `out` is memory lent
+            // to both (read_into's contract), and copy_bytes_raw copies as memmove does.
+            unsafe { copy_bytes_raw(host.as_mut_ptr(), out.as_mut_ptr(), n) };
+            buffer.coherence.commit(Location::Host, Access::Read, plan);
+        });
+        Ok(())
     }
 
     /// The direct-download path: copies device copy `index` (current) into the first
