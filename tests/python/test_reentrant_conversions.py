@@ -192,3 +192,36 @@ def test_the_recorder_names_a_call_made_by_user_code_after_itself(selector):
     assert [e["call"] for e in mine] == ["sync_to_host"], mine
     outer = [e for e in trace.events() if e.get("buffer") == buf.buffer_id and e["kind"] == "state"]
     assert outer and all(e["call"] in ("__setitem__",) for e in outer), outer
+
+
+@pytest.mark.parametrize("selector", one_selector_per_backend())
+def test_an_implicit_download_made_by_user_code_inside_copy_from_device_is_refused(selector):
+    source = lazybuf.DeviceBuffer.to_device(bytes(N), device=selector)
+    try:
+        source.__dlpack__()
+    except BufferError:
+        pytest.skip("this device's memory has no DLPack export, so no user __dlpack__ runs")
+    other = synchronized(selector)
+    other.mark_device_dirty()  # `.host` downloads where the copies are two
+
+    class Producer:  # a DLPack producer whose export reads another buffer's host copy first
+        def __dlpack__(self, **kwargs):
+            other.host
+            return source.__dlpack__(**kwargs)
+
+        def __dlpack_device__(self):
+            return source.__dlpack_device__()
+
+    destination = lazybuf.DeviceBuffer(size=N, device=selector)
+    with lazybuf.transfer_guard("disallow"):
+        try:
+            other.host
+            direct_refused = False
+        except lazybuf.TransferGuardError:
+            direct_refused = True
+        if not direct_refused:
+            pytest.skip("nothing is refused on this device (its copies are one memory)")
+        # The same implicit copy, made by user code inside an explicit call of another
+        # object: before the fix it ran (named "explicit copy_from_device").
+        with pytest.raises(lazybuf.TransferGuardError):
+            destination.copy_from_device(Producer())
