@@ -44,15 +44,15 @@ pub fn observed<R>(py: Python<'_>, cause: Cause, f: impl FnOnce() -> R) -> R {
         return f();
     }
     let frame = python_frame(py);
-    let outer = CALLER_FRAME.with(|c| c.replace(frame));
-    struct Restore(usize);
+    let outer = CALLER_FRAME.with(|c| c.replace(Some(frame)));
+    struct Restore(Option<usize>);
     impl Drop for Restore {
         fn drop(&mut self) {
             let _ = CALLER_FRAME.try_with(|c| c.set(self.0));
         }
     }
     let _restore = Restore(outer);
-    let users_own = outer != 0 && outer != frame;
+    let users_own = outer.is_some_and(|outer| outer != frame);
     let done = if !(core::recording() && PYTHON_STACK.load(Ordering::Relaxed)) {
         // No stack to attach: the thread's events stay as they are (a stack is only ever
         // attached here, for the length of one call).
@@ -71,8 +71,9 @@ fn run_as<R>(users_own: bool, cause: Cause, f: impl FnOnce() -> R) -> R {
 }
 
 thread_local! {
-    /// The Python frame that made the observed call running on this thread (0: none runs).
-    static CALLER_FRAME: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    /// The Python frame that made the observed call running on this thread (`None`: none
+    /// runs; a call made where no Python frame runs has frame 0).
+    static CALLER_FRAME: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
 }
 
 /// The running Python frame, as an identity (0: none).
