@@ -250,6 +250,30 @@ fn sequence(
         prop_assert_eq!(rec_bytes, bytes(&stats, direction), "recorded bytes {:?}", direction);
         prop_assert_eq!(rec_copies, copies(&stats, direction), "recorded copies {:?}", direction);
     }
+    // Every state change is recorded, once: the buffer's state events chain from the state it
+    // had when recording began (made just before, so UNINITIALIZED) to the one it ends in, each
+    // starting where the one before ended.
+    let mut state = lazybuf::BufferState::Uninitialized;
+    for event in &recorded.events {
+        if let trace::EventKind::State { buffer, from, to, .. } = &event.kind
+            && *buffer == id
+        {
+            prop_assert_eq!(
+                *from,
+                state,
+                "a state event that does not start where the last ended: {:?}\n{:#?}",
+                event,
+                recorded
+                    .events
+                    .iter()
+                    .filter(|e| !matches!(e.kind, trace::EventKind::Pool { .. }))
+                    .collect::<Vec<_>>()
+            );
+            prop_assert_ne!(from, to, "a state event that changes nothing: {:?}", event);
+            state = *to;
+        }
+    }
+    prop_assert_eq!(state, buf.state(), "the state events end where the buffer is");
     let allocations = recorded
         .events
         .iter()

@@ -88,6 +88,8 @@ pub struct RawBuffer {
     on_disk: Option<crate::spill::disk::SpillFile>,
     /// The plan being executed while something observes ([`observed`]).
     planned: Option<observed::Planned>,
+    /// The state events recorded for this buffer ([`observed`]).
+    state_events: observed::StateEvents,
 }
 
 impl RawBuffer {
@@ -123,6 +125,7 @@ impl RawBuffer {
             evicted_from: Vec::new(),
             on_disk: None,
             planned: None,
+            state_events: observed::StateEvents::default(),
         }
     }
 

@@ -51,6 +51,25 @@ pub(super) struct Planned {
     /// Its number in copy and rollback events, given with its first recorded copy (0: no copy
     /// of it was recorded).
     op: u64,
+    /// The buffer's state events when it was planned.
+    events: u64,
+}
+
+/// The state events recorded for a buffer: how many, and where the last one ended. A change
+/// that records its transition takes its state before it; when events were recorded in the
+/// middle of it (a failed transfer settled and undone inside an access or an invalidation),
+/// its transition starts where the last of those ended instead, so a buffer's state events
+/// always chain.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct StateEvents {
+    count: u64,
+    last: BufferState,
+}
+
+impl Default for StateEvents {
+    fn default() -> Self {
+        StateEvents { count: 0, last: BufferState::Uninitialized }
+    }
 }
 
 impl RawBuffer {
@@ -98,9 +117,32 @@ impl RawBuffer {
             self.guard_plan(plan, device, observe::cause_or(*default))?;
         }
         let emitting = observe::emitting();
-        let before = if emitting { self.state() } else { BufferState::Uninitialized };
-        self.planned = Some(Planned { default: *default, before, emitting, op: 0 });
+        let before = if emitting { self.committed_state() } else { BufferState::Uninitialized };
+        self.planned =
+            Some(Planned { default: *default, before, emitting, op: 0, events: self.state_events.count });
         Ok(())
+    }
+
+    /// The state as the accesses so far committed it, for state events: transfers in flight
+    /// count as done even when one is known to have failed (unlike [`Self::state`]), until
+    /// its failure is settled and undone, which records its own transition (`rollback`). So
+    /// every change of it is an event, and a buffer's state events chain, each starting where
+    /// the one before ended (a failure learnt between two accesses changed the public state
+    /// with no event, and the next event started elsewhere; `tests/observe_model.rs`).
+    #[inline]
+    fn committed_state(&self) -> BufferState {
+        self.coherence.state(Location::Device(self.home.id()))
+    }
+
+    /// Records the transition of a change that began in state `before`, when `events` state
+    /// events had been recorded (see [`StateEvents`]), to the state now (none when unchanged).
+    fn record_transition(&mut self, before: BufferState, events: u64, call: trace::Call) {
+        let before = if self.state_events.count == events { before } else { self.state_events.last };
+        let after = self.committed_state();
+        if before != after {
+            trace::record_state(self.id, before, after, call);
+            self.state_events = StateEvents { count: self.state_events.count.wrapping_add(1), last: after };
+        }
     }
 
     /// The guard's look at `plan`'s copies (see [`Self::observe_plan`]).
@@ -124,7 +166,7 @@ impl RawBuffer {
     pub(super) fn observe_commit(&mut self) -> u64 {
         match self.planned.take().filter(|p| p.emitting && observe::emitting()) {
             Some(p) => {
-                trace::record_state(self.id, p.before, self.state(), trace::Call::Of(p.default));
+                self.record_transition(p.before, p.events, trace::Call::Of(p.default));
                 p.op
             }
             None => 0,
@@ -147,12 +189,12 @@ impl RawBuffer {
         if !observe::emitting() {
             return undo(self);
         }
-        let before = self.state();
+        let (before, events) = (self.committed_state(), self.state_events.count);
         undo(self);
         if op != 0 {
             trace::record_rollback(self.id, op, trace::Call::Named("rollback"));
         }
-        trace::record_state(self.id, before, self.state(), trace::Call::Named("rollback"));
+        self.record_transition(before, events, trace::Call::Named("rollback"));
     }
 
     /// One copy of a plan while events are wanted: as `execute` runs it (enqueued, and waited
@@ -311,9 +353,9 @@ impl RawBuffer {
         if !observe::emitting() {
             return change(self);
         }
-        let before = self.state();
+        let (before, events) = (self.committed_state(), self.state_events.count);
         let result = change(self);
-        trace::record_state(self.id, before, self.state(), trace::Call::Of(cause));
+        self.record_transition(before, events, trace::Call::Of(cause));
         result
     }
 
@@ -324,9 +366,9 @@ impl RawBuffer {
         if !observe::emitting() {
             return change(self);
         }
-        let before = self.state();
+        let (before, events) = (self.committed_state(), self.state_events.count);
         let result = change(self);
-        trace::record_state(self.id, before, self.state(), trace::Call::Named(call));
+        self.record_transition(before, events, trace::Call::Named(call));
         result
     }
 }
