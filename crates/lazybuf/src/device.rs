@@ -8,8 +8,8 @@
 
 use std::fmt;
 use std::num::NonZeroU64;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
 
 use crate::backend::deferred::DeferredErrors;
 use crate::backend::fork::ForkAwareOnce;
@@ -76,9 +76,8 @@ impl Device {
     /// the same device (made without waiting for another thread making it: a child forked
     /// while another thread made it makes its own, [`crate::backend::fork`]).
     pub fn host() -> Device {
-        static HOST: OnceLock<Device> = OnceLock::new();
-        crate::backend::fork::get_or_make(&HOST, || Device::from_backend(crate::backend::host::backend()))
-            .clone()
+        static HOST: ForkAwareOnce<Device> = ForkAwareOnce::new();
+        HOST.get_or_init(|| Device::from_backend(crate::backend::host::backend())).clone()
     }
 
     /// This device's identity.

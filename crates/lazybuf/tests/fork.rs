@@ -377,7 +377,7 @@ fn a_child_forked_while_another_thread_holds_spillings_locks_works() {
 
 /// The cause of the fork hangs above, checked in the source: process-wide state a thread can
 /// hold while the process forks must be fork-aware (`backend::fork`: `ForkAwareMutex`,
-/// `ForkAwareOnce`, `get_or_make`), so that a child whose parent's thread held it goes on
+/// `ForkAwareOnce`), so that a child whose parent's thread held it goes on
 /// instead of waiting forever. Every plain once-cell and every `static` lock in the core's
 /// sources and the Python binding's (outside unit tests) must be in [`ALLOWED`], with the
 /// reason it cannot hang a child.
@@ -385,8 +385,6 @@ fn a_child_forked_while_another_thread_holds_spillings_locks_works() {
 fn process_wide_state_is_fork_aware_or_says_why_not() {
     const ALLOWED: &[(&str, &str, &str)] = &[
         ("backend/fork.rs", "OnceLock", "the fork-aware cells themselves"),
-        ("backend/host/mod.rs", "OnceLock", "made by fork::get_or_make (compute, then publish)"),
-        ("device.rs", "OnceLock", "the host device, made by fork::get_or_make"),
         ("backend/cuda/memory.rs", "OnceLock", "one event's outcome: its runtime is refused in a child"),
         ("backend/opencl/memory.rs", "OnceLock", "one event's failure: its runtime is refused in a child"),
         ("spill/registry.rs", "OnceLock", "set once at the binding's import; `get` never waits"),

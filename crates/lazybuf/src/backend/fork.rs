@@ -96,22 +96,8 @@ pub fn generation() -> u64 {
     GENERATION.load(Ordering::Relaxed)
 }
 
-/// `cell`'s value, made by `init` when it has none yet, without waiting for another thread's
-/// `init` as `OnceLock::get_or_init` does: a forked child whose parent's thread was making the
-/// value at the fork (a thread the child does not have, so `get_or_init` would wait forever)
-/// makes its own. Threads racing may each make one; the first published is kept, and every
-/// caller gets that one.
-pub(crate) fn get_or_make<T>(cell: &std::sync::OnceLock<T>, init: impl FnOnce() -> T) -> &T {
-    if let Some(value) = cell.get() {
-        return value;
-    }
-    let _ = cell.set(init());
-    cell.get().expect("published above, or by the thread that won the race")
-}
-
 /// A value made once per process by one thread at a time, as `OnceLock::get_or_init` makes
-/// it, for values too costly to make twice when threads race ([`get_or_make`] lets each
-/// racer make one): the device registry's discovery opens every runtime. Unlike
+/// it (the device registry's discovery opens every runtime: never twice). Unlike
 /// `get_or_init`, a forked child whose parent's thread was making the value at the fork (a
 /// thread the child does not have) makes its own instead of waiting forever: the maker holds a
 /// [`ForkAwareMutex`], which tells that case apart. (Left: a fork in the nanoseconds in which
@@ -282,27 +268,6 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
         libc::WEXITSTATUS(status)
-    }
-
-    #[test]
-    fn a_child_makes_its_own_value_of_a_cell_a_parents_thread_was_making() {
-        static CELL: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-        let (making_tx, making_rx) = mpsc::channel();
-        let (release_tx, release_rx) = mpsc::channel::<()>();
-        let maker = std::thread::spawn(move || {
-            *super::get_or_make(&CELL, || {
-                making_tx.send(()).unwrap();
-                release_rx.recv().unwrap();
-                1
-            })
-        });
-        making_rx.recv().unwrap();
-        // (Had the maker used `CELL.get_or_init`, the child's would wait forever for it.)
-        let status = in_child(|| i32::from(*super::get_or_make(&CELL, || 2) == 2));
-        release_tx.send(()).unwrap();
-        assert_eq!(maker.join().unwrap(), 1);
-        assert_eq!(status, 1, "the child made its own value");
-        assert_eq!(*super::get_or_make(&CELL, || 3), 1, "the parent keeps the first one published");
     }
 
     #[test]

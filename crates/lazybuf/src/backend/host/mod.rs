@@ -11,7 +11,9 @@ mod memory;
 pub use device::HostBackend;
 pub use memory::{HostDeviceMemory, HostStream};
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
+
+use crate::backend::fork::ForkAwareOnce;
 
 use crate::backend::Backend;
 use crate::error::BackendKind;
@@ -23,7 +25,6 @@ impl BackendKind {
 
 /// The host device's backend: one per process.
 pub fn backend() -> Arc<dyn Backend> {
-    static HOST: OnceLock<Arc<dyn Backend>> = OnceLock::new();
-    // Not waiting for another thread making it: see `fork::get_or_make`.
-    crate::backend::fork::get_or_make(&HOST, || crate::backend::checked::open(HostBackend::new())).clone()
+    static HOST: ForkAwareOnce<Arc<dyn Backend>> = ForkAwareOnce::new();
+    HOST.get_or_init(|| crate::backend::checked::open(HostBackend::new())).clone()
 }

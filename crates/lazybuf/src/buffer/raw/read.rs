@@ -43,23 +43,8 @@ impl RawBuffer {
             ));
         }
         if let Some(index) = self.direct_source() {
-            // Uploads to the source copy in its stream's order run before the download, which
-            // is enqueued on that stream: not waited for apart (inflight.rs).
-            let id = self.copies[index].device.id();
             let plan = self.plan(Location::Host, None, Access::Read);
-            let (reads, writes) = self.touched(&plan, Location::Host, None, Access::Read);
-            self.settle(|op| op.conflicts(&reads, &writes) && !op.is_ordered_upload_to(id))?;
-            let downloaded = self.download_into(index, out);
-            // Done with the download when it succeeded: settled without a wait of their own.
-            let settled = self.settle_after(downloaded.is_ok(), |op| op.is_ordered_upload_to(id));
-            // An upload's failure comes first: the download read what it never wrote, and is
-            // neither counted nor recorded.
-            let started = settled.and(downloaded)?;
-            let copy = &self.copies[index];
-            if let Some(started) = started {
-                started.finished(crate::observe::stream_id(&copy.stream));
-            }
-            self.stats.record(Direction::DeviceToHost, copy.memory.is_host_alias(), n);
+            self.download_behind_uploads(index, &plan, out)?;
             self.direct_read = true;
             return Ok(());
         }
@@ -126,6 +111,26 @@ impl RawBuffer {
     /// they were (`out`'s bytes are then unspecified).
     fn read_staged(&mut self, index: usize, plan: &Plan, out: &mut HostMemory) -> Result<()> {
         let n = self.nbytes;
+        self.download_behind_uploads(index, plan, out)?;
+        self.observe_state_as(super::observed::READ_INTO, |buffer| {
+            let host = buffer.host.as_mut().expect("staged_source checked the host copy is allocated");
+            // SAFETY: `out` holds at least n bytes, just written by the download (read_into
+            // checked its length); the host block holds n writable bytes and is borrowed
+            // mutably here with the buffer. They may share bytes only when `out` is memory lent
+            // to both (read_into's contract), and copy_bytes_raw copies as memmove does.
+            unsafe { copy_bytes_raw(host.as_mut_ptr(), out.as_mut_ptr(), n) };
+            buffer.coherence.commit(Location::Host, Access::Read, plan);
+        });
+        Ok(())
+    }
+
+    /// Downloads device copy `index` (current) into `out` for the host read `plan` stands
+    /// for, and counts it: the transfers that read conflicts with are settled first, except
+    /// the uploads to that copy in its stream's order, which run before the download (it is
+    /// enqueued on that stream) and are settled after it without a wait of their own
+    /// (inflight.rs). An upload's failure comes first: the download then read what it never
+    /// wrote, and is neither counted nor recorded.
+    fn download_behind_uploads(&mut self, index: usize, plan: &Plan, out: &mut HostMemory) -> Result<()> {
         let id = self.copies[index].device.id();
         let (reads, writes) = self.touched(plan, Location::Host, None, Access::Read);
         self.settle(|op| op.conflicts(&reads, &writes) && !op.is_ordered_upload_to(id))?;
@@ -136,16 +141,7 @@ impl RawBuffer {
         if let Some(started) = started {
             started.finished(crate::observe::stream_id(&copy.stream));
         }
-        self.stats.record(Direction::DeviceToHost, false, n);
-        self.observe_state_as(super::observed::READ_INTO, |buffer| {
-            let host = buffer.host.as_mut().expect("staged_source checked the host copy is allocated");
-            // SAFETY: `out` holds at least n bytes, just written by the download (read_into
-            // checked its length); the host block holds n writable bytes and is borrowed
-            // mutably here with the buffer. They may share bytes only when `out` is memory lent
-            // to both (read_into's contract), and copy_bytes_raw copies as memmove does.
-            unsafe { copy_bytes_raw(host.as_mut_ptr(), out.as_mut_ptr(), n) };
-            buffer.coherence.commit(Location::Host, Access::Read, plan);
-        });
+        self.stats.record(Direction::DeviceToHost, copy.memory.is_host_alias(), self.nbytes);
         Ok(())
     }
 
