@@ -198,20 +198,7 @@ impl Cause {
 /// state when something does.
 #[inline]
 pub fn call<R>(cause: Cause, f: impl FnOnce() -> R) -> R {
-    if !active() {
-        return f();
-    }
-    let mut f = Some(f);
-    // `f` runs inside the look at the thread's state, which restores the enclosing cause after
-    // it (also when it unwinds): one look, not two.
-    if let Some(done) = record::with_local(|l| f.take().map(|f| l.run_as(cause, f))).flatten() {
-        return done;
-    }
-    // The thread's recorder state is gone (the thread is exiting): `f` runs unattributed.
-    match f {
-        Some(f) => f(),
-        None => unreachable!("with_local ran its closure, which returned f's result"),
-    }
+    in_thread_state(f, |local, f| local.run_as(cause, f))
 }
 
 /// Runs `f` as `cause`, also inside another [`call`] on this thread (whose cause is restored
@@ -221,11 +208,19 @@ pub fn call<R>(cause: Cause, f: impl FnOnce() -> R) -> R {
 /// own (an explicit `to_numpy()` there is allowed under `disallow`, an implicit `.host`
 /// refused).
 pub fn call_anew<R>(cause: Cause, f: impl FnOnce() -> R) -> R {
+    in_thread_state(f, |local, f| local.run_anew(cause, f))
+}
+
+/// `f`, run by `run` inside the one look at the thread's recorder state that sets and restores
+/// the running call's cause (also when `f` unwinds); just `f` when nothing observes, or when
+/// the thread's state is gone (the thread is exiting: `f` runs unattributed).
+#[inline]
+fn in_thread_state<R, F: FnOnce() -> R>(f: F, run: impl FnOnce(&record::Local, F) -> R) -> R {
     if !active() {
         return f();
     }
     let mut f = Some(f);
-    if let Some(done) = record::with_local(|l| f.take().map(|f| l.run_anew(cause, f))).flatten() {
+    if let Some(done) = record::with_local(|l| f.take().map(|f| run(l, f))).flatten() {
         return done;
     }
     match f {
