@@ -240,6 +240,69 @@ def test_a_whole_assignment_that_fails_changes_nothing(device, n, value, error):
     np.testing.assert_array_equal(buf.to_numpy(), data)
 
 
+@pytest.mark.parametrize(
+    "dtype, value",
+    [
+        (np.float32, 2.5),
+        (np.int16, -3),
+        (np.uint8, np.uint8(200)),
+        (np.int32, 3.9),  # truncated, as NumPy's assignment does
+        (np.complex64, 1 - 2j),
+        (np.float16, 1.0 / 3.0),
+        (np.int64, np.int8(-1)),
+        (np.float64, 0.0),  # zero bytes: a memset
+    ],
+    ids=["f32", "i16", "u8", "f-to-i", "c64", "f16", "i8-to-i64", "zero"],
+)
+def test_assigning_a_number_to_every_element_matches_numpy(device, dtype, value):
+    """A number assigned to every element is converted as NumPy converts it, and written over
+    the host copy without an array of the buffer's size (the element's bytes repeated)."""
+    shape = (3, 37)
+    buf = UnifiedBuffer(shape, dtype, device=device)
+    expected = np.zeros(shape, dtype)
+    buf.copy_from(expected)
+    buf.sync_to_device()
+    buf.mark_device_dirty()
+    before = downloads(buf)
+    buf[...] = value
+    expected[...] = value
+    assert downloads(buf) == before
+    np.testing.assert_array_equal(buf.to_numpy(), expected)
+    assert buf.to_numpy().tobytes() == expected.tobytes()
+
+
+@pytest.mark.parametrize("value, error", [(300, OverflowError), (-1, OverflowError)], ids=["over", "under"])
+def test_a_number_that_does_not_convert_changes_nothing(device, n, value, error):
+    buf = UnifiedBuffer(n, np.uint8, device=device)
+    data = np.arange(n, dtype=np.uint8)
+    buf.copy_from(data)
+    buf.sync_to_device()
+    buf.mark_device_dirty()
+    with pytest.raises(error):
+        buf[:] = value
+    assert buf.state == BufferState.DEVICE_DIRTY
+    np.testing.assert_array_equal(buf.to_numpy(), data)
+
+
+def test_assigning_a_number_to_every_element_makes_no_array_of_the_buffers_size(device):
+    """(It made one of the buffer's size before: peak host memory twice the buffer's.)"""
+    import tracemalloc
+
+    n = 4 << 20
+    buf = UnifiedBuffer(n, np.uint8, device=device)
+    buf.copy_from(np.ones(n, np.uint8))
+    buf.sync_to_device()
+    buf.mark_device_dirty()
+    tracemalloc.start()
+    try:
+        buf[:] = 9
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < n // 8, peak  # NumPy's allocations are traced; lazybuf's host block is not
+    assert (buf.to_numpy() == 9).all()
+
+
 def test_assigning_a_view_of_the_buffers_own_stale_host_copy_sees_the_sync(device, n):
     """NumPy's assignment reads the view after `.host` synced the block it views: the kernel's
     values, not the stale bytes the view showed before."""

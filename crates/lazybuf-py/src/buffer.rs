@@ -653,7 +653,7 @@ fn whole_assignment<'py>(
     py: Python<'py>,
     key: &Bound<'py, PyAny>,
     value: &Bound<'py, PyAny>,
-) -> PyResult<Option<(Arc<Storage>, Bound<'py, PyUntypedArray>)>> {
+) -> PyResult<Option<(Arc<Storage>, Whole<'py>)>> {
     let every_element = key.is(py.Ellipsis())
         || (!this.shape.is_empty()
             && key.cast::<pyo3::types::PySlice>().is_ok_and(|slice| {
@@ -684,18 +684,31 @@ fn whole_assignment<'py>(
         return Ok(None);
     }
     let descr = this.descr(py);
-    if let Some(array) = array
-        && array.dtype().is_equiv_to(descr)
-        && array.is_c_contiguous()
-        && array.shape() == this.shape.as_slice()
-    {
-        return Ok(Some((storage, array.clone())));
-    }
     let kwargs = PyDict::new(py);
     kwargs.set_item("dtype", descr)?;
+    let Some(array) = array else {
+        // A number: converted into one element of the buffer's dtype, as NumPy's assignment
+        // converts it (its error raised here), then repeated over the host copy (no array of
+        // the buffer's size is made: peak host memory stays the buffer's own).
+        let element = np.call_method("empty", ((),), Some(&kwargs))?;
+        element.set_item(py.Ellipsis(), value)?;
+        let bytes: Vec<u8> = element.call_method0("tobytes")?.extract()?;
+        return Ok(Some((storage, Whole::Element(bytes))));
+    };
+    if array.dtype().is_equiv_to(descr) && array.is_c_contiguous() && array.shape() == this.shape.as_slice() {
+        return Ok(Some((storage, Whole::Array(array.clone()))));
+    }
     let whole = np.call_method("empty", (PyTuple::new(py, this.shape.iter())?,), Some(&kwargs))?;
     whole.set_item(py.Ellipsis(), value)?;
-    Ok(Some((storage, whole.cast_into::<PyUntypedArray>()?)))
+    Ok(Some((storage, Whole::Array(whole.cast_into::<PyUntypedArray>()?))))
+}
+
+/// What a [`whole_assignment`] writes over the host copy.
+enum Whole<'py> {
+    /// Every byte, as a C-contiguous array of the buffer's shape and dtype.
+    Array(Bound<'py, PyUntypedArray>),
+    /// One element's bytes, repeated.
+    Element(Vec<u8>),
 }
 
 /// The buffer objects that keep views ([`Kept`]), weakly, for [`reclaim_kept_views`].
@@ -1392,8 +1405,10 @@ impl UnifiedBuffer {
     /// is stale it is overwritten, not synced from the device first ([`whole_assignment`]).
     fn __setitem__(slf: &Bound<'_, Self>, key: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>) -> PyResult<()> {
         observed(slf.py(), Cause::access("__setitem__"), || {
-            if let Some((storage, array)) = whole_assignment(slf.get(), slf.py(), key, value)? {
-                return storage.copy_from_array(&array);
+            match whole_assignment(slf.get(), slf.py(), key, value)? {
+                Some((storage, Whole::Array(array))) => return storage.copy_from_array(&array),
+                Some((storage, Whole::Element(element))) => return storage.overwrite_with(slf.py(), &element),
+                None => {}
             }
             let host = UnifiedBuffer::host(slf)?;
             // NumPy converts `key` and `value` after `.host`'s access, and a conversion may run

@@ -203,6 +203,27 @@ impl Drop for HostBlock {
     }
 }
 
+/// Fills `out` with `element` repeated (`out`'s length a multiple of it): one element, then
+/// copies of what is filled so far, doubling (memcpy's speed, not one small copy per
+/// element); a zero element is a `memset`.
+fn repeat_into(out: &mut [u8], element: &[u8]) {
+    let e = element.len();
+    if e == 0 || out.len() < e {
+        return;
+    }
+    if element.iter().all(|&b| b == 0) {
+        out.fill(0);
+        return;
+    }
+    out[..e].copy_from_slice(element);
+    let mut filled = e;
+    while filled < out.len() {
+        let len = filled.min(out.len() - filled);
+        out.copy_within(..len, filled);
+        filled += len;
+    }
+}
+
 /// The address ranges of the frames buffers have adopted (start -> end), so that no two
 /// buffers ever adopt the same bytes. Fork-aware (a frame is given back by a buffer's drop,
 /// also without the GIL): `None` in a forked child whose parent's thread held it at the fork,
@@ -622,6 +643,20 @@ impl Storage {
             let destination = raw.host_access(Access::Overwrite).or_py()?;
             // SAFETY: as above, `src` is held by the caller until this returns.
             unsafe { overwrite_host(destination, source as *const u8) }
+        })
+    }
+
+    /// Overwrites every element with `element` (one element's bytes), syncing nothing first:
+    /// the host copy becomes the current one. Without the GIL.
+    pub(crate) fn overwrite_with(&self, py: Python<'_>, element: &[u8]) -> PyResult<()> {
+        lock::detach(py, |d| {
+            let mut raw = self.lock_detached(d)?;
+            let n = raw.nbytes();
+            let host = raw.host_access(Access::Overwrite).or_py()?;
+            if let Some(host) = host.get_mut(..n) {
+                repeat_into(host, element);
+            }
+            Ok(())
         })
     }
 
