@@ -192,3 +192,60 @@ def test_awaiting_outside_an_event_loop_is_an_error():
     transfer = filled("host").sync_to_device_async()
     with pytest.raises(RuntimeError, match="no running event loop"):
         transfer.__await__()
+
+
+@pytest.mark.parametrize("end", ["del buf", "buf.release()"], ids=["drop", "release"])
+@pytest.mark.parametrize("backend", ["opencl", "cuda"])
+def test_dropping_a_buffer_with_a_transfer_in_flight_waits_without_the_gil(backend, end):
+    """The last drop of a buffer waits for its transfers in flight: with the GIL released, so
+    another thread runs meanwhile, one that must act for the transfer to finish included. (It
+    waited with the GIL held, and such a program hung.) In a subprocess, so a hang fails."""
+    if backend == "cuda":
+        if not any(d.backend == "cuda" for d in lazybuf.get_accelerator().devices):
+            pytest.skip("no CUDA device (the CUDA driver test double runs these in scripts/test-python.sh)")
+        if _cuda_double() is None:
+            pytest.skip("a real CUDA driver: transfers cannot be held from a test")
+        hold = """
+lib = ctypes.CDLL("libcuda.so.1")
+lib.lazybuf_cuda_double_hold.argtypes = [ctypes.c_longlong]
+hold, release = (lambda: lib.lazybuf_cuda_double_hold(1)), (lambda: lib.lazybuf_cuda_double_hold(0))
+"""
+    else:
+        pytest.importorskip("pyopencl")
+        if not any(d.backend == "opencl" for d in lazybuf.get_accelerator().devices):
+            pytest.skip("no OpenCL device")
+        hold = """
+import pyopencl
+queue = UnifiedBuffer(1, np.float32, device=dev).device.queue
+gate = pyopencl.UserEvent(queue.context)
+hold = lambda: pyopencl.enqueue_marker(queue, wait_for=[gate])
+release = lambda: gate.set_status(pyopencl.command_execution_status.COMPLETE)
+"""
+    code = f"""
+import ctypes, threading, time
+import numpy as np
+import lazybuf
+from lazybuf import UnifiedBuffer
+dev = [d for d in lazybuf.get_accelerator().devices if d.backend == "{backend}"][0]
+{hold}
+buf = UnifiedBuffer({N}, np.float32, device=dev)
+buf.host[:] = 1.5
+hold()
+transfer = buf.sync_to_device_async()
+del transfer
+def releaser():
+    time.sleep(0.2)  # the main thread is in the drop's wait by then
+    release()
+threading.Thread(target=releaser).start()
+{end}
+print("dropped")
+"""
+    import subprocess
+    import sys
+
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the drop waited for its transfer with the GIL held: the thread to release it never ran")
+    assert done.returncode == 0, done.stderr
+    assert "dropped" in done.stdout

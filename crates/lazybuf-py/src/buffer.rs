@@ -162,6 +162,23 @@ pub(crate) struct Released {
     writable: Vec<(usize, Py<PyWeakrefReference>)>,
 }
 
+impl Drop for UnifiedBuffer {
+    /// The buffer object's deallocation: its memory, when this was its last reference, is
+    /// dropped with the GIL released if transfers are in flight ([`Storage::drop_last`]).
+    fn drop(&mut self) {
+        let inner = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
+        let Some(storage) = inner.storage.take() else { return };
+        // Exposures only count atomically: dropped here, they leave `storage` the last
+        // reference unless a view elsewhere holds the memory.
+        drop(std::mem::take(&mut inner.exports));
+        // SAFETY: a `UnifiedBuffer` lives only inside its Python object, whose deallocation
+        // (where its fields are dropped) runs with the interpreter attached to this thread;
+        // `py` is used within this call.
+        let py = unsafe { Python::assume_attached() };
+        Storage::drop_last(py, storage);
+    }
+}
+
 impl Inner {
     /// Takes the views handed out (they are of the memory going away) with `storage`, the
     /// memory given up, for [`Released::finish`].
@@ -190,6 +207,7 @@ impl Released {
         drop(self.views);
         drop(self.kept);
         drop(self.writable);
+        Storage::drop_last(py, self._storage);
         result
     }
 }

@@ -68,17 +68,19 @@ pub(crate) struct Storage {
 /// evicted (or written to disk) while the object lives, and is again once it is gone.
 #[pyclass(name = "MemoryOwner", module = "lazybuf", frozen)]
 pub(crate) struct MemoryOwner {
-    exposure: Exposure,
+    /// `None` only inside its drop.
+    exposure: Option<Exposure>,
 }
 
 #[pymethods]
 impl MemoryOwner {
     fn __repr__(&self, py: Python<'_>) -> String {
-        let kind = match self.exposure.kind() {
+        let Some(exposure) = &self.exposure else { return "<lazybuf.MemoryOwner>".to_string() };
+        let kind = match exposure.kind() {
             Exposed::Device => "device",
             Exposed::Host => "host",
         };
-        match self.exposure.storage().lock(py) {
+        match exposure.storage().lock(py) {
             Ok(raw) => format!("<lazybuf.MemoryOwner of {} bytes ({kind} memory in use)>", raw.nbytes()),
             Err(_) => format!("<lazybuf.MemoryOwner of a buffer in use ({kind} memory in use)>"),
         }
@@ -88,7 +90,7 @@ impl MemoryOwner {
 impl MemoryOwner {
     /// An owner that keeps the exposed storage alive and its memory in use.
     pub(crate) fn new(exposure: Exposure) -> Self {
-        MemoryOwner { exposure }
+        MemoryOwner { exposure: Some(exposure) }
     }
 }
 
@@ -98,27 +100,23 @@ impl Drop for MemoryOwner {
     /// the copy is evictable as soon as the array is gone; else its exposure marks the storage
     /// until the next call on the buffer does it (`SpillState::cupy_unordered`). Without it a
     /// buffer whose CuPy array was gone stayed unevictable until that call (an H200,
-    /// 2026-11-27).
+    /// 2026-11-27). The exposure then ends, and when it held the buffer's last reference, the
+    /// memory goes with the GIL released if transfers are in flight ([`Storage::drop_last`]).
     fn drop(&mut self) {
-        if !self.exposure.cupy {
-            return;
-        }
+        let Some(mut exposure) = self.exposure.take() else { return };
+        // SAFETY: a MemoryOwner lives only inside its Python object, whose deallocation runs
+        // with the interpreter attached to this thread; `py` is used within this call.
+        let py = unsafe { Python::assume_attached() };
         // An array freed while an exception propagates (a temporary `.device` in a call that
         // raised) is dropped with that exception set: calling into CuPy then would fetch and
         // lose it (the interpreter crashed, a hostile pass of 2026-11-27). The copy is then
         // kept until the next call orders it, as before.
-        // SAFETY: PyErr_Occurred only reads this thread's exception state; a MemoryOwner lives
-        // only inside its Python object, whose deallocation runs with the interpreter attached
-        // to this thread.
-        if !unsafe { pyo3::ffi::PyErr_Occurred() }.is_null() {
-            return;
+        // SAFETY: PyErr_Occurred only reads this thread's exception state (attached, above).
+        let raising = !unsafe { pyo3::ffi::PyErr_Occurred() }.is_null();
+        if exposure.cupy && !raising && exposure.storage.order_after_cupy_now(py).unwrap_or(false) {
+            exposure.cupy = false;
         }
-        // SAFETY: as above: the interpreter is attached to this thread; `py` is used within
-        // this call.
-        let py = unsafe { Python::assume_attached() };
-        if self.exposure.storage.order_after_cupy_now(py).unwrap_or(false) {
-            self.exposure.cupy = false;
-        }
+        Storage::drop_last(py, exposure.into_storage());
     }
 }
 
@@ -142,6 +140,13 @@ impl Exposure {
     /// The storage whose memory is exposed.
     pub(crate) fn storage(&self) -> &Arc<Storage> {
         &self.storage
+    }
+
+    /// Ends the exposure; the storage, still referenced.
+    pub(crate) fn into_storage(self) -> Arc<Storage> {
+        let storage = Arc::clone(&self.storage);
+        drop(self);
+        storage
     }
 
     /// What is exposed.
@@ -316,6 +321,18 @@ impl Storage {
         let ticket = stream.marker().or_py()?;
         buffer.used_until(&home, ticket);
         Ok(true)
+    }
+
+    /// Drops `storage`, a reference to a buffer's memory, on a thread holding the GIL: when it
+    /// is the last and transfers are in flight (the core buffer's drop waits for them), with
+    /// the GIL released, so other threads run meanwhile, one whose work a transfer waits for
+    /// (a stream ordered after it) included (a drop that waited with the GIL held deadlocked
+    /// there).
+    pub(crate) fn drop_last(py: Python<'_>, storage: Arc<Storage>) {
+        let busy = Arc::strong_count(&storage) == 1 && storage.try_lock_raw().is_some_and(|raw| raw.is_busy());
+        if busy {
+            py.detach(move || drop(storage));
+        }
     }
 
     /// Records that CuPy holds an array over the device copy.
