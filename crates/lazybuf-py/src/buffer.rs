@@ -1035,14 +1035,12 @@ impl UnifiedBuffer {
     /// once (`await` it, `wait()` or poll `is_complete()`). Meanwhile `state` reports the
     /// state the buffer will have, and any call that needs the memory in flight waits for it.
     fn sync_to_device_async(&self, py: Python<'_>) -> PyResult<PyTransfer> {
-        observed(py, Cause::sync("sync_to_device_async"), || {
-            transfer::start(py, &*self.storage()?, Some(&self.home))
-        })
+        observed(py, Cause::sync("sync_to_device_async"), || self.start_sync(py, true))
     }
 
     /// As `sync_to_host()`, asynchronously (see `sync_to_device_async`).
     fn sync_to_host_async(&self, py: Python<'_>) -> PyResult<PyTransfer> {
-        observed(py, Cause::sync("sync_to_host_async"), || transfer::start(py, &*self.storage()?, None))
+        observed(py, Cause::sync("sync_to_host_async"), || self.start_sync(py, false))
     }
 
     /// The queue or stream lazybuf enqueues this buffer's copies on, as a raw handle (an int):
@@ -1393,12 +1391,12 @@ impl UnifiedBuffer {
     /// `ensure_on_device()`'s start: `sync_to_device_async()`, named after the call the user
     /// made (the guard and the recorder say `ensure_on_device`).
     fn _ensure_on_device(&self, py: Python<'_>) -> PyResult<PyTransfer> {
-        observed(py, Cause::sync("ensure_on_device"), || self.sync_to_device_async(py))
+        observed(py, Cause::sync("ensure_on_device"), || self.start_sync(py, true))
     }
 
     /// `ensure_on_host()`'s start (see `_ensure_on_device`).
     fn _ensure_on_host(&self, py: Python<'_>) -> PyResult<PyTransfer> {
-        observed(py, Cause::sync("ensure_on_host"), || self.sync_to_host_async(py))
+        observed(py, Cause::sync("ensure_on_host"), || self.start_sync(py, false))
     }
 
     /// `UnifiedBuffer[np.float32]` in annotations (PyDotCompute's class was `Generic[T]`): a
@@ -1414,7 +1412,7 @@ impl UnifiedBuffer {
     /// `buf[key]`: indexes the host copy, a host read (syncs from the device first if it is
     /// newer). Slices are read-only views (take `.host` to write).
     fn __getitem__<'py>(slf: &Bound<'py, Self>, key: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-        observed(slf.py(), Cause::access("__getitem__"), || UnifiedBuffer::host_readonly(slf)?.get_item(key))
+        observed(slf.py(), Cause::access("__getitem__"), || host_readonly_view(slf)?.get_item(key))
     }
 
     /// `buf[key] = value`: assigns into the host copy as NumPy does, a host write (the device
@@ -1425,20 +1423,21 @@ impl UnifiedBuffer {
         observed(slf.py(), Cause::access("__setitem__"), || {
             match whole_assignment(slf.get(), slf.py(), key, value)? {
                 Some((storage, Whole::Array(array))) => return storage.copy_from_array(&array),
-                Some((storage, Whole::Element(element))) => return storage.overwrite_with(slf.py(), &element),
+                Some((storage, Whole::Element(element))) => {
+                    return storage.overwrite_with(slf.py(), &element);
+                }
                 None => {}
             }
-            let host = UnifiedBuffer::host(slf)?;
+            let host = host_view(slf)?;
+            let storage = slf.get().storage_unordered()?;
+            let written = storage.host_write_state(slf.py())?;
+            host.set_item(key, value)?;
             // NumPy converts `key` and `value` after `.host`'s access, and a conversion may run
-            // the user's code (`__index__`, `__float__`, `__array__`, a finalizer gc runs
-            // there). Were that code to use this buffer (mark its device copy dirty, sync it),
-            // the write would land in a host copy stale by then, or one the device copy was
-            // just synced from, silently. The buffer's lock is held across NumPy's call, so
-            // such a use gets `ReentrancyError` (raised from the assignment, which then wrote
-            // nothing); other threads wait for it without the GIL (`crate::lock`).
-            let storage = slf.get().storage()?;
-            let _in_use = storage.lock(slf.py())?;
-            host.set_item(key, value)
+            // the user's code (`__index__`, `__float__`, `__array__`, a finalizer), which may
+            // use this buffer (as may another thread meanwhile): the write must not land
+            // silently in a host copy stale by then, nor beside a device copy synced from the
+            // host copy before it.
+            storage.settle_host_write(slf.py(), written)
         })
     }
 
@@ -1544,7 +1543,12 @@ impl UnifiedBuffer {
         // An implicit transfer whatever the copy (OBSERVING.md): named `__array__`, not the
         // explicit `to_numpy` it calls.
         let base = observed(py, Cause::access("__array__"), || {
-            if copy == Some(true) { slf.get().to_numpy(py, None) } else { UnifiedBuffer::host_readonly(slf) }
+            let this = slf.get();
+            if copy == Some(true) {
+                this.storage()?.to_array(py, &this.shape, this.descr(py))
+            } else {
+                host_readonly_view(slf)
+            }
         })?;
         match dtype.filter(|d| !d.is_none()) {
             None => Ok(base),
@@ -1671,6 +1675,11 @@ impl UnifiedBuffer {
 }
 
 impl UnifiedBuffer {
+    /// The body of `sync_to_device_async()` (`to_device`) and `sync_to_host_async()`.
+    fn start_sync(&self, py: Python<'_>, to_device: bool) -> PyResult<PyTransfer> {
+        transfer::start(py, &*self.storage()?, to_device.then_some(&self.home))
+    }
+
     /// [`Self::__reduce__`]'s work (the data as an array read straight from its current copy).
     fn reduce_in_band<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
         let storage = self.storage()?;

@@ -33,54 +33,29 @@ static PYTHON_STACK: AtomicBool = AtomicBool::new(false);
 /// Runs `f`, a `UnifiedBuffer` method's body, as `cause`: one atomic load when nothing
 /// observes. Copies the guard logged meanwhile go to `logging` when `f` has returned.
 ///
-/// Inside another observed call on this thread, the outer call names the copies when the
-/// binding itself made the inner call (`__array__(copy=True)` calling `to_numpy`), and the
-/// inner call names its own when the user's code made it, run by the outer call in the middle
+/// Each observed call is the one the user made: the binding never makes one inside another
+/// (a method that does another's work calls its body, as `__array__(copy=True)` calls
+/// `to_numpy`'s, so its copies are named `__array__`). So an observed call made while another
+/// runs on this thread was made by the user's code, which the running call ran in the middle
 /// of its work (NumPy's conversion of a value calling its `__float__`, a DLPack producer's
-/// `__dlpack__`, a finalizer): told apart by the running Python frame, which is the outer
-/// call's caller's in the first case and the user's code's in the second.
+/// `__dlpack__`, a finalizer): it is a call of its own, and its copies are judged by its own
+/// cause ([`core::call_anew`]). (A check that panicked on an observed call made from the
+/// Python frame of the running one's caller, the binding's own nesting, ran the whole Python
+/// suite without a panic once the four such calls were gone: 2026-11-28.)
 pub fn observed<R>(py: Python<'_>, cause: Cause, f: impl FnOnce() -> R) -> R {
     if !core::active() {
         return f();
     }
-    let frame = python_frame(py);
-    let outer = CALLER_FRAME.with(|c| c.replace(Some(frame)));
-    struct Restore(Option<usize>);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            let _ = CALLER_FRAME.try_with(|c| c.set(self.0));
-        }
-    }
-    let _restore = Restore(outer);
-    let users_own = outer.is_some_and(|outer| outer != frame);
     let done = if !(core::recording() && PYTHON_STACK.load(Ordering::Relaxed)) {
         // No stack to attach: the thread's events stay as they are (a stack is only ever
         // attached here, for the length of one call).
-        run_as(users_own, cause, f)
+        core::call_anew(cause, f)
     } else {
         let stack = python_stack(py);
-        trace::call_with_stack(stack, || run_as(users_own, cause, f))
+        trace::call_with_stack(stack, || core::call_anew(cause, f))
     };
     hand_logged_to_python(py);
     done
-}
-
-/// `f` as `cause`: a call of its own (`users_own`), or part of the enclosing one ([`observed`]).
-fn run_as<R>(users_own: bool, cause: Cause, f: impl FnOnce() -> R) -> R {
-    if users_own { core::call_anew(cause, f) } else { core::call(cause, f) }
-}
-
-thread_local! {
-    /// The Python frame that made the observed call running on this thread (`None`: none
-    /// runs; a call made where no Python frame runs has frame 0).
-    static CALLER_FRAME: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
-}
-
-/// The running Python frame, as an identity (0: none).
-fn python_frame(_py: Python<'_>) -> usize {
-    // SAFETY: the GIL is held (`_py`); the borrowed frame is only turned into an address,
-    // never used.
-    unsafe { pyo3::ffi::PyEval_GetFrame() as usize }
 }
 
 /// Logged lines waiting for the GIL (at most [`LOGGED_MAX`]; [`LOGGED_DROPPED`] counts the

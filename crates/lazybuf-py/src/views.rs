@@ -34,12 +34,12 @@ use std::sync::{Arc, MutexGuard};
 
 use numpy::npyffi::{self, NPY_ARRAY_C_CONTIGUOUS, NPY_ARRAY_WRITEABLE, PY_ARRAY_API, npy_intp};
 use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
 use lazybuf::backend::RawMemory;
 use lazybuf::backend::fork::ForkAwareMutex;
-use lazybuf::coherence::Access;
+use lazybuf::coherence::{Access, Location, Residency};
 use lazybuf::host_memory::{ForeignHostMemory, HostMemory, copy_bytes};
 use lazybuf::resource::{MemoryResource, default_resource};
 use lazybuf::{Device, RawBuffer, Ticket};
@@ -329,7 +329,8 @@ impl Storage {
     /// (a stream ordered after it) included (a drop that waited with the GIL held deadlocked
     /// there).
     pub(crate) fn drop_last(py: Python<'_>, storage: Arc<Storage>) {
-        let busy = Arc::strong_count(&storage) == 1 && storage.try_lock_raw().is_some_and(|raw| raw.is_busy());
+        let busy =
+            Arc::strong_count(&storage) == 1 && storage.try_lock_raw().is_some_and(|raw| raw.is_busy());
         if busy {
             py.detach(move || drop(storage));
         }
@@ -661,6 +662,34 @@ impl Storage {
             // SAFETY: as above, `src` is held by the caller until this returns.
             unsafe { overwrite_host(destination, source as *const u8) }
         })
+    }
+
+    /// The buffer's state right after a host write access, for [`Self::settle_host_write`].
+    pub(crate) fn host_write_state(&self, py: Python<'_>) -> PyResult<lazybuf::BufferState> {
+        Ok(self.lock(py)?.state())
+    }
+
+    /// After a write through the host copy that a host write access (state `written` then)
+    /// handed out, when something changed the buffer meanwhile (code NumPy ran converting the
+    /// assigned value, another thread): if the host copy went stale, the write went to a copy
+    /// that is no longer the current one, and a `RuntimeError` says so; if another copy was
+    /// made current from the host copy before the write (a sync), the host copy is newer, and
+    /// the others are marked stale again (an overwrite access: nothing is copied or checked).
+    pub(crate) fn settle_host_write(&self, py: Python<'_>, written: lazybuf::BufferState) -> PyResult<()> {
+        let mut raw = self.lock(py)?;
+        if raw.state() == written {
+            return Ok(());
+        }
+        if raw.residency(Location::Host) != Residency::Valid {
+            return Err(PyRuntimeError::new_err(
+                "buf[key] = value: the buffer's host copy went stale while NumPy converted the key \
+                 or the value (code the conversion ran, or another thread, made another copy current: \
+                 mark_device_dirty(), .device_writable), so the assigned values are not in the current \
+                 copy; convert them before assigning",
+            ));
+        }
+        raw.host_access(Access::Overwrite).or_py()?;
+        Ok(())
     }
 
     /// Overwrites every element with `element` (one element's bytes), syncing nothing first:

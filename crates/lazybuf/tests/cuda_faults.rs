@@ -514,3 +514,128 @@ fn a_read_modify_write_loop_reads_back_behind_the_upload_and_a_failed_upload_kee
         }
     }
 }
+
+/// Bytes lent to a buffer as its host copy (and, for one read, to `read_into` as `out`).
+struct Lent;
+impl lazybuf::host_memory::ForeignHostMemory for Lent {}
+
+/// (The thirteenth hostile pass, 2026-11-28.) `read_into`'s contract allows `out` to be memory lent to the buffer (the copy then runs as
+/// memmove) and promises that a failure changes no copy of the buffer. In the read-modify-write
+/// mode (`host_sync_pays`) with an ordered upload in flight, `read_staged` downloads into `out`
+/// behind the upload on the copy's stream: when the upload fails, the download still ran and
+/// wrote what the device copy held (the double's scribble, the previous batch) into `out`,
+/// which is the host copy, and the rollback then makes that host copy current again.
+#[test]
+fn a_failed_upload_behind_a_staged_read_back_into_lent_memory_keeps_the_host_copy() {
+    let Some((devices, _lock)) = setup("a_failed_upload_behind_a_staged_read_back_into_lent_memory") else {
+        return;
+    };
+    let device = &devices[0];
+    let n = 4096;
+    // Leaked: outlives every block lent below.
+    let memory: &'static mut [u8] = Box::leak(vec![0u8; n].into_boxed_slice());
+    let start = std::ptr::NonNull::new(memory.as_mut_ptr()).unwrap();
+    let options = BufferOptions {
+        device: Some(device.clone()),
+        resource: Some(DirectResource::shared()),
+        ..Default::default()
+    };
+    let mut buf = UnifiedBuffer::<u8>::with_options(&[n], options).unwrap();
+    // SAFETY: `memory` is leaked (lives for ever); only the buffer and the reads below (read_into's contract: memory lent to both) use its bytes.
+    let block = unsafe { lazybuf::host_memory::HostMemory::adopt(start, n, Box::new(Lent)) };
+    buf.raw_mut().adopt_host(block).unwrap();
+    // SAFETY: as above: the same lent bytes, as the caller's block of the read.
+    let mut out = unsafe { lazybuf::host_memory::HostMemory::adopt(start, n, Box::new(Lent)) };
+    for i in 0..4u8 {
+        let fails = i == 3;
+        buf.host_mut().unwrap().fill(10 + i);
+        let raw = buf.raw_mut();
+        if fails {
+            arm_copy(1, false); // the upload below
+        }
+        let (_, ticket) = raw.device_access_ordered(device).unwrap();
+        raw.mark_written(Some(device)).unwrap();
+        let read = raw.read_into(&mut out);
+        let _ = ticket.wait();
+        if !fails {
+            read.unwrap();
+            continue;
+        }
+        arm_copy(0, false);
+        assert!(read.is_err(), "the read-back reports the failed upload");
+        assert_eq!(buf.state(), BufferState::HostDirty, "as before the upload");
+        let host = buf.host_if_valid().expect("the host copy is current again").to_vec();
+        assert!(
+            host.iter().all(|&b| b == 10 + i),
+            "the host copy must keep what the failed upload was to take ({}), got {:?}...",
+            10 + i,
+            &host[..8]
+        );
+    }
+    drop(buf);
+    drop(out);
+}
+
+/// `RawBuffer::read_into` in the read-modify-write mode (the host copy wanted after read-backs)
+/// is judged by the transfer guard as the explicit `read_into` while the stream-ordered upload
+/// it reads behind is still in flight (`read_staged` names its download `read_into`), but as
+/// the implicit `host` access once that upload has been settled (the host read path): the same
+/// call on the same buffer in the same state (DEVICE_DIRTY) is allowed or refused under
+/// `d2h = disallow` depending on whether an upload nobody can see is still in flight. (Before
+/// `read_staged`, both were refused as `host`; the recorder names the two `read_into` and
+/// `host` too.)
+#[test]
+fn the_guards_verdict_on_read_into_does_not_depend_on_an_upload_in_flight() {
+    use lazybuf::observe::Direction;
+    use lazybuf::observe::guard::{self, GuardLevel, GuardLevels};
+
+    let Some((devices, _lock)) =
+        setup("the_guards_verdict_on_read_into_does_not_depend_on_an_upload_in_flight")
+    else {
+        return;
+    };
+    let device = &devices[0];
+    let n = 4096;
+    let options = BufferOptions {
+        device: Some(device.clone()),
+        resource: Some(DirectResource::shared()),
+        ..Default::default()
+    };
+    let mut buf = UnifiedBuffer::<u8>::with_options(&[n], options).unwrap();
+    let mut out = lazybuf::host_memory::HostMemory::allocate(n).unwrap();
+    // Two batches: the second's host write downloads after a direct read, so the host copy is
+    // wanted after read-backs from then on.
+    for i in 0..2u8 {
+        buf.host_mut().unwrap().fill(i);
+        let raw = buf.raw_mut();
+        let (_, ticket) = raw.device_access_ordered(device).unwrap();
+        raw.mark_written(Some(device)).unwrap();
+        raw.read_into(&mut out).unwrap();
+        ticket.wait().unwrap();
+    }
+    let mut verdicts = Vec::new();
+    for settle_first in [false, true] {
+        buf.host_mut().unwrap().fill(7);
+        let raw = buf.raw_mut();
+        let (_, ticket) = raw.device_access_ordered(device).unwrap();
+        raw.mark_written(Some(device)).unwrap();
+        ticket.wait().unwrap();
+        if settle_first {
+            raw.finish().unwrap(); // the upload, done, settled: nothing in flight
+        }
+        assert_eq!(buf.state(), BufferState::DeviceDirty);
+        let _scope =
+            guard::scope(GuardLevels::default().with(Direction::DeviceToHost, Some(GuardLevel::Disallow)));
+        let verdict = buf.raw_mut().read_into(&mut out).map_err(|e| e.to_string());
+        drop(_scope);
+        verdicts.push(verdict);
+        let _ = buf.raw_mut().finish();
+    }
+    assert_eq!(
+        verdicts[0].is_ok(),
+        verdicts[1].is_ok(),
+        "with the upload in flight: {:?}; with it settled: {:?}",
+        verdicts[0],
+        verdicts[1]
+    );
+}

@@ -42,13 +42,18 @@ impl RawBuffer {
                 format!("expected a block of at least {n} bytes, got {}", out.len()),
             ));
         }
-        if let Some(index) = self.direct_source() {
+        // `out` may be memory lent to the buffer as its host copy too: a download into it
+        // behind an upload that then fails would overwrite the bytes that upload was to take
+        // and its undoing makes current again (a hostile pass, 2026-11-28). The host read
+        // learns the upload's outcome first.
+        let out_is_host = self.host.as_ref().is_some_and(|host| overlaps(host, out));
+        if let Some(index) = self.direct_source().filter(|_| !out_is_host) {
             let plan = self.plan(Location::Host, None, Access::Read);
-            self.download_behind_uploads(index, &plan, out)?;
+            self.download_behind_uploads(index, &plan, out, super::observed::READ_INTO)?;
             self.direct_read = true;
             return Ok(());
         }
-        if let Some((index, plan)) = self.staged_source() {
+        if let Some((index, plan)) = self.staged_source().filter(|_| !out_is_host) {
             return self.read_staged(index, &plan, out);
         }
         self.settle_for(Location::Host, None, Access::Read)?;
@@ -111,8 +116,10 @@ impl RawBuffer {
     /// they were (`out`'s bytes are then unspecified).
     fn read_staged(&mut self, index: usize, plan: &Plan, out: &mut HostMemory) -> Result<()> {
         let n = self.nbytes;
-        self.download_behind_uploads(index, plan, out)?;
-        self.observe_state_as(super::observed::READ_INTO, |buffer| {
+        // Named as the host read it stands for (the guard's verdict on the call must not depend
+        // on whether an upload is still in flight: a hostile pass, 2026-11-28).
+        self.download_behind_uploads(index, plan, out, super::observed::HOST)?;
+        self.observe_state_as(super::observed::HOST, |buffer| {
             let host = buffer.host.as_mut().expect("staged_source checked the host copy is allocated");
             // SAFETY: `out` holds at least n bytes, just written by the download (read_into
             // checked its length); the host block holds n writable bytes and is borrowed
@@ -130,11 +137,17 @@ impl RawBuffer {
     /// enqueued on that stream) and are settled after it without a wait of their own
     /// (inflight.rs). An upload's failure comes first: the download then read what it never
     /// wrote, and is neither counted nor recorded.
-    fn download_behind_uploads(&mut self, index: usize, plan: &Plan, out: &mut HostMemory) -> Result<()> {
+    fn download_behind_uploads(
+        &mut self,
+        index: usize,
+        plan: &Plan,
+        out: &mut HostMemory,
+        cause: crate::observe::Cause,
+    ) -> Result<()> {
         let id = self.copies[index].device.id();
         let (reads, writes) = self.touched(plan, Location::Host, None, Access::Read);
         self.settle(|op| op.conflicts(&reads, &writes) && !op.is_ordered_upload_to(id))?;
-        let downloaded = self.download_into(index, out);
+        let downloaded = self.download_into(index, out, cause);
         let settled = self.settle_after(downloaded.is_ok(), |op| op.is_ordered_upload_to(id));
         let started = settled.and(downloaded)?;
         let copy = &self.copies[index];
@@ -149,17 +162,18 @@ impl RawBuffer {
     /// `nbytes` of `out`, on the copy's stream after the caller's work on it, and waits. The
     /// transfer counters count it as the download it is (a zero-copy sync when the copy
     /// aliases host memory), so whatever watches them sees every read-back; the state and
-    /// the buffer's copies are unchanged.
+    /// the buffer's copies are unchanged. The guard and the recorder see it as `cause`'s.
     fn download_into(
         &mut self,
         index: usize,
         out: &mut HostMemory,
+        cause: crate::observe::Cause,
     ) -> Result<Option<crate::observe::Started>> {
         let n = self.nbytes;
         let from = Location::Device(self.copies[index].device.id());
         // Seen by the transfer guard (which may refuse it: nothing has changed yet) and the
         // recorder, as the plans' copies are.
-        let started = self.observe_outside_copy(from, Location::Host, super::observed::READ_INTO)?;
+        let started = self.observe_outside_copy(from, Location::Host, cause)?;
         let copy = &mut self.copies[index];
         copy.before_transfer(out, None)?;
         out.mark_written();
@@ -179,4 +193,10 @@ impl RawBuffer {
             self.host_sync_pays = true;
         }
     }
+}
+
+/// Whether two host blocks share a byte.
+fn overlaps(a: &HostMemory, b: &HostMemory) -> bool {
+    let (a_start, b_start) = (a.as_ptr() as usize, b.as_ptr() as usize);
+    a_start < b_start + b.len() && b_start < a_start + a.len()
 }
