@@ -27,7 +27,7 @@
 //! [`in_forked_child`] and leak their handles there instead: the child's address space, and so
 //! the copy of the memory, goes away with the child.
 
-use std::sync::Once;
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// How many times this process's line of ancestors forked since a runtime that does not
@@ -41,22 +41,28 @@ extern "C" fn count_fork() {
 
 /// Registers the fork counter, once per process.
 pub(crate) fn watch_forks() {
-    static REGISTERED: Once = Once::new();
+    static REGISTERED: AtomicBool = AtomicBool::new(false);
     register_child_handler(&REGISTERED, count_fork);
 }
 
-/// Registers `handler` as a `pthread_atfork` child handler, once (`registered`). A failure
-/// (ENOMEM) leaves its forks uncounted, as before this module existed; nothing is registered
-/// where there is no `fork`.
-fn register_child_handler(registered: &'static Once, handler: extern "C" fn()) {
+/// Registers `handler` as a `pthread_atfork` child handler, once (`registered`): the first
+/// caller registers it, the others go on at once (not `Once`, whose other callers wait for the
+/// first: a child forked while a parent's thread registered would wait for ever at its own
+/// first call; a thirteenth hostile pass, 2026-11-28). A fork racing with the registration may
+/// go uncounted, as may one after a failure (ENOMEM), as before this module existed; nothing
+/// is registered where there is no `fork`.
+fn register_child_handler(registered: &'static AtomicBool, handler: extern "C" fn()) {
+    if registered.swap(true, Ordering::AcqRel) {
+        return;
+    }
     #[cfg(unix)]
-    registered.call_once(|| {
-        // SAFETY: every handler here only does an atomic add (allowed between fork and exec),
-        // and is a plain function that lives for the whole process.
-        unsafe { libc::pthread_atfork(None, None, Some(handler)) };
-    });
+    // SAFETY: every handler here only does an atomic add (allowed between fork and exec), and
+    // is a plain function that lives for the whole process.
+    unsafe {
+        libc::pthread_atfork(None, None, Some(handler))
+    };
     #[cfg(not(unix))]
-    let _ = (registered, handler);
+    let _ = handler;
 }
 
 /// Whether this process is a forked child of a process that had opened a runtime that does not
@@ -85,7 +91,7 @@ extern "C" fn count_generation() {
 /// Starts counting every fork ([`generation`]), once per process; later calls do nothing.
 /// Unlike the count behind [`in_forked_child`], it does not depend on any runtime being open.
 pub fn watch_every_fork() {
-    static REGISTERED: Once = Once::new();
+    static REGISTERED: AtomicBool = AtomicBool::new(false);
     register_child_handler(&REGISTERED, count_generation);
 }
 
