@@ -255,10 +255,10 @@ fn a_forked_child_has_no_session_of_its_parents_and_may_record_its_own() {
     let parents = UnifiedBuffer::<u32>::from_slice(&common::pattern(1, 64), &Device::host()).unwrap();
     let parents_id = parents.raw().id();
     let status = fork_and_wait(Duration::from_secs(20), || {
-        if trace::snapshot().is_ok() || trace::stop().is_ok() {
+        if trace::is_recording() || trace::snapshot().is_ok() || trace::stop().is_ok() {
             return WRONG_DATA; // the parent's session, seen as the child's
         }
-        if trace::start(TraceOptions::default()).is_err() {
+        if trace::start(TraceOptions::default()).is_err() || !trace::is_recording() {
             return WRONG_ERROR;
         }
         let own = UnifiedBuffer::<u32>::from_slice(&common::pattern(2, 64), &Device::host());

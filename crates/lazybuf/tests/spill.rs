@@ -524,3 +524,47 @@ fn write_backs_run_on_a_side_stream() {
         spill::set_memory_limit(&device, None);
     }
 }
+
+/// Evictions are state changes the recorder records (SYNCHRONIZED or DEVICE_DIRTY becoming
+/// HOST_ONLY, named `evict`), so each buffer's state events chain, each starting where the one
+/// before ended (the thirteenth hostile pass, 2026-11-28: an eviction freed the copy with no
+/// event, and the next event started elsewhere).
+#[test]
+fn the_state_events_of_evicted_buffers_chain() {
+    use lazybuf::observe::trace;
+    let _serial = serial();
+    for device in devices() {
+        if !evicts(&device) {
+            continue;
+        }
+        limit_for(&device, 1);
+        trace::start(trace::TraceOptions::default()).unwrap();
+        let a = shared(&device, 1, true);
+        a.lock().sync_to_device().unwrap(); // SYNCHRONIZED: a clean eviction next
+        let b = shared(&device, 2, true);
+        b.lock().device_overwrite().unwrap().write_from(&pattern(9, LEN)).unwrap(); // DEVICE_DIRTY
+        let c = shared(&device, 3, true);
+        c.lock().sync_to_device().unwrap(); // evicts b, written back first
+        let recorded = trace::stop().unwrap();
+        spill::set_memory_limit(&device, None);
+        let ids = [a.lock().raw().id(), b.lock().raw().id(), c.lock().raw().id()];
+        let ends = [a.lock().state(), b.lock().state(), c.lock().state()];
+        assert_eq!(ends[..2], [BufferState::HostOnly, BufferState::HostOnly], "{device}: both evicted");
+        for (id, end) in ids.into_iter().zip(ends) {
+            let mut state = BufferState::Uninitialized;
+            let mut evictions = 0;
+            for event in &recorded.events {
+                if let trace::EventKind::State { buffer, from, to, call } = &event.kind
+                    && *buffer == id
+                {
+                    assert_eq!(*from, state, "{device}: buffer {id}: {event:?}");
+                    state = *to;
+                    evictions += usize::from(*call == "evict");
+                }
+            }
+            assert_eq!(state, end, "{device}: buffer {id}'s events end where it is");
+            // (A write-back's own transition is named `evict` too: the copy's download.)
+            assert_eq!(evictions > 0, end == BufferState::HostOnly, "{device}: buffer {id}");
+        }
+    }
+}

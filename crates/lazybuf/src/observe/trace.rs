@@ -125,7 +125,9 @@ pub fn snapshot() -> Result<Trace> {
 
 /// Whether the recorder runs.
 pub fn is_recording() -> bool {
-    super::recording()
+    // A forked child of the recording process records nothing of its session (it said "true"
+    // there: the thirteenth hostile pass, 2026-11-28).
+    super::recording() && !record::in_forked_child()
 }
 
 /// The public events of `entries`, names resolved.

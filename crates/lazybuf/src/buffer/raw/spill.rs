@@ -58,17 +58,24 @@ impl RawBuffer {
             && crate::spill::eviction_policy() == EvictionPolicy::WriteBackAlways
         {
             // The benchmarks' blind spiller: the same download, although the host is current.
-            self.coherence.mark_stale(Location::Host);
+            let evict = super::observed::EVICT;
+            self.observe_state_as(evict, |buffer| buffer.coherence.mark_stale(Location::Host));
             if let Err(err) = self.write_back(device) {
-                self.coherence.restore(Location::Host, Residency::Valid);
+                self.observe_state_as(evict, |buffer| {
+                    buffer.coherence.restore(Location::Host, Residency::Valid)
+                });
                 return Err(self.write_back_failed(device, err));
             }
             written_back = self.nbytes;
         }
         let index = self.copy_index(device.id()).expect("a write-back keeps the device copy");
-        let copy = self.copies.remove(index);
+        // Recorded (its state changes: SYNCHRONIZED becomes HOST_ONLY), so a buffer's state
+        // events chain across evictions too.
+        let copy = self.observe_state_as(super::observed::EVICT, |buffer| {
+            buffer.coherence.forget(at);
+            buffer.copies.remove(index)
+        });
         let freed = copy.memory.len();
-        self.coherence.forget(at);
         give_back(&*self.resource, copy, self.id);
         if !self.evicted_from.contains(&device.id()) {
             self.evicted_from.push(device.id());
