@@ -350,25 +350,25 @@ impl RawBuffer {
     /// [`observe::call`], else `cause`).
     #[inline]
     pub(super) fn observe_state_as<R>(&mut self, cause: Cause, change: impl FnOnce(&mut Self) -> R) -> R {
-        if !observe::emitting() {
-            return change(self);
-        }
-        let (before, events) = (self.committed_state(), self.state_events.count);
-        let result = change(self);
-        self.record_transition(before, events, trace::Call::Of(cause));
-        result
+        self.observe_change(trace::Call::Of(cause), change)
     }
 
     /// Runs `change`, a state change outside the plans (a release, an invalidation, a fill on a
     /// device), and records its transition, named `call`, while events are wanted.
     #[inline]
     pub(super) fn observe_state<R>(&mut self, call: &'static str, change: impl FnOnce(&mut Self) -> R) -> R {
+        self.observe_change(trace::Call::Named(call), change)
+    }
+
+    /// Runs `change` and records its transition as `call`'s, while events are wanted.
+    #[inline]
+    fn observe_change<R>(&mut self, call: trace::Call, change: impl FnOnce(&mut Self) -> R) -> R {
         if !observe::emitting() {
             return change(self);
         }
         let (before, events) = (self.committed_state(), self.state_events.count);
         let result = change(self);
-        self.record_transition(before, events, trace::Call::Named(call));
+        self.record_transition(before, events, call);
         result
     }
 }
