@@ -112,8 +112,8 @@ impl Drop for MemoryOwner {
         // lose it (the interpreter crashed, a hostile pass of 2026-11-27). The copy is then
         // kept until the next call orders it, as before.
         // SAFETY: PyErr_Occurred only reads this thread's exception state (attached, above).
-        let raising = !unsafe { pyo3::ffi::PyErr_Occurred() }.is_null();
-        if exposure.cupy && !raising && exposure.storage.order_after_cupy_now(py).unwrap_or(false) {
+        let raising = || !unsafe { pyo3::ffi::PyErr_Occurred() }.is_null();
+        if exposure.cupy && !raising() && exposure.storage.order_after_cupy_now(py).unwrap_or(false) {
             exposure.cupy = false;
         }
         Storage::drop_last(py, exposure.into_storage());
