@@ -213,6 +213,10 @@ impl Backend for FaultyDevice {
         self.backend().survives_fork()
     }
 
+    fn ordered_uploads(&self) -> bool {
+        self.backend().ordered_uploads()
+    }
+
     fn check_usable(&self) -> Result<()> {
         self.backend().check_usable()
     }

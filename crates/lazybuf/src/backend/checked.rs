@@ -133,6 +133,10 @@ impl<R: Runtime> Backend for Checked<R> {
         R::SURVIVES_FORK
     }
 
+    fn ordered_uploads(&self) -> bool {
+        R::ORDERED_UPLOADS
+    }
+
     #[inline]
     fn check_usable(&self) -> Result<()> {
         self.alive()

@@ -100,6 +100,11 @@ pub trait Backend: Any + Send + Sync + fmt::Debug {
         false
     }
 
+    /// Whether an upload can complete in its stream's order ([`Runtime::ORDERED_UPLOADS`]).
+    fn ordered_uploads(&self) -> bool {
+        false
+    }
+
     /// `Ok` where the device may be used in this process: always where its runtime survives
     /// `fork`, else only in the process that opened it ([`crate::Error::ForkedChild`] in a
     /// forked child). Asked before a device access that may need no runtime call (a copy

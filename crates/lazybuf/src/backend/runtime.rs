@@ -55,6 +55,13 @@ pub trait Runtime: Send + Sync + fmt::Debug + Sized + 'static {
     /// the checked layer then refuses the device in a forked child ([`super::fork`]).
     const SURVIVES_FORK: bool = false;
 
+    /// Whether an upload can complete in its stream's order: work enqueued on the stream after
+    /// it starts after it, so the caller need not wait for it ([`super::ticket::Completion::stream_ordered`]
+    /// tickets; CUDA's events). Where not, a stream-ordered access
+    /// (`RawBuffer::device_access_ordered`) is a blocking one, without an asynchronous upload's
+    /// bookkeeping that would be waited for at once anyway.
+    const ORDERED_UPLOADS: bool = false;
+
     /// What the device is.
     fn info(&self) -> &DeviceInfo;
 

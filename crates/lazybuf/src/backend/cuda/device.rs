@@ -159,6 +159,9 @@ impl CudaBackend {
 }
 
 impl Runtime for CudaBackend {
+    /// A copy enqueued on a CUDA stream completes before later work on that stream starts.
+    const ORDERED_UPLOADS: bool = true;
+
     type Memory = CudaMemory;
     type Stream = CudaStream;
 

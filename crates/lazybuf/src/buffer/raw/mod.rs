@@ -674,7 +674,10 @@ impl RawBuffer {
                 };
                 self.settle(done)?;
             }
-            if uploads && only_uploads_to(&plan, at) {
+            // Where the runtime's uploads cannot complete in the stream's order (OpenCL, wgpu),
+            // the blocking access below: an asynchronous upload would be waited for at once, and
+            // its bookkeeping cost PoCL's 4 KiB batch about 2,900 instructions (docs/BENCHMARKS.md).
+            if uploads && only_uploads_to(&plan, at) && device.backend().ordered_uploads() {
                 // Committed and in flight; its ticket is among the uploads collected below.
                 drop(self.sync_async_as(Some(device), &observed::DEVICE, true)?);
                 if !self.inflight.last().is_some_and(|op| op.is_ordered_upload_to(device.id())) {
