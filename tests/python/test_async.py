@@ -194,7 +194,7 @@ def test_awaiting_outside_an_event_loop_is_an_error():
         transfer.__await__()
 
 
-@pytest.mark.parametrize("end", ["del buf", "buf.release()"], ids=["drop", "release"])
+@pytest.mark.parametrize("end", ["del buf", "buf.release()", "buf.free()"], ids=["drop", "release", "free"])
 @pytest.mark.parametrize("backend", ["opencl", "cuda"])
 def test_dropping_a_buffer_with_a_transfer_in_flight_waits_without_the_gil(backend, end):
     """The last drop of a buffer waits for its transfers in flight: with the GIL released, so

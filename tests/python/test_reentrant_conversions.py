@@ -198,6 +198,99 @@ def test_a_log_handler_that_syncs_during_an_item_assignment_leaves_no_copies_tha
     np.testing.assert_array_equal(device_bytes(buf), expected)
 
 
+# The fourteenth pass (2026-11-28): a sync in the window between `.host`'s access and the
+# settling (a weakref callback of the replaced `.host` array, another thread), and `free()`
+# in the conversion.
+
+
+@pytest.mark.parametrize("selector", one_selector_per_backend())
+def test_a_sync_run_by_the_drop_of_the_replaced_host_view_leaves_no_copies_that_differ(selector):
+    """`buf[key] = value` takes `.host` (a host write), then reads the state it settles against
+    later. A stale `.host` array the buffer kept is replaced in between and dropped there, so
+    user code runs in that window (here a weakref callback; a finalizer is the same) and a
+    `sync_to_device()` it makes is taken as the state "after the write": the write then lands
+    beside a device copy synced before it, and the buffer says SYNCHRONIZED."""
+    buf = synchronized(selector)
+    host = buf.host
+    fired = []
+
+    def synced(_):
+        fired.append(True)
+        buf.sync_to_device()
+
+    ref = __import__("weakref").ref(host, synced)  # noqa: F841 (kept alive until the test ends)
+    del host  # the buffer still keeps it as its cached `.host`
+    buf.mark_device_dirty()  # the cached `.host` is frozen: the next `.host` replaces it
+    buf[1] = 99.0
+    assert fired, "the replaced `.host` array was not dropped inside the assignment"
+    expected = DATA.copy()
+    expected[1] = 99.0
+    np.testing.assert_array_equal(buf.to_numpy(), expected)
+    np.testing.assert_array_equal(device_bytes(buf), expected)
+
+
+@pytest.mark.parametrize("selector", one_selector_per_backend())
+def test_a_sync_from_another_thread_during_an_item_assignment_leaves_no_copies_that_differ(selector):
+    """The same window, from another thread: `.host`'s access downloads (the GIL released,
+    the buffer's lock held); a `sync_to_device()` waiting for that lock uploads the host copy
+    before the assignment reads the state it settles against, which is then SYNCHRONIZED
+    already. NumPy writes after the upload, nothing marks the device copy stale, and the
+    buffer reports SYNCHRONIZED copies that differ (about one iteration in four on PoCL and the
+    CUDA double, one in fifty on lavapipe and loopback)."""
+    import threading
+    import time
+
+    buf = synchronized(selector, np.zeros(N, np.float32))
+    deadline = time.monotonic() + 3
+    differing = []
+    for it in range(1, 3001):
+        buf.mark_device_dirty()  # the assignment's `.host` downloads
+        stop = threading.Event()
+
+        def spin():
+            while not stop.is_set():
+                buf.sync_to_device()
+
+        t = threading.Thread(target=spin)
+        t.start()
+        time.sleep(0.001)
+        buf[1] = float(it)
+        stop.set()
+        t.join()
+        if buf.state == BufferState.SYNCHRONIZED:
+            host = buf.to_numpy()
+            buf.mark_device_dirty()  # declares the device copy current: read it back
+            device = buf.to_numpy()
+            if host[1] != device[1]:
+                differing.append((it, host[1], device[1]))
+                break
+        if time.monotonic() > deadline:
+            break
+    assert not differing, f"SYNCHRONIZED copies differ after the assignment (iteration, host, device): {differing}"
+
+
+@pytest.mark.parametrize("selector", one_selector_per_backend())
+def test_a_value_whose_conversion_frees_the_buffer_does_not_lose_the_write_silently(selector):
+    """`free()` run by the conversion of the assigned value (docs/MIGRATING.md: after `free()`
+    "a write that would be lost raises `ValueError`"). NumPy checked the `.host` array's
+    writeability before converting, so it writes into the memory `free()` gave up; the
+    settling looks at that old memory's state (unchanged), so the assignment returns with no
+    error and the buffer holds none of the value. Expected: the value lands in the buffer, or
+    the assignment raises (as it does for `mark_device_dirty()` there)."""
+    buf = synchronized(selector)
+
+    class Value:
+        def __float__(self):
+            buf.free()
+            return 99.0
+
+    try:
+        buf[1] = Value()
+    except (RuntimeError, ValueError):
+        return
+    assert buf.to_numpy()[1] == 99.0, "the assignment returned, but the write was lost"
+
+
 # --- the guard's and the recorder's names for calls the user's code makes in the middle ---
 #
 # A lazybuf call that the user's code makes while lazybuf runs that code inside another call

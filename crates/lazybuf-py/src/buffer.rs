@@ -1291,6 +1291,7 @@ impl UnifiedBuffer {
         let this = slf.get();
         let storage = this.storage()?;
         if let Some(released) = this.reuse_exported(slf.py(), &storage)? {
+            drop(storage); // so that `finish` drops the last reference (with the GIL released)
             return released.finish(slf.py());
         }
         let fresh = {
@@ -1305,6 +1306,10 @@ impl UnifiedBuffer {
             fresh.spill().set_spillable(storage.spill().spillable());
             fresh
         };
+        // Dropped before `finish`, which drops the last reference to the old memory with the
+        // GIL released when transfers are in flight (`Storage::drop_last`; a `free()` with an
+        // upload in flight hung otherwise: the fourteenth hostile pass, 2026-11-28).
+        drop(storage);
         this.replace_storage(fresh)?.finish(slf.py())
     }
 
@@ -1430,14 +1435,21 @@ impl UnifiedBuffer {
             }
             let host = host_view(slf)?;
             let storage = slf.get().storage_unordered()?;
-            let written = storage.host_write_state(slf.py())?;
             host.set_item(key, value)?;
             // NumPy converts `key` and `value` after `.host`'s access, and a conversion may run
-            // the user's code (`__index__`, `__float__`, `__array__`, a finalizer), which may
-            // use this buffer (as may another thread meanwhile): the write must not land
-            // silently in a host copy stale by then, nor beside a device copy synced from the
-            // host copy before it.
-            storage.settle_host_write(slf.py(), written)
+            // the user's code (`__index__`, `__float__`, `__array__`, a finalizer, a weakref
+            // callback), which may use this buffer (as may another thread meanwhile): the write
+            // must not land silently in a host copy stale by then, in memory the buffer gave up
+            // (`free()`, `release()`), nor beside a device copy synced before it.
+            let current = slf.get().storage_unordered()?;
+            if !Arc::ptr_eq(&storage, &current) {
+                return Err(PyValueError::new_err(
+                    "buf[key] = value: the buffer's memory was freed while NumPy converted the key or \
+                     the value (code the conversion ran, or another thread, called free()), so the \
+                     assigned values were not kept; convert them before assigning",
+                ));
+            }
+            storage.settle_host_write(slf.py())
         })
     }
 

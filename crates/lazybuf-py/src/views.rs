@@ -664,22 +664,15 @@ impl Storage {
         })
     }
 
-    /// The buffer's state right after a host write access, for [`Self::settle_host_write`].
-    pub(crate) fn host_write_state(&self, py: Python<'_>) -> PyResult<lazybuf::BufferState> {
-        Ok(self.lock(py)?.state())
-    }
-
-    /// After a write through the host copy that a host write access (state `written` then)
-    /// handed out, when something changed the buffer meanwhile (code NumPy ran converting the
-    /// assigned value, another thread): if the host copy went stale, the write went to a copy
-    /// that is no longer the current one, and a `RuntimeError` says so; if another copy was
-    /// made current from the host copy before the write (a sync), the host copy is newer, and
-    /// the others are marked stale again (an overwrite access: nothing is copied or checked).
-    pub(crate) fn settle_host_write(&self, py: Python<'_>, written: lazybuf::BufferState) -> PyResult<()> {
+    /// After a write through the host copy that a host write access handed out, which
+    /// something may have changed meanwhile (code NumPy ran converting the assigned value, a
+    /// finalizer, another thread): if the host copy went stale, the write went to a copy that
+    /// is no longer the current one, and a `RuntimeError` says so; else the host copy, which
+    /// holds the write, is made the only current one again (an overwrite access: nothing is
+    /// copied or checked; it changes nothing unless another copy was made current from the
+    /// host copy before the write, a sync).
+    pub(crate) fn settle_host_write(&self, py: Python<'_>) -> PyResult<()> {
         let mut raw = self.lock(py)?;
-        if raw.state() == written {
-            return Ok(());
-        }
         if raw.residency(Location::Host) != Residency::Valid {
             return Err(PyRuntimeError::new_err(
                 "buf[key] = value: the buffer's host copy went stale while NumPy converted the key \
