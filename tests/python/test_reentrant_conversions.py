@@ -15,6 +15,7 @@ every device (on the host device the copies are one memory).
 
 import functools
 import os
+import weakref
 import subprocess
 import sys
 
@@ -36,6 +37,15 @@ def synchronized(selector, data=DATA):
     buf.sync_to_device()
     assert buf.state == BufferState.SYNCHRONIZED
     return buf
+
+
+def assert_both_copies_hold(buf, index, value):
+    """The buffer reads `value` at `index` (DATA elsewhere), from its host copy and from its
+    device copy alike."""
+    expected = DATA.copy()
+    expected[index] = value
+    np.testing.assert_array_equal(buf.to_numpy(), expected)
+    np.testing.assert_array_equal(device_bytes(buf), expected)
 
 
 def device_bytes(buf):
@@ -92,10 +102,7 @@ def test_a_value_whose_conversion_syncs_the_buffer_leaves_no_copies_that_differ(
             return np.full(N - 1, 99.0, dtype=np.float32)
 
     buf[1:] = Values()
-    expected = DATA.copy()
-    expected[1:] = 99.0
-    np.testing.assert_array_equal(buf.to_numpy(), expected)
-    np.testing.assert_array_equal(device_bytes(buf), expected)
+    assert_both_copies_hold(buf, slice(1, None), 99.0)
 
 
 @pytest.mark.parametrize("selector", one_selector_per_backend())
@@ -109,10 +116,7 @@ def test_a_conversion_may_use_other_buffers_and_the_assignment_lands(selector):
             return float(other.to_numpy()[3]) + 0.5
 
     buf[0] = Value()
-    expected = DATA.copy()
-    expected[0] = 3.5
-    np.testing.assert_array_equal(buf.to_numpy(), expected)
-    np.testing.assert_array_equal(device_bytes(buf), expected)
+    assert_both_copies_hold(buf, 0, 3.5)
 
 
 @pytest.mark.parametrize("selector", one_selector_per_backend())
@@ -192,10 +196,7 @@ def test_a_log_handler_that_syncs_during_an_item_assignment_leaves_no_copies_tha
             buf[1] = 99.0
     finally:
         logger.removeHandler(handler)
-    expected = DATA.copy()
-    expected[1] = 99.0
-    np.testing.assert_array_equal(buf.to_numpy(), expected)
-    np.testing.assert_array_equal(device_bytes(buf), expected)
+    assert_both_copies_hold(buf, 1, 99.0)
 
 
 # The fourteenth pass (2026-11-28): a sync in the window between `.host`'s access and the
@@ -205,11 +206,10 @@ def test_a_log_handler_that_syncs_during_an_item_assignment_leaves_no_copies_tha
 
 @pytest.mark.parametrize("selector", one_selector_per_backend())
 def test_a_sync_run_by_the_drop_of_the_replaced_host_view_leaves_no_copies_that_differ(selector):
-    """`buf[key] = value` takes `.host` (a host write), then reads the state it settles against
-    later. A stale `.host` array the buffer kept is replaced in between and dropped there, so
-    user code runs in that window (here a weakref callback; a finalizer is the same) and a
-    `sync_to_device()` it makes is taken as the state "after the write": the write then lands
-    beside a device copy synced before it, and the buffer says SYNCHRONIZED."""
+    """`.host`'s access replaces the stale `.host` array the buffer kept and drops it, so user
+    code runs between the access and NumPy's write (here a weakref callback; a finalizer is the
+    same). A `sync_to_device()` there made the device copy current before the write, which then
+    left SYNCHRONIZED copies that differed; the settling marks the device copy stale again."""
     buf = synchronized(selector)
     host = buf.host
     fired = []
@@ -218,25 +218,20 @@ def test_a_sync_run_by_the_drop_of_the_replaced_host_view_leaves_no_copies_that_
         fired.append(True)
         buf.sync_to_device()
 
-    ref = __import__("weakref").ref(host, synced)  # noqa: F841 (kept alive until the test ends)
+    ref = weakref.ref(host, synced)  # noqa: F841 (kept alive until the test ends)
     del host  # the buffer still keeps it as its cached `.host`
     buf.mark_device_dirty()  # the cached `.host` is frozen: the next `.host` replaces it
     buf[1] = 99.0
     assert fired, "the replaced `.host` array was not dropped inside the assignment"
-    expected = DATA.copy()
-    expected[1] = 99.0
-    np.testing.assert_array_equal(buf.to_numpy(), expected)
-    np.testing.assert_array_equal(device_bytes(buf), expected)
+    assert_both_copies_hold(buf, 1, 99.0)
 
 
 @pytest.mark.parametrize("selector", one_selector_per_backend())
 def test_a_sync_from_another_thread_during_an_item_assignment_leaves_no_copies_that_differ(selector):
-    """The same window, from another thread: `.host`'s access downloads (the GIL released,
-    the buffer's lock held); a `sync_to_device()` waiting for that lock uploads the host copy
-    before the assignment reads the state it settles against, which is then SYNCHRONIZED
-    already. NumPy writes after the upload, nothing marks the device copy stale, and the
-    buffer reports SYNCHRONIZED copies that differ (about one iteration in four on PoCL and the
-    CUDA double, one in fifty on lavapipe and loopback)."""
+    """The same window, from another thread: a `sync_to_device()` waiting for the buffer's
+    lock while `.host`'s access downloads uploads the host copy before NumPy's write (before
+    the fix, SYNCHRONIZED copies differed about one iteration in four on PoCL and the CUDA
+    double, one in fifty on lavapipe and loopback)."""
     import threading
     import time
 
