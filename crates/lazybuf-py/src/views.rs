@@ -40,7 +40,7 @@ use pyo3::prelude::*;
 use lazybuf::backend::RawMemory;
 use lazybuf::backend::fork::ForkAwareMutex;
 use lazybuf::coherence::{Access, Location, Residency};
-use lazybuf::host_memory::{ForeignHostMemory, HostMemory, copy_bytes};
+use lazybuf::host_memory::{ForeignHostMemory, HostMemory, copy_bytes, fill_pattern};
 use lazybuf::resource::{MemoryResource, default_resource};
 use lazybuf::{Device, RawBuffer, Ticket};
 
@@ -205,27 +205,6 @@ impl Drop for HostBlock {
         if let Some(block) = self.block.take() {
             self.resource.deallocate_host(&self.device, block, Ticket::done());
         }
-    }
-}
-
-/// Fills `out` with `element` repeated (`out`'s length a multiple of it): one element, then
-/// copies of what is filled so far, doubling (memcpy's speed, not one small copy per
-/// element); a zero element is a `memset`.
-fn repeat_into(out: &mut [u8], element: &[u8]) {
-    let e = element.len();
-    if e == 0 || out.len() < e {
-        return;
-    }
-    if element.iter().all(|&b| b == 0) {
-        out.fill(0);
-        return;
-    }
-    out[..e].copy_from_slice(element);
-    let mut filled = e;
-    while filled < out.len() {
-        let len = filled.min(out.len() - filled);
-        out.copy_within(..len, filled);
-        filled += len;
     }
 }
 
@@ -693,7 +672,7 @@ impl Storage {
             let n = raw.nbytes();
             let host = raw.host_access(Access::Overwrite).or_py()?;
             if let Some(host) = host.get_mut(..n) {
-                repeat_into(host, element);
+                fill_pattern(host, element);
             }
             Ok(())
         })

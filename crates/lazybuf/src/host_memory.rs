@@ -983,8 +983,9 @@ fn copy_threads(len: usize) -> usize {
 }
 
 /// Fills `bytes` with repetitions of `pattern` (whose length divides `bytes.len()`), by
-/// doubling copies so it runs at memcpy speed for any pattern length.
-pub(crate) fn fill_pattern(bytes: &mut [u8], pattern: &[u8]) {
+/// doubling copies so it runs at memcpy speed for any pattern length (a pattern of one
+/// repeated byte is a `memset`).
+pub fn fill_pattern(bytes: &mut [u8], pattern: &[u8]) {
     if pattern.len() == 1 || pattern.iter().all(|&b| b == pattern[0]) {
         bytes.fill(pattern.first().copied().unwrap_or(0));
         return;
