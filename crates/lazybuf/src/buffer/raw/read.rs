@@ -8,7 +8,12 @@
 //! That is cheaper unless the host copy is wanted afterwards anyway, which the buffer learns
 //! the first time it happens: a host access that has to download after a direct read (a
 //! read-modify-write loop on one buffer) makes later reads update the host copy first and
-//! copy from it, as a host read followed by a host copy always did.
+//! copy from it, as a host read followed by a host copy always did. When an upload to the
+//! device copy is still in flight in its stream's order, such a read goes the other way
+//! round: downloaded into the caller's block behind the upload, then copied into the host
+//! copy once one wait has shown the upload succeeded ([`RawBuffer::read_staged`]: one wait,
+//! not two). A caller's block that is the buffer's own lent host memory always takes the
+//! host read.
 //!
 //! What does not live here: choosing the plan ([`crate::coherence`]), the plan's own copies
 //! ([`super::execute`]).
