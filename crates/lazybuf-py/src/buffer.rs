@@ -37,7 +37,7 @@
 //! per-backend device objects ([`crate::device_view`]), the exports ([`crate::interop`]).
 
 use std::ffi::c_int;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError, Weak};
 
 use crate::gil_cell::GilOnceCell;
 use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
@@ -105,60 +105,70 @@ struct Inner {
     /// object is gone. To keep that bounded, `free()` reuses it ([`UnifiedBuffer::reuse_exported`]):
     /// a buffer freed in a loop holds one memory, not one per iteration.
     exports: Vec<Exposure>,
-    /// The last views handed out (`.host`, `.host_readonly`, `.device` with its handle), to
-    /// hand out again while still valid: the same object, while the caller or `kept` holds it
-    /// (weak references, so a view `kept` let go of is never handed out after it died).
-    host_view: Option<Py<PyWeakrefReference>>,
-    host_readonly_view: Option<Py<PyWeakrefReference>>,
-    device_view: Option<(usize, Py<PyWeakrefReference>)>,
-    /// The same views held strongly, so that a caller who drops the view each call gets the
-    /// same object back (rebuilding one costs more than the access). A view that only this
-    /// holds uses nothing: when spilling needs room, [`reclaim_kept_views`] drops every kept
-    /// view no other object references, which ends its exposure.
-    kept: Kept,
+    /// The last views handed out, to hand out again while still valid (see [`Views`]);
+    /// made at the first view, and listed in [`KEPT`] then.
+    views: Option<Arc<Mutex<Views>>>,
     /// Weak references to the writable host arrays handed out (`.host`), keyed by address:
     /// made read-only when the host copy goes stale or the buffer is released.
     writable_views: Vec<(usize, Py<PyWeakrefReference>)>,
 }
 
-/// The views a buffer keeps alive (see `Inner::kept`), one per cache.
+/// The last views a buffer handed out (`.host`, `.host_readonly`, `.device` with its
+/// handle), held strongly, to hand out again while still valid: a caller who drops the view
+/// each call gets the same object back (rebuilding one costs more than the access). A view
+/// that only this holds uses nothing but keeps its memory exposed: when spilling needs room,
+/// [`reclaim_kept_views`] drops every view nothing else references (found through [`KEPT`]),
+/// which ends its exposure; a view someone else holds stays, and is handed out again.
+///
+/// Behind its own lock (taken after the buffer's, never before it; only with the GIL held),
+/// so that [`KEPT`] can reach it without the buffer object: a Rust weak reference per buffer
+/// there, where a Python weak reference to the buffer object cost a garbage-collected object
+/// per buffer (about 1,500 instructions of a new buffer's first `.device`, docs/BENCHMARKS.md).
 #[derive(Default)]
-struct Kept {
+struct Views {
     host: Option<Py<PyAny>>,
     host_readonly: Option<Py<PyAny>>,
-    device: Option<Py<PyAny>>,
-    /// Whether the buffer object is in [`KEPT`]'s list.
-    listed: bool,
+    device: Option<(usize, Py<PyAny>)>,
 }
 
-impl Kept {
+impl Views {
     fn slot(&mut self, slot: Slot) -> &mut Option<Py<PyAny>> {
         match slot {
             Slot::Host => &mut self.host,
             Slot::HostReadonly => &mut self.host_readonly,
-            Slot::Device => &mut self.device,
         }
     }
 
-    fn take_all(&mut self) -> Vec<Py<PyAny>> {
-        [self.host.take(), self.host_readonly.take(), self.device.take()].into_iter().flatten().collect()
+    fn into_vec(self) -> Vec<Py<PyAny>> {
+        [self.host, self.host_readonly, self.device.map(|(_, v)| v)].into_iter().flatten().collect()
+    }
+
+    /// Takes the views nothing but this cache references (see [`only_reference`]).
+    fn take_unreferenced(&mut self, py: Python<'_>) -> Vec<Py<PyAny>> {
+        let device = self.device.take_if(|(_, view)| only_reference(py, view)).map(|(_, v)| v);
+        [
+            self.host.take_if(|v| only_reference(py, v)),
+            self.host_readonly.take_if(|v| only_reference(py, v)),
+            device,
+        ]
+        .into_iter()
+        .flatten()
+        .collect()
     }
 }
 
-/// Which cached view.
+/// Which cached host view (the device view has its handle too: [`Views::device`]).
 #[derive(Clone, Copy)]
 enum Slot {
     Host,
     HostReadonly,
-    Device,
 }
 
 /// What a release takes out of a buffer; [`Released::finish`] it once the buffer's lock is
 /// released (dropping views may run Python code).
 pub(crate) struct Released {
     _storage: Arc<Storage>,
-    views: Vec<Py<PyWeakrefReference>>,
-    kept: Vec<Py<PyAny>>,
+    views: Vec<Py<PyAny>>,
     writable: Vec<(usize, Py<PyWeakrefReference>)>,
 }
 
@@ -183,21 +193,26 @@ impl Inner {
     /// Takes the views handed out (they are of the memory going away) with `storage`, the
     /// memory given up, for [`Released::finish`].
     fn take_views(&mut self, storage: Arc<Storage>) -> Released {
-        let views =
-            [self.host_view.take(), self.host_readonly_view.take(), self.device_view.take().map(|(_, v)| v)];
         Released {
             _storage: storage,
-            views: views.into_iter().flatten().collect(),
-            kept: self.kept.take_all(),
+            views: self.take_cached(),
             writable: std::mem::take(&mut self.writable_views),
         }
+    }
+
+    /// Takes every cached view (see [`Views`]), to drop after the lock.
+    fn take_cached(&mut self) -> Vec<Py<PyAny>> {
+        self.views
+            .as_ref()
+            .map(|views| std::mem::take(&mut *lock_views(views)).into_vec())
+            .unwrap_or_default()
     }
 }
 
 impl Released {
     /// Gives up nothing but a reference to `storage`.
     fn nothing(storage: Arc<Storage>) -> Released {
-        Released { _storage: storage, views: Vec::new(), kept: Vec::new(), writable: Vec::new() }
+        Released { _storage: storage, views: Vec::new(), writable: Vec::new() }
     }
 
     /// Makes the writable host views handed out read-only (a write through them now would
@@ -205,7 +220,6 @@ impl Released {
     pub(crate) fn finish(self, py: Python<'_>) -> PyResult<()> {
         let result = freeze(py, &self.writable);
         drop(self.views);
-        drop(self.kept);
         drop(self.writable);
         Storage::drop_last(py, self._storage);
         result
@@ -362,7 +376,7 @@ impl UnifiedBuffer {
         }
         // The views the buffer keeps hold their memory: let go of them first (dropping a view
         // may run Python code, so not under a lock). `free()` drops them anyway.
-        let kept = self.inner().kept.take_all();
+        let kept = self.inner().take_cached();
         drop(kept);
         for candidate in &candidates {
             let reused = lock::detach(py, |d| -> PyResult<Option<Released>> {
@@ -536,69 +550,40 @@ impl UnifiedBuffer {
         unsafe { self.storage()?.read_into_address(target.py(), data, n) }
     }
 
-    /// The cached view in `field`, if it is still alive (see `Inner::host_view`).
-    fn cached<'py>(
-        &self,
-        py: Python<'py>,
-        field: impl FnOnce(&Inner) -> Option<&Py<PyWeakrefReference>>,
-    ) -> Option<Bound<'py, PyAny>> {
-        let weak = field(&self.inner()).map(|w| w.clone_ref(py));
-        weak.and_then(|w| w.bind(py).upgrade())
+    /// The host view cached in `slot` (see [`Views`]).
+    fn cached<'py>(&self, py: Python<'py>, slot: Slot) -> Option<Bound<'py, PyAny>> {
+        let inner = self.inner();
+        let view = lock_views(inner.views.as_ref()?).slot(slot).as_ref().map(|v| v.clone_ref(py));
+        view.map(|v| v.into_bound(py))
     }
 
-    /// Remembers `object` weakly in `field` (forgets the field's view when `object` cannot be
-    /// referenced weakly) and keeps it in `slot` (see `Inner::kept`); what it replaces is
-    /// dropped after the lock.
-    fn cache(
-        slf: &Bound<'_, Self>,
-        object: &Bound<'_, PyAny>,
-        slot: Slot,
-        field: impl FnOnce(&mut Inner) -> &mut Option<Py<PyWeakrefReference>>,
-    ) {
-        let this = slf.get();
-        let weak = PyWeakrefReference::new(object).ok().map(Bound::unbind);
-        let cached = weak.is_some();
-        let previous = std::mem::replace(field(&mut this.inner()), weak);
+    /// The device view cached for the device handle `key` (see [`Views`]).
+    fn cached_device<'py>(&self, py: Python<'py>, key: usize) -> Option<Bound<'py, PyAny>> {
+        let inner = self.inner();
+        let views = lock_views(inner.views.as_ref()?);
+        views.device.as_ref().filter(|(k, _)| *k == key).map(|(_, v)| v.clone_ref(py).into_bound(py))
+    }
+
+    /// Caches a view: `put` stores it in the buffer's [`Views`] and returns what it replaces,
+    /// which is dropped after the locks (dropping a view may run Python code). The buffer's
+    /// first view lists it in [`KEPT`].
+    fn cache(&self, _py: Python<'_>, put: impl FnOnce(&mut Views) -> Option<Py<PyAny>>) {
+        let (previous, listed) = {
+            let mut inner = self.inner();
+            let listed = inner.views.is_none();
+            let shared = inner.views.get_or_insert_with(Arc::default);
+            let previous = put(&mut lock_views(shared));
+            (previous, listed.then(|| Arc::downgrade(shared)))
+        };
         drop(previous);
-        if cached {
-            this.keep(slf, object, slot);
+        if let Some(views) = listed {
+            KEPT.list(views);
         }
     }
 
-    /// Keeps `object` in `slot`, listing the buffer for [`reclaim_kept_views`] the first time.
-    fn keep(&self, slf: &Bound<'_, Self>, object: &Bound<'_, PyAny>, slot: Slot) {
-        let (previous, list) = {
-            let mut inner = self.inner();
-            let kept = inner.kept.slot(slot);
-            if kept.as_ref().is_some_and(|k| k.as_ptr() == object.as_ptr()) {
-                return;
-            }
-            let previous = kept.replace(object.clone().unbind());
-            let list = !std::mem::replace(&mut inner.kept.listed, true);
-            (previous, list)
-        };
-        // Dropped after the lock: dropping a view may run Python code.
-        drop(previous);
-        if list && let Ok(weak) = PyWeakrefReference::new(slf) {
-            KEPT.list(slf.py(), weak.unbind());
-        }
-    }
-
-    /// Drops the kept views nothing but this buffer references (see `Inner::kept`); how many.
-    pub(crate) fn drop_unreferenced_views(&self, py: Python<'_>) -> usize {
-        let dropped: Vec<Py<PyAny>> = {
-            let mut inner = self.inner();
-            let kept = &mut inner.kept;
-            [&mut kept.host, &mut kept.host_readonly, &mut kept.device]
-                .into_iter()
-                // A reference count of 1: this field's own. A view of the view, a consumer's
-                // array over its memory or a caller's variable each add one.
-                .filter_map(|k| k.take_if(|view| only_reference(py, view)))
-                .collect()
-        };
-        let n = dropped.len();
-        drop(dropped);
-        n
+    /// Caches `view` as the host view in `slot` (see [`Self::cache`]).
+    fn cache_host(&self, view: &Bound<'_, PyAny>, slot: Slot) {
+        self.cache(view.py(), |views| views.slot(slot).replace(view.clone().unbind()));
     }
 
     /// Keeps `exposure` (of an address given to a consumer that holds this buffer object)
@@ -729,29 +714,37 @@ enum Whole<'py> {
     Element(Vec<u8>),
 }
 
-/// The buffer objects that keep views ([`Kept`]), weakly, for [`reclaim_kept_views`].
+/// The view caches of the buffers that cached a view ([`Views`]), weakly, for
+/// [`reclaim_kept_views`].
 static KEPT: KeptList = KeptList(Mutex::new(Vec::new()));
 
-struct KeptList(Mutex<Vec<Py<PyWeakrefReference>>>);
+struct KeptList(Mutex<Vec<Weak<Mutex<Views>>>>);
 
 impl KeptList {
-    fn list(&self, py: Python<'_>, buffer: Py<PyWeakrefReference>) {
-        let dead = {
-            let mut list = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-            list.push(buffer);
-            // Entries of dropped buffers go when the list would grow past twice the live ones
-            // (checking a weak reference's target is a pointer test, no Python code).
-            if list.len() >= 64 && list.len() == list.capacity() {
-                let (live, dead): (Vec<_>, Vec<_>) =
-                    std::mem::take(&mut *list).into_iter().partition(|w| w.bind(py).upgrade().is_some());
-                *list = live;
-                dead
-            } else {
-                Vec::new()
-            }
-        };
-        drop(dead);
+    fn list(&self, views: Weak<Mutex<Views>>) {
+        let mut list = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        // Entries of dropped buffers go when the list would grow past twice the live ones.
+        if list.len() >= 64 && list.len() == list.capacity() {
+            list.retain(|w| w.strong_count() > 0);
+        }
+        list.push(views);
     }
+}
+
+/// The lock of a buffer's [`Views`]: taken after the buffer's own, never before it, and held
+/// only briefly, with the GIL held.
+fn lock_views(views: &Mutex<Views>) -> MutexGuard<'_, Views> {
+    // Poisoning means a panic while it was held; every update is a single assignment.
+    views.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Drops the views in `views` nothing else references; how many.
+fn drop_unreferenced(py: Python<'_>, views: &Mutex<Views>) -> usize {
+    let dropped = lock_views(views).take_unreferenced(py);
+    let n = dropped.len();
+    // Dropped after the lock: dropping a view may run Python code.
+    drop(dropped);
+    n
 }
 
 /// Whether `object` has no reference but `held`.
@@ -767,20 +760,15 @@ fn only_reference(_py: Python<'_>, held: &Py<PyAny>) -> bool {
 /// many it dropped. Nothing happens when the interpreter cannot be entered (it is finalizing).
 /// Waiting for the interpreter here cannot deadlock: the spilling thread holds only storage
 /// locks, and no thread waits for a storage lock while it holds the interpreter
-/// ([`crate::lock`]); the fields' lock taken below is only ever held briefly, by threads that
+/// ([`crate::lock`]); the views' locks taken below are only ever held briefly, by threads that
 /// hold the interpreter.
 pub(crate) fn reclaim_kept_views() -> usize {
     Python::try_attach(|py| {
-        let buffers: Vec<Py<PyWeakrefReference>> = {
+        let caches: Vec<Arc<Mutex<Views>>> = {
             let list = KEPT.0.lock().unwrap_or_else(PoisonError::into_inner);
-            list.iter().map(|w| w.clone_ref(py)).collect()
+            list.iter().filter_map(Weak::upgrade).collect()
         };
-        buffers
-            .iter()
-            .filter_map(|w| w.bind(py).upgrade())
-            .filter_map(|b| b.cast_into::<UnifiedBuffer>().ok())
-            .map(|b| b.get().drop_unreferenced_views(py))
-            .sum()
+        caches.iter().map(|views| drop_unreferenced(py, views)).sum()
     })
     .unwrap_or(0)
 }
@@ -790,9 +778,9 @@ fn host_view<'py>(slf: &Bound<'py, UnifiedBuffer>) -> PyResult<Bound<'py, PyAny>
     let py = slf.py();
     let this = slf.get();
     let storage = this.storage_if(UnifiedBuffer::stale(Location::Host))?;
-    let cached = this.cached(py, |i| i.host_view.as_ref());
+    let cached = this.cached(py, Slot::Host);
     let array = storage.host_array(py, Access::Write, &this.shape, this.descr(py), cached.as_ref())?;
-    UnifiedBuffer::cache(slf, &array, Slot::Host, |i| &mut i.host_view);
+    this.cache_host(&array, Slot::Host);
     this.track_writable(py, &array)?;
     Ok(array)
 }
@@ -802,9 +790,9 @@ fn host_readonly_view<'py>(slf: &Bound<'py, UnifiedBuffer>) -> PyResult<Bound<'p
     let py = slf.py();
     let this = slf.get();
     let storage = this.storage_if(UnifiedBuffer::stale(Location::Host))?;
-    let cached = this.cached(py, |i| i.host_readonly_view.as_ref());
+    let cached = this.cached(py, Slot::HostReadonly);
     let array = storage.host_array(py, Access::Read, &this.shape, this.descr(py), cached.as_ref())?;
-    UnifiedBuffer::cache(slf, &array, Slot::HostReadonly, |i| &mut i.host_readonly_view);
+    this.cache_host(&array, Slot::HostReadonly);
     Ok(array)
 }
 
@@ -821,13 +809,13 @@ fn device_access<'py>(slf: &Bound<'py, UnifiedBuffer>, access: Access) -> PyResu
         if access != Access::Read {
             this.freeze_if_host_stale(py)?;
         }
-        let cached = this.cached(py, |i| i.host_view.as_ref());
+        let cached = this.cached(py, Slot::Host);
         // SAFETY: the address is this storage's host-device alias, from host_device_address;
         // shape and dtype are the buffer's own.
         let array = unsafe {
             storage.array_at(py, address, exposure, &this.shape, this.descr(py), true, cached.as_ref())
         }?;
-        UnifiedBuffer::cache(slf, &array, Slot::Host, |i| &mut i.host_view);
+        this.cache_host(&array, Slot::Host);
         return Ok(array);
     }
     // Before anything changes: a dtype the device object cannot hold.
@@ -846,7 +834,7 @@ fn device_access<'py>(slf: &Bound<'py, UnifiedBuffer>, access: Access) -> PyResu
     let key = handle.as_int();
     // A live cached view over this very handle holds its own exposure: this one is dropped.
     // With an upload in flight, it is ordered after that upload first.
-    let cached = this.cached(py, |i| i.device_view.as_ref().filter(|(k, _)| *k == key).map(|(_, v)| v));
+    let cached = this.cached_device(py, key);
     if let Some(view) = cached {
         crate::device_view::order_after_upload(py, &this.home, &view, ready)?;
         return Ok(view);
@@ -862,13 +850,7 @@ fn device_access<'py>(slf: &Bound<'py, UnifiedBuffer>, access: Access) -> PyResu
         this.elem.dtype,
         this.descr(py),
     )?;
-    let weak = PyWeakrefReference::new(&object).ok().map(|w| (key, w.unbind()));
-    let cached = weak.is_some();
-    let previous = std::mem::replace(&mut this.inner().device_view, weak);
-    drop(previous);
-    if cached {
-        this.keep(slf, &object, Slot::Device);
-    }
+    this.cache(py, |views| views.device.replace((key, object.clone().unbind())).map(|(_, v)| v));
     Ok(object)
 }
 
@@ -1466,15 +1448,20 @@ impl UnifiedBuffer {
             Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
             Err(TryLockError::WouldBlock) => return Ok(()),
         };
-        visit.call(&inner.host_view)?;
-        visit.call(&inner.host_readonly_view)?;
-        visit.call(inner.device_view.as_ref().map(|(_, v)| v))?;
         for (_, weak) in &inner.writable_views {
             visit.call(weak)?;
         }
-        visit.call(&inner.kept.host)?;
-        visit.call(&inner.kept.host_readonly)?;
-        visit.call(&inner.kept.device)?;
+        // The same rule for the views' lock, which is only held briefly too.
+        if let Some(views) = &inner.views {
+            let views = match views.try_lock() {
+                Ok(views) => views,
+                Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+                Err(TryLockError::WouldBlock) => return Ok(()),
+            };
+            visit.call(&views.host)?;
+            visit.call(&views.host_readonly)?;
+            visit.call(views.device.as_ref().map(|(_, v)| v))?;
+        }
         Ok(())
     }
 
@@ -1482,13 +1469,7 @@ impl UnifiedBuffer {
     fn __clear__(&self) {
         let dropped = {
             let mut inner = self.inner();
-            (
-                inner.host_view.take(),
-                inner.host_readonly_view.take(),
-                inner.device_view.take(),
-                std::mem::take(&mut inner.writable_views),
-                inner.kept.take_all(),
-            )
+            (inner.take_cached(), std::mem::take(&mut inner.writable_views))
         };
         drop(dropped);
     }
