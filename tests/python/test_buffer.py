@@ -158,6 +158,25 @@ def test_host_write_then_device_read_uploads_once_on_opencl(opencl_device):
     assert buf.transfer_stats()["device_to_host_copies"] == 1
 
 
+def test_pyopencl_arrays_of_changing_shapes_have_their_own_layout(pyopencl, opencl_device):
+    """PyOpenCL arrays share shape and stride tuples with the last array of the same shape and
+    item size (device_view.rs): each array, made in any order of shapes and dtypes, has its
+    own shape and NumPy's strides, and the data its buffer holds."""
+    layouts = [((4, 3), np.float32), ((4, 3), np.float64), ((3, 4), np.float32), ((4, 3), np.float32), (12, np.int16)]
+    views = []
+    for shape, dtype in layouts * 2:
+        data = np.arange(12, dtype=dtype).reshape(shape)
+        buf = UnifiedBuffer(shape, dtype, device=opencl_device)
+        buf.copy_from(data)
+        view = buf.device
+        expected = np.empty(shape, dtype)
+        assert (view.shape, view.strides, view.dtype) == (expected.shape, expected.strides, expected.dtype)
+        np.testing.assert_array_equal(view.get(), data)
+        views.append((view, data))
+    for view, data in views:  # the arrays made earlier kept their layout too
+        assert (view.shape, view.strides) == (data.shape, data.strides)
+
+
 def test_host_device_syncs_copy_nothing(host_device):
     buf = UnifiedBuffer(1000, device=host_device)
     buf.host[:] = 1.0

@@ -198,15 +198,7 @@ fn pyopencl_array<'py>(
     })?;
     let (queue, context) = pyopencl_queue(py, cl.bind(py).as_any(), queue)?;
     let size: usize = shape.iter().product();
-    let itemsize = descr.itemsize();
-    // C-contiguous strides, in bytes.
-    let mut strides = PerDim::<usize>::new(shape.len());
-    let strides = strides.as_mut_slice();
-    strides.fill(itemsize);
-    for i in (0..shape.len().saturating_sub(1)).rev() {
-        strides[i] = strides[i + 1] * shape[i + 1].max(1);
-    }
-    let shape = PyTuple::new(py, shape)?;
+    let (shape, strides) = LAST_LAYOUT.tuples(py, shape, descr.itemsize())?;
     if mem == 0 {
         // An empty buffer has no cl_mem; an empty PyOpenCL array allocates nothing either.
         return cla.getattr(interned!(py, "empty"))?.call1((queue, shape, descr));
@@ -222,7 +214,6 @@ fn pyopencl_array<'py>(
     // costs about 2,500 instructions (made, then unpacked again by the call). Else by keyword
     // (interned strings, which Python matches to parameters by identity); a PyOpenCL without
     // the fast constructor gets the checked one.
-    let strides = PyTuple::new(py, &*strides)?;
     if takes_fast_positionally(py, &array) {
         let none = py.None().into_bound(py);
         let arguments = [
@@ -258,6 +249,47 @@ fn pyopencl_array<'py>(
             array.call((queue, shape, descr), Some(&kwargs))
         }
         Err(err) => Err(err),
+    }
+}
+
+/// The shape and stride tuples of the last PyOpenCL array made, for the next one of the same
+/// shape and item size (tuples cannot change, so arrays can share them): a loop that makes
+/// buffers of one shape builds them once (about 300 instructions of a small batch's `.device`
+/// on PoCL; docs/BENCHMARKS.md). Taken only with the GIL held.
+static LAST_LAYOUT: LastLayout = LastLayout(Mutex::new(None));
+
+struct LastLayout(Mutex<Option<Layout>>);
+
+/// A shape and item size, and their tuples: the shape, and the C-contiguous strides in bytes.
+type Layout = (Vec<usize>, usize, Py<PyTuple>, Py<PyTuple>);
+
+impl LastLayout {
+    fn tuples<'py>(
+        &self,
+        py: Python<'py>,
+        shape: &[usize],
+        itemsize: usize,
+    ) -> PyResult<(Bound<'py, PyTuple>, Bound<'py, PyTuple>)> {
+        {
+            let last = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some((_, _, dims, strides)) =
+                last.as_ref().filter(|(s, i, ..)| s == shape && *i == itemsize)
+            {
+                return Ok((dims.bind(py).clone(), strides.bind(py).clone()));
+            }
+        }
+        let mut strides = PerDim::<usize>::new(shape.len());
+        let strides = strides.as_mut_slice();
+        strides.fill(itemsize);
+        for i in (0..shape.len().saturating_sub(1)).rev() {
+            strides[i] = strides[i + 1] * shape[i + 1].max(1);
+        }
+        let (dims, strides) = (PyTuple::new(py, shape)?, PyTuple::new(py, &*strides)?);
+        let entry = (shape.to_vec(), itemsize, dims.clone().unbind(), strides.clone().unbind());
+        let previous = self.0.lock().unwrap_or_else(PoisonError::into_inner).replace(entry);
+        // Dropped after the lock: releasing the last reference to an object may run Python code.
+        drop(previous);
+        Ok((dims, strides))
     }
 }
 

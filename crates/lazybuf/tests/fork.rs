@@ -418,6 +418,7 @@ fn process_wide_state_is_fork_aware_or_says_why_not() {
         ("../lazybuf-py/src/dtype.rs", "static LAST", "taken only with the GIL held"),
         ("../lazybuf-py/src/pool.rs", "static SHARED: Mutex", "taken only with the GIL held"),
         ("../lazybuf-py/src/device_view.rs", "static QUEUES: Mutex", "taken only with the GIL held"),
+        ("../lazybuf-py/src/device_view.rs", "static LAST_LAYOUT", "taken only with the GIL held"),
         ("../lazybuf-py/src/device_view.rs", "static CHECKED: Mutex", "taken only with the GIL held"),
         (
             "../lazybuf-py/src/mr.rs",
