@@ -453,6 +453,12 @@ pub fn with_pool_locked<R>(device: &Device, f: impl FnOnce() -> R) -> R {
     crate::resource::default_memory_pool(device).with_cache_locked(f)
 }
 
+/// Runs `f` while this thread holds the process-wide table of current resources (see
+/// [`with_pool_locked`]).
+pub fn with_current_resources_locked<R>(f: impl FnOnce() -> R) -> R {
+    crate::resource::with_current_resources_locked(f)
+}
+
 /// Runs `f` while this thread holds the process-wide table of default pools (see
 /// [`with_pool_locked`]).
 pub fn with_default_pools_locked<R>(f: impl FnOnce() -> R) -> R {

@@ -8,9 +8,10 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lazybuf::{Device, Error, UnifiedBuffer};
+use lazybuf::{Device, Error, MemoryResource, UnifiedBuffer};
 
 /// The child's exit statuses.
 const WORKED: i32 = 10;
@@ -347,6 +348,37 @@ fn a_child_forked_while_another_thread_holds_the_table_of_default_pools_works() 
     assert_eq!(status, Some(WORKED), "the child ended with {status:?} (None: it hung and was killed)");
 }
 
+/// Found open in the eighth session, fixed in the tenth: a child forked while another thread
+/// held the table of current resources (setting one, or looking one up to allocate) waited
+/// forever at its first buffer. The child now starts with a table of its own, with no current
+/// resource set, which it can set and use.
+#[test]
+fn a_child_forked_while_another_thread_holds_the_current_resources_works() {
+    fn resources_work() -> i32 {
+        let device = Device::host();
+        let chosen: Arc<dyn MemoryResource> = Arc::new(lazybuf::DirectResource);
+        // Nothing set in the child's fresh table; the child sets one and its buffers use it.
+        if lazybuf::resource::current_resource(&device).is_some() {
+            return WRONG_DATA;
+        }
+        lazybuf::resource::set_current_resource(&device, Some(chosen.clone()));
+        let set = lazybuf::resource::current_resource(&device).is_some_and(|r| Arc::ptr_eq(&r, &chosen));
+        if !set {
+            return WRONG_DATA;
+        }
+        host_buffer_works()
+    }
+    // The parent has a current resource set (so lookups take the table's lock), as it was.
+    let device = Device::host();
+    let parents: Arc<dyn MemoryResource> = Arc::new(lazybuf::DirectResource);
+    let before = lazybuf::resource::set_current_resource(&device, Some(parents.clone()));
+    let status = fork_while_held(lazybuf::testing::with_current_resources_locked, resources_work);
+    let kept = lazybuf::resource::current_resource(&device).is_some_and(|r| Arc::ptr_eq(&r, &parents));
+    lazybuf::resource::set_current_resource(&device, before);
+    assert_eq!(status, Some(WORKED), "the child ended with {status:?} (None: it hung and was killed)");
+    assert!(kept, "the parent keeps its current resource");
+}
+
 /// Spilling's process-wide locks (the candidates, the disk tier, the device ledgers), held by
 /// another thread at the fork: a child that shares a buffer, sets and reads a device limit and
 /// asks for the spill directory goes on without them (before, each would have waited forever).
@@ -400,7 +432,6 @@ fn process_wide_state_is_fork_aware_or_says_why_not() {
         ),
         ("observe/guard.rs", "static LOG_HOOK: RwLock", "written once, at the binding's import"),
         ("host_memory.rs", "static RESIZE: Mutex", "Windows only: no fork"),
-        ("resource/mod.rs", "ForkAwareOnce<Mutex<", "left: the current resources (ROADMAP)"),
         (
             "backend/cuda/mod.rs",
             "static ENQUEUE",

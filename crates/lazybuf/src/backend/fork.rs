@@ -28,7 +28,7 @@
 //! the copy of the memory, goes away with the child.
 
 use std::sync::atomic::AtomicBool;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
 /// How many times this process's line of ancestors forked since a runtime that does not
 /// survive `fork` was first opened in it (0 in the process that opened it).
@@ -243,6 +243,70 @@ impl<T: Default> Default for ForkAwareMutex<T> {
     }
 }
 
+/// Process-wide state behind a lock that a forked child can always take and change: a child
+/// that finds the lock held by a thread of a parent (see [`ForkAwareMutex`]) replaces the state
+/// with a fresh `T::default()` of its own and goes on with that. The parent's, caught in the
+/// middle of a change, is left behind (leaked: a few bytes, once per such child). For state a
+/// child can start without but must be able to set (the current memory resources: a child
+/// that finds their table held starts with none set); where the child should go on without the
+/// state instead, use [`ForkAwareMutex`].
+pub struct ForkAwareTable<T: 'static> {
+    /// The lock in use, made at the first [`Self::lock`]: a pointer from `Box::into_raw`,
+    /// never freed once stored (a replaced one stays reachable by threads that loaded it).
+    current: AtomicPtr<ForkAwareMutex<T>>,
+}
+
+impl<T: Default + 'static> ForkAwareTable<T> {
+    /// An empty table, for a `static`: its state is made at the first [`Self::lock`].
+    pub const fn new() -> Self {
+        ForkAwareTable { current: AtomicPtr::new(std::ptr::null_mut()) }
+    }
+
+    /// The state, waited for while a thread of this process holds it; a fresh one in a forked
+    /// child whose parent's thread held it at the fork.
+    pub fn lock(&self) -> std::sync::MutexGuard<'static, T> {
+        loop {
+            let (table, ptr) = self.table();
+            if let Some(guard) = table.lock() {
+                return guard;
+            }
+            // Orphaned here: replace it, unless a thread of this child already did.
+            let fresh = Box::into_raw(Box::new(ForkAwareMutex::new(T::default())));
+            if self.current.compare_exchange(ptr, fresh, Ordering::AcqRel, Ordering::Acquire).is_err() {
+                // SAFETY: `fresh` came from `Box::into_raw` just above and was never stored:
+                // nothing else can reach it.
+                drop(unsafe { Box::from_raw(fresh) });
+            }
+        }
+    }
+
+    /// The lock in use and its pointer, made now if there is none yet.
+    fn table(&self) -> (&'static ForkAwareMutex<T>, *mut ForkAwareMutex<T>) {
+        let mut ptr = self.current.load(Ordering::Acquire);
+        if ptr.is_null() {
+            let fresh = Box::into_raw(Box::new(ForkAwareMutex::new(T::default())));
+            ptr = match self.current.compare_exchange(ptr, fresh, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => fresh,
+                Err(made) => {
+                    // SAFETY: as in `lock`: `fresh` was never stored.
+                    drop(unsafe { Box::from_raw(fresh) });
+                    made
+                }
+            };
+        }
+        // SAFETY: every pointer stored in `current` comes from `Box::into_raw` and is never
+        // freed (replaced ones are leaked), so it is valid for the rest of the process; the
+        // Acquire load (or the exchange) saw the Release that published its contents.
+        (unsafe { &*ptr }, ptr)
+    }
+}
+
+impl<T: Default + 'static> Default for ForkAwareTable<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 #[cfg(all(test, unix))]
 mod tests {
     use super::ForkAwareMutex;
@@ -298,6 +362,36 @@ mod tests {
         assert_eq!(waiter.join().unwrap(), 1, "the waiting thread got the maker's value");
         assert_eq!(status, 1, "the child made its own value");
         assert_eq!(*ONCE.get_or_init(|| 3), 1, "the parent keeps its own");
+    }
+
+    #[test]
+    fn a_child_replaces_a_table_a_parents_thread_held_and_keeps_one_that_was_free() {
+        static HELD: super::ForkAwareTable<Vec<u32>> = super::ForkAwareTable::new();
+        static FREE: super::ForkAwareTable<Vec<u32>> = super::ForkAwareTable::new();
+        HELD.lock().push(1);
+        FREE.lock().push(2);
+        let (locked_tx, locked_rx) = mpsc::channel();
+        let (release_tx, release_rx) = mpsc::channel::<()>();
+        let holder = std::thread::spawn(move || {
+            let mut guard = HELD.lock();
+            guard.push(7); // in the middle of a change at the fork
+            locked_tx.send(()).unwrap();
+            release_rx.recv().unwrap();
+            guard.pop();
+        });
+        locked_rx.recv().unwrap();
+        let status = in_child(|| {
+            // A fresh table, which the child can change and find changed; the free one kept.
+            let fresh = HELD.lock().is_empty();
+            HELD.lock().push(5);
+            let changed = *HELD.lock() == [5];
+            let kept = *FREE.lock() == [2];
+            i32::from(fresh) * 100 + i32::from(changed) * 10 + i32::from(kept)
+        });
+        release_tx.send(()).unwrap();
+        holder.join().unwrap();
+        assert_eq!(status, 111, "100: a fresh table, 10: changed in the child, 1: the free one kept");
+        assert_eq!(*HELD.lock(), [1], "the parent keeps its own");
     }
 
     #[test]

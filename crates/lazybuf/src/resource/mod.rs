@@ -56,11 +56,11 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 pub use crate::backend::Block;
-use crate::backend::fork::ForkAwareMutex;
 use crate::backend::fork::ForkAwareOnce;
+use crate::backend::fork::{ForkAwareMutex, ForkAwareTable};
 use crate::backend::{DeviceMemory, MemoryKind, Ticket};
 use crate::coherence::DeviceId;
 use crate::device::{Device, Stream};
@@ -275,17 +275,16 @@ pub fn default_resource(device: &Device) -> Arc<dyn MemoryResource> {
 /// Whether any device has a current resource (so the common case skips the lock).
 static ANY_CURRENT: AtomicBool = AtomicBool::new(false);
 
-fn current_resources() -> &'static Mutex<HashMap<DeviceId, Arc<dyn MemoryResource>>> {
-    static CURRENT: ForkAwareOnce<Mutex<HashMap<DeviceId, Arc<dyn MemoryResource>>>> = ForkAwareOnce::new();
-    CURRENT.get_or_init(Mutex::default)
-}
+/// The current resources, per device. A forked child that finds the table held by a
+/// parent's thread (in the middle of a change) starts with none set ([`ForkAwareTable`]).
+static CURRENT: ForkAwareTable<HashMap<DeviceId, Arc<dyn MemoryResource>>> = ForkAwareTable::new();
 
 /// The resource set for `device` with [`set_current_resource`], if any.
 pub fn current_resource(device: &Device) -> Option<Arc<dyn MemoryResource>> {
     if !ANY_CURRENT.load(Ordering::Acquire) {
         return None;
     }
-    current_resources().lock().unwrap_or_else(PoisonError::into_inner).get(&device.id()).cloned()
+    CURRENT.lock().get(&device.id()).cloned()
 }
 
 /// Makes `resource` the one buffers and memory objects on `device` made from now on take
@@ -295,13 +294,21 @@ pub fn set_current_resource(
     device: &Device,
     resource: Option<Arc<dyn MemoryResource>>,
 ) -> Option<Arc<dyn MemoryResource>> {
-    let mut current = current_resources().lock().unwrap_or_else(PoisonError::into_inner);
+    let mut current = CURRENT.lock();
     let previous = match resource {
         Some(resource) => current.insert(device.id(), resource),
         None => current.remove(&device.id()),
     };
     ANY_CURRENT.store(!current.is_empty(), Ordering::Release);
     previous
+}
+
+#[cfg(feature = "testing")]
+/// Runs `f` while this thread holds the table of current resources
+/// ([`crate::testing::with_current_resources_locked`]).
+pub(crate) fn with_current_resources_locked<R>(f: impl FnOnce() -> R) -> R {
+    let _held = CURRENT.lock();
+    f()
 }
 
 #[cfg(feature = "testing")]
