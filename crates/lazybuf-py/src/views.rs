@@ -149,6 +149,14 @@ impl Exposure {
         storage
     }
 
+    /// Ends the exposure on a thread attached to the interpreter: a last reference to the
+    /// buffer's memory goes with the GIL released when transfers are in flight
+    /// ([`Storage::drop_last`]). Whatever holds an exposure and is dropped with the GIL held
+    /// ends it so (a plain drop there waited for the transfers with the GIL held).
+    pub(crate) fn end(self, py: Python<'_>) {
+        Storage::drop_last(py, self.into_storage());
+    }
+
     /// What is exposed.
     pub(crate) fn kind(&self) -> Exposed {
         self.kind
