@@ -17,6 +17,79 @@ N = 8
 DATA = np.arange(N, dtype=np.float32)
 
 
+def objects_converting_to(value, action):
+    """An array NumPy converts into float32 by calling each element's `__float__` (a
+    structured dtype whose one field holds objects), running `action()` each time: user code
+    inside a whole assignment's conversion."""
+
+    class Element:
+        def __float__(self):
+            action()
+            return float(value)
+
+    return np.array([(Element(),) for _ in range(N)], dtype=[("a", "O")])
+
+
+@pytest.mark.parametrize("selector", one_selector_per_backend())
+@pytest.mark.parametrize("stale_host", [False, True], ids=["host-current", "host-stale"])
+def test_a_whole_assignment_whose_conversion_frees_the_buffer_raises_as_any_assignment(selector, stale_host):
+    """`buf[:] = values` whose conversion ran `buf.free()`: the values went into the memory
+    the buffer had before the free, which it then dropped (UNINITIALIZED, zeros, no error).
+    The assignment through `.host` raised for the same thing; the one of every element, taken
+    when the host copy is stale (or the checker is on), did not. Both raise now, whatever the
+    state, and the buffer is as `free()` left it."""
+    buf = UnifiedBuffer((N,), dtype=np.float32, device=selector)
+    buf.copy_from(DATA)
+    buf.sync_to_device()
+    if stale_host:
+        buf.mark_device_dirty()
+    freed = []
+
+    def free_once():
+        if not freed:
+            freed.append(True)
+            buf.free()
+
+    with pytest.raises(ValueError, match="freed while NumPy converted"):
+        buf[:] = objects_converting_to(7, free_once)
+    assert buf.state == BufferState.UNINITIALIZED
+    np.testing.assert_array_equal(buf.to_numpy(), np.zeros(N, np.float32))
+    # The buffer is usable, and the same assignment without the free keeps its values.
+    buf[:] = objects_converting_to(7, lambda: None)
+    np.testing.assert_array_equal(buf.to_numpy(), np.full(N, 7, np.float32))
+
+
+@pytest.mark.parametrize("selector", one_selector_per_backend())
+def test_a_whole_assignment_whose_conversion_releases_the_buffer_raises_released(selector):
+    buf = UnifiedBuffer((N,), dtype=np.float32, device=selector)
+    buf.copy_from(DATA)
+    buf.sync_to_device()
+    buf.mark_device_dirty()
+    with pytest.raises(ValueError, match="released"):
+        buf[:] = objects_converting_to(7, buf.release)
+
+
+@pytest.mark.parametrize("selector", one_selector_per_backend())
+@pytest.mark.parametrize("stale_host", [False, True], ids=["host-current", "host-stale"])
+def test_a_whole_assignment_whose_conversion_uses_the_buffer_otherwise_keeps_the_values(selector, stale_host):
+    """What held: a conversion that syncs the buffer (or, when the assignment overwrites a
+    stale host copy, marks it) comes before the assignment, which then writes every element;
+    both copies read the values. (A mark in the conversion of an assignment through a current
+    host copy raises: `test_reentrant_conversions.py`.)"""
+    actions = ("sync_to_device", "sync_to_host") + (("mark_device_dirty",) if stale_host else ())
+    for action in actions:
+        buf = UnifiedBuffer((N,), dtype=np.float32, device=selector)
+        buf.copy_from(DATA)
+        buf.sync_to_device()
+        if stale_host:
+            buf.mark_device_dirty()
+        buf[:] = objects_converting_to(7, getattr(buf, action))
+        np.testing.assert_array_equal(buf.to_numpy(), np.full(N, 7, np.float32), err_msg=action)
+        buf.sync_to_device()
+        buf.mark_device_dirty()  # nothing wrote the device copy: it must hold the values too
+        np.testing.assert_array_equal(buf.to_numpy(), np.full(N, 7, np.float32), err_msg=action)
+
+
 def _cuda_double_loaded():
     try:
         lib = ctypes.CDLL("libcuda.so.1", mode=getattr(ctypes, "RTLD_NOLOAD", 4))

@@ -677,6 +677,12 @@ fn numpy_module(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
 /// buffer of at least one dimension. `value`: a NumPy array (not of objects, not a view of the
 /// buffer's own host block, which must see the sync's bytes) or a number. `None`: assign
 /// through `.host`, as NumPy does.
+///
+/// The conversion may run the user's code (an array of a structured dtype whose fields hold
+/// objects: their `__float__`), which may use the buffer, `free()` included: the memory
+/// returned is the one taken before it, which the caller checks is still the buffer's
+/// ([`kept_memory`]), as after NumPy's assignment through `.host` (written and dropped
+/// unchecked, the values were lost with no error: the fifteenth hostile pass).
 fn whole_assignment<'py>(
     this: &UnifiedBuffer,
     py: Python<'py>,
@@ -730,6 +736,22 @@ fn whole_assignment<'py>(
     let whole = np.call_method("empty", (PyTuple::new(py, this.shape.iter())?,), Some(&kwargs))?;
     whole.set_item(py.Ellipsis(), value)?;
     Ok(Some((storage, Whole::Array(whole.cast_into::<PyUntypedArray>()?))))
+}
+
+/// `storage`, the memory `buf[key] = value` took before NumPy converted the key or the value,
+/// if it is still the buffer's: else a `ValueError` (a `free()` meanwhile: the values would
+/// land in memory the buffer gave up) or the released error. The one check of both ways an
+/// assignment goes (through `.host`, or a [`whole_assignment`]).
+fn kept_memory<'a>(this: &UnifiedBuffer, storage: &'a Arc<Storage>) -> PyResult<&'a Arc<Storage>> {
+    let current = this.storage_unordered()?;
+    if !Arc::ptr_eq(storage, &current) {
+        return Err(PyValueError::new_err(
+            "buf[key] = value: the buffer's memory was freed while NumPy converted the key or \
+             the value (code the conversion ran, or another thread, called free()), so the \
+             assigned values were not kept; convert them before assigning",
+        ));
+    }
+    Ok(storage)
 }
 
 /// What a [`whole_assignment`] writes over the host copy.
@@ -1437,10 +1459,13 @@ impl UnifiedBuffer {
     /// is stale it is overwritten, not synced from the device first ([`whole_assignment`]).
     fn __setitem__(slf: &Bound<'_, Self>, key: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>) -> PyResult<()> {
         observed(slf.py(), Cause::access("__setitem__"), || {
+            // The conversion may have run the user's code too (`whole_assignment`).
             match whole_assignment(slf.get(), slf.py(), key, value)? {
-                Some((storage, Whole::Array(array))) => return storage.copy_from_array(&array),
+                Some((storage, Whole::Array(array))) => {
+                    return kept_memory(slf.get(), &storage)?.copy_from_array(&array);
+                }
                 Some((storage, Whole::Element(element))) => {
-                    return storage.overwrite_with(slf.py(), &element);
+                    return kept_memory(slf.get(), &storage)?.overwrite_with(slf.py(), &element);
                 }
                 None => {}
             }
@@ -1452,15 +1477,7 @@ impl UnifiedBuffer {
             // callback), which may use this buffer (as may another thread meanwhile): the write
             // must not land silently in a host copy stale by then, in memory the buffer gave up
             // (`free()`, `release()`), nor beside a device copy synced before it.
-            let current = slf.get().storage_unordered()?;
-            if !Arc::ptr_eq(&storage, &current) {
-                return Err(PyValueError::new_err(
-                    "buf[key] = value: the buffer's memory was freed while NumPy converted the key or \
-                     the value (code the conversion ran, or another thread, called free()), so the \
-                     assigned values were not kept; convert them before assigning",
-                ));
-            }
-            storage.settle_host_write(slf.py())
+            kept_memory(slf.get(), &storage)?.settle_host_write(slf.py())
         })
     }
 
