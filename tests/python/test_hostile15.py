@@ -30,19 +30,39 @@ def objects_converting_to(value, action):
     return np.array([(Element(),) for _ in range(N)], dtype=[("a", "O")])
 
 
-@pytest.mark.parametrize("selector", one_selector_per_backend())
-@pytest.mark.parametrize("stale_host", [False, True], ids=["host-current", "host-stale"])
-def test_a_whole_assignment_whose_conversion_frees_the_buffer_raises_as_any_assignment(selector, stale_host):
-    """`buf[:] = values` whose conversion ran `buf.free()`: the values went into the memory
-    the buffer had before the free, which it then dropped (UNINITIALIZED, zeros, no error).
-    The assignment through `.host` raised for the same thing; the one of every element, taken
-    when the host copy is stale (or the checker is on), did not. Both raise now, whatever the
-    state, and the buffer is as `free()` left it."""
+@pytest.fixture
+def checking():
+    before = lazybuf.checking()
+    lazybuf.set_checking(True)
+    yield
+    lazybuf.set_checking(before)
+
+
+def synchronized(selector):
     buf = UnifiedBuffer((N,), dtype=np.float32, device=selector)
     buf.copy_from(DATA)
     buf.sync_to_device()
-    if stale_host:
-        buf.mark_device_dirty()
+    assert buf.state == BufferState.SYNCHRONIZED
+    return buf
+
+
+def device_bytes(buf):
+    """What the device copy holds: declared current (nothing wrote it) and read back."""
+    if buf.state in (BufferState.HOST_DIRTY, BufferState.HOST_ONLY):
+        buf.sync_to_device()
+    buf.mark_device_dirty()
+    return buf.to_numpy()
+
+
+@pytest.mark.parametrize("selector", one_selector_per_backend())
+def test_a_whole_assignment_whose_conversion_frees_the_buffer_keeps_the_values(selector):
+    """`buf[:] = values` over a stale host copy (an overwrite of every element, the checker
+    on or off) whose conversion ran `buf.free()`: the values went into the memory the buffer
+    had before the free, which it then dropped (UNINITIALIZED, zeros, no error). The values
+    are converted before anything is written, so the free comes first: the memory the buffer
+    holds when they are written gets them."""
+    buf = synchronized(selector)
+    buf.mark_device_dirty()
     freed = []
 
     def free_once():
@@ -50,13 +70,11 @@ def test_a_whole_assignment_whose_conversion_frees_the_buffer_raises_as_any_assi
             freed.append(True)
             buf.free()
 
-    with pytest.raises(ValueError, match="freed while NumPy converted"):
-        buf[:] = objects_converting_to(7, free_once)
-    assert buf.state == BufferState.UNINITIALIZED
-    np.testing.assert_array_equal(buf.to_numpy(), np.zeros(N, np.float32))
-    # The buffer is usable, and the same assignment without the free keeps its values.
-    buf[:] = objects_converting_to(7, lambda: None)
+    buf[:] = objects_converting_to(7, free_once)
+    assert freed
+    assert buf.state == BufferState.HOST_ONLY
     np.testing.assert_array_equal(buf.to_numpy(), np.full(N, 7, np.float32))
+    np.testing.assert_array_equal(device_bytes(buf), np.full(N, 7, np.float32))
 
 
 @pytest.mark.parametrize("selector", one_selector_per_backend())
@@ -70,24 +88,70 @@ def test_a_whole_assignment_whose_conversion_releases_the_buffer_raises_released
 
 
 @pytest.mark.parametrize("selector", one_selector_per_backend())
-@pytest.mark.parametrize("stale_host", [False, True], ids=["host-current", "host-stale"])
-def test_a_whole_assignment_whose_conversion_uses_the_buffer_otherwise_keeps_the_values(selector, stale_host):
-    """What held: a conversion that syncs the buffer (or, when the assignment overwrites a
-    stale host copy, marks it) comes before the assignment, which then writes every element;
-    both copies read the values. (A mark in the conversion of an assignment through a current
-    host copy raises: `test_reentrant_conversions.py`.)"""
-    actions = ("sync_to_device", "sync_to_host") + (("mark_device_dirty",) if stale_host else ())
-    for action in actions:
-        buf = UnifiedBuffer((N,), dtype=np.float32, device=selector)
-        buf.copy_from(DATA)
-        buf.sync_to_device()
-        if stale_host:
-            buf.mark_device_dirty()
+def test_a_whole_assignment_whose_conversion_uses_the_buffer_otherwise_keeps_the_values(selector):
+    """What held: a conversion that marks or syncs the buffer comes before the assignment,
+    which then writes every element; both copies read the values."""
+    for action in ("sync_to_device", "sync_to_host", "mark_device_dirty"):
+        buf = synchronized(selector)
+        buf.mark_device_dirty()
         buf[:] = objects_converting_to(7, getattr(buf, action))
         np.testing.assert_array_equal(buf.to_numpy(), np.full(N, 7, np.float32), err_msg=action)
-        buf.sync_to_device()
-        buf.mark_device_dirty()  # nothing wrote the device copy: it must hold the values too
-        np.testing.assert_array_equal(buf.to_numpy(), np.full(N, 7, np.float32), err_msg=action)
+        np.testing.assert_array_equal(device_bytes(buf), np.full(N, 7, np.float32), err_msg=action)
+
+
+def counting_elements(actions):
+    """An array whose conversion into float32 calls `actions[k]()` (if any) at the k-th
+    element, then gives 50 + k; NumPy writes each element as it converts it, so an action
+    sees the elements before it written."""
+    calls = []
+
+    class Element:
+        def __float__(self):
+            k = len(calls)
+            calls.append(k)
+            if k in actions:
+                actions[k]()
+            return 50.0 + k
+
+    return np.array([(Element(),) for _ in range(4)], dtype=[("a", "O")])
+
+
+@pytest.mark.parametrize("selector", one_selector_per_backend())
+def test_an_assignment_that_fails_part_way_after_a_sync_leaves_no_copies_that_differ(selector):
+    """`buf[0:4] = values` whose conversion syncs the buffer at the second element and fails
+    at the third: NumPy had written the first two elements into the host copy, the second
+    after the sync, and the assignment raised without settling: SYNCHRONIZED, the device copy
+    without the second element (the host copy 51, the device copy 1). Now a failed assignment
+    settles what it wrote too: whatever the host copy holds, the device copy matches it once
+    synced."""
+    buf = synchronized(selector)
+
+    def fail():
+        raise ValueError("the user's conversion fails")
+
+    with pytest.raises(ValueError, match="conversion fails"):
+        buf[0:4] = counting_elements({1: buf.sync_to_device, 2: fail})
+    host = buf.to_numpy()
+    np.testing.assert_array_equal(host[4:], DATA[4:])
+    np.testing.assert_array_equal(device_bytes(buf), host)
+
+
+@pytest.mark.parametrize("selector", one_selector_per_backend())
+def test_a_host_read_in_the_middle_of_an_assignment_is_no_coherence_error(selector, checking):
+    """With the checker on, `buf[0:4] = values` whose conversion hands out `.device` at the
+    second element (a sync of the host copy as NumPy had written it so far) and reads the host
+    copy at the third: the read compared the copies, found the second element NumPy had
+    written since, and raised `CoherenceError` blaming a kernel's unmarked write (no kernel
+    ran; another thread's `.device` and host read in the middle of an assignment did the same).
+    The checker does not compare while lazybuf's own write through the host copy is landing;
+    afterwards the host copy holds the values and is the current one."""
+    buf = synchronized(selector)
+    seen = []
+    buf[0:4] = counting_elements({1: lambda: buf.device, 2: lambda: seen.append(buf.host_readonly[:4].copy())})
+    np.testing.assert_array_equal(buf.to_numpy()[:4], [50, 51, 52, 53])
+    np.testing.assert_array_equal(buf.to_numpy()[4:], DATA[4:])
+    np.testing.assert_array_equal(device_bytes(buf), buf.to_numpy())
+    assert len(seen) == 1
 
 
 def _cuda_double_loaded():

@@ -679,16 +679,17 @@ fn numpy_module(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
 /// through `.host`, as NumPy does.
 ///
 /// The conversion may run the user's code (an array of a structured dtype whose fields hold
-/// objects: their `__float__`), which may use the buffer, `free()` included: the memory
-/// returned is the one taken before it, which the caller checks is still the buffer's
-/// ([`kept_memory`]), as after NumPy's assignment through `.host` (written and dropped
-/// unchecked, the values were lost with no error: the fifteenth hostile pass).
+/// objects: their `__float__`), which may use the buffer, `free()` included. It writes
+/// nothing: the caller takes the buffer's memory once it is done, and an overwrite of every
+/// element with the converted values is right whatever the conversion did (after a `free()`,
+/// the new memory holds them). The memory taken before the conversion was written and then
+/// dropped by such a `free()`, the values lost with no error (the fifteenth hostile pass).
 fn whole_assignment<'py>(
     this: &UnifiedBuffer,
     py: Python<'py>,
     key: &Bound<'py, PyAny>,
     value: &Bound<'py, PyAny>,
-) -> PyResult<Option<(Arc<Storage>, Whole<'py>)>> {
+) -> PyResult<Option<Whole<'py>>> {
     let every_element = key.is(py.Ellipsis())
         || (!this.shape.is_empty()
             && key.cast::<pyo3::types::PySlice>().is_ok_and(|slice| {
@@ -714,8 +715,7 @@ fn whole_assignment<'py>(
             None
         }
     };
-    let storage = this.storage()?;
-    if !storage.assignment_overwrites(py, array)? {
+    if !this.storage()?.assignment_overwrites(py, array)? {
         return Ok(None);
     }
     let descr = this.descr(py);
@@ -728,20 +728,19 @@ fn whole_assignment<'py>(
         let element = np.call_method("empty", ((),), Some(&kwargs))?;
         element.set_item(py.Ellipsis(), value)?;
         let bytes: Vec<u8> = element.call_method0("tobytes")?.extract()?;
-        return Ok(Some((storage, Whole::Element(bytes))));
+        return Ok(Some(Whole::Element(bytes)));
     };
     if array.dtype().is_equiv_to(descr) && array.is_c_contiguous() && array.shape() == this.shape.as_slice() {
-        return Ok(Some((storage, Whole::Array(array.clone()))));
+        return Ok(Some(Whole::Array(array.clone())));
     }
     let whole = np.call_method("empty", (PyTuple::new(py, this.shape.iter())?,), Some(&kwargs))?;
     whole.set_item(py.Ellipsis(), value)?;
-    Ok(Some((storage, Whole::Array(whole.cast_into::<PyUntypedArray>()?))))
+    Ok(Some(Whole::Array(whole.cast_into::<PyUntypedArray>()?)))
 }
 
-/// `storage`, the memory `buf[key] = value` took before NumPy converted the key or the value,
-/// if it is still the buffer's: else a `ValueError` (a `free()` meanwhile: the values would
-/// land in memory the buffer gave up) or the released error. The one check of both ways an
-/// assignment goes (through `.host`, or a [`whole_assignment`]).
+/// `storage`, the memory `buf[key] = value` wrote through `.host` while NumPy converted the
+/// key or the value, if it is still the buffer's: else a `ValueError` (a `free()` meanwhile:
+/// the values landed in memory the buffer gave up) or the released error.
 fn kept_memory<'a>(this: &UnifiedBuffer, storage: &'a Arc<Storage>) -> PyResult<&'a Arc<Storage>> {
     let current = this.storage_unordered()?;
     if !Arc::ptr_eq(storage, &current) {
@@ -820,6 +819,11 @@ pub(crate) fn reclaim_kept_views() -> usize {
 
 /// `.host`'s body.
 fn host_view<'py>(slf: &Bound<'py, UnifiedBuffer>) -> PyResult<Bound<'py, PyAny>> {
+    host_view_of(slf).map(|(array, _)| array)
+}
+
+/// `.host`'s body, with the memory the array is of.
+fn host_view_of<'py>(slf: &Bound<'py, UnifiedBuffer>) -> PyResult<(Bound<'py, PyAny>, Arc<Storage>)> {
     let py = slf.py();
     let this = slf.get();
     let storage = this.storage_if(UnifiedBuffer::stale(Location::Host))?;
@@ -827,7 +831,7 @@ fn host_view<'py>(slf: &Bound<'py, UnifiedBuffer>) -> PyResult<Bound<'py, PyAny>
     let array = storage.host_array(py, Access::Write, &this.shape, this.descr(py), cached.as_ref())?;
     UnifiedBuffer::cache(slf, &array, Slot::Host, |i| &mut i.host_view);
     this.track_writable(py, &array)?;
-    Ok(array)
+    Ok((array, storage))
 }
 
 /// `.host_readonly`'s body.
@@ -1459,25 +1463,30 @@ impl UnifiedBuffer {
     /// is stale it is overwritten, not synced from the device first ([`whole_assignment`]).
     fn __setitem__(slf: &Bound<'_, Self>, key: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>) -> PyResult<()> {
         observed(slf.py(), Cause::access("__setitem__"), || {
-            // The conversion may have run the user's code too (`whole_assignment`).
+            // The memory is taken once the values are converted (`whole_assignment` says why).
             match whole_assignment(slf.get(), slf.py(), key, value)? {
-                Some((storage, Whole::Array(array))) => {
-                    return kept_memory(slf.get(), &storage)?.copy_from_array(&array);
-                }
-                Some((storage, Whole::Element(element))) => {
-                    return kept_memory(slf.get(), &storage)?.overwrite_with(slf.py(), &element);
+                Some(Whole::Array(array)) => return slf.get().storage()?.copy_from_array(&array),
+                Some(Whole::Element(element)) => {
+                    return slf.get().storage()?.overwrite_with(slf.py(), &element);
                 }
                 None => {}
             }
-            let host = host_view(slf)?;
-            let storage = slf.get().storage_unordered()?;
-            host.set_item(key, value)?;
+            let (host, storage) = host_view_of(slf)?;
+            storage.begin_host_write(slf.py())?;
             // NumPy converts `key` and `value` after `.host`'s access, and a conversion may run
             // the user's code (`__index__`, `__float__`, `__array__`, a finalizer, a weakref
             // callback), which may use this buffer (as may another thread meanwhile): the write
             // must not land silently in a host copy stale by then, in memory the buffer gave up
-            // (`free()`, `release()`), nor beside a device copy synced before it.
-            kept_memory(slf.get(), &storage)?.settle_host_write(slf.py())
+            // (`free()`, `release()`), nor beside a device copy synced before it. Also when
+            // NumPy raises: it may have written some elements first (a conversion that fails
+            // part way), which a sync meanwhile left beside a device copy without them
+            // (SYNCHRONIZED copies that differed: the fifteenth hostile pass).
+            let written = host.set_item(key, value);
+            let kept = kept_memory(slf.get(), &storage).map(drop);
+            let settled = storage.settle_host_write(slf.py(), kept.is_ok(), written.is_ok());
+            written?;
+            kept?;
+            settled
         })
     }
 

@@ -651,16 +651,33 @@ impl Storage {
         })
     }
 
-    /// After a write through the host copy that a host write access handed out, which
-    /// something may have changed meanwhile (code NumPy ran converting the assigned value, a
-    /// finalizer, another thread): if the host copy went stale, the write went to a copy that
-    /// is no longer the current one, and a `RuntimeError` says so; else the host copy, which
-    /// holds the write, is made the only current one again (an overwrite access: nothing is
-    /// copied or checked; it changes nothing unless another copy was made current from the
-    /// host copy before the write, a sync).
-    pub(crate) fn settle_host_write(&self, py: Python<'_>) -> PyResult<()> {
+    /// Opens a write through the host copy that a host write access handed out, which the
+    /// caller makes outside the lock (NumPy's assignment), for [`Self::settle_host_write`] to
+    /// close: until then the coherence checker does not compare the copies
+    /// ([`RawBuffer::begin_outside_host_write`]).
+    pub(crate) fn begin_host_write(&self, py: Python<'_>) -> PyResult<()> {
+        self.lock(py)?.begin_outside_host_write();
+        Ok(())
+    }
+
+    /// Closes the write [`Self::begin_host_write`] opened, which something may have changed
+    /// meanwhile (code NumPy ran converting the assigned value, a finalizer, another thread).
+    /// When `current` (this is still the buffer's memory): if the host copy went stale, the
+    /// write went to a copy that is no longer the current one, and a `RuntimeError` says so
+    /// (unless the write `succeeded` not: the caller raises its error); else the host copy,
+    /// which holds what was written, is made the only current one again (an overwrite access:
+    /// nothing is copied or checked; it changes nothing unless another copy was made current
+    /// from the host copy before the write, a sync).
+    pub(crate) fn settle_host_write(&self, py: Python<'_>, current: bool, succeeded: bool) -> PyResult<()> {
         let mut raw = self.lock(py)?;
+        raw.end_outside_host_write();
+        if !current {
+            return Ok(());
+        }
         if raw.residency(Location::Host) != Residency::Valid {
+            if !succeeded {
+                return Ok(());
+            }
             return Err(PyRuntimeError::new_err(
                 "buf[key] = value: the buffer's host copy went stale while NumPy converted the key \
                  or the value (code the conversion ran, or another thread, made another copy current: \
