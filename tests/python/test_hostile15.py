@@ -184,6 +184,8 @@ EXPORTS = {
     "array_interface": ("d = buf.__array_interface__", "buf.release()", "del buf"),
     # The same after free(): the export holds the earlier memory.
     "memoryview_free": ("m = memoryview(buf)", "buf.free()", "m.release()"),
+    # A DLPack consumer's deleter, which NumPy runs with the GIL held.
+    "dlpack": ("a = np.from_dlpack(buf)", "buf.release()", "del a"),
 }
 
 
@@ -201,6 +203,8 @@ def test_an_export_dropping_the_last_reference_with_a_transfer_in_flight_waits_w
         pytest.skip("a real CUDA driver: transfers cannot be held from a test")
     if backend == "opencl":
         pytest.importorskip("pyopencl")
+    if backend == "cuda" and export == "dlpack":
+        pytest.skip("NumPy imports no CUDA memory")
     take, give_up, drop = EXPORTS[export]
     code = f"""
 import ctypes, threading, time
@@ -229,3 +233,51 @@ print("dropped")
         pytest.fail("the export's drop waited for the transfer with the GIL held: the releasing thread never ran")
     assert done.returncode == 0, done.stderr
     assert "dropped" in done.stdout
+
+
+def test_a_call_whose_reference_is_the_last_after_another_thread_released_the_buffer_waits_without_the_gil():
+    """A method holds a reference to the buffer's memory for its call. Another thread's
+    `release()` meanwhile left it the last one, and the method, returning with a transfer in
+    flight (`sync_to_host_async()`), dropped it and waited for that transfer with the GIL
+    held: the thread that was to let the transfer finish never ran, and the program hung.
+    PoCL: PyOpenCL user events hold the queue (the first while the method waits for the
+    buffer's lock, the second behind the transfer it enqueues). In a subprocess."""
+    pytest.importorskip("pyopencl")
+    if not any(d.backend == "opencl" for d in lazybuf.get_accelerator().devices):
+        pytest.skip("no OpenCL device")
+    code = """
+import threading, time
+import numpy as np, lazybuf, pyopencl
+from lazybuf import UnifiedBuffer
+dev = [d for d in lazybuf.get_accelerator().devices if d.backend == "opencl"][0]
+queue = UnifiedBuffer(1, np.float32, device=dev).device.queue
+gate1, gate2 = pyopencl.UserEvent(queue.context), pyopencl.UserEvent(queue.context)
+buf = UnifiedBuffer(4096, np.float32, device=dev)  # 16 KiB: a copy of its own on PoCL
+buf.copy_from(np.ones(4096, np.float32))
+buf.sync_to_device()
+buf.mark_device_dirty()
+pyopencl.enqueue_marker(queue, wait_for=[gate1])
+reader = threading.Thread(target=buf.to_numpy)  # holds the buffer's lock, behind gate1
+reader.start()
+time.sleep(0.2)
+pyopencl.enqueue_marker(queue, wait_for=[gate2])
+syncer = threading.Thread(target=buf.sync_to_host_async)  # waits for the lock; its download goes behind gate2
+syncer.start()
+time.sleep(0.2)
+buf.release()
+def releaser():
+    time.sleep(0.2)
+    gate1.set_status(pyopencl.command_execution_status.COMPLETE)
+    time.sleep(0.3)
+    gate2.set_status(pyopencl.command_execution_status.COMPLETE)
+threading.Thread(target=releaser).start()
+reader.join()
+syncer.join()
+print("returned")
+"""
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the call's last reference waited for its transfer with the GIL held")
+    assert done.returncode == 0, done.stderr
+    assert "returned" in done.stdout

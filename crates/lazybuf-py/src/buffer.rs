@@ -164,29 +164,19 @@ pub(crate) struct Released {
 
 impl Drop for UnifiedBuffer {
     /// The buffer object's deallocation: its memory, when this was its last reference, is
-    /// dropped with the GIL released if transfers are in flight ([`Storage::drop_last`]).
-    ///
-    /// The exports' memories too: after `release()` or `free()` an export may hold the last
-    /// reference to an earlier memory (dropped with the GIL held, its wait for transfers in
-    /// flight hung a program whose other thread had to run for them: the fifteenth hostile
-    /// pass).
+    /// dropped with the GIL released if transfers are in flight ([`Storage::drop_last`]; the
+    /// memories of `exports`, after `release()` or `free()`, through `Storage`'s drop).
     fn drop(&mut self) {
         let inner = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
-        // Exposures only count atomically: ended first, they leave each memory's last
-        // reference to the loop below unless a view elsewhere holds it.
-        let mut held: Vec<Arc<Storage>> =
-            std::mem::take(&mut inner.exports).into_iter().map(Exposure::into_storage).collect();
-        held.extend(inner.storage.take());
-        if held.is_empty() {
-            return;
-        }
+        let Some(storage) = inner.storage.take() else { return };
+        // Exposures only count atomically: dropped here, they leave `storage` the last
+        // reference unless a view elsewhere holds the memory.
+        drop(std::mem::take(&mut inner.exports));
         // SAFETY: a `UnifiedBuffer` lives only inside its Python object, whose deallocation
         // (where its fields are dropped) runs with the interpreter attached to this thread;
         // `py` is used within this call.
         let py = unsafe { Python::assume_attached() };
-        for storage in held {
-            Storage::drop_last(py, storage);
-        }
+        Storage::drop_last(py, storage);
     }
 }
 

@@ -682,36 +682,19 @@ pub(crate) unsafe fn export_buffer(
 }
 
 /// Frees what [`export_buffer`] attached to `view` (the memory may go back to its pool now).
-/// An owner that is a buffer's [`Exposure`] holding the last reference to the buffer's memory
-/// (the buffer was released or freed while the export lived) lets it go through
-/// [`crate::views::Storage::drop_last`]: with the GIL released when transfers are in flight
-/// (dropped with the GIL held, its wait for them hung a program whose other thread had to run
-/// for them to finish: the fifteenth hostile pass).
 ///
 /// # Safety
-/// `view` must be a `Py_buffer` filled by [`export_buffer`], released once, from a
-/// `bf_releasebuffer` slot (the calling thread is attached to the interpreter).
+/// `view` must be a `Py_buffer` filled by [`export_buffer`], released once.
 pub(crate) unsafe fn release_buffer(view: *mut ffi::Py_buffer) {
     if view.is_null() {
         return;
     }
     // SAFETY: internal is the boxed export set by export_buffer (or null); taken once.
-    let export = unsafe {
+    unsafe {
         let internal = (*view).internal;
-        if internal.is_null() {
-            return;
+        if !internal.is_null() {
+            (*view).internal = ptr::null_mut();
+            drop(Box::from_raw(internal.cast::<BufferExport>()));
         }
-        (*view).internal = ptr::null_mut();
-        Box::from_raw(internal.cast::<BufferExport>())
-    };
-    let BufferExport { _owner: owner, .. } = *export;
-    match owner.downcast::<Exposure>() {
-        Ok(exposure) => {
-            // SAFETY: the caller's contract: a bf_releasebuffer slot, which CPython calls on
-            // a thread attached to the interpreter; `py` is used within this call.
-            let py = unsafe { Python::assume_attached() };
-            exposure.end(py);
-        }
-        Err(other) => drop(other),
     }
 }

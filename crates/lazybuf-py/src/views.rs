@@ -149,14 +149,6 @@ impl Exposure {
         storage
     }
 
-    /// Ends the exposure on a thread attached to the interpreter: a last reference to the
-    /// buffer's memory goes with the GIL released when transfers are in flight
-    /// ([`Storage::drop_last`]). Whatever holds an exposure and is dropped with the GIL held
-    /// ends it so (a plain drop there waited for the transfers with the GIL held).
-    pub(crate) fn end(self, py: Python<'_>) {
-        Storage::drop_last(py, self.into_storage());
-    }
-
     /// What is exposed.
     pub(crate) fn kind(&self) -> Exposed {
         self.kind
@@ -214,6 +206,39 @@ impl Drop for HostBlock {
             self.resource.deallocate_host(&self.device, block, Ticket::done());
         }
     }
+}
+
+impl Drop for Storage {
+    /// The last reference to a buffer's memory: the core buffer's drop waits for its transfers
+    /// in flight. On a thread holding the GIL that wait runs with the GIL released, so other
+    /// threads run meanwhile, one whose work a transfer waits for (a PyOpenCL user event, a
+    /// stream ordered after it) included: a drop that waited with the GIL held hung there.
+    /// Wherever the last reference goes: a buffer object's deallocation, `release()`, a view's
+    /// owner, an export released after the buffer let its memory go, the reference a method
+    /// holds for its call when another thread released the buffer meanwhile (the fifteenth
+    /// hostile pass: each hung), a DLPack deleter the consumer runs with the GIL held.
+    fn drop(&mut self) {
+        let raw = self.raw.get_mut();
+        if raw.is_busy() && holds_gil() {
+            // SAFETY: this thread holds the GIL (`holds_gil`); `py` is used within this call.
+            let py = unsafe { Python::assume_attached() };
+            // Waits for the transfers and lets the memory go; the core buffer's own drop then
+            // has nothing left to do.
+            py.detach(|| raw.release_memory());
+        }
+    }
+}
+
+/// Whether the calling thread holds the GIL: CPython's `PyGILState_Check`, which the limited
+/// API leaves out but every CPython since 3.4 exports with this signature, and whose answer is
+/// exact unless sub-interpreters were made (PyO3 modules refuse to load in them).
+fn holds_gil() -> bool {
+    unsafe extern "C" {
+        fn PyGILState_Check() -> c_int;
+    }
+    // SAFETY: both may be called from any thread at any time (CPython's documentation); the
+    // check runs only while the interpreter is initialized.
+    unsafe { pyo3::ffi::Py_IsInitialized() != 0 && PyGILState_Check() == 1 }
 }
 
 /// The address ranges of the frames buffers have adopted (start -> end), so that no two
@@ -312,9 +337,8 @@ impl Storage {
 
     /// Drops `storage`, a reference to a buffer's memory, on a thread holding the GIL: when it
     /// is the last and transfers are in flight (the core buffer's drop waits for them), with
-    /// the GIL released, so other threads run meanwhile, one whose work a transfer waits for
-    /// (a stream ordered after it) included (a drop that waited with the GIL held deadlocked
-    /// there).
+    /// the GIL released, so other threads run meanwhile. ([`Storage`]'s drop does the same for
+    /// a last reference dropped anywhere else with the GIL held; this one saves the check.)
     pub(crate) fn drop_last(py: Python<'_>, storage: Arc<Storage>) {
         let busy =
             Arc::strong_count(&storage) == 1 && storage.try_lock_raw().is_some_and(|raw| raw.is_busy());
