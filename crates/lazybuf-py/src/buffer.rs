@@ -174,7 +174,8 @@ pub(crate) struct Released {
 
 impl Drop for UnifiedBuffer {
     /// The buffer object's deallocation: its memory, when this was its last reference, is
-    /// dropped with the GIL released if transfers are in flight ([`Storage::drop_last`]).
+    /// dropped with the GIL released if transfers are in flight ([`Storage::drop_last`]; the
+    /// memories of `exports`, after `release()` or `free()`, through `Storage`'s drop).
     fn drop(&mut self) {
         let inner = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
         let Some(storage) = inner.storage.take() else { return };
@@ -651,12 +652,19 @@ fn numpy_module(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
 /// buffer of at least one dimension. `value`: a NumPy array (not of objects, not a view of the
 /// buffer's own host block, which must see the sync's bytes) or a number. `None`: assign
 /// through `.host`, as NumPy does.
+///
+/// The conversion may run the user's code (an array of a structured dtype whose fields hold
+/// objects: their `__float__`), which may use the buffer, `free()` included. It writes
+/// nothing: the caller takes the buffer's memory once it is done, and an overwrite of every
+/// element with the converted values is right whatever the conversion did (after a `free()`,
+/// the new memory holds them). The memory taken before the conversion was written and then
+/// dropped by such a `free()`, the values lost with no error (the fifteenth hostile pass).
 fn whole_assignment<'py>(
     this: &UnifiedBuffer,
     py: Python<'py>,
     key: &Bound<'py, PyAny>,
     value: &Bound<'py, PyAny>,
-) -> PyResult<Option<(Arc<Storage>, Whole<'py>)>> {
+) -> PyResult<Option<Whole<'py>>> {
     let every_element = key.is(py.Ellipsis())
         || (!this.shape.is_empty()
             && key.cast::<pyo3::types::PySlice>().is_ok_and(|slice| {
@@ -682,8 +690,7 @@ fn whole_assignment<'py>(
             None
         }
     };
-    let storage = this.storage()?;
-    if !storage.assignment_overwrites(py, array)? {
+    if !this.storage()?.assignment_overwrites(py, array)? {
         return Ok(None);
     }
     let descr = this.descr(py);
@@ -696,14 +703,29 @@ fn whole_assignment<'py>(
         let element = np.call_method("empty", ((),), Some(&kwargs))?;
         element.set_item(py.Ellipsis(), value)?;
         let bytes: Vec<u8> = element.call_method0("tobytes")?.extract()?;
-        return Ok(Some((storage, Whole::Element(bytes))));
+        return Ok(Some(Whole::Element(bytes)));
     };
     if array.dtype().is_equiv_to(descr) && array.is_c_contiguous() && array.shape() == this.shape.as_slice() {
-        return Ok(Some((storage, Whole::Array(array.clone()))));
+        return Ok(Some(Whole::Array(array.clone())));
     }
     let whole = np.call_method("empty", (PyTuple::new(py, this.shape.iter())?,), Some(&kwargs))?;
     whole.set_item(py.Ellipsis(), value)?;
-    Ok(Some((storage, Whole::Array(whole.cast_into::<PyUntypedArray>()?))))
+    Ok(Some(Whole::Array(whole.cast_into::<PyUntypedArray>()?)))
+}
+
+/// `storage`, the memory `buf[key] = value` wrote through `.host` while NumPy converted the
+/// key or the value, if it is still the buffer's: else a `ValueError` (a `free()` meanwhile:
+/// the values landed in memory the buffer gave up) or the released error.
+fn kept_memory<'a>(this: &UnifiedBuffer, storage: &'a Arc<Storage>) -> PyResult<&'a Arc<Storage>> {
+    let current = this.storage_unordered()?;
+    if !Arc::ptr_eq(storage, &current) {
+        return Err(PyValueError::new_err(
+            "buf[key] = value: the buffer's memory was freed while NumPy converted the key or \
+             the value (code the conversion ran, or another thread, called free()), so the \
+             assigned values were not kept; convert them before assigning",
+        ));
+    }
+    Ok(storage)
 }
 
 /// What a [`whole_assignment`] writes over the host copy.
@@ -775,6 +797,11 @@ pub(crate) fn reclaim_kept_views() -> usize {
 
 /// `.host`'s body.
 fn host_view<'py>(slf: &Bound<'py, UnifiedBuffer>) -> PyResult<Bound<'py, PyAny>> {
+    host_view_of(slf).map(|(array, _)| array)
+}
+
+/// `.host`'s body, with the memory the array is of.
+fn host_view_of<'py>(slf: &Bound<'py, UnifiedBuffer>) -> PyResult<(Bound<'py, PyAny>, Arc<Storage>)> {
     let py = slf.py();
     let this = slf.get();
     let storage = this.storage_if(UnifiedBuffer::stale(Location::Host))?;
@@ -782,7 +809,7 @@ fn host_view<'py>(slf: &Bound<'py, UnifiedBuffer>) -> PyResult<Bound<'py, PyAny>
     let array = storage.host_array(py, Access::Write, &this.shape, this.descr(py), cached.as_ref())?;
     this.cache_host(&array, Slot::Host);
     this.track_writable(py, &array)?;
-    Ok(array)
+    Ok((array, storage))
 }
 
 /// `.host_readonly`'s body.
@@ -1408,30 +1435,30 @@ impl UnifiedBuffer {
     /// is stale it is overwritten, not synced from the device first ([`whole_assignment`]).
     fn __setitem__(slf: &Bound<'_, Self>, key: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>) -> PyResult<()> {
         observed(slf.py(), Cause::access("__setitem__"), || {
+            // The memory is taken once the values are converted (`whole_assignment` says why).
             match whole_assignment(slf.get(), slf.py(), key, value)? {
-                Some((storage, Whole::Array(array))) => return storage.copy_from_array(&array),
-                Some((storage, Whole::Element(element))) => {
-                    return storage.overwrite_with(slf.py(), &element);
+                Some(Whole::Array(array)) => return slf.get().storage()?.copy_from_array(&array),
+                Some(Whole::Element(element)) => {
+                    return slf.get().storage()?.overwrite_with(slf.py(), &element);
                 }
                 None => {}
             }
-            let host = host_view(slf)?;
-            let storage = slf.get().storage_unordered()?;
-            host.set_item(key, value)?;
+            let (host, storage) = host_view_of(slf)?;
+            storage.begin_host_write(slf.py())?;
             // NumPy converts `key` and `value` after `.host`'s access, and a conversion may run
             // the user's code (`__index__`, `__float__`, `__array__`, a finalizer, a weakref
             // callback), which may use this buffer (as may another thread meanwhile): the write
             // must not land silently in a host copy stale by then, in memory the buffer gave up
-            // (`free()`, `release()`), nor beside a device copy synced before it.
-            let current = slf.get().storage_unordered()?;
-            if !Arc::ptr_eq(&storage, &current) {
-                return Err(PyValueError::new_err(
-                    "buf[key] = value: the buffer's memory was freed while NumPy converted the key or \
-                     the value (code the conversion ran, or another thread, called free()), so the \
-                     assigned values were not kept; convert them before assigning",
-                ));
-            }
-            storage.settle_host_write(slf.py())
+            // (`free()`, `release()`), nor beside a device copy synced before it. Also when
+            // NumPy raises: it may have written some elements first (a conversion that fails
+            // part way), which a sync meanwhile left beside a device copy without them
+            // (SYNCHRONIZED copies that differed: the fifteenth hostile pass).
+            let written = host.set_item(key, value);
+            let kept = kept_memory(slf.get(), &storage).map(drop);
+            let settled = storage.settle_host_write(slf.py(), kept.is_ok(), written.is_ok());
+            written?;
+            kept?;
+            settled
         })
     }
 

@@ -88,6 +88,11 @@ impl<T: Send> GilFreeMutex<T> {
         GilFreeMutex { value: Mutex::new(value), holder: AtomicU64::new(0), taken_in, what }
     }
 
+    /// The value, through exclusive access (no lock needed: its owner is being dropped).
+    pub(crate) fn get_mut(&mut self) -> &mut T {
+        self.value.get_mut().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// The lock at once if it is free; `None` if another thread (or this one) holds it.
     pub(crate) fn try_lock(&self) -> Option<GilFreeGuard<'_, T>> {
         match self.value.try_lock() {

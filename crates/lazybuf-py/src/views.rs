@@ -208,6 +208,39 @@ impl Drop for HostBlock {
     }
 }
 
+impl Drop for Storage {
+    /// The last reference to a buffer's memory: the core buffer's drop waits for its transfers
+    /// in flight. On a thread holding the GIL that wait runs with the GIL released, so other
+    /// threads run meanwhile, one whose work a transfer waits for (a PyOpenCL user event, a
+    /// stream ordered after it) included: a drop that waited with the GIL held hung there.
+    /// Wherever the last reference goes: a buffer object's deallocation, `release()`, a view's
+    /// owner, an export released after the buffer let its memory go, the reference a method
+    /// holds for its call when another thread released the buffer meanwhile (the fifteenth
+    /// hostile pass: each hung), a DLPack deleter the consumer runs with the GIL held.
+    fn drop(&mut self) {
+        let raw = self.raw.get_mut();
+        if raw.is_busy() && holds_gil() {
+            // SAFETY: this thread holds the GIL (`holds_gil`); `py` is used within this call.
+            let py = unsafe { Python::assume_attached() };
+            // Waits for the transfers and lets the memory go; the core buffer's own drop then
+            // has nothing left to do.
+            py.detach(|| raw.release_memory());
+        }
+    }
+}
+
+/// Whether the calling thread holds the GIL: CPython's `PyGILState_Check`, which the limited
+/// API leaves out but every CPython since 3.4 exports with this signature, and whose answer is
+/// exact unless sub-interpreters were made (PyO3 modules refuse to load in them).
+fn holds_gil() -> bool {
+    unsafe extern "C" {
+        fn PyGILState_Check() -> c_int;
+    }
+    // SAFETY: both may be called from any thread at any time (CPython's documentation); the
+    // check runs only while the interpreter is initialized.
+    unsafe { pyo3::ffi::Py_IsInitialized() != 0 && PyGILState_Check() == 1 }
+}
+
 /// The address ranges of the frames buffers have adopted (start -> end), so that no two
 /// buffers ever adopt the same bytes. Fork-aware (a frame is given back by a buffer's drop,
 /// also without the GIL): `None` in a forked child whose parent's thread held it at the fork,
@@ -304,9 +337,8 @@ impl Storage {
 
     /// Drops `storage`, a reference to a buffer's memory, on a thread holding the GIL: when it
     /// is the last and transfers are in flight (the core buffer's drop waits for them), with
-    /// the GIL released, so other threads run meanwhile, one whose work a transfer waits for
-    /// (a stream ordered after it) included (a drop that waited with the GIL held deadlocked
-    /// there).
+    /// the GIL released, so other threads run meanwhile. ([`Storage`]'s drop does the same for
+    /// a last reference dropped anywhere else with the GIL held; this one saves the check.)
     pub(crate) fn drop_last(py: Python<'_>, storage: Arc<Storage>) {
         let busy =
             Arc::strong_count(&storage) == 1 && storage.try_lock_raw().is_some_and(|raw| raw.is_busy());
@@ -643,16 +675,33 @@ impl Storage {
         })
     }
 
-    /// After a write through the host copy that a host write access handed out, which
-    /// something may have changed meanwhile (code NumPy ran converting the assigned value, a
-    /// finalizer, another thread): if the host copy went stale, the write went to a copy that
-    /// is no longer the current one, and a `RuntimeError` says so; else the host copy, which
-    /// holds the write, is made the only current one again (an overwrite access: nothing is
-    /// copied or checked; it changes nothing unless another copy was made current from the
-    /// host copy before the write, a sync).
-    pub(crate) fn settle_host_write(&self, py: Python<'_>) -> PyResult<()> {
+    /// Opens a write through the host copy that a host write access handed out, which the
+    /// caller makes outside the lock (NumPy's assignment), for [`Self::settle_host_write`] to
+    /// close: until then the coherence checker does not compare the copies
+    /// ([`RawBuffer::begin_outside_host_write`]).
+    pub(crate) fn begin_host_write(&self, py: Python<'_>) -> PyResult<()> {
+        self.lock(py)?.begin_outside_host_write();
+        Ok(())
+    }
+
+    /// Closes the write [`Self::begin_host_write`] opened, which something may have changed
+    /// meanwhile (code NumPy ran converting the assigned value, a finalizer, another thread).
+    /// When `current` (this is still the buffer's memory): if the host copy went stale, the
+    /// write went to a copy that is no longer the current one, and a `RuntimeError` says so
+    /// (unless the write `succeeded` not: the caller raises its error); else the host copy,
+    /// which holds what was written, is made the only current one again (an overwrite access:
+    /// nothing is copied or checked; it changes nothing unless another copy was made current
+    /// from the host copy before the write, a sync).
+    pub(crate) fn settle_host_write(&self, py: Python<'_>, current: bool, succeeded: bool) -> PyResult<()> {
         let mut raw = self.lock(py)?;
+        raw.end_outside_host_write();
+        if !current {
+            return Ok(());
+        }
         if raw.residency(Location::Host) != Residency::Valid {
+            if !succeeded {
+                return Ok(());
+            }
             return Err(PyRuntimeError::new_err(
                 "buf[key] = value: the buffer's host copy went stale while NumPy converted the key \
                  or the value (code the conversion ran, or another thread, made another copy current: \

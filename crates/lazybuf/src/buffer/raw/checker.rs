@@ -28,6 +28,12 @@ impl RawBuffer {
         if self.inflight.iter().any(into_device) {
             self.settle(into_device)?;
         }
+        if self.outside_host_writes > 0 {
+            // A write through the host copy is landing outside the lock, and a sync meanwhile
+            // may have copied the host copy before it: the copies may differ until it ends
+            // (`begin_outside_host_write`), which no kernel caused.
+            return Ok(());
+        }
         let n = self.nbytes;
         let Some(host) = self.host.as_ref() else { return Ok(()) };
         let mut scratch = Vec::new();

@@ -90,6 +90,9 @@ pub struct RawBuffer {
     planned: Option<observed::Planned>,
     /// The state events recorded for this buffer ([`observed`]).
     state_events: observed::StateEvents,
+    /// Writes through the host copy made outside the buffer's lock that are open
+    /// ([`Self::begin_outside_host_write`]): the coherence checker does not compare meanwhile.
+    outside_host_writes: u32,
 }
 
 impl RawBuffer {
@@ -126,6 +129,7 @@ impl RawBuffer {
             on_disk: None,
             planned: None,
             state_events: observed::StateEvents::default(),
+            outside_host_writes: 0,
         }
     }
 
@@ -269,6 +273,23 @@ impl RawBuffer {
             )?;
         op.reported = true;
         Some(err)
+    }
+
+    /// Opens a write through the host copy that the caller makes outside this buffer's lock,
+    /// after a host write access, and closes with [`Self::end_outside_host_write`] (calls nest):
+    /// the Python binding's `buf[key] = value`, where NumPy writes the host copy after
+    /// converting the value, which may run the user's code, while other threads may sync. A
+    /// sync meanwhile can copy the host copy before the write lands, so the copies may differ
+    /// until the caller's end makes the host copy the only current one again (an
+    /// [`Access::Overwrite`]): until then the coherence checker does not compare them (it
+    /// blamed a kernel for the difference: the fifteenth hostile pass).
+    pub fn begin_outside_host_write(&mut self) {
+        self.outside_host_writes = self.outside_host_writes.saturating_add(1);
+    }
+
+    /// Closes a write opened by [`Self::begin_outside_host_write`].
+    pub fn end_outside_host_write(&mut self) {
+        self.outside_host_writes = self.outside_host_writes.saturating_sub(1);
     }
 
     /// Whether transfers of this buffer are in flight (not yet settled).
