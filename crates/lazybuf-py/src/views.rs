@@ -230,8 +230,10 @@ impl Drop for Storage {
 }
 
 /// Whether the calling thread holds the GIL: CPython's `PyGILState_Check`, which the limited
-/// API leaves out but every CPython since 3.4 exports with this signature, and whose answer is
-/// exact unless sub-interpreters were made (PyO3 modules refuse to load in them).
+/// API leaves out but every CPython since 3.4 exports with this signature (resolved when the
+/// extension is loaded, from the interpreter's own symbols), and whose answer is exact unless
+/// sub-interpreters were made (PyO3 modules refuse to load in them).
+#[cfg(not(windows))]
 fn holds_gil() -> bool {
     unsafe extern "C" {
         fn PyGILState_Check() -> c_int;
@@ -239,6 +241,14 @@ fn holds_gil() -> bool {
     // SAFETY: both may be called from any thread at any time (CPython's documentation); the
     // check runs only while the interpreter is initialized.
     unsafe { pyo3::ffi::Py_IsInitialized() != 0 && PyGILState_Check() == 1 }
+}
+
+/// On Windows an abi3 extension links against `python3.dll`, which exports the limited API
+/// only: `PyGILState_Check` would not link. Not known there, so [`Storage`]'s drop waits as the
+/// core's drop does ([`Storage::drop_last`] still releases the GIL where the caller holds it).
+#[cfg(windows)]
+fn holds_gil() -> bool {
+    false
 }
 
 /// The address ranges of the frames buffers have adopted (start -> end), so that no two
