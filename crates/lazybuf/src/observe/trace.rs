@@ -393,6 +393,7 @@ pub(crate) fn record_pool(hit: bool, device: &Device, bytes: usize) {
 }
 
 /// A buffer's state transition (none when `from == to`).
+#[inline]
 pub(crate) fn record_state(buffer: u64, from: BufferState, to: BufferState, call: Call) {
     if from != to {
         emit(|local| Raw::State { buffer, from, to, call: local.call(call.resolve(local).call) });

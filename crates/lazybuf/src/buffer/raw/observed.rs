@@ -121,7 +121,7 @@ impl RawBuffer {
         // Every plan is committed or aborted before the buffer's next one.
         debug_assert!(self.planned.is_none(), "buffer {}: a plan was left behind", self.id);
         if observe::guarding() {
-            self.guard_plan(plan, device, observe::cause_or(*default))?;
+            self.guard_plan(plan, device, *default)?;
         }
         let epoch = observe::emit_epoch();
         let before = match epoch {
@@ -180,9 +180,12 @@ impl RawBuffer {
         self.state_events = StateEvents { count, last: after, epoch: Some(epoch) };
     }
 
-    /// The guard's look at `plan`'s copies (see [`Self::observe_plan`]).
+    /// The guard's look at `plan`'s copies (see [`Self::observe_plan`]), as the running call's
+    /// (else as `default`). Out of line: the recorder's path keeps no frame for it.
     #[cold]
-    fn guard_plan(&self, plan: &Plan, device: Option<&Device>, cause: Cause) -> Result<()> {
+    #[inline(never)]
+    fn guard_plan(&self, plan: &Plan, device: Option<&Device>, default: Cause) -> Result<()> {
+        let cause = observe::cause_or(default);
         let copies: Vec<TransferInfo> = plan
             .steps()
             .iter()
