@@ -245,13 +245,18 @@ fn in_thread_state<R, F: FnOnce() -> R>(f: F, run: impl FnOnce(&record::Local, F
     if !active() {
         return f();
     }
+    // `f` stays here until the thread's state is known to be there (one `Option` around the
+    // result, not two: the result is moved once less).
     let mut f = Some(f);
-    if let Some(done) = record::with_local(|l| f.take().map(|f| run(l, f))).flatten() {
-        return done;
-    }
-    match f {
-        Some(f) => f(),
-        None => unreachable!("with_local ran its closure, which returned f's result"),
+    match record::with_local(|l| match f.take() {
+        Some(f) => run(l, f),
+        None => unreachable!("with_local runs its closure once"),
+    }) {
+        Some(done) => done,
+        None => match f {
+            Some(f) => f(),
+            None => unreachable!("with_local did not run its closure, which takes f"),
+        },
     }
 }
 
