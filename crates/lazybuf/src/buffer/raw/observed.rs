@@ -111,7 +111,7 @@ impl RawBuffer {
     /// Shows the copies of `plan` (an access at the device `device`, or the host) to the
     /// guard, before any of them runs: its refusal is returned and nothing has changed. Only
     /// called while [`observe::active`].
-    #[inline]
+    #[inline(always)]
     pub(super) fn observe_plan(
         &mut self,
         plan: &Plan,
