@@ -84,11 +84,19 @@ fn queue_logged(copy: &core::TransferInfo, level: GuardLevel) {
 /// order they were logged. Called with the GIL and none of lazybuf's locks held. A handler's
 /// exception is reported as unraisable (`sys.unraisablehook`), never raised from the lazybuf
 /// call whose copy it logs.
+#[inline]
 pub fn hand_logged_to_python(py: Python<'_>) {
-    // A load first: the common case (nothing logged) writes nothing shared.
-    if !LOGGED_WAITING.load(Ordering::Acquire) {
-        return;
+    // A load first, inline in each observed call: the common case (nothing logged) writes
+    // nothing shared and calls nothing.
+    if LOGGED_WAITING.load(Ordering::Acquire) {
+        hand_waiting_lines(py);
     }
+}
+
+/// [`hand_logged_to_python`] when lines may be waiting.
+#[cold]
+#[inline(never)]
+fn hand_waiting_lines(py: Python<'_>) {
     thread_local! {
         /// This thread is handing lines to `logging`: a handler that calls lazybuf does not
         /// hand its own copies' lines from inside (they wait for the next return, so a handler

@@ -366,7 +366,17 @@ impl Coherence {
     #[inline]
     pub fn state(&self, device: Location) -> BufferState {
         use Residency::*;
-        match (self.residency(Location::Host), self.residency(device)) {
+        // One pass over the entries (the recorder looks the state up on every change).
+        let (mut host, mut here) = (Unallocated, Unallocated);
+        for &(loc, r) in self.entries.iter() {
+            if loc == Location::Host {
+                host = r;
+            }
+            if loc == device {
+                here = r;
+            }
+        }
+        match (host, here) {
             (Valid, Valid) => BufferState::Synchronized,
             (Valid, Stale) => BufferState::HostDirty,
             (Valid, Unallocated) => BufferState::HostOnly,

@@ -37,25 +37,31 @@ pub mod trace;
 mod tracing_events;
 
 use std::fmt;
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::Result;
 
 /// Bits of [`ACTIVE`].
-const GUARD_BIT: u8 = 1;
-const TRACE_BIT: u8 = 2;
+const GUARD_BIT: u64 = 1;
+const TRACE_BIT: u64 = 2;
 /// `LAZYBUF_TRANSFER_GUARD` not read yet: the first hook reads it.
-const ENV_BIT: u8 = 4;
+const ENV_BIT: u64 = 4;
 /// Events go to the `tracing` crate ([`set_tracing_events`]).
-const TRACING_BIT: u8 = 8;
+const TRACING_BIT: u64 = 8;
+/// The bits above; the rest of [`ACTIVE`] counts the times events were turned on or off
+/// ([`EmitEpoch`]).
+const FLAGS: u64 = 0xff;
+const EMIT_BITS: u64 = TRACE_BIT | TRACING_BIT;
+const EPOCH_UNIT: u64 = 1 << 8;
 
-/// Whether any hook has work to do (bits above). Written under [`guard::STATE`]'s lock.
-static ACTIVE: AtomicU8 = AtomicU8::new(ENV_BIT);
+/// Whether any hook has work to do (bits above), and the emit epoch. Written under
+/// [`guard::STATE`]'s lock or the recorder's.
+static ACTIVE: AtomicU64 = AtomicU64::new(ENV_BIT);
 
 /// Whether the guard or the recorder may have something to do: the copy path's one check.
 #[inline(always)]
 pub fn active() -> bool {
-    ACTIVE.load(Ordering::Relaxed) != 0
+    ACTIVE.load(Ordering::Relaxed) & FLAGS != 0
 }
 
 /// Whether the recorder runs.
@@ -74,7 +80,23 @@ pub(crate) fn guarding() -> bool {
 /// Whether events are wanted: the recorder runs, or they go to `tracing`.
 #[inline(always)]
 pub(crate) fn emitting() -> bool {
-    ACTIVE.load(Ordering::Relaxed) & (TRACE_BIT | TRACING_BIT) != 0
+    ACTIVE.load(Ordering::Relaxed) & EMIT_BITS != 0
+}
+
+/// The stretch of time events have been wanted in without a break, while they are: a new one
+/// each time the recorder or the `tracing` events start or stop (`None` while no event is
+/// wanted). Read from the same atomic as [`emitting`], so a thread that saw events off (and
+/// let a change go unrecorded) never sees an earlier epoch again: a buffer whose last state
+/// event was recorded in the epoch that runs now has had every change since recorded, and
+/// its state is where that event ended (`buffer/raw/observed.rs`, `StateEvents`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct EmitEpoch(u64);
+
+/// The current [`EmitEpoch`], `None` while events are not wanted.
+#[inline(always)]
+pub(crate) fn emit_epoch() -> Option<EmitEpoch> {
+    let word = ACTIVE.load(Ordering::Relaxed);
+    (word & EMIT_BITS != 0).then_some(EmitEpoch(word >> 8))
 }
 
 /// Sends every event the recorder would record (copies, allocations, frees, pool lookups,
@@ -108,12 +130,16 @@ pub(crate) fn with_recorder_locked<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
 
-fn set_bit(bit: u8, on: bool) {
-    if on {
-        ACTIVE.fetch_or(bit, Ordering::Relaxed);
-    } else {
-        ACTIVE.fetch_and(!bit, Ordering::Relaxed);
-    }
+/// Sets or clears `bit` of [`ACTIVE`]; a change of whether events are wanted (or by whom)
+/// starts a new [`EmitEpoch`].
+fn set_bit(bit: u64, on: bool) {
+    let update = |word: u64| {
+        let flags = if on { word | bit } else { word & !bit };
+        let changed = (flags ^ word) & EMIT_BITS != 0;
+        Some(if changed { flags.wrapping_add(EPOCH_UNIT) } else { flags })
+    };
+    // The closure never refuses: `fetch_update` returns Ok.
+    let _ = ACTIVE.fetch_update(Ordering::AcqRel, Ordering::Relaxed, update);
 }
 
 static NEXT_BUFFER: AtomicU64 = AtomicU64::new(1);
@@ -219,13 +245,18 @@ fn in_thread_state<R, F: FnOnce() -> R>(f: F, run: impl FnOnce(&record::Local, F
     if !active() {
         return f();
     }
+    // `f` stays here until the thread's state is known to be there (one `Option` around the
+    // result, not two: the result is moved once less).
     let mut f = Some(f);
-    if let Some(done) = record::with_local(|l| f.take().map(|f| run(l, f))).flatten() {
-        return done;
-    }
-    match f {
-        Some(f) => f(),
-        None => unreachable!("with_local ran its closure, which returned f's result"),
+    match record::with_local(|l| match f.take() {
+        Some(f) => run(l, f),
+        None => unreachable!("with_local runs its closure once"),
+    }) {
+        Some(done) => done,
+        None => match f {
+            Some(f) => f(),
+            None => unreachable!("with_local did not run its closure, which takes f"),
+        },
     }
 }
 

@@ -4,18 +4,21 @@
 //! An event names its devices by number (a [`crate::coherence::DeviceId`]'s, 0 for the host)
 //! and its call by an interned number; the names are registered once per device or call (a
 //! per-thread cache remembers which are) and looked up only when a trace is exported
-//! ([`names`]). Each recording thread writes its events into a chunk of its own, [`CHUNK`]
-//! events of [`WORDS`] relaxed atomic words each, publishing each with one release store of
-//! the chunk's length: no lock, no allocation, no read-modify-write per event. A full chunk is
-//! decoded into the session's ring under the global lock ([`flush`]); so are a thread's events
-//! when it exits. [`collect`] (snapshot and stop) reads the ring and every registered thread's
+//! ([`names`]). Each recording thread writes its events into a chunk of its own,
+//! [`CHUNK_WORDS`] relaxed atomic words in which events are staged back to back, each taking
+//! only the words its kind uses (3 for a state transition, at most [`WORDS`] for a copy), and
+//! publishes each with one release store of the chunk's length: no lock, no allocation, no
+//! read-modify-write per event. The hooks inline the staging ([`Local::push`]), so an event's
+//! fields go straight into its words. A full chunk is copied, still encoded, into the
+//! session's ring under the global lock ([`Local::flush`]); so are a thread's events when it
+//! exits. [`collect`] (snapshot and stop) reads the ring and every registered thread's
 //! unflushed events under that lock, and merges them by timestamp (a thread's events keep
 //! their order: the sort is stable and a thread's clock never goes back).
 //!
 //! Each session has a generation number: a thread whose chunk belongs to an older session
 //! takes a new chunk at its next event (the old one is dropped). [`end`] (the recorder's stop)
 //! drops the chunk of the thread that stops it; another thread that recorded keeps its last
-//! chunk (at most `CHUNK * WORDS * 8` bytes) until its next recorded event or its exit:
+//! chunk (`CHUNK_WORDS * 8` bytes) until its next recorded event or its exit:
 //! nothing else of the recorder exists while it is off.
 //!
 //! Events that carry a stack (a binding's, or the Rust backtrace) take a slow path: the
@@ -48,10 +51,10 @@ use crate::backend::fork::ForkAwareOnce;
 use crate::coherence::BufferState;
 use crate::device::Device;
 
-/// Words per staged event.
+/// Words of the largest staged event (a copy's; most kinds take 3 to 5).
 pub(super) const WORDS: usize = 9;
-/// Events per thread chunk.
-pub(super) const CHUNK: usize = 64;
+/// Words per thread chunk (64 of the largest events).
+pub(super) const CHUNK_WORDS: usize = 64 * WORDS;
 
 /// A device in a record: a `DeviceId`'s number, [`HOST`], or a device known only by name
 /// (`NAMED | n`, copies reported through [`super::transfer`]).
@@ -158,17 +161,31 @@ impl Raw {
     }
 
     /// Word 0 is the time; word 1 the tag (bits 0..8), small fields (8..32) and the call
-    /// (32..64); the rest per kind.
+    /// (32..64); the rest per kind. Returns the words and how many the kind uses.
     #[inline(always)]
-    fn encode(self, time: u64) -> [u64; WORDS] {
+    fn encode(self, time: u64) -> ([u64; WORDS], usize) {
         let mut w = [0u64; WORDS];
-        self.write(time, |i, value| w[i] = value);
-        w
+        let used = self.write(time, |i, value| w[i] = value);
+        (w, used)
     }
 
-    /// Gives each word the kind uses to `put` (index, value), [`Self::encode`]'s layout;
-    /// returns how many words that is. The words after them are neither written when staged
-    /// nor read by [`Self::decode`] (a slot keeps an earlier event's words there).
+    /// How many words this kind stages ([`Self::write`]).
+    #[inline(always)]
+    fn words(&self) -> usize {
+        match self {
+            Raw::Transfer { .. } => words_of(T_TRANSFER),
+            Raw::Allocate { .. } => words_of(T_ALLOCATE),
+            Raw::Free { .. } => words_of(T_FREE),
+            Raw::Pool { .. } => words_of(T_POOL),
+            Raw::State { .. } => words_of(T_STATE),
+            Raw::Rollback { .. } => words_of(T_ROLLBACK),
+            Raw::CheckerRead { .. } => words_of(T_CHECKER),
+        }
+    }
+
+    /// Gives each word the kind uses to `put` (index, value), [`Self::encode`]'s layout: the
+    /// words `0..n`, `n` being [`Self::words`] (returned). Events are staged back to back, each
+    /// taking only its kind's words.
     #[inline(always)]
     fn write(self, time: u64, mut put: impl FnMut(usize, u64)) -> usize {
         put(0, time);
@@ -189,55 +206,53 @@ impl Raw {
                 put(6, stream);
                 put(7, op);
                 put(8, start);
-                9
             }
             Raw::Allocate { buffer, device, kind, bytes, source } => {
                 put(1, T_ALLOCATE | kind_index(kind) << 8 | u64::from(source == Source::Cache) << 12);
                 put(2, buffer);
                 put(3, bytes);
                 put(4, device);
-                5
             }
             Raw::Free { buffer, device, kind, bytes } => {
                 put(1, T_FREE | kind_index(kind) << 8);
                 put(2, buffer);
                 put(3, bytes);
                 put(4, device);
-                5
             }
             Raw::Pool { hit, device, bytes } => {
                 put(1, T_POOL | u64::from(hit) << 8);
-                put(3, bytes);
-                put(4, device);
-                5
+                put(2, bytes);
+                put(3, device);
             }
             Raw::State { buffer, from, to, call } => {
                 put(1, T_STATE | (from as u64) << 8 | (to as u64) << 16 | u64::from(call) << 32);
                 put(2, buffer);
-                3
             }
             Raw::Rollback { buffer, op, call } => {
                 put(1, T_ROLLBACK | u64::from(call) << 32);
                 put(2, buffer);
-                put(7, op);
-                8
+                put(3, op);
             }
             Raw::CheckerRead { buffer, device, bytes, start } => {
                 put(1, T_CHECKER);
                 put(2, buffer);
                 put(3, bytes);
                 put(4, device);
-                put(8, start);
-                9
+                put(5, start);
             }
         }
+        self.words()
     }
 
-    /// The record of `w` ([`Self::encode`]); `None` for words no event wrote.
-    fn decode(w: &[u64; WORDS]) -> Option<Raw> {
-        let small = |shift: u32, bits: u32| ((w[1] >> shift) & ((1 << bits) - 1)) as usize;
-        let call = (w[1] >> 32) as Call;
-        Some(match w[1] & 0xff {
+    /// The record at the start of `w` ([`Self::encode`]) and the words it takes; `None` for
+    /// words no event wrote, or too few.
+    fn decode(w: &[u64]) -> Option<(Raw, usize)> {
+        let head = *w.get(1)?;
+        let n = words_of(head & 0xff);
+        let w = w.get(..n).filter(|_| n > 0)?;
+        let small = |shift: u32, bits: u32| ((head >> shift) & ((1 << bits) - 1)) as usize;
+        let call = (head >> 32) as Call;
+        let raw = match head & 0xff {
             T_TRANSFER => Raw::Transfer {
                 buffer: w[2],
                 op: w[7],
@@ -259,26 +274,49 @@ impl Raw {
                 source: if small(12, 1) == 1 { Source::Cache } else { Source::Upstream },
             },
             T_FREE => Raw::Free { buffer: w[2], device: w[4], kind: *KINDS.get(small(8, 4))?, bytes: w[3] },
-            T_POOL => Raw::Pool { hit: small(8, 1) == 1, device: w[4], bytes: w[3] },
+            T_POOL => Raw::Pool { hit: small(8, 1) == 1, device: w[3], bytes: w[2] },
             T_STATE => Raw::State {
                 buffer: w[2],
                 from: *BufferState::ALL.get(small(8, 8))?,
                 to: *BufferState::ALL.get(small(16, 8))?,
                 call,
             },
-            T_ROLLBACK => Raw::Rollback { buffer: w[2], op: w[7], call },
-            T_CHECKER => Raw::CheckerRead { buffer: w[2], device: w[4], bytes: w[3], start: w[8] },
+            T_ROLLBACK => Raw::Rollback { buffer: w[2], op: w[3], call },
+            T_CHECKER => Raw::CheckerRead { buffer: w[2], device: w[4], bytes: w[3], start: w[5] },
             _ => return None,
-        })
+        };
+        Some((raw, n))
+    }
+}
+
+/// The words of a kind's record, by its tag (0: no such kind).
+#[inline(always)]
+const fn words_of(tag: u64) -> usize {
+    match tag {
+        T_TRANSFER => 9,
+        T_ALLOCATE | T_FREE => 5,
+        T_POOL | T_ROLLBACK => 4,
+        T_STATE => 3,
+        T_CHECKER => 6,
+        _ => 0,
+    }
+}
+
+/// Decodes the records staged back to back in `words` (a chunk's published words) into `out`.
+fn decode_all(words: &[u64], thread: u64, stack: Option<&Arc<str>>, out: &mut Vec<Entry>) {
+    let mut at = 0;
+    while let Some((raw, n)) = words.get(at..).and_then(Raw::decode) {
+        out.push(Entry { time: words[at], thread, raw, stack: stack.cloned() });
+        at += n;
     }
 }
 
 /// Events in the ring, still encoded (decoded by [`collect`]), in the order they reached it.
 enum Block {
     /// A thread's chunk, as it was full (or as the thread exited), or one event taken on the
-    /// slow path without a stack. (Copied: moving the chunk itself here and giving the thread
-    /// a new one costs as much in the new chunk's zeroing.)
-    Chunk { thread: u64, words: Box<[u64]> },
+    /// slow path without a stack: `events` records back to back. (Copied: moving the chunk
+    /// itself here and giving the thread a new one costs as much in the new chunk's zeroing.)
+    Chunk { thread: u64, words: Box<[u64]>, events: usize },
     /// One event with a stack.
     Stacked { thread: u64, words: [u64; WORDS], stack: Arc<str> },
 }
@@ -286,23 +324,15 @@ enum Block {
 impl Block {
     fn len(&self) -> usize {
         match self {
-            Block::Chunk { words, .. } => words.len() / WORDS,
+            Block::Chunk { events, .. } => *events,
             Block::Stacked { .. } => 1,
         }
     }
 
     fn decode_into(&self, out: &mut Vec<Entry>) {
         match self {
-            Block::Chunk { thread, words } => out.extend(words.chunks_exact(WORDS).filter_map(|slot| {
-                let words: &[u64; WORDS] = slot.try_into().ok()?;
-                Raw::decode(words).map(|raw| Entry { time: words[0], thread: *thread, raw, stack: None })
-            })),
-            Block::Stacked { thread, words, stack } => out.extend(Raw::decode(words).map(|raw| Entry {
-                time: words[0],
-                thread: *thread,
-                raw,
-                stack: Some(Arc::clone(stack)),
-            })),
+            Block::Chunk { thread, words, .. } => decode_all(words, *thread, None, out),
+            Block::Stacked { thread, words, stack } => decode_all(words, *thread, Some(stack), out),
         }
     }
 }
@@ -328,7 +358,7 @@ impl Entry {
 /// A thread's chunk, readable by [`collect`] on any thread.
 struct Chunk {
     thread: u64,
-    /// Events published (the producer's release store).
+    /// Words published (the producer's release store).
     len: AtomicUsize,
     words: Box<[AtomicU64]>,
 }
@@ -338,30 +368,28 @@ impl Chunk {
         Chunk {
             thread,
             len: AtomicUsize::new(0),
-            words: (0..CHUNK * WORDS).map(|_| AtomicU64::new(0)).collect(),
+            words: (0..CHUNK_WORDS).map(|_| AtomicU64::new(0)).collect(),
         }
     }
 
-    /// Events published (the producer writes no slot below it again).
+    /// Words published (the producer writes none below it again).
     fn published(&self) -> usize {
-        self.len.load(Ordering::Acquire).min(CHUNK)
+        self.len.load(Ordering::Acquire).min(self.words.len())
     }
 
-    /// A copy of the published events.
-    fn read(&self) -> Block {
-        let words =
-            self.words[..self.published() * WORDS].iter().map(|w| w.load(Ordering::Relaxed)).collect();
-        Block::Chunk { thread: self.thread, words }
+    /// The published words.
+    fn load(&self) -> Vec<u64> {
+        self.words[..self.published()].iter().map(|w| w.load(Ordering::Relaxed)).collect()
+    }
+
+    /// A copy of the published events (`events` of them).
+    fn read(&self, events: usize) -> Block {
+        Block::Chunk { thread: self.thread, words: self.load().into(), events }
     }
 
     /// Decodes the published events.
     fn decode_into(&self, out: &mut Vec<Entry>) {
-        for slot in self.words[..self.published() * WORDS].chunks_exact(WORDS) {
-            let words: [u64; WORDS] = std::array::from_fn(|i| slot[i].load(Ordering::Relaxed));
-            if let Some(raw) = Raw::decode(&words) {
-                out.push(Entry { time: words[0], thread: self.thread, raw, stack: None });
-            }
-        }
+        decode_all(&self.load(), self.thread, None, out);
     }
 }
 
@@ -532,7 +560,7 @@ pub(super) fn end(global: &mut Global) -> Option<Session> {
 /// events, merged by time, at most `capacity` (the oldest beyond it are counted in `dropped`).
 pub(super) fn collect(global: &Global) -> (Vec<Entry>, u64) {
     let Some(session) = global.session.as_ref() else { return (Vec::new(), 0) };
-    let mut all = Vec::with_capacity(session.held + global.threads.len() * CHUNK);
+    let mut all = Vec::with_capacity(session.held + global.threads.len() * CHUNK_WORDS / 3);
     for block in &session.ring {
         block.decode_into(&mut all);
     }
@@ -551,6 +579,10 @@ pub(super) fn collect(global: &Global) -> (Vec<Entry>, u64) {
     }
     (all, dropped)
 }
+
+/// Sets and ways of a thread's cache of call numbers ([`Local::call`]).
+const CALL_SETS: usize = 16;
+const CALL_WAYS: usize = 4;
 
 /// A thread's numbers of the call names it used, by the name's address and length.
 type CallNumbers = HashMap<(usize, usize), Call, BuildHasherDefault<NameHasher>>;
@@ -591,8 +623,10 @@ pub(super) struct Local {
     /// The session generation `chunk` belongs to (0: none).
     generation: Cell<u64>,
     chunk: RefCell<Option<Arc<Chunk>>>,
-    /// Events in `chunk` (the producer's own count).
+    /// Words staged in `chunk` (the producer's own count).
     len: Cell<usize>,
+    /// Events staged in `chunk`.
+    events: Cell<usize>,
     /// A stack the binding attached ([`Local::set_stack`]).
     stack: RefCell<Option<Arc<str>>>,
     /// Whether events take the slow path: a stack is attached, or the session attaches the
@@ -603,7 +637,7 @@ pub(super) struct Local {
     /// Recently seen devices and calls, known to be registered.
     devices: [Cell<u64>; 4],
     next_device: Cell<usize>,
-    recent_calls: [Cell<(usize, usize, Call)>; 32],
+    recent_calls: [Cell<(usize, usize, Call)>; CALL_SETS * CALL_WAYS],
     /// Every call name this thread met, with its number.
     calls: RefCell<CallNumbers>,
     /// The last pool lookup's outcome, for the allocation that follows.
@@ -620,12 +654,13 @@ impl Local {
             generation: Cell::new(0),
             chunk: RefCell::new(None),
             len: Cell::new(0),
+            events: Cell::new(0),
             stack: RefCell::new(None),
             slow: Cell::new(false),
             backtrace: Cell::new(false),
             devices: [const { Cell::new(0) }; 4],
             next_device: Cell::new(0),
-            recent_calls: [const { Cell::new((0, 0, 0)) }; 32],
+            recent_calls: [const { Cell::new((0, 0, 0)) }; CALL_SETS * CALL_WAYS],
             calls: RefCell::new(HashMap::with_hasher(BuildHasherDefault::new())),
             pool_hit: Cell::new(None),
             next_op: Cell::new(0),
@@ -697,6 +732,7 @@ impl Local {
             *chunk = None;
             self.generation.set(0);
             self.len.set(0);
+            self.events.set(0);
         }
     }
 
@@ -727,27 +763,30 @@ impl Local {
         id
     }
 
-    /// `call`'s number in events. First a two-way cache: the slot pair the pointer hashes to,
-    /// most recent first (the pair from the high bits of a Fibonacci hash: the literals'
-    /// addresses differ in their low bits only). Behind it this thread's map of every name it
-    /// met: a workload whose names share a pair (three names in one pair missed on every
-    /// event, each miss a global lock and a SipHash) costs a map lookup per miss, not more.
-    /// Names new to the thread are interned.
+    /// `call`'s number in events. First a four-way cache: the set of [`CALL_WAYS`] slots the
+    /// pointer hashes to, most recent first (the set from the high bits of a Fibonacci hash:
+    /// the literals' addresses differ in their low bits only). Behind it this thread's map of
+    /// every name it met: a workload whose names share a set costs a map lookup per miss, not
+    /// more. (With two ways, three names of one batch that shared a pair missed on every
+    /// event, as the binary's layout happened to place them: each miss a map lookup, once a
+    /// global lock and a SipHash.) Names new to the thread are interned.
     #[inline]
     pub(super) fn call(&self, call: &'static str) -> Call {
         let (ptr, len) = (call.as_ptr() as usize, call.len());
         let hash = ((ptr ^ len) as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        let pair = (hash >> 60) as usize % (self.recent_calls.len() / 2) * 2;
-        let (first, second) = (&self.recent_calls[pair], &self.recent_calls[pair + 1]);
-        for slot in [first, second] {
+        let set = (hash >> 60) as usize % CALL_SETS * CALL_WAYS;
+        let Some(ways) = self.recent_calls.get(set..set + CALL_WAYS) else { return self.call_slow(call) };
+        for slot in ways {
             let (p, l, id) = slot.get();
             if p == ptr && l == len {
                 return id;
             }
         }
         let id = self.call_slow(call);
-        second.set(first.get());
-        first.set((ptr, len, id));
+        for i in (1..ways.len()).rev() {
+            ways[i].set(ways[i - 1].get());
+        }
+        ways[0].set((ptr, len, id));
         id
     }
 
@@ -772,9 +811,48 @@ impl Local {
         self.thread() << 40 | n
     }
 
-    /// Records `raw`, as of `at` (the recorder's ticks, [`now`]).
-    #[inline]
+    /// Records `raw`, as of `at` (the recorder's ticks, [`now`]). Inlined into each kind's
+    /// hook, so the event's words are stored straight from its fields; anything but an
+    /// event staged in a chunk with room for it goes to [`Self::push_slow`].
+    #[inline(always)]
     pub(super) fn push(&self, at: u64, raw: Raw) {
+        // Relaxed: the thread's own chunk is used only for the generation it joined (under
+        // the lock, in `push_slow`); an acquiring load here kept the event in memory.
+        let generation = GENERATION.load(Ordering::Relaxed);
+        if generation == 0 {
+            return;
+        }
+        let len = self.len.get();
+        if generation != self.generation.get() || self.slow.get() || len + raw.words() > CHUNK_WORDS {
+            self.push_slow(at, raw);
+            return;
+        }
+        self.stage(at, raw, len);
+    }
+
+    /// Writes `raw`'s words at word `len` of this thread's chunk, which has room for them, and
+    /// publishes them.
+    #[inline(always)]
+    fn stage(&self, at: u64, raw: Raw, len: usize) {
+        let n = raw.words();
+        let chunk = self.chunk.borrow();
+        let Some(chunk) = chunk.as_ref() else { return };
+        let Some(slot) = chunk.words.get(len..len + n) else { return };
+        raw.write(at, |i, value| {
+            if let Some(word) = slot.get(i) {
+                word.store(value, Ordering::Relaxed);
+            }
+        });
+        chunk.len.store(len + n, Ordering::Release);
+        self.len.set(len + n);
+        self.events.set(self.events.get() + 1);
+    }
+
+    /// [`Self::push`] when this thread joins a new session, its events carry a stack, or its
+    /// chunk is full.
+    #[cold]
+    #[inline(never)]
+    fn push_slow(&self, at: u64, raw: Raw) {
         let generation = GENERATION.load(Ordering::Acquire);
         if generation == 0 {
             return;
@@ -786,18 +864,10 @@ impl Local {
             self.push_with_stack(at, raw);
             return;
         }
-        let mut len = self.len.get();
-        if len == CHUNK {
+        if self.len.get() + raw.words() > CHUNK_WORDS {
             self.flush();
-            len = 0;
         }
-        let chunk = self.chunk.borrow();
-        let Some(chunk) = chunk.as_ref() else { return };
-        let Some(slot) = chunk.words.get(len * WORDS..(len + 1) * WORDS) else { return };
-        let Ok(slot) = <&[AtomicU64; WORDS]>::try_from(slot) else { return };
-        raw.write(at, |i, value| slot[i].store(value, Ordering::Relaxed));
-        chunk.len.store(len + 1, Ordering::Release);
-        self.len.set(len + 1);
+        self.stage(at, raw, self.len.get());
     }
 
     /// Takes a chunk for session `generation`; false if that session has ended already.
@@ -811,6 +881,7 @@ impl Local {
         global.threads.push(Arc::clone(&chunk));
         *self.chunk.borrow_mut() = Some(chunk);
         self.len.set(0);
+        self.events.set(0);
         self.generation.set(generation);
         self.backtrace.set(BACKTRACE.load(Ordering::Relaxed));
         self.slow.set(self.backtrace.get() || self.stack.borrow().is_some());
@@ -837,10 +908,11 @@ impl Local {
         if let Some(session) = global.session.as_mut().filter(|s| s.generation == self.generation.get())
             && self.len.get() > 0
         {
-            session.push(chunk.read());
+            session.push(chunk.read(self.events.get()));
         }
         chunk.len.store(0, Ordering::Release);
         self.len.set(0);
+        self.events.set(0);
     }
 
     /// An event with a stack: after this thread's staged events, straight into the ring.
@@ -861,11 +933,15 @@ impl Local {
         if let Some(session) = global.session.as_mut().filter(|s| s.generation == self.generation.get()) {
             match stack {
                 Some(stack) => {
-                    session.push(Block::Stacked { thread: self.thread(), words: raw.encode(at), stack })
+                    session.push(Block::Stacked { thread: self.thread(), words: raw.encode(at).0, stack })
                 }
                 None => {
-                    let words = raw.encode(at).into();
-                    session.push(Block::Chunk { thread: self.thread(), words });
+                    let (words, used) = raw.encode(at);
+                    session.push(Block::Chunk {
+                        thread: self.thread(),
+                        words: words[..used].into(),
+                        events: 1,
+                    });
                 }
             }
         }
@@ -1007,7 +1083,8 @@ mod tests {
         }
         for (from, to) in BufferState::ALL.iter().zip(BufferState::ALL.iter().rev()) {
             let raw = Raw::State { buffer: 7, from: *from, to: *to, call: 3 };
-            assert_eq!(Raw::decode(&raw.encode(11)), Some(raw));
+            let (words, used) = raw.encode(11);
+            assert_eq!(Raw::decode(&words), Some((raw, used)));
         }
     }
 
@@ -1047,20 +1124,31 @@ mod tests {
             Raw::Free { buffer: 0, device: HOST, kind: MemoryKind::Host, bytes: 9 },
             Raw::Pool { hit: true, device: 4, bytes: 5 },
             Raw::Rollback { buffer: 1, op: 2, call: u32::MAX },
+            Raw::State { buffer: 1, from: BufferState::HostOnly, to: BufferState::Elsewhere, call: 2 },
             Raw::CheckerRead { buffer: 1, device: 2, bytes: 3, start: 4 },
         ];
+        let mut staged = Vec::new();
         for raw in raws {
-            assert_eq!(Raw::decode(&raw.encode(42)), Some(raw));
-            // Staged over an earlier event's words: only the used ones are written.
+            let (words, used) = raw.encode(42);
+            assert_eq!(used, raw.words());
+            assert_eq!(Raw::decode(&words), Some((raw, used)));
+            // Staged over an earlier event's words: exactly the words 0..used are written.
             let mut slot = [u64::MAX; WORDS];
-            let mut highest = 0;
-            let used = raw.write(42, |i, value| {
+            let mut written = Vec::new();
+            raw.write(42, |i, value| {
                 slot[i] = value;
-                highest = highest.max(i);
+                written.push(i);
             });
-            assert!(highest < used, "{raw:?} wrote word {highest} of {used}");
-            assert_eq!(Raw::decode(&slot), Some(raw), "{raw:?} over stale words");
+            written.sort_unstable();
+            assert_eq!(written, (0..used).collect::<Vec<_>>(), "{raw:?}");
+            assert_eq!(Raw::decode(&slot), Some((raw, used)), "{raw:?} over stale words");
+            staged.extend_from_slice(&words[..used]);
         }
+        // Back to back, as a chunk stages them.
+        let mut out = Vec::new();
+        decode_all(&staged, 3, None, &mut out);
+        assert!(out.iter().map(|e| e.raw).eq(raws));
+        assert!(out.iter().all(|e| e.time == 42 && e.thread == 3));
         assert_eq!(Raw::decode(&[0; WORDS]), None);
     }
 }

@@ -240,8 +240,10 @@ fn emit_at(time: fn(&Local) -> u64, build: impl FnOnce(&Local) -> Raw) {
         return;
     }
     record::with_local(|local| {
-        let raw = build(local);
+        // The time first: the event is built next to its staging, each field a constant or a
+        // register (a call between them left the event in memory, its kind looked up again).
         let at = time(local);
+        let raw = build(local);
         #[cfg(feature = "tracing")]
         if super::tracing_events() {
             super::tracing_events::emit(&resolve(raw.to_nanos(), record::nanos(at), &record::names()).0);
@@ -391,6 +393,7 @@ pub(crate) fn record_pool(hit: bool, device: &Device, bytes: usize) {
 }
 
 /// A buffer's state transition (none when `from == to`).
+#[inline]
 pub(crate) fn record_state(buffer: u64, from: BufferState, to: BufferState, call: Call) {
     if from != to {
         emit(|local| Raw::State { buffer, from, to, call: local.call(call.resolve(local).call) });

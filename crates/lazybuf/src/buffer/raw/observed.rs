@@ -19,7 +19,7 @@ use crate::coherence::{Access, BufferState, Location, Plan, Step};
 use crate::device::Device;
 use crate::error::Result;
 use crate::observe::trace;
-use crate::observe::{self, Cause, Direction, TransferInfo};
+use crate::observe::{self, Cause, Direction, EmitEpoch, TransferInfo};
 
 /// The engine's own causes (calls that name another run in [`observe::call`]).
 pub(super) const HOST: Cause = Cause::access("host");
@@ -55,20 +55,27 @@ pub(super) struct Planned {
     events: u64,
 }
 
-/// The state events recorded for a buffer: how many, and where the last one ended. A change
-/// that records its transition takes its state before it; when events were recorded in the
-/// middle of it (a failed transfer settled and undone inside an access or an invalidation),
-/// its transition starts where the last of those ended instead, so a buffer's state events
-/// always chain.
+/// The state events recorded for a buffer: how many, where the last one ended, and the
+/// [`EmitEpoch`] it was recorded in. A change that records its transition takes its state
+/// before it; when events were recorded in the middle of it (a failed transfer settled and
+/// undone inside an access or an invalidation), its transition starts where the last of those
+/// ended instead, so a buffer's state events always chain.
+///
+/// The state before a change is where the buffer's last state event ended when that event
+/// was recorded in the epoch that runs now (every change since was recorded: the epoch
+/// changes whenever events stop being wanted); only a buffer's first change in an epoch
+/// looks its state up ([`RawBuffer::state_before`]).
 #[derive(Clone, Copy, Debug)]
 pub(super) struct StateEvents {
     count: u64,
     last: BufferState,
+    /// The epoch `last` is known in (`None`: none).
+    epoch: Option<EmitEpoch>,
 }
 
 impl Default for StateEvents {
     fn default() -> Self {
-        StateEvents { count: 0, last: BufferState::Uninitialized }
+        StateEvents { count: 0, last: BufferState::Uninitialized, epoch: None }
     }
 }
 
@@ -104,7 +111,7 @@ impl RawBuffer {
     /// Shows the copies of `plan` (an access at the device `device`, or the host) to the
     /// guard, before any of them runs: its refusal is returned and nothing has changed. Only
     /// called while [`observe::active`].
-    #[inline]
+    #[inline(always)]
     pub(super) fn observe_plan(
         &mut self,
         plan: &Plan,
@@ -114,13 +121,38 @@ impl RawBuffer {
         // Every plan is committed or aborted before the buffer's next one.
         debug_assert!(self.planned.is_none(), "buffer {}: a plan was left behind", self.id);
         if observe::guarding() {
-            self.guard_plan(plan, device, observe::cause_or(*default))?;
+            self.guard_plan(plan, device, *default)?;
         }
-        let emitting = observe::emitting();
-        let before = if emitting { self.committed_state() } else { BufferState::Uninitialized };
-        self.planned =
-            Some(Planned { default: *default, before, emitting, op: 0, events: self.state_events.count });
+        let epoch = observe::emit_epoch();
+        let before = match epoch {
+            Some(epoch) => self.state_before(epoch),
+            None => BufferState::Uninitialized,
+        };
+        self.planned = Some(Planned {
+            default: *default,
+            before,
+            emitting: epoch.is_some(),
+            op: 0,
+            events: self.state_events.count,
+        });
         Ok(())
+    }
+
+    /// The state now, for the transition of a change about to begin while events are wanted
+    /// (in `epoch`): where the buffer's last state event ended when it was recorded in this
+    /// epoch, else looked up ([`StateEvents`]).
+    #[inline]
+    fn state_before(&self, epoch: EmitEpoch) -> BufferState {
+        if self.state_events.epoch == Some(epoch) {
+            debug_assert_eq!(
+                self.state_events.last,
+                self.committed_state(),
+                "buffer {}: its state changed without a state event",
+                self.id
+            );
+            return self.state_events.last;
+        }
+        self.committed_state()
     }
 
     /// The state as the accesses so far committed it, for state events: transfers in flight
@@ -135,19 +167,25 @@ impl RawBuffer {
     }
 
     /// Records the transition of a change that began in state `before`, when `events` state
-    /// events had been recorded (see [`StateEvents`]), to the state now (none when unchanged).
-    fn record_transition(&mut self, before: BufferState, events: u64, call: trace::Call) {
+    /// events had been recorded (see [`StateEvents`]), to the state now (none when unchanged),
+    /// events being wanted in `epoch`.
+    fn record_transition(&mut self, before: BufferState, events: u64, call: trace::Call, epoch: EmitEpoch) {
         let before = if self.state_events.count == events { before } else { self.state_events.last };
         let after = self.committed_state();
+        let mut count = self.state_events.count;
         if before != after {
             trace::record_state(self.id, before, after, call);
-            self.state_events = StateEvents { count: self.state_events.count.wrapping_add(1), last: after };
+            count = count.wrapping_add(1);
         }
+        self.state_events = StateEvents { count, last: after, epoch: Some(epoch) };
     }
 
-    /// The guard's look at `plan`'s copies (see [`Self::observe_plan`]).
+    /// The guard's look at `plan`'s copies (see [`Self::observe_plan`]), as the running call's
+    /// (else as `default`). Out of line: the recorder's path keeps no frame for it.
     #[cold]
-    fn guard_plan(&self, plan: &Plan, device: Option<&Device>, cause: Cause) -> Result<()> {
+    #[inline(never)]
+    fn guard_plan(&self, plan: &Plan, device: Option<&Device>, default: Cause) -> Result<()> {
+        let cause = observe::cause_or(default);
         let copies: Vec<TransferInfo> = plan
             .steps()
             .iter()
@@ -164,12 +202,13 @@ impl RawBuffer {
     /// an asynchronous transfer that fails later.
     #[inline]
     pub(super) fn observe_commit(&mut self) -> u64 {
-        match self.planned.take().filter(|p| p.emitting && observe::emitting()) {
-            Some(p) => {
-                self.record_transition(p.before, p.events, trace::Call::Of(p.default));
+        let planned = self.planned.take();
+        match (planned, observe::emit_epoch()) {
+            (Some(p), Some(epoch)) if p.emitting => {
+                self.record_transition(p.before, p.events, trace::Call::Of(p.default), epoch);
                 p.op
             }
-            None => 0,
+            _ => 0,
         }
     }
 
@@ -186,15 +225,15 @@ impl RawBuffer {
     /// rollback of its copies (`op`, from [`Self::observe_commit`]; 0 when none was recorded)
     /// and the state transition.
     pub(super) fn observe_undo(&mut self, op: u64, undo: impl FnOnce(&mut Self)) {
-        if !observe::emitting() {
+        let Some(epoch) = observe::emit_epoch() else {
             return undo(self);
-        }
-        let (before, events) = (self.committed_state(), self.state_events.count);
+        };
+        let (before, events) = (self.state_before(epoch), self.state_events.count);
         undo(self);
         if op != 0 {
             trace::record_rollback(self.id, op, trace::Call::Named("rollback"));
         }
-        self.record_transition(before, events, trace::Call::Named("rollback"));
+        self.record_transition(before, events, trace::Call::Named("rollback"), epoch);
     }
 
     /// One copy of a plan while events are wanted: as `execute` runs it (enqueued, and waited
@@ -363,12 +402,12 @@ impl RawBuffer {
     /// Runs `change` and records its transition as `call`'s, while events are wanted.
     #[inline]
     fn observe_change<R>(&mut self, call: trace::Call, change: impl FnOnce(&mut Self) -> R) -> R {
-        if !observe::emitting() {
+        let Some(epoch) = observe::emit_epoch() else {
             return change(self);
-        }
-        let (before, events) = (self.committed_state(), self.state_events.count);
+        };
+        let (before, events) = (self.state_before(epoch), self.state_events.count);
         let result = change(self);
-        self.record_transition(before, events, call);
+        self.record_transition(before, events, call, epoch);
         result
     }
 }
