@@ -137,6 +137,11 @@ impl<T: Element> DeviceAllocation<T> {
                 ),
             ));
         }
+        // Device and shared memory must be this device's own, too.
+        if let Err(err) = crate::resource::check_block(&*resource, device, kind, bytes, &block) {
+            resource.deallocate(device, block, &stream, Ticket::done());
+            return Err(err);
+        }
         Ok(DeviceAllocation {
             id: crate::observe::next_buffer_id(),
             device: device.clone(),

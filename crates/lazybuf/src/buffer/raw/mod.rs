@@ -378,10 +378,8 @@ impl RawBuffer {
         }
         if self.host.is_none() {
             let block = self.resource.allocate_host_now(&self.home, self.nbytes, self.pinned)?;
-            if block.len() < self.nbytes {
-                self.resource.deallocate_host(&self.home, block, Ticket::done());
-                return None;
-            }
+            // A block the buffer may not use goes back: the usual path then reports why.
+            let block = self.checked_host_block(block).ok()?;
             observe::trace::record_allocate(
                 self.id,
                 &self.home,

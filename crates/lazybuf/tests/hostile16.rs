@@ -1,0 +1,118 @@
+//! The sixteenth hostile pass: the Rust public API as a hostile Rust user would use it.
+//! Each test failed before the fix it names (docs/RELIABILITY.md, "The sixteenth pass").
+#![cfg(feature = "testing")]
+
+#[path = "common/mod.rs"]
+mod common;
+
+use lazybuf::{
+    AllocationOptions, Block, BufferOptions, BufferState, Device, DeviceAllocation, DeviceBuffer,
+    DirectResource, MemoryKind, MemoryResource, Stream, Ticket, UnifiedBuffer,
+};
+use std::sync::Arc;
+
+/// Hands out pageable host memory whatever is asked for (a resource that ignores `pinned`).
+#[derive(Debug)]
+struct Pageable;
+
+impl MemoryResource for Pageable {
+    fn allocate(
+        &self,
+        device: &Device,
+        kind: MemoryKind,
+        bytes: usize,
+        stream: &Stream,
+    ) -> lazybuf::Result<Block> {
+        let kind = match kind {
+            MemoryKind::Host { .. } => MemoryKind::Host { pinned: false },
+            other => other,
+        };
+        DirectResource.allocate(device, kind, bytes, stream)
+    }
+
+    fn deallocate(&self, device: &Device, block: Block, stream: &Stream, ready: Ticket) {
+        DirectResource.deallocate(device, block, stream, ready);
+    }
+}
+
+/// Hands out memory of another device than the one asked for.
+#[derive(Debug)]
+struct Elsewhere(Device);
+
+impl MemoryResource for Elsewhere {
+    fn allocate(&self, _: &Device, kind: MemoryKind, bytes: usize, _: &Stream) -> lazybuf::Result<Block> {
+        DirectResource.allocate(&self.0, kind, bytes, &self.0.stream())
+    }
+
+    fn deallocate(&self, _: &Device, block: Block, _: &Stream, ready: Ticket) {
+        DirectResource.deallocate(&self.0, block, &self.0.stream(), ready);
+    }
+}
+
+fn with_resource(device: &Device, pinned: bool, resource: Arc<dyn MemoryResource>) -> UnifiedBuffer<u32> {
+    let options =
+        BufferOptions { device: Some(device.clone()), pinned, resource: Some(resource), stream: None };
+    UnifiedBuffer::with_options(&[64], options).unwrap()
+}
+
+/// SPEC section 3: "failing to pin is an error or an explicit policy, never silent". A
+/// resource that hands a pinned buffer pageable memory made it use that memory silently
+/// (`is_pinned()` false, every transfer through pageable memory).
+#[test]
+fn a_pinned_buffer_refuses_a_pageable_block_from_its_resource() {
+    let mut tried = 0;
+    for device in common::devices().iter().filter(|d| d.can_pin_host_memory()) {
+        let mut buf = with_resource(device, true, Arc::new(Pageable));
+        let err = buf.host_mut().map(drop).unwrap_err();
+        assert!(err.to_string().contains("pinned"), "{device}: {err}");
+        assert_eq!(buf.state(), BufferState::Uninitialized, "{device}");
+        assert_eq!(buf.transfer_stats().allocations, 0, "{device}");
+        let err = buf.copy_from(&[7; 64]).unwrap_err();
+        assert!(err.to_string().contains("pinned"), "{device}: {err}");
+        assert_eq!(buf.state(), BufferState::Uninitialized, "{device}");
+        // The same resource is fine for a pageable buffer.
+        let mut pageable = with_resource(device, false, Arc::new(Pageable));
+        pageable.copy_from(&[7; 64]).unwrap();
+        assert_eq!(pageable.to_vec().unwrap(), vec![7; 64], "{device}");
+        tried += 1;
+    }
+    assert!(tried > 0);
+}
+
+/// A resource that hands a buffer or a memory object device memory of another device (or of
+/// its own invention): refused when it is handed out, naming the device, never handed to the
+/// caller's kernels as this device's memory; the buffer keeps its state and data.
+#[test]
+fn device_memory_of_another_device_from_a_resource_is_refused() {
+    let devices = common::devices();
+    let mut tried = 0;
+    for device in devices.iter().filter(|d| !d.is_zero_copy(256)) {
+        let other = devices.iter().find(|o| o.id() != device.id() && !o.is_zero_copy(256)).cloned();
+        for other in [Some(Device::host()), other].into_iter().flatten() {
+            let resource: Arc<dyn MemoryResource> = Arc::new(Elsewhere(other.clone()));
+            // Nothing to copy: the memory would go straight to the caller's kernels.
+            let mut buf = with_resource(device, false, resource.clone());
+            let err = buf.device_overwrite().map(drop).unwrap_err();
+            assert!(err.to_string().contains("another device"), "{device} given {other}'s memory: {err}");
+            assert_eq!(buf.state(), BufferState::Uninitialized, "{device}");
+            // With data: the host copy stays current and intact.
+            let mut buf = with_resource(device, false, resource.clone());
+            buf.copy_from(&[5; 64]).unwrap();
+            let err = buf.sync_to_device().unwrap_err();
+            assert!(err.to_string().contains("another device"), "{device} given {other}'s memory: {err}");
+            assert_eq!(buf.state(), BufferState::HostOnly, "{device}");
+            assert_eq!(buf.to_vec().unwrap(), vec![5; 64], "{device}");
+            // Memory objects and device buffers.
+            let options = AllocationOptions { resource: Some(resource.clone()), alignment: 0 };
+            let err =
+                DeviceAllocation::<u32>::with_options(device, MemoryKind::Device, 64, options).unwrap_err();
+            assert!(err.to_string().contains("another device"), "{device} given {other}'s memory: {err}");
+            let options = AllocationOptions { resource: Some(resource.clone()), alignment: 0 };
+            let err = DeviceBuffer::with_options(device, MemoryKind::Device, 64, options).unwrap_err();
+            assert!(err.to_string().contains("another device"), "{device} given {other}'s memory: {err}");
+            tried += 1;
+        }
+    }
+    assert!(tried > 0, "no device with device memory of its own");
+}
+
