@@ -116,3 +116,75 @@ fn device_memory_of_another_device_from_a_resource_is_refused() {
     assert!(tried > 0, "no device with device memory of its own");
 }
 
+/// Memory that is real, host-addressed and sound (a `Vec` of its own), but of no backend:
+/// what a resource of the user's own invention might hand out.
+#[derive(Debug)]
+struct Invented(#[allow(dead_code)] std::sync::Mutex<Vec<u8>>, usize);
+
+// SAFETY: the host address is the start of the vector's `len` bytes, which live (never
+// reallocated) as long as the handle.
+unsafe impl lazybuf::backend::MemoryHandle for Invented {
+    fn raw(&self) -> lazybuf::backend::RawMemory {
+        lazybuf::backend::RawMemory::Host(self.1 as *mut u8)
+    }
+
+    fn host_address(&self) -> Option<std::ptr::NonNull<u8>> {
+        std::ptr::NonNull::new(self.1 as *mut u8)
+    }
+}
+
+#[derive(Debug)]
+struct Inventing;
+
+impl MemoryResource for Inventing {
+    fn allocate(
+        &self,
+        device: &Device,
+        kind: MemoryKind,
+        bytes: usize,
+        stream: &Stream,
+    ) -> lazybuf::Result<Block> {
+        if kind == MemoryKind::Device || kind == MemoryKind::Shared {
+            let mut v = vec![0u8; bytes.max(1)];
+            let address = v.as_mut_ptr() as usize;
+            let handle = Box::new(Invented(std::sync::Mutex::new(v), address));
+            // SAFETY: the handle addresses `bytes` bytes of its own vector while it lives.
+            let memory = unsafe {
+                match kind {
+                    MemoryKind::Shared => lazybuf::backend::DeviceMemory::shared(bytes, handle),
+                    _ => lazybuf::backend::DeviceMemory::new(bytes, false, handle),
+                }
+            };
+            return Ok(Block::Device(memory));
+        }
+        DirectResource.allocate(device, kind, bytes, stream)
+    }
+
+    fn deallocate(&self, device: &Device, block: Block, stream: &Stream, ready: Ticket) {
+        match block {
+            Block::Device(memory) if memory.handle::<Invented>().is_some() => drop(memory),
+            block => DirectResource.deallocate(device, block, stream, ready),
+        }
+    }
+}
+
+/// Device and shared memory no backend made, from a resource: refused for every device (a
+/// host device's view and a shared memory object would have handed the caller its bytes as
+/// the device's own).
+#[test]
+fn memory_no_backend_made_from_a_resource_is_refused() {
+    for device in common::devices() {
+        let resource: Arc<dyn MemoryResource> = Arc::new(Inventing);
+        for kind in [MemoryKind::Device, MemoryKind::Shared] {
+            let options = AllocationOptions { resource: Some(resource.clone()), alignment: 0 };
+            let err = DeviceAllocation::<u32>::with_options(&device, kind, 64, options).unwrap_err();
+            assert!(err.to_string().contains("another device"), "{device} {kind:?}: {err}");
+        }
+        if !device.is_zero_copy(256) {
+            let mut buf = with_resource(&device, false, resource.clone());
+            let err = buf.device_overwrite().map(drop).unwrap_err();
+            assert!(err.to_string().contains("another device"), "{device}: {err}");
+            assert_eq!(buf.state(), BufferState::Uninitialized, "{device}");
+        }
+    }
+}
