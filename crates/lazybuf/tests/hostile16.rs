@@ -9,7 +9,13 @@ use lazybuf::{
     AllocationOptions, Block, BufferOptions, BufferState, Device, DeviceAllocation, DeviceBuffer,
     DirectResource, MemoryKind, MemoryResource, Stream, Ticket, UnifiedBuffer,
 };
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+/// One test at a time: a test sets a device's memory limit from what is held there.
+fn serial() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// Hands out pageable host memory whatever is asked for (a resource that ignores `pinned`).
 #[derive(Debug)]
@@ -60,6 +66,7 @@ fn with_resource(device: &Device, pinned: bool, resource: Arc<dyn MemoryResource
 /// (`is_pinned()` false, every transfer through pageable memory).
 #[test]
 fn a_pinned_buffer_refuses_a_pageable_block_from_its_resource() {
+    let _serial = serial();
     let mut tried = 0;
     for device in common::devices().iter().filter(|d| d.can_pin_host_memory()) {
         let mut buf = with_resource(device, true, Arc::new(Pageable));
@@ -84,6 +91,7 @@ fn a_pinned_buffer_refuses_a_pageable_block_from_its_resource() {
 /// caller's kernels as this device's memory; the buffer keeps its state and data.
 #[test]
 fn device_memory_of_another_device_from_a_resource_is_refused() {
+    let _serial = serial();
     let devices = common::devices();
     let mut tried = 0;
     for device in devices.iter().filter(|d| !d.is_zero_copy(256)) {
@@ -173,6 +181,7 @@ impl MemoryResource for Inventing {
 /// the device's own).
 #[test]
 fn memory_no_backend_made_from_a_resource_is_refused() {
+    let _serial = serial();
     for device in common::devices() {
         let resource: Arc<dyn MemoryResource> = Arc::new(Inventing);
         for kind in [MemoryKind::Device, MemoryKind::Shared] {
@@ -187,4 +196,47 @@ fn memory_no_backend_made_from_a_resource_is_refused() {
             assert_eq!(buf.state(), BufferState::Uninitialized, "{device}");
         }
     }
+}
+
+/// A panic while a `SharedBuffer`'s lock is held (the caller's code, or a resource's) poisons
+/// the lock. `lock()` goes on using the buffer, but eviction skipped a poisoned buffer for good:
+/// an idle buffer whose device copy equals its host copy (evictable moving no byte) was never
+/// evicted again, and allocations under the budget failed with "nothing more can be evicted".
+#[test]
+fn a_shared_buffer_whose_lock_a_panic_poisoned_is_still_evicted() {
+    let _serial = serial();
+    use lazybuf::spill::{self, SharedBuffer};
+    let mut tried = 0;
+    for device in common::devices().into_iter().filter(|d| !d.is_zero_copy(4000)) {
+        let direct = || BufferOptions {
+            device: Some(device.clone()),
+            resource: Some(DirectResource::shared()),
+            ..BufferOptions::default()
+        };
+        let poisoned = SharedBuffer::new(UnifiedBuffer::<u32>::with_options(&[1000], direct()).unwrap());
+        {
+            let mut buf = poisoned.lock();
+            buf.copy_from(&[9; 1000]).unwrap();
+            buf.sync_to_device().unwrap();
+        }
+        let shared = poisoned.clone();
+        let panicked = std::thread::spawn(move || {
+            let _guard = shared.lock();
+            panic!("the caller's code panics while it holds the lock");
+        })
+        .join();
+        assert!(panicked.is_err());
+        // No room for another copy without evicting the poisoned buffer's.
+        spill::set_memory_limit(&device, Some(spill::memory_held(&device)));
+        let other = SharedBuffer::new(UnifiedBuffer::<u32>::with_options(&[1000], direct()).unwrap());
+        other.lock().copy_from(&[1; 1000]).unwrap();
+        let synced = other.lock().sync_to_device();
+        spill::set_memory_limit(&device, None);
+        synced.unwrap_or_else(|err| panic!("{device}: {err}"));
+        let mut buf = poisoned.lock();
+        assert_eq!(buf.state(), BufferState::HostOnly, "{device}: the clean copy was evicted");
+        assert_eq!(buf.to_vec().unwrap(), vec![9; 1000], "{device}");
+        tried += 1;
+    }
+    assert!(tried > 0);
 }
