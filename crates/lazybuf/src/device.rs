@@ -369,15 +369,7 @@ impl Stream {
     /// [`crate::Error::InvalidArgument`], on every device).
     pub fn fill(&self, dst: &mut DeviceMemory, pattern: &[u8], bytes: usize) -> Result<Ticket> {
         check_fits("fill", dst.len(), bytes)?;
-        if !matches!(pattern.len(), 1 | 2 | 4 | 8 | 16) || !bytes.is_multiple_of(pattern.len()) {
-            return Err(crate::Error::invalid(
-                "fill",
-                format!(
-                    "expected a pattern of 1, 2, 4, 8 or 16 bytes whose length divides {bytes}; got {} bytes",
-                    pattern.len()
-                ),
-            ));
-        }
+        check_fill_pattern("fill", pattern, bytes)?;
         if bytes == 0 {
             return self.check_owned("fill", dst).map(|()| Ticket::done());
         }
@@ -466,4 +458,20 @@ impl fmt::Debug for Stream {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Stream({:?} on {:?})", self.handle.raw(), self.device)
     }
+}
+
+/// The one fill-pattern rule, for every fill on every device and on the host: one element of
+/// 1, 2, 4, 8 or 16 bytes whose length divides the `bytes` filled (else an
+/// [`crate::Error::InvalidArgument`] naming `operation`).
+pub(crate) fn check_fill_pattern(operation: &'static str, pattern: &[u8], bytes: usize) -> Result<()> {
+    if !matches!(pattern.len(), 1 | 2 | 4 | 8 | 16) || !bytes.is_multiple_of(pattern.len()) {
+        return Err(crate::Error::invalid(
+            operation,
+            format!(
+                "expected a pattern of 1, 2, 4, 8 or 16 bytes whose length divides {bytes}; got {} bytes",
+                pattern.len()
+            ),
+        ));
+    }
+    Ok(())
 }

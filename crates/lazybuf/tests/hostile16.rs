@@ -240,3 +240,33 @@ fn a_shared_buffer_whose_lock_a_panic_poisoned_is_still_evicted() {
     }
     assert!(tried > 0);
 }
+
+/// `RawBuffer::fill` took any pattern when the fill ran on the host (an empty one zero-filled,
+/// a 3-byte one wrote a cut repetition) and refused the same pattern when the data was current
+/// on a device: the same call meant different things by state and device. One rule now,
+/// checked before anything moves.
+#[test]
+fn a_raw_fill_applies_one_pattern_rule_wherever_the_data_is() {
+    let _serial = serial();
+    for device in common::devices() {
+        for synced in [false, true] {
+            let mut raw =
+                lazybuf::RawBuffer::with_resource(12, device.clone(), false, DirectResource::shared());
+            raw.host_access(lazybuf::coherence::Access::Overwrite).unwrap().copy_from_slice(&[7; 12]);
+            if synced {
+                raw.sync(Some(&device)).unwrap();
+            }
+            let state = raw.state();
+            for pattern in [&[][..], &[1, 2, 3], &[1; 32], &[1; 8]] {
+                let err = raw.fill(pattern).unwrap_err();
+                assert!(err.to_string().contains("pattern"), "{device} {pattern:?}: {err}");
+                assert_eq!(raw.state(), state, "{device} {pattern:?}");
+                raw.sync(None).unwrap();
+                assert_eq!(raw.host_if_valid().unwrap(), &[7; 12], "{device} {pattern:?}");
+            }
+            raw.fill(&[1, 2, 3, 4]).unwrap();
+            raw.sync(None).unwrap();
+            assert_eq!(raw.host_if_valid().unwrap(), &[1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4], "{device}");
+        }
+    }
+}

@@ -696,7 +696,8 @@ impl RawBuffer {
         )
     }
 
-    /// Fills every element with `pattern` (one element's bytes) at one current location,
+    /// Fills every element with `pattern` (one element's bytes: 1, 2, 4, 8 or 16 of them,
+    /// dividing the buffer's size, else an error wherever the data is) at one current location,
     /// with no transfer: the buffer's own device if it is current, else the host if it is,
     /// else another current device; an uninitialized buffer is filled on the host. The fill
     /// is a write there, so every other copy becomes stale. A fill that fails before it
@@ -704,6 +705,9 @@ impl RawBuffer {
     /// unknown, so it is marked stale when another copy is current (and, when it was the only
     /// current copy, its bytes are the runtime's partial result: the error says so).
     pub fn fill(&mut self, pattern: &[u8]) -> Result<()> {
+        // One rule wherever the data is current (a host fill once took any pattern, a device
+        // fill refused it): checked before anything moves.
+        crate::device::check_fill_pattern("fill", pattern, self.nbytes)?;
         self.reload_from_disk()?;
         let home = Location::Device(self.home.id());
         let valid = |c: &Coherence, loc: &Location| c.residency(*loc) == Residency::Valid;
