@@ -270,3 +270,53 @@ fn a_raw_fill_applies_one_pattern_rule_wherever_the_data_is() {
         }
     }
 }
+
+/// An evictable buffer of the caller's own whose code panics while lazybuf makes room.
+struct Panicking(std::sync::atomic::AtomicBool);
+
+impl lazybuf::spill::Evictable for Panicking {
+    fn last_use(&self) -> u64 {
+        0
+    }
+
+    fn try_evict(&self, _: &Device) -> Option<lazybuf::Result<Option<lazybuf::spill::Evicted>>> {
+        if self.0.load(std::sync::atomic::Ordering::SeqCst) {
+            panic!("the caller's evictable panics");
+        }
+        None
+    }
+}
+
+/// A panic inside a budgeted allocation (here an evictable buffer's own code, called to make
+/// room after the runtime reported out of memory; a runtime's allocation may panic the same
+/// way) left the request's bytes charged to the device for good: `memory_held` grew by them
+/// and every later allocation under a limit was refused or evicted for memory nobody held.
+#[test]
+fn a_panic_while_making_room_leaves_the_budget_as_it_was() {
+    let _serial = serial();
+    use std::panic::{AssertUnwindSafe, catch_unwind};
+    let evictable = Arc::new(Panicking(std::sync::atomic::AtomicBool::new(true)));
+    let weak: std::sync::Weak<dyn lazybuf::spill::Evictable> = Arc::downgrade(&evictable) as _;
+    lazybuf::spill::registry::register(weak);
+    let mut panicked = 0;
+    for device in common::devices() {
+        let held = lazybuf::spill::memory_held(&device);
+        let options = AllocationOptions { resource: Some(DirectResource::shared()), alignment: 0 };
+        // Larger than any device: the runtime refuses it (out of memory where it says so).
+        let huge = 1usize << 50;
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            DeviceAllocation::<u8>::with_options(&device, MemoryKind::Device, huge, options)
+        }));
+        match result {
+            Err(_) => panicked += 1,
+            Ok(result) => assert!(result.is_err(), "{device}: {huge} bytes allocated"),
+        }
+        assert_eq!(
+            lazybuf::spill::memory_held(&device),
+            held,
+            "{device}: the request's bytes stayed charged"
+        );
+    }
+    evictable.0.store(false, std::sync::atomic::Ordering::SeqCst);
+    assert!(panicked > 0, "no device reported out of memory, so nothing made room");
+}

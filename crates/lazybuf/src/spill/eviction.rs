@@ -105,6 +105,9 @@ pub(crate) fn allocate_within_budget(
     let ledger = budget::ledger_checked(device)?;
     env_policy()?;
     reserve(device, &ledger, bytes)?;
+    // Given back if the code below unwinds (a panic in a runtime's allocation, or in an
+    // evictable buffer's code outside lazybuf): the budget keeps no bytes nobody holds.
+    let charge = Charge { bytes, release: || budget::release(device, bytes) };
     let result = allocate().or_else(|err| {
         if !err.is_out_of_memory() {
             return Err(err);
@@ -123,6 +126,7 @@ pub(crate) fn allocate_within_budget(
         }
         allocate()
     });
+    charge.keep();
     match &result {
         Ok(memory) if memory.len() != bytes => {
             budget::release(device, bytes);
@@ -132,6 +136,28 @@ pub(crate) fn allocate_within_budget(
         Err(_) => budget::release(device, bytes),
     }
     result
+}
+
+/// `bytes` charged to a budget while an allocation runs: released by `release` when dropped
+/// during an unwind, kept (the caller settles the charge) by [`Charge::keep`].
+struct Charge<F: Fn()> {
+    bytes: usize,
+    release: F,
+}
+
+impl<F: Fn()> Charge<F> {
+    /// The allocation returned: the caller settles the charge.
+    fn keep(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl<F: Fn()> Drop for Charge<F> {
+    fn drop(&mut self) {
+        if self.bytes > 0 {
+            (self.release)();
+        }
+    }
 }
 
 /// Charges `bytes` to `ledger`, evicting until they fit under its limit.
@@ -292,7 +318,9 @@ pub(crate) fn allocate_host_within_budget(
             });
         }
     }
+    let charge = Charge { bytes, release: || budget::release_host(bytes) };
     let result = allocate();
+    charge.keep();
     match &result {
         Ok(block) if block.len() != bytes => {
             budget::release_host(bytes);
