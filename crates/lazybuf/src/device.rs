@@ -169,6 +169,26 @@ impl Device {
         self.inner.deferred.record(err);
     }
 
+    /// Runs `f`, on a path that must not unwind (a drop) and that calls code outside lazybuf
+    /// (a memory resource's `deallocate`, a caller's [`crate::backend::Completion`]): a panic
+    /// there is recorded on this device as an [`crate::Error::Callback`] naming `operation`
+    /// ([`Device::take_deferred_errors`]) instead of unwinding out of a drop, which aborts the
+    /// process when the drop runs during another panic's unwinding.
+    pub(crate) fn contain_panics(&self, operation: &'static str, f: impl FnOnce()) {
+        if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+            let message = payload
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic without a message".to_string());
+            self.record_deferred_error(crate::Error::Callback {
+                operation,
+                message: format!("code outside lazybuf panicked: {message}"),
+                payload: crate::error::CallbackPayload(std::sync::Arc::new(message)),
+            });
+        }
+    }
+
     /// Records the error of `result`, if any ([`Device::record_deferred_error`]).
     pub fn record_deferred<T>(&self, result: Result<T>) {
         self.inner.deferred.record_err(result);

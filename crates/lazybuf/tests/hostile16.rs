@@ -320,3 +320,64 @@ fn a_panic_while_making_room_leaves_the_budget_as_it_was() {
     evictable.0.store(false, std::sync::atomic::Ordering::SeqCst);
     assert!(panicked > 0, "no device reported out of memory, so nothing made room");
 }
+
+/// A resource whose `deallocate` panics (a caller's assertion, say).
+#[derive(Debug)]
+struct PanicsOnReturn;
+
+impl MemoryResource for PanicsOnReturn {
+    fn allocate(
+        &self,
+        device: &Device,
+        kind: MemoryKind,
+        bytes: usize,
+        stream: &Stream,
+    ) -> lazybuf::Result<Block> {
+        DirectResource.allocate(device, kind, bytes, stream)
+    }
+
+    fn deallocate(&self, device: &Device, block: Block, stream: &Stream, ready: Ticket) {
+        DirectResource.deallocate(device, block, stream, ready);
+        panic!("the caller's resource panics taking a block back");
+    }
+}
+
+fn callback_errors(device: &Device) -> usize {
+    let (errors, _) = device.take_deferred_errors();
+    errors.iter().filter(|e| matches!(e, lazybuf::Error::Callback { .. })).count()
+}
+
+/// Dropping a buffer or a memory object calls its resource's `deallocate`: a panic there
+/// unwound out of the drop (and aborted the process when the drop ran while another panic
+/// unwound, as a buffer on the stack of a failing test or request does). A drop never
+/// unwinds now: the panic is recorded on the device, and every other block still goes back.
+#[test]
+fn a_resource_that_panics_taking_memory_back_never_unwinds_out_of_a_drop() {
+    let _serial = serial();
+    use std::panic::{AssertUnwindSafe, catch_unwind};
+    for device in common::devices() {
+        let _ = device.take_deferred_errors();
+        let resource: Arc<dyn MemoryResource> = Arc::new(PanicsOnReturn);
+        let mut buf = with_resource(&device, false, resource.clone());
+        buf.copy_from(&[3; 64]).unwrap();
+        buf.sync_to_device().unwrap();
+        let blocks = if device.is_zero_copy(256) { 1 } else { 2 };
+        assert!(catch_unwind(AssertUnwindSafe(|| drop(buf))).is_ok(), "{device}: the drop unwound");
+        assert_eq!(callback_errors(&device), blocks, "{device}: every block's panic recorded");
+        let options = AllocationOptions { resource: Some(resource.clone()), alignment: 0 };
+        let allocation =
+            DeviceAllocation::<u32>::with_options(&device, MemoryKind::Device, 64, options).unwrap();
+        assert!(catch_unwind(AssertUnwindSafe(|| drop(allocation))).is_ok(), "{device}: the drop unwound");
+        assert_eq!(callback_errors(&device), 1, "{device}");
+        // Dropped while another panic unwinds: before, a second panic, and the process aborted.
+        let device2 = device.clone();
+        let unwound = std::thread::spawn(move || {
+            let mut buf = with_resource(&device2, false, Arc::new(PanicsOnReturn));
+            buf.copy_from(&[3; 64]).unwrap();
+            panic!("the caller's code panics with a buffer alive");
+        })
+        .join();
+        assert!(unwound.is_err());
+        assert_eq!(callback_errors(&device), 1, "{device}");
+    }
+}

@@ -762,17 +762,28 @@ impl RawBuffer {
     fn release_all(&mut self) {
         self.on_disk = None;
         // A transfer that failed unobserved: recorded on the buffer's device, not lost.
-        let finished = self.finish();
-        self.home.record_deferred(finished);
+        let home = self.home.clone();
+        home.contain_panics("release_memory", || {
+            let finished = self.finish();
+            self.home.record_deferred(finished);
+        });
+        // Each block goes back on its own: a resource (or a caller's completion) that panics
+        // for one is recorded on the device, and the others still go back.
         let mut host_ready = Vec::new();
         for mut copy in std::mem::take(&mut self.copies) {
-            if copy.memory.is_host_alias() {
-                host_ready.push(last_use_or_synchronized(&mut copy));
-            }
-            give_back(&*self.resource, copy, self.id);
+            let device = copy.device.clone();
+            device.contain_panics("release_memory", || {
+                if copy.memory.is_host_alias() {
+                    host_ready.push(last_use_or_synchronized(&mut copy));
+                }
+                give_back(&*self.resource, copy, self.id);
+            });
         }
         if let Some(block) = self.host.take() {
-            give_back_host(&*self.resource, &self.home, block, Ticket::all(host_ready), self.id);
+            let (resource, id) = (&*self.resource, self.id);
+            home.contain_panics("release_memory", || {
+                give_back_host(resource, &home, block, Ticket::all(host_ready), id);
+            });
         }
         self.coherence.clear();
         (self.direct_read, self.host_sync_pays) = (false, false);
@@ -1083,7 +1094,10 @@ impl RawBuffer {
 
 impl Drop for RawBuffer {
     fn drop(&mut self) {
-        self.release_memory();
+        // Each block's give-back runs contained (release_all); anything else that panics is
+        // recorded too: a drop never unwinds.
+        let home = self.home.clone();
+        home.contain_panics("drop", || self.release_memory());
     }
 }
 
