@@ -381,3 +381,39 @@ fn a_resource_that_panics_taking_memory_back_never_unwinds_out_of_a_drop() {
         assert_eq!(callback_errors(&device), 1, "{device}");
     }
 }
+
+/// A pool over that resource: trimming it (the pool's own drop, or an eviction pass making
+/// room for another buffer) gives its cached blocks back upstream; a panic there unwound out
+/// of the pool's drop, or into the unrelated allocation that trimmed, and the blocks after the
+/// one that panicked were never given back.
+#[test]
+fn a_pool_whose_upstream_panics_taking_blocks_back_trims_and_drops_without_unwinding() {
+    let _serial = serial();
+    use std::panic::{AssertUnwindSafe, catch_unwind};
+    for device in common::devices() {
+        let _ = device.take_deferred_errors();
+        let pool = lazybuf::MemoryPool::with_upstream(
+            &device,
+            lazybuf::PoolConfig::for_device(&device),
+            Arc::new(PanicsOnReturn),
+        );
+        let buffers: Vec<_> = (0..3)
+            .map(|n| {
+                let mut buf = pool.acquire::<u32>(&[64 << n], false).unwrap();
+                buf.copy_from(&vec![1; 64 << n]).unwrap();
+                buf
+            })
+            .collect();
+        for buf in buffers {
+            pool.release(buf).unwrap();
+        }
+        let trimmed = catch_unwind(AssertUnwindSafe(|| pool.trim()));
+        assert!(trimmed.is_ok_and(|bytes| bytes >= 256 + 512 + 1024), "{device}: every cached block trimmed");
+        assert_eq!(callback_errors(&device), 3, "{device}: each block's panic recorded");
+        let mut buf = pool.acquire::<u32>(&[64], false).unwrap();
+        buf.copy_from(&[1; 64]).unwrap();
+        pool.release(buf).unwrap();
+        assert!(catch_unwind(AssertUnwindSafe(|| drop(pool))).is_ok(), "{device}: the pool's drop unwound");
+        assert_eq!(callback_errors(&device), 1, "{device}");
+    }
+}
