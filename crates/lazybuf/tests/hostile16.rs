@@ -417,3 +417,49 @@ fn a_pool_whose_upstream_panics_taking_blocks_back_trims_and_drops_without_unwin
         assert_eq!(callback_errors(&device), 1, "{device}");
     }
 }
+
+/// A resource whose `allocate` panics while armed.
+#[derive(Debug, Default)]
+struct PanicsOnAllocate(std::sync::atomic::AtomicBool);
+
+impl MemoryResource for PanicsOnAllocate {
+    fn allocate(
+        &self,
+        device: &Device,
+        kind: MemoryKind,
+        bytes: usize,
+        stream: &Stream,
+    ) -> lazybuf::Result<Block> {
+        if self.0.load(std::sync::atomic::Ordering::SeqCst) {
+            panic!("the caller's resource panics handing out a block");
+        }
+        DirectResource.allocate(device, kind, bytes, stream)
+    }
+
+    fn deallocate(&self, device: &Device, block: Block, stream: &Stream, ready: Ticket) {
+        DirectResource.deallocate(device, block, stream, ready);
+    }
+}
+
+/// A limit over an upstream that panics: the limiting adaptor reserved the request before it
+/// asked upstream, and the panic unwound past the release, so the limit stayed used by bytes
+/// nobody held (a 1,000-byte limit refused everything after one panic of a 1,000-byte request).
+#[test]
+fn a_limit_over_an_upstream_that_panics_keeps_no_reservation() {
+    let _serial = serial();
+    use std::panic::{AssertUnwindSafe, catch_unwind};
+    for device in common::devices() {
+        let upstream = Arc::new(PanicsOnAllocate(std::sync::atomic::AtomicBool::new(true)));
+        let limit = Arc::new(lazybuf::LimitingResource::new(upstream.clone(), 1000));
+        let options =
+            || AllocationOptions { resource: Some(limit.clone() as Arc<dyn MemoryResource>), alignment: 0 };
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            DeviceAllocation::<u8>::with_options(&device, MemoryKind::Device, 1000, options())
+        }));
+        assert!(result.is_err(), "{device}: the upstream did not panic");
+        assert_eq!(limit.held(), 0, "{device}: the panicked request stayed reserved");
+        upstream.0.store(false, std::sync::atomic::Ordering::SeqCst);
+        let allocation = DeviceAllocation::<u8>::with_options(&device, MemoryKind::Device, 1000, options());
+        assert!(allocation.is_ok(), "{device}: {:?}", allocation.err());
+    }
+}

@@ -144,6 +144,31 @@ fn wrong_kind<R: MemoryResource + ?Sized>(resource: &R, wanted: &str) -> crate::
     )
 }
 
+/// Runs its closure when dropped, unless disarmed: undoes a charge or a reservation made
+/// before calling code outside lazybuf (an upstream resource, a runtime, an evictable buffer)
+/// when that code panics, so no budget or limit keeps bytes nobody holds.
+pub(crate) struct OnUnwind<F: FnOnce()>(Option<F>);
+
+impl<F: FnOnce()> OnUnwind<F> {
+    /// Armed: `undo` runs at the drop.
+    pub(crate) fn new(undo: F) -> Self {
+        OnUnwind(Some(undo))
+    }
+
+    /// The code returned: its caller settles what was charged.
+    pub(crate) fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl<F: FnOnce()> Drop for OnUnwind<F> {
+    fn drop(&mut self) {
+        if let Some(undo) = self.0.take() {
+            undo();
+        }
+    }
+}
+
 /// Checks a block `resource` handed out for a request of `bytes` of `kind` on `device`, before
 /// anything uses it: at least the bytes asked for, host memory for a host request (page-locked
 /// for a pinned one: SPEC section 3, never a silent pageable block), and device or shared

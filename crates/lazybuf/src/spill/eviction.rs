@@ -34,7 +34,7 @@ use super::stats;
 use crate::backend::fork::ForkAwareOnce;
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::resource::Block;
+use crate::resource::{Block, OnUnwind};
 
 /// How an evicted copy that is *not* the only current one is treated.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -107,7 +107,7 @@ pub(crate) fn allocate_within_budget(
     reserve(device, &ledger, bytes)?;
     // Given back if the code below unwinds (a panic in a runtime's allocation, or in an
     // evictable buffer's code outside lazybuf): the budget keeps no bytes nobody holds.
-    let charge = Charge { bytes, release: || budget::release(device, bytes) };
+    let charge = OnUnwind::new(|| budget::release(device, bytes));
     let result = allocate().or_else(|err| {
         if !err.is_out_of_memory() {
             return Err(err);
@@ -126,7 +126,7 @@ pub(crate) fn allocate_within_budget(
         }
         allocate()
     });
-    charge.keep();
+    charge.disarm();
     match &result {
         Ok(memory) if memory.len() != bytes => {
             budget::release(device, bytes);
@@ -136,28 +136,6 @@ pub(crate) fn allocate_within_budget(
         Err(_) => budget::release(device, bytes),
     }
     result
-}
-
-/// `bytes` charged to a budget while an allocation runs: released by `release` when dropped
-/// during an unwind, kept (the caller settles the charge) by [`Charge::keep`].
-struct Charge<F: Fn()> {
-    bytes: usize,
-    release: F,
-}
-
-impl<F: Fn()> Charge<F> {
-    /// The allocation returned: the caller settles the charge.
-    fn keep(self) {
-        std::mem::forget(self);
-    }
-}
-
-impl<F: Fn()> Drop for Charge<F> {
-    fn drop(&mut self) {
-        if self.bytes > 0 {
-            (self.release)();
-        }
-    }
 }
 
 /// Charges `bytes` to `ledger`, evicting until they fit under its limit.
@@ -318,9 +296,9 @@ pub(crate) fn allocate_host_within_budget(
             });
         }
     }
-    let charge = Charge { bytes, release: || budget::release_host(bytes) };
+    let charge = OnUnwind::new(|| budget::release_host(bytes));
     let result = allocate();
-    charge.keep();
+    charge.disarm();
     match &result {
         Ok(block) if block.len() != bytes => {
             budget::release_host(bytes);
