@@ -169,6 +169,26 @@ impl Device {
         self.inner.deferred.record(err);
     }
 
+    /// Runs `f`, on a path that must not unwind (a drop) and that calls code outside lazybuf
+    /// (a memory resource's `deallocate`, a caller's [`crate::backend::Completion`]): a panic
+    /// there is recorded on this device as an [`crate::Error::Callback`] naming `operation`
+    /// ([`Device::take_deferred_errors`]) instead of unwinding out of a drop, which aborts the
+    /// process when the drop runs during another panic's unwinding.
+    pub(crate) fn contain_panics(&self, operation: &'static str, f: impl FnOnce()) {
+        if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+            let message = payload
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic without a message".to_string());
+            self.record_deferred_error(crate::Error::Callback {
+                operation,
+                message: format!("code outside lazybuf panicked: {message}"),
+                payload: crate::error::CallbackPayload(std::sync::Arc::new(message)),
+            });
+        }
+    }
+
     /// Records the error of `result`, if any ([`Device::record_deferred_error`]).
     pub fn record_deferred<T>(&self, result: Result<T>) {
         self.inner.deferred.record_err(result);
@@ -369,15 +389,7 @@ impl Stream {
     /// [`crate::Error::InvalidArgument`], on every device).
     pub fn fill(&self, dst: &mut DeviceMemory, pattern: &[u8], bytes: usize) -> Result<Ticket> {
         check_fits("fill", dst.len(), bytes)?;
-        if !matches!(pattern.len(), 1 | 2 | 4 | 8 | 16) || !bytes.is_multiple_of(pattern.len()) {
-            return Err(crate::Error::invalid(
-                "fill",
-                format!(
-                    "expected a pattern of 1, 2, 4, 8 or 16 bytes whose length divides {bytes}; got {} bytes",
-                    pattern.len()
-                ),
-            ));
-        }
+        check_fill_pattern("fill", pattern, bytes)?;
         if bytes == 0 {
             return self.check_owned("fill", dst).map(|()| Ticket::done());
         }
@@ -466,4 +478,20 @@ impl fmt::Debug for Stream {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Stream({:?} on {:?})", self.handle.raw(), self.device)
     }
+}
+
+/// The one fill-pattern rule, for every fill on every device and on the host: one element of
+/// 1, 2, 4, 8 or 16 bytes whose length divides the `bytes` filled (else an
+/// [`crate::Error::InvalidArgument`] naming `operation`).
+pub(crate) fn check_fill_pattern(operation: &'static str, pattern: &[u8], bytes: usize) -> Result<()> {
+    if !matches!(pattern.len(), 1 | 2 | 4 | 8 | 16) || !bytes.is_multiple_of(pattern.len()) {
+        return Err(crate::Error::invalid(
+            operation,
+            format!(
+                "expected a pattern of 1, 2, 4, 8 or 16 bytes whose length divides {bytes}; got {} bytes",
+                pattern.len()
+            ),
+        ));
+    }
+    Ok(())
 }

@@ -197,7 +197,10 @@ pub enum Error {
     },
     /// A callback of the caller's failed (the callback of a
     /// [`crate::resource::FailureCallbackResource`]); `payload` carries the callback's own
-    /// error for bindings to raise again (a Python exception).
+    /// error for bindings to raise again (a Python exception). Also what a panic of code
+    /// outside lazybuf on a path that must not unwind (a resource's `deallocate` while a buffer
+    /// is dropped) is recorded as, among the device's deferred errors; `payload` is then the
+    /// panic's message (a `String`).
     #[error("{operation}: the callback failed: {message}")]
     Callback {
         /// The operation that called the callback.

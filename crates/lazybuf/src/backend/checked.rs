@@ -172,10 +172,13 @@ impl<R: Runtime> Backend for Checked<R> {
         Ok(match (self.runtime.allocate(kind, bytes)?, kind) {
             (Allocated::Host(block), MemoryKind::Host { .. }) => Block::Host(block),
             (Allocated::Memory(memory), MemoryKind::Device) => {
-                Block::Device(DeviceMemory::new(bytes, false, Box::new(memory)))
+                // SAFETY: the runtime allocated `bytes` for this handle; its `MemoryHandle` impl
+                // promises its host address (if any) covers them.
+                Block::Device(unsafe { DeviceMemory::new(bytes, false, Box::new(memory)) })
             }
             (Allocated::Memory(memory), MemoryKind::Shared) => {
-                Block::Device(DeviceMemory::shared(bytes, Box::new(memory)))
+                // SAFETY: as above.
+                Block::Device(unsafe { DeviceMemory::shared(bytes, Box::new(memory)) })
             }
             (other, kind) => {
                 // A runtime's bug, refused rather than handed out as the wrong kind.
@@ -196,7 +199,9 @@ impl<R: Runtime> Backend for Checked<R> {
         self.alive()?;
         // SAFETY: forwarded contract.
         let memory = unsafe { self.runtime.borrow(raw, len) }?;
-        Ok(DeviceMemory::new(len, false, Box::new(memory)))
+        // SAFETY: the caller promised `raw` valid for `len` bytes while the memory lives, and
+        // the runtime's handle addresses (if at all) what it borrowed.
+        Ok(unsafe { DeviceMemory::new(len, false, Box::new(memory)) })
     }
 
     fn alignment(&self, kind: MemoryKind) -> usize {
@@ -216,7 +221,9 @@ impl<R: Runtime> Backend for Checked<R> {
             return Some(Err(err));
         }
         let memory = self.runtime.alias_host(host, len)?;
-        Some(memory.map(|memory| DeviceMemory::new(len, true, Box::new(memory))))
+        // SAFETY: the runtime aliased the first `len` bytes of `host` (at most its length);
+        // its handle addresses (if at all) those bytes.
+        Some(memory.map(|memory| unsafe { DeviceMemory::new(len, true, Box::new(memory)) }))
     }
 
     /// No runtime call: answered in a forked child too.

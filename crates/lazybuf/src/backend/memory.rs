@@ -13,7 +13,14 @@ use crate::error::{Error, Result};
 use crate::host_memory::{HostMemory, Pinning};
 
 /// A runtime's own handle to a device allocation (downcast by the backend that made it).
-pub trait MemoryHandle: Any + Send + Sync + fmt::Debug {
+///
+/// # Safety
+/// lazybuf reads and writes through [`MemoryHandle::host_address`] from safe code (the host
+/// slices of memory objects and device views): where it answers, the address must be valid for
+/// reads and writes of the allocation's whole length (the bytes the runtime allocated, borrowed
+/// or aliased it with, the `len` it is wrapped with in [`DeviceMemory`]), aligned as the runtime's
+/// [`super::Runtime::alignment`] promises, for as long as the handle lives.
+pub unsafe trait MemoryHandle: Any + Send + Sync + fmt::Debug {
     /// The runtime handle, for kernels launched by the user.
     fn raw(&self) -> RawMemory;
 
@@ -78,14 +85,29 @@ pub struct DeviceMemory {
 impl DeviceMemory {
     /// Wraps a backend's handle to `len` bytes; `host_alias` when it is a zero-copy alias of
     /// a host block.
-    pub fn new(len: usize, host_alias: bool, handle: Box<dyn MemoryHandle>) -> Self {
+    ///
+    /// # Safety
+    /// Where `handle` answers [`MemoryHandle::host_address`], that address is valid for reads
+    /// and writes of `len` bytes while the handle lives: safe code (a device view's host slice)
+    /// reads and writes `len` bytes there.
+    ///
+    /// ```compile_fail,E0133
+    /// // Safe code cannot claim a length its handle does not have.
+    /// # fn f(handle: Box<dyn lazybuf::backend::MemoryHandle>) {
+    /// let _ = lazybuf::backend::DeviceMemory::new(1 << 40, false, handle);
+    /// # }
+    /// ```
+    pub unsafe fn new(len: usize, host_alias: bool, handle: Box<dyn MemoryHandle>) -> Self {
         let handle_type = (*handle).type_id();
         DeviceMemory { len, host_alias, shared: false, handle, handle_type }
     }
 
     /// Wraps a backend's handle to `len` bytes of shared memory ([`MemoryKind::Shared`]),
     /// which the host addresses too ([`MemoryHandle::host_address`] must answer).
-    pub fn shared(len: usize, handle: Box<dyn MemoryHandle>) -> Self {
+    ///
+    /// # Safety
+    /// As for [`DeviceMemory::new`]: `handle`'s host address is valid for `len` bytes.
+    pub unsafe fn shared(len: usize, handle: Box<dyn MemoryHandle>) -> Self {
         let handle_type = (*handle).type_id();
         DeviceMemory { len, host_alias: false, shared: true, handle, handle_type }
     }

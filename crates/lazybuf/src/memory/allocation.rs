@@ -137,6 +137,11 @@ impl<T: Element> DeviceAllocation<T> {
                 ),
             ));
         }
+        // Device and shared memory must be this device's own, too.
+        if let Err(err) = crate::resource::check_block(&*resource, device, kind, bytes, &block) {
+            resource.deallocate(device, block, &stream, Ticket::done());
+            return Err(err);
+        }
         Ok(DeviceAllocation {
             id: crate::observe::next_buffer_id(),
             device: device.clone(),
@@ -592,7 +597,8 @@ impl<T: Element> Drop for DeviceAllocation<T> {
         // The caller's work on the stream may still use the memory: the block is reused or
         // freed after it (a failed marker leaves nothing to wait for).
         let ready = stream.marker().unwrap_or_else(|_| Ticket::done());
-        resource.deallocate(&self.device, block, &stream, ready);
+        // A resource's code that panics is recorded on the device: a drop never unwinds.
+        self.device.contain_panics("drop", || resource.deallocate(&self.device, block, &stream, ready));
     }
 }
 

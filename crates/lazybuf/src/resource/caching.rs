@@ -446,14 +446,19 @@ fn drain(slots: &mut Slots) -> Vec<(Device, Cached)> {
     out
 }
 
-/// Gives drained blocks upstream; returns their bytes.
+/// Gives drained blocks upstream; returns their bytes. Each goes back on its own: an upstream
+/// whose `deallocate` panics (code outside lazybuf) has the panic recorded on the device and
+/// the other blocks still go back, whoever trims (a drop, an eviction pass for another
+/// buffer's allocation).
 fn give_all(upstream: &dyn MemoryResource, blocks: Vec<(Device, Cached)>) -> u64 {
     let mut freed = 0;
     for (device, cached) in blocks {
         let n = cached.block.len() as u64;
         freed += n;
         memory_of(&device, cached.block.kind()).cached_bytes().fetch_sub(n, Ordering::Relaxed);
-        give_upstream(upstream, &device, cached.block, cached.stream, cached.ready);
+        device.contain_panics("trim", || {
+            give_upstream(upstream, &device, cached.block, cached.stream, cached.ready);
+        });
     }
     freed
 }

@@ -104,7 +104,12 @@ impl LimitingResource {
 impl MemoryResource for LimitingResource {
     fn allocate(&self, device: &Device, kind: MemoryKind, bytes: usize, stream: &Stream) -> Result<Block> {
         self.reserve(device, bytes)?;
-        match self.upstream.allocate(device, kind, bytes, stream) {
+        // Given back if the upstream panics (code outside lazybuf): the limit keeps no bytes
+        // nobody holds.
+        let reserved = super::OnUnwind::new(|| self.unreserve(bytes));
+        let allocated = self.upstream.allocate(device, kind, bytes, stream);
+        reserved.disarm();
+        match allocated {
             Ok(block) => {
                 // Count the block's real length, which may exceed the request (a pool's size
                 // class): the excess is reserved under the limit too, or the block goes back.

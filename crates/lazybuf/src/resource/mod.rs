@@ -144,6 +144,98 @@ fn wrong_kind<R: MemoryResource + ?Sized>(resource: &R, wanted: &str) -> crate::
     )
 }
 
+/// Runs its closure when dropped, unless disarmed: undoes a charge or a reservation made
+/// before calling code outside lazybuf (an upstream resource, a runtime, an evictable buffer)
+/// when that code panics, so no budget or limit keeps bytes nobody holds.
+pub(crate) struct OnUnwind<F: FnOnce()>(Option<F>);
+
+impl<F: FnOnce()> OnUnwind<F> {
+    /// Armed: `undo` runs at the drop.
+    pub(crate) fn new(undo: F) -> Self {
+        OnUnwind(Some(undo))
+    }
+
+    /// The code returned: its caller settles what was charged.
+    pub(crate) fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl<F: FnOnce()> Drop for OnUnwind<F> {
+    fn drop(&mut self) {
+        if let Some(undo) = self.0.take() {
+            undo();
+        }
+    }
+}
+
+/// Checks a block `resource` handed out for a request of `bytes` of `kind` on `device`, before
+/// anything uses it: at least the bytes asked for, host memory for a host request (page-locked
+/// for a pinned one: SPEC section 3, never a silent pageable block), and device or shared
+/// memory of `device` itself for those requests (not another device's, nor a handle no backend
+/// of `device` made: such memory would reach the caller's kernels as this device's). Every
+/// user of a resource's blocks (buffers, memory objects) asks before it keeps one: a
+/// resource's mistake is an error naming what was expected; the caller gives the block back.
+pub(crate) fn check_block(
+    resource: &dyn MemoryResource,
+    device: &Device,
+    kind: MemoryKind,
+    bytes: usize,
+    block: &Block,
+) -> Result<()> {
+    let what = match block {
+        Block::Host(_) => "host block",
+        Block::Device(memory) if memory.kind() == MemoryKind::Shared => "shared allocation",
+        Block::Device(_) => "device allocation",
+    };
+    if block.len() < bytes {
+        return Err(crate::Error::invalid(
+            "allocate",
+            format!(
+                "the memory resource {resource:?} returned a {what} of {} bytes for a request of {bytes}; \
+                 expected at least the bytes asked for",
+                block.len()
+            ),
+        ));
+    }
+    match (kind, block) {
+        (MemoryKind::Host { pinned }, Block::Host(host)) => {
+            if pinned && !host.is_pinned() {
+                return Err(crate::Error::PinningFailed {
+                    requested: bytes,
+                    reason: format!(
+                        "the memory resource {resource:?} returned a pageable host block for a pinned \
+                         request; expected page-locked memory"
+                    ),
+                });
+            }
+            Ok(())
+        }
+        (MemoryKind::Device | MemoryKind::Shared, Block::Device(memory)) if memory.kind() == kind => {
+            if !device.backend().owns(memory) {
+                return Err(crate::Error::invalid(
+                    "allocate",
+                    format!(
+                        "the memory resource {resource:?} returned a {what} of another device (or one no \
+                         backend of {device} made); expected {} memory of {device}",
+                        kind.name()
+                    ),
+                ));
+            }
+            Ok(())
+        }
+        _ => Err(crate::Error::invalid(
+            "allocate",
+            format!(
+                "the memory resource {resource:?} returned a {what} for a request of {} memory; expected \
+                 {} memory",
+                kind.name(),
+                kind.name()
+            ),
+        )),
+    }
+}
+
 /// Allocates from the device's backend every time and frees on return (after the last work
 /// using the memory is done).
 ///

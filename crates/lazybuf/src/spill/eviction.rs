@@ -34,7 +34,7 @@ use super::stats;
 use crate::backend::fork::ForkAwareOnce;
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::resource::Block;
+use crate::resource::{Block, OnUnwind};
 
 /// How an evicted copy that is *not* the only current one is treated.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -105,6 +105,9 @@ pub(crate) fn allocate_within_budget(
     let ledger = budget::ledger_checked(device)?;
     env_policy()?;
     reserve(device, &ledger, bytes)?;
+    // Given back if the code below unwinds (a panic in a runtime's allocation, or in an
+    // evictable buffer's code outside lazybuf): the budget keeps no bytes nobody holds.
+    let charge = OnUnwind::new(|| budget::release(device, bytes));
     let result = allocate().or_else(|err| {
         if !err.is_out_of_memory() {
             return Err(err);
@@ -123,6 +126,7 @@ pub(crate) fn allocate_within_budget(
         }
         allocate()
     });
+    charge.disarm();
     match &result {
         Ok(memory) if memory.len() != bytes => {
             budget::release(device, bytes);
@@ -292,7 +296,9 @@ pub(crate) fn allocate_host_within_budget(
             });
         }
     }
+    let charge = OnUnwind::new(|| budget::release_host(bytes));
     let result = allocate();
+    charge.disarm();
     match &result {
         Ok(block) if block.len() != bytes => {
             budget::release_host(bytes);

@@ -76,6 +76,9 @@ impl<T: Element> SharedBuffer<T> {
     /// Locks the buffer for use (waiting for other users, never for eviction itself, which
     /// only tries the lock). While the guard lives the buffer is in use and never evicted.
     pub fn lock(&self) -> SharedGuard<'_, T> {
+        // A panic while the lock was held (the caller's code, a resource's) leaves the buffer
+        // as its last operation left it, which every operation keeps consistent: it is used on
+        // as if nothing happened, here and by eviction (`try_lock`, below).
         let buffer = self.entry.buffer.lock().unwrap_or_else(PoisonError::into_inner);
         self.entry.last_use.store(registry::tick(), Ordering::Relaxed);
         SharedGuard { buffer, entry: &self.entry }
@@ -129,18 +132,25 @@ impl<T: Element> Evictable for Entry<T> {
     }
 
     fn try_evict(&self, device: &Device) -> Option<Result<Option<Evicted>>> {
-        let mut buffer = match self.buffer.try_lock() {
-            Ok(buffer) => buffer,
-            // Held (in use), or poisoned by a panic while held: not touched.
-            Err(TryLockError::WouldBlock | TryLockError::Poisoned(_)) => return None,
-        };
+        let mut buffer = try_lock(&self.buffer)?;
         Some(buffer.raw_mut().evict_device_copy(device))
     }
 
     fn try_spill_host(&self) -> Option<Result<Option<usize>>> {
         // Host slices of a shared buffer live inside its lock's guard: a free lock means no
         // one holds one.
-        let mut buffer = self.buffer.try_lock().ok()?;
+        let mut buffer = try_lock(&self.buffer)?;
         Some(buffer.raw_mut().spill_host_to_disk())
+    }
+}
+
+/// The buffer if its lock is free (`None` while held: in use). A lock poisoned by a panic while
+/// it was held is free: [`SharedBuffer::lock`] goes on using such a buffer, so eviction does
+/// too (it once skipped it for good, and a budget then ran out with the buffer idle).
+fn try_lock<B>(lock: &Mutex<B>) -> Option<MutexGuard<'_, B>> {
+    match lock.try_lock() {
+        Ok(buffer) => Some(buffer),
+        Err(TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+        Err(TryLockError::WouldBlock) => None,
     }
 }

@@ -108,7 +108,9 @@ impl CudaMemory {
     }
 }
 
-impl MemoryHandle for CudaMemory {
+// SAFETY: a host address is given only for managed (shared) memory, whose `len` bytes the
+// host addresses while the allocation lives.
+unsafe impl MemoryHandle for CudaMemory {
     fn raw(&self) -> RawMemory {
         RawMemory::Cuda(self.ptr)
     }

@@ -62,7 +62,9 @@ impl HostDeviceMemory {
     }
 }
 
-impl MemoryHandle for HostDeviceMemory {
+// SAFETY: the host address is the start of the `len` bytes this handle owns or aliases
+// (a host block, or borrowed memory under `borrow`'s contract), valid while it lives.
+unsafe impl MemoryHandle for HostDeviceMemory {
     fn raw(&self) -> RawMemory {
         RawMemory::Host(if self.len == 0 { std::ptr::null_mut() } else { self.ptr.as_ptr() })
     }

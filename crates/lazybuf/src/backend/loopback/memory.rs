@@ -91,7 +91,9 @@ impl Drop for LoopbackMemory {
     }
 }
 
-impl MemoryHandle for LoopbackMemory {
+// SAFETY: the host address is the start of the allocation of `len` bytes this handle owns
+// (allocated, or borrowed under `borrow`'s contract), valid while it lives.
+unsafe impl MemoryHandle for LoopbackMemory {
     /// The address as an integer, as a device pointer is.
     fn raw(&self) -> RawMemory {
         RawMemory::Loopback(if self.len == 0 { 0 } else { self.ptr.as_ptr() as u64 })

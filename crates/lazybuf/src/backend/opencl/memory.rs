@@ -38,7 +38,9 @@ unsafe impl Send for OpenClMemory {}
 // SAFETY: see Send; &OpenClMemory only hands the handle to thread-safe API calls.
 unsafe impl Sync for OpenClMemory {}
 
-impl MemoryHandle for OpenClMemory {
+// SAFETY: a host address is given only for shared virtual memory, whose `len` bytes the host
+// addresses while the allocation (freed on drop) lives.
+unsafe impl MemoryHandle for OpenClMemory {
     fn raw(&self) -> RawMemory {
         RawMemory::OpenCl(self.mem)
     }

@@ -183,7 +183,8 @@ pub struct WgpuMemory {
     pub(super) context: Arc<Context>,
 }
 
-impl MemoryHandle for WgpuMemory {
+// SAFETY: no host address: the host never reads or writes through this handle.
+unsafe impl MemoryHandle for WgpuMemory {
     /// The `wgpu::Buffer` (null for an empty allocation).
     fn raw(&self) -> RawMemory {
         RawMemory::Wgpu(self.buffer.as_ref().map_or(ptr::null(), |b| b as *const wgpu::Buffer))

@@ -11,7 +11,7 @@
 //! flight and committing the state (the accesses in [`super`]).
 
 use super::{DeviceCopy, RawBuffer};
-use crate::backend::{HostSpan, Ticket};
+use crate::backend::{Block, HostSpan, MemoryKind as Kind, Ticket};
 use crate::buffer::inflight::Undo;
 use crate::buffer::stats::{Direction, TransferStats};
 use crate::coherence::{Location, Plan, Step};
@@ -19,7 +19,7 @@ use crate::device::{Device, Stream};
 use crate::error::{Error, Result};
 use crate::host_memory::HostMemory;
 use crate::observe::trace::{self, MemoryKind};
-use crate::resource::MemoryResource;
+use crate::resource::{MemoryResource, check_block};
 
 impl RawBuffer {
     /// Zero-fills location `at` (allocated, nothing valid anywhere).
@@ -80,17 +80,27 @@ impl RawBuffer {
     fn allocate_host(&mut self, undo: &mut Undo, stats: &mut TransferStats) -> Result<()> {
         if self.host.is_none() {
             let block = self.resource.allocate_host(&self.home, self.nbytes, self.pinned)?;
-            if block.len() < self.nbytes {
-                let short = block.len();
-                self.resource.deallocate_host(&self.home, block, Ticket::done());
-                return Err(short_block(&*self.resource, "host block", self.nbytes, short));
-            }
+            let block = self.checked_host_block(block)?;
             trace::record_allocate(self.id, &self.home, MemoryKind::Host, block.len());
             self.host = Some(block);
             undo.host_block = true;
             stats.allocations += 1;
         }
         Ok(())
+    }
+
+    /// `block`, just taken from the buffer's resource for its host copy, if it is one the
+    /// buffer may use ([`check_block`]: long enough, page-locked for a pinned buffer); else it
+    /// goes back and the error names what was expected.
+    pub(super) fn checked_host_block(&self, block: HostMemory) -> Result<HostMemory> {
+        let block = Block::Host(block);
+        let kind = Kind::Host { pinned: self.pinned };
+        if let Err(err) = check_block(&*self.resource, &self.home, kind, self.nbytes, &block) {
+            self.resource.deallocate(&self.home, block, &self.home.stream(), Ticket::done());
+            return Err(err);
+        }
+        let Block::Host(block) = block else { unreachable!("a host block was just made") };
+        Ok(block)
     }
 
     fn allocate_on(&mut self, device: &Device, undo: &mut Undo, stats: &mut TransferStats) -> Result<()> {
@@ -112,11 +122,12 @@ impl RawBuffer {
             })?
         } else {
             let memory = self.resource.allocate_device(device, self.nbytes, &stream)?;
-            if memory.len() < self.nbytes {
-                let short = memory.len();
-                self.resource.deallocate_device(device, memory, &stream, Ticket::done());
-                return Err(short_block(&*self.resource, "device allocation", self.nbytes, short));
+            let block = Block::Device(memory);
+            if let Err(err) = check_block(&*self.resource, device, Kind::Device, self.nbytes, &block) {
+                self.resource.deallocate(device, block, &stream, Ticket::done());
+                return Err(err);
             }
+            let Block::Device(memory) = block else { unreachable!("a device block was just made") };
             stats.allocations += 1;
             trace::record_allocate(self.id, device, MemoryKind::Device, memory.len());
             memory
@@ -257,16 +268,6 @@ pub(super) fn give_back_host(
     }
     trace::record_free(Some(buffer), home, MemoryKind::Host, block.len());
     resource.deallocate_host(home, block, ready);
-}
-
-fn short_block(resource: &dyn MemoryResource, what: &str, wanted: usize, got: usize) -> Error {
-    Error::invalid(
-        "allocate",
-        format!(
-            "the memory resource {resource:?} returned a {what} of {got} bytes for a request of {wanted}; \
-             expected at least the bytes asked for"
-        ),
-    )
 }
 
 fn pair_mut<T>(items: &mut [T], i: usize, j: usize) -> (&mut T, &mut T) {

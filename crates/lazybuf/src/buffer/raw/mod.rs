@@ -399,10 +399,8 @@ impl RawBuffer {
         }
         if self.host.is_none() {
             let block = self.resource.allocate_host_now(&self.home, self.nbytes, self.pinned)?;
-            if block.len() < self.nbytes {
-                self.resource.deallocate_host(&self.home, block, Ticket::done());
-                return None;
-            }
+            // A block the buffer may not use goes back: the usual path then reports why.
+            let block = self.checked_host_block(block).ok()?;
             observe::trace::record_allocate(
                 self.id,
                 &self.home,
@@ -719,7 +717,8 @@ impl RawBuffer {
         )
     }
 
-    /// Fills every element with `pattern` (one element's bytes) at one current location,
+    /// Fills every element with `pattern` (one element's bytes: 1, 2, 4, 8 or 16 of them,
+    /// dividing the buffer's size, else an error wherever the data is) at one current location,
     /// with no transfer: the buffer's own device if it is current, else the host if it is,
     /// else another current device; an uninitialized buffer is filled on the host. The fill
     /// is a write there, so every other copy becomes stale. A fill that fails before it
@@ -727,6 +726,9 @@ impl RawBuffer {
     /// unknown, so it is marked stale when another copy is current (and, when it was the only
     /// current copy, its bytes are the runtime's partial result: the error says so).
     pub fn fill(&mut self, pattern: &[u8]) -> Result<()> {
+        // One rule wherever the data is current (a host fill once took any pattern, a device
+        // fill refused it): checked before anything moves.
+        crate::device::check_fill_pattern("fill", pattern, self.nbytes)?;
         self.reload_from_disk()?;
         let home = Location::Device(self.home.id());
         let valid = |c: &Coherence, loc: &Location| c.residency(*loc) == Residency::Valid;
@@ -781,17 +783,28 @@ impl RawBuffer {
     fn release_all(&mut self) {
         self.on_disk = None;
         // A transfer that failed unobserved: recorded on the buffer's device, not lost.
-        let finished = self.finish();
-        self.home.record_deferred(finished);
+        let home = self.home.clone();
+        home.contain_panics("release_memory", || {
+            let finished = self.finish();
+            self.home.record_deferred(finished);
+        });
+        // Each block goes back on its own: a resource (or a caller's completion) that panics
+        // for one is recorded on the device, and the others still go back.
         let mut host_ready = Vec::new();
         for mut copy in std::mem::take(&mut self.copies) {
-            if copy.memory.is_host_alias() {
-                host_ready.push(last_use_or_synchronized(&mut copy));
-            }
-            give_back(&*self.resource, copy, self.id);
+            let device = copy.device.clone();
+            device.contain_panics("release_memory", || {
+                if copy.memory.is_host_alias() {
+                    host_ready.push(last_use_or_synchronized(&mut copy));
+                }
+                give_back(&*self.resource, copy, self.id);
+            });
         }
         if let Some(block) = self.host.take() {
-            give_back_host(&*self.resource, &self.home, block, Ticket::all(host_ready), self.id);
+            let (resource, id) = (&*self.resource, self.id);
+            home.contain_panics("release_memory", || {
+                give_back_host(resource, &home, block, Ticket::all(host_ready), id);
+            });
         }
         self.coherence.clear();
         (self.direct_read, self.host_sync_pays) = (false, false);
@@ -1102,7 +1115,10 @@ impl RawBuffer {
 
 impl Drop for RawBuffer {
     fn drop(&mut self) {
-        self.release_memory();
+        // Each block's give-back runs contained (release_all); anything else that panics is
+        // recorded too: a drop never unwinds.
+        let home = self.home.clone();
+        home.contain_panics("drop", || self.release_memory());
     }
 }
 

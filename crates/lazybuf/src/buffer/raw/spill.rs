@@ -196,17 +196,9 @@ impl RawBuffer {
         let Some(file) = self.on_disk.as_ref() else {
             return Ok(());
         };
-        let mut block = self.resource.allocate_host(&self.home, self.nbytes, self.pinned)?;
-        let read = match block.len() < self.nbytes {
-            true => Err(crate::Error::LengthMismatch {
-                operation: "read back from disk",
-                expected: self.nbytes,
-                actual: block.len(),
-                unit: "bytes",
-            }),
-            false => file.read_into(&mut block.as_mut_slice()[..self.nbytes]),
-        };
-        if let Err(err) = read {
+        let block = self.resource.allocate_host(&self.home, self.nbytes, self.pinned)?;
+        let mut block = self.checked_host_block(block)?;
+        if let Err(err) = file.read_into(&mut block.as_mut_slice()[..self.nbytes]) {
             self.resource.deallocate_host(&self.home, block, Ticket::done());
             return Err(err);
         }
