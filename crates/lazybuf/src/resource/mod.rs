@@ -55,8 +55,8 @@ pub use tracking::{Outstanding, TrackingResource};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 pub use crate::backend::Block;
 use crate::backend::fork::ForkAwareOnce;
