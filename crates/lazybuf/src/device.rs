@@ -175,17 +175,8 @@ impl Device {
     /// ([`Device::take_deferred_errors`]) instead of unwinding out of a drop, which aborts the
     /// process when the drop runs during another panic's unwinding.
     pub(crate) fn contain_panics(&self, operation: &'static str, f: impl FnOnce()) {
-        if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
-            let message = payload
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_string())
-                .or_else(|| payload.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a panic without a message".to_string());
-            self.record_deferred_error(crate::Error::Callback {
-                operation,
-                message: format!("code outside lazybuf panicked: {message}"),
-                payload: crate::error::CallbackPayload(std::sync::Arc::new(message)),
-            });
+        if let Some(err) = panic_as_error(operation, f) {
+            self.record_deferred_error(err);
         }
     }
 
@@ -494,4 +485,21 @@ pub(crate) fn check_fill_pattern(operation: &'static str, pattern: &[u8], bytes:
         ));
     }
     Ok(())
+}
+
+/// Runs `f`; a panic in it becomes the [`crate::Error::Callback`] naming `operation` that
+/// [`Device::contain_panics`] records, returned for the caller to record where `f` borrows
+/// what holds the device (a buffer's drop), so that no device handle is cloned per call.
+pub(crate) fn panic_as_error(operation: &'static str, f: impl FnOnce()) -> Option<crate::Error> {
+    let payload = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).err()?;
+    let message = payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_string());
+    Some(crate::Error::Callback {
+        operation,
+        message: format!("code outside lazybuf panicked: {message}"),
+        payload: crate::error::CallbackPayload(std::sync::Arc::new(message)),
+    })
 }

@@ -52,7 +52,7 @@ use super::inflight::{InFlight, Locations, Undo, touched};
 use super::stats::TransferStats;
 use crate::backend::{DeviceMemory, Ticket};
 use crate::coherence::{Access, BufferState, Coherence, DeviceId, Location, Plan, Residency, Step};
-use crate::device::{Device, Stream};
+use crate::device::{Device, Stream, panic_as_error};
 use crate::error::{Error, Result};
 use crate::host_memory::{HostMemory, fill_pattern};
 use crate::observe::{self, Cause};
@@ -783,11 +783,12 @@ impl RawBuffer {
     fn release_all(&mut self) {
         self.on_disk = None;
         // A transfer that failed unobserved: recorded on the buffer's device, not lost.
-        let home = self.home.clone();
-        home.contain_panics("release_memory", || {
+        if let Some(err) = panic_as_error("release_memory", || {
             let finished = self.finish();
             self.home.record_deferred(finished);
-        });
+        }) {
+            self.home.record_deferred_error(err);
+        }
         // Each block goes back on its own: a resource (or a caller's completion) that panics
         // for one is recorded on the device, and the others still go back.
         let mut host_ready = Vec::new();
@@ -801,9 +802,9 @@ impl RawBuffer {
             });
         }
         if let Some(block) = self.host.take() {
-            let (resource, id) = (&*self.resource, self.id);
+            let (resource, home, id) = (&*self.resource, &self.home, self.id);
             home.contain_panics("release_memory", || {
-                give_back_host(resource, &home, block, Ticket::all(host_ready), id);
+                give_back_host(resource, home, block, Ticket::all(host_ready), id);
             });
         }
         self.coherence.clear();
@@ -1117,8 +1118,9 @@ impl Drop for RawBuffer {
     fn drop(&mut self) {
         // Each block's give-back runs contained (release_all); anything else that panics is
         // recorded too: a drop never unwinds.
-        let home = self.home.clone();
-        home.contain_panics("drop", || self.release_memory());
+        if let Some(err) = panic_as_error("drop", || self.release_memory()) {
+            self.home.record_deferred_error(err);
+        }
     }
 }
 
