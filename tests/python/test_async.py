@@ -94,8 +94,9 @@ def _run_while_held(start, hold, release) -> tuple[int, Transfer]:
     transfer = start()
     assert not transfer.is_complete(), "the held transfer completed"
     # If awaiting blocked the loop, the ticker would never release the hold: a timer does,
-    # so such a bug fails the tick count below instead of hanging the suite.
-    fallback = threading.Timer(2.0, release_once)
+    # so such a bug fails the tick count below instead of hanging the suite. (Generous: a
+    # loaded machine that took longer than the timer to run 5 ticks failed the count.)
+    fallback = threading.Timer(20.0, release_once)
     fallback.start()
 
     async def main():

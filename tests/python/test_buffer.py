@@ -7,6 +7,7 @@ access really did, so these tests check copies, not only states.
 import numpy as np
 import pytest
 
+from conftest import collect
 from lazybuf import BufferState, UnifiedBuffer
 
 DTYPES = [
@@ -295,6 +296,9 @@ def test_large_to_numpy_arrays_own_cached_memory_and_give_it_back(device):
 
     import lazybuf
 
+    # Earlier tests' garbage first: a block of this size class freed by the collection below
+    # would go back to the cache after this array's, and be the one the next array takes.
+    collect()
     n = (4 << 20) // 4 + 5  # 4 MiB and a bit: not a whole size class
     buf = UnifiedBuffer(n, np.float32, device=device)
     buf.host[:] = np.arange(n, dtype=np.float32)

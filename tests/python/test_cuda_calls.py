@@ -19,12 +19,13 @@ host memory, so no kernel runs: `mark_device_dirty()` stands for one.
 """
 
 import ctypes
+import gc
 
 import numpy as np
 import pytest
 
 import lazybuf
-from conftest import cuda_double
+from conftest import collect, cuda_double
 from lazybuf import UnifiedBuffer
 
 N = 1024  # 4 KiB of float32
@@ -59,15 +60,22 @@ def counts(lib) -> dict[str, int]:
 
 
 def per_batch(lib, batch) -> list[dict[str, int]]:
-    """The calls of each measured batch, after the warm-up batches."""
-    for _ in range(WARM_UP):
-        batch()
-    measured = []
-    for _ in range(MEASURED):
-        before = counts(lib)
-        batch()
-        after = counts(lib)
-        measured.append({k: n - before.get(k, 0) for k, n in after.items() if n != before.get(k, 0)})
+    """The calls of each measured batch, after the warm-up batches. Without the collector:
+    an earlier test's CUDA buffer left in a cycle, freed by a collection in the middle of a
+    batch, adds its own calls (an event recorded, sometimes one created) to that batch's."""
+    collect()
+    gc.disable()
+    try:
+        for _ in range(WARM_UP):
+            batch()
+        measured = []
+        for _ in range(MEASURED):
+            before = counts(lib)
+            batch()
+            after = counts(lib)
+            measured.append({k: n - before.get(k, 0) for k, n in after.items() if n != before.get(k, 0)})
+    finally:
+        gc.enable()
     return measured
 
 

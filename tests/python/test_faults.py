@@ -10,7 +10,7 @@ memory, so uploads and downloads are real copies that can fail).
 import numpy as np
 import pytest
 
-from conftest import _required
+from conftest import _required, collect
 from lazybuf import BufferState, Device, UnifiedBuffer, get_memory_pool
 
 try:
@@ -245,6 +245,7 @@ def test_a_failed_read_back_gives_its_cached_block_back(faulty_opencl):
     buf.host[:] = data
     buf.mark_device_dirty()
     pool = lazybuf.get_memory_pool(faulty_opencl)
+    collect()  # earlier tests' garbage, freed in between, would change the figure
     in_use = pool.stats().bytes_in_use
     faulty_opencl.fail_copy_in(1)
     with pytest.raises(RuntimeError, match="injected fault: copy"):

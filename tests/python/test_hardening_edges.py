@@ -282,9 +282,9 @@ def test_a_forked_child_gets_a_clear_error_on_a_device_its_runtime_does_not_surv
 WAIT_FOR_CHILD = r"""
 import os, sys, time
 def wait_for_child(pid, hung):
-    deadline = time.time() + 20
+    deadline = time.monotonic() + 20
     while (done := os.waitpid(pid, os.WNOHANG)) == (0, 0):
-        if time.time() > deadline:
+        if time.monotonic() > deadline:
             os.kill(pid, 9)
             sys.exit(hung)
         time.sleep(0.01)
@@ -296,17 +296,19 @@ import os, sys, threading, time
 import numpy as np
 import lazybuf
 
-stop = time.time() + 2
+# The forks go on for 2 s and at least 5 times (a loaded machine forks slowly), while the
+# other thread makes buffers.
+stop = time.monotonic() + 2
+forks = 0
 def first_use():
     # This thread's first buffers, while the main thread forks: what lazybuf makes at first
     # use (NumPy's C API table and API version) must not be half made in a child.
-    while time.time() < stop:
+    while time.monotonic() < stop or forks < 5:
         b = lazybuf.UnifiedBuffer(64, np.float32, device=sys.argv[1])
         b.copy_from(np.ones(64, np.float32))
 thread = threading.Thread(target=first_use)
 thread.start()
-forks = 0
-while time.time() < stop:
+while time.monotonic() < stop or forks < 5:
     pid = os.fork()
     if pid == 0:
         b = lazybuf.UnifiedBuffer(16, np.float32, device="host")

@@ -330,8 +330,11 @@ def test_replacing_the_current_resource_runs_finalizers_outside_its_lock():
         import lazybuf.mr as mr
         faulthandler.dump_traceback_later(30, exit=True)  # a deadlock exits with status 1
 
+        finalizing = threading.Event()
+
         class Slow:
             def __del__(self):
+                finalizing.set()
                 time.sleep(0.5)  # releases the GIL inside the replacement
                 print("finalized", flush=True)
 
@@ -342,7 +345,9 @@ def test_replacing_the_current_resource_runs_finalizers_outside_its_lock():
         mr.set_current_device_resource(adaptor())
         seen = []
         def reader():
-            time.sleep(0.1)
+            # While the replaced resource's finalizer runs (a sleep could end before the
+            # replacement began, on a loaded machine, and read the old resource).
+            finalizing.wait(30)
             seen.append(mr.get_current_device_resource())
         thread = threading.Thread(target=reader)
         thread.start()

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import lazybuf
+from conftest import collect
 from lazybuf import DeviceBuffer, MemoryDevice, UnifiedBuffer
 from lazybuf import mr as lmr
 
@@ -354,6 +355,7 @@ def test_spilling_trims_a_pool_memory_resource_before_it_evicts_a_copy(device):
     the device's limit, but spilling never trimmed them: it evicted a live copy (or, with the
     copy not spillable, refused the allocation) while the pool still cached 512 KiB. Such pools
     are trimmed first now, as every MemoryPool is."""
+    collect()  # earlier tests' garbage, freed in the middle, would leave room without a trim
     lazybuf.trim()
     held = lazybuf.memory_held(device)
     probe = UnifiedBuffer(16 * 1024, np.float32, device=device)

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 import lazybuf
+from conftest import collect
 from lazybuf import BufferState
 
 N = 16 * 1024  # float32 elements: 64 KiB
@@ -45,7 +46,11 @@ def evicts(device) -> bool:
 
 
 def limit_for(device, copies: int) -> int:
-    """Room for `copies` more device copies than `device` holds now."""
+    """Room for `copies` more device copies than `device` holds now. Earlier tests' garbage
+    goes first: a buffer in an uncollected cycle (a `pytest.raises(...) as info` traceback
+    holds its test's frame) still holds its device copy, which the collector could free in the
+    middle of the test (more room than counted) or eviction could pick before the test's own."""
+    collect()
     lazybuf.trim()
     limit = lazybuf.memory_held(device) + copies * NBYTES
     lazybuf.set_memory_limit(device, limit)
@@ -351,9 +356,12 @@ def test_a_dask_cluster_finishes_a_job_twice_its_device_budget():
 
 @pytest.fixture
 def host_limit():
-    """A host memory limit helper that removes the limit afterwards."""
+    """A host memory limit helper that removes the limit afterwards. Earlier tests' garbage
+    goes first (see `limit_for`): every buffer has a host copy, so any one an earlier test left
+    in a cycle would be written to disk before the test's own, or freed mid-test."""
 
     def room_for(copies: int) -> None:
+        collect()
         lazybuf.trim()
         lazybuf.set_host_memory_limit(lazybuf.host_memory_held() + copies * NBYTES)
 

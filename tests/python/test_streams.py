@@ -54,12 +54,24 @@ def _callers_fill(pyopencl, buf, told: bool) -> np.ndarray:
     buf.mark_device_dirty()  # the caller declares its write, as the contract asks
     if told:
         buf.order_after(callers)
-    timer = threading.Timer(0.05, lambda: gate.set_status(cl.command_execution_status.COMPLETE))
+    released = threading.Lock()
+
+    def release():
+        if released.acquire(blocking=False):
+            gate.set_status(cl.command_execution_status.COMPLETE)
+
+    # Told, the download waits for the fill: the gate opens from a timer while it waits.
+    # Not told, the gate stays shut until the download is back: opened by a timer, the fill
+    # could run first whenever this thread is held up past the timer (a loaded machine), and
+    # the control would read 7s. (Its timer is only a fallback, so a download that wrongly
+    # waits fails rather than hangs.)
+    timer = threading.Timer(0.05 if told else 30.0, release)
     timer.start()
     try:
         return buf.to_numpy()
     finally:
-        timer.join()
+        timer.cancel()
+        release()
         callers.finish()
 
 
