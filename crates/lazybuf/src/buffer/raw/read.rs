@@ -178,6 +178,7 @@ impl RawBuffer {
         let from = Location::Device(self.copies[index].device.id());
         // Seen by the transfer guard (which may refuse it: nothing has changed yet) and the
         // recorder, as the plans' copies are.
+        self.record_allocation();
         let started = self.observe_outside_copy(from, Location::Host, cause)?;
         let copy = &mut self.copies[index];
         copy.before_transfer(out, None)?;
