@@ -24,6 +24,12 @@
 //! Events that carry a stack (a binding's, or the Rust backtrace) take a slow path: the
 //! thread's chunk is flushed and the event goes to the ring directly.
 //!
+//! **Merged records.** Two pairs of events that come together are staged as one record, and
+//! collected as the two ([`Raw::expand`]: same time, in order): an access's host allocation
+//! and its state transition ([`Raw::Allocated`]; the buffer keeps the allocation unrecorded
+//! until then, `buffer/raw/observed.rs`), a release's host free and its transition
+//! ([`Raw::Released`]). A block's and the ring's event counts count the events, not records.
+//!
 //! **Time.** Events store raw readings of one clock ([`now`]: the invariant time-stamp
 //! counter through `quanta`, a few nanoseconds a read, else the monotonic clock), converted
 //! to nanoseconds when collected. Inside a call ([`super::call`]) its events share the call's
