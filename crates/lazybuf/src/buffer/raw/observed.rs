@@ -76,12 +76,14 @@ pub(super) struct StateEvents {
     last: BufferState,
     /// The epoch `last` is known in (`None`: none).
     epoch: Option<EmitEpoch>,
-    allocated: Option<usize>,
+    /// The bytes of the host block allocated and not recorded yet (0: none; an empty block is
+    /// recorded at once).
+    allocated: usize,
 }
 
 impl Default for StateEvents {
     fn default() -> Self {
-        StateEvents { count: 0, last: BufferState::Uninitialized, epoch: None, allocated: None }
+        StateEvents { count: 0, last: BufferState::Uninitialized, epoch: None, allocated: 0 }
     }
 }
 
@@ -185,7 +187,7 @@ impl RawBuffer {
     /// The host block the access being committed allocated, not recorded yet, goes with it
     /// ([`StateEvents`]).
     fn record_transition(&mut self, before: BufferState, events: u64, call: trace::Call, epoch: EmitEpoch) {
-        if self.state_events.allocated.is_some() {
+        if self.state_events.allocated != 0 {
             return self.record_allocated_transition(before, events, call, epoch);
         }
         self.record_transition_with(before, events, epoch, |buffer, from, to| {
@@ -204,7 +206,7 @@ impl RawBuffer {
         call: trace::Call,
         epoch: EmitEpoch,
     ) {
-        let bytes = self.state_events.allocated.take().unwrap_or(0);
+        let bytes = std::mem::take(&mut self.state_events.allocated);
         self.record_transition_with(before, events, epoch, |buffer, from, to| {
             trace::record_allocated(buffer.id, &buffer.home, bytes, from, to, call);
         });
@@ -229,7 +231,7 @@ impl RawBuffer {
             count = count.wrapping_add(1);
         }
         record(self, before, after);
-        self.state_events = StateEvents { count, last: after, epoch: Some(epoch), allocated: None };
+        self.state_events = StateEvents { count, last: after, epoch: Some(epoch), allocated: 0 };
     }
 
     /// A host block of `bytes` this buffer just allocated while events are wanted. Within an
@@ -242,8 +244,8 @@ impl RawBuffer {
             return;
         }
         self.record_allocation();
-        if with_transition {
-            self.state_events.allocated = Some(bytes);
+        if with_transition && bytes > 0 {
+            self.state_events.allocated = bytes;
         } else {
             trace::record_allocate(self.id, &self.home, MemoryKind::Host, bytes);
         }
@@ -254,7 +256,7 @@ impl RawBuffer {
     /// transition that would record it.
     #[inline(always)]
     pub(super) fn record_allocation(&mut self) {
-        if self.state_events.allocated.is_some() {
+        if self.state_events.allocated != 0 {
             self.record_allocation_now();
         }
     }
@@ -262,7 +264,8 @@ impl RawBuffer {
     #[cold]
     #[inline(never)]
     fn record_allocation_now(&mut self) {
-        if let Some(bytes) = self.state_events.allocated.take() {
+        let bytes = std::mem::take(&mut self.state_events.allocated);
+        if bytes != 0 {
             trace::record_allocate(self.id, &self.home, MemoryKind::Host, bytes);
         }
     }
