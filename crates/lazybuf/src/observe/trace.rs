@@ -192,7 +192,8 @@ fn resolve(raw: Raw, time: u64, names: &Names) -> (EventKind, u64) {
         Raw::Rollback { buffer, op, call } => {
             (EventKind::Rollback { buffer, op, call: names.call(call) }, time)
         }
-        // Collected as its free and its state transition (`Raw::expand`): named by the first.
+        // Collected as two events (`Raw::expand`: the allocation or free, then the state
+        // transition); as one kind, the first.
         raw @ (Raw::Released { .. } | Raw::Allocated { .. }) => resolve(raw.expand().0, time, names),
         Raw::CheckerRead { buffer, device, bytes, start } => (
             EventKind::CheckerRead {

@@ -68,7 +68,7 @@ pub(super) struct Planned {
 ///
 /// It also holds the host block an access allocated while events were wanted, not recorded
 /// yet (`allocated`, its bytes): recorded with the access's transition as one record
-/// (`trace::record_change`), or on its own before anything else of the buffer is recorded
+/// (`trace::record_allocated`), or on its own before anything else of the buffer is recorded
 /// or freed ([`RawBuffer::record_allocation`]), so the events keep their order.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct StateEvents {
@@ -183,9 +183,8 @@ impl RawBuffer {
 
     /// Records the transition of a change that began in state `before`, when `events` state
     /// events had been recorded (see [`StateEvents`]), to the state now (none when unchanged),
-    /// events being wanted in `epoch`.
-    /// The host block the access being committed allocated, not recorded yet, goes with it
-    /// ([`StateEvents`]).
+    /// events being wanted in `epoch`; with it, in one record, the host block the change's
+    /// access allocated, if that is not recorded yet ([`StateEvents`]).
     fn record_transition(&mut self, before: BufferState, events: u64, call: trace::Call, epoch: EmitEpoch) {
         if self.state_events.allocated != 0 {
             return self.record_allocated_transition(before, events, call, epoch);
