@@ -218,8 +218,9 @@ impl Raw {
         }
     }
 
-    /// The public events this record stands for, in order: one, or two for a
-    /// [`Raw::Released`] (its free, then its state transition).
+    /// The public events this record stands for, in order: one, or two for a merged record
+    /// ([`Raw::Released`]: its free, then its state transition; [`Raw::Allocated`]: its
+    /// allocation, then its state transition).
     pub(super) fn expand(self) -> (Raw, Option<Raw>) {
         match self {
             Raw::Released { buffer, device, kind, bytes, from, to, call } => {
