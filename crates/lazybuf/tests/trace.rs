@@ -758,3 +758,70 @@ fn events_of_one_call_share_its_time_and_copies_keep_theirs() {
         assert!(next.time >= events[last_of_call].time + std::time::Duration::from_millis(2), "{device}");
     }
 }
+
+/// A buffer's host allocation and the transition of the access it served, and its release's
+/// free and transition, are staged as one record each (docs/OBSERVING.md, "Cost"); they are
+/// collected as the separate events they always were, in order: the allocation (after its
+/// pool lookup) before the transition, the free before the release's transition. The same
+/// through the in-place overwrite (`host_overwrite_now`), the plan's allocation (`host_mut`),
+/// and with the Rust backtrace attached (the slow path stages each record on its own), on
+/// every device; the ring counts each of them as two events.
+#[test]
+fn an_allocation_and_a_release_are_recorded_before_their_transitions() {
+    let _l = lock();
+    for device in common::devices() {
+        for (backtrace, in_place) in [(false, false), (false, true), (true, false), (true, true)] {
+            trace::start(TraceOptions { capacity: 10_000, rust_backtrace: backtrace }).unwrap();
+            let mut buf = UnifiedBuffer::<u32>::on(&[64], &device).unwrap();
+            let id = buf.raw().id();
+            if in_place {
+                match buf.raw_mut().host_overwrite_now() {
+                    Some(bytes) => bytes.unwrap().fill(3),
+                    None => buf.host_mut().unwrap().fill(3),
+                }
+            } else {
+                buf.host_mut().unwrap().fill(3);
+            }
+            drop(buf);
+            let recorded = trace::stop().unwrap();
+            let mine: Vec<&EventKind> = recorded
+                .events
+                .iter()
+                .map(|e| &e.kind)
+                .filter(|kind| match kind {
+                    EventKind::Allocate { buffer, .. } | EventKind::State { buffer, .. } => *buffer == id,
+                    EventKind::Free { buffer, .. } => *buffer == Some(id),
+                    _ => false,
+                })
+                .collect();
+            let what = format!("{device}, backtrace {backtrace}, in place {in_place}: {mine:?}");
+            assert!(
+                matches!(
+                    mine[..],
+                    [
+                        EventKind::Allocate { kind: trace::MemoryKind::Host, bytes: 256.., .. },
+                        EventKind::State { from: BufferState::Uninitialized, to: written, .. },
+                        EventKind::Free { kind: trace::MemoryKind::Host, bytes: 256.., .. },
+                        EventKind::State {
+                            from: released,
+                            to: BufferState::Uninitialized,
+                            call: "release_memory",
+                            ..
+                        },
+                    ] if written == released && *written != BufferState::Uninitialized
+                ),
+                "{what}"
+            );
+            // A pool lookup made for the allocation comes before it.
+            let at = |pick: &dyn Fn(&EventKind) -> bool| recorded.events.iter().position(|e| pick(&e.kind));
+            let allocation =
+                at(&|k| matches!(k, EventKind::Allocate { buffer, .. } if *buffer == id)).unwrap();
+            if let Some(lookup) = at(&|k| matches!(k, EventKind::Pool { .. })) {
+                assert!(lookup < allocation, "{what}");
+            }
+            // Sequence numbers follow the events, times never go back.
+            assert!(recorded.events.windows(2).all(|w| w[1].seq == w[0].seq + 1), "{what}");
+            assert!(recorded.events.windows(2).all(|w| w[0].time <= w[1].time), "{what}");
+        }
+    }
+}

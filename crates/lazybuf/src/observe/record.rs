@@ -24,6 +24,12 @@
 //! Events that carry a stack (a binding's, or the Rust backtrace) take a slow path: the
 //! thread's chunk is flushed and the event goes to the ring directly.
 //!
+//! **Merged records.** Two pairs of events that come together are staged as one record, and
+//! collected as the two ([`Raw::expand`]: same time, in order): an access's host allocation
+//! and its state transition ([`Raw::Allocated`]; the buffer keeps the allocation unrecorded
+//! until then, `buffer/raw/observed.rs`), a release's host free and its transition
+//! ([`Raw::Released`]). A block's and the ring's event counts count the events, not records.
+//!
 //! **Time.** Events store raw readings of one clock ([`now`]: the invariant time-stamp
 //! counter through `quanta`, a few nanoseconds a read, else the monotonic clock), converted
 //! to nanoseconds when collected. Inside a call ([`super::call`]) its events share the call's
@@ -116,6 +122,31 @@ pub(super) enum Raw {
         op: u64,
         call: Call,
     },
+    /// A buffer's release of its memory recorded as one record: the free of its host block
+    /// (on `device`) and the state transition that followed it (`from` != `to`). Staged as one
+    /// (one look at the thread's state, one staging), collected as the two events
+    /// ([`Raw::expand`]): a [`Raw::Free`] and a [`Raw::State`], at the same time.
+    Released {
+        buffer: u64,
+        device: Dev,
+        kind: MemoryKind,
+        bytes: u64,
+        from: BufferState,
+        to: BufferState,
+        call: Call,
+    },
+    /// A host block's allocation and the state transition of the access it served
+    /// (`from` != `to`) as one record: collected as a [`Raw::Allocate`] (of a host block), then
+    /// a [`Raw::State`], at the same time ([`Raw::expand`]).
+    Allocated {
+        buffer: u64,
+        device: Dev,
+        bytes: u64,
+        source: Source,
+        from: BufferState,
+        to: BufferState,
+        call: Call,
+    },
     CheckerRead {
         buffer: u64,
         device: Dev,
@@ -150,6 +181,8 @@ const T_POOL: u64 = 4;
 const T_STATE: u64 = 5;
 const T_ROLLBACK: u64 = 6;
 const T_CHECKER: u64 = 7;
+const T_RELEASED: u64 = 8;
+const T_ALLOCATED: u64 = 9;
 
 impl Raw {
     /// `self` with its start (a copy's, a checker read's) from ticks to nanoseconds.
@@ -180,6 +213,33 @@ impl Raw {
             Raw::State { .. } => words_of(T_STATE),
             Raw::Rollback { .. } => words_of(T_ROLLBACK),
             Raw::CheckerRead { .. } => words_of(T_CHECKER),
+            Raw::Released { .. } => words_of(T_RELEASED),
+            Raw::Allocated { .. } => words_of(T_ALLOCATED),
+        }
+    }
+
+    /// The public events this record stands for, in order: one, or two for a merged record
+    /// ([`Raw::Released`]: its free, then its state transition; [`Raw::Allocated`]: its
+    /// allocation, then its state transition).
+    pub(super) fn expand(self) -> (Raw, Option<Raw>) {
+        match self {
+            Raw::Released { buffer, device, kind, bytes, from, to, call } => {
+                (Raw::Free { buffer, device, kind, bytes }, Some(Raw::State { buffer, from, to, call }))
+            }
+            Raw::Allocated { buffer, device, bytes, source, from, to, call } => (
+                Raw::Allocate { buffer, device, kind: MemoryKind::Host, bytes, source },
+                Some(Raw::State { buffer, from, to, call }),
+            ),
+            raw => (raw, None),
+        }
+    }
+
+    /// How many public events this record stands for ([`Self::expand`]).
+    #[inline(always)]
+    fn events(&self) -> usize {
+        match self {
+            Raw::Released { .. } | Raw::Allocated { .. } => 2,
+            _ => 1,
         }
     }
 
@@ -233,6 +293,32 @@ impl Raw {
                 put(2, buffer);
                 put(3, op);
             }
+            Raw::Released { buffer, device, kind, bytes, from, to, call } => {
+                put(
+                    1,
+                    T_RELEASED
+                        | kind_index(kind) << 8
+                        | (from as u64) << 16
+                        | (to as u64) << 24
+                        | u64::from(call) << 32,
+                );
+                put(2, buffer);
+                put(3, bytes);
+                put(4, device);
+            }
+            Raw::Allocated { buffer, device, bytes, source, from, to, call } => {
+                put(
+                    1,
+                    T_ALLOCATED
+                        | u64::from(source == Source::Cache) << 8
+                        | (from as u64) << 16
+                        | (to as u64) << 24
+                        | u64::from(call) << 32,
+                );
+                put(2, buffer);
+                put(3, bytes);
+                put(4, device);
+            }
             Raw::CheckerRead { buffer, device, bytes, start } => {
                 put(1, T_CHECKER);
                 put(2, buffer);
@@ -283,6 +369,24 @@ impl Raw {
             },
             T_ROLLBACK => Raw::Rollback { buffer: w[2], op: w[3], call },
             T_CHECKER => Raw::CheckerRead { buffer: w[2], device: w[4], bytes: w[3], start: w[5] },
+            T_RELEASED => Raw::Released {
+                buffer: w[2],
+                device: w[4],
+                kind: *KINDS.get(small(8, 4))?,
+                bytes: w[3],
+                from: *BufferState::ALL.get(small(16, 8))?,
+                to: *BufferState::ALL.get(small(24, 8))?,
+                call,
+            },
+            T_ALLOCATED => Raw::Allocated {
+                buffer: w[2],
+                device: w[4],
+                bytes: w[3],
+                source: if small(8, 1) == 1 { Source::Cache } else { Source::Upstream },
+                from: *BufferState::ALL.get(small(16, 8))?,
+                to: *BufferState::ALL.get(small(24, 8))?,
+                call,
+            },
             _ => return None,
         };
         Some((raw, n))
@@ -294,7 +398,7 @@ impl Raw {
 const fn words_of(tag: u64) -> usize {
     match tag {
         T_TRANSFER => 9,
-        T_ALLOCATE | T_FREE => 5,
+        T_ALLOCATE | T_FREE | T_RELEASED | T_ALLOCATED => 5,
         T_POOL | T_ROLLBACK => 4,
         T_STATE => 3,
         T_CHECKER => 6,
@@ -302,11 +406,17 @@ const fn words_of(tag: u64) -> usize {
     }
 }
 
-/// Decodes the records staged back to back in `words` (a chunk's published words) into `out`.
+/// Decodes the records staged back to back in `words` (a chunk's published words) into `out`,
+/// each as the public events it stands for ([`Raw::expand`]).
 fn decode_all(words: &[u64], thread: u64, stack: Option<&Arc<str>>, out: &mut Vec<Entry>) {
     let mut at = 0;
     while let Some((raw, n)) = words.get(at..).and_then(Raw::decode) {
-        out.push(Entry { time: words[at], thread, raw, stack: stack.cloned() });
+        let time = words[at];
+        let (first, second) = raw.expand();
+        out.push(Entry { time, thread, raw: first, stack: stack.cloned() });
+        if let Some(raw) = second {
+            out.push(Entry { time, thread, raw, stack: stack.cloned() });
+        }
         at += n;
     }
 }
@@ -317,22 +427,22 @@ enum Block {
     /// slow path without a stack: `events` records back to back. (Copied: moving the chunk
     /// itself here and giving the thread a new one costs as much in the new chunk's zeroing.)
     Chunk { thread: u64, words: Box<[u64]>, events: usize },
-    /// One event with a stack.
-    Stacked { thread: u64, words: [u64; WORDS], stack: Arc<str> },
+    /// One record with a stack (`events`: the public events it stands for).
+    Stacked { thread: u64, words: [u64; WORDS], stack: Arc<str>, events: usize },
 }
 
 impl Block {
     fn len(&self) -> usize {
         match self {
             Block::Chunk { events, .. } => *events,
-            Block::Stacked { .. } => 1,
+            Block::Stacked { events, .. } => *events,
         }
     }
 
     fn decode_into(&self, out: &mut Vec<Entry>) {
         match self {
             Block::Chunk { thread, words, .. } => decode_all(words, *thread, None, out),
-            Block::Stacked { thread, words, stack } => decode_all(words, *thread, Some(stack), out),
+            Block::Stacked { thread, words, stack, .. } => decode_all(words, *thread, Some(stack), out),
         }
     }
 }
@@ -580,6 +690,9 @@ pub(super) fn collect(global: &Global) -> (Vec<Entry>, u64) {
     (all, dropped)
 }
 
+/// [`Local::fast`] while a thread's events take the slow path (or it joined no session).
+const NO_FAST_PATH: u64 = u64::MAX;
+
 /// Sets and ways of a thread's cache of call numbers ([`Local::call`]).
 const CALL_SETS: usize = 16;
 const CALL_WAYS: usize = 4;
@@ -622,6 +735,10 @@ pub(super) struct Local {
     pub(super) call_time: Cell<u64>,
     /// The session generation `chunk` belongs to (0: none).
     generation: Cell<u64>,
+    /// `generation` while this thread's events take the fast path (not [`Self::slow`]), else
+    /// [`NO_FAST_PATH`], which no session's generation (nor 0, recording off) equals: the
+    /// hooks' one comparison ([`Self::push`]).
+    fast: Cell<u64>,
     chunk: RefCell<Option<Arc<Chunk>>>,
     /// Words staged in `chunk` (the producer's own count).
     len: Cell<usize>,
@@ -652,6 +769,7 @@ impl Local {
             cause: Cell::new(None),
             call_time: Cell::new(0),
             generation: Cell::new(0),
+            fast: Cell::new(NO_FAST_PATH),
             chunk: RefCell::new(None),
             len: Cell::new(0),
             events: Cell::new(0),
@@ -731,6 +849,7 @@ impl Local {
         if let Ok(mut chunk) = self.chunk.try_borrow_mut() {
             *chunk = None;
             self.generation.set(0);
+            self.fast.set(NO_FAST_PATH);
             self.len.set(0);
             self.events.set(0);
         }
@@ -818,12 +937,10 @@ impl Local {
     pub(super) fn push(&self, at: u64, raw: Raw) {
         // Relaxed: the thread's own chunk is used only for the generation it joined (under
         // the lock, in `push_slow`); an acquiring load here kept the event in memory.
-        let generation = GENERATION.load(Ordering::Relaxed);
-        if generation == 0 {
-            return;
-        }
+        // One comparison: recording off (0), another session, or this thread's slow path
+        // (`fast` is then `NO_FAST_PATH`) all differ from `fast`.
         let len = self.len.get();
-        if generation != self.generation.get() || self.slow.get() || len + raw.words() > CHUNK_WORDS {
+        if GENERATION.load(Ordering::Relaxed) != self.fast.get() || len + raw.words() > CHUNK_WORDS {
             self.push_slow(at, raw);
             return;
         }
@@ -845,7 +962,7 @@ impl Local {
         });
         chunk.len.store(len + n, Ordering::Release);
         self.len.set(len + n);
-        self.events.set(self.events.get() + 1);
+        self.events.set(self.events.get() + raw.events());
     }
 
     /// [`Self::push`] when this thread joins a new session, its events carry a stack, or its
@@ -884,14 +1001,21 @@ impl Local {
         self.events.set(0);
         self.generation.set(generation);
         self.backtrace.set(BACKTRACE.load(Ordering::Relaxed));
-        self.slow.set(self.backtrace.get() || self.stack.borrow().is_some());
+        self.set_slow(self.backtrace.get() || self.stack.borrow().is_some());
         true
     }
 
     /// Attaches `stack` to this thread's events (until replaced); returns the previous one.
     pub(super) fn set_stack(&self, stack: Option<Arc<str>>) -> Option<Arc<str>> {
-        self.slow.set(self.backtrace.get() || stack.is_some());
+        self.set_slow(self.backtrace.get() || stack.is_some());
         self.stack.replace(stack)
+    }
+
+    /// Whether this thread's events take the slow path; [`Self::fast`] follows.
+    fn set_slow(&self, slow: bool) {
+        self.slow.set(slow);
+        let joined = self.chunk.try_borrow().is_ok_and(|c| c.is_some());
+        self.fast.set(if slow || !joined { NO_FAST_PATH } else { self.generation.get() });
     }
 
     /// Copies this thread's events into the ring (when its session still runs) and empties
@@ -932,15 +1056,18 @@ impl Local {
         self.flush_locked(&mut global);
         if let Some(session) = global.session.as_mut().filter(|s| s.generation == self.generation.get()) {
             match stack {
-                Some(stack) => {
-                    session.push(Block::Stacked { thread: self.thread(), words: raw.encode(at).0, stack })
-                }
+                Some(stack) => session.push(Block::Stacked {
+                    thread: self.thread(),
+                    words: raw.encode(at).0,
+                    stack,
+                    events: raw.events(),
+                }),
                 None => {
                     let (words, used) = raw.encode(at);
                     session.push(Block::Chunk {
                         thread: self.thread(),
                         words: words[..used].into(),
-                        events: 1,
+                        events: raw.events(),
                     });
                 }
             }
@@ -1126,6 +1253,24 @@ mod tests {
             Raw::Rollback { buffer: 1, op: 2, call: u32::MAX },
             Raw::State { buffer: 1, from: BufferState::HostOnly, to: BufferState::Elsewhere, call: 2 },
             Raw::CheckerRead { buffer: 1, device: 2, bytes: 3, start: 4 },
+            Raw::Released {
+                buffer: 1,
+                device: NAMED | 2,
+                kind: MemoryKind::Host,
+                bytes: 3,
+                from: BufferState::Synchronized,
+                to: BufferState::Uninitialized,
+                call: 4,
+            },
+            Raw::Allocated {
+                buffer: 1,
+                device: 2,
+                bytes: 3,
+                source: Source::Cache,
+                from: BufferState::Uninitialized,
+                to: BufferState::HostOnly,
+                call: u32::MAX,
+            },
         ];
         let mut staged = Vec::new();
         for raw in raws {
@@ -1147,7 +1292,44 @@ mod tests {
         // Back to back, as a chunk stages them.
         let mut out = Vec::new();
         decode_all(&staged, 3, None, &mut out);
-        assert!(out.iter().map(|e| e.raw).eq(raws));
+        // Each record as the public events it stands for: a release as its free and its
+        // transition, an access's allocation as the allocation and its transition.
+        let expanded: Vec<Raw> = raws
+            .iter()
+            .flat_map(|raw| {
+                let (first, second) = raw.expand();
+                std::iter::once(first).chain(second)
+            })
+            .collect();
+        assert_eq!(expanded.len(), raws.iter().map(Raw::events).sum::<usize>());
+        assert!(out.iter().map(|e| e.raw).eq(expanded));
+        assert!(matches!(
+            Raw::Allocated {
+                buffer: 1,
+                device: 2,
+                bytes: 3,
+                source: Source::Upstream,
+                from: BufferState::Uninitialized,
+                to: BufferState::HostOnly,
+                call: 5
+            }
+            .expand(),
+            (
+                Raw::Allocate {
+                    buffer: 1,
+                    device: 2,
+                    kind: MemoryKind::Host,
+                    bytes: 3,
+                    source: Source::Upstream
+                },
+                Some(Raw::State {
+                    buffer: 1,
+                    from: BufferState::Uninitialized,
+                    to: BufferState::HostOnly,
+                    call: 5
+                })
+            )
+        ));
         assert!(out.iter().all(|e| e.time == 42 && e.thread == 3));
         assert_eq!(Raw::decode(&[0; WORDS]), None);
     }

@@ -192,6 +192,9 @@ fn resolve(raw: Raw, time: u64, names: &Names) -> (EventKind, u64) {
         Raw::Rollback { buffer, op, call } => {
             (EventKind::Rollback { buffer, op, call: names.call(call) }, time)
         }
+        // Collected as two events (`Raw::expand`: the allocation or free, then the state
+        // transition); as one kind, the first.
+        raw @ (Raw::Released { .. } | Raw::Allocated { .. }) => resolve(raw.expand().0, time, names),
         Raw::CheckerRead { buffer, device, bytes, start } => (
             EventKind::CheckerRead {
                 buffer,
@@ -246,7 +249,10 @@ fn emit_at(time: fn(&Local) -> u64, build: impl FnOnce(&Local) -> Raw) {
         let raw = build(local);
         #[cfg(feature = "tracing")]
         if super::tracing_events() {
-            super::tracing_events::emit(&resolve(raw.to_nanos(), record::nanos(at), &record::names()).0);
+            let (first, second) = raw.expand();
+            for raw in std::iter::once(first).chain(second) {
+                super::tracing_events::emit(&resolve(raw.to_nanos(), record::nanos(at), &record::names()).0);
+            }
         }
         local.push(at, raw);
     });
@@ -398,6 +404,62 @@ pub(crate) fn record_state(buffer: u64, from: BufferState, to: BufferState, call
     if from != to {
         emit(|local| Raw::State { buffer, from, to, call: local.call(call.resolve(local).call) });
     }
+}
+
+/// A buffer's state transition (none when `from == to`) after its access allocated a host
+/// block of `bytes` on `device` (unrecorded so far), as one record when both happened:
+/// collected as the allocation, then the transition (one look at the thread's recorder
+/// state, one staging).
+#[inline]
+pub(crate) fn record_allocated(
+    buffer: u64,
+    device: &Device,
+    bytes: usize,
+    from: BufferState,
+    to: BufferState,
+    call: Call,
+) {
+    if from == to {
+        return record_allocate(buffer, device, MemoryKind::Host, bytes);
+    }
+    emit(|local| {
+        let hit = local.pool_hit.take();
+        Raw::Allocated {
+            buffer,
+            device: local.dev(device),
+            bytes: bytes as u64,
+            source: if hit == Some(true) { Source::Cache } else { Source::Upstream },
+            from,
+            to,
+            call: local.call(call.resolve(local).call),
+        }
+    });
+}
+
+/// A buffer's release: the free of its host block (`bytes` on `device`) and its state
+/// transition (none when `from == to`), as one record when both happened (collected as the
+/// free, then the transition).
+#[inline]
+pub(crate) fn record_released(
+    buffer: u64,
+    device: &Device,
+    bytes: usize,
+    from: BufferState,
+    to: BufferState,
+    call: Call,
+) {
+    if from == to {
+        return record_free(Some(buffer), device, MemoryKind::Host, bytes);
+    }
+    emit(|local| Raw::Released {
+        buffer,
+        device: local.dev(device),
+        kind: MemoryKind::Host,
+        bytes: bytes as u64,
+        from,
+        to,
+        call: local.call(call.resolve(local).call),
+    });
 }
 
 /// The copies of plan execution `op` of `buffer` were undone.

@@ -21,6 +21,8 @@ impl RawBuffer {
     /// The checker (see [`crate::checking`]): a valid host copy must equal every valid device
     /// copy handed out since lazybuf last wrote it, on a device that does not alias it.
     pub(super) fn check_coherence(&mut self) -> Result<()> {
+        // Its reads after the allocation they compare (recorded in that order).
+        self.record_allocation();
         // A copy a transfer in flight writes is compared once it has landed: a failed one is
         // undone (the copy is no longer current) and its error returned, never mistaken for a
         // kernel's unmarked write (the model test, 2026-11-27: a failed stream-ordered upload).

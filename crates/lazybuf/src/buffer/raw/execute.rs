@@ -81,7 +81,9 @@ impl RawBuffer {
         if self.host.is_none() {
             let block = self.resource.allocate_host(&self.home, self.nbytes, self.pinned)?;
             let block = self.checked_host_block(block)?;
-            trace::record_allocate(self.id, &self.home, MemoryKind::Host, block.len());
+            // Recorded with the transition of the observed plan it serves, if one runs.
+            let in_plan = self.in_recorded_plan();
+            self.observe_host_allocation(block.len(), in_plan);
             self.host = Some(block);
             undo.host_block = true;
             stats.allocations += 1;
@@ -121,6 +123,8 @@ impl RawBuffer {
                 ))
             })?
         } else {
+            // The plan's host allocation, if unrecorded, before this one's pool lookup.
+            self.record_allocation();
             let memory = self.resource.allocate_device(device, self.nbytes, &stream)?;
             let block = Block::Device(memory);
             if let Err(err) = check_block(&*self.resource, device, Kind::Device, self.nbytes, &block) {
@@ -204,6 +208,8 @@ impl RawBuffer {
 
     /// Frees what one execution allocated; `ready` completes when the work that used it has.
     pub(super) fn rollback(&mut self, undo: Undo, ready: Ticket) {
+        // What it frees was allocated first.
+        self.record_allocation();
         if let Some(id) = undo.device
             && let Some(i) = self.copy_index(id)
         {
@@ -267,6 +273,22 @@ pub(super) fn give_back_host(
         return;
     }
     trace::record_free(Some(buffer), home, MemoryKind::Host, block.len());
+    resource.deallocate_host(home, block, ready);
+}
+
+/// [`give_back_host`] recording nothing: for a release whose state transition records the
+/// free with it ([`RawBuffer::release_memory`]; an adopted block's return is no free).
+pub(super) fn give_back_host_unrecorded(
+    resource: &dyn MemoryResource,
+    home: &Device,
+    block: HostMemory,
+    ready: Ticket,
+) {
+    if block.is_adopted() {
+        home.record_deferred(ready.wait());
+        drop(block);
+        return;
+    }
     resource.deallocate_host(home, block, ready);
 }
 

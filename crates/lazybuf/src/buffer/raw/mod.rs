@@ -45,7 +45,7 @@ mod spill;
 use std::sync::Arc;
 
 pub(super) use copy::DeviceCopy;
-use execute::{give_back, give_back_host, last_use_or_synchronized};
+use execute::{give_back, give_back_host, give_back_host_unrecorded, last_use_or_synchronized};
 
 use super::Transfer;
 use super::inflight::{InFlight, Locations, Undo, touched};
@@ -401,12 +401,8 @@ impl RawBuffer {
             let block = self.resource.allocate_host_now(&self.home, self.nbytes, self.pinned)?;
             // A block the buffer may not use goes back: the usual path then reports why.
             let block = self.checked_host_block(block).ok()?;
-            observe::trace::record_allocate(
-                self.id,
-                &self.home,
-                observe::trace::MemoryKind::Host,
-                block.len(),
-            );
+            // Recorded with the transition of the overwrite that follows (one record).
+            self.observe_host_allocation(block.len(), true);
             self.host = Some(block);
             self.stats.allocations += 1;
         }
@@ -777,10 +773,18 @@ impl RawBuffer {
     /// Frees every copy: the buffer is uninitialized again and holds no memory. Transfers in
     /// flight are waited for first (their failures no longer matter: the data is gone).
     pub fn release_memory(&mut self) {
-        self.observe_state("release_memory", Self::release_all);
+        match observe::emit_epoch() {
+            None => {
+                self.release_all(false);
+            }
+            Some(epoch) => self.release_observed(epoch),
+        }
     }
 
-    fn release_all(&mut self) {
+    /// Frees every copy (see [`Self::release_memory`]). `defer_host_free`: the host block's
+    /// free is not recorded here but returned (its bytes), for the release's state transition
+    /// to record with it (`release_observed`); else `None`.
+    fn release_all(&mut self, defer_host_free: bool) -> Option<usize> {
         self.on_disk = None;
         // A transfer that failed unobserved: recorded on the buffer's device, not lost.
         if let Some(err) = panic_as_error("release_memory", || {
@@ -801,14 +805,23 @@ impl RawBuffer {
                 give_back(&*self.resource, copy, self.id);
             });
         }
+        let mut freed = None;
         if let Some(block) = self.host.take() {
             let (resource, home, id) = (&*self.resource, &self.home, self.id);
             home.contain_panics("release_memory", || {
-                give_back_host(resource, home, block, Ticket::all(host_ready), id);
+                if defer_host_free {
+                    // Known before the give-back, which may panic (contained): the free is
+                    // recorded either way, as `give_back_host` records it before it.
+                    freed = (!block.is_adopted()).then(|| block.len());
+                    give_back_host_unrecorded(resource, home, block, Ticket::all(host_ready));
+                } else {
+                    give_back_host(resource, home, block, Ticket::all(host_ready), id);
+                }
             });
         }
         self.coherence.clear();
         (self.direct_read, self.host_sync_pays) = (false, false);
+        freed
     }
 
     /// Makes `block`, whose first `nbytes` bytes are the buffer's data, the buffer's host

@@ -18,7 +18,7 @@ use crate::buffer::stats::TransferStats;
 use crate::coherence::{Access, BufferState, Location, Plan, Step};
 use crate::device::Device;
 use crate::error::Result;
-use crate::observe::trace;
+use crate::observe::trace::{self, MemoryKind};
 use crate::observe::{self, Cause, Direction, EmitEpoch, TransferInfo};
 
 /// The engine's own causes (calls that name another run in [`observe::call`]).
@@ -65,17 +65,25 @@ pub(super) struct Planned {
 /// was recorded in the epoch that runs now (every change since was recorded: the epoch
 /// changes whenever events stop being wanted); only a buffer's first change in an epoch
 /// looks its state up ([`RawBuffer::state_before`]).
+///
+/// It also holds the host block an access allocated while events were wanted, not recorded
+/// yet (`allocated`, its bytes): recorded with the access's transition as one record
+/// (`trace::record_allocated`), or on its own before anything else of the buffer is recorded
+/// or freed ([`RawBuffer::record_allocation`]), so the events keep their order.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct StateEvents {
     count: u64,
     last: BufferState,
     /// The epoch `last` is known in (`None`: none).
     epoch: Option<EmitEpoch>,
+    /// The bytes of the host block allocated and not recorded yet (0: none; an empty block is
+    /// recorded at once).
+    allocated: usize,
 }
 
 impl Default for StateEvents {
     fn default() -> Self {
-        StateEvents { count: 0, last: BufferState::Uninitialized, epoch: None }
+        StateEvents { count: 0, last: BufferState::Uninitialized, epoch: None, allocated: 0 }
     }
 }
 
@@ -138,6 +146,13 @@ impl RawBuffer {
         Ok(())
     }
 
+    /// Whether an observed plan that records its transition is being executed (its host
+    /// allocation is recorded with that transition: [`Self::observe_host_allocation`]).
+    #[inline]
+    pub(super) fn in_recorded_plan(&self) -> bool {
+        self.planned.is_some_and(|p| p.emitting)
+    }
+
     /// The state now, for the transition of a change about to begin while events are wanted
     /// (in `epoch`): where the buffer's last state event ended when it was recorded in this
     /// epoch, else looked up ([`StateEvents`]).
@@ -168,16 +183,108 @@ impl RawBuffer {
 
     /// Records the transition of a change that began in state `before`, when `events` state
     /// events had been recorded (see [`StateEvents`]), to the state now (none when unchanged),
-    /// events being wanted in `epoch`.
+    /// events being wanted in `epoch`; with it, in one record, the host block the change's
+    /// access allocated, if that is not recorded yet ([`StateEvents`]).
     fn record_transition(&mut self, before: BufferState, events: u64, call: trace::Call, epoch: EmitEpoch) {
+        if self.state_events.allocated != 0 {
+            return self.record_allocated_transition(before, events, call, epoch);
+        }
+        self.record_transition_with(before, events, epoch, |buffer, from, to| {
+            trace::record_state(buffer.id, from, to, call);
+        });
+    }
+
+    /// [`Self::record_transition`] of an access that allocated the host block: the allocation
+    /// and the transition as one record. (Each kind of record its own function and closure:
+    /// a shared one, its kind matched at run time, kept the staging out of line.)
+    #[inline(never)]
+    fn record_allocated_transition(
+        &mut self,
+        before: BufferState,
+        events: u64,
+        call: trace::Call,
+        epoch: EmitEpoch,
+    ) {
+        let bytes = std::mem::take(&mut self.state_events.allocated);
+        self.record_transition_with(before, events, epoch, |buffer, from, to| {
+            trace::record_allocated(buffer.id, &buffer.home, bytes, from, to, call);
+        });
+    }
+
+    /// Records the transition of a change that began in state `before`, when `events` state
+    /// events had been recorded (see [`StateEvents`]), to the state now, through `record` (the
+    /// buffer, the state before and after; it records nothing of the transition when they
+    /// are equal), events being wanted in `epoch`.
+    #[inline(always)]
+    fn record_transition_with(
+        &mut self,
+        before: BufferState,
+        events: u64,
+        epoch: EmitEpoch,
+        record: impl FnOnce(&Self, BufferState, BufferState),
+    ) {
         let before = if self.state_events.count == events { before } else { self.state_events.last };
         let after = self.committed_state();
         let mut count = self.state_events.count;
         if before != after {
-            trace::record_state(self.id, before, after, call);
             count = count.wrapping_add(1);
         }
-        self.state_events = StateEvents { count, last: after, epoch: Some(epoch) };
+        record(self, before, after);
+        self.state_events = StateEvents { count, last: after, epoch: Some(epoch), allocated: 0 };
+    }
+
+    /// A host block of `bytes` this buffer just allocated while events are wanted. Within an
+    /// access that commits next (`with_transition`: an observed plan, or the in-place
+    /// overwrite's allocation that its access follows), it is recorded with the access's state
+    /// transition, as one record; otherwise now.
+    #[inline]
+    pub(super) fn observe_host_allocation(&mut self, bytes: usize, with_transition: bool) {
+        if !observe::emitting() {
+            return;
+        }
+        self.record_allocation();
+        if with_transition && bytes > 0 {
+            self.state_events.allocated = bytes;
+        } else {
+            trace::record_allocate(self.id, &self.home, MemoryKind::Host, bytes);
+        }
+    }
+
+    /// Records the host block allocated but not recorded yet ([`StateEvents`]), if any: before
+    /// anything else of this buffer is recorded, or its memory given back, outside the
+    /// transition that would record it.
+    #[inline(always)]
+    pub(super) fn record_allocation(&mut self) {
+        if self.state_events.allocated != 0 {
+            self.record_allocation_now();
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn record_allocation_now(&mut self) {
+        let bytes = std::mem::take(&mut self.state_events.allocated);
+        if bytes != 0 {
+            trace::record_allocate(self.id, &self.home, MemoryKind::Host, bytes);
+        }
+    }
+
+    /// [`Self::release_memory`] while events are wanted (in `epoch`): the host block's free
+    /// and the state transition recorded as one record (one look at the thread's recorder
+    /// state; collected as the free, then the transition, as separate events).
+    #[inline(never)]
+    pub(super) fn release_observed(&mut self, epoch: EmitEpoch) {
+        self.record_allocation();
+        let (before, events) = (self.state_before(epoch), self.state_events.count);
+        let call = trace::Call::Named("release_memory");
+        match self.release_all(true) {
+            // (Through `record_transition`: a second caller of the state event's staging
+            // would keep it out of line there.)
+            None => self.record_transition(before, events, call, epoch),
+            Some(bytes) => self.record_transition_with(before, events, epoch, |buffer, from, to| {
+                trace::record_released(buffer.id, &buffer.home, bytes, from, to, call);
+            }),
+        }
     }
 
     /// The guard's look at `plan`'s copies (see [`Self::observe_plan`]), as the running call's
@@ -208,7 +315,10 @@ impl RawBuffer {
                 self.record_transition(p.before, p.events, trace::Call::Of(p.default), epoch);
                 p.op
             }
-            _ => 0,
+            _ => {
+                self.record_allocation();
+                0
+            }
         }
     }
 
@@ -216,6 +326,7 @@ impl RawBuffer {
     /// are rolled back, as the counters roll them back (its state did not change).
     #[cold]
     pub(super) fn observe_abort(&mut self) {
+        self.record_allocation();
         if let Some(p) = self.planned.take().filter(|p| p.op != 0 && observe::emitting()) {
             trace::record_rollback(self.id, p.op, trace::Call::Of(p.default));
         }
@@ -228,6 +339,7 @@ impl RawBuffer {
         let Some(epoch) = observe::emit_epoch() else {
             return undo(self);
         };
+        self.record_allocation();
         let (before, events) = (self.state_before(epoch), self.state_events.count);
         undo(self);
         if op != 0 {
@@ -245,6 +357,8 @@ impl RawBuffer {
         stats: &mut TransferStats,
         pending: Option<&mut Vec<Ticket>>,
     ) -> Result<()> {
+        // The plan's allocation before its copy, in that order.
+        self.record_allocation();
         // A copy that aliases the host block moves no bytes: nothing to time or record.
         let start = self.moves_bytes(from, to).then(trace::now);
         let after = pending.as_deref().and_then(|tickets| tickets.last().cloned());
@@ -405,6 +519,7 @@ impl RawBuffer {
         let Some(epoch) = observe::emit_epoch() else {
             return change(self);
         };
+        self.record_allocation();
         let (before, events) = (self.state_before(epoch), self.state_events.count);
         let result = change(self);
         self.record_transition(before, events, call, epoch);

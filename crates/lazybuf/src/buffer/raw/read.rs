@@ -176,6 +176,8 @@ impl RawBuffer {
     ) -> Result<Option<crate::observe::Started>> {
         let n = self.nbytes;
         let from = Location::Device(self.copies[index].device.id());
+        // After the buffer's allocation, if unrecorded yet (events in order).
+        self.record_allocation();
         // Seen by the transfer guard (which may refuse it: nothing has changed yet) and the
         // recorder, as the plans' copies are.
         let started = self.observe_outside_copy(from, Location::Host, cause)?;

@@ -164,6 +164,7 @@ impl RawBuffer {
         let host = self.host.as_ref().expect("a valid host copy has a block");
         let file = SpillFile::write(&host.as_slice()[..self.nbytes])?;
         let block = self.host.take().expect("checked above");
+        self.record_allocation(); // its allocation, if unrecorded yet, before its free
         give_back_host(&*self.resource, &self.home, block, Ticket::done(), self.id);
         let direct = if file.is_direct() { self.nbytes as u64 } else { 0 };
         self.on_disk = Some(file);
