@@ -92,6 +92,11 @@ pub(crate) fn emitting() -> bool {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct EmitEpoch(u64);
 
+impl EmitEpoch {
+    /// No epoch: [`emit_epoch`] never returns it (an epoch is the atomic's word shifted right).
+    pub(crate) const NONE: EmitEpoch = EmitEpoch(u64::MAX);
+}
+
 /// The current [`EmitEpoch`], `None` while events are not wanted.
 #[inline(always)]
 pub(crate) fn emit_epoch() -> Option<EmitEpoch> {

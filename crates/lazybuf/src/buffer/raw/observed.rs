@@ -79,11 +79,21 @@ pub(super) struct StateEvents {
     /// The bytes of the host block allocated and not recorded yet (0: none; an empty block is
     /// recorded at once).
     allocated: usize,
+    /// The epoch `allocated` was held in: recorded only in that one (events stopped between
+    /// the allocation and its access's commit: no later trace gets the allocation, which
+    /// happened before it started).
+    allocated_in: EmitEpoch,
 }
 
 impl Default for StateEvents {
     fn default() -> Self {
-        StateEvents { count: 0, last: BufferState::Uninitialized, epoch: None, allocated: 0 }
+        StateEvents {
+            count: 0,
+            last: BufferState::Uninitialized,
+            epoch: None,
+            allocated: 0,
+            allocated_in: EmitEpoch::NONE,
+        }
     }
 }
 
@@ -206,6 +216,11 @@ impl RawBuffer {
         epoch: EmitEpoch,
     ) {
         let bytes = std::mem::take(&mut self.state_events.allocated);
+        if self.state_events.allocated_in != epoch {
+            // Held in an earlier epoch: not this trace's (see `StateEvents`); `allocated` is 0
+            // now, so this records the transition alone.
+            return self.record_transition(before, events, call, epoch);
+        }
         self.record_transition_with(before, events, epoch, |buffer, from, to| {
             trace::record_allocated(buffer.id, &buffer.home, bytes, from, to, call);
         });
@@ -230,7 +245,7 @@ impl RawBuffer {
             count = count.wrapping_add(1);
         }
         record(self, before, after);
-        self.state_events = StateEvents { count, last: after, epoch: Some(epoch), allocated: 0 };
+        self.state_events = StateEvents { count, last: after, epoch: Some(epoch), ..StateEvents::default() };
     }
 
     /// A host block of `bytes` this buffer just allocated while events are wanted. Within an
@@ -239,12 +254,13 @@ impl RawBuffer {
     /// transition, as one record; otherwise now.
     #[inline]
     pub(super) fn observe_host_allocation(&mut self, bytes: usize, with_transition: bool) {
-        if !observe::emitting() {
+        let Some(epoch) = observe::emit_epoch() else {
             return;
-        }
+        };
         self.record_allocation();
         if with_transition && bytes > 0 {
             self.state_events.allocated = bytes;
+            self.state_events.allocated_in = epoch;
         } else {
             trace::record_allocate(self.id, &self.home, MemoryKind::Host, bytes);
         }
@@ -264,7 +280,8 @@ impl RawBuffer {
     #[inline(never)]
     fn record_allocation_now(&mut self) {
         let bytes = std::mem::take(&mut self.state_events.allocated);
-        if bytes != 0 {
+        // Only in the epoch it was held in (see `StateEvents`).
+        if bytes != 0 && observe::emit_epoch() == Some(self.state_events.allocated_in) {
             trace::record_allocate(self.id, &self.home, MemoryKind::Host, bytes);
         }
     }
