@@ -58,8 +58,8 @@ cargo clippy --workspace --lib --bins -- -D warnings
 # cores when the targets' std is built from source, seconds warm; docs/RELEASING.md).
 step "scripts/cross-check.sh: clippy for aarch64-apple-darwin and x86_64-pc-windows-msvc (compiled, not run)"
 bash scripts/cross-check.sh
-step "cargo doc (all features, warnings are errors)"
-RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps
+step "cargo doc (all features, private items too: the module docs' links; warnings are errors)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps --document-private-items
 step "build the tests once"
 cargo test --workspace --all-features --no-run
 step "Rust tests: host, OpenCL (PoCL) and wgpu (lavapipe)"

@@ -55,7 +55,7 @@ const EMIT_BITS: u64 = TRACE_BIT | TRACING_BIT;
 const EPOCH_UNIT: u64 = 1 << 8;
 
 /// Whether any hook has work to do (bits above), and the emit epoch. Written under
-/// [`guard::STATE`]'s lock or the recorder's.
+/// `guard::STATE`'s lock or the recorder's.
 static ACTIVE: AtomicU64 = AtomicU64::new(ENV_BIT);
 
 /// Whether the guard or the recorder may have something to do: the copy path's one check.

@@ -1,4 +1,4 @@
-//! The coherence checker's comparison (see [`crate::checking`]): before a host read or a host
+//! The coherence checker's comparison (see [`crate::checking`](mod@crate::checking)): before a host read or a host
 //! write that keeps the bytes it does not change (not an overwrite), a valid
 //! host copy must equal every valid device copy handed out since lazybuf last wrote it, on a
 //! device that does not alias it; a difference means a kernel wrote the copy without
@@ -8,7 +8,7 @@
 //! transfer guard does not refuse it (the user turned the checker on to debug); the recorder
 //! shows it as a `CheckerRead` event.
 //!
-//! What does not live here: the switch ([`crate::checking`]) and when the check runs
+//! What does not live here: the switch ([`crate::checking`](mod@crate::checking)) and when the check runs
 //! ([`RawBuffer::host_access`]).
 
 use super::RawBuffer;
@@ -18,7 +18,7 @@ use crate::coherence::{Location, Residency};
 use crate::error::{Error, Result};
 
 impl RawBuffer {
-    /// The checker (see [`crate::checking`]): a valid host copy must equal every valid device
+    /// The checker (see [`crate::checking`](mod@crate::checking)): a valid host copy must equal every valid device
     /// copy handed out since lazybuf last wrote it, on a device that does not alias it.
     pub(super) fn check_coherence(&mut self) -> Result<()> {
         // Its reads after the allocation they compare (recorded in that order).

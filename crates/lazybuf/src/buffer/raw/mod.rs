@@ -384,7 +384,7 @@ impl RawBuffer {
     /// [`Self::host_access`] makes it) when that access waits for nothing: nothing is on
     /// disk, no transfer is in flight, no device copy that aliases the host block is in use,
     /// and the host block exists or the resource has one ready
-    /// ([`MemoryResource::allocate_host_now`](crate::MemoryResource::allocate_host_now)).
+    /// ([`crate::MemoryResource::allocate_host_now`]).
     /// `None`, with nothing changed, otherwise: a caller that must not block (a binding holding
     /// its interpreter's lock) then makes the access the usual way. While something observes,
     /// the guard and the recorder see it as they see [`Self::host_access`]: the same events
