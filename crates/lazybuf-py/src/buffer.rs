@@ -713,6 +713,39 @@ fn whole_assignment<'py>(
     Ok(Some(Whole::Array(whole.cast_into::<PyUntypedArray>()?)))
 }
 
+/// `buf[key] = value`'s value converted to the buffer's dtype and broadcast as NumPy's
+/// assignment would convert it (a number: one element; anything else: an array of the
+/// selection's shape), with every error NumPy's assignment can raise (the key's and the
+/// value's) raised here, before the buffer is touched. The selection's shape comes from a
+/// zero-strided stand-in of the buffer's shape (no memory of its size): indexing it checks the
+/// key as the assignment would. Assigning the result then cannot fail on the value (a key
+/// whose `__index__` gives another answer the second time is the user's).
+/// Before, NumPy's errors came after `.host`'s access: a failed assignment had synced the
+/// host copy and left the device copy stale (the seventeenth hostile pass).
+fn converted_assignment<'py>(
+    this: &UnifiedBuffer,
+    py: Python<'py>,
+    key: &Bound<'py, PyAny>,
+    value: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let np = numpy_module(py)?;
+    let kwargs = PyDict::new(py);
+    kwargs.set_item("dtype", this.descr(py))?;
+    let zero = np.call_method("zeros", ((),), Some(&kwargs))?;
+    let stand_in = np.call_method1("broadcast_to", (zero, PyTuple::new(py, this.shape.iter())?))?;
+    let selection = stand_in.get_item(key)?;
+    let number = value.is_exact_instance_of::<pyo3::types::PyFloat>()
+        || value.is_exact_instance_of::<pyo3::types::PyInt>()
+        || value.is_exact_instance_of::<pyo3::types::PyBool>()
+        || value.is_exact_instance_of::<pyo3::types::PyComplex>()
+        || value.is_instance(&np.getattr("number")?)?
+        || value.is_instance(&np.getattr("bool_")?)?;
+    let shape = if number { PyTuple::empty(py).into_any() } else { selection.getattr("shape")? };
+    let converted = np.call_method("empty", (shape,), Some(&kwargs))?;
+    converted.set_item(py.Ellipsis(), value)?;
+    Ok(converted)
+}
+
 /// `storage`, the memory `buf[key] = value` wrote through `.host` while NumPy converted the
 /// key or the value, if it is still the buffer's: else a `ValueError` (a `free()` meanwhile:
 /// the values landed in memory the buffer gave up) or the released error.
@@ -1443,6 +1476,12 @@ impl UnifiedBuffer {
                 }
                 None => {}
             }
+            // The key and the value are converted to the selection first, as NumPy's
+            // assignment would convert them, its errors raised before the buffer is touched
+            // (a failed assignment changes nothing: `.host`'s access would have synced the
+            // host copy and left the device copy stale).
+            let value = converted_assignment(slf.get(), slf.py(), key, value)?;
+            let value = &value;
             let (host, storage) = host_view_of(slf)?;
             storage.begin_host_write(slf.py())?;
             // NumPy converts `key` and `value` after `.host`'s access, and a conversion may run
