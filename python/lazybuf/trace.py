@@ -72,6 +72,10 @@ def record(
 def dump(path: str | os.PathLike[str], trace: Trace | None = None) -> None:
     """Writes ``trace`` (else a snapshot of the recording in progress) to ``path`` as Chrome
     trace-event JSON. ``ValueError`` when no trace is given and the recorder is not recording."""
+    if isinstance(path, int) or not isinstance(path, (str, bytes, os.PathLike)):
+        # open() takes an int as a file descriptor and closes it when done: dump(1) closed
+        # the process's standard output (and dump(True) too).
+        raise TypeError(f"trace.dump: path must be a file name (str, bytes or os.PathLike), got {path!r}")
     if trace is not None and not isinstance(trace, Trace):
         raise TypeError(f"dump: trace must be a lazybuf.trace.Trace (what stop() returns) or None, got {trace!r}")
     if trace is None:

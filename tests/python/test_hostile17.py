@@ -248,3 +248,26 @@ def test_a_record_block_that_raises_after_stopping_the_recording_raises_its_own_
                 assert lazybuf.get_transfer_guard()["h2d"] == "disallow"
             assert lazybuf.get_transfer_guard() == {"h2d": "log", "d2h": "disallow", "d2d": "disallow"}
     assert lazybuf.get_transfer_guard() == {"h2d": "allow", "d2h": "allow", "d2d": "allow"}
+
+
+def test_dump_refuses_a_file_descriptor_and_never_closes_it(tmp_path):
+    """`trace.dump(fd, trace)` passed the int to `open()`, which took it as a file descriptor,
+    wrote the JSON there and closed it: `dump(1, t)` (or `dump(True, t)`) closed the process's
+    standard output. A path must be a file name; anything else is a `TypeError` naming
+    trace.dump, and the descriptor stays open."""
+    import os
+
+    with lazybuf.trace.record() as rec:
+        pass
+    r, w = os.pipe()
+    try:
+        for bad in (w, True, None, 3.5, ["x"]):
+            with pytest.raises(TypeError, match=r"trace\.dump: path must be a file name"):
+                lazybuf.trace.dump(bad, rec.trace)
+        assert os.write(w, b"open") == 4
+    finally:
+        os.close(r)
+        os.close(w)
+    lazybuf.trace.dump(tmp_path / "t.json", rec.trace)
+    lazybuf.trace.dump(os.fsencode(tmp_path / "b.json"), rec.trace)
+    assert (tmp_path / "t.json").read_text() == (tmp_path / "b.json").read_text()
