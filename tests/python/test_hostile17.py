@@ -271,3 +271,72 @@ def test_dump_refuses_a_file_descriptor_and_never_closes_it(tmp_path):
     lazybuf.trace.dump(tmp_path / "t.json", rec.trace)
     lazybuf.trace.dump(os.fsencode(tmp_path / "b.json"), rec.trace)
     assert (tmp_path / "t.json").read_text() == (tmp_path / "b.json").read_text()
+
+
+def test_one_guard_scope_object_entered_by_several_threads_restores_each_threads_levels():
+    """A scope object kept and entered by several threads at once (`GUARD =
+    transfer_guard("disallow")` at module level, `with GUARD:` in each worker) restores on each
+    thread the levels that thread had: an exit never hands one thread another's levels."""
+    import threading
+
+    scope = lazybuf.transfer_guard("disallow")
+    # (The timeout only keeps a failing worker from hanging the other.)
+    entered = threading.Barrier(2, timeout=120)
+    seen = {}
+
+    def worker(name, own):
+        try:
+            with lazybuf.transfer_guard(own):
+                with scope:
+                    entered.wait()
+                    seen[name, "inside"] = lazybuf.get_transfer_guard()["h2d"]
+                    entered.wait()
+                seen[name, "after"] = lazybuf.get_transfer_guard()["h2d"]
+        except BaseException as err:
+            entered.abort()
+            seen[name, "error"] = repr(err)
+
+    threads = [threading.Thread(target=worker, args=(n, own)) for n, own in (("a", "log"), ("b", "log_explicit"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert seen == {("a", "inside"): "disallow", ("b", "inside"): "disallow", ("a", "after"): "log", ("b", "after"): "log_explicit"}
+
+
+def test_scopes_left_out_of_order_by_asyncio_tasks_leave_no_level_behind():
+    """Two asyncio tasks on one thread, each in a `transfer_guard` block across an `await`, the
+    first entered leaving first: each scope restored what it had found, so the second, leaving
+    last, restored the first's `disallow`, and the event loop's thread refused every implicit
+    copy from then on (docs/OBSERVING.md said the levels would be those the first to leave had
+    found). A scope left out of order now takes its own levels away and leaves the others';
+    once both have left, the thread's levels are back."""
+    import asyncio
+
+    seen = {}
+
+    async def task(level, entered, leave):
+        with lazybuf.transfer_guard(level):
+            entered.set()
+            await leave.wait()
+
+    async def main():
+        a_in, a_out, b_in, b_out = (asyncio.Event() for _ in range(4))
+        first = asyncio.create_task(task("disallow", a_in, a_out))
+        await a_in.wait()
+        second = asyncio.create_task(task("log", b_in, b_out))
+        await b_in.wait()
+        seen["both open"] = lazybuf.get_transfer_guard()["h2d"]
+        a_out.set()
+        await first
+        seen["second open"] = lazybuf.get_transfer_guard()["h2d"]
+        b_out.set()
+        await second
+        seen["both left"] = lazybuf.get_transfer_guard()
+
+    asyncio.run(main())
+    assert seen == {
+        "both open": "log",
+        "second open": "log",
+        "both left": {"h2d": "allow", "d2h": "allow", "d2d": "allow"},
+    }

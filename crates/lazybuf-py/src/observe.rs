@@ -224,13 +224,14 @@ pub fn _transfer_guard_global() -> PyResult<Names> {
 /// context manager (`contextlib`) ran bytecode between setting the levels and entering its
 /// `try`, and between its `finally` and the restoring call, so a signal's exception
 /// (`KeyboardInterrupt`) delivered there left the thread's levels set for good (the
-/// seventeenth hostile pass). Reusable and re-entrant: each entry's levels are restored by
-/// the matching exit, last in, first out.
+/// seventeenth hostile pass). Reusable and re-entrant, also by several threads at once (one
+/// object kept in a module and entered by each): each exit leaves, on its thread, that
+/// thread's innermost entry ([`guard::scope`] says what leaving out of order does).
 #[pyclass(name = "_GuardScope", module = "lazybuf", frozen)]
 pub struct GuardScope {
     levels: GuardLevels,
-    /// The levels each entry found, innermost last.
-    previous: std::sync::Mutex<Vec<GuardLevels>>,
+    /// Each entry's scope, with its thread, innermost last.
+    entries: std::sync::Mutex<Vec<(std::thread::ThreadId, guard::ScopeToken)>>,
 }
 
 #[pymethods]
@@ -238,29 +239,29 @@ impl GuardScope {
     #[new]
     #[pyo3(signature = (h2d, d2h, d2d))]
     fn new(h2d: Option<&str>, d2h: Option<&str>, d2d: Option<&str>) -> PyResult<GuardScope> {
-        Ok(GuardScope { levels: levels(h2d, d2h, d2d)?, previous: std::sync::Mutex::default() })
+        Ok(GuardScope { levels: levels(h2d, d2h, d2d)?, entries: std::sync::Mutex::default() })
     }
 
     fn __enter__(&self, py: Python<'_>) {
-        let mut merged = guard::thread();
-        for direction in Direction::ALL {
-            if let Some(level) = self.levels.get(direction) {
-                merged = merged.with(direction, Some(level));
-            }
-        }
         // The lines logged under the levels being left go out before they change (a handler's
         // exception is unraisable: nothing here raises once the levels are set).
         hand_logged_to_python(py);
-        let previous = guard::set_thread(merged);
-        self.previous.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(previous);
+        let token = guard::enter(self.levels);
+        let thread = std::thread::current().id();
+        self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((thread, token));
     }
 
     #[pyo3(signature = (*_exc))]
     fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, pyo3::types::PyTuple>) -> bool {
-        let previous = self.previous.lock().unwrap_or_else(std::sync::PoisonError::into_inner).pop();
-        if let Some(previous) = previous {
+        let thread = std::thread::current().id();
+        let token = {
+            let mut entries = self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let innermost = entries.iter().rposition(|(t, _)| *t == thread);
+            innermost.map(|i| entries.remove(i).1)
+        };
+        if let Some(token) = token {
             hand_logged_to_python(py);
-            guard::set_thread(previous);
+            guard::leave(token);
         }
         false
     }
