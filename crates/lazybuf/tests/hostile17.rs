@@ -88,7 +88,8 @@ fn guard_scopes_dropped_out_of_order_leave_no_level_behind() {
         let token = guard::enter(h2d(GuardLevel::Log));
         assert!(guard::leave(token));
         assert!(!guard::leave(token));
-        let elsewhere = std::thread::spawn(|| guard::enter(h2d(GuardLevel::Disallow))).join().unwrap();
+        let disallow = h2d(GuardLevel::Disallow);
+        let elsewhere = std::thread::spawn(move || guard::enter(disallow)).join().unwrap();
         assert!(!guard::leave(elsewhere));
         assert_eq!(guard::thread(), GuardLevels::default());
     })
