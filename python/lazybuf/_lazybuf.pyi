@@ -1030,7 +1030,7 @@ def _trace_start(capacity: int, python_stack: bool, rust_backtrace: bool) -> Non
 def _trace_stop() -> Trace: ...
 def _trace_snapshot() -> Trace: ...
 def _trace_recording() -> bool: ...
-@final
+@disjoint_base
 class _GuardScope:
     """``transfer_guard(...)``'s context manager (native: see python/lazybuf/_transfer_guard.py)."""
 
@@ -1038,7 +1038,7 @@ class _GuardScope:
     def __enter__(self) -> None: ...
     def __exit__(self, *exc: object) -> bool: ...
 
-@final
+@disjoint_base
 class _TraceRecord:
     """``trace.record()``'s context manager: ``__enter__`` starts the recorder and returns
     ``recording``, ``__exit__`` stops it into ``recording.trace``."""

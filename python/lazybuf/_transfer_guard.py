@@ -72,11 +72,15 @@ def _levels(call: str, level: object, h2d: object, d2h: object, d2d: object) -> 
     )
 
 
+class _Scope(_lazybuf._GuardScope, contextlib.ContextDecorator):
+    """A ``transfer_guard`` block, also usable as a decorator. ``__enter__`` and ``__exit__``
+    are the native base's: the levels are set and restored each in one call no Python code
+    interrupts (a generator's bytecode between the setting and its ``try`` let a signal's
+    exception leave them set for good)."""
+
+
 def _scope(levels: _Levels) -> contextlib.AbstractContextManager[None]:
-    # Native: the levels are set and restored each in one call no Python code interrupts (a
-    # generator's bytecode between the setting and its ``try`` let a signal's exception leave
-    # them set for good).
-    return _lazybuf._GuardScope(*levels)
+    return _Scope(*levels)
 
 
 def transfer_guard(

@@ -66,7 +66,12 @@ def record(
     _check_capacity(capacity)
     # Native: started and stopped each in one call no Python code interrupts (a signal's
     # exception between a generator's start and its ``try`` left the recorder running).
-    return _lazybuf._TraceRecord(capacity, bool(python_stack), bool(rust_backtrace), Recording())
+    return _Record(capacity, bool(python_stack), bool(rust_backtrace), Recording())
+
+
+class _Record(_lazybuf._TraceRecord, contextlib.ContextDecorator):
+    """A ``record()`` block, also usable as a decorator; ``__enter__`` and ``__exit__`` are the
+    native base's (see ``record``)."""
 
 
 def dump(path: str | os.PathLike[str], trace: Trace | None = None) -> None:

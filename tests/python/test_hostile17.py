@@ -340,3 +340,25 @@ def test_scopes_left_out_of_order_by_asyncio_tasks_leave_no_level_behind():
         "second open": "log",
         "both left": {"h2d": "allow", "d2h": "allow", "d2d": "allow"},
     }
+
+
+def test_transfer_guard_and_record_still_decorate_functions():
+    """Native, `transfer_guard(...)` and `trace.record()` are still what `contextlib` made them:
+    decorators too (`@lazybuf.transfer_guard("disallow")`), each call of the function in the
+    block, and re-entered by a recursive call."""
+
+    @lazybuf.transfer_guard("disallow")
+    def guarded(depth):
+        assert lazybuf.get_transfer_guard()["h2d"] == "disallow"
+        return guarded(depth - 1) if depth else lazybuf.trace.is_recording()
+
+    @lazybuf.trace.record()
+    def recorded():
+        return guarded(3)
+
+    assert recorded() is True
+    assert lazybuf.get_transfer_guard() == {"h2d": "allow", "d2h": "allow", "d2d": "allow"}
+    assert not lazybuf.trace.is_recording()
+    with pytest.raises(KeyError):
+        lazybuf.transfer_guard("log")(lambda: {}["missing"])()
+    assert lazybuf.get_transfer_guard()["h2d"] == "allow"

@@ -227,7 +227,7 @@ pub fn _transfer_guard_global() -> PyResult<Names> {
 /// seventeenth hostile pass). Reusable and re-entrant, also by several threads at once (one
 /// object kept in a module and entered by each): each exit leaves, on its thread, that
 /// thread's innermost entry ([`guard::scope`] says what leaving out of order does).
-#[pyclass(name = "_GuardScope", module = "lazybuf", frozen)]
+#[pyclass(name = "_GuardScope", module = "lazybuf", frozen, subclass)]
 pub struct GuardScope {
     levels: GuardLevels,
     /// Each entry's scope, with its thread, innermost last.
@@ -278,7 +278,7 @@ impl GuardScope {
 /// generator left the recorder running). When the block raised and the recording was stopped
 /// inside it already, the block's exception propagates, not `stop()`'s complaint (which hid
 /// the user's error behind a `ValueError` of the context manager).
-#[pyclass(name = "_TraceRecord", module = "lazybuf", frozen)]
+#[pyclass(name = "_TraceRecord", module = "lazybuf", frozen, subclass)]
 pub struct TraceRecord {
     capacity: usize,
     python_stack: bool,
