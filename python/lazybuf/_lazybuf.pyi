@@ -72,6 +72,8 @@ __all__ = [
     "_trace_stop",
     "_trace_snapshot",
     "_trace_recording",
+    "_GuardScope",
+    "_TraceRecord",
     "get_memory_limit",
     "memory_held",
     "reset_spill_stats",
@@ -1028,6 +1030,23 @@ def _trace_start(capacity: int, python_stack: bool, rust_backtrace: bool) -> Non
 def _trace_stop() -> Trace: ...
 def _trace_snapshot() -> Trace: ...
 def _trace_recording() -> bool: ...
+@disjoint_base
+class _GuardScope:
+    """``transfer_guard(...)``'s context manager (native: see python/lazybuf/_transfer_guard.py)."""
+
+    def __new__(cls, h2d: str | None, d2h: str | None, d2d: str | None) -> _GuardScope: ...
+    def __enter__(self) -> None: ...
+    def __exit__(self, *exc: object) -> bool: ...
+
+@disjoint_base
+class _TraceRecord:
+    """``trace.record()``'s context manager: ``__enter__`` starts the recorder and returns
+    ``recording``, ``__exit__`` stops it into ``recording.trace``."""
+
+    def __new__(cls, capacity: int, python_stack: bool, rust_backtrace: bool, recording: object) -> _TraceRecord: ...
+    def __enter__(self) -> Any: ...
+    def __exit__(self, exc_type: object, exc_value: object, traceback: object) -> bool: ...
+
 @final
 class Trace:
     """Recorded events (``lazybuf.trace.stop()``, ``snapshot()``)."""

@@ -34,7 +34,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging  # noqa: F401 - before the atexit hook below: logging's shutdown then runs after it
-from collections.abc import Iterator
 
 from . import _lazybuf
 
@@ -73,15 +72,15 @@ def _levels(call: str, level: object, h2d: object, d2h: object, d2d: object) -> 
     )
 
 
-@contextlib.contextmanager
-def _scope(levels: _Levels) -> Iterator[None]:
-    current = _lazybuf._transfer_guard_thread()
-    merged = tuple(new if new is not None else old for new, old in zip(levels, current))
-    previous = _lazybuf._transfer_guard_set_thread(*merged)
-    try:
-        yield
-    finally:
-        _lazybuf._transfer_guard_set_thread(*previous)
+class _Scope(_lazybuf._GuardScope, contextlib.ContextDecorator):
+    """A ``transfer_guard`` block, also usable as a decorator. ``__enter__`` and ``__exit__``
+    are the native base's: the levels are set and restored each in one call no Python code
+    interrupts (a generator's bytecode between the setting and its ``try`` let a signal's
+    exception leave them set for good)."""
+
+
+def _scope(levels: _Levels) -> contextlib.AbstractContextManager[None]:
+    return _Scope(*levels)
 
 
 def transfer_guard(

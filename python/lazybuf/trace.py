@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
 
 from . import _lazybuf
 from ._lazybuf import Trace
@@ -28,9 +27,13 @@ __all__ = ["Recording", "Trace", "dump", "is_recording", "record", "snapshot", "
 
 def start(*, capacity: int = 1 << 20, python_stack: bool = False, rust_backtrace: bool = False) -> None:
     """Starts recording. ``ValueError`` when already recording or ``capacity`` is not positive."""
+    _check_capacity(capacity)
+    _lazybuf._trace_start(capacity, bool(python_stack), bool(rust_backtrace))
+
+
+def _check_capacity(capacity: object) -> None:
     if isinstance(capacity, bool) or not isinstance(capacity, int) or not 1 <= capacity < 1 << 63:
         raise ValueError(f"trace.start: expected a capacity of at least 1 event (below 2**63), got {capacity!r}")
-    _lazybuf._trace_start(capacity, bool(python_stack), bool(rust_backtrace))
 
 
 def stop() -> Trace:
@@ -54,21 +57,30 @@ class Recording:
     trace: Trace | None = None
 
 
-@contextlib.contextmanager
-def record(*, capacity: int = 1 << 20, python_stack: bool = False, rust_backtrace: bool = False) -> Iterator[Recording]:
+def record(
+    *, capacity: int = 1 << 20, python_stack: bool = False, rust_backtrace: bool = False
+) -> contextlib.AbstractContextManager[Recording]:
     """Records for the duration of the block: ``with lazybuf.trace.record() as rec: ...``,
-    then ``rec.trace``."""
-    start(capacity=capacity, python_stack=python_stack, rust_backtrace=rust_backtrace)
-    recording = Recording()
-    try:
-        yield recording
-    finally:
-        recording.trace = stop()
+    then ``rec.trace``. When the block raises after the recording was stopped inside it, the
+    block's exception propagates (``rec.trace`` stays ``None``)."""
+    _check_capacity(capacity)
+    # Native: started and stopped each in one call no Python code interrupts (a signal's
+    # exception between a generator's start and its ``try`` left the recorder running).
+    return _Record(capacity, bool(python_stack), bool(rust_backtrace), Recording())
+
+
+class _Record(_lazybuf._TraceRecord, contextlib.ContextDecorator):
+    """A ``record()`` block, also usable as a decorator; ``__enter__`` and ``__exit__`` are the
+    native base's (see ``record``)."""
 
 
 def dump(path: str | os.PathLike[str], trace: Trace | None = None) -> None:
     """Writes ``trace`` (else a snapshot of the recording in progress) to ``path`` as Chrome
     trace-event JSON. ``ValueError`` when no trace is given and the recorder is not recording."""
+    if isinstance(path, int) or not isinstance(path, (str, bytes, os.PathLike)):
+        # open() takes an int as a file descriptor and closes it when done: dump(1) closed
+        # the process's standard output (and dump(True) too).
+        raise TypeError(f"trace.dump: path must be a file name (str, bytes or os.PathLike), got {path!r}")
     if trace is not None and not isinstance(trace, Trace):
         raise TypeError(f"dump: trace must be a lazybuf.trace.Trace (what stop() returns) or None, got {trace!r}")
     if trace is None:

@@ -46,7 +46,7 @@ use pyo3::exceptions::{PyAttributeError, PyBufferError, PyTypeError, PyValueErro
 use pyo3::ffi;
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyModule, PyTuple, PyWeakrefReference};
+use pyo3::types::{PyByteArray, PyBytes, PyDict, PyModule, PyTuple, PyWeakrefReference};
 
 use lazybuf::coherence::{Access, Location, Residency};
 use lazybuf::observe::Cause;
@@ -711,6 +711,88 @@ fn whole_assignment<'py>(
     let whole = np.call_method("empty", (PyTuple::new(py, this.shape.iter())?,), Some(&kwargs))?;
     whole.set_item(py.Ellipsis(), value)?;
     Ok(Some(Whole::Array(whole.cast_into::<PyUntypedArray>()?)))
+}
+
+/// What `buf[key] = value` assigns once the buffer is touched, with every error NumPy's
+/// assignment can raise (the key's and the value's) raised here first, before anything
+/// changes. Assigning the result then cannot fail on the value (a key whose `__index__` gives
+/// another answer the second time is the user's). Before, NumPy's errors came after `.host`'s
+/// access: a failed assignment had synced the host copy and left the device copy stale (the
+/// seventeenth hostile pass).
+///
+/// An array of a dtype that holds no objects (converting it runs no Python code) is checked by
+/// assigning it, as NumPy would, to an array of the selection's shape whose strides are 0 (one
+/// element of memory); it is assigned itself afterwards, so a view of the buffer's own host
+/// copy is read after `.host` synced it. Anything else (a number, a sequence, objects whose
+/// conversion runs their `__float__`) is converted once, here: a number into one element, the
+/// rest into an array of the selection's shape.
+///
+/// The selection's shape: for integer keys in range (`buf[i]`, `buf[i, j]`), from the shape;
+/// for any other key, from indexing a stand-in of the buffer's shape and dtype whose strides
+/// are 0, which checks the key as the assignment would.
+fn checked_assignment<'py>(
+    this: &UnifiedBuffer,
+    py: Python<'py>,
+    key: &Bound<'py, PyAny>,
+    value: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let np = numpy_module(py)?;
+    let descr = this.descr(py);
+    let ndarray = np.getattr("ndarray")?;
+    // An array of the buffer's dtype, `shape` and strides 0 over one element of memory.
+    let zero_strided =
+        |shape: Bound<'py, PyAny>, element: Bound<'py, PyAny>| -> PyResult<Bound<'py, PyAny>> {
+            let strides = PyTuple::new(py, std::iter::repeat_n(0usize, shape.len()?))?;
+            ndarray.call((shape, descr, element, 0usize, strides), None)
+        };
+    let number = value.is_exact_instance_of::<pyo3::types::PyFloat>()
+        || value.is_exact_instance_of::<pyo3::types::PyInt>()
+        || value.is_exact_instance_of::<pyo3::types::PyBool>()
+        || value.is_exact_instance_of::<pyo3::types::PyComplex>()
+        || value.is_instance(&np.getattr("number")?)?
+        || value.is_instance(&np.getattr("bool_")?)?;
+    let selection_shape = match integer_selection(&this.shape, key) {
+        Some(rest) => PyTuple::new(py, rest.iter())?.into_any(),
+        None => {
+            let element = PyBytes::new(py, &vec![0u8; descr.itemsize()]).into_any();
+            let stand_in = zero_strided(PyTuple::new(py, this.shape.iter())?.into_any(), element)?;
+            stand_in.get_item(key)?.getattr("shape")?
+        }
+    };
+    // (`hasobject`: also a structured dtype with an object field.)
+    if let Ok(array) = value.cast::<PyUntypedArray>()
+        && !array.dtype().getattr("hasobject")?.is_truthy()?
+    {
+        let element = PyByteArray::new(py, &vec![0u8; descr.itemsize()]).into_any();
+        zero_strided(selection_shape, element)?.set_item(py.Ellipsis(), value)?;
+        return Ok(value.clone());
+    }
+    let kwargs = PyDict::new(py);
+    kwargs.set_item("dtype", descr)?;
+    let shape = if number { PyTuple::empty(py).into_any() } else { selection_shape };
+    let converted = np.call_method("empty", (shape,), Some(&kwargs))?;
+    converted.set_item(py.Ellipsis(), value)?;
+    Ok(converted)
+}
+
+/// The shape `buf[key]` selects when `key` is an int or a tuple of ints (exactly: no
+/// `__index__` to run), each in range of its dimension: the dimensions after them. `None` for
+/// any other key (or one out of range: the stand-in raises NumPy's `IndexError` for it).
+fn integer_selection<'a>(shape: &'a [usize], key: &Bound<'_, PyAny>) -> Option<&'a [usize]> {
+    let in_range = |index: &Bound<'_, PyAny>, extent: usize| {
+        index.is_exact_instance_of::<pyo3::types::PyInt>()
+            && index.extract::<i64>().is_ok_and(|i| {
+                let extent = i64::try_from(extent).unwrap_or(i64::MAX);
+                (-extent..extent).contains(&i)
+            })
+    };
+    if let Ok(tuple) = key.cast_exact::<PyTuple>() {
+        let n = tuple.len();
+        (n <= shape.len() && tuple.iter().zip(shape).all(|(index, &extent)| in_range(&index, extent)))
+            .then(|| &shape[n..])
+    } else {
+        (!shape.is_empty() && in_range(key, shape[0])).then(|| &shape[1..])
+    }
 }
 
 /// `storage`, the memory `buf[key] = value` wrote through `.host` while NumPy converted the
@@ -1443,6 +1525,12 @@ impl UnifiedBuffer {
                 }
                 None => {}
             }
+            // The key and the value are checked (the value converted, unless it is an array)
+            // first, NumPy's errors raised before the buffer is touched: a failed assignment
+            // changes nothing (`.host`'s access would have synced the host copy and left the
+            // device copy stale).
+            let value = checked_assignment(slf.get(), slf.py(), key, value)?;
+            let value = &value;
             let (host, storage) = host_view_of(slf)?;
             storage.begin_host_write(slf.py())?;
             // NumPy converts `key` and `value` after `.host`'s access, and a conversion may run

@@ -83,6 +83,9 @@ impl PyResource {
 struct RawAllocation {
     device: Device,
     block: Block,
+    /// The size `allocate` was asked for (the block may be larger: a pool rounds up);
+    /// `deallocate` must be given this size, as RMM's resources must.
+    nbytes: usize,
     /// The resource it came from (kept alive with it).
     resource: Arc<dyn MemoryResource>,
 }
@@ -139,13 +142,14 @@ impl PyResource {
             .detach(|| self.resource.allocate(&device, MemoryKind::Device, nbytes, &device.stream()))
             .or_py()?;
         let key = handle(&device, &block);
-        let raw = RawAllocation { device, block, resource: self.resource.clone() };
+        let raw = RawAllocation { device, block, nbytes, resource: self.resource.clone() };
         registry().insert((identity(&self.resource), key), raw);
         Ok(key)
     }
 
     /// Gives back what `allocate` returned (`ValueError` for a handle this resource did not
-    /// return, or returned and got back).
+    /// return, or returned and got back, and for an `nbytes` other than the size allocated:
+    /// the block is kept then).
     fn deallocate(
         &self,
         py: Python<'_>,
@@ -160,15 +164,16 @@ impl PyResource {
                     "deallocate: {ptr:#x} was not allocated by this resource (or was given back)"
                 )));
             };
-            if nbytes > raw.block.len() {
+            if nbytes != raw.nbytes {
                 return Err(PyValueError::new_err(format!(
-                    "deallocate: {ptr:#x} holds {} bytes, not {nbytes}",
-                    raw.block.len()
+                    "deallocate: {ptr:#x} was allocated with nbytes={}, not {nbytes} (pass the size \
+                     given to allocate)",
+                    raw.nbytes
                 )));
             }
             registry.remove(&key)
         };
-        if let Some(RawAllocation { device, block, resource }) = raw {
+        if let Some(RawAllocation { device, block, resource, .. }) = raw {
             py.detach(|| resource.deallocate(&device, block, &device.stream(), Ticket::done()));
         }
         Ok(())

@@ -217,6 +217,107 @@ pub fn _transfer_guard_global() -> PyResult<Names> {
     guard::global().map(names).or_py()
 }
 
+/// `lazybuf.transfer_guard(...)` and its per-direction spellings: a context manager whose
+/// `__enter__` sets this thread's levels for the directions given (the others keep this
+/// thread's own) and whose `__exit__` restores the levels it found. Native, so that the setting
+/// and the restoring are each one call that no Python code interrupts: a generator-based
+/// context manager (`contextlib`) ran bytecode between setting the levels and entering its
+/// `try`, and between its `finally` and the restoring call, so a signal's exception
+/// (`KeyboardInterrupt`) delivered there left the thread's levels set for good (the
+/// seventeenth hostile pass). Reusable and re-entrant, also by several threads at once (one
+/// object kept in a module and entered by each): each exit leaves, on its thread, that
+/// thread's innermost entry ([`guard::scope`] says what leaving out of order does).
+#[pyclass(name = "_GuardScope", module = "lazybuf", frozen, subclass)]
+pub struct GuardScope {
+    levels: GuardLevels,
+    /// Each entry's scope, with its thread, innermost last.
+    entries: std::sync::Mutex<Vec<(std::thread::ThreadId, guard::ScopeToken)>>,
+}
+
+#[pymethods]
+impl GuardScope {
+    #[new]
+    #[pyo3(signature = (h2d, d2h, d2d))]
+    fn new(h2d: Option<&str>, d2h: Option<&str>, d2d: Option<&str>) -> PyResult<GuardScope> {
+        Ok(GuardScope { levels: levels(h2d, d2h, d2d)?, entries: std::sync::Mutex::default() })
+    }
+
+    fn __enter__(&self, py: Python<'_>) {
+        // The lines logged under the levels being left go out before they change (a handler's
+        // exception is unraisable: nothing here raises once the levels are set).
+        hand_logged_to_python(py);
+        let token = guard::enter(self.levels);
+        let thread = std::thread::current().id();
+        self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((thread, token));
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, pyo3::types::PyTuple>) -> bool {
+        let thread = std::thread::current().id();
+        let token = {
+            let mut entries = self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let innermost = entries.iter().rposition(|(t, _)| *t == thread);
+            innermost.map(|i| entries.remove(i).1)
+        };
+        if let Some(token) = token {
+            hand_logged_to_python(py);
+            guard::leave(token);
+        }
+        false
+    }
+
+    fn __repr__(&self) -> String {
+        let (h2d, d2h, d2d) = names(self.levels);
+        format!("lazybuf.transfer_guard(h2d={h2d:?}, d2h={d2h:?}, d2d={d2d:?})")
+    }
+}
+
+/// `lazybuf.trace.record()`'s context manager: `__enter__` starts the recorder and returns
+/// the `Recording` it was given, `__exit__` stops it and stores the trace there. Native for
+/// the reason [`GuardScope`] is (a signal's exception between the start and the `try` of a
+/// generator left the recorder running). When the block raised and the recording was stopped
+/// inside it already, the block's exception propagates, not `stop()`'s complaint (which hid
+/// the user's error behind a `ValueError` of the context manager).
+#[pyclass(name = "_TraceRecord", module = "lazybuf", frozen, subclass)]
+pub struct TraceRecord {
+    capacity: usize,
+    python_stack: bool,
+    rust_backtrace: bool,
+    recording: Py<PyAny>,
+}
+
+#[pymethods]
+impl TraceRecord {
+    #[new]
+    #[pyo3(signature = (capacity, python_stack, rust_backtrace, recording))]
+    fn new(capacity: usize, python_stack: bool, rust_backtrace: bool, recording: Py<PyAny>) -> TraceRecord {
+        TraceRecord { capacity, python_stack, rust_backtrace, recording }
+    }
+
+    fn __enter__(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        _trace_start(self.capacity, self.python_stack, self.rust_backtrace)?;
+        Ok(self.recording.clone_ref(py))
+    }
+
+    #[pyo3(signature = (exc_type, _exc_value, _traceback))]
+    fn __exit__(
+        &self,
+        py: Python<'_>,
+        exc_type: &Bound<'_, PyAny>,
+        _exc_value: &Bound<'_, PyAny>,
+        _traceback: &Bound<'_, PyAny>,
+    ) -> PyResult<bool> {
+        match _trace_stop() {
+            Ok(trace) => {
+                self.recording.bind(py).setattr("trace", Py::new(py, trace)?)?;
+                Ok(false)
+            }
+            Err(_) if !exc_type.is_none() => Ok(false),
+            Err(err) => Err(err),
+        }
+    }
+}
+
 /// Starts the recorder.
 #[pyfunction]
 #[pyo3(signature = (capacity, python_stack, rust_backtrace))]
@@ -363,6 +464,8 @@ impl PyTrace {
 /// Adds this module's functions and classes to the extension module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyTrace>()?;
+    m.add_class::<GuardScope>()?;
+    m.add_class::<TraceRecord>()?;
     m.add_function(wrap_pyfunction!(_transfer_guard_set_thread, m)?)?;
     m.add_function(wrap_pyfunction!(_transfer_guard_thread, m)?)?;
     m.add_function(wrap_pyfunction!(_transfer_guard_set_global, m)?)?;

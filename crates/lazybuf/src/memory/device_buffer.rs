@@ -253,7 +253,7 @@ impl DeviceBuffer {
     }
 
     fn copy_from_memory_as(&mut self, src: &Memory, count: usize, cause: Cause) -> Result<()> {
-        self.check("copy_from_device", count)?;
+        self.check(cause.call, count)?;
         self.memory.copy_prefix_from_as(src, count, Seen::new(self.id(), cause))
     }
 

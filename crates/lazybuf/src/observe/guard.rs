@@ -297,29 +297,99 @@ pub fn thread() -> GuardLevels {
 
 /// Sets this thread's levels for the directions `levels` names until the scope is dropped
 /// (on this thread: the scope cannot be sent to another one).
+///
+/// Scopes nest last in, first out: each restores, when dropped, the levels it found. One
+/// dropped out of that order (scopes kept in a struct, whose fields drop first to last; two
+/// asyncio tasks' blocks on one thread, each left while the other is open) takes its own
+/// levels away and leaves the others': the scopes still open apply over the levels the
+/// thread had before the first of them, and once all are gone the thread has those back.
+/// (Each restoring what it found left the levels of the first one entered in force for good
+/// when the first one entered was the first one left: the seventeenth hostile pass.)
 pub fn scope(levels: GuardLevels) -> GuardScope {
-    let current = thread();
-    let mut merged = current;
-    for direction in Direction::ALL {
-        if let Some(level) = levels.get(direction) {
-            merged = merged.with(direction, Some(level));
-        }
-    }
-    set_thread(merged);
-    GuardScope { previous: current, _not_send: std::marker::PhantomData }
+    GuardScope { token: enter(levels), _not_send: std::marker::PhantomData }
 }
 
 /// The levels [`scope`] set, until dropped.
 #[derive(Debug)]
 #[must_use = "the guard applies only while the scope lives"]
 pub struct GuardScope {
-    previous: GuardLevels,
+    token: ScopeToken,
     _not_send: std::marker::PhantomData<*const ()>,
 }
 
 impl Drop for GuardScope {
     fn drop(&mut self) {
-        set_thread(self.previous);
+        leave(self.token);
+    }
+}
+
+/// A scope opened by [`enter`], for [`leave`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScopeToken(u64);
+
+/// One open scope of a thread: its token, the levels it sets (`None`: unchanged) and the
+/// thread's levels when it opened.
+struct OpenScope {
+    token: ScopeToken,
+    levels: GuardLevels,
+    found: GuardLevels,
+}
+
+thread_local! {
+    /// This thread's open scopes, oldest first.
+    static SCOPES: std::cell::RefCell<Vec<OpenScope>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `levels` over `base`: the directions `levels` names take its level.
+fn overlay(base: GuardLevels, levels: GuardLevels) -> GuardLevels {
+    let mut merged = base;
+    for direction in Direction::ALL {
+        if let Some(level) = levels.get(direction) {
+            merged = merged.with(direction, Some(level));
+        }
+    }
+    merged
+}
+
+/// Opens a scope on this thread (what [`scope`] does, for a caller that cannot hold a
+/// [`GuardScope`], such as a Python context manager): `levels` over the thread's levels until
+/// [`leave`] is called with the token, on this thread.
+pub fn enter(levels: GuardLevels) -> ScopeToken {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    let token = ScopeToken(NEXT.fetch_add(1, Ordering::Relaxed));
+    let found = thread();
+    set_thread(overlay(found, levels));
+    // (A thread whose thread-locals are gone keeps no scope: its levels are gone too.)
+    let _ = SCOPES.try_with(|scopes| scopes.borrow_mut().push(OpenScope { token, levels, found }));
+    token
+}
+
+/// Closes the scope `token` opened on this thread: the innermost restores the levels it found;
+/// one left out of order takes its levels away and leaves the others' ([`scope`]). False, with
+/// nothing changed, when this thread has no such open scope (it was left already, or opened on
+/// another thread).
+pub fn leave(token: ScopeToken) -> bool {
+    let restore = SCOPES.try_with(|scopes| {
+        let mut scopes = scopes.borrow_mut();
+        let index = scopes.iter().position(|s| s.token == token)?;
+        if index + 1 == scopes.len() {
+            return scopes.pop().map(|s| s.found);
+        }
+        // Out of order: the scopes after it apply over what it found, as if it had never opened.
+        let left = scopes.remove(index);
+        let mut levels = left.found;
+        for open in &mut scopes[index..] {
+            open.found = levels;
+            levels = overlay(levels, open.levels);
+        }
+        Some(levels)
+    });
+    match restore {
+        Ok(Some(levels)) => {
+            set_thread(levels);
+            true
+        }
+        _ => false,
     }
 }
 
