@@ -26,13 +26,16 @@ __all__ = ["Recording", "Trace", "dump", "is_recording", "record", "snapshot", "
 
 
 def start(*, capacity: int = 1 << 20, python_stack: bool = False, rust_backtrace: bool = False) -> None:
-    """Starts recording. ``ValueError`` when already recording or ``capacity`` is not positive."""
+    """Starts recording. ``ValueError`` when already recording or ``capacity`` is not positive,
+    ``TypeError`` when it is not an ``int``."""
     _check_capacity(capacity)
     _lazybuf._trace_start(capacity, bool(python_stack), bool(rust_backtrace))
 
 
 def _check_capacity(capacity: object) -> None:
-    if isinstance(capacity, bool) or not isinstance(capacity, int) or not 1 <= capacity < 1 << 63:
+    if isinstance(capacity, bool) or not isinstance(capacity, int):
+        raise TypeError(f"trace.start: expected an int capacity (events), got {type(capacity).__name__}: {capacity!r}")
+    if not 1 <= capacity < 1 << 63:
         raise ValueError(f"trace.start: expected a capacity of at least 1 event (below 2**63), got {capacity!r}")
 
 

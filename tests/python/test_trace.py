@@ -155,9 +155,14 @@ def test_recording_off_records_nothing_and_bad_calls_are_clear_errors():
         lazybuf.trace.stop()
     with pytest.raises(ValueError, match="not recording"):
         lazybuf.trace.snapshot()
-    for bad in (0, -1, 1.5, True, 2**64):
+    for bad in (0, -1, 2**64):
         with pytest.raises(ValueError, match="capacity"):
             lazybuf.trace.start(capacity=bad)
+    for bad in (1.5, True, "10", None):
+        with pytest.raises(TypeError, match="int capacity"):
+            lazybuf.trace.start(capacity=bad)
+        with pytest.raises(TypeError, match="int capacity"):
+            lazybuf.trace.record(capacity=bad)
     lazybuf.trace.start()
     with pytest.raises(ValueError, match="already recording"):
         lazybuf.trace.start()

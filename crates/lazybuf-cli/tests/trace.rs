@@ -129,6 +129,25 @@ fn the_summary_sums_the_largest_byte_counts() {
     assert_eq!(total.split_whitespace().collect::<Vec<_>>(), ["total", "h2d", "2", sum.as_str()], "{text}");
 }
 
+/// A file that starts with a UTF-8 byte-order mark (an editor's or a Windows tool's) is read as
+/// the JSON after it; the same file without the mark gives the same summary.
+#[test]
+fn a_byte_order_mark_before_the_json_is_not_part_of_it() {
+    let plain = small_trace("plain.json");
+    let marked = temp("marked.json");
+    let mut bytes = b"\xef\xbb\xbf".to_vec();
+    bytes.extend(std::fs::read(&plain).unwrap());
+    std::fs::write(&marked, bytes).unwrap();
+    let summary = |path: &Path| {
+        let out = lazybuf(&["trace", "summary", path.to_str().unwrap()]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap().replace(path.to_str().unwrap(), "FILE")
+    };
+    let text = summary(&marked);
+    assert!(text.contains("4096") || text.contains("4,096") || text.contains("4 KiB"), "{text}");
+    assert_eq!(text, summary(&plain));
+}
+
 /// A copy the recorder marked rolled back (a later step of its plan failed, and the counters
 /// took it back) is not counted by the summary, as `Trace::summary()` does not count it.
 #[test]

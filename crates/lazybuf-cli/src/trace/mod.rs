@@ -70,7 +70,9 @@ pub fn load(path: &Path) -> Result<TraceFile> {
         return Err(context("not a regular file (expected a trace written by lazybuf.trace.dump())".into()));
     }
     let text = std::fs::read_to_string(path).map_err(|e| context(e.to_string()))?;
-    let doc: Value = serde_json::from_str(&text).map_err(|e| context(format!("not JSON: {e}")))?;
+    // A UTF-8 byte-order mark (an editor's or a Windows tool's) is not part of the JSON.
+    let json = text.strip_prefix('\u{feff}').unwrap_or(&text);
+    let doc: Value = serde_json::from_str(json).map_err(|e| context(format!("not JSON: {e}")))?;
     let events = doc["traceEvents"].as_array().ok_or_else(|| {
         context("expected Chrome trace-event JSON with a \"traceEvents\" array (lazybuf.trace.dump())".into())
     })?;
