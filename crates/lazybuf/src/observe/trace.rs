@@ -84,6 +84,17 @@ pub struct Trace {
 
 /// Starts recording; an error if recording already or `capacity` is 0.
 pub fn start(options: TraceOptions) -> Result<()> {
+    start_session(options).map(|_| ())
+}
+
+/// One recording, from its [`start_session`] to its stop: for [`stop_session`], which stops
+/// that recording only (a scope that started one must not stop another that code inside it,
+/// or another thread, started after stopping the first).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SessionId(u64);
+
+/// [`start`], returning the recording's [`SessionId`].
+pub fn start_session(options: TraceOptions) -> Result<SessionId> {
     if options.capacity == 0 {
         return Err(Error::invalid("trace.start", "expected a capacity of at least 1 event, got 0"));
     }
@@ -93,16 +104,38 @@ pub fn start(options: TraceOptions) -> Result<()> {
     }
     record::begin(&mut global, options.capacity, options.rust_backtrace);
     super::set_bit(TRACE_BIT, true);
-    Ok(())
+    let generation = global.session.as_ref().map_or(0, |s| s.generation);
+    Ok(SessionId(generation))
 }
 
 /// Stops recording and returns what was recorded (every thread's events, in order); an error
 /// if not recording.
 pub fn stop() -> Result<Trace> {
-    let mut global = record::global_of_this_process("trace.stop")?;
-    if global.session.is_none() {
-        return Err(Error::invalid("trace.stop", "the recorder is not recording; start() it first"));
-    }
+    stop_where("trace.stop", |_| Ok(()))
+}
+
+/// [`stop`], if the recording that runs is `session`; else an error, and the recording that
+/// runs (another one, started after `session` was stopped) is left running.
+pub fn stop_session(session: SessionId) -> Result<Trace> {
+    stop_where("trace.stop", |running| {
+        if running == session.0 {
+            return Ok(());
+        }
+        Err(Error::invalid(
+            "trace.stop",
+            "the recording this scope started was stopped inside it, and the one running now was \
+             started since: it is left running",
+        ))
+    })
+}
+
+/// Stops the recording that runs if `check` (given its generation) allows.
+fn stop_where(operation: &'static str, check: impl FnOnce(u64) -> Result<()>) -> Result<Trace> {
+    let mut global = record::global_of_this_process(operation)?;
+    let Some(session) = global.session.as_ref() else {
+        return Err(Error::invalid(operation, "the recorder is not recording; start() it first"));
+    };
+    check(session.generation)?;
     let (entries, dropped) = record::collect(&global);
     let origin = global.session.as_ref().map_or(0, |s| s.origin);
     super::set_bit(TRACE_BIT, false);
