@@ -161,6 +161,45 @@ def test_an_assignment_makes_no_copy_of_the_selection(selector):
         np.testing.assert_array_equal(buf.to_numpy(), expected)
 
 
+SCALARS = [0, 1, -1, 127, 128, -129, 255, 256, 65504, 65505, 2**31, 2**63 - 1, 2**63, -(2**63), 10**400]
+SCALARS += [True, False, 0.0, -0.0, 1.5, -2.25, 65504.0, 70000.0, 1e-7, 1e-30, 1e-45, 1e-300]
+SCALARS += [3.4e38, 3.5e38, 1e300, float("inf"), float("-inf"), float("nan")]
+DTYPES = [np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64]
+DTYPES += [np.float16, np.float32, np.float64, np.complex64, np.complex128]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_a_plain_number_into_one_element_is_assigned_or_refused_as_numpy_does(dtype):
+    """`buf[i] = number` skips the checked assignment when the number's conversion cannot fail
+    nor warn, or the number is a NumPy scalar of the buffer's dtype (the fast path): every boundary value is assigned as NumPy assigns it, and one
+    NumPy refuses, warns of or raises on (`np.errstate(all="raise")`, warnings as errors) is
+    refused with nothing changed, on a buffer whose device copy is the current one."""
+    selector = one_selector_per_backend()[-1]  # memory of its own where there is one
+    data = np.arange(N).astype(dtype)
+    for strict in (False, True):
+        for value in [*SCALARS, np.dtype(dtype).type(5), np.float64(2.5), np.int64(-3)]:
+            buf = in_state(selector, BufferState.DEVICE_DIRTY, data)
+            expected = data.copy()
+            with warnings.catch_warnings(), np.errstate(all="raise" if strict else "ignore"):
+                warnings.simplefilter("error" if strict else "ignore")
+                try:
+                    expected[3] = value
+                    numpy_error = None
+                except Exception as err:
+                    numpy_error = err
+                state, stats = buf.state, buf.transfer_stats()
+                if numpy_error is None:
+                    buf[3] = value
+                else:
+                    with pytest.raises(type(numpy_error)):
+                        buf[3] = value
+            if numpy_error is None:
+                np.testing.assert_array_equal(buf.to_numpy(), expected, err_msg=repr(value))
+            else:
+                assert (buf.state, buf.transfer_stats()) == (state, stats), value
+                np.testing.assert_array_equal(buf.to_numpy(), data, err_msg=repr(value))
+
+
 def test_a_host_copy_read_back_from_disk_records_and_counts_its_block():
     """A host copy spilled to disk and read back: the spill recorded the old block's free, the
     read-back recorded nothing of the block it took (nor counted it in `allocations`), so a

@@ -817,6 +817,54 @@ fn checked_assignment<'py>(
     Ok(converted)
 }
 
+/// Whether `buf[key] = value` is one element given a plain Python number that its conversion
+/// to the buffer's dtype takes without an error or a warning (an integer in the dtype's range,
+/// a float that neither overflows nor underflows it, a bool), or a NumPy scalar of the
+/// buffer's dtype itself: then the assignment cannot fail
+/// and [`checked_assignment`] (about three times the cost of such an assignment) is skipped.
+/// `key` is an int or a tuple of ints, each in range, one for every dimension
+/// ([`integer_selection`]; exact types, so no user code runs).
+fn assigns_without_error(this: &UnifiedBuffer, key: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>) -> bool {
+    use lazybuf::DType::*;
+    if !integer_selection(&this.shape, key).is_some_and(<[usize]>::is_empty) {
+        return false;
+    }
+    let dtype = this.elem.dtype;
+    if value.is_exact_instance_of::<pyo3::types::PyBool>() {
+        return dtype != BF16;
+    }
+    if value.is_exact_instance_of::<pyo3::types::PyInt>() {
+        let Ok(i) = value.extract::<i64>() else { return false };
+        return match dtype {
+            U8 => u8::try_from(i).is_ok(),
+            U16 => u16::try_from(i).is_ok(),
+            U32 => u32::try_from(i).is_ok(),
+            U64 => u64::try_from(i).is_ok(),
+            I8 => i8::try_from(i).is_ok(),
+            I16 => i16::try_from(i).is_ok(),
+            I32 => i32::try_from(i).is_ok(),
+            I64 | F32 | F64 | C64 | C128 => true,
+            F16 => i.unsigned_abs() <= 65504,
+            BF16 => false,
+        };
+    }
+    if value.is_exact_instance_of::<pyo3::types::PyFloat>() {
+        let Ok(x) = value.extract::<f64>() else { return false };
+        // No overflow nor underflow (NumPy warns of both, and raises under `np.seterr`).
+        let fits = |smallest_normal: f64, largest: f64| {
+            x == 0.0 || !x.is_finite() || (smallest_normal..=largest).contains(&x.abs())
+        };
+        return match dtype {
+            F64 | C128 => true,
+            F32 | C64 => fits(f64::from(f32::MIN_POSITIVE), f64::from(f32::MAX)),
+            F16 => fits(6.103_515_625e-5, 65504.0),
+            _ => false,
+        };
+    }
+    // A NumPy scalar of the buffer's own dtype (`buf[i] = other[j]`): nothing to convert.
+    value.get_type().is(this.descr(value.py()).typeobj())
+}
+
 /// The shape `buf[key]` selects when `key` is an int or a tuple of ints (exactly: no
 /// `__index__` to run), each in range of its dimension: the dimensions after them. `None` for
 /// any other key (or one out of range: the stand-in raises NumPy's `IndexError` for it).
@@ -1571,7 +1619,11 @@ impl UnifiedBuffer {
             // first, NumPy's errors raised before the buffer is touched: a failed assignment
             // changes nothing (`.host`'s access would have synced the host copy and left the
             // device copy stale).
-            let value = checked_assignment(slf.get(), slf.py(), key, value)?;
+            let value = if assigns_without_error(slf.get(), key, value) {
+                value.clone()
+            } else {
+                checked_assignment(slf.get(), slf.py(), key, value)?
+            };
             let value = &value;
             let (host, storage) = host_view_of(slf)?;
             storage.begin_host_write(slf.py())?;
