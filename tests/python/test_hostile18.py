@@ -45,6 +45,7 @@ def assigned_as_numpy_assigns(buf, data, key, value):
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
+            warnings.simplefilter("ignore", RuntimeWarning)
             expected[key] = value
         numpy_error = None
     except Exception as err:
@@ -53,6 +54,7 @@ def assigned_as_numpy_assigns(buf, data, key, value):
     if numpy_error is None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
+            warnings.simplefilter("ignore", RuntimeWarning)
             buf[key] = value
         np.testing.assert_array_equal(buf.to_numpy(), expected)
         return
@@ -171,9 +173,10 @@ DTYPES += [np.float16, np.float32, np.float64, np.complex64, np.complex128]
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 def test_a_plain_number_into_one_element_is_assigned_or_refused_as_numpy_does(dtype):
     """`buf[i] = number` skips the checked assignment when the number's conversion cannot fail
-    nor warn, or the number is a NumPy scalar of the buffer's dtype (the fast path): every boundary value is assigned as NumPy assigns it, and one
-    NumPy refuses, warns of or raises on (`np.errstate(all="raise")`, warnings as errors) is
-    refused with nothing changed, on a buffer whose device copy is the current one."""
+    nor warn, or the number is a NumPy scalar of the buffer's dtype (the fast path): every
+    boundary value is assigned as NumPy assigns it, and one NumPy refuses, warns of or raises on
+    (`np.errstate(all="raise")`, warnings as errors) is refused with nothing changed, on a
+    buffer whose device copy is the current one."""
     selector = one_selector_per_backend()[-1]  # memory of its own where there is one
     data = np.arange(N).astype(dtype)
     for strict in (False, True):
