@@ -235,3 +235,47 @@ def test_a_host_copy_read_back_from_disk_records_and_counts_its_block():
     ]
     assert host == ["allocate", "free"] * (len(host) // 2) and host, host
     assert host.count("allocate") == stats["allocations"], (host, stats)
+
+
+def test_a_record_block_stops_its_own_recording_and_no_other():
+    """`record()`'s exit stopped whatever recording ran: a block whose recording another
+    thread stopped (and then started its own) took that thread's recording and its events,
+    and the thread's own `stop()` then failed. The exit stops the recording its block started
+    and no other: the other runs on, and the block that ends normally gets "stopped already"."""
+    import threading
+
+    def another_thread(action):
+        done = []
+        t = threading.Thread(target=lambda: done.append(action()))
+        t.start()
+        t.join()
+        return done[0]
+
+    with pytest.raises(ValueError, match="stopped already"):
+        with lazybuf.trace.record() as rec:
+            another_thread(lazybuf.trace.stop)
+            another_thread(lazybuf.trace.start)
+            buf = UnifiedBuffer(N, np.float32, device="host")
+            buf.copy_from(DATA)
+    assert rec.trace is None
+    assert lazybuf.trace.is_recording()
+    theirs = another_thread(lazybuf.trace.stop)
+    assert any(e.get("buffer") == buf.buffer_id for e in theirs.events())
+
+    # A block that raises keeps its own exception, the other recording still running.
+    with pytest.raises(KeyError):
+        with lazybuf.trace.record():
+            another_thread(lazybuf.trace.stop)
+            another_thread(lazybuf.trace.start)
+            raise KeyError("the block's")
+    assert lazybuf.trace.is_recording()
+    lazybuf.trace.stop()
+
+    # One record() object entered by two threads: each exit is its own thread's.
+    shared = lazybuf.trace.record()
+    with pytest.raises(ValueError, match="stopped already"):
+        with shared:
+            another_thread(lazybuf.trace.stop)
+            another_thread(shared.__enter__)
+    assert lazybuf.trace.is_recording()
+    lazybuf.trace.stop()

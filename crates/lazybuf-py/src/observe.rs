@@ -284,6 +284,10 @@ pub struct TraceRecord {
     python_stack: bool,
     rust_backtrace: bool,
     recording: Py<PyAny>,
+    /// The recordings its entries started, with their threads, innermost last: an exit stops
+    /// its thread's innermost one only (another thread's, started after the block's was
+    /// stopped, runs on).
+    sessions: std::sync::Mutex<Vec<(std::thread::ThreadId, trace::Session)>>,
 }
 
 #[pymethods]
@@ -291,11 +295,15 @@ impl TraceRecord {
     #[new]
     #[pyo3(signature = (capacity, python_stack, rust_backtrace, recording))]
     fn new(capacity: usize, python_stack: bool, rust_backtrace: bool, recording: Py<PyAny>) -> TraceRecord {
-        TraceRecord { capacity, python_stack, rust_backtrace, recording }
+        TraceRecord { capacity, python_stack, rust_backtrace, recording, sessions: Default::default() }
     }
 
     fn __enter__(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        _trace_start(self.capacity, self.python_stack, self.rust_backtrace)?;
+        let options = TraceOptions { capacity: self.capacity, rust_backtrace: self.rust_backtrace };
+        let session = trace::start_session(options).or_py()?;
+        PYTHON_STACK.store(self.python_stack, Ordering::Relaxed);
+        let thread = std::thread::current().id();
+        self.sessions.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((thread, session));
         Ok(self.recording.clone_ref(py))
     }
 
@@ -307,7 +315,25 @@ impl TraceRecord {
         _exc_value: &Bound<'_, PyAny>,
         _traceback: &Bound<'_, PyAny>,
     ) -> PyResult<bool> {
-        match _trace_stop() {
+        let thread = std::thread::current().id();
+        let session = {
+            let mut sessions = self.sessions.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let innermost = sessions.iter().rposition(|(t, _)| *t == thread);
+            innermost.map(|i| sessions.remove(i).1)
+        };
+        // (No session: `__exit__` without its `__enter__`; stopping nothing, it says so.)
+        let stopped = match session {
+            Some(session) => trace::stop_session(session)
+                .map(|trace| {
+                    PYTHON_STACK.store(false, Ordering::Relaxed);
+                    PyTrace { trace }
+                })
+                .or_py(),
+            None => Err(pyo3::exceptions::PyValueError::new_err(
+                "trace.record: this block was not entered on this thread (no recording of its own to stop)",
+            )),
+        };
+        match stopped {
             Ok(trace) => {
                 self.recording.bind(py).setattr("trace", Py::new(py, trace)?)?;
                 Ok(false)

@@ -2,7 +2,7 @@
 //! binding's checked assignment met. Each test failed before the fix it names
 //! (docs/RELIABILITY.md, "The eighteenth pass").
 //!
-//! One test only: the host memory limit and the recorder are process-wide.
+//! The host memory limit and the recorder are process-wide: the tests take one lock.
 
 #[path = "common/mod.rs"]
 mod common;
@@ -11,6 +11,12 @@ use common::pattern;
 use lazybuf::observe::trace::{self, EventKind, MemoryKind, TraceOptions};
 use lazybuf::spill::{self, SharedBuffer};
 use lazybuf::{BufferState, UnifiedBuffer};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 const LEN: usize = 16 * 1024;
 const NBYTES: u64 = (LEN * 4) as u64;
@@ -22,6 +28,7 @@ const NBYTES: u64 = (LEN * 4) as u64;
 /// equal the buffer's counted ones. The read-back's block is recorded and counted now.
 #[test]
 fn a_host_copy_read_back_from_disk_records_and_counts_its_new_block() {
+    let _serial = serial();
     for device in common::devices() {
         lazybuf::trim();
         spill::set_host_memory_limit(Some(spill::host_memory_held() + 3 * NBYTES));
@@ -62,4 +69,23 @@ fn a_host_copy_read_back_from_disk_records_and_counts_its_new_block() {
         assert!(alternates && host_events.len() == 4, "{device}: {host_events:?}");
         assert_eq!(allocations, 2, "{device}: the first block and the read-back's");
     }
+}
+
+/// A scope that records (Python's `trace.record()` block) stopped whatever recording ran when
+/// it ended: when its own had been stopped inside it and another thread had started one, it
+/// stopped that one and took its events. `stop_session` stops the session `start_session`
+/// began, and no other (an error, the other left running).
+#[test]
+fn a_recording_scope_stops_its_own_session_and_no_other() {
+    let _serial = serial();
+    let options = TraceOptions { capacity: 64, rust_backtrace: false };
+    let own = trace::start_session(options).unwrap();
+    trace::stop().unwrap(); // stopped inside the scope (by another thread, say)
+    let other = trace::start_session(options).unwrap();
+    assert_ne!(own, other);
+    assert!(trace::stop_session(own).is_err());
+    assert!(trace::is_recording(), "the other recording runs on");
+    trace::stop_session(other).unwrap();
+    assert!(!trace::is_recording());
+    assert!(trace::stop_session(other).is_err());
 }
