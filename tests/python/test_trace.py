@@ -251,27 +251,3 @@ def test_a_summary_without_copies_says_so_as_the_cli_does(tmp_path):
         b.sync_to_device()
     assert rec.trace.summary_rows(), copying[0]
     assert "(no copies recorded)" not in rec.trace.summary()
-
-
-def test_a_record_block_leaves_a_recording_started_inside_it_running():
-    """record()'s exit stops only the recording its entry started: one started after the
-    block's was stopped (inside the block, or by another thread) runs on, and the block is told
-    (a ValueError when it did not raise; its own exception when it did)."""
-    with pytest.raises(ValueError, match="left running"):
-        with lazybuf.trace.record() as rec:
-            lazybuf.trace.stop()
-            lazybuf.trace.start()
-    assert rec.trace is None
-    assert lazybuf.trace.is_recording(), "the recording started inside the block runs on"
-    lazybuf.trace.stop()
-
-    done = threading.Event()
-    with pytest.raises(KeyError, match="own"):
-        with lazybuf.trace.record():
-            lazybuf.trace.stop()
-            other = threading.Thread(target=lambda: (lazybuf.trace.start(), done.set()))
-            other.start()
-            other.join()
-            raise KeyError("own")
-    assert done.is_set() and lazybuf.trace.is_recording(), "another thread's recording runs on"
-    lazybuf.trace.stop()

@@ -46,7 +46,7 @@ use pyo3::exceptions::{PyAttributeError, PyBufferError, PyTypeError, PyValueErro
 use pyo3::ffi;
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
-use pyo3::types::{PyByteArray, PyBytes, PyDict, PyModule, PyTuple, PyWeakrefReference};
+use pyo3::types::{PyByteArray, PyDict, PyModule, PyTuple, PyWeakrefReference};
 
 use lazybuf::coherence::{Access, Location, Residency};
 use lazybuf::observe::Cause;
@@ -720,16 +720,22 @@ fn whole_assignment<'py>(
 /// access: a failed assignment had synced the host copy and left the device copy stale (the
 /// seventeenth hostile pass).
 ///
-/// An array of a dtype that holds no objects (converting it runs no Python code) is checked by
-/// assigning it, as NumPy would, to an array of the selection's shape whose strides are 0 (one
-/// element of memory); it is assigned itself afterwards, so a view of the buffer's own host
-/// copy is read after `.host` synced it. Anything else (a number, a sequence, objects whose
-/// conversion runs their `__float__`) is converted once, here: a number into one element, the
-/// rest into an array of the selection's shape.
+/// The check is NumPy's own assignment, with the same key, to a stand-in of the buffer's
+/// shape and dtype whose strides are 0 (one element of memory): each kind of key keeps its
+/// own rules (one element packs the value and refuses an array with dimensions; a boolean
+/// mask takes a value of at most one dimension; a view limits a sequence's depth to its
+/// own). Checked against an array of the selection's shape instead, `buf[i] = np.array([x])`
+/// and `buf[mask] = np.array([[x]])` passed the check and failed after `.host`'s access (the
+/// eighteenth hostile pass).
 ///
-/// The selection's shape: for integer keys in range (`buf[i]`, `buf[i, j]`), from the shape;
-/// for any other key, from indexing a stand-in of the buffer's shape and dtype whose strides
-/// are 0, which checks the key as the assignment would.
+/// A number, or an array of a dtype that holds no objects (converting either runs no Python
+/// code), is assigned itself afterwards: an array that views the buffer's own host copy is
+/// read after `.host` synced it. Anything else (a sequence, objects whose conversion runs
+/// their `__float__`) is converted once, here: into the stand-in's element when one element is
+/// selected, else into an array of its own shape (`np.asarray`; into an array of the
+/// selection's shape, `buf[:] = [0]` copied the whole buffer and a key of broadcast index
+/// arrays asked for more memory than the key selects elements, where NumPy's assignment needs
+/// none: the eighteenth pass).
 fn checked_assignment<'py>(
     this: &UnifiedBuffer,
     py: Python<'py>,
@@ -739,40 +745,124 @@ fn checked_assignment<'py>(
     let np = numpy_module(py)?;
     let descr = this.descr(py);
     let ndarray = np.getattr("ndarray")?;
-    // An array of the buffer's dtype, `shape` and strides 0 over one element of memory.
+    // An array of the buffer's dtype, `shape` and strides 0 over `element` (one element's
+    // bytes, writable).
     let zero_strided =
         |shape: Bound<'py, PyAny>, element: Bound<'py, PyAny>| -> PyResult<Bound<'py, PyAny>> {
             let strides = PyTuple::new(py, std::iter::repeat_n(0usize, shape.len()?))?;
             ndarray.call((shape, descr, element, 0usize, strides), None)
         };
+    let element_memory = || PyByteArray::new(py, &vec![0u8; descr.itemsize()]).into_any();
+    let stand_in = |element: Bound<'py, PyAny>| -> PyResult<Bound<'py, PyAny>> {
+        zero_strided(PyTuple::new(py, this.shape.iter())?.into_any(), element)
+    };
     let number = value.is_exact_instance_of::<pyo3::types::PyFloat>()
         || value.is_exact_instance_of::<pyo3::types::PyInt>()
         || value.is_exact_instance_of::<pyo3::types::PyBool>()
         || value.is_exact_instance_of::<pyo3::types::PyComplex>()
         || value.is_instance(&np.getattr("number")?)?
         || value.is_instance(&np.getattr("bool_")?)?;
-    let selection_shape = match integer_selection(&this.shape, key) {
-        Some(rest) => PyTuple::new(py, rest.iter())?.into_any(),
-        None => {
-            let element = PyBytes::new(py, &vec![0u8; descr.itemsize()]).into_any();
-            let stand_in = zero_strided(PyTuple::new(py, this.shape.iter())?.into_any(), element)?;
-            stand_in.get_item(key)?.getattr("shape")?
-        }
-    };
     // (`hasobject`: also a structured dtype with an object field.)
-    if let Ok(array) = value.cast::<PyUntypedArray>()
-        && !array.dtype().getattr("hasobject")?.is_truthy()?
-    {
-        let element = PyByteArray::new(py, &vec![0u8; descr.itemsize()]).into_any();
-        zero_strided(selection_shape, element)?.set_item(py.Ellipsis(), value)?;
+    let plain_array = match value.cast::<PyUntypedArray>() {
+        Ok(array) => !array.dtype().getattr("hasobject")?.is_truthy()?,
+        Err(_) => false,
+    };
+    if plain_array || number {
+        // Converting it runs no Python code: NumPy's verdict on the stand-in, and the value
+        // itself assigned afterwards (an array read after the sync: it may view this buffer's
+        // host copy).
+        stand_in(element_memory())?.set_item(key, value)?;
         return Ok(value.clone());
     }
+    // The selection's dimensions (`None`: one element, which comes as a scalar).
+    let ndim = match integer_selection(&this.shape, key) {
+        Some([]) => None,
+        Some(rest) => Some(rest.len()),
+        None => {
+            // Indexed on a stand-in whose elements have no bytes (NumPy's `V0`): a fancy
+            // index's result holds no memory however many elements it selects. A key it
+            // refuses is indexed on the plain stand-in, for NumPy's own error.
+            let shape = PyTuple::new(py, this.shape.iter())?;
+            let strides = PyTuple::new(py, std::iter::repeat_n(0usize, this.shape.len()))?;
+            let void = np.getattr("dtype")?.call1(("V0",))?;
+            let empty = ndarray.call((shape, void, PyByteArray::new(py, &[0]), 0usize, strides), None)?;
+            let selected = match empty.get_item(key) {
+                Ok(selected) => selected,
+                Err(_) => stand_in(element_memory())?.get_item(key)?,
+            };
+            match selected.is_instance(&ndarray)? {
+                true => Some(selected.getattr("ndim")?.extract::<usize>()?),
+                false => None,
+            }
+        }
+    };
+    let Some(ndim) = ndim else {
+        // One element: NumPy packs the value into it; the stand-in's element is then the
+        // converted value.
+        let element = element_memory();
+        stand_in(element.clone())?.set_item(key, value)?;
+        return zero_strided(PyTuple::empty(py).into_any(), element);
+    };
     let kwargs = PyDict::new(py);
     kwargs.set_item("dtype", descr)?;
-    let shape = if number { PyTuple::empty(py).into_any() } else { selection_shape };
-    let converted = np.call_method("empty", (shape,), Some(&kwargs))?;
-    converted.set_item(py.Ellipsis(), value)?;
+    let converted = np.call_method("asarray", (value,), Some(&kwargs))?;
+    if converted.getattr("ndim")?.extract::<usize>()? > ndim && !value.is_instance(&ndarray)? {
+        // A sequence deeper than the selection: NumPy converts one for a view to at most the
+        // view's dimensions, for a fancy index without that limit (an array's leading
+        // dimensions of 1 are dropped in both). Its own verdict, on the value itself (converted
+        // a second time: only such a value).
+        stand_in(element_memory())?.set_item(key, value)?;
+    }
+    stand_in(element_memory())?.set_item(key, &converted)?;
     Ok(converted)
+}
+
+/// Whether `buf[key] = value` is one element given a plain Python number that its conversion
+/// to the buffer's dtype takes without an error or a warning (an integer in the dtype's range,
+/// a float that neither overflows nor underflows it, a bool), or a NumPy scalar of the
+/// buffer's dtype itself: then the assignment cannot fail
+/// and [`checked_assignment`] (about three times the cost of such an assignment) is skipped.
+/// `key` is an int or a tuple of ints, each in range, one for every dimension
+/// ([`integer_selection`]; exact types, so no user code runs).
+fn assigns_without_error(this: &UnifiedBuffer, key: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>) -> bool {
+    use lazybuf::DType::*;
+    if !integer_selection(&this.shape, key).is_some_and(<[usize]>::is_empty) {
+        return false;
+    }
+    let dtype = this.elem.dtype;
+    if value.is_exact_instance_of::<pyo3::types::PyBool>() {
+        return dtype != BF16;
+    }
+    if value.is_exact_instance_of::<pyo3::types::PyInt>() {
+        let Ok(i) = value.extract::<i64>() else { return false };
+        return match dtype {
+            U8 => u8::try_from(i).is_ok(),
+            U16 => u16::try_from(i).is_ok(),
+            U32 => u32::try_from(i).is_ok(),
+            U64 => u64::try_from(i).is_ok(),
+            I8 => i8::try_from(i).is_ok(),
+            I16 => i16::try_from(i).is_ok(),
+            I32 => i32::try_from(i).is_ok(),
+            I64 | F32 | F64 | C64 | C128 => true,
+            F16 => i.unsigned_abs() <= 65504,
+            BF16 => false,
+        };
+    }
+    if value.is_exact_instance_of::<pyo3::types::PyFloat>() {
+        let Ok(x) = value.extract::<f64>() else { return false };
+        // No overflow nor underflow (NumPy warns of both, and raises under `np.seterr`).
+        let fits = |smallest_normal: f64, largest: f64| {
+            x == 0.0 || !x.is_finite() || (smallest_normal..=largest).contains(&x.abs())
+        };
+        return match dtype {
+            F64 | C128 => true,
+            F32 | C64 => fits(f64::from(f32::MIN_POSITIVE), f64::from(f32::MAX)),
+            F16 => fits(6.103_515_625e-5, 65504.0),
+            _ => false,
+        };
+    }
+    // A NumPy scalar of the buffer's own dtype (`buf[i] = other[j]`): nothing to convert.
+    value.get_type().is(this.descr(value.py()).typeobj())
 }
 
 /// The shape `buf[key]` selects when `key` is an int or a tuple of ints (exactly: no
@@ -1529,7 +1619,11 @@ impl UnifiedBuffer {
             // first, NumPy's errors raised before the buffer is touched: a failed assignment
             // changes nothing (`.host`'s access would have synced the host copy and left the
             // device copy stale).
-            let value = checked_assignment(slf.get(), slf.py(), key, value)?;
+            let value = if assigns_without_error(slf.get(), key, value) {
+                value.clone()
+            } else {
+                checked_assignment(slf.get(), slf.py(), key, value)?
+            };
             let value = &value;
             let (host, storage) = host_view_of(slf)?;
             storage.begin_host_write(slf.py())?;

@@ -277,19 +277,17 @@ impl GuardScope {
 /// the reason [`GuardScope`] is (a signal's exception between the start and the `try` of a
 /// generator left the recorder running). When the block raised and the recording was stopped
 /// inside it already, the block's exception propagates, not `stop()`'s complaint (which hid
-/// the user's error behind a `ValueError` of the context manager). `__exit__` stops only the
-/// recording its `__enter__` started ([`trace::stop_session`]): one started inside the block,
-/// or by another thread, after the block's was stopped, is left running (a `ValueError` says
-/// so when the block did not raise).
+/// the user's error behind a `ValueError` of the context manager).
 #[pyclass(name = "_TraceRecord", module = "lazybuf", frozen, subclass)]
 pub struct TraceRecord {
     capacity: usize,
     python_stack: bool,
     rust_backtrace: bool,
     recording: Py<PyAny>,
-    /// The recording `__enter__` started, which `__exit__` stops (only that one: another
-    /// started inside the block, after the block's was stopped, is left running).
-    session: std::sync::Mutex<Option<trace::SessionId>>,
+    /// The recordings its entries started, with their threads, innermost last: an exit stops
+    /// its thread's innermost one only (another thread's, started after the block's was
+    /// stopped, runs on).
+    sessions: std::sync::Mutex<Vec<(std::thread::ThreadId, trace::Session)>>,
 }
 
 #[pymethods]
@@ -297,20 +295,15 @@ impl TraceRecord {
     #[new]
     #[pyo3(signature = (capacity, python_stack, rust_backtrace, recording))]
     fn new(capacity: usize, python_stack: bool, rust_backtrace: bool, recording: Py<PyAny>) -> TraceRecord {
-        TraceRecord {
-            capacity,
-            python_stack,
-            rust_backtrace,
-            recording,
-            session: std::sync::Mutex::default(),
-        }
+        TraceRecord { capacity, python_stack, rust_backtrace, recording, sessions: Default::default() }
     }
 
     fn __enter__(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         let options = TraceOptions { capacity: self.capacity, rust_backtrace: self.rust_backtrace };
         let session = trace::start_session(options).or_py()?;
         PYTHON_STACK.store(self.python_stack, Ordering::Relaxed);
-        *self.session.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(session);
+        let thread = std::thread::current().id();
+        self.sessions.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((thread, session));
         Ok(self.recording.clone_ref(py))
     }
 
@@ -322,17 +315,27 @@ impl TraceRecord {
         _exc_value: &Bound<'_, PyAny>,
         _traceback: &Bound<'_, PyAny>,
     ) -> PyResult<bool> {
-        let session = self.session.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+        let thread = std::thread::current().id();
+        let session = {
+            let mut sessions = self.sessions.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let innermost = sessions.iter().rposition(|(t, _)| *t == thread);
+            innermost.map(|i| sessions.remove(i).1)
+        };
+        // (No session: `__exit__` without its `__enter__`; stopping nothing, it says so.)
         let stopped = match session {
-            Some(session) => trace::stop_session(session).or_py(),
+            Some(session) => trace::stop_session(session)
+                .map(|trace| {
+                    PYTHON_STACK.store(false, Ordering::Relaxed);
+                    PyTrace { trace }
+                })
+                .or_py(),
             None => Err(pyo3::exceptions::PyValueError::new_err(
-                "trace.record(): __exit__ without the __enter__ that starts the recording",
+                "trace.record: this block was not entered on this thread (no recording of its own to stop)",
             )),
         };
         match stopped {
             Ok(trace) => {
-                PYTHON_STACK.store(false, Ordering::Relaxed);
-                self.recording.bind(py).setattr("trace", Py::new(py, PyTrace { trace })?)?;
+                self.recording.bind(py).setattr("trace", Py::new(py, trace)?)?;
                 Ok(false)
             }
             Err(_) if !exc_type.is_none() => Ok(false),

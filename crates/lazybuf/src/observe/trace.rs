@@ -84,17 +84,11 @@ pub struct Trace {
 
 /// Starts recording; an error if recording already or `capacity` is 0.
 pub fn start(options: TraceOptions) -> Result<()> {
-    start_session(options).map(|_| ())
+    begin(options).map(drop)
 }
 
-/// One recording, from its [`start_session`] to its stop: for [`stop_session`], which stops
-/// that recording only (a scope that started one must not stop another that code inside it,
-/// or another thread, started after stopping the first).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct SessionId(u64);
-
-/// [`start`], returning the recording's [`SessionId`].
-pub fn start_session(options: TraceOptions) -> Result<SessionId> {
+/// [`start`], returning the session begun (its generation, read under the same lock).
+fn begin(options: TraceOptions) -> Result<Session> {
     if options.capacity == 0 {
         return Err(Error::invalid("trace.start", "expected a capacity of at least 1 event, got 0"));
     }
@@ -104,38 +98,43 @@ pub fn start_session(options: TraceOptions) -> Result<SessionId> {
     }
     record::begin(&mut global, options.capacity, options.rust_backtrace);
     super::set_bit(TRACE_BIT, true);
-    let generation = global.session.as_ref().map_or(0, |s| s.generation);
-    Ok(SessionId(generation))
+    Ok(Session(global.session.as_ref().map_or(0, |s| s.generation)))
+}
+
+/// One recording, as [`start_session`] began it (for [`stop_session`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Session(u64);
+
+/// [`start`], returning the recording begun: for a caller that must stop its own recording and
+/// no other (a scope, such as Python's `trace.record()` block, while other threads may stop
+/// and start the recorder).
+pub fn start_session(options: TraceOptions) -> Result<Session> {
+    begin(options)
+}
+
+/// [`stop`] when the recording that runs is `session`; an error, with the recorder left as it
+/// is, when `session` was stopped already (another recording, started since, runs on).
+pub fn stop_session(session: Session) -> Result<Trace> {
+    stop_where(|generation| generation == session.0)
 }
 
 /// Stops recording and returns what was recorded (every thread's events, in order); an error
 /// if not recording.
 pub fn stop() -> Result<Trace> {
-    stop_where("trace.stop", |_| Ok(()))
+    stop_where(|_| true)
 }
 
-/// [`stop`], if the recording that runs is `session`; else an error, and the recording that
-/// runs (another one, started after `session` was stopped) is left running.
-pub fn stop_session(session: SessionId) -> Result<Trace> {
-    stop_where("trace.stop", |running| {
-        if running == session.0 {
-            return Ok(());
-        }
-        Err(Error::invalid(
-            "trace.stop",
-            "the recording this scope started was stopped inside it, and the one running now was \
-             started since: it is left running",
-        ))
-    })
-}
-
-/// Stops the recording that runs if `check` (given its generation) allows.
-fn stop_where(operation: &'static str, check: impl FnOnce(u64) -> Result<()>) -> Result<Trace> {
-    let mut global = record::global_of_this_process(operation)?;
-    let Some(session) = global.session.as_ref() else {
-        return Err(Error::invalid(operation, "the recorder is not recording; start() it first"));
+fn stop_where(ours: impl FnOnce(u64) -> bool) -> Result<Trace> {
+    let mut global = record::global_of_this_process("trace.stop")?;
+    let Some(generation) = global.session.as_ref().map(|s| s.generation) else {
+        return Err(Error::invalid("trace.stop", "the recorder is not recording; start() it first"));
     };
-    check(session.generation)?;
+    if !ours(generation) {
+        return Err(Error::invalid(
+            "trace.stop",
+            "the recording this scope started was stopped already; another one runs now (left running)",
+        ));
+    }
     let (entries, dropped) = record::collect(&global);
     let origin = global.session.as_ref().map_or(0, |s| s.origin);
     super::set_bit(TRACE_BIT, false);

@@ -204,6 +204,11 @@ impl RawBuffer {
             return Err(err);
         }
         block.mark_written();
+        // A block taken from the resource, as an access's: counted and recorded (the spill
+        // recorded the old block's free; a read-back that recorded nothing gave a trace more
+        // host frees than allocations: the eighteenth hostile pass).
+        self.observe_host_allocation(block.len(), false);
+        self.stats.allocations += 1;
         self.host = Some(block);
         self.on_disk = None;
         crate::spill::stats::update(&self.home, |s| s.bytes_from_disk += self.nbytes as u64);
