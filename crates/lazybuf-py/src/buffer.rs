@@ -678,13 +678,7 @@ fn whole_assignment<'py>(
         Ok(array) if array.dtype().kind() != b'O' => Some(array),
         Ok(_) => return Ok(None),
         Err(_) => {
-            let number = value.is_exact_instance_of::<pyo3::types::PyFloat>()
-                || value.is_exact_instance_of::<pyo3::types::PyInt>()
-                || value.is_exact_instance_of::<pyo3::types::PyBool>()
-                || value.is_exact_instance_of::<pyo3::types::PyComplex>()
-                || value.is_instance(&np.getattr("number")?)?
-                || value.is_instance(&np.getattr("bool_")?)?;
-            if !number {
+            if !is_number(np, value)? {
                 return Ok(None);
             }
             None
@@ -711,6 +705,17 @@ fn whole_assignment<'py>(
     let whole = np.call_method("empty", (PyTuple::new(py, this.shape.iter())?,), Some(&kwargs))?;
     whole.set_item(py.Ellipsis(), value)?;
     Ok(Some(Whole::Array(whole.cast_into::<PyUntypedArray>()?)))
+}
+
+/// Whether `value` is a number NumPy assigns as one (a Python `float`, `int`, `bool` or
+/// `complex`, or a NumPy scalar number or bool). `np` is the `numpy` module.
+fn is_number(np: &Bound<'_, PyModule>, value: &Bound<'_, PyAny>) -> PyResult<bool> {
+    Ok(value.is_exact_instance_of::<pyo3::types::PyFloat>()
+        || value.is_exact_instance_of::<pyo3::types::PyInt>()
+        || value.is_exact_instance_of::<pyo3::types::PyBool>()
+        || value.is_exact_instance_of::<pyo3::types::PyComplex>()
+        || value.is_instance(&np.getattr("number")?)?
+        || value.is_instance(&np.getattr("bool_")?)?)
 }
 
 /// What `buf[key] = value` assigns once the buffer is touched, with every error NumPy's
@@ -756,12 +761,7 @@ fn checked_assignment<'py>(
     let stand_in = |element: Bound<'py, PyAny>| -> PyResult<Bound<'py, PyAny>> {
         zero_strided(PyTuple::new(py, this.shape.iter())?.into_any(), element)
     };
-    let number = value.is_exact_instance_of::<pyo3::types::PyFloat>()
-        || value.is_exact_instance_of::<pyo3::types::PyInt>()
-        || value.is_exact_instance_of::<pyo3::types::PyBool>()
-        || value.is_exact_instance_of::<pyo3::types::PyComplex>()
-        || value.is_instance(&np.getattr("number")?)?
-        || value.is_instance(&np.getattr("bool_")?)?;
+    let number = is_number(np, value)?;
     // (`hasobject`: also a structured dtype with an object field.)
     let plain_array = match value.cast::<PyUntypedArray>() {
         Ok(array) => !array.dtype().getattr("hasobject")?.is_truthy()?,

@@ -266,18 +266,15 @@ pub(super) fn give_back_host(
     ready: Ticket,
     buffer: u64,
 ) {
-    if block.is_adopted() {
-        // Its lender may reuse the bytes at once: nothing may still read or write them.
-        home.record_deferred(ready.wait());
-        drop(block);
-        return;
+    // An adopted block's return is no free.
+    if !block.is_adopted() {
+        trace::record_free(Some(buffer), home, MemoryKind::Host, block.len());
     }
-    trace::record_free(Some(buffer), home, MemoryKind::Host, block.len());
-    resource.deallocate_host(home, block, ready);
+    give_back_host_unrecorded(resource, home, block, ready);
 }
 
 /// [`give_back_host`] recording nothing: for a release whose state transition records the
-/// free with it ([`RawBuffer::release_memory`]; an adopted block's return is no free).
+/// free with it ([`RawBuffer::release_memory`]).
 pub(super) fn give_back_host_unrecorded(
     resource: &dyn MemoryResource,
     home: &Device,
@@ -285,6 +282,7 @@ pub(super) fn give_back_host_unrecorded(
     ready: Ticket,
 ) {
     if block.is_adopted() {
+        // Its lender may reuse the bytes at once: nothing may still read or write them.
         home.record_deferred(ready.wait());
         drop(block);
         return;
