@@ -447,6 +447,12 @@ pub fn with_recorder_locked<R>(f: impl FnOnce() -> R) -> R {
     crate::observe::with_recorder_locked(f)
 }
 
+/// Runs `f` while this thread holds the lock of the event recorder's table of device and
+/// call names: a test forks in another thread meanwhile.
+pub fn with_recorder_names_locked<R>(f: impl FnOnce() -> R) -> R {
+    crate::observe::with_recorder_names_locked(f)
+}
+
 /// Runs `f` while this thread holds the lock of `device`'s default pool's cache: a test forks
 /// in another thread meanwhile, as a process whose pool is busy at the fork would.
 pub fn with_pool_locked<R>(device: &Device, f: impl FnOnce() -> R) -> R {

@@ -245,6 +245,50 @@ fn a_child_forked_while_the_recorder_is_locked_works_on_the_host_device() {
     assert_eq!(status, Some(WORKED), "the child ended with {status:?} (None: it hung and was killed)");
 }
 
+/// A child forked while another thread held the recorder's table of names (naming a device or
+/// call on first sight, or exporting a trace) hung when it recorded a name of its own, or
+/// exported its trace: the table's lock is never released in the child. It records and
+/// exports without the names it cannot register (`?`).
+#[cfg(feature = "testing")]
+#[test]
+fn a_child_forked_while_the_recorder_names_are_locked_records_and_exports() {
+    use lazybuf::observe::trace::{self, EventKind, TraceOptions};
+    use lazybuf::observe::{self, Cause};
+    use std::sync::mpsc;
+    let _one_session = one_session();
+    let (locked_tx, locked_rx) = mpsc::channel();
+    let (release_tx, release_rx) = mpsc::channel::<()>();
+    let holder = std::thread::spawn(move || {
+        lazybuf::testing::with_recorder_names_locked(|| {
+            locked_tx.send(()).unwrap();
+            release_rx.recv().unwrap();
+        })
+    });
+    locked_rx.recv().unwrap();
+    let status = fork_and_wait(Duration::from_secs(20), || {
+        if trace::start(TraceOptions::default()).is_err() {
+            return WRONG_ERROR;
+        }
+        // A call name no thread has used: registering it needs the table.
+        let made = observe::call(Cause::access("named_only_in_the_forked_child"), || {
+            let mut buf = UnifiedBuffer::<u32>::from_slice(&common::pattern(3, 64), &Device::host())?;
+            buf.sync_to_device()?;
+            buf.mark_device_dirty()?;
+            buf.to_vec()
+        });
+        let Ok(recorded) = trace::stop() else { return WRONG_ERROR };
+        let states = recorded.events.iter().filter(|e| matches!(e.kind, EventKind::State { .. })).count();
+        match made {
+            Ok(back) if back == common::pattern(3, 64) && states >= 3 => WORKED,
+            Ok(_) => WRONG_DATA,
+            Err(_) => WRONG_ERROR,
+        }
+    });
+    release_tx.send(()).unwrap();
+    holder.join().unwrap();
+    assert_eq!(status, Some(WORKED), "the child ended with {status:?} (None: it hung and was killed)");
+}
+
 /// A hostile pass (2026-11-27): a child forked while its parent recorded was told "already
 /// recording" by its own `start()`, and its `stop()` returned the parent's events as its own.
 /// The parent's session is not the child's: the child sees none, and may record its own.

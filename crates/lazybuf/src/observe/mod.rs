@@ -135,6 +135,14 @@ pub(crate) fn with_recorder_locked<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
 
+/// Runs `f` while holding the lock of the recorder's table of device and call names (for
+/// tests of a fork made while another thread holds it).
+#[cfg(feature = "testing")]
+pub(crate) fn with_recorder_names_locked<R>(f: impl FnOnce() -> R) -> R {
+    let _held = record::names();
+    f()
+}
+
 /// Sets or clears `bit` of [`ACTIVE`]; a change of whether events are wanted (or by whom)
 /// starts a new [`EmitEpoch`].
 fn set_bit(bit: u64, on: bool) {

@@ -53,7 +53,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::event::{MemoryKind, Source};
 use super::{Direction, Reason};
-use crate::backend::fork::ForkAwareOnce;
+use crate::backend::fork::{ForkAwareMutex, ForkAwareOnce};
 use crate::coherence::BufferState;
 use crate::device::Device;
 
@@ -875,7 +875,11 @@ impl Local {
 
     #[cold]
     fn dev_slow(&self, id: u64, device: &Device) -> Dev {
-        names().devices.entry(id).or_insert_with(|| device.to_string().into());
+        // (Unnamed in a forked child whose parent's thread held the names at the fork: exported
+        // as `device N`.)
+        if let Some(mut names) = names() {
+            names.devices.entry(id).or_insert_with(|| device.to_string().into());
+        }
         let slot = self.next_device.get();
         self.devices[slot % self.devices.len()].set(id);
         self.next_device.set(slot + 1);
@@ -1104,7 +1108,9 @@ pub(super) struct Names {
     call_ids: HashMap<(usize, usize), Call>,
 }
 
-static NAMES: Mutex<Option<Names>> = Mutex::new(None);
+/// Fork-aware: a thread of a parent process may have held it at the fork (exporting, or
+/// naming a device or call on first sight), and a child that records must not wait for it.
+static NAMES: ForkAwareMutex<Option<Names>> = ForkAwareMutex::unwatched(None);
 
 pub(super) struct NamesGuard(MutexGuard<'static, Option<Names>>);
 
@@ -1121,20 +1127,29 @@ impl std::ops::DerefMut for NamesGuard {
     }
 }
 
-pub(super) fn names() -> NamesGuard {
-    let mut guard = NAMES.lock().unwrap_or_else(PoisonError::into_inner);
-    guard.get_or_insert_with(|| Names {
-        devices: HashMap::new(),
-        named: Vec::new(),
-        calls: Vec::new(),
-        call_ids: HashMap::new(),
-    });
-    NamesGuard(guard)
+/// The names, locked; `None` in a forked child whose parent's thread held them at the fork
+/// (the child's events then name what it could not register `?`, or `device N`).
+pub(super) fn names() -> Option<NamesGuard> {
+    crate::backend::fork::watch_every_fork();
+    let mut guard = NAMES.lock()?;
+    guard.get_or_insert_with(Names::empty);
+    Some(NamesGuard(guard))
 }
+
+/// `f` with the names ([`names`]), or with none known.
+pub(super) fn with_names<R>(f: impl FnOnce(&Names) -> R) -> R {
+    match names() {
+        Some(names) => f(&names),
+        None => f(&Names::empty()),
+    }
+}
+
+/// A call's number when the names cannot be had ([`names`]): exported as `?`.
+const UNNAMED_CALL: Call = Call::MAX;
 
 #[cold]
 fn intern_call(call: &'static str) -> Call {
-    let mut names = names();
+    let Some(mut names) = names() else { return UNNAMED_CALL };
     let key = (call.as_ptr() as usize, call.len());
     if let Some(&id) = names.call_ids.get(&key) {
         return id;
@@ -1150,7 +1165,7 @@ pub(super) fn named_device(name: &str) -> Dev {
     if name == "host" {
         return HOST;
     }
-    let mut names = names();
+    let Some(mut names) = names() else { return NAMED | (NAMED - 1) };
     if let Some(i) = names.named.iter().position(|n| &**n == name) {
         return NAMED | i as u64;
     }
@@ -1159,6 +1174,10 @@ pub(super) fn named_device(name: &str) -> Dev {
 }
 
 impl Names {
+    fn empty() -> Names {
+        Names { devices: HashMap::new(), named: Vec::new(), calls: Vec::new(), call_ids: HashMap::new() }
+    }
+
     /// The name of `device`.
     pub(super) fn device(&self, device: Dev) -> Arc<str> {
         if device == HOST {
@@ -1195,7 +1214,7 @@ mod tests {
                 let again: Vec<Call> = NAMES.iter().rev().map(|name| local.call(name)).collect();
                 assert!(again.iter().rev().eq(first.iter()));
             }
-            let names = names();
+            let names = names().unwrap();
             for (name, id) in NAMES.iter().zip(&first) {
                 assert_eq!(names.calls[*id as usize], *name);
             }

@@ -164,12 +164,15 @@ pub fn is_recording() -> bool {
 
 /// The public events of `entries`, names resolved.
 fn export(entries: Vec<Entry>, dropped: u64, origin: u64) -> Trace {
-    let names = record::names();
+    record::with_names(|names| export_named(entries, dropped, origin, names))
+}
+
+fn export_named(entries: Vec<Entry>, dropped: u64, origin: u64, names: &Names) -> Trace {
     let events = entries
         .into_iter()
         .enumerate()
         .map(|(seq, entry)| {
-            let (kind, at) = resolve(entry.raw, entry.time, &names);
+            let (kind, at) = resolve(entry.raw, entry.time, names);
             Event {
                 seq: dropped + seq as u64,
                 time: Duration::from_nanos(at.saturating_sub(origin)),
@@ -283,7 +286,8 @@ fn emit_at(time: fn(&Local) -> u64, build: impl FnOnce(&Local) -> Raw) {
         if super::tracing_events() {
             let (first, second) = raw.expand();
             for raw in std::iter::once(first).chain(second) {
-                super::tracing_events::emit(&resolve(raw.to_nanos(), record::nanos(at), &record::names()).0);
+                let event = record::with_names(|names| resolve(raw.to_nanos(), record::nanos(at), names).0);
+                super::tracing_events::emit(&event);
             }
         }
         local.push(at, raw);
