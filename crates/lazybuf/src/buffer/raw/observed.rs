@@ -507,7 +507,9 @@ impl RawBuffer {
         to: Location,
         default: Cause,
     ) -> Result<Option<observe::Started>> {
-        if !observe::active() {
+        // A sync with a copy that aliases the host block is no copy: known before the call's
+        // cause is looked up (a thread-local) and the copy described.
+        if !observe::active() || !self.moves_bytes(from, to) {
             return Ok(None);
         }
         match self.transfer_info(from, to, None, observe::cause_or(default), false) {
