@@ -898,10 +898,13 @@ fn basic_assigns_without_error(
             }
         }
         let Ok(slice) = part.cast_exact::<PySlice>() else { return false };
-        let plain = |field: &str| {
+        let plain = |field: &Bound<'_, pyo3::types::PyString>| {
             slice.getattr(field).is_ok_and(|v| v.is_none() || v.is_exact_instance_of::<PyInt>())
         };
-        if !(plain("start") && plain("stop") && plain("step")) {
+        if !(plain(pyo3::intern!(py, "start"))
+            && plain(pyo3::intern!(py, "stop"))
+            && plain(pyo3::intern!(py, "step")))
+        {
             return false;
         }
         match slice.indices(extent) {
