@@ -303,20 +303,37 @@ pub struct TransferInfo {
 #[derive(Debug)]
 #[must_use = "report the copy with enqueued() or finished()"]
 pub struct Started {
-    info: TransferInfo,
+    copy: StartedCopy,
     /// The recorder's ticks at the start (`trace::now`).
     start: u64,
+}
+
+/// What a [`Started`] copy is.
+#[derive(Debug)]
+enum StartedCopy {
+    /// Reported through [`transfer`]: its devices by name.
+    Described(TransferInfo),
+    /// A copy of a buffer outside its plans (`trace::start_outside_copy`): its devices by
+    /// number, no name formatted while recording.
+    Numbered(trace::OutsideCopy),
 }
 
 impl Started {
     /// The copy is enqueued and will complete later (its end is not recorded).
     pub fn enqueued(self, stream: usize) {
-        trace::record_transfer(self.info, stream, self.start, false);
+        self.record(stream, false);
     }
 
     /// The copy has completed (it was waited for).
     pub fn finished(self, stream: usize) {
-        trace::record_transfer(self.info, stream, self.start, true);
+        self.record(stream, true);
+    }
+
+    fn record(self, stream: usize, waited: bool) {
+        match self.copy {
+            StartedCopy::Described(info) => trace::record_transfer(info, stream, self.start, waited),
+            StartedCopy::Numbered(copy) => trace::record_outside_copy(copy, stream, self.start, waited),
+        }
     }
 }
 
@@ -339,6 +356,8 @@ pub fn transfer(info: impl FnOnce() -> TransferInfo) -> Result<Option<Started>> 
         return Ok(None);
     }
     let info = info();
-    guard::check(std::slice::from_ref(&info))?;
-    Ok(emitting().then(|| Started { info, start: trace::now() }))
+    if guarding() {
+        guard::check(std::slice::from_ref(&info))?;
+    }
+    Ok(emitting().then(|| Started { copy: StartedCopy::Described(info), start: trace::now() }))
 }

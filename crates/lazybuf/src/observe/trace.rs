@@ -376,6 +376,63 @@ pub(crate) fn record_copy(copy: CopyEvent<'_>) -> u64 {
     number
 }
 
+/// A buffer's copy outside its plans (a download into outside memory), as
+/// [`start_outside_copy`] began recording it: its devices by number.
+#[derive(Debug)]
+pub(crate) struct OutsideCopy {
+    buffer: u64,
+    direction: Direction,
+    bytes: u64,
+    from: Dev,
+    to: Dev,
+    /// The engine's cause, for when no [`super::call`] names another (resolved when recorded).
+    cause: Cause,
+}
+
+/// Begins recording a copy of `buffer` outside its plans, from `from` to `to` (`None`: the
+/// host), while events are wanted: its devices' numbers and its start, in one look at the
+/// thread's recorder state, no name formatted (its end: [`super::Started::finished`]). `None`
+/// when this thread records nothing (it is exiting, or the process is a forked child of the
+/// recording one).
+pub(crate) fn start_outside_copy(
+    buffer: u64,
+    direction: Direction,
+    bytes: usize,
+    from: Option<&Device>,
+    to: Option<&Device>,
+    cause: Cause,
+) -> Option<super::Started> {
+    if record::in_forked_child() {
+        return None;
+    }
+    record::with_local(|local| {
+        let dev = |d: Option<&Device>| d.map_or(HOST, |d| local.dev(d));
+        let copy =
+            OutsideCopy { buffer, direction, bytes: bytes as u64, from: dev(from), to: dev(to), cause };
+        super::Started { copy: super::StartedCopy::Numbered(copy), start: local.fresh_time() }
+    })
+}
+
+/// Records the end of a copy [`start_outside_copy`] began.
+pub(crate) fn record_outside_copy(copy: OutsideCopy, stream: usize, start: u64, waited: bool) {
+    emit_ended(|local| {
+        let cause = Call::Of(copy.cause).resolve(local);
+        Raw::Transfer {
+            buffer: copy.buffer,
+            op: 0,
+            direction: copy.direction,
+            bytes: copy.bytes,
+            from: copy.from,
+            to: copy.to,
+            call: local.call(cause.call),
+            reason: cause.reason,
+            stream: stream as u64,
+            start,
+            waited,
+        }
+    });
+}
+
 /// Records a copy reported through [`super::transfer`] (devices known by name).
 pub(crate) fn record_transfer(info: TransferInfo, stream: usize, start: u64, waited: bool) {
     if record::in_forked_child() {

@@ -414,12 +414,7 @@ impl RawBuffer {
             Location::Device(id) => self.copy_index(id),
         };
         let (source, target) = (device(from), device(to));
-        let direction = match (from, to) {
-            (Location::Host, Location::Device(_)) => Direction::HostToDevice,
-            (Location::Device(_), Location::Host) => Direction::DeviceToHost,
-            (Location::Device(_), Location::Device(_)) => Direction::DeviceToDevice,
-            (Location::Host, Location::Host) => return,
-        };
+        let Some(direction) = direction_of(from, to) else { return };
         // A sync with a copy that aliases the host block moves no bytes: no copy.
         let aliased = |i: Option<usize>| i.is_some_and(|i| self.copies[i].memory.is_host_alias());
         if direction != Direction::DeviceToDevice && (aliased(source) || aliased(target)) {
@@ -480,10 +475,7 @@ impl RawBuffer {
             {
                 return None;
             }
-            (Location::Host, Location::Device(_)) => Direction::HostToDevice,
-            (Location::Device(_), Location::Host) => Direction::DeviceToHost,
-            (Location::Device(_), Location::Device(_)) => Direction::DeviceToDevice,
-            (Location::Host, Location::Host) => return None,
+            _ => direction_of(from, to)?,
         };
         Some(TransferInfo {
             buffer: self.id,
@@ -512,10 +504,26 @@ impl RawBuffer {
         if !observe::active() || !self.moves_bytes(from, to) {
             return Ok(None);
         }
-        match self.transfer_info(from, to, None, observe::cause_or(default), false) {
-            Some(info) => observe::transfer(|| info),
-            None => Ok(None),
+        // Described by name for the guard (its errors and log lines); the recorder takes the
+        // devices by number.
+        if observe::guarding()
+            && let Some(info) = self.transfer_info(from, to, None, observe::cause_or(default), false)
+        {
+            observe::guard::check(std::slice::from_ref(&info))?;
         }
+        if !observe::emitting() {
+            return Ok(None);
+        }
+        let device = |at: Location| match at {
+            Location::Host => Some(None),
+            Location::Device(id) => self.copy_index(id).map(|i| Some(&self.copies[i].device)),
+        };
+        let (Some(direction), Some(source), Some(target)) =
+            (direction_of(from, to), device(from), device(to))
+        else {
+            return Ok(None); // no copy between two memories this buffer holds
+        };
+        Ok(trace::start_outside_copy(self.id, direction, self.nbytes, source, target, default))
     }
 
     /// [`Self::observe_state`] for a change an engine call makes (named by the running
@@ -543,5 +551,15 @@ impl RawBuffer {
         let result = change(self);
         self.record_transition(before, events, call, epoch);
         result
+    }
+}
+
+/// The direction of a copy from `from` to `to` (`None`: host to host, no copy).
+fn direction_of(from: Location, to: Location) -> Option<Direction> {
+    match (from, to) {
+        (Location::Host, Location::Device(_)) => Some(Direction::HostToDevice),
+        (Location::Device(_), Location::Host) => Some(Direction::DeviceToHost),
+        (Location::Device(_), Location::Device(_)) => Some(Direction::DeviceToDevice),
+        (Location::Host, Location::Host) => None,
     }
 }
