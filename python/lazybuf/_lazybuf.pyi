@@ -1067,4 +1067,6 @@ class Trace:
         """The summary as rows ``(buffer, direction, reason, copies, bytes)``."""
 
     def events(self) -> list[dict[str, Any]]:
-        """The events as dicts (``kind``: transfer, allocate, free, pool, state)."""
+        """The events as dicts (``kind``: transfer, allocate, free, pool, state, rollback,
+        checker_read; an allocation's and a free's ``memory``: device, host, pinned or
+        shared)."""

@@ -7,8 +7,10 @@ trace-event JSON that ui.perfetto.dev and chrome://tracing open.
 
 Recorded: every copy between memories that ``transfer_stats()`` counts (direction, bytes, the
 call and reason that caused it: ``access``, ``sync`` or ``eviction``, the stream, and its
-duration when the call waited for it), the memory buffers take and give back (device, host or
-device, bytes, from a pool's cache or upstream), pool hits and misses, and state transitions.
+duration when the call waited for it), the memory buffers, memory objects (``MemoryDevice``,
+``MemoryHost``, ``MemoryShared``, ``DeviceBuffer``, ``mr.allocate``) take and give back (device,
+kind: ``device``, ``host``, ``pinned`` or ``shared``, bytes, from a pool's cache or upstream),
+pool hits and misses, and state transitions.
 ``python_stack=True`` attaches the Python stack of the call to each event,
 ``rust_backtrace=True`` the Rust backtrace (both slow). ``Trace.summary()`` is the plain
 summary: copies and bytes per buffer (``UnifiedBuffer.buffer_id``), direction and reason.

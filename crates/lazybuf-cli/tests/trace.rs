@@ -6,6 +6,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::{Mutex, PoisonError};
 
 use lazybuf::observe::trace::{self, TraceOptions};
 use lazybuf::{Device, UnifiedBuffer};
@@ -21,10 +22,14 @@ fn temp(name: &str) -> PathBuf {
     dir.join(name)
 }
 
+/// The recorder is process-wide: one test records at a time.
+static RECORDER: Mutex<()> = Mutex::new(());
+
 /// Records a workload; returns the trace file and the buffer's bytes moved each way.
 fn record() -> (PathBuf, Device, u64, u64) {
     let device =
         lazybuf::devices().into_iter().find(|d| !d.is_zero_copy(1 << 16)).unwrap_or_else(Device::host);
+    let _recorder = RECORDER.lock().unwrap_or_else(PoisonError::into_inner);
     trace::start(TraceOptions::default()).unwrap();
     let mut buf = UnifiedBuffer::<f32>::on(&[1 << 14], &device).unwrap();
     for round in 0..3 {
@@ -110,6 +115,52 @@ fn summary_plot_and_bad_files() {
         assert_eq!(err.lines().count(), 1, "{err}");
         assert!(err.starts_with("lazybuf: error: ") && err.contains(says), "{args:?}: {err}");
     }
+}
+
+/// Memory objects' memory is in the timeline, one series per device and kind: the summary
+/// names each kind's peak (pinned and shared memory as such), and the plot draws each series
+/// in its own colour (each at its own height).
+#[test]
+fn memory_objects_of_every_kind_are_series_of_their_own() {
+    use lazybuf::{AllocationOptions, DirectResource, Memory, MemoryKind};
+    let device = Device::host();
+    let kinds = [
+        MemoryKind::Device,
+        MemoryKind::Host { pinned: false },
+        MemoryKind::Host { pinned: true },
+        MemoryKind::Shared,
+    ];
+    let recorded = {
+        let _recorder = RECORDER.lock().unwrap_or_else(PoisonError::into_inner);
+        trace::start(TraceOptions::default()).unwrap();
+        let options = AllocationOptions { resource: Some(DirectResource::shared()), alignment: 0 };
+        let objects: Vec<Memory> = (0..kinds.len())
+            .map(|i| Memory::with_options(&device, kinds[i], (i + 1) << 16, options.clone()).unwrap())
+            .collect();
+        drop(objects);
+        trace::stop().unwrap()
+    };
+    let path = temp("memory-objects.json");
+    std::fs::write(&path, recorded.to_chrome_json()).unwrap();
+    let file = path.to_str().unwrap();
+
+    let out = lazybuf(&["trace", "summary", file]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    for (i, kind) in ["device", "host", "pinned", "shared"].iter().enumerate() {
+        let line = format!("peak memory in use, {device} {kind}: {} KiB", (i + 1) * 64);
+        assert!(text.contains(&line), "{line:?} in {text}");
+    }
+
+    let png = temp("memory-objects.png");
+    let out = lazybuf(&["trace", "plot", file, "-o", png.to_str().unwrap(), "--size", "900x600"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let image = decode_png(&png);
+    for i in 0..kinds.len() {
+        assert!(has_colour(&image, memory_colour(i)), "series {i} is drawn in its own colour");
+    }
+    // Seven colours: one device's four kinds and the next device's first three all differ.
+    assert!((0..7).all(|i| (0..7).all(|j| i == j || memory_colour(i) != memory_colour(j))));
 }
 
 /// Byte counts near 2^64 sum without overflow (a crafted file made the summary panic).

@@ -16,7 +16,9 @@
 //!
 //! Every resource also has RMM's raw `allocate(nbytes)` (device memory; returns its handle as
 //! an int) and `deallocate(ptr, nbytes)`. Resources are device-independent: one resource can
-//! serve several devices.
+//! serve several devices. A raw allocation is a memory object of device memory inside: the
+//! event recorder (`lazybuf.trace`) records `allocate` and `deallocate` as its allocation and
+//! free, with an id of their own.
 //!
 //! **Raw allocations live until `deallocate`.** They are kept in one process-wide registry,
 //! by resource and handle, that also keeps the core resource they came from alive: an
@@ -49,8 +51,8 @@ use pyo3::types::PyString;
 
 use lazybuf::resource::{FailureCallback, default_pool, default_resource};
 use lazybuf::{
-    Block, CachingResource, CallbackPayload, Device, DeviceId, DirectResource, FailureCallbackResource,
-    LimitingResource, MemoryKind, MemoryResource, PoolConfig, Statistics, StatisticsResource, Ticket,
+    AllocationOptions, CachingResource, CallbackPayload, DeviceId, DirectResource, FailureCallbackResource,
+    LimitingResource, Memory, MemoryKind, MemoryResource, PoolConfig, Statistics, StatisticsResource,
     TrackingResource,
 };
 
@@ -81,13 +83,13 @@ impl PyResource {
 
 /// A raw allocation handed out by `allocate`, until `deallocate` (see the module docs).
 struct RawAllocation {
-    device: Device,
-    block: Block,
+    /// The memory (a memory object of device memory, which holds the resource it came from
+    /// alive and gives its block back when dropped: the recorder sees both as a memory
+    /// object's allocation and free).
+    memory: Memory,
     /// The size `allocate` was asked for (the block may be larger: a pool rounds up);
     /// `deallocate` must be given this size, as RMM's resources must.
     nbytes: usize,
-    /// The resource it came from (kept alive with it).
-    resource: Arc<dyn MemoryResource>,
 }
 
 /// The outstanding raw allocations, by the identity of their core resource and their handle.
@@ -104,14 +106,11 @@ fn identity(resource: &Arc<dyn MemoryResource>) -> usize {
     Arc::as_ptr(resource).cast::<()>() as usize
 }
 
-/// The handle of a block of `device` as an int (its address, device pointer or `cl_mem`).
-fn handle(device: &Device, block: &Block) -> usize {
-    match block {
-        Block::Host(host) => host.as_ptr() as usize,
-        // SAFETY: the memory is live (borrowed here) and `device`'s; the handle is only turned
-        // into an int.
-        Block::Device(memory) => unsafe { device.native_handle(memory.raw()) },
-    }
+/// The handle of `memory` as an int (its address, device pointer or `cl_mem`).
+fn handle(memory: &Memory) -> usize {
+    // SAFETY: the memory is live (borrowed here) and its device's; the handle is only turned
+    // into an int.
+    unsafe { memory.device().native_handle(memory.raw()) }
 }
 
 #[pymethods]
@@ -138,12 +137,11 @@ impl PyResource {
             ));
         }
         let device = crate::accelerator::device_arg(device)?;
-        let block = py
-            .detach(|| self.resource.allocate(&device, MemoryKind::Device, nbytes, &device.stream()))
-            .or_py()?;
-        let key = handle(&device, &block);
-        let raw = RawAllocation { device, block, nbytes, resource: self.resource.clone() };
-        registry().insert((identity(&self.resource), key), raw);
+        let options = AllocationOptions { resource: Some(self.resource.clone()), alignment: 0 };
+        let memory =
+            py.detach(|| Memory::with_options(&device, MemoryKind::Device, nbytes, options)).or_py()?;
+        let key = handle(&memory);
+        registry().insert((identity(&self.resource), key), RawAllocation { memory, nbytes });
         Ok(key)
     }
 
@@ -173,8 +171,9 @@ impl PyResource {
             }
             registry.remove(&key)
         };
-        if let Some(RawAllocation { device, block, resource, .. }) = raw {
-            py.detach(|| resource.deallocate(&device, block, &device.stream(), Ticket::done()));
+        if let Some(RawAllocation { memory, .. }) = raw {
+            // Given back to its resource after the work enqueued on the device's stream so far.
+            py.detach(|| drop(memory));
         }
         Ok(())
     }

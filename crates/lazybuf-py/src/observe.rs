@@ -412,7 +412,9 @@ impl PyTrace {
 
     /// The events as dicts: `kind` (`transfer`, `allocate`, `free`, `pool`, `state`,
     /// `rollback`, `checker_read`),
-    /// `time_us`, `thread`, `stack` and the kind's own fields.
+    /// `time_us`, `thread`, `stack` and the kind's own fields (an allocation's and a free's
+    /// `memory`: `device`, `host`, `pinned` or `shared`; `buffer` the buffer's or the memory
+    /// object's `buffer_id`).
     fn events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let list = PyList::empty(py);
         for event in &self.trace.events {

@@ -22,10 +22,19 @@ pub fn direction_colour(direction: &str) -> RGBColor {
     }
 }
 
-/// The colour of the `index`-th memory series (in the order of their names).
+/// The colour of the `index`-th memory series (in the order of their names): seven, none a
+/// direction's, so that one device's four kinds (device, host, pinned, shared) and the next
+/// device's first ones differ.
 pub fn memory_colour(index: usize) -> RGBColor {
-    const PALETTE: [RGBColor; 4] =
-        [RGBColor(148, 103, 189), RGBColor(140, 86, 75), RGBColor(227, 119, 194), RGBColor(23, 190, 207)];
+    const PALETTE: [RGBColor; 7] = [
+        RGBColor(148, 103, 189), // purple
+        RGBColor(140, 86, 75),   // brown
+        RGBColor(227, 119, 194), // pink
+        RGBColor(23, 190, 207),  // cyan
+        RGBColor(214, 39, 40),   // red
+        RGBColor(127, 127, 127), // grey
+        RGBColor(188, 189, 34),  // olive
+    ];
     PALETTE[index % PALETTE.len()]
 }
 

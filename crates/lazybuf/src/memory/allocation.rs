@@ -65,7 +65,7 @@ pub type Memory = DeviceAllocation<u8>;
 /// ```
 pub struct DeviceAllocation<T: Element> {
     /// The name errors and events give it ([`Self::id`]).
-    pub(super) id: u64,
+    id: u64,
     device: Device,
     kind: MemoryKind,
     len: usize,
@@ -99,6 +99,19 @@ impl<T: Element> DeviceAllocation<T> {
         len: usize,
         options: AllocationOptions,
     ) -> Result<Self> {
+        Self::allocate_as(device, kind, len, options, None)
+    }
+
+    /// [`Self::with_options`], for the memory object `id` (`None`: a new one, numbered once
+    /// it is made): a [`super::DeviceBuffer`]'s new memory keeps the buffer's id. The
+    /// recorder sees the allocation (`observed::allocated`) under that id.
+    pub(super) fn allocate_as(
+        device: &Device,
+        kind: MemoryKind,
+        len: usize,
+        options: AllocationOptions,
+        id: Option<u64>,
+    ) -> Result<Self> {
         let size = std::mem::size_of::<T>();
         let bytes =
             len.checked_mul(size).filter(|&b| b <= isize::MAX as usize).ok_or_else(|| overflow(len, size))?;
@@ -126,10 +139,16 @@ impl<T: Element> DeviceAllocation<T> {
         };
         let resource = options.resource.unwrap_or_else(|| default_resource(device));
         let stream = device.stream();
-        let block = resource.allocate(device, kind, bytes, &stream)?;
+        // Recorded only once the block is kept: a failed allocation, or a block given back
+        // below, records nothing but the pool lookups made for it.
+        let recorded = observed::allocating();
+        let block = resource
+            .allocate(device, kind, bytes, &stream)
+            .inspect_err(|_| observed::not_allocated(recorded))?;
         if block.kind() != kind || block.len() < bytes {
             let got = format!("{} bytes of {:?}", block.len(), block.kind());
             resource.deallocate(device, block, &stream, Ticket::done());
+            observed::not_allocated(recorded);
             return Err(Error::invalid(
                 "allocate",
                 format!(
@@ -140,10 +159,13 @@ impl<T: Element> DeviceAllocation<T> {
         // Device and shared memory must be this device's own, too.
         if let Err(err) = crate::resource::check_block(&*resource, device, kind, bytes, &block) {
             resource.deallocate(device, block, &stream, Ticket::done());
+            observed::not_allocated(recorded);
             return Err(err);
         }
+        let id = id.unwrap_or_else(crate::observe::next_buffer_id);
+        observed::allocated(recorded, id, device, kind, block.len());
         Ok(DeviceAllocation {
-            id: crate::observe::next_buffer_id(),
+            id,
             device: device.clone(),
             kind,
             len,
@@ -157,7 +179,8 @@ impl<T: Element> DeviceAllocation<T> {
     /// `len` elements of device memory at `raw` that the caller owns and lazybuf did not
     /// allocate (a CUDA pointer into `device`'s memory, a `cl_mem` of its context, host memory
     /// for the host device), for copies from and to it: its kind is [`MemoryKind::Device`],
-    /// and dropping it frees nothing. An error when `raw` is not `device`'s memory.
+    /// and dropping it frees nothing. An error when `raw` is not `device`'s memory. Neither
+    /// its making nor its drop is an event of the recorder (lazybuf allocated nothing).
     ///
     /// # Safety
     /// `raw` stays valid for `len` elements, and is not freed, while the allocation lives;
@@ -593,6 +616,7 @@ impl<T: Element> Drop for DeviceAllocation<T> {
         let Some(resource) = &self.resource else { return };
         let Ok(empty) = HostMemory::allocate(0) else { return };
         let block = std::mem::replace(&mut self.block, Block::Host(empty));
+        observed::freed(self.id, &self.device, self.kind, block.len());
         let stream = self.device.stream();
         // The caller's work on the stream may still use the memory: the block is reused or
         // freed after it (a failed marker leaves nothing to wait for).

@@ -102,8 +102,9 @@ impl DeviceBuffer {
         let id = crate::observe::next_buffer_id();
         let seen = Seen::new(id, Cause::sync("from_host"));
         let pending = observed::start(seen, None, observed::device_side(device, kind), bytes.len())?;
-        let mut buffer = Self::with_options(device, kind, bytes.len(), options)?;
-        buffer.memory.id = id;
+        let alignment = options.alignment;
+        let memory = Memory::allocate_as(device, kind, bytes.len(), options, Some(id))?;
+        let mut buffer = DeviceBuffer { memory, size: bytes.len(), alignment, hold: None };
         if !bytes.is_empty() {
             buffer.memory.upload_bytes(bytes)?;
         }
@@ -190,8 +191,8 @@ impl DeviceBuffer {
         let n = self.size.min(capacity);
         let at = self.memory.observed_at();
         let pending = observed::start(Seen::new(self.id(), Cause::access(call)), at, at, n)?;
-        let mut memory = Memory::with_options(self.memory.device(), self.memory.kind(), capacity, options)?;
-        memory.id = self.memory.id();
+        let (device, kind, id) = (self.memory.device(), self.memory.kind(), self.memory.id());
+        let mut memory = Memory::allocate_as(device, kind, capacity, options, Some(id))?;
         if n > 0 {
             memory.copy_bytes_from(&self.memory, n)?;
         }

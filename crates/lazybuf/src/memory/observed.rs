@@ -3,6 +3,14 @@
 //! and [`super::DeviceBuffer`] calls [`start`] before its copy (and before allocating what it
 //! copies into: a refusal changes nothing) and [`finish`] once the copy has completed.
 //!
+//! And the recorder's view of their memory: each allocation a memory object makes (the
+//! memory of a `DeviceBuffer` and of its reallocations included) looks at [`allocating`] before
+//! it asks its resource and records itself with [`allocated`] once it holds a block it keeps
+//! (a failed allocation, or a block the object refused and gave back, records nothing but the
+//! pool lookups made for it); its drop records the block's free with [`freed`] as it gives the
+//! block back. Memory the object borrows (`DeviceAllocation::borrowed`) was not allocated by
+//! lazybuf: neither its making nor its drop is an event.
+//!
 //! Only copies between memories are seen: host memory to memory a device addresses, back, or
 //! between two such memories (on one device or two). A copy from host memory to host memory
 //! (host and pinned kinds, every kind on the host device, device memory that aliases host
@@ -12,7 +20,7 @@
 use crate::backend::MemoryKind;
 use crate::device::Device;
 use crate::error::{BackendKind, Result};
-use crate::observe::{self, Cause, Direction, TransferInfo};
+use crate::observe::{self, Cause, Direction, TransferInfo, trace};
 
 /// Who a copy is made for: the memory object the errors and events name, and the call that
 /// makes it (replaced by a running [`observe::call`]'s cause).
@@ -89,5 +97,45 @@ pub(super) fn start(
 pub(super) fn finish(pending: Option<Pending>) {
     if let Some(pending) = pending {
         pending.finished();
+    }
+}
+
+/// Whether an allocation about to be made is to be recorded: events are wanted (one relaxed
+/// load; nothing else when they are not). While they are, this thread's last pool lookup is
+/// forgotten, so that the allocation's source is that of a lookup made for it.
+#[inline]
+pub(super) fn allocating() -> bool {
+    let wanted = observe::emitting();
+    if wanted {
+        observe::forget_pool_lookup();
+    }
+    wanted
+}
+
+/// Records the block of `bytes` of `kind` on `device` that memory object `id` now holds
+/// (`wanted`: [`allocating`]'s answer before it was made), served from a pool's cache when
+/// the last pool lookup made for it was a hit. Nothing when not `wanted`.
+#[inline]
+pub(super) fn allocated(wanted: bool, id: u64, device: &Device, kind: MemoryKind, bytes: usize) {
+    if wanted {
+        trace::record_allocate(id, device, kind.into(), bytes);
+    }
+}
+
+/// An allocation that [`allocating`] let record failed, or its block was refused: its pool
+/// lookup served no allocation, and no later allocation may take it.
+#[inline]
+pub(super) fn not_allocated(wanted: bool) {
+    if wanted {
+        observe::forget_pool_lookup();
+    }
+}
+
+/// Records the free of the block of `bytes` of `kind` on `device` that memory object `id`
+/// gives back (only while events are wanted: one relaxed load when not).
+#[inline]
+pub(super) fn freed(id: u64, device: &Device, kind: MemoryKind, bytes: usize) {
+    if observe::emitting() {
+        trace::record_free(Some(id), device, kind.into(), bytes);
     }
 }

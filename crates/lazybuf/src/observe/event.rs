@@ -9,21 +9,46 @@ use std::time::Duration;
 use super::TransferInfo;
 use crate::coherence::BufferState;
 
-/// Host or device memory.
+/// The kind of memory an allocation or a free is of, as the timeline shows it (one series per
+/// device and kind).
+///
+/// A [`crate::UnifiedBuffer`]'s blocks are `Host` (its host copy, pinned or not) and `Device`;
+/// a memory object's ([`crate::DeviceAllocation`], [`crate::DeviceBuffer`]) are its own kind
+/// ([`crate::MemoryKind`]): `Device`, `Host` (pageable), `Pinned` or `Shared`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
 pub enum MemoryKind {
-    /// A host block (pageable or pinned).
+    /// A host block: a buffer's host copy (pageable or pinned), a memory object's pageable
+    /// host memory.
     Host,
-    /// A device allocation.
+    /// Device memory.
     Device,
+    /// A memory object's pinned (page-locked) host memory.
+    Pinned,
+    /// A memory object's shared (unified, managed) memory.
+    Shared,
 }
 
 impl MemoryKind {
-    /// `host` or `device`.
+    /// `host`, `device`, `pinned` or `shared`.
     pub fn name(self) -> &'static str {
         match self {
             MemoryKind::Host => "host",
             MemoryKind::Device => "device",
+            MemoryKind::Pinned => "pinned",
+            MemoryKind::Shared => "shared",
+        }
+    }
+}
+
+impl From<crate::backend::MemoryKind> for MemoryKind {
+    /// A memory object's kind as its events show it.
+    fn from(kind: crate::backend::MemoryKind) -> MemoryKind {
+        match kind {
+            crate::backend::MemoryKind::Device => MemoryKind::Device,
+            crate::backend::MemoryKind::Host { pinned: false } => MemoryKind::Host,
+            crate::backend::MemoryKind::Host { pinned: true } => MemoryKind::Pinned,
+            crate::backend::MemoryKind::Shared => MemoryKind::Shared,
         }
     }
 }
@@ -54,26 +79,26 @@ pub enum EventKind {
         /// it in the counters, and in [`super::trace::Trace::summary`].
         op: u64,
     },
-    /// A buffer took a block.
+    /// A buffer or a memory object took a block.
     Allocate {
-        /// The buffer.
+        /// The buffer (or the memory object's id).
         buffer: u64,
-        /// The device the memory belongs to (for host blocks, the buffer's device).
+        /// The device the memory belongs to (for host blocks, the buffer's or object's device).
         device: String,
-        /// Host or device memory.
+        /// Its kind.
         kind: MemoryKind,
         /// The block's size.
         bytes: usize,
         /// Cached or new.
         source: Source,
     },
-    /// A buffer gave a block back.
+    /// A buffer or a memory object gave a block back.
     Free {
-        /// The buffer that owned it (`None`: memory no buffer owned).
+        /// The buffer (or memory object) that owned it (`None`: memory no buffer owned).
         buffer: Option<u64>,
         /// The device.
         device: String,
-        /// Host or device memory.
+        /// Its kind.
         kind: MemoryKind,
         /// The block's size.
         bytes: usize,

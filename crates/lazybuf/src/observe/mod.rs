@@ -162,6 +162,15 @@ pub(crate) fn next_buffer_id() -> u64 {
     NEXT_BUFFER.fetch_add(1, Ordering::Relaxed)
 }
 
+/// Forgets this thread's last pool lookup, which [`trace`]'s allocation events take their
+/// source from (a hit: `cache`): called while events are wanted, before an allocation whose
+/// source must come from its own lookup only (none: `upstream`), and after one that failed,
+/// so that no later allocation takes a lookup that served no allocation (memory objects,
+/// `memory/observed.rs`).
+pub(crate) fn forget_pool_lookup() {
+    let _ = record::with_local(|local| local.pool_hit.set(None));
+}
+
 impl fmt::Display for Direction {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {

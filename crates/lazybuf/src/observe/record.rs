@@ -156,7 +156,7 @@ pub(super) enum Raw {
 }
 
 const REASONS: [Reason; 3] = [Reason::Access, Reason::Sync, Reason::Eviction];
-const KINDS: [MemoryKind; 2] = [MemoryKind::Host, MemoryKind::Device];
+const KINDS: [MemoryKind; 4] = [MemoryKind::Host, MemoryKind::Device, MemoryKind::Pinned, MemoryKind::Shared];
 
 fn reason_index(reason: Reason) -> u64 {
     match reason {
@@ -170,6 +170,8 @@ fn kind_index(kind: MemoryKind) -> u64 {
     match kind {
         MemoryKind::Host => 0,
         MemoryKind::Device => 1,
+        MemoryKind::Pinned => 2,
+        MemoryKind::Shared => 3,
     }
 }
 

@@ -6,8 +6,8 @@
 //! (direction, bytes, the call and [`Reason`] that caused it, the stream, and its duration
 //! when the call waited for it: enqueue to completion, as the blocking call saw it; an
 //! asynchronous sync's copies are recorded when enqueued, without a duration), the memory
-//! buffers take and give back (device, host or device kind, bytes, served from a pool's
-//! cache or from upstream, and for frees the buffer that owned the block), pool hits and
+//! buffers and memory objects take and give back (device, [`MemoryKind`], bytes, served from
+//! a pool's cache or from upstream, and for frees the buffer that owned the block), pool hits and
 //! misses, each buffer's state transitions (those of a failed asynchronous transfer's undoing
 //! included), the rollback of a plan's copies when a later step of the plan fails or its
 //! asynchronous transfer fails ([`EventKind::Rollback`]: the counters take those copies back,
