@@ -39,7 +39,7 @@
 use std::ffi::c_int;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError, Weak};
 
-use crate::gil_cell::GilOnceCell;
+use crate::gil_cell::{GilOnceCell, interned};
 use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::PyTraverseError;
 use pyo3::exceptions::{PyAttributeError, PyBufferError, PyTypeError, PyValueError};
@@ -901,10 +901,7 @@ fn basic_assigns_without_error(
         let plain = |field: &Bound<'_, pyo3::types::PyString>| {
             slice.getattr(field).is_ok_and(|v| v.is_none() || v.is_exact_instance_of::<PyInt>())
         };
-        if !(plain(pyo3::intern!(py, "start"))
-            && plain(pyo3::intern!(py, "stop"))
-            && plain(pyo3::intern!(py, "step")))
-        {
+        if !(plain(interned!(py, "start")) && plain(interned!(py, "stop")) && plain(interned!(py, "step"))) {
             return false;
         }
         match slice.indices(extent) {
