@@ -361,6 +361,55 @@ fn failed_allocations_and_refused_blocks_record_nothing() {
     }
 }
 
+/// The same for a buffer: a block its resource handed out from a pool (a hit) and the buffer
+/// refused served no allocation, and the next allocation on the thread, from no pool, is
+/// `upstream` (it was recorded as `cache`, the refused block's hit).
+#[test]
+fn a_block_a_buffer_refused_leaves_no_pool_hit_behind() {
+    let _l = lock();
+    for device in common::devices() {
+        let (cache, _) = pool(&device);
+        let pooled: Arc<dyn MemoryResource> = cache.clone();
+        // Cached blocks of half the size, which the short resource hands out.
+        for kind in [MemoryKind::Device, MemoryKind::Host { pinned: false }] {
+            drop(Memory::with_options(&device, kind, N / 2, from(&pooled)).unwrap());
+        }
+        device.stream().synchronize().unwrap();
+        let wrong: Arc<dyn MemoryResource> = Arc::new(Wrong { inner: pooled.clone(), short: true });
+        trace::start(TraceOptions::default()).unwrap();
+        let options = lazybuf::BufferOptions {
+            device: Some(device.clone()),
+            resource: Some(wrong),
+            ..lazybuf::BufferOptions::default()
+        };
+        let mut refused = lazybuf::UnifiedBuffer::<u8>::with_options(&[N], options).unwrap();
+        let failed = refused.sync_to_device();
+        assert!(matches!(failed, Err(Error::InvalidArgument { .. })), "{device}: {failed:?}");
+        let mut buf = common::direct(&device, N / 4);
+        buf.host_mut().unwrap().fill(1);
+        buf.sync_to_device().unwrap();
+        let buffer = buf.raw().id();
+        drop((buf, refused));
+        let recorded = trace::stop().unwrap();
+        let hits =
+            recorded.events.iter().filter(|e| matches!(e.kind, EventKind::Pool { hit: true, .. })).count();
+        assert!(hits >= 1, "{device}: the refused block was no pool hit");
+        let sources: Vec<Source> = recorded
+            .events
+            .iter()
+            .filter_map(|e| match e.kind {
+                EventKind::Allocate { buffer: b, source, .. } if b == buffer => Some(source),
+                _ => None,
+            })
+            .collect();
+        assert!(
+            !sources.is_empty() && sources.iter().all(|s| *s == Source::Upstream),
+            "{device}: {sources:?}"
+        );
+        assert_eq!(cache.stats().bytes_in_use, 0, "{device}: the refused block went back");
+    }
+}
+
 /// Memory lazybuf did not allocate (borrowed from the caller) is no allocation, and its drop
 /// frees nothing: neither is recorded.
 #[test]
