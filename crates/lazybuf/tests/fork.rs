@@ -469,11 +469,6 @@ fn process_wide_state_is_fork_aware_or_says_why_not() {
             "static GLOBAL: Mutex",
             "a child takes it with try_lock (global_of_this_process)",
         ),
-        (
-            "observe/record.rs",
-            "static NAMES: Mutex",
-            "left: a child that records while a parent's thread exported (ROADMAP)",
-        ),
         ("observe/guard.rs", "static LOG_HOOK: RwLock", "written once, at the binding's import"),
         ("host_memory.rs", "static RESIZE: Mutex", "Windows only: no fork"),
         (
