@@ -120,6 +120,38 @@ def collect() -> None:
         pass
 
 
+def assigned_as_numpy_assigns(buf, data, key, value) -> bool:
+    """`buf[key] = value` against NumPy's assignment on a copy of `data` (the buffer's
+    contents): the same result, or the same kind of error and nothing changed (state,
+    counters, bytes). Returns whether NumPy assigned (else it raised)."""
+    import warnings
+
+    import numpy as np
+
+    expected = data.copy()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            warnings.simplefilter("ignore", RuntimeWarning)
+            expected[key] = value
+        numpy_error = None
+    except Exception as err:
+        numpy_error = err
+    state, stats = buf.state, buf.transfer_stats()
+    if numpy_error is None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            warnings.simplefilter("ignore", RuntimeWarning)
+            buf[key] = value
+        np.testing.assert_array_equal(buf.to_numpy(), expected)
+        return True
+    with pytest.raises(type(numpy_error)):
+        buf[key] = value
+    assert (buf.state, buf.transfer_stats()) == (state, stats), (key, value)
+    np.testing.assert_array_equal(buf.to_numpy(), data)
+    return False
+
+
 def cuda_double():
     """The CUDA driver test double's first device and its library (ctypes; its fault hooks and
     call counters), or a skip where the double is not loaded (LD_LIBRARY_PATH=target/cuda-double)."""

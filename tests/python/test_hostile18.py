@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import lazybuf
-from conftest import collect, one_selector_per_backend
+from conftest import assigned_as_numpy_assigns, collect, one_selector_per_backend
 from lazybuf import BufferState, UnifiedBuffer
 
 N = 8
@@ -35,33 +35,6 @@ def in_state(selector, state, data=DATA):
         buf.mark_device_dirty()
     assert buf.state == state
     return buf
-
-
-def assigned_as_numpy_assigns(buf, data, key, value):
-    """`buf[key] = value` against NumPy's assignment on a copy of `data` (the buffer's
-    contents): the same result, or the same kind of error and nothing changed (state,
-    counters, bytes)."""
-    expected = data.copy()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            warnings.simplefilter("ignore", RuntimeWarning)
-            expected[key] = value
-        numpy_error = None
-    except Exception as err:
-        numpy_error = err
-    state, stats = buf.state, buf.transfer_stats()
-    if numpy_error is None:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            warnings.simplefilter("ignore", RuntimeWarning)
-            buf[key] = value
-        np.testing.assert_array_equal(buf.to_numpy(), expected)
-        return
-    with pytest.raises(type(numpy_error)):
-        buf[key] = value
-    assert (buf.state, buf.transfer_stats()) == (state, stats), (key, value)
-    np.testing.assert_array_equal(buf.to_numpy(), data)
 
 
 ONE_ELEMENT = {

@@ -302,6 +302,20 @@ impl MemoryResource for Exhausted {
     fn deallocate(&self, _: &Device, _: Block, _: &Stream, _: Ticket) {}
 }
 
+/// Asserts that `buffer` recorded allocations, every one of them new (`upstream`): a buffer of
+/// no pool, whose allocations must not take a pool hit an earlier failure left behind.
+fn assert_all_upstream(recorded: &Trace, buffer: u64, device: &Device) {
+    let sources: Vec<Source> = recorded
+        .events
+        .iter()
+        .filter_map(|e| match e.kind {
+            EventKind::Allocate { buffer: b, source, .. } if b == buffer => Some(source),
+            _ => None,
+        })
+        .collect();
+    assert!(!sources.is_empty() && sources.iter().all(|s| *s == Source::Upstream), "{device}: {sources:?}");
+}
+
 /// A failed allocation records no allocation and no free: refused before the resource is asked
 /// (a bad alignment), refused by the resource, or a block the object refused and gave back.
 /// The refused block's pool hit served no allocation: the next allocation of the thread (a
@@ -344,18 +358,7 @@ fn failed_allocations_and_refused_blocks_record_nothing() {
                 .filter(|k| !matches!(k, EventKind::Allocate { buffer: b, .. } | EventKind::Free { buffer: Some(b), .. } if *b == buffer))
                 .collect();
             assert!(mine.is_empty(), "{device}: failed allocations recorded {mine:?}");
-            let sources: Vec<Source> = recorded
-                .events
-                .iter()
-                .filter_map(|e| match e.kind {
-                    EventKind::Allocate { buffer: b, source, .. } if b == buffer => Some(source),
-                    _ => None,
-                })
-                .collect();
-            assert!(
-                !sources.is_empty() && sources.iter().all(|s| *s == Source::Upstream),
-                "{device}: {sources:?}"
-            );
+            assert_all_upstream(&recorded, buffer, &device);
         }
         assert_eq!(cache.stats().bytes_in_use, 0, "{device}: the refused blocks went back");
     }
@@ -394,18 +397,7 @@ fn a_block_a_buffer_refused_leaves_no_pool_hit_behind() {
         let hits =
             recorded.events.iter().filter(|e| matches!(e.kind, EventKind::Pool { hit: true, .. })).count();
         assert!(hits >= 1, "{device}: the refused block was no pool hit");
-        let sources: Vec<Source> = recorded
-            .events
-            .iter()
-            .filter_map(|e| match e.kind {
-                EventKind::Allocate { buffer: b, source, .. } if b == buffer => Some(source),
-                _ => None,
-            })
-            .collect();
-        assert!(
-            !sources.is_empty() && sources.iter().all(|s| *s == Source::Upstream),
-            "{device}: {sources:?}"
-        );
+        assert_all_upstream(&recorded, buffer, &device);
         assert_eq!(cache.stats().bytes_in_use, 0, "{device}: the refused block went back");
     }
 }
