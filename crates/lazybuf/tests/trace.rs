@@ -825,3 +825,59 @@ fn an_allocation_and_a_release_are_recorded_before_their_transitions() {
         }
     }
 }
+
+/// A pinned buffer's host copy is recorded as `pinned` memory when its block is page-locked
+/// (as a pinned memory object's is), `host` when pinning was not to be had: its allocation and
+/// its free, through each way a host block comes and goes (an access's allocation with its
+/// transition, a release, a drop), on every device.
+#[test]
+fn a_pinned_host_copy_is_recorded_as_pinned_memory() {
+    use lazybuf::BufferOptions;
+    use lazybuf::observe::trace::MemoryKind;
+    let _l = lock();
+    let mut pinned_somewhere = false;
+    for device in common::devices() {
+        for release in [false, true] {
+            trace::start(TraceOptions::default()).unwrap();
+            let options =
+                BufferOptions { device: Some(device.clone()), pinned: true, ..BufferOptions::default() };
+            let mut buf = UnifiedBuffer::<u32>::with_options(&[256], options).unwrap();
+            match buf.host_mut() {
+                // A device with no pinned host memory says so (wgpu): nothing to record.
+                Err(lazybuf::Error::PinningFailed { .. }) => {
+                    trace::stop().unwrap();
+                    continue;
+                }
+                host => host.unwrap().copy_from_slice(&pattern(3, 256)),
+            }
+            buf.sync_to_device().unwrap();
+            let (id, pinned) = (buf.raw().id(), buf.raw().is_pinned());
+            pinned_somewhere |= pinned;
+            if release {
+                buf.release_memory();
+            }
+            drop(buf);
+            let recorded = trace::stop().unwrap();
+            let host_kinds: Vec<(bool, MemoryKind)> = recorded
+                .events
+                .iter()
+                .filter_map(|e| match e.kind {
+                    EventKind::Allocate { buffer, kind, .. }
+                        if buffer == id && kind != MemoryKind::Device =>
+                    {
+                        Some((true, kind))
+                    }
+                    EventKind::Free { buffer: Some(buffer), kind, .. }
+                        if buffer == id && kind != MemoryKind::Device =>
+                    {
+                        Some((false, kind))
+                    }
+                    _ => None,
+                })
+                .collect();
+            let expected = if pinned { MemoryKind::Pinned } else { MemoryKind::Host };
+            assert_eq!(host_kinds, [(true, expected), (false, expected)], "{device} (release: {release})");
+        }
+    }
+    assert!(pinned_somewhere, "no device gave a pinned buffer page-locked memory");
+}

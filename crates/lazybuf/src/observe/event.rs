@@ -12,24 +12,31 @@ use crate::coherence::BufferState;
 /// The kind of memory an allocation or a free is of, as the timeline shows it (one series per
 /// device and kind).
 ///
-/// A [`crate::UnifiedBuffer`]'s blocks are `Host` (its host copy, pinned or not) and `Device`;
-/// a memory object's ([`crate::DeviceAllocation`], [`crate::DeviceBuffer`]) are its own kind
-/// ([`crate::MemoryKind`]): `Device`, `Host` (pageable), `Pinned` or `Shared`.
+/// A [`crate::UnifiedBuffer`]'s blocks are its host copy (`Pinned` when the block is
+/// page-locked, else `Host`) and `Device`; a memory object's ([`crate::DeviceAllocation`],
+/// [`crate::DeviceBuffer`]) are its own kind ([`crate::MemoryKind`]): `Device`, `Host`
+/// (pageable), `Pinned` or `Shared`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[non_exhaustive]
 pub enum MemoryKind {
-    /// A host block: a buffer's host copy (pageable or pinned), a memory object's pageable
-    /// host memory.
+    /// Pageable host memory: a buffer's host copy, a memory object's host memory.
     Host,
     /// Device memory.
     Device,
-    /// A memory object's pinned (page-locked) host memory.
+    /// Pinned (page-locked) host memory: a pinned buffer's host copy, a memory object's
+    /// pinned memory.
     Pinned,
     /// A memory object's shared (unified, managed) memory.
     Shared,
 }
 
 impl MemoryKind {
+    /// A host block's kind: [`MemoryKind::Pinned`] when it is page-locked, else
+    /// [`MemoryKind::Host`].
+    pub(crate) fn host(pinned: bool) -> MemoryKind {
+        if pinned { MemoryKind::Pinned } else { MemoryKind::Host }
+    }
+
     /// `host`, `device`, `pinned` or `shared`.
     pub fn name(self) -> &'static str {
         match self {

@@ -141,6 +141,8 @@ pub(super) enum Raw {
     Allocated {
         buffer: u64,
         device: Dev,
+        /// Host or pinned.
+        kind: MemoryKind,
         bytes: u64,
         source: Source,
         from: BufferState,
@@ -228,8 +230,8 @@ impl Raw {
             Raw::Released { buffer, device, kind, bytes, from, to, call } => {
                 (Raw::Free { buffer, device, kind, bytes }, Some(Raw::State { buffer, from, to, call }))
             }
-            Raw::Allocated { buffer, device, bytes, source, from, to, call } => (
-                Raw::Allocate { buffer, device, kind: MemoryKind::Host, bytes, source },
+            Raw::Allocated { buffer, device, kind, bytes, source, from, to, call } => (
+                Raw::Allocate { buffer, device, kind, bytes, source },
                 Some(Raw::State { buffer, from, to, call }),
             ),
             raw => (raw, None),
@@ -308,11 +310,12 @@ impl Raw {
                 put(3, bytes);
                 put(4, device);
             }
-            Raw::Allocated { buffer, device, bytes, source, from, to, call } => {
+            Raw::Allocated { buffer, device, kind, bytes, source, from, to, call } => {
                 put(
                     1,
                     T_ALLOCATED
                         | u64::from(source == Source::Cache) << 8
+                        | kind_index(kind) << 12
                         | (from as u64) << 16
                         | (to as u64) << 24
                         | u64::from(call) << 32,
@@ -383,6 +386,7 @@ impl Raw {
             T_ALLOCATED => Raw::Allocated {
                 buffer: w[2],
                 device: w[4],
+                kind: *KINDS.get(small(12, 4))?,
                 bytes: w[3],
                 source: if small(8, 1) == 1 { Source::Cache } else { Source::Upstream },
                 from: *BufferState::ALL.get(small(16, 8))?,
@@ -1286,6 +1290,7 @@ mod tests {
             Raw::Allocated {
                 buffer: 1,
                 device: 2,
+                kind: MemoryKind::Pinned,
                 bytes: 3,
                 source: Source::Cache,
                 from: BufferState::Uninitialized,
@@ -1328,6 +1333,7 @@ mod tests {
             Raw::Allocated {
                 buffer: 1,
                 device: 2,
+                kind: MemoryKind::Host,
                 bytes: 3,
                 source: Source::Upstream,
                 from: BufferState::Uninitialized,

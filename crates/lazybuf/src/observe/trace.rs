@@ -507,19 +507,21 @@ pub(crate) fn record_state(buffer: u64, from: BufferState, to: BufferState, call
 pub(crate) fn record_allocated(
     buffer: u64,
     device: &Device,
+    kind: MemoryKind,
     bytes: usize,
     from: BufferState,
     to: BufferState,
     call: Call,
 ) {
     if from == to {
-        return record_allocate(buffer, device, MemoryKind::Host, bytes);
+        return record_allocate(buffer, device, kind, bytes);
     }
     emit(|local| {
         let hit = local.pool_hit.take();
         Raw::Allocated {
             buffer,
             device: local.dev(device),
+            kind,
             bytes: bytes as u64,
             source: if hit == Some(true) { Source::Cache } else { Source::Upstream },
             from,
@@ -536,18 +538,19 @@ pub(crate) fn record_allocated(
 pub(crate) fn record_released(
     buffer: u64,
     device: &Device,
+    kind: MemoryKind,
     bytes: usize,
     from: BufferState,
     to: BufferState,
     call: Call,
 ) {
     if from == to {
-        return record_free(Some(buffer), device, MemoryKind::Host, bytes);
+        return record_free(Some(buffer), device, kind, bytes);
     }
     emit(|local| Raw::Released {
         buffer,
         device: local.dev(device),
-        kind: MemoryKind::Host,
+        kind,
         bytes: bytes as u64,
         from,
         to,

@@ -83,7 +83,7 @@ impl RawBuffer {
             let block = self.checked_host_block(block)?;
             // Recorded with the transition of the observed plan it serves, if one runs.
             let in_plan = self.in_recorded_plan();
-            self.observe_host_allocation(block.len(), in_plan);
+            self.observe_host_allocation(&block, in_plan);
             self.host = Some(block);
             undo.host_block = true;
             stats.allocations += 1;
@@ -270,7 +270,7 @@ pub(super) fn give_back_host(
 ) {
     // An adopted block's return is no free.
     if !block.is_adopted() {
-        trace::record_free(Some(buffer), home, MemoryKind::Host, block.len());
+        trace::record_free(Some(buffer), home, MemoryKind::host(block.is_pinned()), block.len());
     }
     give_back_host_unrecorded(resource, home, block, ready);
 }

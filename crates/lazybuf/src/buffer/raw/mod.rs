@@ -402,7 +402,7 @@ impl RawBuffer {
             // A block the buffer may not use goes back: the usual path then reports why.
             let block = self.checked_host_block(block).ok()?;
             // Recorded with the transition of the overwrite that follows (one record).
-            self.observe_host_allocation(block.len(), true);
+            self.observe_host_allocation(&block, true);
             self.host = Some(block);
             self.stats.allocations += 1;
         }

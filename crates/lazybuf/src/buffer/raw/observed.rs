@@ -18,6 +18,7 @@ use crate::buffer::stats::TransferStats;
 use crate::coherence::{Access, BufferState, Location, Plan, Step};
 use crate::device::Device;
 use crate::error::Result;
+use crate::host_memory::HostMemory;
 use crate::observe::trace::{self, MemoryKind};
 use crate::observe::{self, Cause, Direction, EmitEpoch, TransferInfo};
 
@@ -79,6 +80,8 @@ pub(super) struct StateEvents {
     /// The bytes of the host block allocated and not recorded yet (0: none; an empty block is
     /// recorded at once).
     allocated: usize,
+    /// Whether that block is page-locked (its events' kind: `pinned`, else `host`).
+    allocated_pinned: bool,
     /// The epoch `allocated` was held in: recorded only in that one (events stopped between
     /// the allocation and its access's commit: no later trace gets the allocation, which
     /// happened before it started).
@@ -92,6 +95,7 @@ impl Default for StateEvents {
             last: BufferState::Uninitialized,
             epoch: None,
             allocated: 0,
+            allocated_pinned: false,
             allocated_in: EmitEpoch::NONE,
         }
     }
@@ -221,8 +225,9 @@ impl RawBuffer {
             // now, so this records the transition alone.
             return self.record_transition(before, events, call, epoch);
         }
+        let kind = MemoryKind::host(self.state_events.allocated_pinned);
         self.record_transition_with(before, events, epoch, |buffer, from, to| {
-            trace::record_allocated(buffer.id, &buffer.home, bytes, from, to, call);
+            trace::record_allocated(buffer.id, &buffer.home, kind, bytes, from, to, call);
         });
     }
 
@@ -253,16 +258,18 @@ impl RawBuffer {
     /// overwrite's allocation that its access follows), it is recorded with the access's state
     /// transition, as one record; otherwise now.
     #[inline]
-    pub(super) fn observe_host_allocation(&mut self, bytes: usize, with_transition: bool) {
+    pub(super) fn observe_host_allocation(&mut self, block: &HostMemory, with_transition: bool) {
         let Some(epoch) = observe::emit_epoch() else {
             return;
         };
         self.record_allocation();
+        let (bytes, pinned) = (block.len(), block.is_pinned());
         if with_transition && bytes > 0 {
             self.state_events.allocated = bytes;
+            self.state_events.allocated_pinned = pinned;
             self.state_events.allocated_in = epoch;
         } else {
-            trace::record_allocate(self.id, &self.home, MemoryKind::Host, bytes);
+            trace::record_allocate(self.id, &self.home, MemoryKind::host(pinned), bytes);
         }
     }
 
@@ -282,7 +289,8 @@ impl RawBuffer {
         let bytes = std::mem::take(&mut self.state_events.allocated);
         // Only in the epoch it was held in (see `StateEvents`).
         if bytes != 0 && observe::emit_epoch() == Some(self.state_events.allocated_in) {
-            trace::record_allocate(self.id, &self.home, MemoryKind::Host, bytes);
+            let kind = MemoryKind::host(self.state_events.allocated_pinned);
+            trace::record_allocate(self.id, &self.home, kind, bytes);
         }
     }
 
@@ -294,12 +302,13 @@ impl RawBuffer {
         self.record_allocation();
         let (before, events) = (self.state_before(epoch), self.state_events.count);
         let call = trace::Call::Named("release_memory");
+        let kind = MemoryKind::host(self.is_pinned());
         match self.release_all(true) {
             // (Through `record_transition`: a second caller of the state event's staging
             // would keep it out of line there.)
             None => self.record_transition(before, events, call, epoch),
             Some(bytes) => self.record_transition_with(before, events, epoch, |buffer, from, to| {
-                trace::record_released(buffer.id, &buffer.home, bytes, from, to, call);
+                trace::record_released(buffer.id, &buffer.home, kind, bytes, from, to, call);
             }),
         }
     }

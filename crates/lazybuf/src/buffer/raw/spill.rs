@@ -207,7 +207,7 @@ impl RawBuffer {
         // A block taken from the resource, as an access's: counted and recorded (the spill
         // recorded the old block's free; a read-back that recorded nothing gave a trace more
         // host frees than allocations: the eighteenth hostile pass).
-        self.observe_host_allocation(block.len(), false);
+        self.observe_host_allocation(&block, false);
         self.stats.allocations += 1;
         self.host = Some(block);
         self.on_disk = None;
