@@ -1,0 +1,94 @@
+"""What the nineteenth hostile pass (the transfer guard, the event recorder and the trace tools
+as a hostile user drives them) found, each a test that failed before its fix. Each means the
+same on every device (on the host device the copies are one memory: nothing to refuse).
+"""
+
+import gc
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import lazybuf
+from conftest import one_selector_per_backend
+from lazybuf import BufferState, TransferGuardError, UnifiedBuffer
+
+N = 1000
+WITH_MEMORY = [s for s in one_selector_per_backend() if s != "host"]
+
+
+@pytest.fixture(autouse=True)
+def _clean():
+    yield
+    if lazybuf.trace.is_recording():
+        lazybuf.trace.stop()
+
+
+def events_of(trace, buffer_id):
+    return [e for e in trace.events() if e.get("buffer") == buffer_id]
+
+
+def _finalise_on_another_thread(generator):
+    """Closes `generator` on a thread of its own (its `finally` and `with` exits run there), as
+    the garbage collector may finalise it."""
+    box = [generator]
+    del generator
+    errors = []
+
+    def close():
+        try:
+            box.pop().close()
+        except BaseException as err:  # noqa: BLE001 - reported below
+            errors.append(err)
+
+    thread = threading.Thread(target=close)
+    thread.start()
+    thread.join()
+    assert errors == []
+
+
+def test_a_transfer_guard_block_finalised_on_another_thread_restores_its_thread():
+    """A generator holding a `transfer_guard` block, suspended inside it and finalised on
+    another thread: the block's exit there found no entry of that thread and left nothing, so
+    the levels stayed on the thread that entered it for good (the eighteenth pass's leftover:
+    every later implicit copy on it refused). The exit leaves the block's scope on the thread
+    that entered it now, and the other thread's levels are untouched."""
+
+    def guarded():
+        with lazybuf.transfer_guard("disallow"):
+            yield
+
+    before = lazybuf.get_transfer_guard()
+    generator = guarded()
+    next(generator)
+    assert lazybuf.get_transfer_guard()["h2d"] == "disallow"
+    _finalise_on_another_thread(generator)
+    assert lazybuf.get_transfer_guard() == before
+    # Nothing is refused on this thread any more.
+    buf = UnifiedBuffer((N,), np.float32, device=WITH_MEMORY[0] if WITH_MEMORY else "host")
+    buf.copy_from(np.ones(N, np.float32))
+    buf.device
+
+
+def test_a_record_block_finalised_on_another_thread_stops_its_recording():
+    """The same for `trace.record()`: its exit on the other thread stopped nothing, the
+    recorder ran on for good (every later `record()` and `start()`: "already recording"), and
+    the block's `Recording` never got its trace."""
+
+    def recorded():
+        with lazybuf.trace.record() as rec:
+            yield rec
+
+    generator = recorded()
+    rec = next(generator)
+    assert lazybuf.trace.is_recording()
+    _finalise_on_another_thread(generator)
+    assert not lazybuf.trace.is_recording()
+    assert rec.trace is not None
+    with lazybuf.trace.record():
+        pass
+
+
