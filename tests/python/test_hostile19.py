@@ -92,3 +92,35 @@ def test_a_record_block_finalised_on_another_thread_stops_its_recording():
         pass
 
 
+def _run_with(var, value):
+    # (A limit applies to device memory: the buffer is on a device with memory of its own.)
+    code = (
+        "import lazybuf, numpy as np\n"
+        "try:\n"
+        "    lazybuf.get_transfer_guard()\n"
+        "    b = lazybuf.UnifiedBuffer((4,), np.float32)\n"
+        "    b.copy_from(np.ones(4, np.float32))\n"
+        "    b.sync_to_device()\n"
+        "    print('unread')\n"
+        "except ValueError as err:\n"
+        "    print('refused:', err)\n"
+    )
+    env = {k: v for k, v in os.environb.items() if k != var.encode()}
+    env[var.encode()] = value
+    if var != "LAZYBUF_DEVICE":
+        env[b"LAZYBUF_DEVICE"] = (WITH_MEMORY[0] if WITH_MEMORY else "host").encode()
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120, env=env)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="environment values are Unicode on Windows")
+@pytest.mark.parametrize("var", ["LAZYBUF_TRANSFER_GUARD", "LAZYBUF_MEMORY_LIMIT", "LAZYBUF_DEVICE"])
+def test_a_setting_that_is_not_utf8_is_malformed_not_unset(var):
+    """`LAZYBUF_TRANSFER_GUARD=$'\\xff'disallow` left the guard off, silently (OBSERVING.md: a
+    guard that was asked for is never silently off): the value was read with `std::env::var`,
+    whose error for a value that is not Unicode the reader took for an unset variable; so did
+    `LAZYBUF_MEMORY_LIMIT` (no limit) and `LAZYBUF_DEVICE` (the default device). Such a value is
+    malformed now: the error names the variable, as for any malformed value."""
+    done = _run_with(var, b"\xffdisallow" if var == "LAZYBUF_TRANSFER_GUARD" else b"\xff")
+    out = done.stdout.decode(errors="replace")
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    assert out.startswith("refused:") and var in out and "UTF-8" in out, out

@@ -58,3 +58,63 @@ fn a_scope_left_from_another_thread_restores_the_thread_that_entered_it() {
     buf.device().unwrap();
 }
 
+/// `std::env::var` gives the same error for an unset variable and for one that is not
+/// Unicode, and lazybuf's readers took both for unset: `LAZYBUF_TRANSFER_GUARD=$'\xff'disallow`
+/// left the guard off (never silently off, OBSERVING.md says), `LAZYBUF_MEMORY_LIMIT`,
+/// `LAZYBUF_DEVICE` and `LAZYBUF_EVICTION_POLICY` fell back to no limit, the default device
+/// and the default policy (a malformed value of each is an error). Every reader goes through
+/// `env::text` now, which says the variable is not UTF-8; this test fails on any other
+/// `std::env::var` in the crate's sources (`var_os`, for paths, is not matched).
+#[test]
+fn process_wide_settings_read_the_environment_through_one_reader() {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut stack = vec![src.clone()];
+    let mut found = Vec::new();
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") && !path.ends_with("src/env.rs") {
+                let text = std::fs::read_to_string(&path).unwrap();
+                for (n, line) in text.lines().enumerate() {
+                    let code = line.split("//").next().unwrap_or("");
+                    if code.contains("env::var(") || code.contains("env::vars(") {
+                        found.push(format!("{}:{}: {}", path.display(), n + 1, line.trim()));
+                    }
+                }
+            }
+        }
+    }
+    assert!(found.is_empty(), "read through crate::env::text or switch instead:\n{}", found.join("\n"));
+}
+
+/// The same reader, in a child process with the variable set to bytes that are not UTF-8: the
+/// guard's error names the variable (the test binary runs itself as the child).
+#[cfg(unix)]
+#[test]
+fn a_transfer_guard_setting_that_is_not_utf8_is_malformed_not_unset() {
+    use std::os::unix::ffi::OsStrExt;
+    if std::env::var_os("LAZYBUF_H19_CHILD").is_some() {
+        let err = guard::global().expect_err("a setting that is not UTF-8 was taken as unset");
+        let text = err.to_string();
+        assert!(text.contains("LAZYBUF_TRANSFER_GUARD") && text.contains("UTF-8"), "{text}");
+        // Every guarded call reports it, as for any malformed setting.
+        let mut buf = UnifiedBuffer::<u32>::on(&[LEN], &lazybuf::Device::host()).unwrap();
+        let access = buf.copy_from(&pattern(5, LEN)).expect_err("an access ran with the setting unread");
+        assert!(access.to_string().contains("LAZYBUF_TRANSFER_GUARD"), "{access}");
+        return;
+    }
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "a_transfer_guard_setting_that_is_not_utf8_is_malformed_not_unset",
+            "--test-threads",
+            "1",
+        ])
+        .env("LAZYBUF_H19_CHILD", "1")
+        .env("LAZYBUF_TRANSFER_GUARD", std::ffi::OsStr::from_bytes(b"\xffdisallow"))
+        .status()
+        .unwrap();
+    assert!(status.success(), "the child's checks failed: {status}");
+}

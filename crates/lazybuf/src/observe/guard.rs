@@ -208,9 +208,11 @@ fn with_state<R>(f: impl FnOnce(&mut usize) -> R) -> R {
 /// Reads `LAZYBUF_TRANSFER_GUARD` if that was not done yet; its error, if it is malformed.
 pub(crate) fn env() -> Result<()> {
     ENV.get_or_init(|| {
-        let parsed = match std::env::var(ENV_VAR) {
-            Ok(text) if !text.trim().is_empty() => GuardLevels::parse(&text, ENV_VAR).map(Some),
-            _ => Ok(None),
+        // (Not Unicode: malformed, never unset.)
+        let parsed = match crate::env::text(ENV_VAR) {
+            Ok(Some(text)) if !text.trim().is_empty() => GuardLevels::parse(&text, ENV_VAR).map(Some),
+            Ok(_) => Ok(None),
+            Err(err) => Err(err),
         };
         with_state(|_| {
             if let Ok(Some(levels)) = &parsed {
