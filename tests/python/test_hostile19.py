@@ -31,6 +31,28 @@ def events_of(trace, buffer_id):
     return [e for e in trace.events() if e.get("buffer") == buffer_id]
 
 
+@pytest.mark.parametrize("selector", WITH_MEMORY)
+def test_a_refused_allocate_takes_and_records_nothing(selector):
+    """`allocate()` of a buffer that holds nothing zero-fills a host copy, then uploads it. The
+    guard saw the upload only when the device step was planned: under `disallow_explicit` the
+    refused call had taken a host block first (which may spill another buffer for room) and
+    recorded an allocation, a free and two state transitions for a call that changed
+    nothing; the trace had one allocation more than the counters. The upload is checked
+    before the host step now."""
+    buf = UnifiedBuffer((N,), np.float32, device=selector)
+    stats = buf.transfer_stats()
+    with lazybuf.trace.record() as rec:
+        with pytest.raises(TransferGuardError, match="host-to-device"):
+            with lazybuf.transfer_guard("disallow_explicit"):
+                buf.allocate()
+    assert (buf.state, buf.is_allocated, buf.transfer_stats()) == (BufferState.UNINITIALIZED, False, stats)
+    assert events_of(rec.trace, buf.buffer_id) == []
+    # Allowed (explicit), it runs.
+    with lazybuf.transfer_guard("disallow"):
+        buf.allocate()
+    assert buf.state == BufferState.SYNCHRONIZED
+
+
 def _finalise_on_another_thread(generator):
     """Closes `generator` on a thread of its own (its `finally` and `with` exits run there), as
     the garbage collector may finalise it."""

@@ -25,6 +25,52 @@ fn serial() -> MutexGuard<'static, ()> {
 
 const LEN: usize = 1000;
 
+/// `allocate_copies(host, device)` of a buffer holding nothing runs a host step (a zero-filled
+/// host block) and a device step (its upload). The guard saw the upload only when the device
+/// step was planned: a refused call had taken a host block first (which may spill another
+/// buffer to make room), and recorded its allocation, free and two state transitions. The
+/// upload is checked before the host step now: a refused call takes and records nothing.
+#[test]
+fn a_refused_allocation_of_both_copies_takes_and_records_nothing() {
+    let _serial = serial();
+    for device in common::devices() {
+        if device.is_zero_copy(LEN * 4) {
+            continue; // its "upload" moves no byte: nothing to refuse
+        }
+        let mut buf = UnifiedBuffer::<u32>::on(&[LEN], &device).unwrap();
+        let id = buf.raw().id();
+        trace::start(TraceOptions::default()).unwrap();
+        let refused = {
+            let _scope = guard::scope(GuardLevels::all(GuardLevel::DisallowExplicit));
+            buf.raw_mut().allocate_copies(true, Some(&device))
+        };
+        let recorded = trace::stop().unwrap();
+        assert!(
+            matches!(refused, Err(lazybuf::Error::TransferGuard { direction: Direction::HostToDevice, .. })),
+            "{device}: {refused:?}"
+        );
+        assert_eq!(buf.state(), BufferState::Uninitialized, "{device}");
+        assert_eq!(
+            buf.raw().residency(Location::Host),
+            Residency::Unallocated,
+            "{device}: a refused call took memory"
+        );
+        let of_buffer: Vec<_> = recorded
+            .events
+            .iter()
+            .filter(|e| match &e.kind {
+                EventKind::Allocate { buffer, .. } | EventKind::State { buffer, .. } => *buffer == id,
+                EventKind::Free { buffer, .. } => *buffer == Some(id),
+                _ => false,
+            })
+            .collect();
+        assert!(of_buffer.is_empty(), "{device}: a refused call recorded {of_buffer:#?}");
+        // Allowed, it runs as before: one upload, explicit.
+        buf.raw_mut().allocate_copies(true, Some(&device)).unwrap();
+        assert_eq!(buf.state(), BufferState::Synchronized, "{device}");
+    }
+}
+
 /// A scope entered on one thread and left from another (a Python generator holding a
 /// `transfer_guard` block, finalised on another thread) changed nothing, and its levels stayed
 /// on the thread that entered it for good. `leave` closes the scope on its own thread now.

@@ -509,6 +509,17 @@ pub(crate) fn check(copies: &[TransferInfo]) -> Result<()> {
     Ok(())
 }
 
+/// The guard's error if it refuses `copy`, logging nothing (for a copy of a later step of a
+/// call, checked before an earlier step changes anything; its own check logs it).
+pub(crate) fn check_refusal(copy: &TransferInfo) -> Result<()> {
+    env()?;
+    let level = effective(copy.direction);
+    match level.verdict(copy.cause.reason.is_explicit()) {
+        Verdict::Refuse => Err(refused(copy, level)),
+        Verdict::Allow | Verdict::Log => Ok(()),
+    }
+}
+
 fn refused(copy: &TransferInfo, level: GuardLevel) -> Error {
     Error::TransferGuard {
         buffer: copy.buffer,

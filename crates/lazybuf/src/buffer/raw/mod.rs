@@ -536,6 +536,15 @@ impl RawBuffer {
             && self.inflight.is_empty()
             && self.state() == BufferState::Uninitialized;
         let stats = self.stats;
+        if let (true, true, Some(device)) = (host, held_nothing, device)
+            && observe::guarding()
+        {
+            // The device step uploads the host copy the host step zero-fills: the guard sees
+            // that copy before the host step allocates anything (a refused call changes
+            // nothing; a refused `allocate()` took and gave back a host block, recorded as
+            // such, before the nineteenth hostile pass).
+            self.guard_refusal(Location::Host, Location::Device(device.id()), device)?;
+        }
         if host {
             self.sync(None)?;
         }

@@ -321,6 +321,20 @@ impl RawBuffer {
         observe::guard::check(&copies)
     }
 
+    /// Whether the guard refuses the copy `from` -> `to` (at `device`), a step of this call still
+    /// to be planned, as the running call's (else as an explicit `sync_to_device`): checked
+    /// before an earlier step changes anything. Refusals only: the copy is logged when its own
+    /// plan is checked.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn guard_refusal(&self, from: Location, to: Location, device: &Device) -> Result<()> {
+        let cause = observe::cause_or(SYNC_TO_DEVICE);
+        match self.transfer_info(from, to, Some(device), cause, true) {
+            Some(copy) => observe::guard::check_refusal(&copy),
+            None => Ok(()),
+        }
+    }
+
     /// Records the state transition of an access that committed (after [`Self::observe_plan`]);
     /// returns the plan's number when a copy of it was recorded (else 0), for the rollback of
     /// an asynchronous transfer that fails later.
@@ -451,7 +465,7 @@ impl RawBuffer {
     /// The copy `from` -> `to` as the guard and recorder see it; `None` when it moves no bytes
     /// (a device copy that aliases the host block). `planned`: the target may not exist yet
     /// (it is `device`, to be allocated by the plan).
-    fn transfer_info(
+    pub(super) fn transfer_info(
         &self,
         from: Location,
         to: Location,
