@@ -468,10 +468,11 @@ impl PyTrace {
                     d.set_item("to", to.to_string())?;
                     d.set_item("call", call)?;
                 }
-                EventKind::Rollback { buffer, op, call } => {
+                EventKind::Rollback { buffer, op, allocations, call } => {
                     d.set_item("kind", "rollback")?;
                     d.set_item("buffer", buffer)?;
                     d.set_item("op", op)?;
+                    d.set_item("allocations", allocations)?;
                     d.set_item("call", call)?;
                 }
                 EventKind::CheckerRead { buffer, device, bytes, duration } => {

@@ -25,6 +25,75 @@ fn serial() -> MutexGuard<'static, ()> {
 
 const LEN: usize = 1000;
 
+/// A buffer's allocations as the trace has them: its allocation events, less what its
+/// rollbacks took back.
+fn recorded_allocations(recorded: &trace::Trace, id: u64) -> i64 {
+    recorded
+        .events
+        .iter()
+        .map(|e| match &e.kind {
+            EventKind::Allocate { buffer, .. } if *buffer == id => 1,
+            EventKind::Rollback { buffer, allocations, .. } if *buffer == id => -(*allocations as i64),
+            _ => 0,
+        })
+        .sum()
+}
+
+/// A plan whose later step failed (the upload after the device block was taken) recorded the
+/// block's allocation and free, and the counters took the allocation back: the trace had one
+/// allocation more than `transfer_stats()`, with nothing to tell it apart (the eighteenth
+/// pass's leftover). The rollback event now counts the blocks the undone work took, so the
+/// trace's allocations less its rollbacks' are the counters', blocking or asynchronous; the
+/// allocation and free stay (the memory was held).
+#[test]
+fn a_failed_plans_blocks_are_rolled_back_in_the_trace_as_in_the_counters() {
+    let _serial = serial();
+    for device in common::devices() {
+        if device.is_zero_copy(LEN * 4) {
+            continue; // no device block to take
+        }
+        for asynchronous in [false, true] {
+            let (faulty, faults) = FaultyDevice::wrap(&device);
+            let mut buf = UnifiedBuffer::<u32>::on(&[LEN], &faulty).unwrap();
+            buf.copy_from(&pattern(1, LEN)).unwrap();
+            let id = buf.raw().id();
+            let before = buf.transfer_stats();
+            trace::start(TraceOptions::default()).unwrap();
+            faults.defer_copy_faults(asynchronous);
+            faults.fail_copy_in(1);
+            let failed = if asynchronous {
+                // The failure comes when the transfer is settled (its wait), after its commit.
+                buf.sync_to_device_async().and_then(|t| t.wait()).and_then(|()| buf.finish())
+            } else {
+                buf.sync_to_device()
+            };
+            faults.disarm();
+            let _ = buf.finish();
+            // The buffer is where it was, and works.
+            assert!(failed.is_err(), "{device}: the upload was to fail");
+            assert_eq!(buf.state(), BufferState::HostOnly, "{device}");
+            buf.sync_to_device().unwrap();
+            let recorded = trace::stop().unwrap();
+            let counted = buf.transfer_stats().allocations - before.allocations;
+            let blocks = recorded
+                .events
+                .iter()
+                .filter(|e| matches!(&e.kind, EventKind::Allocate { buffer, .. } if *buffer == id))
+                .count();
+            assert_eq!(
+                blocks, 2,
+                "{device} (async {asynchronous}): the failed plan's block and the next one's"
+            );
+            assert_eq!(
+                recorded_allocations(&recorded, id),
+                counted as i64,
+                "{device} (async {asynchronous}): {:#?}",
+                recorded.events
+            );
+        }
+    }
+}
+
 /// `allocate_copies(host, device)` of a buffer holding nothing runs a host step (a zero-filled
 /// host block) and a device step (its upload). The guard saw the upload only when the device
 /// step was planned: a refused call had taken a host block first (which may spill another

@@ -59,10 +59,11 @@ pub(super) fn emit(kind: &EventKind) {
             call = *call,
             "state"
         ),
-        EventKind::Rollback { buffer, op, call } => tracing::trace!(
+        EventKind::Rollback { buffer, op, allocations, call } => tracing::trace!(
             target: TARGET,
             buffer = *buffer,
             op = *op,
+            allocations = *allocations,
             call = *call,
             "rollback"
         ),

@@ -556,7 +556,9 @@ impl RawBuffer {
             Err(err) => {
                 if host && held_nothing {
                     self.release_memory();
+                    let undone = self.stats.allocations.wrapping_sub(stats.allocations);
                     self.stats = stats;
+                    self.observe_allocations_undone(undone, "allocate");
                 }
                 Err(err)
             }
@@ -621,6 +623,7 @@ impl RawBuffer {
             self.home.record_deferred(Ticket::all(tickets).wait());
             self.rollback(undo, Ticket::done());
             if observed {
+                self.observe_allocations_undone(delta.allocations, "rollback");
                 self.observe_abort();
             }
             return Err(err);
@@ -934,7 +937,7 @@ impl RawBuffer {
             }
             if let Err(err) = outcome {
                 // Its state put back, and (while observed) the undoing recorded.
-                self.observe_undo(op.op, |buffer| op.undo_state(&mut buffer.coherence));
+                self.observe_undo(op.op, op.stats.allocations, |buffer| op.undo_state(&mut buffer.coherence));
                 self.stats = self.stats.minus(op.stats);
                 // The ticket was just waited for (and its error is returned): nothing uses
                 // what the transfer allocated any more.
@@ -1102,6 +1105,11 @@ impl RawBuffer {
             }
             Err(err) => {
                 self.rollback(undo, Ticket::done());
+                // The blocks it took, taken back with `stats` (the plan's abort records it).
+                self.observe_allocations_undone(
+                    stats.allocations.wrapping_sub(self.stats.allocations),
+                    "rollback",
+                );
                 Err(err)
             }
         }
