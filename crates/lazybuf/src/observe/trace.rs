@@ -283,7 +283,10 @@ fn emit_at(time: fn(&Local) -> u64, build: impl FnOnce(&Local) -> Raw) {
         if super::tracing_events() {
             let (first, second) = raw.expand();
             for raw in std::iter::once(first).chain(second) {
-                super::tracing_events::emit(&resolve(raw.to_nanos(), record::nanos(at), &record::names()).0);
+                // Resolved first: the names' lock is not held while the subscriber runs (one
+                // that used lazybuf waited for it for ever: the nineteenth hostile pass).
+                let event = resolve(raw.to_nanos(), record::nanos(at), &record::names()).0;
+                super::tracing_events::emit(&event);
             }
         }
         local.push(at, raw);
