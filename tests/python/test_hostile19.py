@@ -161,6 +161,90 @@ def test_a_record_block_finalised_on_another_thread_stops_its_recording():
         pass
 
 
+class CountedIndex:
+    """An index whose `__index__` counts its calls."""
+
+    calls = 0
+
+    def __init__(self, value):
+        self.value = value
+
+    def __index__(self):
+        CountedIndex.calls += 1
+        return self.value
+
+
+KEYS = {
+    "an index": lambda: CountedIndex(1),
+    "an index in a tuple": lambda: (CountedIndex(1),),
+    "an index after a slice": lambda: (slice(None), CountedIndex(2)),
+    "slice bounds": lambda: slice(CountedIndex(0), CountedIndex(2)),
+    "a step": lambda: slice(None, None, CountedIndex(2)),
+    "an index and an int": lambda: (CountedIndex(1), 2),
+    "an index too large": lambda: CountedIndex(99),
+}
+VALUES = {
+    "a number": lambda: 5.0,
+    "an array": lambda: np.full(1, 6.0, np.float32),
+    "a list": lambda: [7.0],
+}
+
+
+@pytest.mark.parametrize("value", sorted(VALUES))
+@pytest.mark.parametrize("key", sorted(KEYS))
+@pytest.mark.parametrize("shape", [(4,), (4, 3)])
+def test_a_keys_index_runs_once_as_numpy_runs_it(shape, key, value):
+    """`buf[key] = value` used the key up to three times (NumPy's verdict on a stand-in, the
+    selection's shape, the assignment), running the user's `__index__` each time, where NumPy's
+    assignment runs it once (the eighteenth pass's leftover): code with effects ran again, one
+    that used lazybuf copied again. The key's indices are converted once now, as NumPy does,
+    with the same result or the same error."""
+    data = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+    expected = data.copy()
+    CountedIndex.calls = 0
+    try:
+        expected[KEYS[key]()] = VALUES[value]()
+        numpy_error = None
+    except Exception as err:  # noqa: BLE001 - compared below
+        numpy_error = type(err)
+    numpy_calls = CountedIndex.calls
+
+    buf = UnifiedBuffer(shape, np.float32, device="host")
+    buf.copy_from(data)
+    CountedIndex.calls = 0
+    if numpy_error is None:
+        buf[KEYS[key]()] = VALUES[value]()
+        np.testing.assert_array_equal(buf.to_numpy(), expected)
+    else:
+        with pytest.raises(numpy_error):
+            buf[KEYS[key]()] = VALUES[value]()
+        np.testing.assert_array_equal(buf.to_numpy(), data)
+    assert CountedIndex.calls == numpy_calls
+
+
+def test_an_index_that_copies_copies_once():
+    """What the repeated `__index__` cost a user whose index reads another buffer (written
+    again by a kernel after each read): its download ran once per use of the key, two or three
+    copies counted (and recorded) for one assignment."""
+    other = UnifiedBuffer((4,), np.int64, device=WITH_MEMORY[0] if WITH_MEMORY else "host")
+    other.copy_from(np.array([2, 0, 0, 0]))
+
+    class FromBuffer:
+        def __index__(self):
+            index = int(other.to_numpy()[0])
+            other.mark_device_dirty()  # a kernel wrote it again
+            return index
+
+    buf = UnifiedBuffer((4,), np.float32, device="host")
+    buf.copy_from(np.zeros(4, np.float32))
+    other.sync_to_device()
+    other.mark_device_dirty()
+    before = other.transfer_stats()["device_to_host_copies"]
+    buf[FromBuffer()] = 1.0
+    assert other.transfer_stats()["device_to_host_copies"] - before == (0 if not WITH_MEMORY else 1)
+    np.testing.assert_array_equal(buf.to_numpy(), [0, 0, 1, 0])
+
+
 def _run_with(var, value):
     # (A limit applies to device memory: the buffer is on a device with memory of its own.)
     code = (
