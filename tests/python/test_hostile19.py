@@ -62,6 +62,46 @@ def test_a_refused_allocate_takes_and_records_nothing(selector):
     assert buf.state == BufferState.SYNCHRONIZED
 
 
+def holding_memory_but_no_data(device):
+    """A buffer that holds host and device memory but no data: `free()` of a buffer whose
+    memory `__array_interface__` exported reuses that memory, its contents forgotten."""
+    buf = UnifiedBuffer((N,), np.float32, device=device)
+    buf.allocate()
+    exported = buf.__array_interface__  # noqa: F841 - the export keeps the memory with the buffer
+    buf.free()
+    assert (buf.state, buf.is_allocated) == (BufferState.UNINITIALIZED, True)
+    return buf
+
+
+@pytest.mark.parametrize("call", ["allocate", "synchronize"])
+@pytest.mark.parametrize("selector", WITH_MEMORY)
+def test_a_refused_or_failed_upload_after_a_zero_fill_changes_nothing(selector, call):
+    """`allocate()` and `synchronize()` of a buffer that holds memory but no data zero-fill the
+    host copy, then upload it. A refused (`disallow_explicit`) or failed upload left the
+    buffer HOST_DIRTY, by a call that raised. The zero fill is undone now, and the guard
+    sees the upload before it."""
+    testing = pytest.importorskip("lazybuf.testing")
+    for refused in (True, False):
+        faulty = testing.FaultyDevice(selector)
+        buf = holding_memory_but_no_data(faulty)
+        stats = buf.transfer_stats()
+        with lazybuf.trace.record() as rec:
+            if refused:
+                with pytest.raises(TransferGuardError), lazybuf.transfer_guard("disallow_explicit"):
+                    getattr(buf, call)()
+            else:
+                faulty.fail_copy_in(1)
+                with pytest.raises(RuntimeError, match="injected fault"):
+                    getattr(buf, call)()
+                faulty.disarm()
+        assert (buf.state, buf.transfer_stats()) == (BufferState.UNINITIALIZED, stats), refused
+        if refused:
+            assert events_of(rec.trace, buf.buffer_id) == []
+        getattr(buf, call)()
+        assert buf.state == BufferState.SYNCHRONIZED
+        np.testing.assert_array_equal(buf.to_numpy(), np.zeros(N, np.float32))
+
+
 @pytest.mark.parametrize("deferred", [False, True])
 @pytest.mark.parametrize("selector", WITH_MEMORY)
 def test_a_failed_plans_blocks_are_rolled_back_in_the_trace_as_in_the_counters(selector, deferred):

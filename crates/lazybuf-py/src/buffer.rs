@@ -1626,13 +1626,13 @@ impl UnifiedBuffer {
             lock::detach(py, |d| {
                 let mut raw = storage.lock_detached(d)?;
                 raw.finish().or_py()?;
-                if raw.residency(Location::Host) == Residency::Stale {
-                    raw.sync(None).or_py()?;
-                }
-                if raw.residency(Location::Device(home.id())) == Residency::Stale {
-                    raw.sync(Some(&home)).or_py()?;
-                }
-                Ok(())
+                // The stale copies made current as one operation: when the device step fails
+                // (or the guard refuses it) after the host step zero-filled the host copy of a
+                // buffer holding no data, that is undone (it was left HOST_DIRTY before the
+                // nineteenth hostile pass).
+                let host = raw.residency(Location::Host) == Residency::Stale;
+                let device = raw.residency(Location::Device(home.id())) == Residency::Stale;
+                raw.allocate_copies(host, device.then_some(&home)).or_py()
             })
         })
     }

@@ -140,6 +140,66 @@ fn a_refused_allocation_of_both_copies_takes_and_records_nothing() {
     }
 }
 
+/// The same two steps on a buffer that holds memory but no data (UNINITIALIZED after an
+/// `invalidate()`, or Python's `free()` of exported memory), also as Python's `synchronize()`
+/// makes them: the host step zero-filled the host copy and committed, the device step was
+/// refused or failed, and the buffer was left HOST_DIRTY (a block taken for it kept) by a call
+/// that failed. The host step is undone now, and the guard sees the upload before it runs.
+#[test]
+fn a_failed_or_refused_upload_after_a_zero_fill_leaves_the_buffer_as_it_was() {
+    let _serial = serial();
+    for device in common::devices() {
+        if device.is_zero_copy(LEN * 4) {
+            continue;
+        }
+        // Memory on both sides, memory on the device only, none.
+        for held in ["both", "device", "none"] {
+            for refused in [true, false] {
+                let (faulty, faults) = FaultyDevice::wrap(&device);
+                let mut buf = UnifiedBuffer::<u32>::on(&[LEN], &faulty).unwrap();
+                let raw = buf.raw_mut();
+                match held {
+                    "both" => raw.allocate_copies(true, Some(&faulty)).unwrap(),
+                    "device" => raw.allocate_copies(false, Some(&faulty)).unwrap(),
+                    _ => {}
+                }
+                raw.invalidate();
+                let id = raw.id();
+                let residencies = |raw: &lazybuf::RawBuffer| {
+                    [raw.residency(Location::Host), raw.residency(Location::Device(faulty.id()))]
+                };
+                let before = (raw.state(), residencies(raw), raw.transfer_stats());
+                assert_eq!(before.0, BufferState::Uninitialized);
+                trace::start(TraceOptions::default()).unwrap();
+                let outcome = if refused {
+                    let _scope = guard::scope(GuardLevels::all(GuardLevel::DisallowExplicit));
+                    raw.allocate_copies(true, Some(&faulty))
+                } else {
+                    faults.fail_copy_in(1);
+                    let failed = raw.allocate_copies(true, Some(&faulty));
+                    faults.disarm();
+                    failed
+                };
+                let recorded = trace::stop().unwrap();
+                let what = format!("{device}, {held} held, refused {refused}");
+                assert!(outcome.is_err(), "{what}: the call was to fail");
+                assert_eq!((raw.state(), residencies(raw), raw.transfer_stats()), before, "{what}");
+                assert_eq!(recorded_allocations(&recorded, id), 0, "{what}: {:#?}", recorded.events);
+                if refused {
+                    let touched = recorded.events.iter().any(|e| match &e.kind {
+                        EventKind::Allocate { buffer, .. } | EventKind::State { buffer, .. } => *buffer == id,
+                        EventKind::Free { buffer, .. } => *buffer == Some(id),
+                        _ => false,
+                    });
+                    assert!(!touched, "{what}: a refused call recorded {:#?}", recorded.events);
+                }
+                raw.allocate_copies(true, Some(&faulty)).unwrap();
+                assert_eq!(raw.state(), BufferState::Synchronized, "{what}");
+            }
+        }
+    }
+}
+
 /// A scope entered on one thread and left from another (a Python generator holding a
 /// `transfer_guard` block, finalised on another thread) changed nothing, and its levels stayed
 /// on the thread that entered it for good. `leave` closes the scope on its own thread now.

@@ -525,24 +525,27 @@ impl RawBuffer {
     }
 
     /// Makes the host copy (`host`: a host read) and the copy on `device` (a sync there) hold
-    /// the buffer's data, as one operation: PyDotCompute's `allocate`. A buffer that held no
-    /// data holds zeros after it. When the sync fails after the host read gave a buffer that
-    /// held nothing its first memory, that is undone (no memory held, the counters as they
-    /// were): a failed call changes nothing.
+    /// the buffer's data, as one operation: PyDotCompute's `allocate` (and its `synchronize`,
+    /// asked for the stale copies). A buffer that held no data holds zeros after it. A failed
+    /// or refused call changes nothing: when the device step fails after the host step
+    /// zero-filled the host copy of a buffer that held no data, that is undone (the host copy
+    /// forgotten, the block the step took given back, the counters as they were), and the
+    /// transfer guard sees the device step's upload before the host step runs.
     pub fn allocate_copies(&mut self, host: bool, device: Option<&Device>) -> Result<()> {
-        let held_nothing = self.host.is_none()
-            && self.copies.is_empty()
-            && self.on_disk.is_none()
+        // The host step zero-fills the host copy (taking a block if there is none) when nothing
+        // holds data; the device step then uploads it.
+        let fills_host = host
             && self.inflight.is_empty()
+            && self.on_disk.is_none()
             && self.state() == BufferState::Uninitialized;
-        let stats = self.stats;
-        if let (true, true, Some(device)) = (host, held_nothing, device)
+        let (stats, had_block) = (self.stats, self.host.is_some());
+        if let (true, Some(device)) = (fills_host, device)
             && observe::guarding()
         {
-            // The device step uploads the host copy the host step zero-fills: the guard sees
-            // that copy before the host step allocates anything (a refused call changes
-            // nothing; a refused `allocate()` took and gave back a host block, recorded as
-            // such, before the nineteenth hostile pass).
+            // The guard sees that upload before the host step changes anything (a refused
+            // `allocate()` took a host block first, and recorded it; a refused `allocate()` or
+            // `synchronize()` of a buffer that held memory but no data left it HOST_DIRTY:
+            // the nineteenth hostile pass).
             self.guard_refusal(Location::Host, Location::Device(device.id()), device)?;
         }
         if host {
@@ -551,18 +554,29 @@ impl RawBuffer {
         let Some(device) = device else {
             return Ok(());
         };
-        match self.sync(Some(device)) {
-            Ok(()) => Ok(()),
-            Err(err) => {
-                if host && held_nothing {
-                    self.release_memory();
-                    let undone = self.stats.allocations.wrapping_sub(stats.allocations);
-                    self.stats = stats;
-                    self.observe_allocations_undone(undone, "allocate");
-                }
-                Err(err)
+        self.sync(Some(device)).inspect_err(|_| {
+            if fills_host {
+                self.forget_zero_filled_host(!had_block, stats);
             }
-        }
+        })
+    }
+
+    /// Undoes [`Self::allocate_copies`]' host step of a buffer that held no data, whose
+    /// device step failed: the zero-filled host copy is forgotten (the buffer UNINITIALIZED
+    /// again), the host block given back when the step took it (`took_block`), the counters
+    /// set back to `stats`.
+    fn forget_zero_filled_host(&mut self, took_block: bool, stats: TransferStats) {
+        let undone = self.stats.allocations.wrapping_sub(stats.allocations);
+        self.observe_state("allocate", |buffer| {
+            buffer.coherence.invalidate();
+            if took_block && let Some(block) = buffer.host.take() {
+                buffer.coherence.forget(Location::Host);
+                buffer.record_allocation(); // its allocation before its free
+                execute::give_back_host(&*buffer.resource, &buffer.home, block, Ticket::done(), buffer.id);
+            }
+        });
+        self.stats = stats;
+        self.observe_allocations_undone(undone, "allocate");
     }
 
     /// As [`Self::sync`], asynchronously: enqueues the copies and returns at once. See the
