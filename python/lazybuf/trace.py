@@ -17,7 +17,9 @@ summary: copies and bytes per buffer (``UnifiedBuffer.buffer_id``), direction an
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
+import stat
 
 from . import _lazybuf
 from ._lazybuf import Trace
@@ -95,6 +97,50 @@ def dump(path: str | os.PathLike[str], trace: Trace | None = None) -> None:
                 "trace.dump: expected a Trace to write (dump(path, rec.trace), what stop() returns) or a "
                 "recording in progress to snapshot; the recorder is not recording (start() it first)"
             ) from None
-    data = trace.to_chrome_json()
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(data)
+    _write_whole(os.fsdecode(os.fspath(path)), trace.to_chrome_json())
+
+
+def _write_whole(path: str, data: str) -> None:
+    """Writes ``data`` to ``path`` whole or not at all, as ``lazybuf trace plot -o`` does: a
+    regular file (or a new one) is written into a new file beside it, flushed to the disk, then
+    renamed over it, so that a failure (a full disk) leaves an earlier file as it was and no
+    temporary file behind; a link is written through, an existing file keeps its permissions.
+    Anything else (``/dev/stdout``, a FIFO, a device) is written in place. (``open(path, "w")``
+    emptied the earlier file first: a dump that failed replaced a good trace with a cut one,
+    the nineteenth hostile pass.)"""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        st = None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        with open(path, "w", encoding="utf-8") as f:  # a directory raises IsADirectoryError here
+            f.write(data)
+        return
+    target = os.path.realpath(path) if st is not None else path
+    folder, name = os.path.split(target)
+    encoded = data.encode("utf-8")
+    for attempt in itertools.count():
+        temporary = os.path.join(folder, f".{name}.{os.getpid()}-{next(_TEMPORARY)}.tmp")
+        try:
+            # 0o666 less the umask, as open() creates a file.
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+            break
+        except FileExistsError:
+            if attempt >= 1000:
+                raise
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(encoded)
+            f.flush()
+            if st is not None:
+                os.chmod(f.fileno() if os.chmod in os.supports_fd else temporary, stat.S_IMODE(st.st_mode))
+            # Where the file system allocates late, a full disk shows here, not in the write.
+            os.fsync(f.fileno())
+        os.replace(temporary, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+_TEMPORARY = itertools.count()

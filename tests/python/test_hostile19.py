@@ -317,3 +317,38 @@ def test_a_setting_that_is_not_utf8_is_malformed_not_unset(var):
     out = done.stdout.decode(errors="replace")
     assert done.returncode == 0, done.stderr.decode(errors="replace")
     assert out.startswith("refused:") and var in out and "UTF-8" in out, out
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="RLIMIT_FSIZE is POSIX")
+def test_a_dump_that_fails_leaves_the_earlier_file_as_it_was(tmp_path):
+    """`trace.dump(path, trace)` opened `path` for writing, which empties it first: a dump that
+    failed part way (a full disk; here the file size limit) left a cut JSON file in place of
+    the good trace that was there (and `lazybuf trace summary` then said "not JSON"). The dump
+    is written beside it and renamed over it now, as `lazybuf trace plot -o` writes."""
+    earlier = tmp_path / "trace.json"
+    earlier.write_text('{"traceEvents":[]}')
+    os.chmod(earlier, 0o640)
+    code = f"""
+import resource, signal, numpy as np, lazybuf
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+with lazybuf.trace.record() as rec:
+    buf = lazybuf.UnifiedBuffer((1000,), np.float32, device="host")
+    for i in range(200):
+        buf.host[:] = i
+        buf.mark_device_dirty()
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+try:
+    lazybuf.trace.dump({str(earlier)!r}, rec.trace)
+except OSError as err:
+    print("failed:", err.errno)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.startswith("failed:"), (done.stdout, done.stderr)
+    assert earlier.read_text() == '{"traceEvents":[]}'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["trace.json"]
+    # Written whole, it replaces the file and keeps its permissions.
+    with lazybuf.trace.record() as rec:
+        UnifiedBuffer((4,), np.float32, device="host").fill(1)
+    lazybuf.trace.dump(earlier, rec.trace)
+    assert earlier.read_text() == rec.trace.to_chrome_json()
+    assert (os.stat(earlier).st_mode & 0o777, sorted(p.name for p in tmp_path.iterdir())) == (0o640, ["trace.json"])
