@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import numbers
+import operator
 import os
 import stat
 
@@ -29,16 +31,25 @@ __all__ = ["Recording", "Trace", "dump", "is_recording", "record", "snapshot", "
 
 def start(*, capacity: int = 1 << 20, python_stack: bool = False, rust_backtrace: bool = False) -> None:
     """Starts recording. ``ValueError`` when already recording or ``capacity`` is not positive,
-    ``TypeError`` when it is not an ``int``."""
-    _check_capacity(capacity)
-    _lazybuf._trace_start(capacity, bool(python_stack), bool(rust_backtrace))
+    ``TypeError`` when it is not an integer (an ``int``, a NumPy integer, anything with
+    ``__index__`` but a bool or an array, as lazybuf's sizes)."""
+    _lazybuf._trace_start(_capacity(capacity), bool(python_stack), bool(rust_backtrace))
 
 
-def _check_capacity(capacity: object) -> None:
-    if isinstance(capacity, bool) or not isinstance(capacity, int):
+def _capacity(capacity: object) -> int:
+    """``capacity`` as an ``int``, checked. (A NumPy integer was refused before the nineteenth
+    hostile pass, where every size lazybuf takes accepts one.)"""
+    value = None
+    # (A NumPy integer is an `Integral`; an array, whose 0-d form has `__index__`, is data.)
+    array = hasattr(capacity, "__array_interface__") and not isinstance(capacity, numbers.Integral)
+    if not isinstance(capacity, bool) and not array:
+        with contextlib.suppress(TypeError):
+            value = operator.index(capacity)  # type: ignore[arg-type]
+    if value is None:
         raise TypeError(f"trace.start: expected an int capacity (events), got {type(capacity).__name__}: {capacity!r}")
-    if not 1 <= capacity < 1 << 63:
+    if not 1 <= value < 1 << 63:
         raise ValueError(f"trace.start: expected a capacity of at least 1 event (below 2**63), got {capacity!r}")
+    return value
 
 
 def stop() -> Trace:
@@ -68,7 +79,7 @@ def record(
     """Records for the duration of the block: ``with lazybuf.trace.record() as rec: ...``,
     then ``rec.trace``. When the block raises after the recording was stopped inside it, the
     block's exception propagates (``rec.trace`` stays ``None``)."""
-    _check_capacity(capacity)
+    capacity = _capacity(capacity)
     # Native: started and stopped each in one call no Python code interrupts (a signal's
     # exception between a generator's start and its ``try`` left the recorder running).
     return _Record(capacity, bool(python_stack), bool(rust_backtrace), Recording())

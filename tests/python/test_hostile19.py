@@ -352,3 +352,22 @@ except OSError as err:
     lazybuf.trace.dump(earlier, rec.trace)
     assert earlier.read_text() == rec.trace.to_chrome_json()
     assert (os.stat(earlier).st_mode & 0o777, sorted(p.name for p in tmp_path.iterdir())) == (0o640, ["trace.json"])
+
+
+def test_a_numpy_integer_capacity_is_taken_as_every_size_is():
+    """`trace.start(capacity=np.int64(n))` was a `TypeError`, where every size lazybuf takes
+    (shapes, `nbytes`, `resize`) accepts a NumPy integer or anything with `__index__`. It is
+    taken now; bools, floats and arrays are still refused."""
+    lazybuf.trace.start(capacity=np.int64(3))
+    for _ in range(3):
+        UnifiedBuffer((4,), np.float32, device="host").fill(1)
+    assert len(lazybuf.trace.stop()) == 3
+    with lazybuf.trace.record(capacity=np.uint32(5)) as rec:
+        pass
+    assert rec.trace is not None
+    for bad in (True, 3.0, np.array(3), "3"):
+        with pytest.raises(TypeError, match="expected an int capacity"):
+            lazybuf.trace.start(capacity=bad)
+    with pytest.raises(ValueError, match="at least 1 event"):
+        lazybuf.trace.start(capacity=np.int8(-1))
+    assert not lazybuf.trace.is_recording()
