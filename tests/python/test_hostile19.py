@@ -3,7 +3,7 @@ as a hostile user drives them) found, each a test that failed before its fix. Ea
 same on every device (on the host device the copies are one memory: nothing to refuse).
 """
 
-import gc
+import collections
 import os
 import subprocess
 import sys
@@ -201,6 +201,9 @@ def test_a_record_block_finalised_on_another_thread_stops_its_recording():
         pass
 
 
+Pair = collections.namedtuple("Pair", "first second")
+
+
 class CountedIndex:
     """An index whose `__index__` counts its calls."""
 
@@ -222,6 +225,7 @@ KEYS = {
     "a step": lambda: slice(None, None, CountedIndex(2)),
     "an index and an int": lambda: (CountedIndex(1), 2),
     "an index too large": lambda: CountedIndex(99),
+    "a named tuple of indices": lambda: Pair(CountedIndex(1), CountedIndex(0)),
 }
 VALUES = {
     "a number": lambda: 5.0,

@@ -750,7 +750,8 @@ fn indexed_once<'py>(py: Python<'py>, key: &Bound<'py, PyAny>) -> PyResult<Bound
         // (NumPy sets the error of a raising `__index__` aside: the object stays.)
         Ok(index_of(py, item).ok())
     };
-    if let Ok(tuple) = key.cast_exact::<PyTuple>() {
+    // (A tuple's subclass, a named tuple, is a tuple of indices to NumPy too.)
+    if let Ok(tuple) = key.cast::<PyTuple>() {
         let mut items: Option<Vec<Bound<'py, PyAny>>> = None;
         for (i, item) in tuple.iter().enumerate() {
             if let Some(new) = converted(&item)? {
