@@ -102,6 +102,42 @@ def test_a_refused_or_failed_upload_after_a_zero_fill_changes_nothing(selector, 
         np.testing.assert_array_equal(buf.to_numpy(), np.zeros(N, np.float32))
 
 
+@pytest.mark.parametrize("selector", WITH_MEMORY)
+def test_a_refused_allocate_of_a_host_copy_on_disk_reads_nothing_back(selector):
+    """`allocate()` of a buffer whose host copy was spilled to disk: its host step read the
+    file back into a new block (counted and recorded as an allocation, the disk tier's
+    counters moved), and then the guard refused its upload (`disallow_explicit`), so the
+    refused call had changed the counters and the memory held (found by a random sequence
+    under a host memory limit). The upload is checked before the host step now, as an
+    asynchronous sync's was by the fourth pass."""
+    n = 16 * 1024
+    lazybuf.trim()
+    lazybuf.reset_spill_stats(selector)
+    lazybuf.set_host_memory_limit(lazybuf.host_memory_held() + 3 * n * 4)
+    try:
+        bufs = []
+        for i in range(5):
+            buf = UnifiedBuffer(n, np.float32, device=selector)
+            buf.copy_from(np.full(n, i, np.float32))
+            bufs.append(buf)
+        first = bufs[0]
+        # (copy_from hands no address out: the least recently used went to disk.)
+        assert lazybuf.spill_stats(selector)["bytes_to_disk"] >= n * 4
+        spilled = lazybuf.spill_stats(selector)["bytes_from_disk"]
+        stats, held = first.transfer_stats(), lazybuf.host_memory_held()
+        with lazybuf.trace.record() as rec:
+            with pytest.raises(TransferGuardError, match="host-to-device"):
+                with lazybuf.transfer_guard("disallow_explicit"):
+                    first.allocate()
+        assert (first.state, first.transfer_stats()) == (BufferState.HOST_ONLY, stats)
+        assert (lazybuf.spill_stats(selector)["bytes_from_disk"], lazybuf.host_memory_held()) == (spilled, held)
+        assert events_of(rec.trace, first.buffer_id) == []
+        first.allocate()
+        np.testing.assert_array_equal(first.to_numpy(), np.zeros(n, np.float32))
+    finally:
+        lazybuf.set_host_memory_limit(None)
+
+
 @pytest.mark.parametrize("deferred", [False, True])
 @pytest.mark.parametrize("selector", WITH_MEMORY)
 def test_a_failed_plans_blocks_are_rolled_back_in_the_trace_as_in_the_counters(selector, deferred):

@@ -200,6 +200,48 @@ fn a_failed_or_refused_upload_after_a_zero_fill_leaves_the_buffer_as_it_was() {
     }
 }
 
+/// The two steps on a buffer whose host copy was spilled to disk: the host step read the file
+/// back into a new block (counted and recorded), then the guard refused the upload, so a refused
+/// call had changed the counters and the memory held. The device step's copies are checked
+/// before the host step now.
+#[test]
+fn a_refused_allocation_of_a_host_copy_on_disk_reads_nothing_back() {
+    let _serial = serial();
+    const N: usize = 16 * 1024;
+    for device in common::devices() {
+        if device.is_zero_copy(N * 4) {
+            continue;
+        }
+        lazybuf::trim();
+        lazybuf::spill::set_host_memory_limit(Some(lazybuf::spill::host_memory_held() + 3 * (N as u64) * 4));
+        let bufs: Vec<lazybuf::spill::SharedBuffer<u32>> = (0..5)
+            .map(|i| {
+                let mut buf = UnifiedBuffer::<u32>::on(&[N], &device).unwrap();
+                buf.copy_from(&pattern(i, N)).unwrap();
+                lazybuf::spill::SharedBuffer::new(buf)
+            })
+            .collect();
+        let mut first = bufs[0].lock();
+        assert!(first.raw().is_on_disk(), "{device}: the least recently used went to disk");
+        let (stats, held) = (first.transfer_stats(), lazybuf::spill::host_memory_held());
+        trace::start(TraceOptions::default()).unwrap();
+        let refused = {
+            let _scope = guard::scope(GuardLevels::all(GuardLevel::DisallowExplicit));
+            first.raw_mut().allocate_copies(true, Some(&device))
+        };
+        let recorded = trace::stop().unwrap();
+        assert!(refused.is_err(), "{device}");
+        assert!(first.raw().is_on_disk(), "{device}: a refused call read the file back");
+        assert_eq!((first.transfer_stats(), lazybuf::spill::host_memory_held()), (stats, held), "{device}");
+        assert!(recorded.events.is_empty(), "{device}: {:#?}", recorded.events);
+        first.raw_mut().allocate_copies(true, Some(&device)).unwrap();
+        assert_eq!(first.to_vec().unwrap(), pattern(0, N), "{device}");
+        drop(first);
+        drop(bufs);
+        lazybuf::spill::set_host_memory_limit(None);
+    }
+}
+
 /// A scope entered on one thread and left from another (a Python generator holding a
 /// `transfer_guard` block, finalised on another thread) changed nothing, and its levels stayed
 /// on the thread that entered it for good. `leave` closes the scope on its own thread now.

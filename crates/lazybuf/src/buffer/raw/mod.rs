@@ -539,14 +539,31 @@ impl RawBuffer {
             && self.on_disk.is_none()
             && self.state() == BufferState::Uninitialized;
         let (stats, had_block) = (self.stats, self.host.is_some());
-        if let (true, Some(device)) = (fills_host, device)
+        if let Some(device) = device
+            && host
             && observe::guarding()
         {
-            // The guard sees that upload before the host step changes anything (a refused
-            // `allocate()` took a host block first, and recorded it; a refused `allocate()` or
-            // `synchronize()` of a buffer that held memory but no data left it HOST_DIRTY:
-            // the nineteenth hostile pass).
-            self.guard_refusal(Location::Host, Location::Device(device.id()), device)?;
+            // The guard sees the device step's copies before the host step changes anything (a
+            // refused `allocate()` took a host block first, and recorded it; a refused
+            // `allocate()` or `synchronize()` of a buffer that held memory but no data left it
+            // HOST_DIRTY; one of a host copy spilled to disk read the file back into a new
+            // block, counted: the nineteenth hostile pass).
+            let at = Location::Device(device.id());
+            if fills_host {
+                // The upload of the zero-filled host copy.
+                self.guard_refusal(&[(Location::Host, at)], device)?;
+            } else if self.on_disk.is_some() {
+                // The host step reads the file back, which changes no plan: the device step's
+                // is the one made now.
+                let copies: Vec<(Location, Location)> = (self.plan(at, Some(device), Access::Read).steps())
+                    .iter()
+                    .filter_map(|step| match *step {
+                        Step::Copy { from, to } => Some((from, to)),
+                        Step::Allocate(_) => None,
+                    })
+                    .collect();
+                self.guard_refusal(&copies, device)?;
+            }
         }
         if host {
             self.sync(None)?;

@@ -324,18 +324,20 @@ impl RawBuffer {
         observe::guard::check(&copies)
     }
 
-    /// Whether the guard refuses the copy `from` -> `to` (at `device`), a step of this call still
-    /// to be planned, as the running call's (else as an explicit `sync_to_device`): checked
-    /// before an earlier step changes anything. Refusals only: the copy is logged when its own
-    /// plan is checked.
+    /// Whether the guard refuses one of `copies` (`from` -> `to`, at `device`), a step of this
+    /// call still to be planned, as the running call's (else as an explicit `sync_to_device`):
+    /// checked before an earlier step changes anything. Refusals only: the copies are logged
+    /// when their own plan is checked.
     #[cold]
     #[inline(never)]
-    pub(super) fn guard_refusal(&self, from: Location, to: Location, device: &Device) -> Result<()> {
+    pub(super) fn guard_refusal(&self, copies: &[(Location, Location)], device: &Device) -> Result<()> {
         let cause = observe::cause_or(SYNC_TO_DEVICE);
-        match self.transfer_info(from, to, Some(device), cause, true) {
-            Some(copy) => observe::guard::check_refusal(&copy),
-            None => Ok(()),
+        for &(from, to) in copies {
+            if let Some(copy) = self.transfer_info(from, to, Some(device), cause, true) {
+                observe::guard::check_refusal(&copy)?;
+            }
         }
+        Ok(())
     }
 
     /// Records the state transition of an access that committed (after [`Self::observe_plan`]);
