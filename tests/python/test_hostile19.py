@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import lazybuf
-from conftest import one_selector_per_backend
+from conftest import collect, one_selector_per_backend
 from lazybuf import BufferState, TransferGuardError, UnifiedBuffer
 
 N = 1000
@@ -111,6 +111,7 @@ def test_a_refused_allocate_of_a_host_copy_on_disk_reads_nothing_back(selector):
     under a host memory limit). The upload is checked before the host step now, as an
     asynchronous sync's was by the fourth pass."""
     n = 16 * 1024
+    collect()  # process-wide figures start from no garbage (docs/TESTING.md)
     lazybuf.trim()
     lazybuf.reset_spill_stats(selector)
     lazybuf.set_host_memory_limit(lazybuf.host_memory_held() + 3 * n * 4)
@@ -132,7 +133,8 @@ def test_a_refused_allocate_of_a_host_copy_on_disk_reads_nothing_back(selector):
         assert (first.state, first.transfer_stats()) == (BufferState.HOST_ONLY, stats)
         assert (lazybuf.spill_stats(selector)["bytes_from_disk"], lazybuf.host_memory_held()) == (spilled, held)
         assert events_of(rec.trace, first.buffer_id) == []
-        first.allocate()
+        first.allocate()  # reads the file back: it was the buffer on disk
+        assert lazybuf.spill_stats(selector)["bytes_from_disk"] == spilled + n * 4
         np.testing.assert_array_equal(first.to_numpy(), np.zeros(n, np.float32))
     finally:
         lazybuf.set_host_memory_limit(None)
