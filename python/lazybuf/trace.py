@@ -19,7 +19,11 @@ summary: copies and bytes per buffer (``UnifiedBuffer.buffer_id``), direction an
 from __future__ import annotations
 
 import contextlib
+import itertools
+import numbers
+import operator
 import os
+import stat
 
 from . import _lazybuf
 from ._lazybuf import Trace
@@ -29,16 +33,25 @@ __all__ = ["Recording", "Trace", "dump", "is_recording", "record", "snapshot", "
 
 def start(*, capacity: int = 1 << 20, python_stack: bool = False, rust_backtrace: bool = False) -> None:
     """Starts recording. ``ValueError`` when already recording or ``capacity`` is not positive,
-    ``TypeError`` when it is not an ``int``."""
-    _check_capacity(capacity)
-    _lazybuf._trace_start(capacity, bool(python_stack), bool(rust_backtrace))
+    ``TypeError`` when it is not an integer (an ``int``, a NumPy integer, anything with
+    ``__index__`` but a bool or an array, as lazybuf's sizes)."""
+    _lazybuf._trace_start(_capacity(capacity), bool(python_stack), bool(rust_backtrace))
 
 
-def _check_capacity(capacity: object) -> None:
-    if isinstance(capacity, bool) or not isinstance(capacity, int):
+def _capacity(capacity: object) -> int:
+    """``capacity`` as an ``int``, checked. (A NumPy integer was refused before the nineteenth
+    hostile pass, where every size lazybuf takes accepts one.)"""
+    value = None
+    # (A NumPy integer is an `Integral`; an array, whose 0-d form has `__index__`, is data.)
+    array = hasattr(capacity, "__array_interface__") and not isinstance(capacity, numbers.Integral)
+    if not isinstance(capacity, bool) and not array:
+        with contextlib.suppress(TypeError):
+            value = operator.index(capacity)  # type: ignore[arg-type]
+    if value is None:
         raise TypeError(f"trace.start: expected an int capacity (events), got {type(capacity).__name__}: {capacity!r}")
-    if not 1 <= capacity < 1 << 63:
+    if not 1 <= value < 1 << 63:
         raise ValueError(f"trace.start: expected a capacity of at least 1 event (below 2**63), got {capacity!r}")
+    return value
 
 
 def stop() -> Trace:
@@ -68,7 +81,7 @@ def record(
     """Records for the duration of the block: ``with lazybuf.trace.record() as rec: ...``,
     then ``rec.trace``. When the block raises after the recording was stopped inside it, the
     block's exception propagates (``rec.trace`` stays ``None``)."""
-    _check_capacity(capacity)
+    capacity = _capacity(capacity)
     # Native: started and stopped each in one call no Python code interrupts (a signal's
     # exception between a generator's start and its ``try`` left the recorder running).
     return _Record(capacity, bool(python_stack), bool(rust_backtrace), Recording())
@@ -97,6 +110,50 @@ def dump(path: str | os.PathLike[str], trace: Trace | None = None) -> None:
                 "trace.dump: expected a Trace to write (dump(path, rec.trace), what stop() returns) or a "
                 "recording in progress to snapshot; the recorder is not recording (start() it first)"
             ) from None
-    data = trace.to_chrome_json()
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(data)
+    _write_whole(os.fsdecode(os.fspath(path)), trace.to_chrome_json())
+
+
+def _write_whole(path: str, data: str) -> None:
+    """Writes ``data`` to ``path`` whole or not at all, as ``lazybuf trace plot -o`` does: a
+    regular file (or a new one) is written into a new file beside it, flushed to the disk, then
+    renamed over it, so that a failure (a full disk) leaves an earlier file as it was and no
+    temporary file behind; a link is written through, an existing file keeps its permissions.
+    Anything else (``/dev/stdout``, a FIFO, a device) is written in place. (``open(path, "w")``
+    emptied the earlier file first: a dump that failed replaced a good trace with a cut one,
+    the nineteenth hostile pass.)"""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        st = None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        with open(path, "w", encoding="utf-8") as f:  # a directory raises IsADirectoryError here
+            f.write(data)
+        return
+    target = os.path.realpath(path) if st is not None else path
+    folder, name = os.path.split(target)
+    encoded = data.encode("utf-8")
+    for attempt in itertools.count():
+        temporary = os.path.join(folder, f".{name}.{os.getpid()}-{next(_TEMPORARY)}.tmp")
+        try:
+            # 0o666 less the umask, as open() creates a file.
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+            break
+        except FileExistsError:
+            if attempt >= 1000:
+                raise
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(encoded)
+            f.flush()
+            if st is not None:
+                os.chmod(f.fileno() if os.chmod in os.supports_fd else temporary, stat.S_IMODE(st.st_mode))
+            # Where the file system allocates late, a full disk shows here, not in the write.
+            os.fsync(f.fileno())
+        os.replace(temporary, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+_TEMPORARY = itertools.count()

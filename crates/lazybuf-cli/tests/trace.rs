@@ -218,6 +218,20 @@ fn the_summary_leaves_rolled_back_copies_out() {
     assert_eq!(total.split_whitespace().collect::<Vec<_>>(), ["total", "d2h", "1", "40"], "{text}");
 }
 
+/// A trace whose every copy was rolled back has no row to show: the summary printed its header
+/// alone (read as a table cut off), where `Trace::summary()` and a trace without copies say
+/// `(no copies recorded)` (the nineteenth hostile pass).
+#[test]
+fn a_summary_whose_every_copy_was_rolled_back_says_no_copies() {
+    let mut copy = copy_event(1.0, "h2d", 4096, "access");
+    copy["args"]["rolled_back"] = true.into();
+    let path = write_trace("all_rolled_back.json", vec![copy]);
+    let out = lazybuf(&["trace", "summary", path.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(text.lines().nth(1), Some("(no copies recorded)"), "{text}");
+}
+
 #[test]
 fn trace_help_has_examples() {
     for args in [&["trace", "--help"][..], &["trace", "summary", "--help"], &["trace", "plot", "--help"]] {

@@ -707,6 +707,83 @@ fn whole_assignment<'py>(
     Ok(Some(Whole::Array(whole.cast_into::<PyUntypedArray>()?)))
 }
 
+/// `key` with each index that NumPy would convert through the user's `__index__` already
+/// converted: an object with `__index__` that is not an int (nor a bool, an array or a NumPy
+/// scalar, whose conversion runs no user code), alone, in a tuple, or as a slice's start,
+/// stop or step. `buf[key] = value` uses the key up to three times (NumPy's verdict on a
+/// stand-in, the selection's shape, the assignment itself), and the user's `__index__` ran
+/// each time (before the nineteenth hostile pass), where NumPy's own assignment runs it once:
+/// code with effects ran again, and one that used lazybuf made its copies again. Converted
+/// here once, as NumPy converts it: a slice's bound whose `__index__` raises raises (NumPy
+/// raises it too); an index whose `__index__` raises is left as it is (NumPy sets the error
+/// aside and tries the object as an array index: its verdict, which may run the method again,
+/// stands). The key returned runs no user code in NumPy's indexing.
+fn indexed_once<'py>(py: Python<'py>, key: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    // The common keys first, with no lookup: ints, slices of ints, tuples of those.
+    fn plain(item: &Bound<'_, PyAny>) -> bool {
+        item.is_exact_instance_of::<pyo3::types::PyInt>() || item.is_none() || item.is(item.py().Ellipsis())
+    }
+    let converted = |item: &Bound<'py, PyAny>| -> PyResult<Option<Bound<'py, PyAny>>> {
+        if plain(item) {
+            return Ok(None);
+        }
+        if let Ok(slice) = item.cast::<pyo3::types::PySlice>() {
+            let parts = [slice.getattr("start")?, slice.getattr("stop")?, slice.getattr("step")?];
+            if parts.iter().all(plain) {
+                return Ok(None);
+            }
+            let mut bounds = Vec::with_capacity(3);
+            for part in parts {
+                bounds.push(if plain(&part) || !has_user_index(py, &part)? {
+                    part
+                } else {
+                    index_of(py, &part)?
+                });
+            }
+            return Ok(Some(
+                py.get_type::<pyo3::types::PySlice>().call1((&bounds[0], &bounds[1], &bounds[2]))?,
+            ));
+        }
+        if !has_user_index(py, item)? {
+            return Ok(None);
+        }
+        // (NumPy sets the error of a raising `__index__` aside: the object stays.)
+        Ok(index_of(py, item).ok())
+    };
+    // (A tuple's subclass, a named tuple, is a tuple of indices to NumPy too.)
+    if let Ok(tuple) = key.cast::<PyTuple>() {
+        let mut items: Option<Vec<Bound<'py, PyAny>>> = None;
+        for (i, item) in tuple.iter().enumerate() {
+            if let Some(new) = converted(&item)? {
+                items.get_or_insert_with(|| tuple.iter().collect())[i] = new;
+            }
+        }
+        return Ok(match items {
+            Some(items) => PyTuple::new(py, items)?.into_any(),
+            None => key.clone(),
+        });
+    }
+    Ok(converted(key)?.unwrap_or_else(|| key.clone()))
+}
+
+/// Whether NumPy would run `item`'s own `__index__` to use it as an index: it has one and is
+/// no int (an int subclass is taken as it is), bool, array or NumPy scalar.
+fn has_user_index(py: Python<'_>, item: &Bound<'_, PyAny>) -> PyResult<bool> {
+    if item.is_instance_of::<pyo3::types::PyInt>() || !item.get_type().hasattr("__index__")? {
+        return Ok(false);
+    }
+    let np = numpy_module(py)?;
+    Ok(!(item.is_instance(&np.getattr("ndarray")?)? || item.is_instance(&np.getattr("generic")?)?))
+}
+
+/// `operator.index(item)`: the int its `__index__` gives (checked, as NumPy's conversion
+/// checks it).
+fn index_of<'py>(py: Python<'py>, item: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    // SAFETY: `item` is a live object and the interpreter is attached (`py`); the result is a
+    // new reference or null with an exception set, which `from_owned_ptr_or_err` takes.
+    unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyNumber_Index(item.as_ptr())) }
+}
+
 /// Whether `value` is a number NumPy assigns as one (a Python `float`, `int`, `bool` or
 /// `complex`, or a NumPy scalar number or bool). `np` is the `numpy` module.
 fn is_number(np: &Bound<'_, PyModule>, value: &Bound<'_, PyAny>) -> PyResult<bool> {
@@ -1598,13 +1675,13 @@ impl UnifiedBuffer {
             lock::detach(py, |d| {
                 let mut raw = storage.lock_detached(d)?;
                 raw.finish().or_py()?;
-                if raw.residency(Location::Host) == Residency::Stale {
-                    raw.sync(None).or_py()?;
-                }
-                if raw.residency(Location::Device(home.id())) == Residency::Stale {
-                    raw.sync(Some(&home)).or_py()?;
-                }
-                Ok(())
+                // The stale copies made current as one operation: when the device step fails
+                // (or the guard refuses it) after the host step zero-filled the host copy of a
+                // buffer holding no data, that is undone (it was left HOST_DIRTY before the
+                // nineteenth hostile pass).
+                let host = raw.residency(Location::Host) == Residency::Stale;
+                let device = raw.residency(Location::Device(home.id())) == Residency::Stale;
+                raw.allocate_copies(host, device.then_some(&home)).or_py()
             })
         })
     }
@@ -1655,6 +1732,8 @@ impl UnifiedBuffer {
     /// is stale it is overwritten, not synced from the device first ([`whole_assignment`]).
     fn __setitem__(slf: &Bound<'_, Self>, key: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>) -> PyResult<()> {
         observed(slf.py(), Cause::access("__setitem__"), || {
+            // The user's `__index__`, once (`indexed_once` says why).
+            let key = &indexed_once(slf.py(), key)?;
             // The memory is taken once the values are converted (`whole_assignment` says why).
             match whole_assignment(slf.get(), slf.py(), key, value)? {
                 Some(Whole::Array(array)) => return slf.get().storage()?.copy_from_array(&array),

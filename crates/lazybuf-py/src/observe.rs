@@ -226,7 +226,11 @@ pub fn _transfer_guard_global() -> PyResult<Names> {
 /// (`KeyboardInterrupt`) delivered there left the thread's levels set for good (the
 /// seventeenth hostile pass). Reusable and re-entrant, also by several threads at once (one
 /// object kept in a module and entered by each): each exit leaves, on its thread, that
-/// thread's innermost entry ([`guard::scope`] says what leaving out of order does).
+/// thread's innermost entry ([`guard::scope`] says what leaving out of order does). An exit on
+/// a thread that has no entry of its own (a generator holding the block, finalised or resumed
+/// on another thread) leaves the latest entry, on the thread that entered it: before the
+/// nineteenth hostile pass it left nothing, and the block's levels stayed on that thread for
+/// good.
 #[pyclass(name = "_GuardScope", module = "lazybuf", frozen, subclass)]
 pub struct GuardScope {
     levels: GuardLevels,
@@ -257,7 +261,7 @@ impl GuardScope {
         let token = {
             let mut entries = self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             let innermost = entries.iter().rposition(|(t, _)| *t == thread);
-            innermost.map(|i| entries.remove(i).1)
+            innermost.or(entries.len().checked_sub(1)).map(|i| entries.remove(i).1)
         };
         if let Some(token) = token {
             hand_logged_to_python(py);
@@ -286,7 +290,9 @@ pub struct TraceRecord {
     recording: Py<PyAny>,
     /// The recordings its entries started, with their threads, innermost last: an exit stops
     /// its thread's innermost one only (another thread's, started after the block's was
-    /// stopped, runs on).
+    /// stopped, runs on); an exit on a thread with no entry of its own (a generator holding
+    /// the block, finalised on another thread) the latest one's (before the nineteenth
+    /// hostile pass it stopped nothing, and the recorder ran on for good).
     sessions: std::sync::Mutex<Vec<(std::thread::ThreadId, trace::Session)>>,
 }
 
@@ -319,7 +325,7 @@ impl TraceRecord {
         let session = {
             let mut sessions = self.sessions.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             let innermost = sessions.iter().rposition(|(t, _)| *t == thread);
-            innermost.map(|i| sessions.remove(i).1)
+            innermost.or(sessions.len().checked_sub(1)).map(|i| sessions.remove(i).1)
         };
         // (No session: `__exit__` without its `__enter__`; stopping nothing, it says so.)
         let stopped = match session {
@@ -330,7 +336,7 @@ impl TraceRecord {
                 })
                 .or_py(),
             None => Err(pyo3::exceptions::PyValueError::new_err(
-                "trace.record: this block was not entered on this thread (no recording of its own to stop)",
+                "trace.record: this block was not entered (no recording of its own to stop)",
             )),
         };
         match stopped {
@@ -464,10 +470,11 @@ impl PyTrace {
                     d.set_item("to", to.to_string())?;
                     d.set_item("call", call)?;
                 }
-                EventKind::Rollback { buffer, op, call } => {
+                EventKind::Rollback { buffer, op, allocations, call } => {
                     d.set_item("kind", "rollback")?;
                     d.set_item("buffer", buffer)?;
                     d.set_item("op", op)?;
+                    d.set_item("allocations", allocations)?;
                     d.set_item("call", call)?;
                 }
                 EventKind::CheckerRead { buffer, device, bytes, duration } => {

@@ -33,8 +33,10 @@ static CHECKING: AtomicU8 = AtomicU8::new(0);
 pub fn checking() -> bool {
     match CHECKING.load(Ordering::Relaxed) {
         0 => {
-            let on =
-                matches!(std::env::var(CHECK_ENV).as_deref().map(str::trim), Ok("1" | "true" | "on" | "yes"));
+            let on = matches!(
+                crate::env::switch(CHECK_ENV).as_deref().map(str::trim),
+                Some("1" | "true" | "on" | "yes")
+            );
             // A racing set_checking wins over the environment.
             let _ =
                 CHECKING.compare_exchange(0, if on { 2 } else { 1 }, Ordering::Relaxed, Ordering::Relaxed);

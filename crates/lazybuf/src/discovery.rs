@@ -89,8 +89,8 @@ pub fn backend_status() -> Vec<BackendStatus> {
 /// # Ok::<(), lazybuf::Error>(())
 /// ```
 pub fn default_device() -> Result<Device> {
-    match std::env::var(DEVICE_ENV) {
-        Ok(selector) if !selector.trim().is_empty() => select_device(&selector),
+    match crate::env::text(DEVICE_ENV)? {
+        Some(selector) if !selector.trim().is_empty() => select_device(&selector),
         _ => Ok(preferred()),
     }
 }

@@ -45,6 +45,7 @@ pub mod coherence;
 pub mod device;
 pub mod discovery;
 pub mod element;
+mod env;
 pub mod error;
 pub mod host_memory;
 pub mod memory;

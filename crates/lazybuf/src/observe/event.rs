@@ -133,12 +133,21 @@ pub enum EventKind {
     /// The copies of plan execution `op` were undone: a later step of the same plan failed,
     /// or an asynchronous transfer failed when it was settled. The transfer counters take
     /// them back, and so does [`super::trace::Trace::summary`]; the copies stay in the
-    /// timeline (their bytes did move).
+    /// timeline (their bytes did move). So do the blocks the undone work took (their
+    /// allocation and free events stay: the memory was held), which the counters do not count:
+    /// a buffer's allocations as `transfer_stats()` counts them are its allocation events less
+    /// the `allocations` of its rollbacks.
     Rollback {
         /// The buffer.
         buffer: u64,
-        /// The plan execution whose copies are undone ([`EventKind::Transfer`]'s `op`).
+        /// The plan execution whose copies are undone ([`EventKind::Transfer`]'s `op`; 0 when
+        /// no copy of it was recorded: only blocks it took are undone).
         op: u64,
+        /// How many blocks the undone work took (recorded as allocations) that the counters
+        /// take back or never counted. (Before the nineteenth hostile pass a failed plan's
+        /// allocations were in the trace and not in the counters, with nothing to tell them
+        /// apart.)
+        allocations: u64,
         /// The call that made them.
         call: &'static str,
     },

@@ -44,10 +44,9 @@
 //! # Ok::<(), lazybuf::Error>(())
 //! ```
 
-use std::cell::Cell;
 use std::fmt;
-use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
+use std::sync::{Arc, PoisonError, RwLock, Weak};
 
 pub use super::kinds::GuardLevel;
 use super::kinds::NAMES;
@@ -169,10 +168,6 @@ impl GuardLevels {
         }
         Ok(levels)
     }
-
-    fn is_empty(&self) -> bool {
-        self.0.iter().all(Option::is_none)
-    }
 }
 
 /// The process-wide levels, as `GuardLevel as u8`.
@@ -213,9 +208,11 @@ fn with_state<R>(f: impl FnOnce(&mut usize) -> R) -> R {
 /// Reads `LAZYBUF_TRANSFER_GUARD` if that was not done yet; its error, if it is malformed.
 pub(crate) fn env() -> Result<()> {
     ENV.get_or_init(|| {
-        let parsed = match std::env::var(ENV_VAR) {
-            Ok(text) if !text.trim().is_empty() => GuardLevels::parse(&text, ENV_VAR).map(Some),
-            _ => Ok(None),
+        // (Not Unicode: malformed, never unset.)
+        let parsed = match crate::env::text(ENV_VAR) {
+            Ok(Some(text)) if !text.trim().is_empty() => GuardLevels::parse(&text, ENV_VAR).map(Some),
+            Ok(_) => Ok(None),
+            Err(err) => Err(err),
         };
         with_state(|_| {
             if let Ok(Some(levels)) = &parsed {
@@ -258,41 +255,95 @@ pub fn global() -> Result<GuardLevels> {
     Ok(GuardLevels(std::array::from_fn(|i| Some(GuardLevel::from_u8(GLOBAL[i].load(Ordering::Relaxed))))))
 }
 
-/// A thread's own levels; counted in [`STATE`] while any is set.
-struct ThreadLevels(Cell<GuardLevels>);
+/// A thread's guard: its own levels (what its checks read) and its open scopes, oldest first.
+/// Shared (the thread holds it in [`THREAD`], [`THREADS`] lists it weakly) so that a scope
+/// entered on this thread can be left from another one, as a Python generator holding a
+/// `transfer_guard` block leaves it when it is finalised on another thread (before the
+/// nineteenth hostile pass such an exit changed nothing, and the block's levels stayed on the
+/// thread that entered it for good).
+struct ThreadGuard {
+    /// The levels, one byte per direction: 0 none, else the level's number + 1.
+    levels: AtomicU32,
+    /// The open scopes, and whether the thread has exited (a scope left afterwards changes
+    /// nothing). Fork-aware: a child whose parent's thread held it at the fork gives up on the
+    /// scopes instead of waiting.
+    scopes: ForkAwareMutex<(Vec<OpenScope>, bool)>,
+}
 
-impl Drop for ThreadLevels {
+impl ThreadGuard {
+    fn levels(&self) -> GuardLevels {
+        unpack(self.levels.load(Ordering::Relaxed))
+    }
+
+    /// Replaces the levels and returns the previous ones, counting the threads with levels of
+    /// their own in [`STATE`] (under its lock: the count follows every change of whether any
+    /// level is set, whichever thread makes it).
+    fn set(&self, levels: GuardLevels) -> GuardLevels {
+        let packed = pack(levels);
+        with_state(|threads| {
+            let previous = self.levels.swap(packed, Ordering::Relaxed);
+            match (previous == 0, packed == 0) {
+                (true, false) => *threads += 1,
+                (false, true) => *threads = threads.saturating_sub(1),
+                _ => {}
+            }
+            unpack(previous)
+        })
+    }
+}
+
+fn pack(levels: GuardLevels) -> u32 {
+    levels
+        .0
+        .iter()
+        .enumerate()
+        .fold(0, |word, (i, level)| word | level.map_or(0, |l| u32::from(l as u8) + 1) << (8 * i))
+}
+
+fn unpack(word: u32) -> GuardLevels {
+    GuardLevels(std::array::from_fn(|i| match (word >> (8 * i)) & 0xff {
+        0 => None,
+        n => Some(GuardLevel::from_u8(n as u8 - 1)),
+    }))
+}
+
+/// This thread's [`ThreadGuard`]; when the thread exits its levels go (uncounted) and its
+/// scopes close.
+struct ThreadSlot(Arc<ThreadGuard>);
+
+impl Drop for ThreadSlot {
     fn drop(&mut self) {
-        if !self.0.get().is_empty() {
-            with_state(|threads| *threads = threads.saturating_sub(1));
+        if let Some(mut scopes) = self.0.scopes.lock() {
+            scopes.0.clear();
+            scopes.1 = true;
+        }
+        if self.0.levels.load(Ordering::Relaxed) != 0 {
+            self.0.set(GuardLevels::default());
         }
     }
 }
 
 thread_local! {
-    static THREAD: ThreadLevels = const { ThreadLevels(Cell::new(GuardLevels([None; 3]))) };
+    static THREAD: ThreadSlot = ThreadSlot(Arc::new(ThreadGuard {
+        levels: AtomicU32::new(0),
+        scopes: ForkAwareMutex::unwatched((Vec::new(), false)),
+    }));
 }
+
+/// The threads that opened a scope, for a scope left on another thread ([`leave`]). Fork-aware
+/// (`backend::fork`): a forked child whose parent's thread held it at the fork does not wait.
+static THREADS: ForkAwareMutex<Vec<Weak<ThreadGuard>>> = ForkAwareMutex::unwatched(Vec::new());
 
 /// Replaces this thread's own levels (`None` per direction: the process-wide level applies)
 /// and returns the previous ones.
 pub fn set_thread(levels: GuardLevels) -> GuardLevels {
     let _ = env();
-    THREAD
-        .try_with(|t| {
-            let previous = t.0.replace(levels);
-            match (previous.is_empty(), levels.is_empty()) {
-                (true, false) => with_state(|threads| *threads += 1),
-                (false, true) => with_state(|threads| *threads = threads.saturating_sub(1)),
-                _ => {}
-            }
-            previous
-        })
-        .unwrap_or_default()
+    THREAD.try_with(|t| t.0.set(levels)).unwrap_or_default()
 }
 
 /// This thread's own levels.
 pub fn thread() -> GuardLevels {
-    THREAD.try_with(|t| t.0.get()).unwrap_or_default()
+    THREAD.try_with(|t| t.0.levels()).unwrap_or_default()
 }
 
 /// Sets this thread's levels for the directions `levels` names until the scope is dropped
@@ -335,11 +386,6 @@ struct OpenScope {
     found: GuardLevels,
 }
 
-thread_local! {
-    /// This thread's open scopes, oldest first.
-    static SCOPES: std::cell::RefCell<Vec<OpenScope>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
 /// `levels` over `base`: the directions `levels` names take its level.
 fn overlay(base: GuardLevels, levels: GuardLevels) -> GuardLevels {
     let mut merged = base;
@@ -353,28 +399,66 @@ fn overlay(base: GuardLevels, levels: GuardLevels) -> GuardLevels {
 
 /// Opens a scope on this thread (what [`scope`] does, for a caller that cannot hold a
 /// [`GuardScope`], such as a Python context manager): `levels` over the thread's levels until
-/// [`leave`] is called with the token, on this thread.
+/// [`leave`] is called with the token.
 pub fn enter(levels: GuardLevels) -> ScopeToken {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     let token = ScopeToken(NEXT.fetch_add(1, Ordering::Relaxed));
-    let found = thread();
-    set_thread(overlay(found, levels));
+    let _ = env();
     // (A thread whose thread-locals are gone keeps no scope: its levels are gone too.)
-    let _ = SCOPES.try_with(|scopes| scopes.borrow_mut().push(OpenScope { token, levels, found }));
+    let _ = THREAD.try_with(|t| {
+        let Some(mut scopes) = t.0.scopes.lock() else { return };
+        if scopes.0.is_empty() {
+            register(&t.0);
+        }
+        // Read and set under the scopes' lock: a scope left from another thread meanwhile
+        // cannot come between.
+        let found = t.0.levels();
+        t.0.set(overlay(found, levels));
+        scopes.0.push(OpenScope { token, levels, found });
+    });
     token
 }
 
-/// Closes the scope `token` opened on this thread: the innermost restores the levels it found;
-/// one left out of order takes its levels away and leaves the others' ([`scope`]). False, with
-/// nothing changed, when this thread has no such open scope (it was left already, or opened on
-/// another thread).
+/// Lists `guard` among the threads with scopes (once; entries of exited threads go when the
+/// list would grow past twice the live ones).
+fn register(guard: &Arc<ThreadGuard>) {
+    let Some(mut threads) = THREADS.lock() else { return };
+    if threads.iter().any(|t| std::ptr::eq(t.as_ptr(), Arc::as_ptr(guard))) {
+        return;
+    }
+    if threads.len() >= 64 && threads.len() == threads.capacity() {
+        threads.retain(|t| t.strong_count() > 0);
+    }
+    threads.push(Arc::downgrade(guard));
+}
+
+/// Closes the scope `token` opened, on the thread that opened it, from this thread or any
+/// other (a Python generator holding a `transfer_guard` block, finalised on another thread):
+/// the innermost restores the levels it found; one left out of order takes its levels away
+/// and leaves the others' ([`scope`]). False, with nothing changed, when no thread has such
+/// an open scope (it was left already, or its thread has exited).
 pub fn leave(token: ScopeToken) -> bool {
-    let restore = SCOPES.try_with(|scopes| {
-        let mut scopes = scopes.borrow_mut();
-        let index = scopes.iter().position(|s| s.token == token)?;
-        if index + 1 == scopes.len() {
-            return scopes.pop().map(|s| s.found);
-        }
+    if let Ok(Some(left)) = THREAD.try_with(|t| leave_on(&t.0, token)) {
+        return left;
+    }
+    let threads: Vec<Arc<ThreadGuard>> = match THREADS.lock() {
+        Some(threads) => threads.iter().filter_map(Weak::upgrade).collect(),
+        None => return false,
+    };
+    threads.iter().any(|guard| leave_on(guard, token) == Some(true))
+}
+
+/// [`leave`] on `guard`'s thread: `None` when it has no such scope.
+fn leave_on(guard: &ThreadGuard, token: ScopeToken) -> Option<bool> {
+    let mut scopes = guard.scopes.lock()?;
+    let (scopes, exited) = &mut *scopes;
+    let index = scopes.iter().position(|s| s.token == token)?;
+    if *exited {
+        return Some(false);
+    }
+    let restore = if index + 1 == scopes.len() {
+        scopes.pop().map_or_else(GuardLevels::default, |s| s.found)
+    } else {
         // Out of order: the scopes after it apply over what it found, as if it had never opened.
         let left = scopes.remove(index);
         let mut levels = left.found;
@@ -382,15 +466,10 @@ pub fn leave(token: ScopeToken) -> bool {
             open.found = levels;
             levels = overlay(levels, open.levels);
         }
-        Some(levels)
-    });
-    match restore {
-        Ok(Some(levels)) => {
-            set_thread(levels);
-            true
-        }
-        _ => false,
-    }
+        levels
+    };
+    guard.set(restore);
+    Some(true)
 }
 
 /// The level that applies to `direction` on this thread.
@@ -428,6 +507,17 @@ pub(crate) fn check(copies: &[TransferInfo]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The guard's error if it refuses `copy`, logging nothing (for a copy of a later step of a
+/// call, checked before an earlier step changes anything; its own check logs it).
+pub(crate) fn check_refusal(copy: &TransferInfo) -> Result<()> {
+    env()?;
+    let level = effective(copy.direction);
+    match level.verdict(copy.cause.reason.is_explicit()) {
+        Verdict::Refuse => Err(refused(copy, level)),
+        Verdict::Allow | Verdict::Log => Ok(()),
+    }
 }
 
 fn refused(copy: &TransferInfo, level: GuardLevel) -> Error {

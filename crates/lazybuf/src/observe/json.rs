@@ -44,7 +44,7 @@ fn chrome(trace: &Trace) -> String {
         .events
         .iter()
         .filter_map(|event| match event.kind {
-            EventKind::Rollback { buffer, op, .. } => Some((buffer, op)),
+            EventKind::Rollback { buffer, op, .. } if op != 0 => Some((buffer, op)),
             _ => None,
         })
         .collect();
@@ -130,10 +130,10 @@ fn chrome(trace: &Trace) -> String {
                     call = escape(call),
                 );
             }
-            EventKind::Rollback { buffer, op, call } => {
+            EventKind::Rollback { buffer, op, allocations, call } => {
                 let _ = write!(
                     out,
-                    r#"{{"name":"buffer {buffer} rollback","cat":"rollback","ph":"i","s":"t","ts":{ts:.3},"pid":1,"tid":{tid},"args":{{"buffer":{buffer},"op":{op},"call":"{call}"}}}}"#,
+                    r#"{{"name":"buffer {buffer} rollback","cat":"rollback","ph":"i","s":"t","ts":{ts:.3},"pid":1,"tid":{tid},"args":{{"buffer":{buffer},"op":{op},"allocations":{allocations},"call":"{call}"}}}}"#,
                     tid = event.thread,
                     call = escape(call),
                 );

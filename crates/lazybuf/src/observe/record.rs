@@ -120,6 +120,8 @@ pub(super) enum Raw {
     Rollback {
         buffer: u64,
         op: u64,
+        /// At most 255 (a plan takes at most two blocks).
+        allocations: u64,
         call: Call,
     },
     /// A buffer's release of its memory recorded as one record: the free of its host block
@@ -292,8 +294,8 @@ impl Raw {
                 put(1, T_STATE | (from as u64) << 8 | (to as u64) << 16 | u64::from(call) << 32);
                 put(2, buffer);
             }
-            Raw::Rollback { buffer, op, call } => {
-                put(1, T_ROLLBACK | u64::from(call) << 32);
+            Raw::Rollback { buffer, op, allocations, call } => {
+                put(1, T_ROLLBACK | allocations.min(255) << 8 | u64::from(call) << 32);
                 put(2, buffer);
                 put(3, op);
             }
@@ -372,7 +374,7 @@ impl Raw {
                 to: *BufferState::ALL.get(small(16, 8))?,
                 call,
             },
-            T_ROLLBACK => Raw::Rollback { buffer: w[2], op: w[3], call },
+            T_ROLLBACK => Raw::Rollback { buffer: w[2], op: w[3], allocations: small(8, 8) as u64, call },
             T_CHECKER => Raw::CheckerRead { buffer: w[2], device: w[4], bytes: w[3], start: w[5] },
             T_RELEASED => Raw::Released {
                 buffer: w[2],
@@ -1275,7 +1277,7 @@ mod tests {
             Raw::Allocate { buffer: 1, device: 2, kind: MemoryKind::Device, bytes: 3, source: Source::Cache },
             Raw::Free { buffer: 0, device: HOST, kind: MemoryKind::Host, bytes: 9 },
             Raw::Pool { hit: true, device: 4, bytes: 5 },
-            Raw::Rollback { buffer: 1, op: 2, call: u32::MAX },
+            Raw::Rollback { buffer: 1, op: 2, allocations: 255, call: u32::MAX },
             Raw::State { buffer: 1, from: BufferState::HostOnly, to: BufferState::Elsewhere, call: 2 },
             Raw::CheckerRead { buffer: 1, device: 2, bytes: 3, start: 4 },
             Raw::Released {

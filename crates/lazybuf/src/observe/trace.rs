@@ -224,8 +224,8 @@ fn resolve(raw: Raw, time: u64, names: &Names) -> (EventKind, u64) {
         Raw::State { buffer, from, to, call } => {
             (EventKind::State { buffer, from, to, call: names.call(call) }, time)
         }
-        Raw::Rollback { buffer, op, call } => {
-            (EventKind::Rollback { buffer, op, call: names.call(call) }, time)
+        Raw::Rollback { buffer, op, allocations, call } => {
+            (EventKind::Rollback { buffer, op, allocations, call: names.call(call) }, time)
         }
         // Collected as two events (`Raw::expand`: the allocation or free, then the state
         // transition); as one kind, the first.
@@ -286,6 +286,8 @@ fn emit_at(time: fn(&Local) -> u64, build: impl FnOnce(&Local) -> Raw) {
         if super::tracing_events() {
             let (first, second) = raw.expand();
             for raw in std::iter::once(first).chain(second) {
+                // Resolved first: the names' lock is not held while the subscriber runs (one
+                // that used lazybuf waited for it for ever: the nineteenth hostile pass).
                 let event = record::with_names(|names| resolve(raw.to_nanos(), record::nanos(at), names).0);
                 super::tracing_events::emit(&event);
             }
@@ -558,9 +560,10 @@ pub(crate) fn record_released(
     });
 }
 
-/// The copies of plan execution `op` of `buffer` were undone.
-pub(crate) fn record_rollback(buffer: u64, op: u64, call: Call) {
-    emit(|local| Raw::Rollback { buffer, op, call: local.call(call.resolve(local).call) });
+/// The copies of plan execution `op` of `buffer` were undone (0: none recorded), and
+/// `allocations` blocks it took, which the counters do not count.
+pub(crate) fn record_rollback(buffer: u64, op: u64, allocations: u64, call: Call) {
+    emit(|local| Raw::Rollback { buffer, op, allocations, call: local.call(call.resolve(local).call) });
 }
 
 /// The coherence checker read `bytes` of `device`'s copy back, from `start` ([`now`]) to now.

@@ -9,8 +9,16 @@
 
 use super::event::{EventKind, Source};
 
-/// Sends `kind` to the current `tracing` subscriber.
+/// Sends `kind` to the current `tracing` subscriber. The subscriber is the caller's code, run
+/// in the middle of lazybuf's work (a device block taken and not yet in the buffer, a plan
+/// half committed): a panic there is contained, never unwound through lazybuf (which leaked
+/// the block's budget charge for good and left the buffer's plan behind: the nineteenth
+/// hostile pass). The panic hook has reported it; the event is lost, lazybuf goes on.
 pub(super) fn emit(kind: &EventKind) {
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| dispatch(kind)));
+}
+
+fn dispatch(kind: &EventKind) {
     const TARGET: &str = "lazybuf::observe";
     match kind {
         EventKind::Transfer { info, stream, duration, op } => tracing::trace!(
@@ -59,10 +67,11 @@ pub(super) fn emit(kind: &EventKind) {
             call = *call,
             "state"
         ),
-        EventKind::Rollback { buffer, op, call } => tracing::trace!(
+        EventKind::Rollback { buffer, op, allocations, call } => tracing::trace!(
             target: TARGET,
             buffer = *buffer,
             op = *op,
+            allocations = *allocations,
             call = *call,
             "rollback"
         ),

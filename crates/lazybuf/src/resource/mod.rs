@@ -297,8 +297,8 @@ pub fn caching() -> bool {
     match CACHING.load(Ordering::Relaxed) {
         0 => {
             let on = !matches!(
-                std::env::var(CACHE_ENV).as_deref().map(str::trim),
-                Ok("0" | "false" | "off" | "no")
+                crate::env::switch(CACHE_ENV).as_deref().map(str::trim),
+                Some("0" | "false" | "off" | "no")
             );
             // A racing set_caching wins over the environment.
             let _ = CACHING.compare_exchange(0, if on { 2 } else { 1 }, Ordering::Relaxed, Ordering::Relaxed);

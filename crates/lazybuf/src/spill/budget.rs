@@ -229,7 +229,7 @@ pub(crate) fn over_limit(device: &Device, kind: MemoryKind) -> bool {
 pub(crate) fn env_limits() -> Result<&'static [(Device, u64)]> {
     static RESOLVED: ForkAwareOnce<Result<Vec<(Device, u64)>>> = ForkAwareOnce::new();
     let resolved = RESOLVED.get_or_init(|| {
-        let text = std::env::var(MEMORY_LIMIT_ENV).unwrap_or_default();
+        let text = crate::env::text(MEMORY_LIMIT_ENV)?.unwrap_or_default();
         let bad = |why: String| Error::invalid("LAZYBUF_MEMORY_LIMIT", why);
         let mut resolved: Vec<(Device, u64, String)> = Vec::new();
         for (selector, limit) in parse_memory_limits(&text)? {

@@ -306,8 +306,8 @@ fn new_file(dir: &Path, pid: u32) -> std::io::Result<PathBuf> {
 
 /// Whether spill files try direct I/O ([`SPILL_DIRECT_IO_ENV`]; Linux only).
 fn direct_io_wanted() -> bool {
-    let off = std::env::var(SPILL_DIRECT_IO_ENV)
-        .is_ok_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "0" | "off" | "false"));
+    let off = crate::env::switch(SPILL_DIRECT_IO_ENV)
+        .is_some_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "0" | "off" | "false"));
     cfg!(target_os = "linux") && !off
 }
 

@@ -60,7 +60,7 @@ pub const EVICTION_POLICY_ENV: &str = "LAZYBUF_EVICTION_POLICY";
 fn env_policy() -> Result<()> {
     static READ: ForkAwareOnce<Result<()>> = ForkAwareOnce::new();
     READ.get_or_init(|| {
-        let Ok(text) = std::env::var(EVICTION_POLICY_ENV) else {
+        let Some(text) = crate::env::text(EVICTION_POLICY_ENV)? else {
             return Ok(());
         };
         match text.trim() {

@@ -525,33 +525,75 @@ impl RawBuffer {
     }
 
     /// Makes the host copy (`host`: a host read) and the copy on `device` (a sync there) hold
-    /// the buffer's data, as one operation: PyDotCompute's `allocate`. A buffer that held no
-    /// data holds zeros after it. When the sync fails after the host read gave a buffer that
-    /// held nothing its first memory, that is undone (no memory held, the counters as they
-    /// were): a failed call changes nothing.
+    /// the buffer's data, as one operation: PyDotCompute's `allocate` (and its `synchronize`,
+    /// asked for the stale copies). A buffer that held no data holds zeros after it. A failed
+    /// or refused call changes nothing: when the device step fails after the host step
+    /// zero-filled the host copy of a buffer that held no data, that is undone (the host copy
+    /// forgotten, the block the step took given back, the counters as they were), and the
+    /// transfer guard sees the device step's upload before the host step runs.
     pub fn allocate_copies(&mut self, host: bool, device: Option<&Device>) -> Result<()> {
-        let held_nothing = self.host.is_none()
-            && self.copies.is_empty()
-            && self.on_disk.is_none()
+        // The host step zero-fills the host copy (taking a block if there is none) when nothing
+        // holds data; the device step then uploads it.
+        let fills_host = host
             && self.inflight.is_empty()
+            && self.on_disk.is_none()
             && self.state() == BufferState::Uninitialized;
-        let stats = self.stats;
+        let (stats, had_block) = (self.stats, self.host.is_some());
+        if let Some(device) = device
+            && host
+            && observe::guarding()
+        {
+            // The guard sees the device step's copies before the host step changes anything (a
+            // refused `allocate()` took a host block first, and recorded it; a refused
+            // `allocate()` or `synchronize()` of a buffer that held memory but no data left it
+            // HOST_DIRTY; one of a host copy spilled to disk read the file back into a new
+            // block, counted: the nineteenth hostile pass).
+            let at = Location::Device(device.id());
+            if fills_host {
+                // The upload of the zero-filled host copy.
+                self.guard_refusal(&[(Location::Host, at)], device)?;
+            } else if self.on_disk.is_some() {
+                // The host step reads the file back, which changes no plan: the device step's
+                // is the one made now.
+                let copies: Vec<(Location, Location)> = (self.plan(at, Some(device), Access::Read).steps())
+                    .iter()
+                    .filter_map(|step| match *step {
+                        Step::Copy { from, to } => Some((from, to)),
+                        Step::Allocate(_) => None,
+                    })
+                    .collect();
+                self.guard_refusal(&copies, device)?;
+            }
+        }
         if host {
             self.sync(None)?;
         }
         let Some(device) = device else {
             return Ok(());
         };
-        match self.sync(Some(device)) {
-            Ok(()) => Ok(()),
-            Err(err) => {
-                if host && held_nothing {
-                    self.release_memory();
-                    self.stats = stats;
-                }
-                Err(err)
+        self.sync(Some(device)).inspect_err(|_| {
+            if fills_host {
+                self.forget_zero_filled_host(!had_block, stats);
             }
-        }
+        })
+    }
+
+    /// Undoes [`Self::allocate_copies`]' host step of a buffer that held no data, whose
+    /// device step failed: the zero-filled host copy is forgotten (the buffer UNINITIALIZED
+    /// again), the host block given back when the step took it (`took_block`), the counters
+    /// set back to `stats`.
+    fn forget_zero_filled_host(&mut self, took_block: bool, stats: TransferStats) {
+        let undone = self.stats.allocations.wrapping_sub(stats.allocations);
+        self.observe_state("allocate", |buffer| {
+            buffer.coherence.invalidate();
+            if took_block && let Some(block) = buffer.host.take() {
+                buffer.coherence.forget(Location::Host);
+                buffer.record_allocation(); // its allocation before its free
+                execute::give_back_host(&*buffer.resource, &buffer.home, block, Ticket::done(), buffer.id);
+            }
+        });
+        self.stats = stats;
+        self.observe_allocations_undone(undone, "allocate");
     }
 
     /// As [`Self::sync`], asynchronously: enqueues the copies and returns at once. See the
@@ -612,6 +654,7 @@ impl RawBuffer {
             self.home.record_deferred(Ticket::all(tickets).wait());
             self.rollback(undo, Ticket::done());
             if observed {
+                self.observe_allocations_undone(delta.allocations, "rollback");
                 self.observe_abort();
             }
             return Err(err);
@@ -925,7 +968,7 @@ impl RawBuffer {
             }
             if let Err(err) = outcome {
                 // Its state put back, and (while observed) the undoing recorded.
-                self.observe_undo(op.op, |buffer| op.undo_state(&mut buffer.coherence));
+                self.observe_undo(op.op, op.stats.allocations, |buffer| op.undo_state(&mut buffer.coherence));
                 self.stats = self.stats.minus(op.stats);
                 // The ticket was just waited for (and its error is returned): nothing uses
                 // what the transfer allocated any more.
@@ -1093,6 +1136,11 @@ impl RawBuffer {
             }
             Err(err) => {
                 self.rollback(undo, Ticket::done());
+                // The blocks it took, taken back with `stats` (the plan's abort records it).
+                self.observe_allocations_undone(
+                    stats.allocations.wrapping_sub(self.stats.allocations),
+                    "rollback",
+                );
                 Err(err)
             }
         }

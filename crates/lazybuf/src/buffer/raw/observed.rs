@@ -54,6 +54,8 @@ pub(super) struct Planned {
     op: u64,
     /// The buffer's state events when it was planned.
     events: u64,
+    /// Blocks it took that its failure gave back, uncounted: its rollback event says so.
+    undone: u64,
 }
 
 /// The state events recorded for a buffer: how many, where the last one ended, and the
@@ -156,6 +158,7 @@ impl RawBuffer {
             emitting: epoch.is_some(),
             op: 0,
             events: self.state_events.count,
+            undone: 0,
         });
         Ok(())
     }
@@ -330,6 +333,22 @@ impl RawBuffer {
         observe::guard::check(&copies)
     }
 
+    /// Whether the guard refuses one of `copies` (`from` -> `to`, at `device`), a step of this
+    /// call still to be planned, as the running call's (else as an explicit `sync_to_device`):
+    /// checked before an earlier step changes anything. Refusals only: the copies are logged
+    /// when their own plan is checked.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn guard_refusal(&self, copies: &[(Location, Location)], device: &Device) -> Result<()> {
+        let cause = observe::cause_or(SYNC_TO_DEVICE);
+        for &(from, to) in copies {
+            if let Some(copy) = self.transfer_info(from, to, Some(device), cause, true) {
+                observe::guard::check_refusal(&copy)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Records the state transition of an access that committed (after [`Self::observe_plan`]);
     /// returns the plan's number when a copy of it was recorded (else 0), for the rollback of
     /// an asynchronous transfer that fails later.
@@ -349,27 +368,45 @@ impl RawBuffer {
     }
 
     /// The plan of [`Self::observe_plan`] failed and was undone: the copies recorded for it
-    /// are rolled back, as the counters roll them back (its state did not change).
+    /// are rolled back, as the counters roll them back (its state did not change), and so are
+    /// the blocks it took ([`Self::observe_allocations_undone`]).
     #[cold]
     pub(super) fn observe_abort(&mut self) {
         self.record_allocation();
-        if let Some(p) = self.planned.take().filter(|p| p.op != 0 && observe::emitting()) {
-            trace::record_rollback(self.id, p.op, trace::Call::Of(p.default));
+        if let Some(p) = self.planned.take().filter(|p| (p.op != 0 || p.undone != 0) && observe::emitting()) {
+            trace::record_rollback(self.id, p.op, p.undone, trace::Call::Of(p.default));
+        }
+    }
+
+    /// `allocations` blocks this buffer took (and recorded) were given back by the undoing of
+    /// a failed call, which the counters do not count: part of the rollback event of the plan
+    /// being executed (its abort records it), else a rollback event of their own, named
+    /// `call`. (The trace and the counters then agree on allocations too: the nineteenth
+    /// hostile pass.)
+    #[cold]
+    pub(super) fn observe_allocations_undone(&mut self, allocations: u64, call: &'static str) {
+        if allocations == 0 || !observe::emitting() {
+            return;
+        }
+        match &mut self.planned {
+            Some(p) => p.undone += allocations,
+            None => trace::record_rollback(self.id, 0, allocations, trace::Call::Named(call)),
         }
     }
 
     /// A failed asynchronous transfer was undone (its state put back by `undo`): records the
     /// rollback of its copies (`op`, from [`Self::observe_commit`]; 0 when none was recorded)
-    /// and the state transition.
-    pub(super) fn observe_undo(&mut self, op: u64, undo: impl FnOnce(&mut Self)) {
+    /// and of the `allocations` blocks it took (which the counters take back with it), and
+    /// the state transition.
+    pub(super) fn observe_undo(&mut self, op: u64, allocations: u64, undo: impl FnOnce(&mut Self)) {
         let Some(epoch) = observe::emit_epoch() else {
             return undo(self);
         };
         self.record_allocation();
         let (before, events) = (self.state_before(epoch), self.state_events.count);
         undo(self);
-        if op != 0 {
-            trace::record_rollback(self.id, op, trace::Call::Named("rollback"));
+        if op != 0 || allocations != 0 {
+            trace::record_rollback(self.id, op, allocations, trace::Call::Named("rollback"));
         }
         self.record_transition(before, events, trace::Call::Named("rollback"), epoch);
     }
@@ -455,7 +492,7 @@ impl RawBuffer {
     /// The copy `from` -> `to` as the guard and recorder see it; `None` when it moves no bytes
     /// (a device copy that aliases the host block). `planned`: the target may not exist yet
     /// (it is `device`, to be allocated by the plan).
-    fn transfer_info(
+    pub(super) fn transfer_info(
         &self,
         from: Location,
         to: Location,
