@@ -728,7 +728,11 @@ fn indexed_once<'py>(py: Python<'py>, key: &Bound<'py, PyAny>) -> PyResult<Bound
             return Ok(None);
         }
         if let Ok(slice) = item.cast::<pyo3::types::PySlice>() {
-            let parts = [slice.getattr("start")?, slice.getattr("stop")?, slice.getattr("step")?];
+            let parts = [
+                slice.getattr(interned!(py, "start"))?,
+                slice.getattr(interned!(py, "stop"))?,
+                slice.getattr(interned!(py, "step"))?,
+            ];
             if parts.iter().all(plain) {
                 return Ok(None);
             }
