@@ -199,6 +199,38 @@ fn a_byte_order_mark_before_the_json_is_not_part_of_it() {
     assert_eq!(text, summary(&plain));
 }
 
+/// A trace saved again as UTF-16 with its byte-order mark (PowerShell's `>` writes UTF-16) is
+/// read as the same JSON, either byte order; text that is neither UTF-8 nor marked UTF-16 is a
+/// clear error naming the encoding expected (it said "stream did not contain valid UTF-8").
+#[test]
+fn a_utf16_trace_is_read_and_other_encodings_are_named() {
+    let plain = small_trace("utf16-plain.json");
+    let text = std::fs::read_to_string(&plain).unwrap();
+    let summary = |path: &Path| {
+        let out = lazybuf(&["trace", "summary", path.to_str().unwrap()]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap().replace(path.to_str().unwrap(), "FILE")
+    };
+    let expected = summary(&plain);
+    for (name, mark, unit) in [
+        ("utf16le.json", [0xff, 0xfe], u16::to_le_bytes as fn(u16) -> [u8; 2]),
+        ("utf16be.json", [0xfe, 0xff], u16::to_be_bytes),
+    ] {
+        let path = temp(name);
+        let mut bytes = mark.to_vec();
+        bytes.extend(text.encode_utf16().flat_map(unit));
+        std::fs::write(&path, bytes).unwrap();
+        assert_eq!(summary(&path), expected, "{name}");
+    }
+    let mut latin1 = text.into_bytes();
+    latin1.extend(b" \xe9");
+    let bad = temp("latin1.json");
+    std::fs::write(&bad, latin1).unwrap();
+    let out = lazybuf(&["trace", "summary", bad.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("not UTF-8 text") && err.contains("UTF-8 JSON"), "{err}");
+}
+
 /// A copy the recorder marked rolled back (a later step of its plan failed, and the counters
 /// took it back) is not counted by the summary, as `Trace::summary()` does not count it.
 #[test]

@@ -53,6 +53,33 @@ pub struct TraceFile {
     pub dropped: u64,
 }
 
+/// The text of a trace file: UTF-8 (what `lazybuf.trace.dump()` writes), after a byte-order
+/// mark if one leads (an editor's or a Windows tool's, not part of the JSON), or UTF-16 with
+/// its byte-order mark (a file a Windows tool saved again: PowerShell's `>` writes UTF-16); an
+/// error naming the encoding expected and where the text stops being it.
+fn text_of(bytes: &[u8]) -> std::result::Result<String, String> {
+    const EXPECTED: &str = "expected the UTF-8 JSON that lazybuf.trace.dump() writes";
+    let utf16 = |rest: &[u8], unit: fn([u8; 2]) -> u16, order: &str| {
+        if !rest.len().is_multiple_of(2) {
+            return Err(format!("UTF-16 ({order}) text of an odd number of bytes ({EXPECTED})"));
+        }
+        let units: Vec<u16> = rest.chunks_exact(2).map(|pair| unit([pair[0], pair[1]])).collect();
+        String::from_utf16(&units)
+            .map_err(|_| format!("not UTF-16 ({order}) text: a lone surrogate ({EXPECTED})"))
+    };
+    if let Some(rest) = bytes.strip_prefix(&[0xff, 0xfe]) {
+        return utf16(rest, u16::from_le_bytes, "little-endian");
+    }
+    if let Some(rest) = bytes.strip_prefix(&[0xfe, 0xff]) {
+        return utf16(rest, u16::from_be_bytes, "big-endian");
+    }
+    let rest = bytes.strip_prefix(&[0xef, 0xbb, 0xbf]).unwrap_or(bytes);
+    String::from_utf8(rest.to_vec()).map_err(|e| {
+        let offset = bytes.len() - rest.len() + e.utf8_error().valid_up_to();
+        format!("not UTF-8 text: the bytes at offset {offset} are not UTF-8 ({EXPECTED})")
+    })
+}
+
 /// Reads a trace file; an error naming the file and what is wrong with it: for an event, its
 /// index in `traceEvents`, the field and what was expected there.
 ///
@@ -69,10 +96,9 @@ pub fn load(path: &Path) -> Result<TraceFile> {
     if !metadata.is_file() {
         return Err(context("not a regular file (expected a trace written by lazybuf.trace.dump())".into()));
     }
-    let text = std::fs::read_to_string(path).map_err(|e| context(e.to_string()))?;
-    // A UTF-8 byte-order mark (an editor's or a Windows tool's) is not part of the JSON.
-    let json = text.strip_prefix('\u{feff}').unwrap_or(&text);
-    let doc: Value = serde_json::from_str(json).map_err(|e| context(format!("not JSON: {e}")))?;
+    let bytes = std::fs::read(path).map_err(|e| context(e.to_string()))?;
+    let json = text_of(&bytes).map_err(context)?;
+    let doc: Value = serde_json::from_str(&json).map_err(|e| context(format!("not JSON: {e}")))?;
     let events = doc["traceEvents"].as_array().ok_or_else(|| {
         context("expected Chrome trace-event JSON with a \"traceEvents\" array (lazybuf.trace.dump())".into())
     })?;
