@@ -312,37 +312,21 @@ pub struct TransferInfo {
 #[derive(Debug)]
 #[must_use = "report the copy with enqueued() or finished()"]
 pub struct Started {
-    copy: StartedCopy,
-    /// The recorder's ticks at the start (`trace::now`).
+    /// Its devices by number (`trace::OutsideCopy`): no name formatted or looked up at its end.
+    copy: trace::OutsideCopy,
+    /// The recorder's ticks at the start.
     start: u64,
-}
-
-/// What a [`Started`] copy is.
-#[derive(Debug)]
-enum StartedCopy {
-    /// Reported through [`transfer`]: its devices by name.
-    Described(TransferInfo),
-    /// A copy of a buffer outside its plans (`trace::start_outside_copy`): its devices by
-    /// number, no name formatted while recording.
-    Numbered(trace::OutsideCopy),
 }
 
 impl Started {
     /// The copy is enqueued and will complete later (its end is not recorded).
     pub fn enqueued(self, stream: usize) {
-        self.record(stream, false);
+        trace::record_outside_copy(self.copy, stream, self.start, false);
     }
 
     /// The copy has completed (it was waited for).
     pub fn finished(self, stream: usize) {
-        self.record(stream, true);
-    }
-
-    fn record(self, stream: usize, waited: bool) {
-        match self.copy {
-            StartedCopy::Described(info) => trace::record_transfer(info, stream, self.start, waited),
-            StartedCopy::Numbered(copy) => trace::record_outside_copy(copy, stream, self.start, waited),
-        }
+        trace::record_outside_copy(self.copy, stream, self.start, true);
     }
 }
 
@@ -368,5 +352,5 @@ pub fn transfer(info: impl FnOnce() -> TransferInfo) -> Result<Option<Started>> 
     if guarding() {
         guard::check(std::slice::from_ref(&info))?;
     }
-    Ok(emitting().then(|| Started { copy: StartedCopy::Described(info), start: trace::now() }))
+    Ok(if emitting() { trace::start_described_copy(&info) } else { None })
 }

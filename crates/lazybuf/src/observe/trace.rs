@@ -378,8 +378,8 @@ pub(crate) fn record_copy(copy: CopyEvent<'_>) -> u64 {
     number
 }
 
-/// A buffer's copy outside its plans (a download into outside memory), as
-/// [`start_outside_copy`] began recording it: its devices by number.
+/// A copy outside the plans, as [`start_outside_copy`] or [`start_described_copy`] began
+/// recording it: its devices by number.
 #[derive(Debug)]
 pub(crate) struct OutsideCopy {
     buffer: u64,
@@ -387,8 +387,10 @@ pub(crate) struct OutsideCopy {
     bytes: u64,
     from: Dev,
     to: Dev,
-    /// The engine's cause, for when no [`super::call`] names another (resolved when recorded).
     cause: Cause,
+    /// Whether `cause` is the engine's, which a running [`super::call`] replaces when the copy
+    /// is recorded (a buffer's own copy), or the one its reporter gave ([`super::transfer`]).
+    engines: bool,
 }
 
 /// Begins recording a copy of `buffer` outside its plans, from `from` to `to` (`None`: the
@@ -409,16 +411,28 @@ pub(crate) fn start_outside_copy(
     }
     record::with_local(|local| {
         let dev = |d: Option<&Device>| d.map_or(HOST, |d| local.dev(d));
-        let copy =
-            OutsideCopy { buffer, direction, bytes: bytes as u64, from: dev(from), to: dev(to), cause };
-        super::Started { copy: super::StartedCopy::Numbered(copy), start: local.fresh_time() }
+        let (from, to) = (dev(from), dev(to));
+        let copy = OutsideCopy { buffer, direction, bytes: bytes as u64, from, to, cause, engines: true };
+        super::Started { copy, start: local.fresh_time() }
     })
 }
 
-/// Records the end of a copy [`start_outside_copy`] began.
+/// Begins recording a copy reported through [`super::transfer`], its devices known by name
+/// (numbered now, once: not at its end).
+pub(crate) fn start_described_copy(info: &TransferInfo) -> Option<super::Started> {
+    if record::in_forked_child() {
+        return None; // before the device names' lock, as `emit_at`
+    }
+    let (from, to) = (record::named_device(&info.from), record::named_device(&info.to));
+    let (buffer, direction, bytes, cause) = (info.buffer, info.direction, info.bytes as u64, info.cause);
+    let copy = OutsideCopy { buffer, direction, bytes, from, to, cause, engines: false };
+    Some(super::Started { copy, start: now() })
+}
+
+/// Records the end of a copy [`start_outside_copy`] or [`start_described_copy`] began.
 pub(crate) fn record_outside_copy(copy: OutsideCopy, stream: usize, start: u64, waited: bool) {
     emit_ended(|local| {
-        let cause = Call::Of(copy.cause).resolve(local);
+        let cause = if copy.engines { Call::Of(copy.cause).resolve(local) } else { copy.cause };
         Raw::Transfer {
             buffer: copy.buffer,
             op: 0,
@@ -432,27 +446,6 @@ pub(crate) fn record_outside_copy(copy: OutsideCopy, stream: usize, start: u64, 
             start,
             waited,
         }
-    });
-}
-
-/// Records a copy reported through [`super::transfer`] (devices known by name).
-pub(crate) fn record_transfer(info: TransferInfo, stream: usize, start: u64, waited: bool) {
-    if record::in_forked_child() {
-        return; // before the device names' lock, as `emit_at`
-    }
-    let (from, to) = (record::named_device(&info.from), record::named_device(&info.to));
-    emit_ended(|local| Raw::Transfer {
-        buffer: info.buffer,
-        op: 0,
-        direction: info.direction,
-        bytes: info.bytes as u64,
-        from,
-        to,
-        call: local.call(info.cause.call),
-        reason: info.cause.reason,
-        stream: stream as u64,
-        start,
-        waited,
     });
 }
 
