@@ -163,12 +163,15 @@ pub(crate) fn next_buffer_id() -> u64 {
 }
 
 /// Forgets this thread's last pool lookup, which [`trace`]'s allocation events take their
-/// source from (a hit: `cache`): called while events are wanted, before an allocation whose
-/// source must come from its own lookup only (none: `upstream`), and after one that failed,
-/// so that no later allocation takes a lookup that served no allocation (memory objects,
-/// `memory/observed.rs`).
+/// source from (a hit: `cache`), while events are wanted (one relaxed load when not): before an
+/// allocation whose source must come from its own lookup only (none: `upstream`), and after
+/// one that failed or whose block was refused, so that no later allocation takes a lookup that
+/// served no allocation (memory objects, `memory/observed.rs`; a buffer's refused blocks,
+/// `buffer/raw/execute.rs`).
 pub(crate) fn forget_pool_lookup() {
-    let _ = record::with_local(|local| local.pool_hit.set(None));
+    if emitting() {
+        let _ = record::with_local(|local| local.pool_hit.set(None));
+    }
 }
 
 impl fmt::Display for Direction {

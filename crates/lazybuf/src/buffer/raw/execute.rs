@@ -99,7 +99,8 @@ impl RawBuffer {
         let kind = Kind::Host { pinned: self.pinned };
         if let Err(err) = check_block(&*self.resource, &self.home, kind, self.nbytes, &block) {
             self.resource.deallocate(&self.home, block, &self.home.stream(), Ticket::done());
-            refused_pool_block();
+            // Its pool lookup, if any, served no allocation.
+            crate::observe::forget_pool_lookup();
             return Err(err);
         }
         let Block::Host(block) = block else { unreachable!("a host block was just made") };
@@ -130,7 +131,8 @@ impl RawBuffer {
             let block = Block::Device(memory);
             if let Err(err) = check_block(&*self.resource, device, Kind::Device, self.nbytes, &block) {
                 self.resource.deallocate(device, block, &stream, Ticket::done());
-                refused_pool_block();
+                // Its pool lookup, if any, served no allocation.
+                crate::observe::forget_pool_lookup();
                 return Err(err);
             }
             let Block::Device(memory) = block else { unreachable!("a device block was just made") };
@@ -300,15 +302,5 @@ fn pair_mut<T>(items: &mut [T], i: usize, j: usize) -> (&mut T, &mut T) {
     } else {
         let (a, b) = items.split_at_mut(i);
         (&mut b[0], &mut a[j])
-    }
-}
-
-/// A block the buffer's resource handed out was refused (and given back): the pool lookup that
-/// found it, if any, served no allocation, and the next allocation recorded on this thread
-/// must not take it for its own (it was labelled `cache` when it came from no pool).
-#[cold]
-fn refused_pool_block() {
-    if crate::observe::emitting() {
-        crate::observe::forget_pool_lookup();
     }
 }
