@@ -1,11 +1,12 @@
 """The event recorder's cost on the seeds' batch workflow (docs/BENCHMARKS.md).
 
-Runs the "batch, new buffer" workflow of ``bench_workflows.py`` (a new buffer, a host write, a
-device access with a kernel's write, ``mark_device_dirty()``, ``to_numpy()``) with the recorder
-off and on (no stacks), repetition by repetition interleaved, and prints the median time per
+Runs a batch workflow of ``bench_workflows.py`` ("batch, new buffer": a new buffer, a host
+write, a device access with a kernel's write, ``mark_device_dirty()``, ``to_numpy()``; or
+"batch, pool", the seed's own, with ``pool.acquire``/``pool.release``) with the recorder off
+and on (no stacks), repetition by repetition interleaved, and prints the median time per
 batch of each and their ratio.
 
-    python bench_trace.py --device opencl --reps 9 --sizes 4KiB,4MiB
+    python bench_trace.py --device opencl --reps 9 --sizes 4KiB,4MiB [--workflow "batch, pool"]
 """
 
 import argparse
@@ -26,6 +27,7 @@ def main() -> None:
     parser.add_argument("--device", default="host")
     parser.add_argument("--reps", type=int, default=9)
     parser.add_argument("--sizes", default="4KiB,4MiB")
+    parser.add_argument("--workflow", default="batch, new buffer", choices=["batch, new buffer", "batch, pool"])
     args = parser.parse_args()
     print(f"lazybuf {lazybuf.__version__} on {args.device}; {args.reps} repetitions, median per batch\n")
     print("| workflow | size | recorder off | recorder on | on / off |")
@@ -33,7 +35,7 @@ def main() -> None:
     for size in args.sizes.split(","):
         n = SIZES[size] // 4
         x = np.arange(n, dtype=np.float32)
-        batch = lazybuf_cases(args.device, n, x)["batch, new buffer"]
+        batch = lazybuf_cases(args.device, n, x)[args.workflow]
         timer = timeit.Timer(batch)
         number = calibrate(timer, 2e-3)
         off, on = [], []
@@ -43,7 +45,7 @@ def main() -> None:
             on.append(timer.timeit(number) / number)
             lazybuf.trace.stop()
         off_m, on_m = statistics.median(off), statistics.median(on)
-        print(f"| batch, new buffer | {size} | {fmt(off_m)} | {fmt(on_m)} | {on_m / off_m:.3f}× |")
+        print(f"| {args.workflow} | {size} | {fmt(off_m)} | {fmt(on_m)} | {on_m / off_m:.3f}× |")
 
 
 if __name__ == "__main__":
