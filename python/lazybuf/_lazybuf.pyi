@@ -260,8 +260,9 @@ class UnifiedBuffer:
         earlier keep the old memory; writable ``.host`` arrays become read-only. Memory whose
         address ``__array_interface__`` or ``__cuda_array_interface__`` handed out stays with
         the buffer object (its consumers hold the object, not the memory): ``free()`` reuses
-        it, contents forgotten, instead of taking more (then ``is_allocated`` stays true and
-        ``buffer_id`` may stay the same), so a loop over one buffer holds one memory."""
+        it, contents forgotten, instead of taking more (then ``is_allocated`` stays true; the
+        ``buffer_id`` is a new one and the counters start at zero, as after any ``free()``),
+        so a loop over one buffer holds one memory."""
 
     @property
     def is_allocated(self) -> bool:

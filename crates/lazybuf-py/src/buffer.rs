@@ -352,7 +352,8 @@ impl UnifiedBuffer {
     /// that nothing but the buffer holds (no view, capsule, memory owner or call in progress:
     /// its reference count is the buffer's own references and the exports') becomes the
     /// buffer's memory, its contents forgotten (UNINITIALIZED, as `invalidate`; a read sees
-    /// zeros) and its counters reset: the current memory first (kept in place), else an
+    /// zeros), under a new `buffer_id` with its counters at zero (as new memory would be): the
+    /// current memory first (kept in place), else an
     /// earlier one (installed in place of the current, which goes as `free()` lets memory go).
     /// `None` when there is none: `free()` then takes new memory as usual. Memory held this
     /// way is at most what live objects hold, plus one.
@@ -411,8 +412,10 @@ impl UnifiedBuffer {
                     };
                     inner.take_views(old)
                 };
-                raw.invalidate();
-                raw.reset_transfer_stats();
+                // A new buffer over the old memory: a new id with its counters at zero, as a
+                // `free()` that takes new memory gives (the same id before the twentieth pass,
+                // whose recorded copies then exceeded its counters).
+                raw.invalidate_as_new();
                 Ok(Some(given_up))
             })?;
             if reused.is_some() {

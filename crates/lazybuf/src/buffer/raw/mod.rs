@@ -910,6 +910,18 @@ impl RawBuffer {
         self.observe_state("invalidate", Self::forget_contents);
     }
 
+    /// Forgets the contents (as [`Self::invalidate`]) and the counters, and takes a new id:
+    /// a new buffer over the memory this one keeps (a binding's `free()` that reuses memory it
+    /// handed out). What was recorded under the old id stays that id's, so each id's recorded
+    /// copies and allocations are what its counters counted (the counters were reset under
+    /// the old id before the twentieth pass: its recorded totals exceeded them).
+    pub fn invalidate_as_new(&mut self) {
+        self.invalidate();
+        self.record_allocation(); // a block not recorded yet is the old id's
+        self.reset_transfer_stats();
+        self.id = observe::next_buffer_id();
+    }
+
     fn forget_contents(&mut self) {
         // A transfer that failed unobserved: recorded on the buffer's device, not lost.
         let finished = self.finish();
