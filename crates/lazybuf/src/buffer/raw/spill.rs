@@ -59,6 +59,16 @@ impl RawBuffer {
         {
             // The benchmarks' blind spiller: the same download, although the host is current.
             let evict = super::observed::EVICT;
+            if crate::observe::guarding() {
+                // A refused write-back changes nothing and records nothing: checked before the
+                // host copy is marked stale (it recorded that transition and its undoing
+                // before the twentieth pass).
+                let cause = crate::observe::cause_or(evict);
+                if let Some(copy) = self.transfer_info(at, Location::Host, Some(device), cause, false) {
+                    crate::observe::guard::check_refusal(&copy)
+                        .map_err(|err| self.write_back_failed(device, err))?;
+                }
+            }
             self.observe_state_as(evict, |buffer| buffer.coherence.mark_stale(Location::Host));
             if let Err(err) = self.write_back(device) {
                 self.observe_state_as(evict, |buffer| {
