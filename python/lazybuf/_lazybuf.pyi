@@ -996,6 +996,7 @@ def _rebuild_buffer_from_bytes(
     device: _DeviceLike = None,
     adopt: bool = False,
     origin: tuple[str, str] | None = None,
+    family: str | None = None,
 ) -> UnifiedBuffer:
     """Unpickles (protocol 5) or deserializes a buffer: a copy of ``data`` (C-contiguous
     bytes of exactly ``nbytes``, else ValueError) as its host copy, or UNINITIALIZED for
@@ -1003,7 +1004,9 @@ def _rebuild_buffer_from_bytes(
     actually allocated for it, becomes the host copy itself (no copy; nothing else may write
     it after). The buffer goes to ``device``, else to the device ``origin`` ((selector, name),
     recorded by the pickle) names when this process has it, else to the current device;
-    ``pinned`` is dropped on a device that cannot pin host memory."""
+    ``pinned`` is dropped on a device that cannot pin host memory. ``family`` (``"dask"``,
+    ``"cuda"``): the Dask serializer family deserializing, the call named in the trace and
+    guard errors (``dask deserialize``, ``cuda deserialize``); None: ``unpickle``."""
 
 def _host_frame(buf: UnifiedBuffer) -> memoryview | None:
     """A read-only memoryview over the host copy's bytes (a host read), None without data."""

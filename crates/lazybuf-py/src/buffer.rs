@@ -2080,7 +2080,8 @@ pub(crate) fn _rebuild_buffer<'py>(
 ) -> PyResult<Bound<'py, UnifiedBuffer>> {
     let buffer = wire::new_buffer(py, shape, dtype, pinned, None, origin)?;
     if let Some(data) = data {
-        UnifiedBuffer::copy_from(&buffer, data)?;
+        // Named `unpickle`, as protocol 5's and the memory objects' unpickling are.
+        observed(py, Cause::access("unpickle"), || UnifiedBuffer::copy_from(&buffer, data))?;
     }
     Ok(buffer)
 }
