@@ -892,10 +892,18 @@ fn checked_assignment<'py>(
     let converted = np.call_method("asarray", (value,), Some(&kwargs))?;
     if converted.getattr("ndim")?.extract::<usize>()? > ndim && !value.is_instance(&ndarray)? {
         // A sequence deeper than the selection: NumPy converts one for a view to at most the
-        // view's dimensions, for a fancy index without that limit (an array's leading
-        // dimensions of 1 are dropped in both). Its own verdict, on the value itself (converted
-        // a second time: only such a value).
-        stand_in(element_memory())?.set_item(key, value)?;
+        // view's dimensions (deeper, it raises while it finds the value's shape, converting no
+        // element), for a fancy index or a mask without that limit, as `asarray` did (an
+        // array's leading dimensions of 1 are dropped in both). Its own verdict, on the value
+        // itself: for a list or a tuple, on the same nesting of the converted elements, which
+        // NumPy judges alike and whose conversion runs no user code (the value itself was
+        // converted a second time, its elements' `__float__` run twice where NumPy runs them
+        // once, before the twentieth pass). Any other sequence or array-like is judged itself
+        // (an array-like's leading dimensions of 1 are dropped as an array's are).
+        let nested =
+            value.is_exact_instance_of::<pyo3::types::PyList>() || value.is_exact_instance_of::<PyTuple>();
+        let same = if nested { converted.call_method0("tolist")? } else { value.clone() };
+        stand_in(element_memory())?.set_item(key, &same)?;
     }
     stand_in(element_memory())?.set_item(key, &converted)?;
     Ok(converted)
