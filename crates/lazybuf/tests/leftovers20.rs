@@ -55,8 +55,9 @@ fn recorded_allocations(recorded: &trace::Trace, id: u64) -> i64 {
 /// A call that reads a host copy spilled to disk back and then fails: `allocate_copies`
 /// (Python's `allocate()`), whose host step read it back and whose upload failed, kept the
 /// block it read back (counted and recorded, the disk tier's `bytes_from_disk` moved), where
-/// a failed call leaves the buffer as it was; so did a blocking `sync_to_device`. The file
-/// holds the host copy again now, the block given back, the counters as before.
+/// a failed call leaves the buffer as it was; so did `sync_to_device` and an asynchronous sync
+/// whose copy failed to start. The file holds the host copy again now, the block given back,
+/// the counters as before.
 #[test]
 fn a_failed_call_after_a_read_back_leaves_the_host_copy_on_disk() {
     let _serial = serial();
@@ -64,7 +65,7 @@ fn a_failed_call_after_a_read_back_leaves_the_host_copy_on_disk() {
         if device.is_zero_copy(LEN * 4) {
             continue; // no upload to fail
         }
-        for allocate in [true, false] {
+        for call in ["allocate", "sync_to_device", "sync_to_device_async"] {
             let (faulty, faults) = FaultyDevice::wrap(&device);
             let mut buf = UnifiedBuffer::<u32>::on(&[LEN], &faulty).unwrap();
             buf.copy_from(&pattern(3, LEN)).unwrap();
@@ -73,23 +74,20 @@ fn a_failed_call_after_a_read_back_leaves_the_host_copy_on_disk() {
             let (stats, from_disk) = (buf.transfer_stats(), spill::spill_stats(&faulty).bytes_from_disk);
             trace::start(TraceOptions::default()).unwrap();
             faults.fail_copy_in(1);
-            let failed = if allocate {
-                buf.raw_mut().allocate_copies(true, Some(&faulty))
-            } else {
-                buf.sync_to_device()
+            let failed = match call {
+                "allocate" => buf.raw_mut().allocate_copies(true, Some(&faulty)),
+                "sync_to_device" => buf.sync_to_device(),
+                // The copy fails when it is enqueued (not deferred): before it is under way.
+                _ => buf.sync_to_device_async().map(drop),
             };
             faults.disarm();
             let recorded = trace::stop().unwrap();
-            assert!(failed.is_err(), "{device} allocate={allocate}: the upload was to fail");
-            assert!(buf.raw().is_on_disk(), "{device} allocate={allocate}: the block read back was kept");
+            assert!(failed.is_err(), "{device} {call}: the upload was to fail");
+            assert!(buf.raw().is_on_disk(), "{device} {call}: the block read back was kept");
             assert_eq!(buf.state(), BufferState::HostOnly, "{device}");
-            assert_eq!(buf.transfer_stats(), stats, "{device} allocate={allocate}");
-            assert_eq!(
-                spill::spill_stats(&faulty).bytes_from_disk,
-                from_disk,
-                "{device} allocate={allocate}"
-            );
-            assert_eq!(recorded_allocations(&recorded, id), 0, "{device} allocate={allocate}: {recorded:?}");
+            assert_eq!(buf.transfer_stats(), stats, "{device} {call}");
+            assert_eq!(spill::spill_stats(&faulty).bytes_from_disk, from_disk, "{device} {call}");
+            assert_eq!(recorded_allocations(&recorded, id), 0, "{device} {call}: {recorded:?}");
             // It works, reading the file back.
             buf.raw_mut().allocate_copies(true, Some(&faulty)).unwrap();
             assert_eq!(buf.state(), BufferState::Synchronized, "{device}");

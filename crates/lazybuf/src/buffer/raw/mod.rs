@@ -635,13 +635,17 @@ impl RawBuffer {
         // would allocate, perhaps spilling another buffer). The plan observed is made before
         // the read-back, as `access_observed` does.
         let seen_before_reload = observed && self.on_disk.is_some();
-        if seen_before_reload {
+        // The spill file is kept until the transfer is under way: a call that fails before
+        // leaves the host copy in it (the block read back was kept before the twentieth pass).
+        let read_back = if seen_before_reload {
             let plan = self.plan(at, device, Access::Read);
             self.observe_plan(&plan, device, cause)?;
-            self.reload_from_disk().inspect_err(|_| self.observe_abort())?;
+            self.read_back_keeping_file().inspect_err(|_| self.observe_abort())?
+        } else if self.on_disk.is_some() {
+            self.read_back_keeping_file()?
         } else {
-            self.reload_from_disk()?;
-        }
+            None
+        };
         let plan = self.plan(at, device, Access::Read);
         if observed && !seen_before_reload {
             self.observe_plan(&plan, device, cause)?;
@@ -656,7 +660,12 @@ impl RawBuffer {
             if observed {
                 self.observe_abort();
             }
-            self.sync(device)?;
+            if let Err(err) = self.sync(device) {
+                if let Some(file) = read_back {
+                    self.return_to_disk(file, "rollback");
+                }
+                return Err(err);
+            }
             return Ok(Transfer::new(Ticket::done(), None));
         }
         if at == Location::Host {
@@ -669,6 +678,9 @@ impl RawBuffer {
             // (Their failure, if any, is this one's consequence: recorded, not returned.)
             self.home.record_deferred(Ticket::all(tickets).wait());
             self.rollback(undo, Ticket::done());
+            if let Some(file) = read_back {
+                self.return_to_disk(file, "rollback");
+            }
             if observed {
                 self.observe_allocations_undone(delta.allocations, "rollback");
                 self.observe_abort();
