@@ -109,7 +109,7 @@ def dask_loads(header: dict[str, Any], frames: Sequence[Any]) -> UnifiedBuffer:
     distributed handed a writable one (as its NumPy deserializer makes an array over it), else
     a copy of it (HOST_ONLY either way)."""
     shape, dtype, pinned, data = _parse_header(header, frames)
-    return _lazybuf._rebuild_buffer_from_bytes(shape, dtype, pinned, data, adopt=True)
+    return _lazybuf._rebuild_buffer_from_bytes(shape, dtype, pinned, data, adopt=True, family="dask")
 
 
 # --- the cuda family: the device frame ----------------------------------------------------
@@ -175,7 +175,7 @@ def cuda_loads(header: dict[str, Any], frames: Sequence[Any]) -> UnifiedBuffer:
     shape, dtype, pinned, frame = _parse_header(header, frames)
     device = _cuda_home()
     if frame is None or not hasattr(frame, "__cuda_array_interface__"):
-        return _lazybuf._rebuild_buffer_from_bytes(shape, dtype, pinned, frame, device)
+        return _lazybuf._rebuild_buffer_from_bytes(shape, dtype, pinned, frame, device, family="cuda")
     interface = frame.__cuda_array_interface__
     ptr, nbytes = _device_extent(interface)
     buf = UnifiedBuffer(shape, dtype, pinned=pinned, device=device)

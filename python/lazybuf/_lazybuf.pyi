@@ -260,8 +260,9 @@ class UnifiedBuffer:
         earlier keep the old memory; writable ``.host`` arrays become read-only. Memory whose
         address ``__array_interface__`` or ``__cuda_array_interface__`` handed out stays with
         the buffer object (its consumers hold the object, not the memory): ``free()`` reuses
-        it, contents forgotten, instead of taking more (then ``is_allocated`` stays true and
-        ``buffer_id`` may stay the same), so a loop over one buffer holds one memory."""
+        it, contents forgotten, instead of taking more (then ``is_allocated`` stays true; the
+        ``buffer_id`` is a new one and the counters start at zero, as after any ``free()``),
+        so a loop over one buffer holds one memory."""
 
     @property
     def is_allocated(self) -> bool:
@@ -995,6 +996,7 @@ def _rebuild_buffer_from_bytes(
     device: _DeviceLike = None,
     adopt: bool = False,
     origin: tuple[str, str] | None = None,
+    family: str | None = None,
 ) -> UnifiedBuffer:
     """Unpickles (protocol 5) or deserializes a buffer: a copy of ``data`` (C-contiguous
     bytes of exactly ``nbytes``, else ValueError) as its host copy, or UNINITIALIZED for
@@ -1002,7 +1004,9 @@ def _rebuild_buffer_from_bytes(
     actually allocated for it, becomes the host copy itself (no copy; nothing else may write
     it after). The buffer goes to ``device``, else to the device ``origin`` ((selector, name),
     recorded by the pickle) names when this process has it, else to the current device;
-    ``pinned`` is dropped on a device that cannot pin host memory."""
+    ``pinned`` is dropped on a device that cannot pin host memory. ``family`` (``"dask"``,
+    ``"cuda"``): the Dask serializer family deserializing, the call named in the trace and
+    guard errors (``dask deserialize``, ``cuda deserialize``); None: ``unpickle``."""
 
 def _host_frame(buf: UnifiedBuffer) -> memoryview | None:
     """A read-only memoryview over the host copy's bytes (a host read), None without data."""

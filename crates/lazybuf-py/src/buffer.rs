@@ -352,7 +352,8 @@ impl UnifiedBuffer {
     /// that nothing but the buffer holds (no view, capsule, memory owner or call in progress:
     /// its reference count is the buffer's own references and the exports') becomes the
     /// buffer's memory, its contents forgotten (UNINITIALIZED, as `invalidate`; a read sees
-    /// zeros) and its counters reset: the current memory first (kept in place), else an
+    /// zeros), under a new `buffer_id` with its counters at zero (as new memory would be): the
+    /// current memory first (kept in place), else an
     /// earlier one (installed in place of the current, which goes as `free()` lets memory go).
     /// `None` when there is none: `free()` then takes new memory as usual. Memory held this
     /// way is at most what live objects hold, plus one.
@@ -411,8 +412,10 @@ impl UnifiedBuffer {
                     };
                     inner.take_views(old)
                 };
-                raw.invalidate();
-                raw.reset_transfer_stats();
+                // A new buffer over the old memory: a new id with its counters at zero, as a
+                // `free()` that takes new memory gives (the same id before the twentieth pass,
+                // whose recorded copies then exceeded its counters).
+                raw.invalidate_as_new();
                 Ok(Some(given_up))
             })?;
             if reused.is_some() {
@@ -889,10 +892,18 @@ fn checked_assignment<'py>(
     let converted = np.call_method("asarray", (value,), Some(&kwargs))?;
     if converted.getattr("ndim")?.extract::<usize>()? > ndim && !value.is_instance(&ndarray)? {
         // A sequence deeper than the selection: NumPy converts one for a view to at most the
-        // view's dimensions, for a fancy index without that limit (an array's leading
-        // dimensions of 1 are dropped in both). Its own verdict, on the value itself (converted
-        // a second time: only such a value).
-        stand_in(element_memory())?.set_item(key, value)?;
+        // view's dimensions (deeper, it raises while it finds the value's shape, converting no
+        // element), for a fancy index or a mask without that limit, as `asarray` did (an
+        // array's leading dimensions of 1 are dropped in both). Its own verdict, on the value
+        // itself: for a list or a tuple, on the same nesting of the converted elements, which
+        // NumPy judges alike and whose conversion runs no user code (the value itself was
+        // converted a second time, its elements' `__float__` run twice where NumPy runs them
+        // once, before the twentieth pass). Any other sequence or array-like is judged itself
+        // (an array-like's leading dimensions of 1 are dropped as an array's are).
+        let nested =
+            value.is_exact_instance_of::<pyo3::types::PyList>() || value.is_exact_instance_of::<PyTuple>();
+        let same = if nested { converted.call_method0("tolist")? } else { value.clone() };
+        stand_in(element_memory())?.set_item(key, &same)?;
     }
     stand_in(element_memory())?.set_item(key, &converted)?;
     Ok(converted)
@@ -2077,7 +2088,8 @@ pub(crate) fn _rebuild_buffer<'py>(
 ) -> PyResult<Bound<'py, UnifiedBuffer>> {
     let buffer = wire::new_buffer(py, shape, dtype, pinned, None, origin)?;
     if let Some(data) = data {
-        UnifiedBuffer::copy_from(&buffer, data)?;
+        // Named `unpickle`, as protocol 5's and the memory objects' unpickling are.
+        observed(py, Cause::access("unpickle"), || UnifiedBuffer::copy_from(&buffer, data))?;
     }
     Ok(buffer)
 }

@@ -248,8 +248,12 @@ pub(crate) fn new_buffer<'py>(
 /// distributed's NumPy deserializer makes an array over such a frame; the buffer keeps the
 /// frame alive, at whatever alignment it arrived. The caller vouches that nothing else writes
 /// the frame from then on. Any other frame is copied.
+///
+/// `family`: the Dask serializer family whose deserializer calls (`"dask"`, `"cuda"`), for the
+/// call the recorder and the guard name (`dask deserialize`, `cuda deserialize`); `None`
+/// (pickle): `unpickle`, as the memory objects' unpickling is named.
 #[pyfunction]
-#[pyo3(signature = (shape, dtype, pinned, data, device=None, adopt=false, origin=None))]
+#[pyo3(signature = (shape, dtype, pinned, data, device=None, adopt=false, origin=None, family=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn _rebuild_buffer_from_bytes<'py>(
     py: Python<'py>,
@@ -260,17 +264,39 @@ pub(crate) fn _rebuild_buffer_from_bytes<'py>(
     device: Option<&Bound<'py, PyAny>>,
     adopt: bool,
     origin: Option<(String, String)>,
+    family: Option<&str>,
 ) -> PyResult<Bound<'py, UnifiedBuffer>> {
+    // Named after what the user's code did, as the sending side is (`dask serialize`), not the
+    // engine's `host` or `adopt_host` (the twentieth pass).
+    let call = match family {
+        None => "unpickle",
+        Some("dask") => DASK_DESERIALIZE,
+        Some("cuda") => CUDA_DESERIALIZE,
+        Some(other) => {
+            return Err(PyValueError::new_err(format!(
+                "_rebuild_buffer_from_bytes: expected family None, 'dask' or 'cuda', got {other:?}"
+            )));
+        }
+    };
     let buffer = new_buffer(py, shape, dtype, pinned, device, origin)?;
     let pinned = buffer.get().pinned_requested();
     if let Some(data) = data {
         let flat = checked_bytes(&buffer, data)?;
-        if !(adopt && adopt_raw_bytes(&buffer, &flat, pinned)?) {
-            copy_raw_bytes(&buffer, &flat)?;
-        }
+        crate::observe::observed(py, lazybuf::observe::Cause::access(call), || {
+            if !(adopt && adopt_raw_bytes(&buffer, &flat, pinned)?) {
+                copy_raw_bytes(&buffer, &flat)?;
+            }
+            Ok::<_, PyErr>(())
+        })?;
     }
     Ok(buffer)
 }
+
+/// The call a `dask` frame's deserialization is recorded and judged as.
+const DASK_DESERIALIZE: &str = "dask deserialize";
+/// The call a `cuda` frame's deserialization is recorded and judged as (it recorded `device`,
+/// the engine's access, before the twentieth pass).
+const CUDA_DESERIALIZE: &str = "cuda deserialize";
 
 /// The host frame of the `dask` serializer family: a read-only `memoryview` of the bytes of
 /// the buffer's host copy (zero-copy; a host read, which syncs first when only the device
@@ -361,7 +387,10 @@ pub(crate) fn _device_frame(buf: &Bound<'_, UnifiedBuffer>) -> PyResult<Option<D
     if storage.lock(py)?.state() == BufferState::Uninitialized {
         return Ok(None);
     }
-    let (handle, exposure) = storage.device_handle_nogil(py, home, Access::Read)?;
+    // Named after what the user called, as the host frame's `dask serialize` is.
+    let cause = lazybuf::observe::Cause::access("cuda serialize");
+    let (handle, exposure) =
+        crate::observe::observed(py, cause, || storage.device_handle_nogil(py, home, Access::Read))?;
     let ptr = handle.as_int() as u64;
     // The frame holds the exposure: the copy is not evicted while the frame lives.
     let owner = Py::new(py, MemoryOwner::new(exposure))?;
@@ -402,46 +431,51 @@ pub(crate) fn _fill_from_device_pointer(
         )));
     }
     let storage = this.storage()?;
-    lock::detach(py, |d| {
-        let mut raw = storage.lock_detached(d)?;
-        if raw.state() != BufferState::Uninitialized {
-            return Err(PyValueError::new_err(
-                "_fill_from_device_pointer fills only a buffer that holds no data (UNINITIALIZED)",
-            ));
-        }
-        if let Some(producer) = stream {
-            let producer = device_handles(&home)
-                .stream_from_int(producer)
+    // Named after what the user's code did (`cuda deserialize`), as the host frame's
+    // deserialization is, not the engine's `device` (the twentieth pass).
+    let cause = lazybuf::observe::Cause::access(CUDA_DESERIALIZE);
+    crate::observe::observed(py, cause, || {
+        lock::detach(py, |d| {
+            let mut raw = storage.lock_detached(d)?;
+            if raw.state() != BufferState::Uninitialized {
+                return Err(PyValueError::new_err(
+                    "_fill_from_device_pointer fills only a buffer that holds no data (UNINITIALIZED)",
+                ));
+            }
+            if let Some(producer) = stream {
+                let producer = device_handles(&home)
+                    .stream_from_int(producer)
+                    .ok_or_else(|| not_cuda("a copy from device memory", &home))?;
+                // SAFETY: the caller vouches that `producer` is a live stream of this device's
+                // context (the __cuda_array_interface__ contract); it only records a marker here,
+                // which lazybuf's stream then waits for (no copy has touched the buffer yet).
+                let wrapped = unsafe { home.wrap_stream(producer) }.or_py()?;
+                let ticket = wrapped.marker().or_py()?;
+                raw.stream().wait_for(&ticket).or_py()?;
+            }
+            if expected == 0 {
+                return raw.device_access(&home, Access::Overwrite).map(drop).or_py();
+            }
+            // The received frame as memory of the buffer's device, borrowed for this call: the
+            // backend checks that the pointer is its device's memory.
+            let raw_src = device_handles(&home)
+                .memory_from_int(ptr as usize)
                 .ok_or_else(|| not_cuda("a copy from device memory", &home))?;
-            // SAFETY: the caller vouches that `producer` is a live stream of this device's
-            // context (the __cuda_array_interface__ contract); it only records a marker here,
-            // which lazybuf's stream then waits for (no copy has touched the buffer yet).
-            let wrapped = unsafe { home.wrap_stream(producer) }.or_py()?;
-            let ticket = wrapped.marker().or_py()?;
-            raw.stream().wait_for(&ticket).or_py()?;
-        }
-        if expected == 0 {
-            return raw.device_access(&home, Access::Overwrite).map(drop).or_py();
-        }
-        // The received frame as memory of the buffer's device, borrowed for this call: the
-        // backend checks that the pointer is its device's memory.
-        let raw_src = device_handles(&home)
-            .memory_from_int(ptr as usize)
-            .ok_or_else(|| not_cuda("a copy from device memory", &home))?;
-        // SAFETY: the caller vouches that `ptr` is valid device memory of `nbytes` bytes for the
-        // length of this call (the __cuda_array_interface__ contract); the borrow ends here.
-        let src = unsafe { lazybuf::Memory::borrowed(&home, raw_src, expected) }.or_py()?;
-        let src = src.device_memory().ok_or_else(|| not_cuda("a copy from device memory", &home))?;
-        let stream = raw.stream().clone();
-        let copied = raw
-            .device_access_mut(&home, Access::Overwrite)
-            .and_then(|dst| stream.copy(src, dst, expected))
-            .and_then(|ticket| ticket.wait())
-            .or_py();
-        if copied.is_err() {
-            // Nothing was valid before: the buffer holds no data again.
-            raw.invalidate();
-        }
-        copied
+            // SAFETY: the caller vouches that `ptr` is valid device memory of `nbytes` bytes for the
+            // length of this call (the __cuda_array_interface__ contract); the borrow ends here.
+            let src = unsafe { lazybuf::Memory::borrowed(&home, raw_src, expected) }.or_py()?;
+            let src = src.device_memory().ok_or_else(|| not_cuda("a copy from device memory", &home))?;
+            let stream = raw.stream().clone();
+            let copied = raw
+                .device_access_mut(&home, Access::Overwrite)
+                .and_then(|dst| stream.copy(src, dst, expected))
+                .and_then(|ticket| ticket.wait())
+                .or_py();
+            if copied.is_err() {
+                // Nothing was valid before: the buffer holds no data again.
+                raw.invalidate();
+            }
+            copied
+        })
     })
 }

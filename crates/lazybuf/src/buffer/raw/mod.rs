@@ -529,8 +529,9 @@ impl RawBuffer {
     /// asked for the stale copies). A buffer that held no data holds zeros after it. A failed
     /// or refused call changes nothing: when the device step fails after the host step
     /// zero-filled the host copy of a buffer that held no data, that is undone (the host copy
-    /// forgotten, the block the step took given back, the counters as they were), and the
-    /// transfer guard sees the device step's upload before the host step runs.
+    /// forgotten, the block the step took given back, the counters as they were), a host copy
+    /// the host step read back from disk is in its file again, and the transfer guard sees
+    /// the device step's upload before the host step runs.
     pub fn allocate_copies(&mut self, host: bool, device: Option<&Device>) -> Result<()> {
         // The host step zero-fills the host copy (taking a block if there is none) when nothing
         // holds data; the device step then uploads it.
@@ -565,17 +566,32 @@ impl RawBuffer {
                 self.guard_refusal(&copies, device)?;
             }
         }
-        if host {
-            self.sync(None)?;
+        // A host copy on disk is read back for both steps; when the device step fails, the
+        // file holds it again (the block read back was kept, counted, before the twentieth
+        // pass). Dropped at the end, the file removed, when the call succeeds.
+        let read_back = match device {
+            Some(_) if host && self.on_disk.is_some() => self.read_back_keeping_file()?,
+            _ => None,
+        };
+        if host && let Err(err) = self.sync(None) {
+            if let Some(file) = read_back {
+                self.return_to_disk(file, "allocate");
+            }
+            return Err(err);
         }
         let Some(device) = device else {
             return Ok(());
         };
-        self.sync(Some(device)).inspect_err(|_| {
+        let done = self.sync(Some(device));
+        if done.is_err() {
             if fills_host {
                 self.forget_zero_filled_host(!had_block, stats);
             }
-        })
+            if let Some(file) = read_back {
+                self.return_to_disk(file, "allocate");
+            }
+        }
+        done
     }
 
     /// Undoes [`Self::allocate_copies`]' host step of a buffer that held no data, whose
@@ -619,13 +635,17 @@ impl RawBuffer {
         // would allocate, perhaps spilling another buffer). The plan observed is made before
         // the read-back, as `access_observed` does.
         let seen_before_reload = observed && self.on_disk.is_some();
-        if seen_before_reload {
+        // The spill file is kept until the transfer is under way: a call that fails before
+        // leaves the host copy in it (the block read back was kept before the twentieth pass).
+        let read_back = if seen_before_reload {
             let plan = self.plan(at, device, Access::Read);
             self.observe_plan(&plan, device, cause)?;
-            self.reload_from_disk().inspect_err(|_| self.observe_abort())?;
+            self.read_back_keeping_file().inspect_err(|_| self.observe_abort())?
+        } else if self.on_disk.is_some() {
+            self.read_back_keeping_file()?
         } else {
-            self.reload_from_disk()?;
-        }
+            None
+        };
         let plan = self.plan(at, device, Access::Read);
         if observed && !seen_before_reload {
             self.observe_plan(&plan, device, cause)?;
@@ -640,7 +660,12 @@ impl RawBuffer {
             if observed {
                 self.observe_abort();
             }
-            self.sync(device)?;
+            if let Err(err) = self.sync(device) {
+                if let Some(file) = read_back {
+                    self.return_to_disk(file, "rollback");
+                }
+                return Err(err);
+            }
             return Ok(Transfer::new(Ticket::done(), None));
         }
         if at == Location::Host {
@@ -653,6 +678,9 @@ impl RawBuffer {
             // (Their failure, if any, is this one's consequence: recorded, not returned.)
             self.home.record_deferred(Ticket::all(tickets).wait());
             self.rollback(undo, Ticket::done());
+            if let Some(file) = read_back {
+                self.return_to_disk(file, "rollback");
+            }
             if observed {
                 self.observe_allocations_undone(delta.allocations, "rollback");
                 self.observe_abort();
@@ -910,6 +938,18 @@ impl RawBuffer {
         self.observe_state("invalidate", Self::forget_contents);
     }
 
+    /// Forgets the contents (as [`Self::invalidate`]) and the counters, and takes a new id:
+    /// a new buffer over the memory this one keeps (a binding's `free()` that reuses memory it
+    /// handed out). What was recorded under the old id stays that id's, so each id's recorded
+    /// copies and allocations are what its counters counted (the counters were reset under
+    /// the old id before the twentieth pass: its recorded totals exceeded them).
+    pub fn invalidate_as_new(&mut self) {
+        self.invalidate();
+        self.record_allocation(); // a block not recorded yet is the old id's
+        self.reset_transfer_stats();
+        self.id = observe::next_buffer_id();
+    }
+
     fn forget_contents(&mut self) {
         // A transfer that failed unobserved: recorded on the buffer's device, not lost.
         let finished = self.finish();
@@ -1063,9 +1103,34 @@ impl RawBuffer {
         access: Access,
         stream_ordered: bool,
     ) -> Result<()> {
-        self.reload_from_disk()?;
+        if self.on_disk.is_some() {
+            return self.access_read_back(at, device, access, stream_ordered);
+        }
         let plan = self.plan(at, device, access);
         self.access_planned(at, device, access, &plan, stream_ordered)
+    }
+
+    /// [`Self::access_unobserved`] of a buffer whose host copy is on disk: read back first;
+    /// when the access then fails, the file holds the host copy again and the block read back
+    /// is given back, so the failed call leaves the buffer as it was (the twentieth pass).
+    #[cold]
+    #[inline(never)]
+    fn access_read_back(
+        &mut self,
+        at: Location,
+        device: Option<&Device>,
+        access: Access,
+        stream_ordered: bool,
+    ) -> Result<()> {
+        let read_back = self.read_back_keeping_file()?;
+        let plan = self.plan(at, device, access);
+        let done = self.access_planned(at, device, access, &plan, stream_ordered);
+        if done.is_err()
+            && let Some(file) = read_back
+        {
+            self.return_to_disk(file, "rollback");
+        }
+        done
     }
 
     /// [`Self::access_unobserved`] once nothing is on disk and `plan` is the access's plan.

@@ -59,6 +59,16 @@ impl RawBuffer {
         {
             // The benchmarks' blind spiller: the same download, although the host is current.
             let evict = super::observed::EVICT;
+            if crate::observe::guarding() {
+                // A refused write-back changes nothing and records nothing: checked before the
+                // host copy is marked stale (it recorded that transition and its undoing
+                // before the twentieth pass).
+                let cause = crate::observe::cause_or(evict);
+                if let Some(copy) = self.transfer_info(at, Location::Host, Some(device), cause, false) {
+                    crate::observe::guard::check_refusal(&copy)
+                        .map_err(|err| self.write_back_failed(device, err))?;
+                }
+            }
             self.observe_state_as(evict, |buffer| buffer.coherence.mark_stale(Location::Host));
             if let Err(err) = self.write_back(device) {
                 self.observe_state_as(evict, |buffer| {
@@ -194,8 +204,18 @@ impl RawBuffer {
     #[cold]
     #[inline(never)]
     fn reload_spilled_host_copy(&mut self) -> Result<()> {
+        // The file removed (dropped): the read-back stands.
+        self.read_back_keeping_file().map(drop)
+    }
+
+    /// [`Self::reload_from_disk`], the spill file kept and returned (`None`: nothing was on
+    /// disk), for a call whose later step may fail: it gives the file back to
+    /// [`Self::return_to_disk`] then, and drops it (removing it) when it succeeds.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn read_back_keeping_file(&mut self) -> Result<Option<SpillFile>> {
         let Some(file) = self.on_disk.as_ref() else {
-            return Ok(());
+            return Ok(None);
         };
         let block = self.resource.allocate_host(&self.home, self.nbytes, self.pinned)?;
         let mut block = self.checked_host_block(block)?;
@@ -210,8 +230,41 @@ impl RawBuffer {
         self.observe_host_allocation(&block, false);
         self.stats.allocations += 1;
         self.host = Some(block);
-        self.on_disk = None;
+        let file = self.on_disk.take();
         crate::spill::stats::update(&self.home, |s| s.bytes_from_disk += self.nbytes as u64);
-        Ok(())
+        Ok(file)
+    }
+
+    /// Undoes a read-back ([`Self::read_back_keeping_file`]) whose call failed afterwards: the
+    /// block read back is given back and `file` holds the host copy again, the counters (the
+    /// buffer's allocations, the disk tier's `bytes_from_disk`) as before the read-back, and
+    /// the allocation's rollback recorded (`call`'s, or part of the plan being aborted). A
+    /// failed call leaves the buffer as it was (an `allocate()` whose upload failed kept the
+    /// block: the twentieth pass). Only while the host copy is still the buffer's only data,
+    /// as the read-back left it (the failed step undone); otherwise the read-back stands.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn return_to_disk(&mut self, file: SpillFile, call: &'static str) {
+        let as_read_back = self.on_disk.is_none()
+            && self.copies.is_empty()
+            && self.inflight.is_empty()
+            && file.len() == self.nbytes
+            && self.coherence.residency(Location::Host) == Residency::Valid
+            && !self.coherence.locations().any(|(loc, r)| loc != Location::Host && r == Residency::Valid);
+        if !as_read_back {
+            return;
+        }
+        let Some(block) = self.host.take() else {
+            return;
+        };
+        self.record_allocation(); // its allocation, if unrecorded yet, before its free
+        give_back_host(&*self.resource, &self.home, block, Ticket::done(), self.id);
+        self.on_disk = Some(file);
+        self.stats.allocations = self.stats.allocations.wrapping_sub(1);
+        self.observe_allocations_undone(1, call);
+        let bytes = self.nbytes as u64;
+        crate::spill::stats::update(&self.home, |s| {
+            s.bytes_from_disk = s.bytes_from_disk.saturating_sub(bytes)
+        });
     }
 }
