@@ -1344,7 +1344,7 @@ impl UnifiedBuffer {
     /// `buf[key] = value`: assigns into the host copy as NumPy does, a host write (the device
     /// copy is stale afterwards). An assignment to every element (`buf[:] = x`,
     /// `buf[...] = x`, of an array or a number) reads none of the old bytes: when the host copy
-    /// is stale it is overwritten, not synced from the device first ([`whole_assignment`]).
+    /// is stale it is overwritten, not synced from the device first ([`assign`]).
     fn __setitem__(slf: &Bound<'_, Self>, key: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>) -> PyResult<()> {
         observed(slf.py(), Cause::access("__setitem__"), || assign::set_item(slf, key, value))
     }
