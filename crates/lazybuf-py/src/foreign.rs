@@ -57,6 +57,13 @@ unsafe fn borrowed(device: &Device, address: usize, nbytes: usize) -> PyResult<M
     unsafe { Memory::borrowed(device, raw, nbytes) }.or_py()
 }
 
+/// Whether a copy from a `UnifiedBuffer` reads its home device's copy in place (only that copy
+/// is current), not its host copy ([`Source::with`], [`Source::extent`]).
+fn reads_home_copy(raw: &lazybuf::RawBuffer, home: &Device) -> bool {
+    raw.residency(Location::Device(home.id())) == Residency::Valid
+        && raw.residency(Location::Host) != Residency::Valid
+}
+
 /// A resolved source of `copy_from_device`.
 pub(crate) enum Source {
     /// A lazybuf memory object.
@@ -128,6 +135,47 @@ impl Source {
             || obj.hasattr("__dlpack__")?)
     }
 
+    /// What a copy of the source into new memory needs before it allocates, without reading
+    /// anything: the number of bytes [`Self::with`] copies, the source's own device (a
+    /// `UnifiedBuffer`'s home, whichever of its copies is current: the default place of a
+    /// copy of it), and the device and kind of the memory [`Self::with`] will read (`None`:
+    /// host memory), for the transfer guard's verdict on the copy before anything is
+    /// allocated. Locks the source's own lock, as [`Self::with`] does.
+    pub(crate) fn extent(
+        &self,
+        detached: &Detached,
+    ) -> PyResult<(usize, Device, Option<(Device, MemoryKind)>)> {
+        let read = |m: &Memory| Some((m.device().clone(), m.kind()));
+        Ok(match self {
+            Source::Memory(cell) => {
+                let memory = cell.lock(detached)?;
+                (memory.len(), memory.device().clone(), read(&memory))
+            }
+            Source::Buffer(cell) => {
+                let buffer = cell.lock(detached)?;
+                (buffer.size(), buffer.memory().device().clone(), read(buffer.memory()))
+            }
+            Source::Unified(storage) => {
+                let mut raw = storage.lock_detached(detached)?;
+                let (n, home) = (raw.nbytes(), raw.home().clone());
+                // As `with` reads: the home device's copy in place when only it is current
+                // (through the host on a backend that cannot borrow its memory), else the host's.
+                let mut from = None;
+                if reads_home_copy(&raw, &home) {
+                    let device_copy = raw.device_access(&home, Access::Read).or_py()?;
+                    // SAFETY: the handle is only borrowed, and dropped, while the buffer's lock
+                    // is held: the copy stays allocated meanwhile.
+                    let borrowed = unsafe { Memory::borrowed(&home, device_copy.raw(), n) };
+                    if borrowed.is_ok() {
+                        from = Some((home.clone(), MemoryKind::Device));
+                    }
+                }
+                (n, home, from)
+            }
+            Source::Borrowed(memory) => (memory.len(), memory.device().clone(), read(memory)),
+        })
+    }
+
     /// Runs `f` with the source's memory and the number of its bytes to copy. Locks the
     /// source's own lock: never call it with that lock held.
     pub(crate) fn with<R>(&self, detached: &Detached, f: impl FnOnce(&Memory, usize) -> R) -> PyResult<R> {
@@ -147,10 +195,8 @@ impl Source {
                 // The current copy is read in place: the host's, or the buffer's own device's
                 // when only it is current, so nothing moves or changes state for it. Only a
                 // buffer current elsewhere (another device) is read back to the host first.
-                let on_home = raw.residency(Location::Device(home.id())) == Residency::Valid
-                    && raw.residency(Location::Host) != Residency::Valid;
                 let mut staged = Vec::new();
-                let memory = if on_home {
+                let memory = if reads_home_copy(&raw, &home) {
                     let device_copy = raw.device_access(&home, Access::Read).or_py()?;
                     // SAFETY: the handle is read while the buffer's lock is held (until `f`
                     // returns), so the copy stays allocated and current.

@@ -213,10 +213,8 @@ impl PyMemory {
                     args::repr(other)
                 )));
             }
-            let device = device.unwrap_or_else(|| src.device.clone());
-            let memory = Self::allocate(py, kind, src.nbytes, alignment, device)?;
             let (source, keep) = Source::resolve(other, "copy_from_device")?;
-            observed(py, Cause::sync(class_name(kind)), || memory.copy_from(py, &source))?;
+            let memory = Self::copy_of(py, kind, alignment, device, &source)?;
             drop(keep);
             return Ok(memory);
         }
@@ -237,11 +235,50 @@ impl PyMemory {
         }
         // A source's own errors (a bad interface, a refused DLPack export) name `what` already.
         let (source, keep) = Source::resolve_any(other, &what)?.ok_or_else(wrong_type)?;
-        let (nbytes, home) = lock::detach(py, |d| source.with(d, |m, n| (n, m.device().clone())))?;
-        let memory = Self::allocate(py, kind, nbytes, alignment, device.unwrap_or(home))?;
-        observed(py, Cause::sync(class_name(kind)), || memory.copy_from(py, &source))?;
+        let memory = Self::copy_of(py, kind, alignment, device, &source)?;
         drop(keep);
         Ok(memory)
+    }
+
+    /// A new memory object of `kind` on `device` (default: the source's own device, a
+    /// `UnifiedBuffer`'s home whichever of its copies is current) holding a copy of `source`,
+    /// an explicit copy named by the class. Allocated only once the guard lets the copy
+    /// through: a refused constructor took nor recorded any memory (it did before the
+    /// twentieth hostile pass), and the source's size is learnt without reading it (a
+    /// `UnifiedBuffer` current on another device was read back for it, a wgpu one staged).
+    fn copy_of(
+        py: Python<'_>,
+        kind: MemoryKind,
+        alignment: usize,
+        device: Option<Device>,
+        source: &Source,
+    ) -> PyResult<Self> {
+        observed(py, Cause::sync(class_name(kind)), || {
+            let (nbytes, home, from) = lock::detach(py, |d| source.extent(d))?;
+            let device = device.unwrap_or(home);
+            let from = from.as_ref().map(|(device, kind)| (device, *kind));
+            let memory = Self::allocate_for_copy(py, kind, nbytes, alignment, device, from)?;
+            memory.copy_from(py, source)?;
+            Ok(memory)
+        })
+    }
+
+    /// [`Self::allocate`] of memory a copy from `from` (`None`: host memory) is about to fill:
+    /// nothing is allocated when the guard refuses that copy
+    /// ([`lazybuf::DeviceAllocation::for_copy_from`]; call it under the call's `observed`).
+    fn allocate_for_copy(
+        py: Python<'_>,
+        kind: MemoryKind,
+        nbytes: usize,
+        alignment: usize,
+        device: Device,
+        from: Option<(&Device, MemoryKind)>,
+    ) -> PyResult<Self> {
+        let options = AllocationOptions { resource: None, alignment };
+        let cause = Cause::sync(class_name(kind));
+        let memory =
+            py.detach(|| Memory::for_copy_from(&device, kind, nbytes, options, from, cause)).or_py()?;
+        Ok(Self::from_memory(memory, None))
     }
 
     /// Copies a resolved source into the first bytes, locking the two in address order.
@@ -645,9 +682,12 @@ pub(crate) fn _rebuild_memory(
     })?;
     let device = pickled_device(py, device)?;
     let host = HostBuffer::get(data, false, "unpickling: data")?;
-    let memory = PyMemory::allocate(py, mem_kind, host.len(), 0, device)?;
-    // Unpickling (pickle.loads) uploads: an implicit copy.
-    observed(py, Cause::access("unpickle"), || memory.with(py, |m| m.copy_from_host(host.bytes()))?.or_py())?;
+    // Unpickling (pickle.loads) uploads: an implicit copy, refused before anything is allocated.
+    let memory = observed(py, Cause::access("unpickle"), || {
+        let memory = PyMemory::allocate_for_copy(py, mem_kind, host.len(), 0, device, None)?;
+        memory.with(py, |m| m.copy_from_host(host.bytes()))?.or_py()?;
+        PyResult::Ok(memory)
+    })?;
     let init = PyClassInitializer::from(memory);
     Ok(match mem_kind {
         MemoryKind::Device => Py::new(py, init.add_subclass(PyMemoryDevice))?.into_any(),

@@ -102,6 +102,33 @@ impl<T: Element> DeviceAllocation<T> {
         Self::allocate_as(device, kind, len, options, None)
     }
 
+    /// [`Self::with_options`], for memory that a copy from `from` (the device and kind of the
+    /// memory the copy will read; `None`: host memory) is about to fill, all `len` elements:
+    /// the transfer guard decides on that copy first, named by `cause` (or the running call's),
+    /// and a refusal allocates nothing (an allocation may spill other buffers for room, and
+    /// the recorder would record it and its free). The copy itself is the caller's, with a
+    /// copy method that the guard and the recorder see as usual. The error of a refused copy
+    /// names the id the allocation would have had.
+    ///
+    /// For bindings whose constructors copy into new memory (Python's `MemoryDevice(other,
+    /// copy=True)`, unpickling), where [`Self::to`] does not fit (a source that is no
+    /// allocation, another alignment or resource).
+    pub fn for_copy_from(
+        device: &Device,
+        kind: MemoryKind,
+        len: usize,
+        options: AllocationOptions,
+        from: Option<(&Device, MemoryKind)>,
+        cause: Cause,
+    ) -> Result<Self> {
+        let size = std::mem::size_of::<T>();
+        let bytes = len.checked_mul(size).ok_or_else(|| overflow(len, size))?;
+        let id = crate::observe::next_buffer_id();
+        let from = from.and_then(|(device, kind)| observed::device_side(device, kind));
+        observed::check_refusal(Seen::new(id, cause), from, observed::device_side(device, kind), bytes)?;
+        Self::allocate_as(device, kind, len, options, Some(id))
+    }
+
     /// [`Self::with_options`], for the memory object `id` (`None`: a new one, numbered once
     /// it is made): a [`super::DeviceBuffer`]'s new memory keeps the buffer's id. The
     /// recorder sees the allocation (`observed::allocated`) under that id.

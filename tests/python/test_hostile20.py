@@ -1,0 +1,118 @@
+"""What the twentieth hostile pass (the twelfth session's surface as a hostile user drives it:
+memory objects' allocation events, copies outside the plans, the fast path of `buf[key] =
+array`, the trace tools) found, each a test that failed before its fix. Each means the same on
+every device (on the host device the copies are one memory: nothing to refuse).
+"""
+
+import pickle
+
+import numpy as np
+import pytest
+
+import lazybuf
+from conftest import one_selector_per_backend
+from lazybuf import BufferState, TransferGuardError, UnifiedBuffer
+
+N = 1024
+WITH_MEMORY = [s for s in one_selector_per_backend() if s != "host"]
+KINDS = [lazybuf.MemoryDevice, lazybuf.MemoryHost, lazybuf.MemoryShared]
+
+
+@pytest.fixture(autouse=True)
+def _clean():
+    yield
+    if lazybuf.trace.is_recording():
+        lazybuf.trace.stop()
+
+
+def _made(kind, *args, **kwargs):
+    """A memory object, or None where the device has no such memory (pinned on wgpu, shared
+    where the device has none)."""
+    try:
+        return kind(*args, **kwargs)
+    except (ValueError, MemoryError):
+        return None
+
+
+def _memory_events(trace):
+    return [e for e in trace.events() if e["kind"] in ("allocate", "free")]
+
+
+def _sources(selector):
+    """Memory on `selector` to copy from: a memory object of each kind it has, a device
+    buffer, and a UnifiedBuffer whose device copy alone is current."""
+    sources = {}
+    for kind in KINDS:
+        m = _made(kind, N, device=selector)
+        if m is not None:
+            m.copy_from_host(np.arange(N, dtype=np.uint8))
+            sources[kind.__name__] = m
+    sources["DeviceBuffer"] = lazybuf.to_device(np.arange(N, dtype=np.uint8), device=selector)
+    ub = UnifiedBuffer((N,), np.uint8, device=selector)
+    ub[:] = np.arange(N, dtype=np.uint8)
+    ub.sync_to_device()
+    ub.mark_device_dirty()
+    sources["UnifiedBuffer"] = ub
+    return sources
+
+
+@pytest.mark.parametrize("selector", WITH_MEMORY)
+def test_a_refused_copying_constructor_allocates_and_records_nothing(selector):
+    """`MemoryDevice(other, copy=True)` (and `MemoryHost`, `MemoryShared`) allocated its memory,
+    then asked the guard about the copy: a refused constructor took a block (which may spill
+    another buffer for room) and recorded its allocation and its free. The guard decides
+    before anything is allocated now."""
+    for name, source in _sources(selector).items():
+        for kind in KINDS:
+            if _made(kind, 1, device=selector) is None:
+                continue
+            with lazybuf.trace.record() as rec:
+                with lazybuf.transfer_guard("disallow_explicit"):
+                    try:
+                        kind(source, copy=True)
+                    except TransferGuardError:
+                        pass
+                    else:
+                        continue  # a copy between host memories: nothing to refuse
+            assert _memory_events(rec.trace) == [], (name, kind.__name__)
+
+
+@pytest.mark.parametrize("selector", WITH_MEMORY)
+def test_a_refused_unpickling_allocates_and_records_nothing(selector):
+    """Unpickling a memory object uploads its bytes, an implicit copy: it allocated first, so
+    a refused `pickle.loads` recorded an allocation and a free."""
+    for kind in KINDS:
+        m = _made(kind, N, device=selector)
+        if m is None:
+            continue
+        data = pickle.dumps(m)
+        with lazybuf.trace.record() as rec:
+            with lazybuf.transfer_guard("disallow"):
+                try:
+                    pickle.loads(data)
+                except TransferGuardError:
+                    pass
+                else:
+                    continue  # host memory: nothing to refuse
+        assert _memory_events(rec.trace) == [], kind.__name__
+        assert pickle.loads(data).tobytes() == m.tobytes()
+
+
+@pytest.mark.parametrize("selector", WITH_MEMORY)
+def test_a_copy_of_a_unified_buffer_goes_to_its_device_whichever_copy_is_current(selector):
+    """`MemoryDevice(buf, copy=True)` without `device=` went to the device the copy was read
+    from: the buffer's own device when its device copy alone was current, the host device when
+    its host copy was. It goes to the buffer's device, as a copy of a memory object or a device
+    buffer goes to theirs."""
+    buf = UnifiedBuffer((N,), np.float32, device=selector)
+    buf[:] = 1.5
+    assert buf.state in (BufferState.HOST_ONLY, BufferState.HOST_DIRTY)
+    from_host = lazybuf.MemoryDevice(buf, copy=True)
+    buf.sync_to_device()
+    buf.mark_device_dirty()
+    from_device = lazybuf.MemoryDevice(buf, copy=True)
+    assert from_host.device == from_device.device
+    assert from_host.device.backend == selector
+    for m in (from_host, from_device):
+        assert np.array_equal(np.frombuffer(m.tobytes(), np.float32), np.full(N, 1.5, np.float32))
+
