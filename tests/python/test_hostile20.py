@@ -116,3 +116,17 @@ def test_a_copy_of_a_unified_buffer_goes_to_its_device_whichever_copy_is_current
     for m in (from_host, from_device):
         assert np.array_equal(np.frombuffer(m.tobytes(), np.float32), np.full(N, 1.5, np.float32))
 
+
+def test_a_dump_to_a_long_file_name_is_written(tmp_path):
+    """`trace.dump` to a file whose name is long but legal (250 bytes; the limit is 255)
+    failed with "File name too long", naming a temporary file the caller never asked for: the
+    file written beside it, then renamed over it, took the whole name and more."""
+    lazybuf.trace.start()
+    trace = lazybuf.trace.stop()
+    path = tmp_path / ("d" * 245 + ".json")
+    lazybuf.trace.dump(path, trace)
+    assert path.read_text(encoding="utf-8") == trace.to_chrome_json()
+    path.write_text("earlier", encoding="utf-8")
+    lazybuf.trace.dump(path, trace)  # over an earlier file too
+    assert path.read_text(encoding="utf-8") == trace.to_chrome_json()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]

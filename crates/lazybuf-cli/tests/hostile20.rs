@@ -53,3 +53,25 @@ fn utf32_and_unmarked_utf16_traces_are_named_not_called_bad_json() {
         assert!(!png.exists(), "{name}: a plot of an unread trace");
     }
 }
+
+/// `trace plot -o` to a file whose name is long but legal (here 250 bytes; the limit is 255)
+/// failed with "File name too long": the temporary file written beside it, then renamed over
+/// it, took the whole name and more. It takes a bounded part of it now.
+#[test]
+fn a_plot_to_a_long_file_name_is_written() {
+    let trace = temp("long-name-trace.json");
+    std::fs::write(&trace, r#"{"traceEvents":[]}"#).unwrap();
+    let name = format!("{}.png", "p".repeat(246));
+    assert_eq!(name.len(), 250);
+    let out = temp(&name);
+    let run = lazybuf(&["trace", "plot", trace.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    assert!(std::fs::metadata(&out).unwrap().len() > 0);
+    // Nothing left beside it.
+    let left: Vec<_> = std::fs::read_dir(out.parent().unwrap())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
