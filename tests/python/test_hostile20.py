@@ -130,3 +130,33 @@ def test_a_dump_to_a_long_file_name_is_written(tmp_path):
     lazybuf.trace.dump(path, trace)  # over an earlier file too
     assert path.read_text(encoding="utf-8") == trace.to_chrome_json()
     assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]
+
+
+@pytest.mark.parametrize("selector", WITH_MEMORY)
+def test_a_copy_read_off_a_unified_buffers_device_is_seen(selector):
+    """A copy from a UnifiedBuffer whose device copy alone is current reads that copy in place,
+    or, where the backend cannot lend its memory (wgpu), downloads it into a staging block
+    first: that download was neither asked of the guard nor recorded (a device-to-host copy
+    that `d2h="disallow_explicit"` let through, and a trace that never saw the bytes leave the
+    device). It is the buffer's own download into outside memory now, as `to_numpy()`'s is."""
+    buf = UnifiedBuffer((N,), np.float32, device=selector)
+    buf[:] = 2.5
+    buf.sync_to_device()
+    buf.mark_device_dirty()
+    device_name = None
+    with lazybuf.trace.record() as rec:
+        buf.sync_to_host()
+    (copy,) = [e for e in rec.trace.events() if e["kind"] == "transfer"]
+    device_name = copy["from"]
+    buf.mark_device_dirty()
+    for call in (lambda: lazybuf.MemoryDevice(buf, copy=True), lambda: lazybuf.MemoryDevice(N * 4, device=selector).copy_from_device(buf)):
+        with lazybuf.transfer_guard(h2d="allow", d2h="disallow_explicit", d2d="disallow_explicit"):
+            with pytest.raises(TransferGuardError):
+                call()
+        assert buf.state == BufferState.DEVICE_DIRTY
+        with lazybuf.trace.record() as rec:
+            call()
+        read = [e for e in rec.trace.events() if e["kind"] == "transfer" and e["from"] == device_name]
+        assert [e["bytes"] for e in read] == [N * 4], rec.trace.events()
+    m = lazybuf.MemoryDevice(buf, copy=True)
+    assert np.array_equal(np.frombuffer(m.tobytes(), np.float32), np.full(N, 2.5, np.float32))

@@ -16,6 +16,7 @@
 //! What does not live here: the copies themselves (the core's `DeviceAllocation`); exports
 //! ([`crate::interop`]).
 
+use std::ptr::NonNull;
 use std::sync::Arc;
 
 use dlpark::ffi::{DLDeviceType, DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION};
@@ -25,8 +26,8 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyDict, PyInt};
 
-use lazybuf::backend::HostSpan;
 use lazybuf::coherence::Access;
+use lazybuf::host_memory::{ForeignHostMemory, HostMemory};
 use lazybuf::{Device, DlpackDevice, Location, Memory, MemoryKind, Residency};
 
 use crate::args::repr;
@@ -62,6 +63,38 @@ unsafe fn borrowed(device: &Device, address: usize, nbytes: usize) -> PyResult<M
 fn reads_home_copy(raw: &lazybuf::RawBuffer, home: &Device) -> bool {
     raw.residency(Location::Device(home.id())) == Residency::Valid
         && raw.residency(Location::Host) != Residency::Valid
+}
+
+/// Reads a `UnifiedBuffer`'s data into `staged` (its size) as the buffer's own download into
+/// outside memory ([`lazybuf::RawBuffer::read_into`]), for a backend that cannot lend its
+/// device memory ([`Source::with`]).
+fn read_staged(raw: &mut lazybuf::RawBuffer, staged: &mut [u8]) -> PyResult<()> {
+    /// The lender of the block [`HostMemory::adopt`] wraps for one read: owns nothing.
+    struct Lent;
+    impl ForeignHostMemory for Lent {}
+    let Some(start) = NonNull::new(staged.as_mut_ptr()).filter(|_| !staged.is_empty()) else {
+        return Ok(());
+    };
+    // SAFETY: `staged` is writable for its length and borrowed mutably until this returns,
+    // which drops the block first; it is only written through it.
+    let mut block = unsafe { HostMemory::adopt(start, staged.len(), Box::new(Lent)) };
+    raw.read_into(&mut block).or_py()
+}
+
+/// What a copy of a [`Source`] into new memory needs to know first ([`Source::extent`]).
+pub(crate) struct Extent {
+    /// The bytes [`Source::with`] copies.
+    pub(crate) nbytes: usize,
+    /// The source's own device (a `UnifiedBuffer`'s home, whichever of its copies is current):
+    /// the default place of a copy of it.
+    pub(crate) home: Device,
+    /// The device and kind of the memory [`Source::with`] will read (`None`: host memory).
+    pub(crate) reads: Option<(Device, MemoryKind)>,
+    /// [`Source::with`] will download the data into a staging copy first (a wgpu
+    /// `UnifiedBuffer` whose device copy alone is current): a copy of its own, which the
+    /// caller should make before it allocates anything, so that a refusal of it changes
+    /// nothing.
+    pub(crate) staged: bool,
 }
 
 /// A resolved source of `copy_from_device`.
@@ -135,44 +168,43 @@ impl Source {
             || obj.hasattr("__dlpack__")?)
     }
 
-    /// What a copy of the source into new memory needs before it allocates, without reading
-    /// anything: the number of bytes [`Self::with`] copies, the source's own device (a
-    /// `UnifiedBuffer`'s home, whichever of its copies is current: the default place of a
-    /// copy of it), and the device and kind of the memory [`Self::with`] will read (`None`:
-    /// host memory), for the transfer guard's verdict on the copy before anything is
-    /// allocated. Locks the source's own lock, as [`Self::with`] does.
-    pub(crate) fn extent(
-        &self,
-        detached: &Detached,
-    ) -> PyResult<(usize, Device, Option<(Device, MemoryKind)>)> {
-        let read = |m: &Memory| Some((m.device().clone(), m.kind()));
+    /// What a copy of the source into new memory needs before it allocates ([`Extent`]),
+    /// without reading anything. Locks the source's own lock, as [`Self::with`] does.
+    pub(crate) fn extent(&self, detached: &Detached) -> PyResult<Extent> {
+        let of = |m: &Memory, nbytes: usize| Extent {
+            nbytes,
+            home: m.device().clone(),
+            reads: Some((m.device().clone(), m.kind())),
+            staged: false,
+        };
         Ok(match self {
             Source::Memory(cell) => {
                 let memory = cell.lock(detached)?;
-                (memory.len(), memory.device().clone(), read(&memory))
+                of(&memory, memory.len())
             }
             Source::Buffer(cell) => {
                 let buffer = cell.lock(detached)?;
-                (buffer.size(), buffer.memory().device().clone(), read(buffer.memory()))
+                of(buffer.memory(), buffer.size())
             }
             Source::Unified(storage) => {
                 let mut raw = storage.lock_detached(detached)?;
-                let (n, home) = (raw.nbytes(), raw.home().clone());
+                let (nbytes, home) = (raw.nbytes(), raw.home().clone());
                 // As `with` reads: the home device's copy in place when only it is current
-                // (through the host on a backend that cannot borrow its memory), else the host's.
-                let mut from = None;
+                // (staged through the host on a backend that cannot borrow its memory), else
+                // the host's.
+                let (mut reads, mut staged) = (None, false);
                 if reads_home_copy(&raw, &home) {
                     let device_copy = raw.device_access(&home, Access::Read).or_py()?;
                     // SAFETY: the handle is only borrowed, and dropped, while the buffer's lock
                     // is held: the copy stays allocated meanwhile.
-                    let borrowed = unsafe { Memory::borrowed(&home, device_copy.raw(), n) };
-                    if borrowed.is_ok() {
-                        from = Some((home.clone(), MemoryKind::Device));
+                    match unsafe { Memory::borrowed(&home, device_copy.raw(), nbytes) } {
+                        Ok(_) => reads = Some((home.clone(), MemoryKind::Device)),
+                        Err(_) => staged = true,
                     }
                 }
-                (n, home, from)
+                Extent { nbytes, home, reads, staged }
             }
-            Source::Borrowed(memory) => (memory.len(), memory.device().clone(), read(memory)),
+            Source::Borrowed(memory) => of(memory, memory.len()),
         })
     }
 
@@ -204,14 +236,13 @@ impl Source {
                     // SAFETY: as above: the memory outlives the borrow, which `f` alone uses.
                     match unsafe { Memory::borrowed(&home, handle, n) } {
                         Ok(memory) => memory,
-                        // A backend that cannot borrow its own memory (wgpu): a download into
-                        // a staging copy, which leaves the buffer as it is.
+                        // A backend that cannot borrow its own memory (wgpu): the buffer's own
+                        // download into a staging copy, as `to_numpy()`'s (seen by the guard,
+                        // recorded and counted; it left the buffer as it is, but neither the
+                        // guard nor the recorder saw it before the twentieth hostile pass).
                         Err(_) => {
                             staged = vec![0u8; n];
-                            let span = HostSpan::of_mut_slice(&mut staged);
-                            // SAFETY: `staged` is not touched until the download is waited for.
-                            let ticket = unsafe { home.stream().download(device_copy, span) }.or_py()?;
-                            ticket.wait().or_py()?;
+                            read_staged(&mut raw, &mut staged)?;
                             // SAFETY: `staged` lives, untouched, until `f` returns.
                             unsafe { borrowed(&Device::host(), staged.as_ptr() as usize, n) }?
                         }

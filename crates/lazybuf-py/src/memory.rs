@@ -254,10 +254,18 @@ impl PyMemory {
         source: &Source,
     ) -> PyResult<Self> {
         observed(py, Cause::sync(class_name(kind)), || {
-            let (nbytes, home, from) = lock::detach(py, |d| source.extent(d))?;
-            let device = device.unwrap_or(home);
-            let from = from.as_ref().map(|(device, kind)| (device, *kind));
-            let memory = Self::allocate_for_copy(py, kind, nbytes, alignment, device, from)?;
+            let extent = lock::detach(py, |d| source.extent(d))?;
+            let device = device.unwrap_or(extent.home);
+            if extent.staged {
+                // The source's own download first (a refusal of it allocates nothing), then
+                // the upload of what it read.
+                let bytes = lock::detach(py, |d| source.with(d, |m, _| m.to_vec()))?.or_py()?;
+                let memory = Self::allocate_for_copy(py, kind, bytes.len(), alignment, device, None)?;
+                memory.with(py, |m| m.copy_from_host(&bytes))?.or_py()?;
+                return Ok(memory);
+            }
+            let from = extent.reads.as_ref().map(|(device, kind)| (device, *kind));
+            let memory = Self::allocate_for_copy(py, kind, extent.nbytes, alignment, device, from)?;
             memory.copy_from(py, source)?;
             Ok(memory)
         })
