@@ -143,13 +143,16 @@ def test_a_copy_read_off_a_unified_buffers_device_is_seen(selector):
     buf[:] = 2.5
     buf.sync_to_device()
     buf.mark_device_dirty()
-    device_name = None
     with lazybuf.trace.record() as rec:
         buf.sync_to_host()
     (copy,) = [e for e in rec.trace.events() if e["kind"] == "transfer"]
     device_name = copy["from"]
     buf.mark_device_dirty()
-    for call in (lambda: lazybuf.MemoryDevice(buf, copy=True), lambda: lazybuf.MemoryDevice(N * 4, device=selector).copy_from_device(buf)):
+    calls = (
+        lambda: lazybuf.MemoryDevice(buf, copy=True),
+        lambda: lazybuf.MemoryDevice(N * 4, device=selector).copy_from_device(buf),
+    )
+    for call in calls:
         with lazybuf.transfer_guard(h2d="allow", d2h="disallow_explicit", d2d="disallow_explicit"):
             with pytest.raises(TransferGuardError):
                 call()
@@ -160,3 +163,30 @@ def test_a_copy_read_off_a_unified_buffers_device_is_seen(selector):
         assert [e["bytes"] for e in read] == [N * 4], rec.trace.events()
     m = lazybuf.MemoryDevice(buf, copy=True)
     assert np.array_equal(np.frombuffer(m.tobytes(), np.float32), np.full(N, 2.5, np.float32))
+
+
+def test_a_stack_through_a_file_whose_name_is_not_utf8_is_kept(tmp_path):
+    """`trace.start(python_stack=True)` attached no stack at all to an event whose Python
+    stack passed through a module whose file name is not UTF-8 (a lone surrogate in the str):
+    the whole stack was dropped. It is kept, the name's bad bytes replaced."""
+    import importlib.util
+    import os
+
+    name = os.fsdecode(b"hostile20_mod\xff.py")
+    try:
+        path = tmp_path / name
+        path.write_text("def go(buf):\n    buf[:] = 3.0\n", encoding="utf-8")
+    except (OSError, UnicodeEncodeError):
+        pytest.skip("the file system takes no name that is not UTF-8")
+    spec = importlib.util.spec_from_file_location("hostile20_mod", str(path))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    buf = UnifiedBuffer((8,), np.float32)
+    lazybuf.trace.start(python_stack=True)
+    try:
+        module.go(buf)
+    finally:
+        trace = lazybuf.trace.stop()
+    stacks = [e["stack"] for e in trace.events() if e.get("stack") is not None]
+    assert stacks, trace.events()
+    assert all("hostile20_mod" in s and "test_a_stack_through" in s for s in stacks), stacks
