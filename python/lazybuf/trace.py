@@ -133,7 +133,7 @@ def _write_whole(path: str, data: str) -> None:
     folder, name = os.path.split(target)
     encoded = data.encode("utf-8")
     # The temporary file's name takes at most 32 characters of the file's (at most 128 bytes),
-    # so that it is not too long where the file's own name is not: a name of 241 to 255 bytes
+    # so that it is not too long where the file's own name is not: a name of about 240 to 255 bytes
     # failed with "File name too long" (the twentieth hostile pass).
     for attempt in itertools.count():
         temporary = os.path.join(folder, f".{name[:32]}.{os.getpid()}-{next(_TEMPORARY)}.tmp")

@@ -331,7 +331,7 @@ fn temporary_beside(path: &Path) -> std::io::Result<(PathBuf, std::fs::File)> {
         _ => Path::new("."),
     };
     // At most 32 characters of the file's name (at most 128 bytes), so that the temporary
-    // name is not too long where the file's own is not: a name of 236 to 255 bytes failed
+    // name is not too long where the file's own is not: a name of about 240 to 255 bytes failed
     // with "File name too long" (the twentieth hostile pass).
     let name: String =
         path.file_name().map(|n| n.to_string_lossy().chars().take(32).collect()).unwrap_or_default();
