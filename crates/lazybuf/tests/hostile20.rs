@@ -37,14 +37,19 @@ fn memory_made_for_a_copy_is_allocated_only_once_the_guard_lets_the_copy_through
         let cases = [
             (None, MemoryKind::Device, Direction::HostToDevice),
             (Some((&device, MemoryKind::Device)), MemoryKind::Device, Direction::DeviceToDevice),
-            (Some((&device, MemoryKind::Device)), MemoryKind::Host { pinned: false }, Direction::DeviceToHost),
+            (
+                Some((&device, MemoryKind::Device)),
+                MemoryKind::Host { pinned: false },
+                Direction::DeviceToHost,
+            ),
             (Some((&host, MemoryKind::Device)), MemoryKind::Device, Direction::HostToDevice),
         ];
         for (from, kind, direction) in cases {
             let cause = Cause::sync("MemoryDevice");
             trace::start(TraceOptions::default()).unwrap();
             let refused = {
-                let _scope = guard::scope(GuardLevels::default().with(direction, Some(GuardLevel::DisallowExplicit)));
+                let _scope =
+                    guard::scope(GuardLevels::default().with(direction, Some(GuardLevel::DisallowExplicit)));
                 Memory::for_copy_from(&device, kind, LEN, AllocationOptions::default(), from, cause)
             };
             let recorded = trace::stop().unwrap();
@@ -59,9 +64,14 @@ fn memory_made_for_a_copy_is_allocated_only_once_the_guard_lets_the_copy_through
                 .collect();
             assert!(memory_events.is_empty(), "{device} {direction:?}: {memory_events:?}");
             // Let through, it is allocated (and another direction's refusal does not refuse it).
-            let other = if direction == Direction::DeviceToDevice { Direction::HostToDevice } else { Direction::DeviceToDevice };
+            let other = if direction == Direction::DeviceToDevice {
+                Direction::HostToDevice
+            } else {
+                Direction::DeviceToDevice
+            };
             let _scope = guard::scope(GuardLevels::default().with(other, Some(GuardLevel::DisallowExplicit)));
-            let memory = Memory::for_copy_from(&device, kind, LEN, AllocationOptions::default(), from, cause).unwrap();
+            let memory =
+                Memory::for_copy_from(&device, kind, LEN, AllocationOptions::default(), from, cause).unwrap();
             assert_eq!((memory.len(), memory.kind()), (LEN, kind));
         }
     }
