@@ -190,3 +190,46 @@ def test_a_stack_through_a_file_whose_name_is_not_utf8_is_kept(tmp_path):
     stacks = [e["stack"] for e in trace.events() if e.get("stack") is not None]
     assert stacks, trace.events()
     assert all("hostile20_mod" in s and "test_a_stack_through" in s for s in stacks), stacks
+
+
+@pytest.mark.parametrize("selector", WITH_MEMORY)
+def test_an_assignment_that_another_thread_made_stale_says_so(selector):
+    """`buf[key] = array` while another thread makes the device copy current (which makes the
+    host view read-only) or frees the memory: the write was refused with NumPy's "assignment
+    destination is read-only", naming no cause, where the same race caught a moment later says
+    the host copy went stale. The buffer's own reasons are raised first now. (Runs until both
+    threads are done with their counts: the race is hit or not, never waited for.)"""
+    import threading
+
+    buf = UnifiedBuffer((64, 8), np.float32, device=selector)
+    buf[...] = 0
+    done = threading.Event()
+    said = set()
+
+    def assign():
+        row = np.ones((4, 8), np.float32)
+        for i in range(3000):
+            try:
+                buf[i % 60 : i % 60 + 4] = row
+                buf[i % 60, 1:3] = row[0, :2]
+            except (ValueError, RuntimeError) as e:
+                said.add(str(e))
+        done.set()
+
+    def disturb():
+        i = 0
+        while not done.is_set():
+            i += 1
+            if i % 5 == 0:
+                buf.free()
+            else:
+                buf.sync_to_device()
+                buf.mark_device_dirty()
+
+    threads = [threading.Thread(target=assign), threading.Thread(target=disturb)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not [s for s in said if "read-only" in s], said
+    assert all("went stale" in s or "was freed" in s for s in said), said

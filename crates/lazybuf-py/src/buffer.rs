@@ -1014,6 +1014,13 @@ fn integer_selection<'a>(shape: &'a [usize], key: &Bound<'_, PyAny>) -> Option<&
     }
 }
 
+/// Whether a NumPy array is writable now (a host view is made read-only when its copy goes
+/// stale or its memory is given up).
+fn is_writeable(array: &Bound<'_, PyAny>) -> PyResult<bool> {
+    let py = array.py();
+    array.getattr(interned!(py, "flags"))?.getattr(interned!(py, "writeable"))?.is_truthy()
+}
+
 /// `storage`, the memory `buf[key] = value` wrote through `.host` while NumPy converted the
 /// key or the value, if it is still the buffer's: else a `ValueError` (a `free()` meanwhile:
 /// the values landed in memory the buffer gave up) or the released error.
@@ -1771,9 +1778,20 @@ impl UnifiedBuffer {
             let written = host.set_item(key, value);
             let kept = kept_memory(slf.get(), &storage).map(drop);
             let settled = storage.settle_host_write(slf.py(), kept.is_ok(), written.is_ok());
-            written?;
+            // What happened to the buffer meanwhile explains a failed write first: a view made
+            // read-only by another copy made current (or by `free()`) refused it with NumPy's
+            // "assignment destination is read-only", which named no cause (the twentieth
+            // hostile pass).
             kept?;
-            settled
+            settled?;
+            match written {
+                Err(err) if !is_writeable(&host)? => {
+                    let stale = crate::views::host_went_stale();
+                    stale.set_cause(slf.py(), Some(err));
+                    Err(stale)
+                }
+                written => written,
+            }
         })
     }
 
