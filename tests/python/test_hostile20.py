@@ -233,3 +233,34 @@ def test_an_assignment_that_another_thread_made_stale_says_so(selector):
         t.join()
     assert not [s for s in said if "read-only" in s], said
     assert all("went stale" in s or "was freed" in s for s in said), said
+
+
+def test_a_call_made_inside_another_keeps_the_threads_time_going_forward():
+    """A call the user's code made while lazybuf ran another (NumPy's conversion running a
+    `__float__` that makes and drops a buffer) put the enclosing call's time back when it
+    returned, so the enclosing call's later events (the dropped buffer's free) were stamped
+    before the nested call's (its allocation): the trace held a free before its allocation, and
+    a memory timeline drawn from it went below zero. The enclosing call's events go on from the
+    nested call's latest time now."""
+    made = []
+
+    class Value:
+        def __float__(self):
+            t = UnifiedBuffer((4,), np.float32)
+            t[:] = 1.0  # a call of its own: the host block's allocation
+            made.append(t.buffer_id)
+            del t  # its free, inside the enclosing assignment
+            return 2.0
+
+    buf = UnifiedBuffer((4,), np.float32)
+    buf[...] = 0
+    with lazybuf.trace.record() as rec:
+        buf[0:2] = np.array([Value(), Value()], dtype=object)
+    assert np.array_equal(buf.to_numpy(), [2, 2, 0, 0])
+    events = rec.trace.events()
+    times = [e["time_us"] for e in events if e.get("thread") == events[0]["thread"]]
+    assert times == sorted(times)
+    for i in made:
+        kinds = [(e["kind"], e["time_us"]) for e in events if e.get("buffer") == i and e["kind"] in ("allocate", "free")]
+        assert [k for k, _ in kinds] == ["allocate", "free"], (i, kinds)
+        assert kinds[0][1] <= kinds[1][1], (i, kinds)

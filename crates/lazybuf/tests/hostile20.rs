@@ -76,3 +76,40 @@ fn memory_made_for_a_copy_is_allocated_only_once_the_guard_lets_the_copy_through
         }
     }
 }
+
+/// A call made inside another on one thread (`observe::call_anew`: a binding's conversion
+/// running the user's code, which uses another buffer) put the enclosing call's first time
+/// back when it returned, so the enclosing call's later events were stamped before the
+/// nested call's: a buffer the nested call allocated and the enclosing call then dropped was
+/// freed, in the trace, before it was allocated. The enclosing call goes on from the nested
+/// call's latest time.
+#[test]
+fn a_call_made_inside_another_keeps_the_threads_time_going_forward() {
+    let _serial = serial();
+    let device = lazybuf::Device::host();
+    trace::start(TraceOptions::default()).unwrap();
+    let mut outer = lazybuf::UnifiedBuffer::<f32>::on(&[8], &device).unwrap();
+    let mut inner_id = 0;
+    lazybuf::observe::call(Cause::sync("outer"), || {
+        outer.host_mut().unwrap().fill(1.0); // the enclosing call reads its time
+        let inner = lazybuf::observe::call_anew(Cause::sync("inner"), || {
+            let mut inner = lazybuf::UnifiedBuffer::<f32>::on(&[8], &device).unwrap();
+            inner.host_mut().unwrap().fill(2.0); // allocated in the nested call
+            inner
+        });
+        inner_id = inner.raw().id();
+        drop(inner); // freed in the enclosing one
+    });
+    let recorded = trace::stop().unwrap();
+    let times: Vec<(&str, std::time::Duration)> = recorded
+        .events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::Allocate { buffer, .. } if *buffer == inner_id => Some(("allocate", e.time)),
+            EventKind::Free { buffer: Some(buffer), .. } if *buffer == inner_id => Some(("free", e.time)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(times.iter().map(|t| t.0).collect::<Vec<_>>(), ["allocate", "free"], "{times:?}");
+    assert!(times[0].1 <= times[1].1, "{times:?}");
+}
