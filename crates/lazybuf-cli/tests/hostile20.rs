@@ -75,3 +75,33 @@ fn a_plot_to_a_long_file_name_is_written() {
         .collect();
     assert!(left.is_empty(), "{left:?}");
 }
+
+/// `trace plot FILE -o OUT` where OUT is FILE itself (a trace named `run.svg`, a link to it,
+/// a hard link) replaced the trace with its own plot. It is refused, and the trace kept.
+#[test]
+fn a_plot_over_the_trace_it_reads_is_refused() {
+    let text = r#"{"traceEvents":[]}"#;
+    let trace = temp("itself.svg");
+    std::fs::write(&trace, text).unwrap();
+    let link = temp("itself-link.svg");
+    let _ = std::fs::remove_file(&link);
+    let hard = temp("itself-hard.svg");
+    let _ = std::fs::remove_file(&hard);
+    std::fs::hard_link(&trace, &hard).unwrap();
+    let mut outputs = vec![trace.clone(), hard.clone()];
+    #[cfg(unix)]
+    {
+        std::os::unix::fs::symlink(&trace, &link).unwrap();
+        outputs.push(link.clone());
+    }
+    for out in outputs {
+        let run = lazybuf(&["trace", "plot", trace.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&run.stderr);
+        assert!(!run.status.success() && err.contains("it is the trace being read"), "{out:?}: {err}");
+        assert_eq!(std::fs::read_to_string(&trace).unwrap(), text, "{out:?}");
+    }
+    // Another file is written.
+    let other = temp("itself-other.svg");
+    let run = lazybuf(&["trace", "plot", trace.to_str().unwrap(), "-o", other.to_str().unwrap()]);
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+}

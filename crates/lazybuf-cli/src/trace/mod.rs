@@ -300,8 +300,31 @@ pub fn run(args: &TraceArgs) -> Result<i32> {
             outln!("{}", text.trim_end());
         }
         TraceCommand::Plot { file, output, size } => {
+            if same_file(file, output) {
+                // The plot, written whole over it, would replace the trace it was drawn from
+                // (a trace named `run.svg`, a link to it, a hard link: the twentieth pass).
+                return Err(CliError::new(format!(
+                    "-o {}: it is the trace being read ({}); expected another file for the plot",
+                    output.display(),
+                    file.display()
+                )));
+            }
             plot::write(&load(file)?, output, *size)?;
         }
     }
     Ok(0)
+}
+
+/// Whether two paths name one existing file (through links, hard links included on Unix).
+fn same_file(a: &Path, b: &Path) -> bool {
+    let (Ok(ma), Ok(mb)) = (std::fs::metadata(a), std::fs::metadata(b)) else { return false };
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt as _;
+        if (ma.dev(), ma.ino()) == (mb.dev(), mb.ino()) {
+            return true;
+        }
+    }
+    let _ = (ma, mb);
+    matches!((std::fs::canonicalize(a), std::fs::canonicalize(b)), (Ok(x), Ok(y)) if x == y)
 }
