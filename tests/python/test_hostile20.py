@@ -264,3 +264,35 @@ def test_a_call_made_inside_another_keeps_the_threads_time_going_forward():
         kinds = [(e["kind"], e["time_us"]) for e in events if e.get("buffer") == i and e["kind"] in ("allocate", "free")]
         assert [k for k, _ in kinds] == ["allocate", "free"], (i, kinds)
         assert kinds[0][1] <= kinds[1][1], (i, kinds)
+
+
+@pytest.mark.parametrize("selector", WITH_MEMORY)
+def test_a_refused_copy_from_a_unified_buffer_reads_nothing(selector):
+    """The copy into memory from a UnifiedBuffer whose device copy alone is current, refused by
+    the guard (the copy into the memory, not the read of the buffer) or too large for the
+    memory, changes nothing of the buffer: on wgpu the buffer's own staging download (seen and
+    counted since this pass) ran first and was counted and recorded for a call that then
+    failed."""
+    buf = UnifiedBuffer((N,), np.float32, device=selector)
+    buf[:] = 2.5
+    buf.sync_to_device()
+    buf.mark_device_dirty()
+    before = (buf.state, buf.transfer_stats())
+    calls = [
+        lambda: lazybuf.MemoryDevice(buf, copy=True),
+        lambda: lazybuf.MemoryDevice(N * 4, device=selector).copy_from_device(buf),
+        lambda: lazybuf.DeviceBuffer(size=N * 4, device=selector).copy_from_device(buf),
+    ]
+    for call in calls:
+        with lazybuf.trace.record() as rec:
+            with lazybuf.transfer_guard(h2d="disallow_explicit", d2h="allow", d2d="disallow_explicit"):
+                with pytest.raises(TransferGuardError):
+                    call()
+        assert (buf.state, buf.transfer_stats()) == before
+        assert [e for e in rec.trace.events() if e.get("buffer") == buf.buffer_id] == []
+    for small in (lazybuf.MemoryDevice(N, device=selector), lazybuf.DeviceBuffer(size=N, device=selector)):
+        with lazybuf.trace.record() as rec:
+            with pytest.raises(ValueError, match="too large"):
+                small.copy_from_device(buf)
+        assert (buf.state, buf.transfer_stats()) == before
+        assert [e for e in rec.trace.events() if e.get("buffer") == buf.buffer_id] == []

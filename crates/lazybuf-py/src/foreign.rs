@@ -265,13 +265,26 @@ impl Source {
     /// and the source's memory, taking the two locks in the process-wide order
     /// ([`Self::lock_order`]: the lower address first), so that two copies between the same
     /// objects in opposite directions cannot deadlock.
+    ///
+    /// A source staged through the host (a wgpu `UnifiedBuffer` whose device copy alone is
+    /// current, [`Extent::staged`]) is read, a copy of its own, before `f` runs: `check` is
+    /// given the destination and the bytes first, to refuse what `f` would refuse (too many
+    /// bytes, the guard's verdict on the copy from host memory), so that a refused call reads
+    /// nothing (it was counted and recorded before the twentieth hostile pass's own fix was).
     pub(crate) fn with_locked_in_order<G: std::ops::DerefMut, R>(
         &self,
         detached: &Detached,
         mine: usize,
-        lock: impl FnOnce() -> PyResult<G>,
+        lock: impl Fn() -> PyResult<G>,
+        check: impl FnOnce(&mut G::Target, usize) -> PyResult<()>,
         f: impl FnOnce(&mut G::Target, &Memory, usize) -> PyResult<R>,
     ) -> PyResult<R> {
+        if matches!(self, Source::Unified(_)) {
+            let extent = self.extent(detached)?;
+            if extent.staged {
+                check(&mut *lock()?, extent.nbytes)?;
+            }
+        }
         if self.lock_order() < mine {
             self.with(detached, |src, n| f(&mut *lock()?, src, n))?
         } else {

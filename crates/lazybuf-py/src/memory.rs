@@ -257,10 +257,16 @@ impl PyMemory {
             let extent = lock::detach(py, |d| source.extent(d))?;
             let device = device.unwrap_or(extent.home);
             if extent.staged {
-                // The source's own download first (a refusal of it allocates nothing), then
-                // the upload of what it read.
-                let bytes = lock::detach(py, |d| source.with(d, |m, _| m.to_vec()))?.or_py()?;
-                let memory = Self::allocate_for_copy(py, kind, bytes.len(), alignment, device, None)?;
+                // The guard's verdict on the upload, then the source's own download (a refusal
+                // of either allocates and reads nothing), then the memory and the upload.
+                let options = AllocationOptions { resource: None, alignment };
+                let cause = Cause::sync(class_name(kind));
+                // (With the GIL held: the read releases it itself, and this is wgpu's path only.)
+                let read = || lock::detach(py, |d| source.with(d, |m, _| m.to_vec().or_py()))?;
+                let (memory, bytes) =
+                    Memory::for_copy_from_after(&device, kind, extent.nbytes, options, None, cause, read)
+                        .or_py()??;
+                let memory = Self::from_memory(memory, None);
                 memory.with(py, |m| m.copy_from_host(&bytes))?.or_py()?;
                 return Ok(memory);
             }
@@ -296,15 +302,18 @@ impl PyMemory {
         }
         let copy = |dst: &mut Memory, src: &Memory, n: usize| {
             if n > dst.len() {
-                return Err(PyValueError::new_err(format!(
-                    "copy_from_device: the source is too large to be accommodated: {n} bytes into {}",
-                    dst.len()
-                )));
+                return Err(too_large(n, dst.len()));
             }
             crate::hostbuf::copy_between(dst, src, n).or_py()
         };
+        let check = |dst: &mut Memory, n: usize| {
+            if n > dst.len() {
+                return Err(too_large(n, dst.len()));
+            }
+            dst.check_copy_from(None, n, Cause::sync("copy_from_device")).or_py()
+        };
         let mine = Arc::as_ptr(&self.cell) as usize;
-        lock::detach(py, |d| source.with_locked_in_order(d, mine, || self.cell.lock(d), copy))
+        lock::detach(py, |d| source.with_locked_in_order(d, mine, || self.cell.lock(d), check, copy))
     }
 
     /// `copy_to_host`'s work: into `dest`, else into a new array.
@@ -671,6 +680,13 @@ impl PyMemoryShared {
         // SAFETY: forwarded contract.
         unsafe { interop::release_buffer(view) }
     }
+}
+
+/// `copy_from_device`'s error for a source larger than the memory.
+fn too_large(n: usize, len: usize) -> PyErr {
+    PyValueError::new_err(format!(
+        "copy_from_device: the source is too large to be accommodated: {n} bytes into {len}"
+    ))
 }
 
 /// Unpickles a memory object (see `__reduce__`): checks the kind (`ValueError` for one it does

@@ -121,12 +121,48 @@ impl<T: Element> DeviceAllocation<T> {
         from: Option<(&Device, MemoryKind)>,
         cause: Cause,
     ) -> Result<Self> {
+        let made = Self::for_copy_from_after(device, kind, len, options, from, cause, || Ok::<(), ()>(()))?;
+        Ok(made.map_or_else(|()| unreachable!("nothing to fail"), |(memory, ())| memory))
+    }
+
+    /// [`Self::for_copy_from`], running `first` between the guard's verdict and the allocation
+    /// (nothing is allocated when it fails: its error is the inner one): for a source that must
+    /// be read, a copy of its own, before the copy into the new memory (a wgpu buffer staged
+    /// through the host), so that a refusal of either copy changes nothing.
+    pub fn for_copy_from_after<R, X>(
+        device: &Device,
+        kind: MemoryKind,
+        len: usize,
+        options: AllocationOptions,
+        from: Option<(&Device, MemoryKind)>,
+        cause: Cause,
+        first: impl FnOnce() -> std::result::Result<R, X>,
+    ) -> Result<std::result::Result<(Self, R), X>> {
         let size = std::mem::size_of::<T>();
         let bytes = len.checked_mul(size).ok_or_else(|| overflow(len, size))?;
         let id = crate::observe::next_buffer_id();
         let from = from.and_then(|(device, kind)| observed::device_side(device, kind));
         observed::check_refusal(Seen::new(id, cause), from, observed::device_side(device, kind), bytes)?;
-        Self::allocate_as(device, kind, len, options, Some(id))
+        let read = match first() {
+            Ok(read) => read,
+            Err(err) => return Ok(Err(err)),
+        };
+        Ok(Ok((Self::allocate_as(device, kind, len, options, Some(id))?, read)))
+    }
+
+    /// The transfer guard's refusal of a copy of `bytes` from `from` (the device and kind of
+    /// the memory the copy will read; `None`: host memory) into this memory, asked before the
+    /// caller changes anything for it, logging and recording nothing (the copy's own method
+    /// does both). For bindings whose source must be read, a copy of its own, before the copy
+    /// into this memory can run (a wgpu buffer staged through the host).
+    pub fn check_copy_from(
+        &self,
+        from: Option<(&Device, MemoryKind)>,
+        bytes: usize,
+        cause: Cause,
+    ) -> Result<()> {
+        let from = from.and_then(|(device, kind)| observed::device_side(device, kind));
+        observed::check_refusal(Seen::new(self.id, cause), from, self.observed_at(), bytes)
     }
 
     /// [`Self::with_options`], for the memory object `id` (`None`: a new one, numbered once
