@@ -121,8 +121,11 @@ impl<T: Element> DeviceAllocation<T> {
         from: Option<(&Device, MemoryKind)>,
         cause: Cause,
     ) -> Result<Self> {
-        let made = Self::for_copy_from_after(device, kind, len, options, from, cause, || Ok::<(), ()>(()))?;
-        Ok(made.map_or_else(|()| unreachable!("nothing to fail"), |(memory, ())| memory))
+        let nothing = || Ok::<(), std::convert::Infallible>(());
+        match Self::for_copy_from_after(device, kind, len, options, from, cause, nothing)? {
+            Ok((memory, ())) => Ok(memory),
+            Err(never) => match never {},
+        }
     }
 
     /// [`Self::for_copy_from`], running `first` between the guard's verdict and the allocation
