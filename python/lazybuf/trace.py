@@ -132,8 +132,11 @@ def _write_whole(path: str, data: str) -> None:
     target = os.path.realpath(path) if st is not None else path
     folder, name = os.path.split(target)
     encoded = data.encode("utf-8")
+    # The temporary file's name takes at most 32 characters of the file's (at most 128 bytes),
+    # so that it is not too long where the file's own name is not: a name of about 240 to 255 bytes
+    # failed with "File name too long" (the twentieth hostile pass).
     for attempt in itertools.count():
-        temporary = os.path.join(folder, f".{name}.{os.getpid()}-{next(_TEMPORARY)}.tmp")
+        temporary = os.path.join(folder, f".{name[:32]}.{os.getpid()}-{next(_TEMPORARY)}.tmp")
         try:
             # 0o666 less the umask, as open() creates a file.
             fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)

@@ -330,7 +330,11 @@ fn temporary_beside(path: &Path) -> std::io::Result<(PathBuf, std::fs::File)> {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    // At most 32 characters of the file's name (at most 128 bytes), so that the temporary
+    // name is not too long where the file's own is not: a name of about 240 to 255 bytes failed
+    // with "File name too long" (the twentieth hostile pass).
+    let name: String =
+        path.file_name().map(|n| n.to_string_lossy().chars().take(32).collect()).unwrap_or_default();
     loop {
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         let temporary = folder.join(format!(".{name}.{}-{n}.tmp", std::process::id()));

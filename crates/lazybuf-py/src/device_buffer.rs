@@ -198,12 +198,20 @@ impl PyDeviceBuffer {
         let result = if source.is_buffer(&self.cell) {
             Ok(()) // a buffer onto itself: every byte stays
         } else {
+            let too_large = |n: usize, size: usize| {
+                PyValueError::new_err(format!(
+                    "copy_from_device: the source is too large: {n} bytes; the buffer holds {size}"
+                ))
+            };
+            let check = |dst: &mut DeviceBuffer, n: usize| {
+                if n > dst.size() {
+                    return Err(too_large(n, dst.size()));
+                }
+                dst.memory().check_copy_from(None, n, Cause::sync("copy_from_device")).or_py()
+            };
             let copy = |dst: &mut DeviceBuffer, src: &lazybuf::Memory, n: usize| {
                 if n > dst.size() {
-                    return Err(PyValueError::new_err(format!(
-                        "copy_from_device: the source is too large: {n} bytes; the buffer holds {}",
-                        dst.size()
-                    )));
+                    return Err(too_large(n, dst.size()));
                 }
                 if crate::hostbuf::ranges_overlap(dst.memory().host_range(), src.host_range()) {
                     // Foreign memory that is a view of this buffer: copy through the host.
@@ -213,7 +221,7 @@ impl PyDeviceBuffer {
                 dst.copy_from_memory(src, n).or_py()
             };
             let mine = Arc::as_ptr(&self.cell) as usize;
-            lock::detach(py, |d| source.with_locked_in_order(d, mine, || self.cell.lock(d), copy))
+            lock::detach(py, |d| source.with_locked_in_order(d, mine, || self.cell.lock(d), check, copy))
         };
         drop(keep);
         result

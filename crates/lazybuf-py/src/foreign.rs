@@ -16,6 +16,7 @@
 //! What does not live here: the copies themselves (the core's `DeviceAllocation`); exports
 //! ([`crate::interop`]).
 
+use std::ptr::NonNull;
 use std::sync::Arc;
 
 use dlpark::ffi::{DLDeviceType, DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION};
@@ -25,8 +26,8 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyDict, PyInt};
 
-use lazybuf::backend::HostSpan;
 use lazybuf::coherence::Access;
+use lazybuf::host_memory::{ForeignHostMemory, HostMemory};
 use lazybuf::{Device, DlpackDevice, Location, Memory, MemoryKind, Residency};
 
 use crate::args::repr;
@@ -55,6 +56,45 @@ unsafe fn borrowed(device: &Device, address: usize, nbytes: usize) -> PyResult<M
         .ok_or_else(|| PyValueError::new_err(format!("{device} memory has no integer handle to borrow")))?;
     // SAFETY: the caller's promise.
     unsafe { Memory::borrowed(device, raw, nbytes) }.or_py()
+}
+
+/// Whether a copy from a `UnifiedBuffer` reads its home device's copy in place (only that copy
+/// is current), not its host copy ([`Source::with`], [`Source::extent`]).
+fn reads_home_copy(raw: &lazybuf::RawBuffer, home: &Device) -> bool {
+    raw.residency(Location::Device(home.id())) == Residency::Valid
+        && raw.residency(Location::Host) != Residency::Valid
+}
+
+/// Reads a `UnifiedBuffer`'s data into `staged` (its size) as the buffer's own download into
+/// outside memory ([`lazybuf::RawBuffer::read_into`]), for a backend that cannot lend its
+/// device memory ([`Source::with`]).
+fn read_staged(raw: &mut lazybuf::RawBuffer, staged: &mut [u8]) -> PyResult<()> {
+    /// The lender of the block [`HostMemory::adopt`] wraps for one read: owns nothing.
+    struct Lent;
+    impl ForeignHostMemory for Lent {}
+    let Some(start) = NonNull::new(staged.as_mut_ptr()).filter(|_| !staged.is_empty()) else {
+        return Ok(());
+    };
+    // SAFETY: `staged` is writable for its length and borrowed mutably until this returns,
+    // which drops the block first; it is only written through it.
+    let mut block = unsafe { HostMemory::adopt(start, staged.len(), Box::new(Lent)) };
+    raw.read_into(&mut block).or_py()
+}
+
+/// What a copy of a [`Source`] into new memory needs to know first ([`Source::extent`]).
+pub(crate) struct Extent {
+    /// The bytes [`Source::with`] copies.
+    pub(crate) nbytes: usize,
+    /// The source's own device (a `UnifiedBuffer`'s home, whichever of its copies is current):
+    /// the default place of a copy of it.
+    pub(crate) home: Device,
+    /// The device and kind of the memory [`Source::with`] will read (`None`: host memory).
+    pub(crate) reads: Option<(Device, MemoryKind)>,
+    /// [`Source::with`] will download the data into a staging copy first (a wgpu
+    /// `UnifiedBuffer` whose device copy alone is current): a copy of its own, which the
+    /// caller should make before it allocates anything, so that a refusal of it changes
+    /// nothing.
+    pub(crate) staged: bool,
 }
 
 /// A resolved source of `copy_from_device`.
@@ -128,6 +168,46 @@ impl Source {
             || obj.hasattr("__dlpack__")?)
     }
 
+    /// What a copy of the source into new memory needs before it allocates ([`Extent`]),
+    /// without reading anything. Locks the source's own lock, as [`Self::with`] does.
+    pub(crate) fn extent(&self, detached: &Detached) -> PyResult<Extent> {
+        let of = |m: &Memory, nbytes: usize| Extent {
+            nbytes,
+            home: m.device().clone(),
+            reads: Some((m.device().clone(), m.kind())),
+            staged: false,
+        };
+        Ok(match self {
+            Source::Memory(cell) => {
+                let memory = cell.lock(detached)?;
+                of(&memory, memory.len())
+            }
+            Source::Buffer(cell) => {
+                let buffer = cell.lock(detached)?;
+                of(buffer.memory(), buffer.size())
+            }
+            Source::Unified(storage) => {
+                let mut raw = storage.lock_detached(detached)?;
+                let (nbytes, home) = (raw.nbytes(), raw.home().clone());
+                // As `with` reads: the home device's copy in place when only it is current
+                // (staged through the host on a backend that cannot borrow its memory), else
+                // the host's.
+                let (mut reads, mut staged) = (None, false);
+                if reads_home_copy(&raw, &home) {
+                    let device_copy = raw.device_access(&home, Access::Read).or_py()?;
+                    // SAFETY: the handle is only borrowed, and dropped, while the buffer's lock
+                    // is held: the copy stays allocated meanwhile.
+                    match unsafe { Memory::borrowed(&home, device_copy.raw(), nbytes) } {
+                        Ok(_) => reads = Some((home.clone(), MemoryKind::Device)),
+                        Err(_) => staged = true,
+                    }
+                }
+                Extent { nbytes, home, reads, staged }
+            }
+            Source::Borrowed(memory) => of(memory, memory.len()),
+        })
+    }
+
     /// Runs `f` with the source's memory and the number of its bytes to copy. Locks the
     /// source's own lock: never call it with that lock held.
     pub(crate) fn with<R>(&self, detached: &Detached, f: impl FnOnce(&Memory, usize) -> R) -> PyResult<R> {
@@ -147,10 +227,8 @@ impl Source {
                 // The current copy is read in place: the host's, or the buffer's own device's
                 // when only it is current, so nothing moves or changes state for it. Only a
                 // buffer current elsewhere (another device) is read back to the host first.
-                let on_home = raw.residency(Location::Device(home.id())) == Residency::Valid
-                    && raw.residency(Location::Host) != Residency::Valid;
                 let mut staged = Vec::new();
-                let memory = if on_home {
+                let memory = if reads_home_copy(&raw, &home) {
                     let device_copy = raw.device_access(&home, Access::Read).or_py()?;
                     // SAFETY: the handle is read while the buffer's lock is held (until `f`
                     // returns), so the copy stays allocated and current.
@@ -158,14 +236,13 @@ impl Source {
                     // SAFETY: as above: the memory outlives the borrow, which `f` alone uses.
                     match unsafe { Memory::borrowed(&home, handle, n) } {
                         Ok(memory) => memory,
-                        // A backend that cannot borrow its own memory (wgpu): a download into
-                        // a staging copy, which leaves the buffer as it is.
+                        // A backend that cannot borrow its own memory (wgpu): the buffer's own
+                        // download into a staging copy, as `to_numpy()`'s (seen by the guard,
+                        // recorded and counted; it left the buffer as it is, but neither the
+                        // guard nor the recorder saw it before the twentieth hostile pass).
                         Err(_) => {
                             staged = vec![0u8; n];
-                            let span = HostSpan::of_mut_slice(&mut staged);
-                            // SAFETY: `staged` is not touched until the download is waited for.
-                            let ticket = unsafe { home.stream().download(device_copy, span) }.or_py()?;
-                            ticket.wait().or_py()?;
+                            read_staged(&mut raw, &mut staged)?;
                             // SAFETY: `staged` lives, untouched, until `f` returns.
                             unsafe { borrowed(&Device::host(), staged.as_ptr() as usize, n) }?
                         }
@@ -188,13 +265,26 @@ impl Source {
     /// and the source's memory, taking the two locks in the process-wide order
     /// ([`Self::lock_order`]: the lower address first), so that two copies between the same
     /// objects in opposite directions cannot deadlock.
+    ///
+    /// A source staged through the host (a wgpu `UnifiedBuffer` whose device copy alone is
+    /// current, [`Extent::staged`]) is read, a copy of its own, before `f` runs: `check` is
+    /// given the destination and the bytes first, to refuse what `f` would refuse (too many
+    /// bytes, the guard's verdict on the copy from host memory), so that a refused call reads
+    /// nothing (it was counted and recorded before the twentieth hostile pass's own fix was).
     pub(crate) fn with_locked_in_order<G: std::ops::DerefMut, R>(
         &self,
         detached: &Detached,
         mine: usize,
-        lock: impl FnOnce() -> PyResult<G>,
+        lock: impl Fn() -> PyResult<G>,
+        check: impl FnOnce(&mut G::Target, usize) -> PyResult<()>,
         f: impl FnOnce(&mut G::Target, &Memory, usize) -> PyResult<R>,
     ) -> PyResult<R> {
+        if matches!(self, Source::Unified(_)) {
+            let extent = self.extent(detached)?;
+            if extent.staged {
+                check(&mut *lock()?, extent.nbytes)?;
+            }
+        }
         if self.lock_order() < mine {
             self.with(detached, |src, n| f(&mut *lock()?, src, n))?
         } else {

@@ -213,10 +213,8 @@ impl PyMemory {
                     args::repr(other)
                 )));
             }
-            let device = device.unwrap_or_else(|| src.device.clone());
-            let memory = Self::allocate(py, kind, src.nbytes, alignment, device)?;
             let (source, keep) = Source::resolve(other, "copy_from_device")?;
-            observed(py, Cause::sync(class_name(kind)), || memory.copy_from(py, &source))?;
+            let memory = Self::copy_of(py, kind, alignment, device, &source)?;
             drop(keep);
             return Ok(memory);
         }
@@ -237,11 +235,64 @@ impl PyMemory {
         }
         // A source's own errors (a bad interface, a refused DLPack export) name `what` already.
         let (source, keep) = Source::resolve_any(other, &what)?.ok_or_else(wrong_type)?;
-        let (nbytes, home) = lock::detach(py, |d| source.with(d, |m, n| (n, m.device().clone())))?;
-        let memory = Self::allocate(py, kind, nbytes, alignment, device.unwrap_or(home))?;
-        observed(py, Cause::sync(class_name(kind)), || memory.copy_from(py, &source))?;
+        let memory = Self::copy_of(py, kind, alignment, device, &source)?;
         drop(keep);
         Ok(memory)
+    }
+
+    /// A new memory object of `kind` on `device` (default: the source's own device, a
+    /// `UnifiedBuffer`'s home whichever of its copies is current) holding a copy of `source`,
+    /// an explicit copy named by the class. Allocated only once the guard lets the copy
+    /// through: a refused constructor took nor recorded any memory (it did before the
+    /// twentieth hostile pass), and the source's size is learnt without reading it (a
+    /// `UnifiedBuffer` current on another device was read back for it, a wgpu one staged).
+    fn copy_of(
+        py: Python<'_>,
+        kind: MemoryKind,
+        alignment: usize,
+        device: Option<Device>,
+        source: &Source,
+    ) -> PyResult<Self> {
+        observed(py, Cause::sync(class_name(kind)), || {
+            let extent = lock::detach(py, |d| source.extent(d))?;
+            let device = device.unwrap_or(extent.home);
+            if extent.staged {
+                // The guard's verdict on the upload, then the source's own download (a refusal
+                // of either allocates and reads nothing), then the memory and the upload.
+                let options = AllocationOptions { resource: None, alignment };
+                let cause = Cause::sync(class_name(kind));
+                // (With the GIL held: the read releases it itself, and this is wgpu's path only.)
+                let read = || lock::detach(py, |d| source.with(d, |m, _| m.to_vec().or_py()))?;
+                let (memory, bytes) =
+                    Memory::for_copy_from_after(&device, kind, extent.nbytes, options, None, cause, read)
+                        .or_py()??;
+                let memory = Self::from_memory(memory, None);
+                memory.with(py, |m| m.copy_from_host(&bytes))?.or_py()?;
+                return Ok(memory);
+            }
+            let from = extent.reads.as_ref().map(|(device, kind)| (device, *kind));
+            let memory = Self::allocate_for_copy(py, kind, extent.nbytes, alignment, device, from)?;
+            memory.copy_from(py, source)?;
+            Ok(memory)
+        })
+    }
+
+    /// [`Self::allocate`] of memory a copy from `from` (`None`: host memory) is about to fill:
+    /// nothing is allocated when the guard refuses that copy
+    /// ([`lazybuf::DeviceAllocation::for_copy_from`]; call it under the call's `observed`).
+    fn allocate_for_copy(
+        py: Python<'_>,
+        kind: MemoryKind,
+        nbytes: usize,
+        alignment: usize,
+        device: Device,
+        from: Option<(&Device, MemoryKind)>,
+    ) -> PyResult<Self> {
+        let options = AllocationOptions { resource: None, alignment };
+        let cause = Cause::sync(class_name(kind));
+        let memory =
+            py.detach(|| Memory::for_copy_from(&device, kind, nbytes, options, from, cause)).or_py()?;
+        Ok(Self::from_memory(memory, None))
     }
 
     /// Copies a resolved source into the first bytes, locking the two in address order.
@@ -251,15 +302,18 @@ impl PyMemory {
         }
         let copy = |dst: &mut Memory, src: &Memory, n: usize| {
             if n > dst.len() {
-                return Err(PyValueError::new_err(format!(
-                    "copy_from_device: the source is too large to be accommodated: {n} bytes into {}",
-                    dst.len()
-                )));
+                return Err(too_large(n, dst.len()));
             }
             crate::hostbuf::copy_between(dst, src, n).or_py()
         };
+        let check = |dst: &mut Memory, n: usize| {
+            if n > dst.len() {
+                return Err(too_large(n, dst.len()));
+            }
+            dst.check_copy_from(None, n, Cause::sync("copy_from_device")).or_py()
+        };
         let mine = Arc::as_ptr(&self.cell) as usize;
-        lock::detach(py, |d| source.with_locked_in_order(d, mine, || self.cell.lock(d), copy))
+        lock::detach(py, |d| source.with_locked_in_order(d, mine, || self.cell.lock(d), check, copy))
     }
 
     /// `copy_to_host`'s work: into `dest`, else into a new array.
@@ -628,6 +682,13 @@ impl PyMemoryShared {
     }
 }
 
+/// `copy_from_device`'s error for a source larger than the memory.
+fn too_large(n: usize, len: usize) -> PyErr {
+    PyValueError::new_err(format!(
+        "copy_from_device: the source is too large to be accommodated: {n} bytes into {len}"
+    ))
+}
+
 /// Unpickles a memory object (see `__reduce__`): checks the kind (`ValueError` for one it does
 /// not know), then allocates it on the recorded device (or the current one, with a
 /// `RuntimeWarning`, when this process lacks it) and copies the bytes in.
@@ -645,9 +706,12 @@ pub(crate) fn _rebuild_memory(
     })?;
     let device = pickled_device(py, device)?;
     let host = HostBuffer::get(data, false, "unpickling: data")?;
-    let memory = PyMemory::allocate(py, mem_kind, host.len(), 0, device)?;
-    // Unpickling (pickle.loads) uploads: an implicit copy.
-    observed(py, Cause::access("unpickle"), || memory.with(py, |m| m.copy_from_host(host.bytes()))?.or_py())?;
+    // Unpickling (pickle.loads) uploads: an implicit copy, refused before anything is allocated.
+    let memory = observed(py, Cause::access("unpickle"), || {
+        let memory = PyMemory::allocate_for_copy(py, mem_kind, host.len(), 0, device, None)?;
+        memory.with(py, |m| m.copy_from_host(host.bytes()))?.or_py()?;
+        PyResult::Ok(memory)
+    })?;
     let init = PyClassInitializer::from(memory);
     Ok(match mem_kind {
         MemoryKind::Device => Py::new(py, init.add_subclass(PyMemoryDevice))?.into_any(),

@@ -152,8 +152,13 @@ pub fn _transfer_guard_flush_log(py: Python<'_>) {
 
 fn python_stack(py: Python<'_>) -> Option<Arc<str>> {
     let frames = py.import("traceback").ok()?.call_method0("format_stack").ok()?;
-    let frames: Vec<String> = frames.extract().ok()?;
-    Some(frames.concat().into())
+    // Lossily: a frame of a file whose name is not UTF-8 (a lone surrogate in the str) lost
+    // the event its whole stack (the twentieth hostile pass).
+    let mut stack = String::new();
+    for frame in frames.try_iter().ok()? {
+        stack.push_str(&frame.ok()?.cast::<pyo3::types::PyString>().ok()?.to_string_lossy());
+    }
+    Some(stack.into())
 }
 
 fn level(name: Option<&str>, what: &'static str) -> PyResult<Option<GuardLevel>> {

@@ -712,12 +712,7 @@ impl Storage {
             if !succeeded {
                 return Ok(());
             }
-            return Err(PyRuntimeError::new_err(
-                "buf[key] = value: the buffer's host copy went stale while NumPy converted the key \
-                 or the value (code the conversion ran, or another thread, made another copy current: \
-                 mark_device_dirty(), .device_writable), so the assigned values are not in the current \
-                 copy; convert them before assigning",
-            ));
+            return Err(host_went_stale());
         }
         raw.host_access(Access::Overwrite).or_py()?;
         Ok(())
@@ -827,6 +822,17 @@ impl Storage {
         };
         lock::detach(value.py(), |d| self.lock_detached(d)?.fill(&pattern).or_py())
     }
+}
+
+/// `buf[key] = value`'s error when the host copy went stale during the assignment
+/// ([`Storage::settle_host_write`]).
+pub(crate) fn host_went_stale() -> PyErr {
+    PyRuntimeError::new_err(
+        "buf[key] = value: the buffer's host copy went stale while NumPy converted the key \
+         or the value (code the conversion ran, or another thread, made another copy current: \
+         mark_device_dirty(), .device_writable), so the assigned values are not in the current \
+         copy; convert them before assigning",
+    )
 }
 
 /// The most bytes [`Storage::copy_from_array`] copies with the GIL held.

@@ -67,6 +67,12 @@ fn text_of(bytes: &[u8]) -> std::result::Result<String, String> {
         String::from_utf16(&units)
             .map_err(|_| format!("not UTF-16 ({order}) text: a lone surrogate ({EXPECTED})"))
     };
+    // UTF-32's marks first: the little-endian one begins with UTF-16's.
+    for (mark, order) in [([0xff, 0xfe, 0, 0], "little-endian"), ([0, 0, 0xfe, 0xff], "big-endian")] {
+        if bytes.starts_with(&mark) {
+            return Err(format!("UTF-32 ({order}) text, by its byte-order mark ({EXPECTED}, or UTF-16)"));
+        }
+    }
     if let Some(rest) = bytes.strip_prefix(&[0xff, 0xfe]) {
         return utf16(rest, u16::from_le_bytes, "little-endian");
     }
@@ -74,6 +80,15 @@ fn text_of(bytes: &[u8]) -> std::result::Result<String, String> {
         return utf16(rest, u16::from_be_bytes, "big-endian");
     }
     let rest = bytes.strip_prefix(&[0xef, 0xbb, 0xbf]).unwrap_or(bytes);
+    // JSON holds no NUL character (a string escapes it): one in a file is UTF-16 or UTF-32
+    // text without a byte-order mark, which is UTF-8 as far as its bytes go (it was "not
+    // JSON: key must be a string", "expected value").
+    if let Some(at) = rest.iter().position(|&b| b == 0) {
+        let offset = bytes.len() - rest.len() + at;
+        return Err(format!(
+            "a NUL byte at offset {offset}: UTF-16 or UTF-32 text without a byte-order mark? ({EXPECTED}, or UTF-16 with its byte-order mark)"
+        ));
+    }
     String::from_utf8(rest.to_vec()).map_err(|e| {
         let offset = bytes.len() - rest.len() + e.utf8_error().valid_up_to();
         format!("not UTF-8 text: the bytes at offset {offset} are not UTF-8 ({EXPECTED})")
@@ -285,8 +300,31 @@ pub fn run(args: &TraceArgs) -> Result<i32> {
             outln!("{}", text.trim_end());
         }
         TraceCommand::Plot { file, output, size } => {
+            if same_file(file, output) {
+                // The plot, written whole over it, would replace the trace it was drawn from
+                // (a trace named `run.svg`, a link to it, a hard link: the twentieth pass).
+                return Err(CliError::new(format!(
+                    "-o {}: it is the trace being read ({}); expected another file for the plot",
+                    output.display(),
+                    file.display()
+                )));
+            }
             plot::write(&load(file)?, output, *size)?;
         }
     }
     Ok(0)
+}
+
+/// Whether two paths name one existing file (through links, hard links included on Unix).
+fn same_file(a: &Path, b: &Path) -> bool {
+    let (Ok(ma), Ok(mb)) = (std::fs::metadata(a), std::fs::metadata(b)) else { return false };
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt as _;
+        if (ma.dev(), ma.ino()) == (mb.dev(), mb.ino()) {
+            return true;
+        }
+    }
+    let _ = (ma, mb);
+    matches!((std::fs::canonicalize(a), std::fs::canonicalize(b)), (Ok(x), Ok(y)) if x == y)
 }

@@ -76,9 +76,20 @@ pub(super) fn set_item(
     let written = host.set_item(key, value);
     let kept = kept_memory(slf.get(), &storage).map(drop);
     let settled = storage.settle_host_write(slf.py(), kept.is_ok(), written.is_ok());
-    written?;
+    // What happened to the buffer meanwhile explains a failed write first: a view made
+    // read-only by another copy made current (or by `free()`) refused it with NumPy's
+    // "assignment destination is read-only", which named no cause (the twentieth hostile
+    // pass).
     kept?;
-    settled
+    settled?;
+    match written {
+        Err(err) if !is_writeable(&host)? => {
+            let stale = crate::views::host_went_stale();
+            stale.set_cause(slf.py(), Some(err));
+            Err(stale)
+        }
+        written => written,
+    }
 }
 
 /// `buf[key] = value` that assigns every element, so reads none of the old bytes, while the
@@ -458,6 +469,13 @@ fn integer_selection<'a>(shape: &'a [usize], key: &Bound<'_, PyAny>) -> Option<&
     } else {
         (!shape.is_empty() && in_range(key, shape[0])).then(|| &shape[1..])
     }
+}
+
+/// Whether a NumPy array is writable now (a host view is made read-only when its copy goes
+/// stale or its memory is given up).
+fn is_writeable(array: &Bound<'_, PyAny>) -> PyResult<bool> {
+    let py = array.py();
+    array.getattr(interned!(py, "flags"))?.getattr(interned!(py, "writeable"))?.is_truthy()
 }
 
 /// `storage`, the memory `buf[key] = value` wrote through `.host` while NumPy converted the

@@ -102,6 +102,72 @@ impl<T: Element> DeviceAllocation<T> {
         Self::allocate_as(device, kind, len, options, None)
     }
 
+    /// [`Self::with_options`], for memory that a copy from `from` (the device and kind of the
+    /// memory the copy will read; `None`: host memory) is about to fill, all `len` elements:
+    /// the transfer guard decides on that copy first, named by `cause` (or the running call's),
+    /// and a refusal allocates nothing (an allocation may spill other buffers for room, and
+    /// the recorder would record it and its free). The copy itself is the caller's, with a
+    /// copy method that the guard and the recorder see as usual. The error of a refused copy
+    /// names the id the allocation would have had.
+    ///
+    /// For bindings whose constructors copy into new memory (Python's `MemoryDevice(other,
+    /// copy=True)`, unpickling), where [`Self::to`] does not fit (a source that is no
+    /// allocation, another alignment or resource).
+    pub fn for_copy_from(
+        device: &Device,
+        kind: MemoryKind,
+        len: usize,
+        options: AllocationOptions,
+        from: Option<(&Device, MemoryKind)>,
+        cause: Cause,
+    ) -> Result<Self> {
+        let nothing = || Ok::<(), std::convert::Infallible>(());
+        match Self::for_copy_from_after(device, kind, len, options, from, cause, nothing)? {
+            Ok((memory, ())) => Ok(memory),
+            Err(never) => match never {},
+        }
+    }
+
+    /// [`Self::for_copy_from`], running `first` between the guard's verdict and the allocation
+    /// (nothing is allocated when it fails: its error is the inner one): for a source that must
+    /// be read, a copy of its own, before the copy into the new memory (a wgpu buffer staged
+    /// through the host), so that a refusal of either copy changes nothing.
+    pub fn for_copy_from_after<R, X>(
+        device: &Device,
+        kind: MemoryKind,
+        len: usize,
+        options: AllocationOptions,
+        from: Option<(&Device, MemoryKind)>,
+        cause: Cause,
+        first: impl FnOnce() -> std::result::Result<R, X>,
+    ) -> Result<std::result::Result<(Self, R), X>> {
+        let size = std::mem::size_of::<T>();
+        let bytes = len.checked_mul(size).ok_or_else(|| overflow(len, size))?;
+        let id = crate::observe::next_buffer_id();
+        let from = from.and_then(|(device, kind)| observed::device_side(device, kind));
+        observed::check_refusal(Seen::new(id, cause), from, observed::device_side(device, kind), bytes)?;
+        let read = match first() {
+            Ok(read) => read,
+            Err(err) => return Ok(Err(err)),
+        };
+        Ok(Ok((Self::allocate_as(device, kind, len, options, Some(id))?, read)))
+    }
+
+    /// The transfer guard's refusal of a copy of `bytes` from `from` (the device and kind of
+    /// the memory the copy will read; `None`: host memory) into this memory, asked before the
+    /// caller changes anything for it, logging and recording nothing (the copy's own method
+    /// does both). For bindings whose source must be read, a copy of its own, before the copy
+    /// into this memory can run (a wgpu buffer staged through the host).
+    pub fn check_copy_from(
+        &self,
+        from: Option<(&Device, MemoryKind)>,
+        bytes: usize,
+        cause: Cause,
+    ) -> Result<()> {
+        let from = from.and_then(|(device, kind)| observed::device_side(device, kind));
+        observed::check_refusal(Seen::new(self.id, cause), from, self.observed_at(), bytes)
+    }
+
     /// [`Self::with_options`], for the memory object `id` (`None`: a new one, numbered once
     /// it is made): a [`super::DeviceBuffer`]'s new memory keeps the buffer's id. The
     /// recorder sees the allocation (`observed::allocated`) under that id.

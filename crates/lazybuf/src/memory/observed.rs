@@ -74,22 +74,53 @@ pub(super) fn start(
     if !observe::active() || bytes == 0 {
         return Ok(None);
     }
-    let (direction, device) = match (from, to) {
-        (None, None) => return Ok(None),
-        (None, Some(to)) => (Direction::HostToDevice, to),
-        (Some(from), None) => (Direction::DeviceToHost, from),
-        (Some(_), Some(to)) => (Direction::DeviceToDevice, to),
-    };
+    let Some((direction, device)) = direction(from, to) else { return Ok(None) };
+    let started = observe::transfer(|| described(seen, direction, from, to, bytes))?;
+    Ok(started.map(|started| Pending { started, device: device.clone() }))
+}
+
+/// The guard's refusal of the copy [`start`] will be asked about once its destination is
+/// allocated ([`super::DeviceAllocation::for_copy_from`]), asked before anything is: logging
+/// and recording nothing (the copy's own [`start`] does both).
+pub(super) fn check_refusal(
+    seen: Seen,
+    from: Option<&Device>,
+    to: Option<&Device>,
+    bytes: usize,
+) -> Result<()> {
+    if !observe::active() || bytes == 0 {
+        return Ok(());
+    }
+    let Some((direction, _)) = direction(from, to) else { return Ok(()) };
+    observe::guard::check_refusal(&described(seen, direction, from, to, bytes))
+}
+
+/// A copy's direction and the device whose stream runs it; `None` between host memories.
+fn direction<'a>(from: Option<&'a Device>, to: Option<&'a Device>) -> Option<(Direction, &'a Device)> {
+    match (from, to) {
+        (None, None) => None,
+        (None, Some(to)) => Some((Direction::HostToDevice, to)),
+        (Some(from), None) => Some((Direction::DeviceToHost, from)),
+        (Some(_), Some(to)) => Some((Direction::DeviceToDevice, to)),
+    }
+}
+
+fn described(
+    seen: Seen,
+    direction: Direction,
+    from: Option<&Device>,
+    to: Option<&Device>,
+    bytes: usize,
+) -> TransferInfo {
     let name = |at: Option<&Device>| at.map_or_else(|| "host".to_string(), Device::to_string);
-    let started = observe::transfer(|| TransferInfo {
+    TransferInfo {
         buffer: seen.buffer,
         direction,
         bytes,
         from: name(from),
         to: name(to),
         cause: observe::cause_or(seen.cause),
-    })?;
-    Ok(started.map(|started| Pending { started, device: device.clone() }))
+    }
 }
 
 /// Records the copy [`start`] let through, once it has completed (nothing when not recording).

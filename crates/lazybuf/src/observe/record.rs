@@ -838,14 +838,18 @@ impl Local {
         f()
     }
 
-    /// Runs `f` as `cause` whatever call runs on this thread, and puts that call's cause and
-    /// time back after it (also when `f` unwinds): [`super::call_anew`].
+    /// Runs `f` as `cause` whatever call runs on this thread, and puts that call's cause back
+    /// after it (also when `f` unwinds): [`super::call_anew`]. That call's later events go on
+    /// from `f`'s latest time, never from before it: its own first reading, put back, stamped
+    /// them before `f`'s events (a buffer `f`'s caller dropped was freed before `f` allocated
+    /// it: the twentieth hostile pass); a call that had read no time yet reads it anew.
     pub(super) fn run_anew<R>(&self, cause: super::Cause, f: impl FnOnce() -> R) -> R {
         struct Restore<'a>(&'a Local, Option<super::Cause>, u64);
         impl Drop for Restore<'_> {
             fn drop(&mut self) {
                 self.0.cause.set(self.1);
-                self.0.call_time.set(self.2);
+                let latest = self.0.call_time.get();
+                self.0.call_time.set(if self.2 == 0 { 0 } else { self.2.max(latest) });
             }
         }
         let _restore = Restore(self, self.cause.replace(Some(cause)), self.call_time.replace(0));
