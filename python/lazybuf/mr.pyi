@@ -39,7 +39,8 @@ class MemoryResource:
 
     def allocate(self, nbytes: SupportsIndex, *, device: _DeviceLike = None) -> int:
         """``nbytes`` of device memory outside any buffer; its handle as an int. It lives until
-        ``deallocate`` (also when this object is collected)."""
+        ``deallocate`` (also when this object is collected). ``TypeError`` on a device whose
+        memory has no handle (wgpu on Metal or DirectX 12), allocating nothing."""
 
     def deallocate(self, ptr: int, nbytes: int) -> None:
         """Gives back what ``allocate`` on this resource returned (``ValueError`` for anything

@@ -37,6 +37,10 @@ class FaultyDevice(Device):
     def fail_copy_in(self, n: int) -> None:
         """The n-th copy from now fails (after scribbling over its destination); 0 disarms."""
 
+    def hide_native_handles(self, hidden: bool) -> None:
+        """With True, the device's memory has no native handle (0), as wgpu's on Metal and
+        DirectX 12, which expose none."""
+
     def disarm(self) -> None: ...
     def defer_copy_faults(self, deferred: bool) -> None:
         """True: a failing copy fails when waited for, not when enqueued."""

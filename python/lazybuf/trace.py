@@ -117,7 +117,8 @@ def _write_whole(path: str, data: str) -> None:
     """Writes ``data`` to ``path`` whole or not at all, as ``lazybuf trace plot -o`` does: a
     regular file (or a new one) is written into a new file beside it, flushed to the disk, then
     renamed over it, so that a failure (a full disk) leaves an earlier file as it was and no
-    temporary file behind; a link is written through, an existing file keeps its permissions.
+    temporary file behind; a link is written through, an existing file keeps its permissions,
+    and one this process may not write raises ``PermissionError``, as ``open(path, "w")`` would.
     Anything else (``/dev/stdout``, a FIFO, a device) is written in place. (``open(path, "w")``
     emptied the earlier file first: a dump that failed replaced a good trace with a cut one,
     the nineteenth hostile pass.)"""
@@ -130,6 +131,11 @@ def _write_whole(path: str, data: str) -> None:
             f.write(data)
         return
     target = os.path.realpath(path) if st is not None else path
+    if st is not None:
+        # Only a file this process may write is replaced, as open(path, "w") would refuse it (the
+        # rename needs only the folder writable: a read-only file was replaced, the twentieth
+        # hostile pass). Opened without truncating, to ask, and closed.
+        os.close(os.open(target, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0)))
     folder, name = os.path.split(target)
     encoded = data.encode("utf-8")
     # The temporary file's name takes at most 32 characters of the file's (at most 128 bytes),

@@ -188,3 +188,8 @@ cuda.UnownedMemory, cuda.MemoryPointer, cuda.get_current_stream = UnownedMemory,
 cupy.cuda, cupy.ndarray = cuda, ndarray
 sys.modules["cupy"], sys.modules["cupy.cuda"] = cupy, cuda
 """
+
+
+def events_of(trace, buffer_id):
+    """The events of a recorded trace (`lazybuf.trace.Trace`) that name `buffer_id`."""
+    return [e for e in trace.events() if e.get("buffer") == buffer_id]

@@ -4,7 +4,11 @@ array`, the trace tools) found, each a test that failed before its fix. Each mea
 every device (on the host device the copies are one memory: nothing to refuse).
 """
 
+import os
 import pickle
+import shutil
+import stat
+import tempfile
 
 import numpy as np
 import pytest
@@ -296,3 +300,47 @@ def test_a_refused_copy_from_a_unified_buffer_reads_nothing(selector):
                 small.copy_from_device(buf)
         assert (buf.state, buf.transfer_stats()) == before
         assert [e for e in rec.trace.events() if e.get("buffer") == buf.buffer_id] == []
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="runs the write as another user in a child")
+def test_a_dump_over_a_read_only_file_is_refused():
+    """`trace.dump` over a file the user may not write (read-only) replaced it: the dump is
+    written beside it and renamed over it, which needs only the folder writable. It raises
+    `PermissionError` now, as `open(path, "w")` would, and leaves the file as it was. As root
+    (CI), which may write any file, the dump runs as `nobody` in a forked child."""
+    lazybuf.trace.start()
+    trace = lazybuf.trace.stop()
+    folder = tempfile.mkdtemp(prefix="lazybuf-read-only-")
+    try:
+        os.chmod(folder, 0o777)
+        path = os.path.join(folder, "kept.json")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write("earlier")
+        os.chmod(path, stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+
+        def dump_refused() -> bool:
+            try:
+                lazybuf.trace.dump(path, trace)
+            except PermissionError:
+                return True
+            return False
+
+        if os.geteuid() == 0:
+            pid = os.fork()
+            if pid == 0:  # the child: as nobody, which may not write the file
+                code = 2
+                try:
+                    os.setgid(65534)
+                    os.setuid(65534)
+                    code = 0 if dump_refused() else 1
+                finally:
+                    os._exit(code)
+            _, status = os.waitpid(pid, 0)
+            assert os.waitstatus_to_exitcode(status) == 0, "a read-only file was replaced"
+        else:
+            assert dump_refused(), "a read-only file was replaced"
+        with open(path, encoding="utf-8") as f:
+            assert f.read() == "earlier"
+        assert sorted(os.listdir(folder)) == ["kept.json"]
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

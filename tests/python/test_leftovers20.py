@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import lazybuf
-from conftest import collect, one_selector_per_backend
+from conftest import collect, events_of, one_selector_per_backend
 from lazybuf import BufferState, UnifiedBuffer
 from lazybuf import _dask
 
@@ -21,10 +21,6 @@ def _clean():
     yield
     if lazybuf.trace.is_recording():
         lazybuf.trace.stop()
-
-
-def events_of(trace, buffer_id):
-    return [e for e in trace.events() if e.get("buffer") == buffer_id]
 
 
 def recorded_totals(trace, buffer_id):

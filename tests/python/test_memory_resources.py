@@ -187,6 +187,27 @@ def test_mr_allocate_deallocate(device):
     del kept  # what was not given back returns with the resource
 
 
+def test_mr_allocate_refuses_memory_without_a_handle(device):
+    """Memory whose device gives no handle for it (wgpu on Metal or DirectX 12: every
+    `allocate` returned 0) is refused with a TypeError naming the device, and given back: a
+    second `allocate` took the same key and the registry dropped the first, whose memory its
+    caller still used. An allocation made before the handles went missing stays live."""
+    testing = pytest.importorskip("lazybuf.testing")
+    faulty = testing.FaultyDevice(device)
+    mr = lmr.TrackingResourceAdaptor(lmr.DirectMemoryResource())
+    first = mr.allocate(4096, device=faulty)
+    assert first != 0
+    faulty.hide_native_handles(True)
+    for _ in range(2):
+        with pytest.raises(TypeError, match=r"has no handle to return.*expected a device whose memory has one"):
+            mr.allocate(4096, device=faulty)
+    # Nothing of the refused calls is held; the first allocation still is, and goes back.
+    assert mr.get_allocated_bytes() == 4096
+    faulty.hide_native_handles(False)
+    mr.deallocate(first, 4096)
+    assert mr.get_allocated_bytes() == 0
+
+
 @pytest.mark.parametrize("upstream", [lmr.DirectMemoryResource, lmr.PoolMemoryResource])
 def test_limiting_resource_adaptor(device, upstream):
     cuda_mr = upstream()

@@ -196,7 +196,8 @@ pub fn printable(text: &str) -> String {
 /// any failure the temporary file is removed and an earlier file at `path` is left as it was;
 /// the error is one line naming `path` and the system's reason (`writing t.png: No space left
 /// on device (os error 28)`). A symbolic link is written through (its target is replaced, the
-/// link kept); an existing file keeps its permissions.
+/// link kept); an existing file keeps its permissions, and one this process may not write
+/// (read-only) is refused, as opening it for writing would be.
 ///
 /// Anything else is written in place, never replaced: where the process's own stdout or stderr
 /// goes (`/dev/stdout`, `/proc/self/fd/1`, or the file they were redirected to: after what was
@@ -231,6 +232,10 @@ pub fn write_file(path: &Path, bytes: &[u8]) -> crate::Result<Written> {
     }
     // Through links to the file itself, so the rename replaces the file and keeps the links.
     let target = std::fs::canonicalize(path).map_err(error)?;
+    // Only a file this process may write is replaced, as opening it for writing would be
+    // refused (the rename needs only the folder writable: a read-only file was replaced, the
+    // twentieth hostile pass). Opened without truncating, to ask, and closed.
+    std::fs::OpenOptions::new().write(true).open(&target).map_err(error)?;
     replace_whole(&target, Some(metadata.permissions()), bytes).map(|()| Written::File).map_err(error)
 }
 

@@ -105,3 +105,48 @@ fn a_plot_over_the_trace_it_reads_is_refused() {
     let run = lazybuf(&["trace", "plot", trace.to_str().unwrap(), "-o", other.to_str().unwrap()]);
     assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
 }
+
+/// `trace plot -o` over a file the user may not write (read-only) replaced it: the plot is
+/// written beside it and renamed over it, which needs only the folder writable. It is refused
+/// now, as opening the file for writing is, and the file is left as it was. As root (CI),
+/// which may write any file, the tool runs as `nobody` from a copy in a folder anyone may use.
+#[cfg(unix)]
+#[test]
+fn a_plot_over_a_read_only_file_is_refused() {
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    use std::os::unix::process::CommandExt as _;
+    const NOBODY: u32 = 65534;
+    let dir = temp("read-only");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let trace = dir.join("trace.json");
+    std::fs::write(&trace, r#"{"traceEvents":[]}"#).unwrap();
+    let out = dir.join("kept.png");
+    std::fs::write(&out, b"earlier").unwrap();
+    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o444)).unwrap();
+    let root = std::fs::metadata("/proc/self").map(|m| m.uid() == 0).unwrap_or(false);
+    let mut command = if root {
+        let copy = dir.join("lazybuf");
+        std::fs::copy(env!("CARGO_BIN_EXE_lazybuf"), &copy).unwrap();
+        std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut command = Command::new(copy);
+        command.uid(NOBODY).gid(NOBODY);
+        command
+    } else {
+        Command::new(env!("CARGO_BIN_EXE_lazybuf"))
+    };
+    let run = command
+        .args(["trace", "plot", trace.to_str().unwrap(), "-o", out.to_str().unwrap()])
+        .output()
+        .expect("the lazybuf executable runs");
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(!run.status.success(), "a read-only file was replaced: {err}");
+    assert!(err.contains("kept.png") && err.contains("ermission denied"), "{err}");
+    assert_eq!(std::fs::read(&out).unwrap(), b"earlier");
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}

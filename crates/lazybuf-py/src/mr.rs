@@ -43,6 +43,7 @@
 //! What does not live here: the policies themselves (the core's resources).
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use pyo3::exceptions::{PyIndexError, PyTypeError, PyValueError};
@@ -121,8 +122,10 @@ impl PyResource {
     }
 
     /// `nbytes` of device memory on `device` (default: the current device), outside any
-    /// buffer; returns its handle as an int (the `CUdeviceptr`, the `cl_mem`, the address on
-    /// the host device). It lives until `deallocate` gives it back (see the module docs).
+    /// buffer; returns its handle as an int (the `CUdeviceptr`, the `cl_mem`, the `VkBuffer`,
+    /// the address on the host device). It lives until `deallocate` gives it back (see the
+    /// module docs). `TypeError` on a device whose memory has no handle (wgpu on Metal or
+    /// DirectX 12), allocating nothing.
     #[pyo3(signature = (nbytes, *, device=None))]
     fn allocate(
         &self,
@@ -141,8 +144,32 @@ impl PyResource {
         let memory =
             py.detach(|| Memory::with_options(&device, MemoryKind::Device, nbytes, options)).or_py()?;
         let key = handle(&memory);
-        registry().insert((identity(&self.resource), key), RawAllocation { memory, nbytes });
-        Ok(key)
+        let on = crate::accelerator::selector(&device);
+        let refusal = if key == 0 {
+            // Every allocation would return 0, and `deallocate(0, n)` could not tell them
+            // apart: a second `allocate` freed the first, whose handle its caller still used
+            // (the registry replaced it).
+            format!(
+                "allocate: the memory of {on} has no handle to return (wgpu exposes none on Metal \
+                 and DirectX 12); expected a device whose memory has one (CUDA, OpenCL, Vulkan, \
+                 the host), or use lazybuf.MemoryDevice, which needs none"
+            )
+        } else {
+            let mut registry = registry();
+            match registry.entry((identity(&self.resource), key)) {
+                Entry::Vacant(slot) => {
+                    slot.insert(RawAllocation { memory, nbytes });
+                    return Ok(key);
+                }
+                Entry::Occupied(_) => format!(
+                    "allocate: the memory of {on} returned handle {key:#x}, which a live \
+                     allocation of this resource has already; expected a handle of its own"
+                ),
+            }
+        };
+        // Given back, unused: the caller gets no handle for it.
+        py.detach(|| drop(memory));
+        Err(PyTypeError::new_err(refusal))
     }
 
     /// Gives back what `allocate` returned (`ValueError` for a handle this resource did not

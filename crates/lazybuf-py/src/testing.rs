@@ -60,6 +60,12 @@ impl PyFaultyDevice {
         self.plan.fail_copy_in(n);
     }
 
+    /// With `True`, the device's memory has no native handle (0), as wgpu's on Metal and
+    /// DirectX 12, which expose none.
+    fn hide_native_handles(&self, hidden: bool) {
+        self.plan.hide_native_handles(hidden);
+    }
+
     /// Disarms both faults.
     fn disarm(&self) {
         self.plan.disarm();

@@ -36,6 +36,7 @@ pub struct FaultPlan {
     holding: AtomicBool,
     held: Mutex<Vec<Arc<Gate>>>,
     next_gate: AtomicU64,
+    no_native_handles: AtomicBool,
 }
 
 impl FaultPlan {
@@ -49,6 +50,12 @@ impl FaultPlan {
     pub fn fail_copy_in(&self, n: u64) {
         let done = self.copies.load(Ordering::SeqCst);
         self.fail_copy.store(if n == 0 { 0 } else { done + n }, Ordering::SeqCst);
+    }
+
+    /// With `true`, the device's memory has no native handle ([`Device::native_handle`]
+    /// returns 0), as wgpu's on Metal and DirectX 12, which expose none.
+    pub fn hide_native_handles(&self, hidden: bool) {
+        self.no_native_handles.store(hidden, Ordering::SeqCst);
     }
 
     /// Disarms both faults.
@@ -405,6 +412,9 @@ impl Backend for FaultyDevice {
     }
 
     unsafe fn native_handle(&self, memory: crate::backend::RawMemory) -> usize {
+        if self.plan.no_native_handles.load(Ordering::SeqCst) {
+            return 0;
+        }
         // SAFETY: forwarded contract.
         unsafe { self.backend().native_handle(memory) }
     }

@@ -10,7 +10,7 @@ mod common;
 
 use std::sync::{Mutex, MutexGuard, PoisonError, mpsc};
 
-use common::pattern;
+use common::{pattern, recorded_allocations};
 use lazybuf::coherence::{Location, Residency};
 use lazybuf::observe::Direction;
 use lazybuf::observe::guard::{self, GuardLevel, GuardLevels};
@@ -24,20 +24,6 @@ fn serial() -> MutexGuard<'static, ()> {
 }
 
 const LEN: usize = 1000;
-
-/// A buffer's allocations as the trace has them: its allocation events, less what its
-/// rollbacks took back.
-fn recorded_allocations(recorded: &trace::Trace, id: u64) -> i64 {
-    recorded
-        .events
-        .iter()
-        .map(|e| match &e.kind {
-            EventKind::Allocate { buffer, .. } if *buffer == id => 1,
-            EventKind::Rollback { buffer, allocations, .. } if *buffer == id => -(*allocations as i64),
-            _ => 0,
-        })
-        .sum()
-}
 
 /// A plan whose later step failed (the upload after the device block was taken) recorded the
 /// block's allocation and free, and the counters took the allocation back: the trace had one

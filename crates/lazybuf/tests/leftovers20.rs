@@ -9,7 +9,7 @@ mod common;
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use common::{devices, pattern};
+use common::{devices, pattern, recorded_allocations};
 use lazybuf::observe::Direction;
 use lazybuf::observe::guard::{self, GuardLevel, GuardLevels};
 use lazybuf::observe::trace::{self, Event, EventKind, TraceOptions};
@@ -36,20 +36,6 @@ fn buffer_of(event: &Event) -> Option<u64> {
         EventKind::Free { buffer, .. } => *buffer,
         _ => None,
     }
-}
-
-/// A buffer's allocations as the trace has them: its allocation events, less what its
-/// rollbacks took back.
-fn recorded_allocations(recorded: &trace::Trace, id: u64) -> i64 {
-    recorded
-        .events
-        .iter()
-        .map(|e| match &e.kind {
-            EventKind::Allocate { buffer, .. } if *buffer == id => 1,
-            EventKind::Rollback { buffer, allocations, .. } if *buffer == id => -(*allocations as i64),
-            _ => 0,
-        })
-        .sum()
 }
 
 /// A call that reads a host copy spilled to disk back and then fails: `allocate_copies`

@@ -102,3 +102,18 @@ pub fn device_memory(device: &Device, bytes: usize) -> lazybuf::backend::DeviceM
         lazybuf::Block::Host(_) => panic!("{device} gave host memory for device memory"),
     }
 }
+
+/// A buffer's allocations as the trace has them: its allocation events, less what its
+/// rollbacks took back (so they compare with its `transfer_stats().allocations`).
+pub fn recorded_allocations(recorded: &lazybuf::observe::trace::Trace, id: u64) -> i64 {
+    use lazybuf::observe::trace::EventKind;
+    recorded
+        .events
+        .iter()
+        .map(|e| match &e.kind {
+            EventKind::Allocate { buffer, .. } if *buffer == id => 1,
+            EventKind::Rollback { buffer, allocations, .. } if *buffer == id => -(*allocations as i64),
+            _ => 0,
+        })
+        .sum()
+}
