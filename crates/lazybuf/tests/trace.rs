@@ -759,6 +759,61 @@ fn events_of_one_call_share_its_time_and_copies_keep_theirs() {
     }
 }
 
+/// A buffer another thread allocated during a call, then dropped inside that call (its last
+/// reference handed over: a failure callback or a finalizer running inside the call, as the
+/// twentieth hostile pass found), had its free stamped with the call's first reading, before
+/// the other thread's allocation: the merged trace freed it before allocating it. A free reads
+/// the clock anew, so it comes after whatever the thread that handed the buffer over recorded.
+#[test]
+fn a_buffer_freed_inside_a_call_after_another_thread_made_it_is_freed_after_its_allocation() {
+    let _l = lock();
+    for device in common::devices() {
+        let mut mine = UnifiedBuffer::<u32>::on(&[16], &device).unwrap();
+        trace::start(TraceOptions::default()).unwrap();
+        let (made_tx, made_rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let maker = {
+            let device = device.clone();
+            std::thread::spawn(move || {
+                go_rx.recv().unwrap();
+                // After the call's first reading, whatever the clock's resolution.
+                std::thread::sleep(std::time::Duration::from_millis(2));
+                let mut theirs = UnifiedBuffer::<u32>::on(&[16], &device).unwrap();
+                theirs.host_mut().unwrap().fill(7);
+                made_tx.send(theirs).unwrap();
+            })
+        };
+        let id = observe::call(observe::Cause::sync("one_call"), || {
+            mine.host_mut().unwrap().fill(1); // the call's first reading
+            go_tx.send(()).unwrap();
+            let theirs = made_rx.recv().unwrap();
+            let id = theirs.raw().id();
+            drop(theirs);
+            id
+        });
+        maker.join().unwrap();
+        let recorded = trace::stop().unwrap();
+        let of_theirs: Vec<_> = recorded
+            .events
+            .iter()
+            .filter(|e| match e.kind {
+                EventKind::Allocate { buffer, .. } => buffer == id,
+                EventKind::Free { buffer, .. } => buffer == Some(id),
+                _ => false,
+            })
+            .collect();
+        let allocated = of_theirs.iter().position(|e| matches!(e.kind, EventKind::Allocate { .. }));
+        let freed = of_theirs.iter().position(|e| matches!(e.kind, EventKind::Free { .. }));
+        let (Some(allocated), Some(freed)) = (allocated, freed) else {
+            panic!("{device}: an allocation and a free of buffer {id}: {of_theirs:#?}");
+        };
+        assert!(
+            allocated < freed && of_theirs[allocated].time <= of_theirs[freed].time,
+            "{device}: buffer {id} freed before it was allocated: {of_theirs:#?}"
+        );
+    }
+}
+
 /// A buffer's host allocation and the transition of the access it served, and its release's
 /// free and transition, are staged as one record each (docs/OBSERVING.md, "Cost"); they are
 /// collected as the separate events they always were, in order: the allocation (after its

@@ -34,8 +34,10 @@
 //! counter through `quanta`, a few nanoseconds a read, else the monotonic clock), converted
 //! to nanoseconds when collected. Inside a call ([`super::call`]) its events share the call's
 //! first reading, except copies and checker reads, which read the clock at their start and
-//! end; the call's later events take the latest copy's end ([`Local::event_time`]). A
-//! thread's times never go back, so its events keep their order when merged.
+//! end, and frees, which read it anew (memory another thread allocated after the call's first
+//! reading may be freed inside the call); the call's later events take the latest such reading
+//! ([`Local::event_time`]). A thread's times never go back, so its events keep their order
+//! when merged.
 //!
 //! **Cost per event** (what the hooks pay while recording): one thread-local (this thread's
 //! [`Local`], which also holds the call's cause: in a shared library each thread-local access

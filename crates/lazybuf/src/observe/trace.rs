@@ -264,7 +264,10 @@ fn emit(build: impl FnOnce(&Local) -> Raw) {
     emit_at(Local::event_time, build);
 }
 
-/// Records the end of a copy or read: stamped with a new reading of the clock.
+/// Records the end of a copy or read, or a free: stamped with a new reading of the clock. (A
+/// free inside a call may be of memory another thread allocated after the call's first
+/// reading and handed over since, as a failure callback or a finalizer running inside the call
+/// drops it: stamped with that reading, it came before its allocation in the merged trace.)
 #[inline]
 fn emit_ended(build: impl FnOnce(&Local) -> Raw) {
     emit_at(Local::fresh_time, build);
@@ -462,11 +465,12 @@ pub(crate) fn record_allocate(buffer: u64, device: &Device, kind: MemoryKind, by
     });
 }
 
-/// Records a block `buffer` gave back (only while events are wanted).
+/// Records a block `buffer` gave back (only while events are wanted), at a new reading of the
+/// clock ([`emit_ended`]).
 #[inline]
 pub(crate) fn record_free(buffer: Option<u64>, device: &Device, kind: MemoryKind, bytes: usize) {
     if super::emitting() {
-        emit(|local| Raw::Free {
+        emit_ended(|local| Raw::Free {
             buffer: buffer.unwrap_or(0),
             device: local.dev(device),
             kind,
@@ -528,7 +532,7 @@ pub(crate) fn record_allocated(
 
 /// A buffer's release: the free of its host block (`bytes` on `device`) and its state
 /// transition (none when `from == to`), as one record when both happened (collected as the
-/// free, then the transition).
+/// free, then the transition), at a new reading of the clock, as any free ([`emit_ended`]).
 #[inline]
 pub(crate) fn record_released(
     buffer: u64,
@@ -542,7 +546,7 @@ pub(crate) fn record_released(
     if from == to {
         return record_free(Some(buffer), device, kind, bytes);
     }
-    emit(|local| Raw::Released {
+    emit_ended(|local| Raw::Released {
         buffer,
         device: local.dev(device),
         kind,
