@@ -19,6 +19,7 @@ summary: copies and bytes per buffer (``UnifiedBuffer.buffer_id``), direction an
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import numbers
 import operator
@@ -117,7 +118,8 @@ def _write_whole(path: str, data: str) -> None:
     """Writes ``data`` to ``path`` whole or not at all, as ``lazybuf trace plot -o`` does: a
     regular file (or a new one) is written into a new file beside it, flushed to the disk, then
     renamed over it, so that a failure (a full disk) leaves an earlier file as it was and no
-    temporary file behind; a link is written through, an existing file keeps its permissions,
+    temporary file behind; a link is written through (a link to nothing is refused, as the
+    CLI refuses it), an existing file keeps its permissions,
     and one this process may not write raises ``PermissionError``, as ``open(path, "w")`` would.
     Anything else (``/dev/stdout``, a FIFO, a device) is written in place. (``open(path, "w")``
     emptied the earlier file first: a dump that failed replaced a good trace with a cut one,
@@ -126,6 +128,12 @@ def _write_whole(path: str, data: str) -> None:
         st = os.stat(path)
     except FileNotFoundError:
         st = None
+        if os.path.islink(path):
+            # As the CLI's writer: a link to nothing is refused (the rename replaced the link
+            # itself with the file, where open(path, "w") would have failed or written its target).
+            raise FileNotFoundError(
+                errno.ENOENT, "trace.dump: a symbolic link to nothing; expected a file, or a link to one", path
+            ) from None
     if st is not None and not stat.S_ISREG(st.st_mode):
         with open(path, "w", encoding="utf-8") as f:  # a directory raises IsADirectoryError here
             f.write(data)

@@ -344,3 +344,17 @@ def test_a_dump_over_a_read_only_file_is_refused():
         assert sorted(os.listdir(folder)) == ["kept.json"]
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_dump_to_a_link_to_nothing_is_refused(tmp_path):
+    """`trace.dump` to a symbolic link whose target does not exist replaced the link itself with
+    the file (the rename over the link's name), where `open(path, "w")` fails or writes the
+    target and the CLI's `plot -o` refuses a link to nothing. It is refused now, the link kept."""
+    lazybuf.trace.start()
+    trace = lazybuf.trace.stop()
+    link = tmp_path / "trace.json"
+    link.symlink_to(tmp_path / "missing" / "trace.json")
+    with pytest.raises(FileNotFoundError, match="a symbolic link to nothing"):
+        lazybuf.trace.dump(link, trace)
+    assert link.is_symlink()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["trace.json"]
