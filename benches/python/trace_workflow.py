@@ -16,25 +16,16 @@ divided by BATCHES, less a run of 0 batches, is one batch; ``trace_workflow.sh``
 Every thread's instructions are counted (a runtime's worker threads too).
 """
 
-import ctypes
 import os
-import subprocess
 import sys
 
 import numpy as np
 
 import lazybuf
+from batch_steps import toggle_function
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 N = 1024
 DATA = np.arange(N, dtype=np.float32)
-
-
-def toggle_function():
-    lib = os.path.join(HERE, "cg_toggle.so")
-    if not os.path.exists(lib):
-        subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", lib, os.path.join(HERE, "cg_toggle.c")], check=True)
-    return ctypes.CDLL(lib).cg_toggle
 
 
 def main() -> None:

@@ -8,6 +8,7 @@ K = 0..N-1 run the whole suite between them, each test once (scripts/test-python
 runs one pass as two such shards, one per core).
 """
 
+import contextlib
 import gc
 import os
 import subprocess
@@ -193,3 +194,27 @@ sys.modules["cupy"], sys.modules["cupy.cuda"] = cupy, cuda
 def events_of(trace, buffer_id):
     """The events of a recorded trace (`lazybuf.trace.Trace`) that name `buffer_id`."""
     return [e for e in trace.events() if e.get("buffer") == buffer_id]
+
+
+@contextlib.contextmanager
+def first_of_five_on_disk(device, n):
+    """Five buffers of `n` float32 on `device`, filled 0 to 4 under a host memory limit of
+    three, so that the least recently used, the first, went to disk (`copy_from` hands no
+    address out); yields them, and lifts the limit afterwards. Process-wide figures start from
+    no garbage (docs/TESTING.md) and the device's spill counters from zero."""
+    import numpy as np
+
+    collect()
+    lazybuf.trim()
+    lazybuf.reset_spill_stats(device)
+    lazybuf.set_host_memory_limit(lazybuf.host_memory_held() + 3 * n * 4)
+    try:
+        bufs = []
+        for i in range(5):
+            buf = lazybuf.UnifiedBuffer(n, np.float32, device=device)
+            buf.copy_from(np.full(n, i, np.float32))
+            bufs.append(buf)
+        assert lazybuf.spill_stats(device)["bytes_to_disk"] >= n * 4
+        yield bufs
+    finally:
+        lazybuf.set_host_memory_limit(None)

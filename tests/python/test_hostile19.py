@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import lazybuf
-from conftest import collect, events_of, one_selector_per_backend
+from conftest import events_of, first_of_five_on_disk, one_selector_per_backend
 from lazybuf import BufferState, TransferGuardError, UnifiedBuffer
 
 N = 1000
@@ -107,19 +107,8 @@ def test_a_refused_allocate_of_a_host_copy_on_disk_reads_nothing_back(selector):
     under a host memory limit). The upload is checked before the host step now, as an
     asynchronous sync's was by the fourth pass."""
     n = 16 * 1024
-    collect()  # process-wide figures start from no garbage (docs/TESTING.md)
-    lazybuf.trim()
-    lazybuf.reset_spill_stats(selector)
-    lazybuf.set_host_memory_limit(lazybuf.host_memory_held() + 3 * n * 4)
-    try:
-        bufs = []
-        for i in range(5):
-            buf = UnifiedBuffer(n, np.float32, device=selector)
-            buf.copy_from(np.full(n, i, np.float32))
-            bufs.append(buf)
+    with first_of_five_on_disk(selector, n) as bufs:
         first = bufs[0]
-        # (copy_from hands no address out: the least recently used went to disk.)
-        assert lazybuf.spill_stats(selector)["bytes_to_disk"] >= n * 4
         spilled = lazybuf.spill_stats(selector)["bytes_from_disk"]
         stats, held = first.transfer_stats(), lazybuf.host_memory_held()
         with lazybuf.trace.record() as rec:
@@ -132,8 +121,6 @@ def test_a_refused_allocate_of_a_host_copy_on_disk_reads_nothing_back(selector):
         first.allocate()  # reads the file back: it was the buffer on disk
         assert lazybuf.spill_stats(selector)["bytes_from_disk"] == spilled + n * 4
         np.testing.assert_array_equal(first.to_numpy(), np.zeros(n, np.float32))
-    finally:
-        lazybuf.set_host_memory_limit(None)
 
 
 @pytest.mark.parametrize("deferred", [False, True])

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import lazybuf
-from conftest import collect, events_of, one_selector_per_backend
+from conftest import events_of, first_of_five_on_disk, one_selector_per_backend
 from lazybuf import BufferState, UnifiedBuffer
 from lazybuf import _dask
 
@@ -94,19 +94,8 @@ def test_a_failed_allocate_after_a_read_back_leaves_the_host_copy_on_disk(select
     testing = pytest.importorskip("lazybuf.testing")
     n = 16 * 1024
     faulty = testing.FaultyDevice(selector)
-    collect()  # process-wide figures start from no garbage (docs/TESTING.md)
-    lazybuf.trim()
-    lazybuf.reset_spill_stats(faulty)
-    lazybuf.set_host_memory_limit(lazybuf.host_memory_held() + 3 * n * 4)
-    try:
-        bufs = []
-        for i in range(5):
-            buf = UnifiedBuffer(n, np.float32, device=faulty)
-            buf.copy_from(np.full(n, i, np.float32))
-            bufs.append(buf)
+    with first_of_five_on_disk(faulty, n) as bufs:
         first = bufs[0]
-        # (copy_from hands no address out: the least recently used went to disk.)
-        assert lazybuf.spill_stats(faulty)["bytes_to_disk"] >= n * 4
         from_disk, stats = lazybuf.spill_stats(faulty)["bytes_from_disk"], first.transfer_stats()
         with lazybuf.trace.record() as rec:
             faulty.fail_copy_in(1)
@@ -120,8 +109,6 @@ def test_a_failed_allocate_after_a_read_back_leaves_the_host_copy_on_disk(select
         assert lazybuf.spill_stats(faulty)["bytes_from_disk"] == from_disk + n * 4
         assert first.state == BufferState.SYNCHRONIZED
         np.testing.assert_array_equal(first.to_numpy(), np.zeros(n, np.float32))
-    finally:
-        lazybuf.set_host_memory_limit(None)
 
 
 def _cuda():
