@@ -123,7 +123,10 @@ def _write_whole(path: str, data: str) -> None:
     and one this process may not write raises ``PermissionError``, as ``open(path, "w")`` would.
     Anything else (``/dev/stdout``, a FIFO, a device) is written in place. (``open(path, "w")``
     emptied the earlier file first: a dump that failed replaced a good trace with a cut one,
-    the nineteenth hostile pass.)"""
+    the nineteenth hostile pass.) An error names ``path``, never the temporary file."""
+    if not path:
+        # As open(""): the rename would fail only after a temporary file was made here.
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -139,13 +142,23 @@ def _write_whole(path: str, data: str) -> None:
             f.write(data)
         return
     target = os.path.realpath(path) if st is not None else path
-    if st is not None:
-        # Only a file this process may write is replaced, as open(path, "w") would refuse it (the
-        # rename needs only the folder writable: a read-only file was replaced, the twentieth
-        # hostile pass). Opened without truncating, to ask, and closed.
-        os.close(os.open(target, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0)))
+    try:
+        if st is not None:
+            # Only a file this process may write is replaced, as open(path, "w") would refuse it
+            # (the rename needs only the folder writable: a read-only file was replaced, the
+            # twentieth hostile pass). Opened without truncating, to ask, and closed.
+            os.close(os.open(target, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0)))
+        _replace_whole(target, data.encode("utf-8"), st)
+    except OSError as e:
+        # Named for the file asked for, as open(path, "w")'s errors are: a missing folder said
+        # "No such file or directory: '.../.t.json.12-0.tmp'", a file the caller never named.
+        raise OSError(e.errno, e.strerror, path) from e
+
+
+def _replace_whole(target: str, encoded: bytes, st: os.stat_result | None) -> None:
+    """``encoded`` into a new temporary file beside ``target``, flushed to the disk, then renamed
+    over it (``_write_whole``); ``st``: the status of the file it replaces, if any."""
     folder, name = os.path.split(target)
-    encoded = data.encode("utf-8")
     # The temporary file's name takes at most 32 characters of the file's (at most 128 bytes),
     # so that it is not too long where the file's own name is not: a name of about 240 to 255 bytes
     # failed with "File name too long" (the twentieth hostile pass).

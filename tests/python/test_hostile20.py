@@ -358,3 +358,18 @@ def test_a_dump_to_a_link_to_nothing_is_refused(tmp_path):
         lazybuf.trace.dump(link, trace)
     assert link.is_symlink()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["trace.json"]
+
+
+@pytest.mark.parametrize("name", ["", "missing/trace.json", "trace.json/"])
+def test_a_failed_dump_names_the_file_asked_for(tmp_path, name):
+    """A dump that cannot be written (an empty name, a folder that does not exist, a name ending
+    in a slash) raised an error naming the temporary file it writes first (".trace.json.12-0.tmp"),
+    a file the caller never named, or made that file in the working folder before failing. It
+    names the file asked for now, as `open(path, "w")` does, and leaves nothing behind."""
+    lazybuf.trace.start()
+    trace = lazybuf.trace.stop()
+    path = os.path.join(str(tmp_path), name) if name else ""  # (pathlib would drop the slash)
+    with pytest.raises(OSError) as raised:
+        lazybuf.trace.dump(path, trace)
+    assert raised.value.filename == path and ".tmp" not in str(raised.value), raised.value
+    assert list(tmp_path.iterdir()) == []
