@@ -4,7 +4,17 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
+/// Held while a test of this file starts a process (or writes an executable it then starts):
+/// a copy of the executable still open for writing when another test's thread forks cannot be
+/// started ("Text file busy": the child holds the descriptor until it execs).
+static SPAWNING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn spawning() -> std::sync::MutexGuard<'static, ()> {
+    SPAWNING.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn lazybuf(args: &[&str]) -> Output {
+    let _spawning = spawning();
     Command::new(env!("CARGO_BIN_EXE_lazybuf")).args(args).output().expect("the lazybuf executable runs")
 }
 
@@ -125,6 +135,8 @@ fn a_plot_over_a_read_only_file_is_refused() {
     std::fs::write(&out, b"earlier").unwrap();
     std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o444)).unwrap();
     let root = std::fs::metadata("/proc/self").map(|m| m.uid() == 0).unwrap_or(false);
+    // The copy is written and started with no other test of this file starting a process.
+    let _spawning = spawning();
     let mut command = if root {
         let copy = dir.join("lazybuf");
         std::fs::copy(env!("CARGO_BIN_EXE_lazybuf"), &copy).unwrap();
