@@ -20,3 +20,14 @@ unpack_bins() {
     [ -d "$1/bin" ] || [ ! -f "$1/bin.tar.xz" ] && return 0
     python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1] + "/bin.tar.xz").extractall(sys.argv[1], filter="data")' "$1"
 }
+
+# place_cli DIR: the CLI's tests start the `lazybuf` binary from the path it was built at
+# (`CARGO_BIN_EXE_lazybuf`, compiled in), which the GPU machine lacks: the build step packs the
+# binary as DIR/bin/lazybuf and its path as DIR/cli-path, and this puts it there (as root) when
+# nothing is. Returns non-zero when the CLI's tests cannot run.
+place_cli() {
+    local want
+    want=$(cat "$1/cli-path" 2>/dev/null) && [ -n "$want" ] && [ -x "$1/bin/lazybuf" ] || return 1
+    [ -e "$want" ] && return 0
+    mkdir -p "$(dirname "$want")" && cp "$1/bin/lazybuf" "$want"
+}

@@ -11,8 +11,9 @@
 # $OUT/gpu-check.md (the bench tables) and $OUT/logs.tar.gz (every log), refreshed after each
 # part so a run stopped at its limit still brings back what it did. LAZYBUF_GPU_CHECK_PARTS
 # picks parts (default "bench test memcheck"); LAZYBUF_GPU_CHECK_PYTEST_S the Python suite's
-# limit in seconds (default 220; it took 218 on an H200 with 74 failures). For the whole suites
-# and every benchmark, use scripts/test-gpu.sh and scripts/bench-gpu.sh.
+# limit in seconds per shard (default 220), LAZYBUF_GPU_CHECK_PY_SHARDS how many shards run at
+# once (default 3). For the whole suites and every benchmark, use scripts/test-gpu.sh and
+# scripts/bench-gpu.sh.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 # shellcheck source=gpu-bins.sh
@@ -66,22 +67,33 @@ fi
 if [[ $parts == *" test "* ]]; then
     unpack_bins "$root/.gpu" || note "could not unpack .gpu/bin.tar.xz"
     export LAZYBUF_REQUIRE=cuda LAZYBUF_REQUIRE_CUDA=1 PROPTEST_CASES="${PROPTEST_CASES:-128}"
-    (cd "$root/.gpu/tests" && LAZYBUF_CHECK=1 timeout "${LAZYBUF_GPU_CHECK_PYTEST_S:-220}" python3 -m pytest -q -rs -p no:cacheprovider . \
-        >"$logs/pytest-checker.log" 2>&1; echo "pytest (checker on) rc=$? $(tail -1 "$logs/pytest-checker.log")" >"$logs/pytest.rc") &
-    python=$!
+    # The Python suite as LAZYBUF_GPU_CHECK_PY_SHARDS shards at once (tests/python/conftest.py's
+    # LAZYBUF_PY_SHARD): one process took 218 s for 2,100 tests on an H200, and it has grown.
+    shards=${LAZYBUF_GPU_CHECK_PY_SHARDS:-3}
+    pids=()
+    : >"$logs/pytest.rc"
+    for ((k = 0; k < shards; k++)); do
+        (cd "$root/.gpu/tests" && LAZYBUF_CHECK=1 LAZYBUF_PY_SHARD="$k/$shards" \
+            timeout "${LAZYBUF_GPU_CHECK_PYTEST_S:-220}" python3 -m pytest -q -rs -p no:cacheprovider \
+            --basetemp="$(mktemp -d)/shard-$k" . >"$logs/pytest-checker-$k.log" 2>&1
+            echo "pytest shard $k/$shards (checker on) rc=$? $(tail -1 "$logs/pytest-checker-$k.log")" >>"$logs/pytest.rc") &
+        pids+=($!)
+    done
     # Four binaries at a time, the whole part within 220 s (a binary cut off shows rc=124).
     # shellcheck disable=SC2016
-    # test-cli runs the command-line binary from the path it was built at, which is not there.
+    # The CLI's tests run the command-line binary from the path it was built at (place_cli).
     # no_runtime hides the OpenCL vendor files (as root) and cuda_gpu measures the GPU's free
     # memory: beside the others they made the Python suite's child processes miss NVIDIA's
     # OpenCL and the free memory move (an H200, 2026-11-27), so they run alone afterwards.
-    note "test-cli skipped (it runs the lazybuf binary from its build path)"
+    cli_skip='/test-cli$'
+    if place_cli "$root/.gpu"; then cli_skip='^$'; else
+        note "the CLI's tests skipped (no lazybuf binary at its build path)"; fi
     alone="test-no_runtime test-cuda_gpu"
-    ls "$root"/.gpu/bin/test-* | grep -v -e '/test-cli$' -e '/test-no_runtime$' -e '/test-cuda_gpu$' | timeout 220 xargs -P 4 -I{} bash -c \
+    ls "$root"/.gpu/bin/test-* | grep -v -e "$cli_skip" -e '/test-no_runtime$' -e '/test-cuda_gpu$' | timeout 220 xargs -P 4 -I{} bash -c \
         'n=$(basename {}); timeout 200 {} --test-threads=4 >"$0/$n.log" 2>&1; rc=$?;
          echo "$n rc=$rc $(grep -E "^test result:" "$0/$n.log" | tail -1 | sed "s/; finished.*//")"' "$logs" \
         >"$logs/rust.rc"
-    wait "$python"
+    wait "${pids[@]}"
     for n in $alone; do
         [ -x "$root/.gpu/bin/$n" ] || continue
         timeout 120 "$root/.gpu/bin/$n" --test-threads=1 >"$logs/$n.log" 2>&1

@@ -46,6 +46,8 @@ count = collections.Counter(name for name, *_ in found)
 for name, crate, kind, path in found:
     print(name if count[name] == 1 else f"{crate}-{name}-{kind}", path)' |
         while read -r name path; do cp "$path" "$dir/bin/test-$name"; done
+    # The CLI's tests start this binary from its build path (scripts/gpu-bins.sh, place_cli).
+    cp "$root/target/debug/lazybuf" "$dir/bin/lazybuf" && echo "$root/target/debug/lazybuf" >"$dir/cli-path"
     strip --strip-debug "$dir"/bin/* 2>/dev/null || true
     echo "==> packing the test binaries into one .tar.xz (about 2 minutes; scripts/gpu-bins.sh)"
     pack_bins "$dir"
@@ -97,6 +99,7 @@ run() {
     nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current,pcie.link.width.current \
         --format=csv,noheader 2>/dev/null || echo "nvidia-smi: not found (no NVIDIA GPU here?)"
     export LAZYBUF_REQUIRE=cuda LAZYBUF_REQUIRE_CUDA=1 PROPTEST_CASES="${PROPTEST_CASES:-1000}"
+    place_cli "$dir" || echo "no lazybuf binary at its build path: the CLI's tests will fail"
     for path in bin/test-*; do
         local name=${path#bin/test-}
         echo "==> $name"
