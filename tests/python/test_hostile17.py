@@ -170,6 +170,19 @@ def interrupted_at(k, armed, block):
         frame.f_trace_opcodes = True
         return local
 
+    if sys.version_info >= (3, 12):
+        # From 3.12 (PEP 669's instrumentation) a code object gets opcode events only from its
+        # second traced run (on 3.13 after each interrupted one too): this run, uninterrupted,
+        # is the first.
+        def first_run(frame, event, arg):
+            frame.f_trace_opcodes = True
+
+        sys.settrace(first_run)
+        try:
+            block()
+        finally:
+            sys.settrace(None)
+
     sys.settrace(trace)
     try:
         block()
