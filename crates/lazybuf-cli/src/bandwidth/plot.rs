@@ -79,12 +79,7 @@ pub fn format_of(path: &Path, option: &str) -> Result<Format> {
 /// drawn in memory and written whole or not at all ([`crate::output::write_file`]).
 pub fn write(report: &BandwidthReport, path: &Path, size: (u32, u32)) -> Result<crate::output::Written> {
     let format = format_of(path, "--plot")?;
-    let text = font_available();
-    if !text {
-        errln!(
-            "lazybuf: note: no font found for the plot's text (set {FONT_ENV} to a .ttf file); drawing it without text"
-        );
-    }
+    let text = text_or_note();
     let bytes = render(format, size, |root| draw(root, report, text), |root| draw(root, report, text))
         .map_err(|e| CliError::new(e).context(format!("drawing {}", path.display())))?;
     crate::output::write_file(path, &bytes)
@@ -139,6 +134,18 @@ fn encode_png(
     writer.write_image_data(pixels)?;
     writer.finish()?;
     Ok(out)
+}
+
+/// The note a plot drawn without text prints (no font found, or `LAZYBUF_PLOT_FONT=none`).
+pub const NO_FONT_NOTE: &str = "lazybuf: note: no font found for the plot's text (set LAZYBUF_PLOT_FONT to a .ttf file); drawing it without text";
+
+/// Whether the plot has text ([`font_available`]); prints [`NO_FONT_NOTE`] when it has none.
+pub fn text_or_note() -> bool {
+    let text = font_available();
+    if !text {
+        errln!("{NO_FONT_NOTE}");
+    }
+    text
 }
 
 /// Whether a font was found and registered for the plots' text (looked up once).
@@ -363,6 +370,11 @@ mod tests {
         assert_eq!(format_of(Path::new("b.SVG"), "--plot").unwrap(), Format::Svg);
         let err = format_of(Path::new("b.jpg"), "-o").unwrap_err().to_string();
         assert!(err.contains(".png or .svg") && err.starts_with("-o b.jpg"), "{err}");
+    }
+
+    #[test]
+    fn the_note_names_the_font_variable() {
+        assert!(NO_FONT_NOTE.contains(FONT_ENV));
     }
 
     #[test]

@@ -10,7 +10,7 @@ use plotters::prelude::*;
 
 use super::TraceFile;
 use crate::Result;
-use crate::bandwidth::plot::{FONT_ENV, font_available, format_of, render};
+use crate::bandwidth::plot::{format_of, render, text_or_note};
 use crate::error::CliError;
 
 /// The colour of a copy of `direction` (`h2d`, `d2h`, `d2d`).
@@ -42,12 +42,7 @@ pub fn memory_colour(index: usize) -> RGBColor {
 /// not at all ([`crate::output::write_file`]).
 pub fn write(file: &TraceFile, path: &Path, size: (u32, u32)) -> Result<crate::output::Written> {
     let format = format_of(path, "-o")?;
-    let text = font_available();
-    if !text {
-        errln!(
-            "lazybuf: note: no font found for the plot's text (set {FONT_ENV} to a .ttf file); drawing it without text"
-        );
-    }
+    let text = text_or_note();
     let bytes = render(format, size, |root| draw(root, file, text), |root| draw(root, file, text))
         .map_err(|e| CliError::new(e).context(format!("drawing {}", path.display())))?;
     crate::output::write_file(path, &bytes)
