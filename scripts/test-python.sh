@@ -19,6 +19,7 @@
 # builds the Python API reference (scripts/api-docs.sh, pdoc; a warning fails it).
 # dask[distributed] is installed for tests/python/test_dask.py; its two LocalCluster tests
 # (worker processes, ~10 s) run in the first pass only (LAZYBUF_SKIP_CLUSTER=1 in the others).
+# Then the release wheel's pass again under the newest CPython >= 3.12 found, in .venv-newer.
 # Exits non-zero on any failure.
 #
 # Usage: bash scripts/test-python.sh [pytest args...]
@@ -28,6 +29,8 @@
 #                            target/wheels-python, with LAZYBUF_PY_BUILD's arguments)
 #   LAZYBUF_PY_BUILD         extra `maturin build` arguments for a release wheel built here
 #   LAZYBUF_PY_SERIAL=1      run the passes one after another
+#   LAZYBUF_PY_NEWER         the CPython >= 3.12 that runs the release wheel's pass again
+#                            (default: the newest found; `none` skips that pass)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -165,6 +168,31 @@ start_pass debug-shard-1 "${debug_env[@]}" LAZYBUF_PY_SHARD=1/2
 step "API reference (pdoc, warnings are errors)"
 PYTHONPATH="$debug_path" LAZYBUF_PY_VENV="$venv" bash scripts/api-docs.sh
 finish_passes
+
+# The abi3 release wheel again under the newest other CPython >= 3.12 found (on PATH or in
+# pyenv's versions; LAZYBUF_PY_NEWER names one, `none` skips): the wheel claims every Python
+# from 3.11, and twice a GPU machine's Python 3.12 found what 3.11 hides (PEP 688's buffer
+# protocol, PEP 669's opcode tracing). Its own environment, .venv-newer by default.
+newer="${LAZYBUF_PY_NEWER:-}"
+if [ -z "$newer" ]; then
+  for candidate in $(ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.1[2-9]*/bin/python 2>/dev/null | sort -V) \
+    $(command -v python3.12 python3.13 python3.14 2>/dev/null); do
+    "$candidate" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null && newer="$candidate"
+  done
+fi
+if [ -n "$newer" ] && [ "$newer" != none ]; then
+  newer_venv="${LAZYBUF_PY_NEWER_VENV:-$PWD/.venv-newer}"
+  step "pytest pass: the release wheel under $("$newer" --version) ($newer)"
+  [ -x "$newer_venv/bin/python" ] || "$newer" -m venv "$newer_venv"
+  "$newer_venv/bin/python" -m pip install -q --disable-pip-version-check \
+    numpy==2.4.6 pytest==9.2.0 pyopencl==2026.1.4 ml_dtypes==0.5.4 "dask[distributed]==2026.8.0"
+  "$newer_venv/bin/python" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps "$wheel"
+  py="$newer_venv/bin/python"
+  run_pass release-newer LAZYBUF_SKIP_CLUSTER=1 || failed+=("release-newer")
+  cat "$logs/release-newer.log"
+else
+  step "no CPython >= 3.12 found: the release wheel ran under $("$py" --version) only"
+fi
 
 if [ "${#failed[@]}" -gt 0 ]; then
   echo "pytest failed in: ${failed[*]}" >&2
