@@ -44,6 +44,12 @@ SIZES = {"4 KiB": 4 << 10, "4 MiB": 4 << 20, "64 MiB": 64 << 20}
 # Double buffering with lazybuf's host write as `buf[:] = x` instead of `buf.host[:] = x`: the
 # peers' row is their double buffering (they have one way to write it).
 OVERWRITE = "double buffering, `buf[:] = x`"
+# Double buffering on CUDA with the kernel, mark and read-back inside `with cupy.cuda.Stream(
+# non_blocking=True):`. lazybuf's stream is a blocking one (so kernels on CuPy's legacy default
+# stream are ordered with lazybuf's copies without a call), so a kernel there waits for the
+# other buffer's upload; on a non-blocking stream it overlaps it, as the by-hand CuPy loop's
+# kernel overlaps its upload on a non-blocking copy stream.
+ON_A_STREAM = "double buffering, kernels on a CuPy stream"
 
 
 def lazybuf_cases(device, n, x):
@@ -103,13 +109,33 @@ def lazybuf_cases(device, n, x):
         transfer.wait()
         return out
 
-    return {
+    cases = {
         "batch, new buffer": batch_new,
         "batch, pool": batch_pool,
         "read-modify-write": read_modify_write,
         "double buffering": double_buffering,
         OVERWRITE: double_buffering_overwrite,
     }
+    if device.backend == "cuda":
+        import cupy
+
+        kernels = cupy.cuda.Stream(non_blocking=True)
+
+        def double_buffering_on_a_stream():
+            current, previous = pair[step[0] % 2], pair[(step[0] + 1) % 2]
+            step[0] += 1
+            current.host[:] = x
+            transfer = current.sync_to_device_async()
+            with kernels:  # the array is ordered after its upload on this stream, at `.device`
+                d = previous.device
+                d *= 3
+                previous.mark_device_dirty()
+                out = previous.to_numpy()
+            transfer.wait()
+            return out
+
+        cases[ON_A_STREAM] = double_buffering_on_a_stream
+    return cases
 
 
 def pydotcompute_cases(n, x):
@@ -150,7 +176,7 @@ def pydotcompute_cases(n, x):
         return previous.host.copy()
 
     return {"batch, new buffer": batch_new, "read-modify-write": read_modify_write, "double buffering": double_buffering,
-            OVERWRITE: double_buffering}
+            OVERWRITE: double_buffering, ON_A_STREAM: double_buffering}
 
 
 def pyopencl_cases(device, n, x):
@@ -229,7 +255,7 @@ def cupy_cases(n, x):
         return out
 
     return {"batch, new buffer": batch, "batch, pool": batch, "read-modify-write": read_modify_write,
-            "double buffering": double_buffering, OVERWRITE: double_buffering}
+            "double buffering": double_buffering, OVERWRITE: double_buffering, ON_A_STREAM: double_buffering}
 
 
 def main() -> None:
