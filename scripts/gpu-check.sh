@@ -4,7 +4,8 @@
 # PyDotCompute's wheels in .gpu/bench-deps (`bash scripts/gpu-check.sh deps` here):
 #   1. the seeds' workflows against hand-written CuPy and PyDotCompute (bench_workflows.py) and
 #      where a batch's time goes (bench_steps.py), first, while the GPU is otherwise idle;
-#   2. every Rust test binary with CUDA required, four at a time, beside the Python suite with
+#   2. what a child process sees of the devices (scripts/child_devices.py); every Rust test
+#      binary with CUDA required, four at a time, beside the Python suite (three shards) with
 #      the coherence checker on;
 #   3. compute-sanitizer memcheck over the CUDA async suite (caching off, leak check on).
 # Run there as `bash scripts/gpu-check.sh`, with `.gpu` carried. Writes $OUT/summary.txt,
@@ -65,6 +66,8 @@ if [[ $parts == *" bench "* ]]; then
 fi
 
 if [[ $parts == *" test "* ]]; then
+    # What a child process sees of the devices (NVIDIA's OpenCL went missing in children here).
+    note "$(timeout 300 python3 "$root/scripts/child_devices.py" 2>&1)"
     unpack_bins "$root/.gpu" || note "could not unpack .gpu/bin.tar.xz"
     export LAZYBUF_REQUIRE=cuda LAZYBUF_REQUIRE_CUDA=1 PROPTEST_CASES="${PROPTEST_CASES:-128}"
     # The Python suite as LAZYBUF_GPU_CHECK_PY_SHARDS shards at once (tests/python/conftest.py's
