@@ -64,6 +64,11 @@ step "build the tests once"
 cargo test --workspace --all-features --no-run
 step "Rust tests: host, OpenCL (PoCL) and wgpu (lavapipe)"
 cargo test --workspace --all-features
+# The CLI's tests again as on a machine with no font (an H200 machine had none, and three of its
+# plot tests failed there): LAZYBUF_PLOT_FONT naming no file is what finding no font is. From
+# the build above (`--test` names; the core's `trace` and `hostile20` run again too).
+step "the CLI's tests again, with no font"
+LAZYBUF_PLOT_FONT=/nonexistent/no-font.ttf cargo test --workspace --all-features --test cli --test trace --test hostile20
 
 # The numbered examples (crates/lazybuf/examples/0*.rs), from the build above, on every device
 # kind they run on: each asserts what it shows.
