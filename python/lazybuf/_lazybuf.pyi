@@ -353,6 +353,14 @@ class UnifiedBuffer:
     def __array__(self, dtype: npt.DTypeLike | None = None, copy: bool | None = None) -> np.ndarray:
         """A read-only view (a host read), or a copy with ``copy=True``."""
 
+    def __buffer__(self, flags: int, /) -> memoryview:
+        """The buffer protocol from Python (PEP 688, Python 3.12+; the slot behind
+        ``memoryview(buf)`` on every version): ``inspect.BufferFlags.WRITABLE`` in ``flags`` is
+        a host write, else a host read (see ``__len__``). Declared so that type checkers take
+        the buffer where a ``collections.abc.Buffer`` is expected."""
+
+    def __release_buffer__(self, buffer: memoryview, /) -> None: ...
+
     @property
     def __array_interface__(self) -> dict[str, Any]:
         """NumPy array interface v3 over the host copy, read-only (a host read). Consumers
@@ -952,6 +960,11 @@ class MemoryHost(Memory):
     def __new__(
         cls, other: _MemorySource, *, alignment: int = 0, device: _DeviceLike = None, copy: bool = False
     ) -> MemoryHost: ...
+    def __buffer__(self, flags: int, /) -> memoryview:
+        """The buffer protocol (PEP 688; the slot behind ``memoryview(mem)`` on every Python):
+        the bytes, writable when ``flags`` asks for it."""
+
+    def __release_buffer__(self, buffer: memoryview, /) -> None: ...
 
 @final
 class MemoryShared(Memory):
@@ -961,6 +974,11 @@ class MemoryShared(Memory):
     def __new__(
         cls, other: _MemorySource, *, alignment: int = 0, device: _DeviceLike = None, copy: bool = False
     ) -> MemoryShared: ...
+    def __buffer__(self, flags: int, /) -> memoryview:
+        """The buffer protocol (PEP 688; the slot behind ``memoryview(mem)`` on every Python):
+        the bytes, writable when ``flags`` asks for it."""
+
+    def __release_buffer__(self, buffer: memoryview, /) -> None: ...
     def prefetch(self, to: str = "device") -> None:
         """Moves the pages to ``"device"`` or ``"host"`` and waits (CUDA managed memory)."""
 
