@@ -4,15 +4,56 @@ spawn, forkserver, subprocesses) found, each a test that failed before its fix. 
 same on every device.
 """
 
+import ctypes
 import importlib.util
 import os
 import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
 import lazybuf
+from conftest import one_selector_per_backend
+from lazybuf import BufferState, UnifiedBuffer
+
+# PyBUF_* request flags (inspect.BufferFlags from Python 3.12; the same numbers on 3.11)
+PYBUF_WRITABLE, PYBUF_FORMAT, PYBUF_ND, PYBUF_STRIDES = 0x1, 0x4, 0x8, 0x18
+PYBUF_F_CONTIGUOUS = 0x40 | PYBUF_STRIDES
+
+
+class _PyBuffer(ctypes.Structure):
+    _fields_ = [
+        ("buf", ctypes.c_void_p),
+        ("obj", ctypes.py_object),
+        ("len", ctypes.c_ssize_t),
+        ("itemsize", ctypes.c_ssize_t),
+        ("readonly", ctypes.c_int),
+        ("ndim", ctypes.c_int),
+        ("format", ctypes.c_char_p),
+        ("shape", ctypes.POINTER(ctypes.c_ssize_t)),
+        ("strides", ctypes.POINTER(ctypes.c_ssize_t)),
+        ("suboffsets", ctypes.POINTER(ctypes.c_ssize_t)),
+        ("internal", ctypes.c_void_p),
+    ]
+
+
+def request_buffer(obj, flags):
+    """What `PyObject_GetBuffer(obj, view, flags)` gives, as a C consumer (Cython, NumPy) asks
+    on every Python version: (shape, len, readonly, format); the view released at once."""
+    get = ctypes.pythonapi.PyObject_GetBuffer
+    get.argtypes = [ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int]
+    release = ctypes.pythonapi.PyBuffer_Release
+    release.argtypes = [ctypes.POINTER(_PyBuffer)]
+    view = _PyBuffer()
+    if get(obj, ctypes.byref(view), flags) != 0:
+        raise AssertionError("unreachable: ctypes raises the exception set")
+    try:
+        shape = tuple(view.shape[i] for i in range(view.ndim)) if view.shape else None
+        return shape, view.len, bool(view.readonly), view.format
+    finally:
+        release(ctypes.byref(view))
 
 
 def test_type_checkers_take_the_buffer_protocols_objects_as_buffers(tmp_path):
@@ -50,3 +91,29 @@ def test_type_checkers_take_the_buffer_protocols_objects_as_buffers(tmp_path):
     )
     errors = [line for line in run.stdout.splitlines() if ": error:" in line]
     assert len(errors) == 1 and "uses_buffers.py:11:" in errors[0] and "MemoryDevice" in errors[0], run.stdout
+
+
+@pytest.mark.parametrize("selector", one_selector_per_backend())
+@pytest.mark.parametrize("shape", [(0, 3, 4), (3, 0, 4), (2, 0)])
+def test_an_empty_buffer_is_exported_fortran_contiguous(selector, shape):
+    """A Fortran-contiguous request (`buf.__buffer__(inspect.BufferFlags.F_CONTIGUOUS)`, a
+    Cython `double[::1, :]` memoryview) of a buffer with no element was refused ("the buffer
+    is C-contiguous, not Fortran-contiguous"), where CPython calls every empty buffer both (as
+    NumPy serves it). It is served; a non-empty 2-d one is still refused, with the state as it
+    was."""
+    buf = UnifiedBuffer(shape, np.float32, device=selector)
+    for flags in (PYBUF_F_CONTIGUOUS, PYBUF_F_CONTIGUOUS | PYBUF_WRITABLE | PYBUF_FORMAT):
+        assert request_buffer(buf, flags) == (shape, 0, not flags & PYBUF_WRITABLE, b"f" if flags & PYBUF_FORMAT else None)
+        if sys.version_info >= (3, 12):
+            view = buf.__buffer__(flags)
+            assert (view.shape, view.f_contiguous, view.c_contiguous) == (shape, True, True)
+            buf.__release_buffer__(view)
+    assert request_buffer(np.zeros(shape, np.float32), PYBUF_F_CONTIGUOUS)[0] == shape  # as NumPy
+    full = UnifiedBuffer((2, 3), np.float32, device=selector)
+    full.fill(1)
+    full.sync_to_device()
+    full.mark_device_dirty()
+    with pytest.raises(BufferError, match="not Fortran-contiguous"):
+        request_buffer(full, PYBUF_F_CONTIGUOUS)
+    assert full.state == BufferState.DEVICE_DIRTY
+    np.testing.assert_array_equal(full.to_numpy(), np.ones((2, 3), np.float32))
