@@ -57,6 +57,7 @@ __all__ = [
     "trim",
     "_cli_main",
     "_rebuild_buffer",
+    "_rebuild_device",
     "DeviceFrame",
     "_rebuild_buffer_from_bytes",
     "_host_frame",
@@ -479,6 +480,15 @@ class Device:
     def is_available(self) -> bool:
         """True: every listed device can be used."""
 
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        """Pickles as the selector: unpickled (in a ``multiprocessing`` worker), the device of
+        that selector there, or ``ValueError`` naming it where that process has none.
+        ``TypeError`` for a device not in ``get_accelerator().devices``."""
+
+    def __copy__(self) -> Device: ...
+    def __deepcopy__(self, memo: Any, /) -> Device:
+        """The device itself (it names a device and holds no state to copy)."""
+
     def __eq__(self, value: object, /) -> bool: ...
     def __hash__(self) -> int: ...
 
@@ -742,6 +752,7 @@ class HostBlock:
     """Host memory from lazybuf's cache owned by an array ``to_numpy()`` returned (its
     ``.base``, from 1 MiB up); given back to the cache when the array is gone."""
 
+def _rebuild_device(selector: str) -> Device: ...
 def _rebuild_buffer(
     shape: Any, dtype: Any, pinned: bool, data: Any, origin: tuple[str, str] | None = None
 ) -> UnifiedBuffer: ...

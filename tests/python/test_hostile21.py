@@ -156,3 +156,40 @@ def test_every_lazybuf_exception_survives_a_pickle():
         with pytest.raises(lazybuf.BufferSyncError, match="to device: copy failed") as raised:
             pool.submit(_raise_buffer_sync_error, "to device").result(timeout=120)
     assert raised.value.direction == "to device"
+
+
+def _device_seen_by_a_worker(device):
+    """A spawn worker's task: the device it was given, used."""
+    buf = UnifiedBuffer((4,), np.float32, device=device)
+    buf.fill(2)
+    buf.sync_to_device()
+    buf.mark_device_dirty()
+    return device.selector, device.name, buf.device_handle == device, buf.to_numpy().tolist()
+
+
+def test_a_device_pickles_as_its_selector():
+    """`pool.map(work, get_accelerator().devices)` (a `multiprocessing` or `concurrent.futures`
+    worker per device) failed: "cannot pickle 'lazybuf.Device' object", and so did
+    `copy.deepcopy` of anything holding a device. A device pickles as its selector, the one a
+    pickled buffer records: a spawn worker gets that device of its own; a process without it
+    raises the `ValueError` that `device=` raises; a copy is the device itself."""
+    import concurrent.futures
+    import copy
+    import multiprocessing
+
+    devices = lazybuf.get_accelerator().devices
+    for device in devices:
+        assert copy.copy(device) is device and copy.deepcopy({"d": device})["d"] is device
+        for protocol in range(pickle.HIGHEST_PROTOCOL + 1):
+            back = pickle.loads(pickle.dumps(device, protocol))
+            assert type(back) is lazybuf.Device and back == device and back.selector == device.selector
+        elsewhere = pickle.dumps(device).replace(device.selector.encode(), device.selector[:-1].encode() + b"9")
+        with pytest.raises(ValueError, match=f"no device matches .{device.selector[:-1]}9"):
+            pickle.loads(elsewhere)
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        seen = list(pool.map(_device_seen_by_a_worker, devices, timeout=300))
+    assert seen == [(d.selector, d.name, True, [2.0] * 4) for d in devices]
+    if hasattr(lazybuf, "testing"):
+        faulty = lazybuf.testing.FaultyDevice("host")
+        with pytest.raises(TypeError, match="not one of get_accelerator"):
+            pickle.dumps(faulty)
