@@ -84,6 +84,7 @@ __all__ = [
     "host_memory_held",
     "set_host_memory_limit",
     "_remove_spill_files",
+    "_remove_spill_files_at_finalization",
 ]
 
 _ShapeLike = SupportsIndex | Sequence[SupportsIndex]
@@ -699,7 +700,12 @@ def host_memory_held() -> int:
     """The bytes of host memory lazybuf holds (checked against the host limit)."""
 
 def _remove_spill_files() -> int:
-    """Removes the spill files this process still has (registered with ``atexit``)."""
+    """Removes the spill files this process still has (at the end of a ``multiprocessing``
+    child; at interpreter exit through ``_remove_spill_files_at_finalization``)."""
+
+def _remove_spill_files_at_finalization() -> bool:
+    """Has the spill files removed once the interpreter has finished (``Py_AtExit``: after
+    every ``atexit`` handler and finalizer); false where that cannot be registered."""
 
 @final
 class DeviceMemoryView:

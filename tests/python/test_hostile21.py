@@ -193,3 +193,46 @@ def test_a_device_pickles_as_its_selector():
         faulty = lazybuf.testing.FaultyDevice("host")
         with pytest.raises(TypeError, match="not one of get_accelerator"):
             pickle.dumps(faulty)
+
+
+SPILLED_READ_AT_EXIT = """
+import atexit, os, sys
+def read_at_exit():  # registered before lazybuf's import: it runs after lazybuf's own at exit
+    print("atexit", [float(b.to_numpy()[0]) for b in BUFS], flush=True)
+atexit.register(read_at_exit)
+import numpy as np, lazybuf
+class ReadAtTeardown:  # a module global's finalizer, after every atexit handler
+    def __del__(self):
+        print("teardown", [float(b.to_numpy()[0]) for b in self.bufs], flush=True)
+lazybuf.trim()
+lazybuf.set_host_memory_limit(lazybuf.host_memory_held() + (1 << 20))
+BUFS = []
+for i in range(4):
+    b = lazybuf.UnifiedBuffer((1 << 17,), np.float32, device=sys.argv[1])
+    b.copy_from(np.full(1 << 17, i, np.float32))
+    BUFS.append(b)
+KEEP = ReadAtTeardown()
+KEEP.bufs = BUFS
+print("files", len(os.listdir(os.environ["LAZYBUF_SPILL_DIR"])), flush=True)
+"""
+
+
+@pytest.mark.parametrize("selector", one_selector_per_backend())
+def test_buffers_spilled_to_disk_are_read_at_exit(tmp_path, selector):
+    """lazybuf removed its spill files in an `atexit` handler, which runs before the handlers
+    registered before `import lazybuf` and before the modules' finalizers: a handler that
+    saved results at exit (`np.save(path, buf.to_numpy())`) lost every buffer spilled to disk
+    ("could not read spill file ...: No such file or directory"). The files go once the
+    interpreter has finished (`Py_AtExit`), after every handler and finalizer; none is left."""
+    run = subprocess.run(
+        [sys.executable, "-c", SPILLED_READ_AT_EXIT, selector],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "LAZYBUF_SPILL_DIR": str(tmp_path)},
+    )
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert int(lines[0].split()[1]) >= 1, run.stdout  # spilled while it ran
+    assert lines[1:] == ["atexit [0.0, 1.0, 2.0, 3.0]", "teardown [0.0, 1.0, 2.0, 3.0]"], run.stdout + run.stderr
+    assert os.listdir(tmp_path) == []
