@@ -236,3 +236,37 @@ def test_buffers_spilled_to_disk_are_read_at_exit(tmp_path, selector):
     assert int(lines[0].split()[1]) >= 1, run.stdout  # spilled while it ran
     assert lines[1:] == ["atexit [0.0, 1.0, 2.0, 3.0]", "teardown [0.0, 1.0, 2.0, 3.0]"], run.stdout + run.stderr
     assert os.listdir(tmp_path) == []
+
+
+def _current_resource_of_a_worker():
+    """A spawn worker's task: the type of its current device resource."""
+    return type(lazybuf.mr.get_current_device_resource()).__name__
+
+
+def test_lazybuf_mr_functions_and_the_trace_class_pickle_by_reference():
+    """`lazybuf.mr.get_current_device_resource` and `set_current_device_resource` said their
+    module was "mr", so they did not pickle ("import of module 'mr' failed"): a
+    `ProcessPoolExecutor(initializer=lazybuf.mr.set_current_device_resource, initargs=(None,))`
+    failed to start its workers, and `inspect.getmodule` found no module for them; so did
+    `lazybuf.trace.Trace` as a class ("attribute lookup Trace on lazybuf failed"). Each names
+    its real module now."""
+    import concurrent.futures
+    import inspect
+    import multiprocessing
+
+    from lazybuf import mr
+
+    for function in (mr.get_current_device_resource, mr.set_current_device_resource):
+        assert function.__module__ == "lazybuf.mr" and inspect.getmodule(function) is mr
+        assert pickle.loads(pickle.dumps(function)) is function
+    assert pickle.loads(pickle.dumps(lazybuf.trace.Trace)) is lazybuf.trace.Trace
+    if hasattr(lazybuf, "testing"):
+        for function in (lazybuf.testing.exposures, lazybuf.testing.reclaim):
+            assert pickle.loads(pickle.dumps(function)) is function
+    with concurrent.futures.ProcessPoolExecutor(
+        1,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=mr.set_current_device_resource,
+        initargs=(None,),
+    ) as pool:
+        assert pool.submit(_current_resource_of_a_worker).result(timeout=120).endswith("MemoryResource")
