@@ -27,7 +27,7 @@ PYBUF_F_CONTIGUOUS = 0x40 | PYBUF_STRIDES
 class _PyBuffer(ctypes.Structure):
     _fields_ = [
         ("buf", ctypes.c_void_p),
-        ("obj", ctypes.py_object),
+        ("obj", ctypes.c_void_p),  # a reference PyBuffer_Release drops: not for ctypes to own
         ("len", ctypes.c_ssize_t),
         ("itemsize", ctypes.c_ssize_t),
         ("readonly", ctypes.c_int),
