@@ -51,9 +51,9 @@ def main() -> int:
 
     pdoc.doc_pyi.include_typeinfo_from_stub_files = include
 
-    # The extension registers lazybuf.mr and lazybuf.testing in sys.modules with their short
-    # __name__ ("mr") and no import spec; pdoc needs both to find and name them. Set here, in
-    # this process only.
+    # The extension registers lazybuf.mr and lazybuf.testing in sys.modules with no import
+    # spec (and, before the twenty-first hostile pass, with their short __name__, "mr"); pdoc
+    # needs both to find and name them. Set here, in this process only.
     for name in ("lazybuf.mr", "lazybuf.testing"):
         if name in sys.modules:
             sys.modules[name].__name__ = name

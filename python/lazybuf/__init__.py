@@ -155,9 +155,12 @@ __all__ += ["get_memory_limit", "memory_held", "reset_spill_stats", "set_memory_
 __all__ += ["get_host_memory_limit", "host_memory_held", "set_host_memory_limit"]
 
 # Spill files of buffers still alive at exit (the interpreter need not finalize them) go too:
-# at interpreter exit (atexit), and at the end of every multiprocessing child, which ends with
-# os._exit() after multiprocessing's own finalizers, never running atexit (workers started by
-# fork and forkserver; docs/SPILLING.md "The host tier and the disk").
+# once the interpreter has finished (Py_AtExit: after every atexit handler, also those
+# registered before this import, and the modules' finalizers, which may still read spilled
+# buffers; an atexit handler of its own removed them first until the twenty-first hostile
+# pass), and at the end of every multiprocessing child, which ends with os._exit() after
+# multiprocessing's own finalizers, never running atexit (workers started by fork and
+# forkserver; docs/SPILLING.md "The host tier and the disk").
 import atexit as _atexit
 import os as _os
 import typing as _typing
@@ -165,9 +168,10 @@ import typing as _typing
 if _typing.TYPE_CHECKING:
     from multiprocessing.util import Finalize as _Finalize
 
-from ._lazybuf import _remove_spill_files
+from ._lazybuf import _remove_spill_files, _remove_spill_files_at_finalization
 
-_atexit.register(_remove_spill_files)
+if not _remove_spill_files_at_finalization():
+    _atexit.register(_remove_spill_files)
 
 
 class _ChildCleanup:

@@ -57,6 +57,7 @@ __all__ = [
     "trim",
     "_cli_main",
     "_rebuild_buffer",
+    "_rebuild_device",
     "DeviceFrame",
     "_rebuild_buffer_from_bytes",
     "_host_frame",
@@ -83,6 +84,7 @@ __all__ = [
     "host_memory_held",
     "set_host_memory_limit",
     "_remove_spill_files",
+    "_remove_spill_files_at_finalization",
 ]
 
 _ShapeLike = SupportsIndex | Sequence[SupportsIndex]
@@ -353,6 +355,14 @@ class UnifiedBuffer:
     def __array__(self, dtype: npt.DTypeLike | None = None, copy: bool | None = None) -> np.ndarray:
         """A read-only view (a host read), or a copy with ``copy=True``."""
 
+    def __buffer__(self, flags: int, /) -> memoryview:
+        """The buffer protocol from Python (PEP 688, Python 3.12+; the slot behind
+        ``memoryview(buf)`` on every version): ``inspect.BufferFlags.WRITABLE`` in ``flags`` is
+        a host write, else a host read (see ``__len__``). Declared so that type checkers take
+        the buffer where a ``collections.abc.Buffer`` is expected."""
+
+    def __release_buffer__(self, buffer: memoryview, /) -> None: ...
+
     @property
     def __array_interface__(self) -> dict[str, Any]:
         """NumPy array interface v3 over the host copy, read-only (a host read). Consumers
@@ -470,6 +480,15 @@ class Device:
     @property
     def is_available(self) -> bool:
         """True: every listed device can be used."""
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        """Pickles as the selector: unpickled (in a ``multiprocessing`` worker), the device of
+        that selector there, or ``ValueError`` naming it where that process has none.
+        ``TypeError`` for a device not in ``get_accelerator().devices``."""
+
+    def __copy__(self) -> Device: ...
+    def __deepcopy__(self, memo: Any, /) -> Device:
+        """The device itself (it names a device and holds no state to copy)."""
 
     def __eq__(self, value: object, /) -> bool: ...
     def __hash__(self) -> int: ...
@@ -681,7 +700,12 @@ def host_memory_held() -> int:
     """The bytes of host memory lazybuf holds (checked against the host limit)."""
 
 def _remove_spill_files() -> int:
-    """Removes the spill files this process still has (registered with ``atexit``)."""
+    """Removes the spill files this process still has (at the end of a ``multiprocessing``
+    child; at interpreter exit through ``_remove_spill_files_at_finalization``)."""
+
+def _remove_spill_files_at_finalization() -> bool:
+    """Has the spill files removed once the interpreter has finished (``Py_AtExit``: after
+    every ``atexit`` handler and finalizer); false where that cannot be registered."""
 
 @final
 class DeviceMemoryView:
@@ -734,6 +758,7 @@ class HostBlock:
     """Host memory from lazybuf's cache owned by an array ``to_numpy()`` returned (its
     ``.base``, from 1 MiB up); given back to the cache when the array is gone."""
 
+def _rebuild_device(selector: str) -> Device: ...
 def _rebuild_buffer(
     shape: Any, dtype: Any, pinned: bool, data: Any, origin: tuple[str, str] | None = None
 ) -> UnifiedBuffer: ...
@@ -952,6 +977,11 @@ class MemoryHost(Memory):
     def __new__(
         cls, other: _MemorySource, *, alignment: int = 0, device: _DeviceLike = None, copy: bool = False
     ) -> MemoryHost: ...
+    def __buffer__(self, flags: int, /) -> memoryview:
+        """The buffer protocol (PEP 688; the slot behind ``memoryview(mem)`` on every Python):
+        the bytes, writable when ``flags`` asks for it."""
+
+    def __release_buffer__(self, buffer: memoryview, /) -> None: ...
 
 @final
 class MemoryShared(Memory):
@@ -961,6 +991,11 @@ class MemoryShared(Memory):
     def __new__(
         cls, other: _MemorySource, *, alignment: int = 0, device: _DeviceLike = None, copy: bool = False
     ) -> MemoryShared: ...
+    def __buffer__(self, flags: int, /) -> memoryview:
+        """The buffer protocol (PEP 688; the slot behind ``memoryview(mem)`` on every Python):
+        the bytes, writable when ``flags`` asks for it."""
+
+    def __release_buffer__(self, buffer: memoryview, /) -> None: ...
     def prefetch(self, to: str = "device") -> None:
         """Moves the pages to ``"device"`` or ``"host"`` and waits (CUDA managed memory)."""
 

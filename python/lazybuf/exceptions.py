@@ -57,8 +57,27 @@ __all__ = [
 # --- PyDotCompute 0.2.0's classes (pydotcompute.exceptions), same names and constructors -------
 
 
+def _rebuilt(cls: type[BaseException], args: tuple[object, ...], state: dict[str, object] | None) -> BaseException:
+    """Unpickles a lazybuf exception without calling its constructor, whose parameters need
+    not match ``args`` (the message alone for ``BufferSyncError``, none for
+    ``BufferNotAllocatedError``)."""
+    error = cls.__new__(cls, *args)
+    error.args = args
+    if state:
+        error.__dict__.update(state)
+    return error
+
+
 class PyDotComputeError(Exception):
-    """Base of every lazybuf-specific exception (PyDotCompute's base class)."""
+    """Base of every lazybuf-specific exception (PyDotCompute's base class).
+
+    Every one pickles with its message, its attributes and its notes, whatever its
+    constructor's parameters: a ``multiprocessing`` or ``concurrent.futures`` worker that
+    raises one hands it to its parent (PyDotCompute's ``BufferSyncError`` and others failed
+    to unpickle there, which broke a ``ProcessPoolExecutor`` and hung a ``Pool``)."""
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuilt, (type(self), self.args, self.__dict__ or None))
 
 
 class BufferError(PyDotComputeError):  # noqa: A001 - PyDotCompute's name, shadowing the builtin

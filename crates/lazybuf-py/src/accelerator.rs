@@ -282,6 +282,39 @@ impl PyDevice {
     fn __repr__(&self) -> String {
         format!("<lazybuf.Device {} {:?}>", selector(&self.device), self.device.name())
     }
+
+    /// Pickles as the device's selector (a `multiprocessing` or `concurrent.futures` worker's
+    /// argument): unpickled, it is the device of that selector in the unpickling process, or
+    /// the `ValueError` of `device=` naming it where that process has none. A device not in
+    /// `get_accelerator().devices` (`lazybuf.testing.FaultyDevice`) has no selector and does
+    /// not pickle (`TypeError`).
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, (String,))> {
+        let device = slf.get().device();
+        if !slf.is_exact_instance_of::<Self>() || !lazybuf::devices().contains(device) {
+            return Err(PyTypeError::new_err(format!(
+                "cannot pickle {}: it is not one of get_accelerator().devices, so no selector names it",
+                repr(slf.as_any())
+            )));
+        }
+        let rebuild = slf.py().import("lazybuf._lazybuf")?.getattr("_rebuild_device")?;
+        Ok((rebuild, (selector(device),)))
+    }
+
+    /// The device itself: a `Device` names a device and holds no state of its own to copy.
+    fn __copy__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    /// The device itself (see `__copy__`).
+    fn __deepcopy__<'py>(slf: Bound<'py, Self>, _memo: &Bound<'py, PyAny>) -> Bound<'py, Self> {
+        slf
+    }
+}
+
+/// Unpickles a `Device` ([`PyDevice::__reduce__`]): the device `selector` names here.
+#[pyfunction]
+pub(crate) fn _rebuild_device(selector: &str) -> PyResult<PyDevice> {
+    lazybuf::select_device(selector).or_py().map(PyDevice::new)
 }
 
 /// The process's devices and the current device: `lazybuf.get_accelerator()`.

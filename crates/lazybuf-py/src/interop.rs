@@ -634,7 +634,11 @@ pub(crate) unsafe fn export_buffer(
     unsafe { (*view).obj = ptr::null_mut() };
     let format = format?;
     let fortran = flags & ffi::PyBUF_F_CONTIGUOUS == ffi::PyBUF_F_CONTIGUOUS;
-    if fortran && shape.iter().filter(|&&d| d > 1).count() > 1 {
+    // C order is also Fortran order when at most one extent exceeds 1, or when there is no
+    // element at all (CPython's rule, `PyBuffer_IsContiguous`: an empty (0, 3, 4) buffer was
+    // refused, as NumPy's is not).
+    let empty = shape.contains(&0);
+    if fortran && !empty && shape.iter().filter(|&&d| d > 1).count() > 1 {
         return Err(PyBufferError::new_err("the buffer is C-contiguous, not Fortran-contiguous"));
     }
     // Without PyBUF_ND the consumer asked for plain bytes (PyBUF_SIMPLE, or PyBUF_WRITABLE

@@ -93,6 +93,7 @@ fn _lazybuf(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pool::set_caching, m)?)?;
     m.add_function(wrap_pyfunction!(pool::trim, m)?)?;
     m.add_function(wrap_pyfunction!(accelerator::get_accelerator, m)?)?;
+    m.add_function(wrap_pyfunction!(accelerator::_rebuild_device, m)?)?;
     m.add_function(wrap_pyfunction!(buffer::_rebuild_buffer, m)?)?;
     m.add_class::<device_buffer::PyDeviceBuffer>()?;
     m.add_function(wrap_pyfunction!(device_buffer::to_device, m)?)?;

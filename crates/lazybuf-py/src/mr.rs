@@ -604,7 +604,10 @@ pub(crate) fn set_current_device_resource(
 /// Builds `lazybuf.mr` and registers it in `sys.modules` (`import lazybuf.mr` works).
 pub(crate) fn register(parent: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = parent.py();
-    let module = PyModule::new(py, "mr")?;
+    // Its full name, which its functions take as their `__module__`: with "mr" they did not
+    // pickle by reference (a `ProcessPoolExecutor` initializer), and `inspect.getmodule` found
+    // no module for them.
+    let module = PyModule::new(py, "lazybuf.mr")?;
     module.setattr("__doc__", PyString::new(py, "Memory resources, as RMM's rmm.mr has them."))?;
     module.add_class::<PyResource>()?;
     module.add_class::<PyDirect>()?;

@@ -385,7 +385,7 @@ pub fn _trace_recording() -> bool {
 }
 
 /// Recorded events (`lazybuf.trace.stop()`, `snapshot()`).
-#[pyclass(name = "Trace", module = "lazybuf", frozen)]
+#[pyclass(name = "Trace", module = "lazybuf.trace", frozen)]
 pub struct PyTrace {
     trace: trace::Trace,
 }

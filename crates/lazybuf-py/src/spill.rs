@@ -170,10 +170,36 @@ pub(crate) fn host_memory_held() -> u64 {
     spill::host_memory_held()
 }
 
-/// Removes the spill files this process still has (at interpreter exit).
+/// Removes the spill files this process still has (at the end of a `multiprocessing` child;
+/// at interpreter exit through [`_remove_spill_files_at_finalization`]).
 #[pyfunction]
 pub(crate) fn _remove_spill_files() -> usize {
     spill::disk::remove_spill_files()
+}
+
+/// The `Py_AtExit` callback: runs once the interpreter has finished, calls no Python.
+extern "C" fn remove_spill_files_at_exit() {
+    // Nothing may unwind out of a C callback; a failure leaves the files, as a killed process.
+    let _ = std::panic::catch_unwind(spill::disk::remove_spill_files);
+}
+
+/// Has the spill files removed when the interpreter has finished (`Py_AtExit`): after every
+/// `atexit` handler (those registered before `import lazybuf` run after its own) and every
+/// finalizer of the modules' teardown, which may all still read buffers spilled to disk (an
+/// `atexit` handler of lazybuf's own removed the files before them: the twenty-first hostile
+/// pass). Once per process; false where CPython has no room for another such function (the
+/// caller then uses `atexit`).
+#[pyfunction]
+pub(crate) fn _remove_spill_files_at_finalization() -> bool {
+    static REGISTERED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if REGISTERED.load(std::sync::atomic::Ordering::Acquire) {
+        return true;
+    }
+    // SAFETY: called with the GIL held (a pyfunction); Py_AtExit takes a plain C function,
+    // which calls no Python API and cannot unwind (catch_unwind above).
+    let registered = unsafe { pyo3::ffi::Py_AtExit(Some(remove_spill_files_at_exit)) } == 0;
+    REGISTERED.store(registered, std::sync::atomic::Ordering::Release);
+    registered
 }
 
 /// Adds the functions to the module.
@@ -187,5 +213,6 @@ pub(crate) fn add(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(get_host_memory_limit, m)?)?;
     m.add_function(wrap_pyfunction!(host_memory_held, m)?)?;
     m.add_function(wrap_pyfunction!(_remove_spill_files, m)?)?;
+    m.add_function(wrap_pyfunction!(_remove_spill_files_at_finalization, m)?)?;
     Ok(())
 }

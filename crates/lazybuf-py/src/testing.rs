@@ -126,7 +126,8 @@ fn reclaim() -> usize {
 /// (so `import lazybuf.testing` works).
 pub(crate) fn register(parent: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = parent.py();
-    let module = PyModule::new(py, "testing")?;
+    // Its full name, which its functions take as their `__module__` (see `mr::register`).
+    let module = PyModule::new(py, "lazybuf.testing")?;
     module
         .setattr("__doc__", "Fault injection for tests (wheels built with the crate feature `testing`).")?;
     module.add_class::<PyFaultyDevice>()?;
