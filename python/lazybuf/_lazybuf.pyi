@@ -681,8 +681,9 @@ def memory_held(device: str | Device) -> int:
 
 def spill_stats(device: str | Device) -> dict[str, int | float]:
     """What spilling did on ``device``: evictions, clean_evictions, bytes_written_back,
-    bytes_read_back, bytes_to_disk, bytes_from_disk (host copies of its buffers), spill_requests,
-    spill_failures, seconds."""
+    bytes_read_back, bytes_to_disk, bytes_from_disk (host copies of its buffers),
+    stale_host_frees (stale host copies freed for the host limit, writing nothing),
+    spill_requests, spill_failures, seconds."""
 
 def reset_spill_stats(device: str | Device) -> None:
     """Sets the spill counters of ``device`` to zero."""

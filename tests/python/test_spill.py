@@ -408,6 +408,38 @@ def test_an_exposed_host_copy_is_never_written_to_disk(host_limit):
     assert exposed.state == BufferState.HOST_ONLY
 
 
+@pytest.mark.parametrize("device_view", [False, True], ids=["", "device view alive"])
+def test_a_stale_host_copy_is_freed_for_the_host_limit_writing_nothing(device, host_limit, device_view):
+    """The twenty-first hostile pass: under a tight host limit the stale host blocks of
+    DEVICE_DIRTY buffers were never given back (only a host copy that is a buffer's only data
+    went to disk), so the next host copy raised MemoryError while they held no current data.
+    The least recently used one is freed now, writing nothing: DEVICE_DIRTY becomes DEVICE_ONLY
+    and the next read downloads the device's data, also while a device view of it lives. A
+    device copy that is the host block itself (the host device's) frees nothing."""
+    bufs = [holding(device, i) for i in range(3)]
+    views = []
+    for buf in bufs:
+        buf.sync_to_device()
+        if device_view:
+            views.append(buf.device)
+        buf.mark_device_dirty()  # the device's copy is the newer one now
+    lazybuf.reset_spill_stats(device)
+    host_limit(0)
+    if evicts(device):
+        holding(device, 9)
+        stats = lazybuf.spill_stats(device)
+        assert (stats["stale_host_frees"], stats["bytes_to_disk"]) == (1, 0)
+        assert [b.state for b in bufs] == [BufferState.DEVICE_ONLY] + [BufferState.DEVICE_DIRTY] * 2
+    else:
+        with pytest.raises(MemoryError, match="host"):
+            holding(device, 9)
+        assert lazybuf.spill_stats(device)["stale_host_frees"] == 0
+        assert all(b.state == BufferState.DEVICE_DIRTY for b in bufs)
+    lazybuf.set_host_memory_limit(None)
+    for i, buf in enumerate(bufs):
+        np.testing.assert_array_equal(buf.to_numpy(), expected(i))
+
+
 def test_a_host_request_larger_than_the_whole_limit_writes_nothing_to_disk(host_limit):
     """A hostile pass (2026-11-27): it wrote every spillable host copy to disk first, and then
     raised MemoryError; it raises at once now."""

@@ -30,7 +30,6 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
 
 use crate::errors::OrPyErr;
-use crate::spill_state::SpillState;
 use crate::views::Storage;
 
 impl Evictable for Storage {
@@ -53,16 +52,21 @@ impl Evictable for Storage {
 
     fn try_spill_host(&self) -> Option<Result<Option<usize>>> {
         let state = self.spill();
-        // A device handle on the host device is the host block too.
-        let exposed = |s: &SpillState| s.exposed() || s.host_exposed();
-        if !state.spillable() || exposed(state) {
+        if !state.spillable() || state.host_exposed() {
             return None;
         }
         let mut raw = self.try_lock_raw()?;
-        if exposed(state) {
+        // Exposure is recorded under the lock: checked again now that it is held.
+        if state.host_exposed() {
             return None;
         }
-        Some(raw.spill_host_to_disk())
+        if state.exposed() {
+            // A device handle lives: the host block may still be freed when stale (a device
+            // copy that is the host block itself, the host device's handle, never is), but
+            // not written to disk (that needs no device copy at all).
+            return Some(raw.free_stale_host());
+        }
+        Some(raw.give_host_back())
     }
 }
 
@@ -121,8 +125,8 @@ pub(crate) fn memory_held(device: &Bound<'_, PyAny>) -> PyResult<u64> {
 
 /// What spilling did on `device`, as a dict: evictions, clean_evictions (those that moved no
 /// byte), bytes_written_back, bytes_read_back, bytes_to_disk and bytes_from_disk (host copies
-/// of its buffers written to and read back from spill files), spill_requests, spill_failures,
-/// seconds.
+/// of its buffers written to and read back from spill files), stale_host_frees (stale host
+/// copies of its buffers freed for the host limit), spill_requests, spill_failures, seconds.
 #[pyfunction]
 pub(crate) fn spill_stats<'py>(py: Python<'py>, device: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
     let stats = spill::spill_stats(&crate::accelerator::device_arg(Some(device))?);
@@ -133,6 +137,7 @@ pub(crate) fn spill_stats<'py>(py: Python<'py>, device: &Bound<'py, PyAny>) -> P
     dict.set_item("bytes_read_back", stats.bytes_read_back)?;
     dict.set_item("bytes_to_disk", stats.bytes_to_disk)?;
     dict.set_item("bytes_from_disk", stats.bytes_from_disk)?;
+    dict.set_item("stale_host_frees", stats.stale_host_frees)?;
     dict.set_item("spill_requests", stats.spill_requests)?;
     dict.set_item("spill_failures", stats.spill_failures)?;
     dict.set_item("seconds", stats.seconds)?;

@@ -6,8 +6,9 @@
 //! directory (child processes again).
 //!
 //! The host limit is process-wide, so the tests of this binary take one lock and run one at a
-//! time. Buffers are only used on the host here (a buffer with a device copy of any kind is
-//! not the host tier's business), so every device's buffers take part.
+//! time. Buffers are only used on the host here, so every device's buffers take part, except
+//! in the last test: a stale host copy (a device copy is newer) is freed for the limit,
+//! writing nothing.
 
 mod common;
 
@@ -656,4 +657,54 @@ fn a_missing_or_short_spill_file_is_an_io_error_and_changes_nothing() {
     assert!(text.contains(&format!("expected at least {NBYTES} bytes in it, found 1000")), "{text}");
     std::fs::rename(&aside, &path).unwrap();
     assert_eq!(first.lock().host().unwrap(), pattern(20, LEN));
+}
+
+/// The host tier frees a stale host copy before it writes anything to disk (the twenty-first
+/// hostile pass: under a tight host limit, the stale host blocks of DEVICE_DIRTY buffers were
+/// never given back, and the next host copy was refused while they held no current data).
+/// Freed, the block goes back moving no byte, DEVICE_DIRTY becomes DEVICE_ONLY, and the next
+/// host read downloads the device's data. Where the device copy is the host block itself (the
+/// host device), nothing can be freed: the new host copy is refused and nothing changes.
+#[test]
+fn a_stale_host_copy_is_freed_for_the_host_limit_writing_nothing() {
+    let _serial = serial();
+    for device in devices() {
+        spill::set_host_memory_limit(None);
+        spill::reset_spill_stats(&device);
+        let files_before = spill_files();
+        let bufs: Vec<_> = (0..3).map(|i| shared(&device, i, false)).collect();
+        for buf in &bufs {
+            let mut buf = buf.lock();
+            buf.sync_to_device().unwrap();
+            buf.mark_device_dirty().unwrap(); // the device's copy is the newer one now
+        }
+        host_limit_for(0);
+        let next = UnifiedBuffer::<u32>::from_slice(&pattern(9, LEN), &device);
+        let stats = spill::spill_stats(&device);
+        assert_eq!((stats.bytes_to_disk, spill_files()), (0, files_before), "{device}: nothing written");
+        if device.is_zero_copy(NBYTES as usize) {
+            let err = next.expect_err("no host block can be given back");
+            assert!(err.is_out_of_memory(), "{device}: {err}");
+            assert_eq!(stats.stale_host_frees, 0, "{device}");
+            for buf in &bufs {
+                assert_eq!(buf.lock().state(), BufferState::DeviceDirty, "{device}");
+            }
+        } else {
+            let next = next.unwrap();
+            assert_eq!(stats.stale_host_frees, 1, "{device}");
+            let states: Vec<_> = bufs.iter().map(|b| b.lock().state()).collect();
+            assert_eq!(
+                states,
+                [BufferState::DeviceOnly, BufferState::DeviceDirty, BufferState::DeviceDirty],
+                "{device}"
+            );
+            assert!(spill::host_memory_held() <= spill::host_memory_limit().unwrap(), "{device}");
+            drop(next);
+        }
+        // Every buffer's data is intact, read back from its device.
+        spill::set_host_memory_limit(None);
+        for (i, buf) in bufs.iter().enumerate() {
+            assert_eq!(buf.lock().host().unwrap(), pattern(i as u32, LEN), "{device}");
+        }
+    }
 }

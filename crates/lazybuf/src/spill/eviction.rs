@@ -241,9 +241,10 @@ fn trim_host_caches() {
     crate::resource::trim();
 }
 
-/// Takes a host block of `bytes` from `allocate` under the host memory limit, first writing
-/// the host copies of least recently used shared buffers to spill files where the limit needs
-/// room (after trimming the caches). The block is charged to the host until
+/// Takes a host block of `bytes` from `allocate` under the host memory limit, first giving
+/// back the host blocks of least recently used shared buffers where the limit needs room
+/// (after trimming the caches): a stale one is freed, writing nothing; one that holds the only
+/// current data is written to a spill file. The block is charged to the host until
 /// [`super::budget::release_host`] gives it back.
 pub(crate) fn allocate_host_within_budget(
     bytes: usize,
@@ -288,7 +289,8 @@ pub(crate) fn allocate_host_within_budget(
             return Err(Error::OutOfMemory {
                 device: format!(
                     "the host (its memory limit is {limit} bytes; {} are held and no more host copies can be \
-                     written to disk: the others are in use, pinned, not the only current copy, or not shared)",
+                     freed or written to disk: the others are in use, pinned, current beside a device copy, \
+                     or not shared)",
                     ledger.used()
                 ),
                 requested: bytes,

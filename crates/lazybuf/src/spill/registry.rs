@@ -40,11 +40,12 @@ pub trait Evictable: Send + Sync {
     /// state). Must never wait for a lock.
     fn try_evict(&self, device: &Device) -> Option<Result<Option<Evicted>>>;
 
-    /// Writes the buffer's host copy to a spill file and frees it, if the buffer is not in use
-    /// and its host copy is the only current data (see
-    /// [`crate::RawBuffer::spill_host_to_disk`]): the bytes written, `Some(Ok(None))` when
-    /// there was nothing to spill, `None` when in use. The default spills nothing: a buffer
-    /// whose host memory may be exposed to code lazybuf cannot see must not be spilled.
+    /// Gives the buffer's host block back for the host memory limit, if the buffer is not in
+    /// use: frees it when it is stale, else writes it to a spill file when it is the only
+    /// current data (see [`crate::RawBuffer::give_host_back`]): the bytes freed,
+    /// `Some(Ok(None))` when there was nothing to give back, `None` when in use. The default
+    /// gives nothing back: a buffer whose host memory may be exposed to code lazybuf cannot
+    /// see must not lose it.
     fn try_spill_host(&self) -> Option<Result<Option<usize>>> {
         None
     }

@@ -140,7 +140,7 @@ impl<T: Element> Evictable for Entry<T> {
         // Host slices of a shared buffer live inside its lock's guard: a free lock means no
         // one holds one.
         let mut buffer = try_lock(&self.buffer)?;
-        Some(buffer.raw_mut().spill_host_to_disk())
+        Some(buffer.raw_mut().give_host_back())
     }
 }
 

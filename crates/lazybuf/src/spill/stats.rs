@@ -30,6 +30,9 @@ pub struct SpillStats {
     pub bytes_to_disk_direct: u64,
     /// Bytes of this device's buffers read back from spill files.
     pub bytes_from_disk: u64,
+    /// Stale host copies of this device's buffers freed for the host memory limit, writing
+    /// nothing (a device copy was newer).
+    pub stale_host_frees: u64,
     /// Times a budget or an out-of-memory report made lazybuf look for memory to free.
     pub spill_requests: u64,
     /// Times it could not free enough (the allocation then failed).

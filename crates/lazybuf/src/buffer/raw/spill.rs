@@ -7,9 +7,11 @@
 //! become HOST_ONLY at once, DEVICE_ONLY and DEVICE_DIRTY become HOST_ONLY after the
 //! write-back; the next device access allocates and uploads again.
 //!
-//! The disk tier: a host copy that is the only current data (no device copy at all) can be
-//! written to a spill file and its block freed ([`RawBuffer::spill_host_to_disk`]); the state
-//! stays HOST_ONLY, and every access first reads the file back into a new host block
+//! The host tier: a stale host copy (a device copy is newer) is freed writing nothing
+//! ([`RawBuffer::free_stale_host`]; DEVICE_DIRTY becomes DEVICE_ONLY). The disk tier: a host
+//! copy that is the only current data (no device copy at all) can be written to a spill file
+//! and its block freed ([`RawBuffer::spill_host_to_disk`]); the state stays HOST_ONLY, and
+//! every access first reads the file back into a new host block
 //! ([`RawBuffer::reload_from_disk`]), failing with nothing changed when it cannot.
 
 use super::RawBuffer;
@@ -183,6 +185,47 @@ impl RawBuffer {
             s.bytes_to_disk_direct += direct;
         });
         Ok(Some(self.nbytes))
+    }
+
+    /// Frees the host block when it holds no current data: the host copy is stale (a device
+    /// copy is newer), no transfer is in flight, no device copy is the host block itself, the
+    /// buffer was not asked for pinned memory, and the block is lazybuf's own (not adopted; a
+    /// block lazybuf registered with a runtime goes back as any other). Nothing is written: the
+    /// host memory limit takes a stale block back as eviction takes a stale device copy, moving
+    /// no byte. DEVICE_DIRTY becomes DEVICE_ONLY; the next host access allocates and downloads.
+    /// Returns the bytes freed, `Ok(None)` when the buffer does not qualify.
+    pub fn free_stale_host(&mut self) -> Result<Option<usize>> {
+        self.settle_succeeded();
+        let qualifies = self.nbytes > 0
+            && self.on_disk.is_none()
+            && self.inflight.is_empty()
+            && self.coherence.residency(Location::Host) == Residency::Stale
+            && self.coherence.any_valid()
+            && self.copies.iter().all(|copy| !copy.memory.is_host_alias())
+            && !self.pinned
+            && self.host.as_ref().is_some_and(|h| !h.is_adopted());
+        if !qualifies {
+            return Ok(None);
+        }
+        self.record_allocation(); // its allocation, if unrecorded yet, before anything after it
+        let block = self.observe_state_as(super::observed::EVICT, |buffer| {
+            buffer.coherence.forget(Location::Host);
+            buffer.host.take().expect("a stale host copy has a block")
+        });
+        let freed = block.len();
+        give_back_host(&*self.resource, &self.home, block, Ticket::done(), self.id);
+        crate::spill::stats::update(&self.home, |s| s.stale_host_frees += 1);
+        Ok(Some(freed))
+    }
+
+    /// Gives the host block back for the host memory limit, the cheapest way the buffer
+    /// allows: freed when stale ([`Self::free_stale_host`]), else written to a spill file when
+    /// it is the only current data ([`Self::spill_host_to_disk`]). `Ok(None)`: neither.
+    pub fn give_host_back(&mut self) -> Result<Option<usize>> {
+        match self.free_stale_host()? {
+            Some(freed) => Ok(Some(freed)),
+            None => self.spill_host_to_disk(),
+        }
     }
 
     /// Whether the host copy is in a spill file now.
