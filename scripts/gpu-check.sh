@@ -3,7 +3,8 @@
 # device budget), from what `scripts/test-gpu.sh build` packed here (.gpu, git-ignored) plus
 # PyDotCompute's wheels in .gpu/bench-deps (`bash scripts/gpu-check.sh deps` here):
 #   1. the seeds' workflows against hand-written CuPy and PyDotCompute (bench_workflows.py) and
-#      where a batch's time goes (bench_steps.py), first, while the GPU is otherwise idle;
+#      where a batch's time goes (bench_steps.py), first, while the GPU is otherwise idle, and
+#      the 4 KiB rows again with 20 ms repetitions;
 #   2. what a child process sees of the devices (scripts/child_devices.py); every Rust test
 #      binary with CUDA required, four at a time, beside the Python suite (three shards) with
 #      the coherence checker on;
@@ -59,6 +60,12 @@ if [[ $parts == *" bench "* ]]; then
     (cd "$root/benches/python" && timeout 170 python3 bench_workflows.py --reps 7) >"$logs/workflows.log" 2>&1
     note "bench_workflows rc=$?"
     { echo; echo "## Python workflows (bench_workflows.py --reps 7)"; echo; cat "$logs/workflows.log"; } >>"$report"
+    # The 4 KiB rows again with 20 ms repetitions: on 2026-11-28 the batch loop measured 0.71
+    # of CuPy in the table and 0.86 timed alone (docs/benchmarks/gpu.md).
+    (cd "$root/benches/python" && timeout 60 python3 bench_workflows.py --sizes 4KiB --reps 11 --min-ms 20) \
+        >"$logs/workflows-4k.log" 2>&1
+    note "bench_workflows 4 KiB, 20 ms repetitions rc=$?"
+    { echo; echo "## The 4 KiB rows with 20 ms repetitions (bench_workflows.py --sizes 4KiB --reps 11 --min-ms 20)"; echo; cat "$logs/workflows-4k.log"; } >>"$report"
     (cd "$root/benches/python" && timeout 50 python3 bench_steps.py --reps 11) >"$logs/steps.log" 2>&1
     note "bench_steps rc=$?"
     { echo; echo "## Where a batch's time goes (bench_steps.py --reps 11)"; echo; cat "$logs/steps.log"; } >>"$report"

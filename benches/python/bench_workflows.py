@@ -26,7 +26,7 @@ Peers, each doing the same bytes of work:
 Method as in bench_vs_pydotcompute.py: each case is calibrated to at least 2 ms a repetition,
 cases of a row run interleaved repetition by repetition, the median per call is reported.
 
-Usage: python bench_workflows.py [--device SELECTOR] [--reps N] [--sizes 4KiB,4MiB,64MiB]
+Usage: python bench_workflows.py [--device SELECTOR] [--reps N] [--sizes 4KiB,4MiB,64MiB] [--min-ms MS]
 """
 
 import argparse
@@ -263,6 +263,8 @@ def main() -> None:
     parser.add_argument("--device", default=None, help="lazybuf device selector (default: the default device)")
     parser.add_argument("--reps", type=int, default=11)
     parser.add_argument("--sizes", default=",".join(SIZES))
+    parser.add_argument("--min-ms", type=float, default=2.0,
+                        help="each case's repetition runs at least this long (default 2 ms)")
     args = parser.parse_args()
     device = lazybuf.get_accelerator().select_device(args.device) if args.device else (
         lazybuf.get_accelerator().current_device
@@ -300,7 +302,7 @@ def main() -> None:
             print(f"({by_hand} skipped: {err})", file=sys.stderr)
         for workflow in cases["lazybuf"]:
             row = {name: (fns[workflow], {}) for name, fns in cases.items() if workflow in fns}
-            rows.append((workflow, size, run_row(row, args.reps)))
+            rows.append((workflow, size, run_row(row, args.reps, args.min_ms / 1e3)))
 
     names = ["lazybuf"] + (["PyDotCompute 0.2.0"] if have_pdc else []) + ([by_hand] if by_hand else [])
     print(
