@@ -13,7 +13,9 @@ overflow):
   (``sync_to_device_async``) while the other is processed and read back; lazybuf's host write
   is ``buf.host[:] = x`` (``.host`` syncs the stale host copy first: it cannot know the array
   will be overwritten), and again as ``buf[:] = x`` (an assignment to every element, which
-  syncs nothing first).
+  syncs nothing first); on CUDA once more with the kernel, mark and read-back on a
+  non-blocking CuPy stream (``double buffering, kernels on a CuPy stream``), where they do not
+  wait for the other buffer's upload.
 
 Peers, each doing the same bytes of work:
 - PyDotCompute 0.2.0 as published (it has no ``to_numpy``: ``b.host.copy()``; no pool acquire:
