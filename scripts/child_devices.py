@@ -4,9 +4,9 @@ which children inherit; Python's `os.environ` is a copy made at start-up), and t
 child started with the inherited environment and of one started with the start-up environment.
 
 On an H200 machine (2026-11-27 and 2026-11-28) a child started after discovery listed NVIDIA's
-OpenCL device no more, where a child given `os.environ` did: something in discovery sets a
-variable that hides it. PoCL sets `HWLOC_PLUGINS_PATH=/dev/null` when it loads its topology
-(pocl/pocl#261); whether that is it is not known yet. `scripts/gpu-check.sh` runs this.
+OpenCL device no more: discovery cut `OCL_ICD_FILENAMES` (`libpocl.so.2:libnvidia-opencl.so.1`)
+to its first entry, and a child given `os.environ` kept the device (docs/BACKENDS.md, "A runtime
+that changes the process's environment"). `scripts/gpu-check.sh` runs this.
 
 Usage: python scripts/child_devices.py
 """

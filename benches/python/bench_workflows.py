@@ -14,7 +14,7 @@ overflow):
   is ``buf.host[:] = x`` (``.host`` syncs the stale host copy first: it cannot know the array
   will be overwritten), and again as ``buf[:] = x`` (an assignment to every element, which
   syncs nothing first); on CUDA once more with the kernel, mark and read-back on a
-  non-blocking CuPy stream (``double buffering, kernels on a CuPy stream``), where they do not
+  non-blocking CuPy stream (``double buffering, kernels on a CuPy stream``), where they need not
   wait for the other buffer's upload.
 
 Peers, each doing the same bytes of work:
@@ -49,8 +49,8 @@ OVERWRITE = "double buffering, `buf[:] = x`"
 # Double buffering on CUDA with the kernel, mark and read-back inside `with cupy.cuda.Stream(
 # non_blocking=True):`. lazybuf's stream is a blocking one (so kernels on CuPy's legacy default
 # stream are ordered with lazybuf's copies without a call), so a kernel there waits for the
-# other buffer's upload; on a non-blocking stream it overlaps it, as the by-hand CuPy loop's
-# kernel overlaps its upload on a non-blocking copy stream.
+# other buffer's upload; on a non-blocking stream it need not (whether that pays is measured
+# here: docs/benchmarks/gpu.md).
 ON_A_STREAM = "double buffering, kernels on a CuPy stream"
 
 
