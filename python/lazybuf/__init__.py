@@ -174,6 +174,24 @@ if not _remove_spill_files_at_finalization():
     _atexit.register(_remove_spill_files)
 
 
+def _remove_spill_files_at_child_exit() -> None:
+    """The finalizer ``_ChildCleanup`` registers: removes the spill files, unless this child was
+    started by spawn. A spawn child's start (``multiprocessing.spawn.spawn_main``, on this
+    thread's stack when multiprocessing runs the finalizer) ends with ``sys.exit()``: the
+    interpreter then finishes as any does, runs the child's own ``atexit`` handlers, which may
+    still read its spilled buffers, and removes the files after them (``Py_AtExit``, or the
+    ``atexit`` fallback above). Fork and forkserver children end with ``os._exit()``, which runs
+    neither: they remove the files here."""
+    spawn = _sys.modules.get("multiprocessing.spawn")
+    spawn_main = getattr(getattr(spawn, "spawn_main", None), "__code__", None)
+    frame = _sys._getframe(1)
+    while spawn_main is not None and frame is not None:
+        if frame.f_code is spawn_main:
+            return
+        frame = frame.f_back
+    _remove_spill_files()
+
+
 class _ChildCleanup:
     """Registers ``_remove_spill_files`` as a ``multiprocessing.util.Finalize`` of this process,
     once: multiprocessing runs such finalizers (those with an exit priority) when a child's
@@ -194,7 +212,7 @@ class _ChildCleanup:
         # child's start clears the registry: register again unless this process's still stands.
         if self.pid == _os.getpid() and self.finalizer is not None and self.finalizer.still_active():
             return
-        self.finalizer = util.Finalize(None, _remove_spill_files, exitpriority=self.EXIT_PRIORITY)
+        self.finalizer = util.Finalize(None, _remove_spill_files_at_child_exit, exitpriority=self.EXIT_PRIORITY)
         self.pid = _os.getpid()
 
     def after_fork(self) -> None:

@@ -24,7 +24,7 @@ from __future__ import annotations  # forward references, for tools that execute
 
 from collections.abc import Coroutine, Generator, Sequence
 from types import GenericAlias, TracebackType
-from typing import Any, SupportsIndex, TypeAlias, final
+from typing import Any, ClassVar, SupportsIndex, TypeAlias, final
 
 from typing_extensions import disjoint_base
 
@@ -620,8 +620,24 @@ class MemoryPool:
 
 @final
 class PoolStats:
-    """A pool's counters; bytes are whole size-class blocks."""
+    """A pool's counters; bytes are whole size-class blocks. Compared by value; pickles as its
+    values."""
 
+    __hash__: ClassVar[None] = None  # type: ignore[assignment]  # compared by value, so unhashable
+
+    def __new__(
+        cls,
+        hits: SupportsIndex | None = None,
+        misses: SupportsIndex | None = None,
+        allocations: SupportsIndex | None = None,
+        bytes_in_use: SupportsIndex | None = None,
+        bytes_cached: SupportsIndex | None = None,
+        peak_bytes_in_use: SupportsIndex | None = None,
+        oom_retries: SupportsIndex | None = None,
+    ) -> PoolStats:
+        """Counters with these values, each an int >= 0 (0 when not given)."""
+
+    def __reduce__(self) -> tuple[type[PoolStats], tuple[int, int, int, int, int, int, int]]: ...
     @property
     def hits(self) -> int: ...
     @property

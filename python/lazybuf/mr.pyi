@@ -82,9 +82,22 @@ class LimitingResourceAdaptor(MemoryResource):
 
 @final
 class Statistics:
-    """One level of counters."""
+    """One level of counters. Compared by value; pickles as its values."""
 
     __hash__: ClassVar[None] = None  # type: ignore[assignment]  # compared by value, so unhashable
+
+    def __new__(
+        cls,
+        current_bytes: SupportsIndex | None = None,
+        current_count: SupportsIndex | None = None,
+        peak_bytes: SupportsIndex | None = None,
+        peak_count: SupportsIndex | None = None,
+        total_bytes: SupportsIndex | None = None,
+        total_count: SupportsIndex | None = None,
+    ) -> Statistics:
+        """Counters with these values, each an int from -2**63 to 2**63 - 1 (0 when not given)."""
+
+    def __reduce__(self) -> tuple[type[Statistics], tuple[int, int, int, int, int, int]]: ...
 
     @property
     def current_bytes(self) -> int: ...

@@ -222,6 +222,18 @@ pub(crate) fn uint64(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
     })
 }
 
+/// An int argument named `what` from -2**63 to 2**63 - 1 (a signed counter): out of that
+/// range, `ValueError` naming it; not an int, `TypeError` naming it.
+pub(crate) fn int64(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<i64> {
+    if obj.is_instance_of::<PyBool>() {
+        return Err(PyTypeError::new_err(format!("{what} must be an int, got {}", repr(obj))));
+    }
+    let value = int_value(obj, what)?;
+    value.extract::<i64>().map_err(|_| {
+        PyValueError::new_err(format!("{what} is out of range: {value}; expected -2**63 to 2**63 - 1"))
+    })
+}
+
 /// As [`uint64`], or `None` for Python's `None`.
 pub(crate) fn optional_uint64(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Option<u64>> {
     if obj.is_none() { Ok(None) } else { uint64(obj, what).map(Some) }

@@ -355,7 +355,8 @@ impl PyLimiting {
     }
 }
 
-/// One level of a statistics adaptor's counters (RMM's `rmm.statistics.Statistics`).
+/// One level of a statistics adaptor's counters (RMM's `rmm.statistics.Statistics`). Compared
+/// by value, and pickled as its values (a worker process returns its counters as they are).
 #[pyclass(name = "Statistics", module = "lazybuf.mr", frozen, eq)]
 #[derive(PartialEq)]
 pub(crate) struct PyStatistics {
@@ -364,6 +365,43 @@ pub(crate) struct PyStatistics {
 
 #[pymethods]
 impl PyStatistics {
+    /// Counters with these values, each an int from -2**63 to 2**63 - 1 (0 when not given; a
+    /// level's current counts are negative when it freed older memory), as RMM's dataclass
+    /// takes them.
+    #[new]
+    #[pyo3(signature = (current_bytes=None, current_count=None, peak_bytes=None, peak_count=None, total_bytes=None, total_count=None))]
+    fn new(
+        current_bytes: Option<&Bound<'_, PyAny>>,
+        current_count: Option<&Bound<'_, PyAny>>,
+        peak_bytes: Option<&Bound<'_, PyAny>>,
+        peak_count: Option<&Bound<'_, PyAny>>,
+        total_bytes: Option<&Bound<'_, PyAny>>,
+        total_count: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let count = |name: &str, value: Option<&Bound<'_, PyAny>>| {
+            value.map_or(Ok(0), |v| crate::args::int64(v, &format!("Statistics: {name}")))
+        };
+        Ok(PyStatistics {
+            stats: Statistics {
+                current_bytes: count("current_bytes", current_bytes)?,
+                current_count: count("current_count", current_count)?,
+                peak_bytes: count("peak_bytes", peak_bytes)?,
+                peak_count: count("peak_count", peak_count)?,
+                total_bytes: count("total_bytes", total_bytes)?,
+                total_count: count("total_count", total_count)?,
+            },
+        })
+    }
+
+    /// Pickles as the class and its values, in the constructor's order.
+    #[allow(clippy::type_complexity)]
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> (Bound<'py, PyAny>, (i64, i64, i64, i64, i64, i64)) {
+        let s = &slf.get().stats;
+        let values =
+            (s.current_bytes, s.current_count, s.peak_bytes, s.peak_count, s.total_bytes, s.total_count);
+        (slf.get_type().into_any(), values)
+    }
+
     /// Bytes outstanding (negative in a level that freed older memory).
     #[getter]
     fn current_bytes(&self) -> i64 {

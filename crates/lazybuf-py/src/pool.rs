@@ -297,14 +297,62 @@ impl PyMemoryPool {
     }
 }
 
-/// A pool's counters (bytes are whole size-class blocks).
-#[pyclass(name = "PoolStats", module = "lazybuf", frozen)]
+/// A pool's counters (bytes are whole size-class blocks). Compared by value, and pickled as
+/// its values (a worker process returns its pool's counters as they are).
+#[pyclass(name = "PoolStats", module = "lazybuf", frozen, eq)]
+#[derive(PartialEq)]
 pub(crate) struct PyPoolStats {
     stats: PoolStats,
 }
 
 #[pymethods]
 impl PyPoolStats {
+    /// Counters with these values, each an int >= 0 (0 when not given), as `pool.stats()`
+    /// returns them.
+    #[new]
+    #[pyo3(signature = (hits=None, misses=None, allocations=None, bytes_in_use=None, bytes_cached=None, peak_bytes_in_use=None, oom_retries=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        hits: Option<&Bound<'_, PyAny>>,
+        misses: Option<&Bound<'_, PyAny>>,
+        allocations: Option<&Bound<'_, PyAny>>,
+        bytes_in_use: Option<&Bound<'_, PyAny>>,
+        bytes_cached: Option<&Bound<'_, PyAny>>,
+        peak_bytes_in_use: Option<&Bound<'_, PyAny>>,
+        oom_retries: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let count = |name: &str, value: Option<&Bound<'_, PyAny>>| {
+            value.map_or(Ok(0), |v| crate::args::uint64(v, &format!("PoolStats: {name}")))
+        };
+        Ok(PyPoolStats {
+            stats: PoolStats {
+                hits: count("hits", hits)?,
+                misses: count("misses", misses)?,
+                allocations: count("allocations", allocations)?,
+                bytes_in_use: count("bytes_in_use", bytes_in_use)?,
+                bytes_cached: count("bytes_cached", bytes_cached)?,
+                peak_bytes_in_use: count("peak_bytes_in_use", peak_bytes_in_use)?,
+                oom_retries: count("oom_retries", oom_retries)?,
+            },
+        })
+    }
+
+    /// Pickles as the class and its values, in the constructor's order.
+    #[allow(clippy::type_complexity)]
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> (Bound<'py, PyAny>, (u64, u64, u64, u64, u64, u64, u64)) {
+        let s = &slf.get().stats;
+        let values = (
+            s.hits,
+            s.misses,
+            s.allocations,
+            s.bytes_in_use,
+            s.bytes_cached,
+            s.peak_bytes_in_use,
+            s.oom_retries,
+        );
+        (slf.get_type().into_any(), values)
+    }
+
     /// Requests served from the cache.
     #[getter]
     fn hits(&self) -> u64 {
