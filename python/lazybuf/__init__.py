@@ -158,9 +158,10 @@ __all__ += ["get_host_memory_limit", "host_memory_held", "set_host_memory_limit"
 # once the interpreter has finished (Py_AtExit: after every atexit handler, also those
 # registered before this import, and the modules' finalizers, which may still read spilled
 # buffers; an atexit handler of its own removed them first until the twenty-first hostile
-# pass), and at the end of every multiprocessing child, which ends with os._exit() after
+# pass), and at the end of every multiprocessing child that ends with os._exit() after
 # multiprocessing's own finalizers, never running atexit (workers started by fork and
-# forkserver; docs/SPILLING.md "The host tier and the disk").
+# forkserver; a spawn child ends with sys.exit() and finishes as any interpreter does:
+# docs/SPILLING.md "The host tier and the disk").
 import atexit as _atexit
 import os as _os
 import typing as _typing
