@@ -58,6 +58,7 @@ __all__ = [
     "_cli_main",
     "_rebuild_buffer",
     "_rebuild_device",
+    "_rebuild_trace",
     "DeviceFrame",
     "_rebuild_buffer_from_bytes",
     "_host_frame",
@@ -776,6 +777,7 @@ class HostBlock:
     ``.base``, from 1 MiB up); given back to the cache when the array is gone."""
 
 def _rebuild_device(selector: str) -> Device: ...
+def _rebuild_trace(version: int, events: tuple[Any, ...], dropped: int) -> Trace: ...
 def _rebuild_buffer(
     shape: Any, dtype: Any, pinned: bool, data: Any, origin: tuple[str, str] | None = None
 ) -> UnifiedBuffer: ...
@@ -1126,3 +1128,9 @@ class Trace:
         """The events as dicts (``kind``: transfer, allocate, free, pool, state, rollback,
         checker_read; an allocation's and a free's ``memory``: device, host, pinned or
         shared)."""
+
+    def __reduce__(self) -> tuple[Any, tuple[int, tuple[Any, ...], int]]:
+        """Pickles as its events' values: a worker returns the trace it recorded as it is."""
+
+    def __copy__(self) -> Trace: ...
+    def __deepcopy__(self, memo: Any, /) -> Trace: ...

@@ -156,3 +156,161 @@ def test_a_spawn_child_reads_its_spilled_buffers_at_exit(tmp_path, selector):
     assert lines[0].startswith("files ") and int(lines[0].split()[1]) >= 1, run.stdout  # spilled
     assert lines[1:] == ["atexit [0.0, 1.0, 2.0, 3.0]", "exit 0"], run.stdout + run.stderr
     assert os.listdir(spill) == []
+
+
+def _workload_trace(selector: str, faults: bool) -> "lazybuf.trace.Trace":
+    """A trace of every kind of event this device makes: pool lookups, allocations, frees,
+    state transitions, copies with and without a wait; with `faults` (a FaultyDevice, the
+    checker on) rollbacks and the checker's reads too."""
+    testing = pytest.importorskip("lazybuf.testing") if faults else None
+    device = testing.FaultyDevice(selector) if faults else selector
+    was_checking = lazybuf.checking()
+    with lazybuf.trace.record(capacity=1 << 16) as rec:
+        pool = lazybuf.MemoryPool(device)
+        with pool.acquire((1000,), np.float32) as buf:
+            buf.copy_from(np.arange(1000, dtype=np.float32))
+            buf.sync_to_device_async().wait()
+            buf.fill(2.0)
+            buf.to_numpy()
+        other = lazybuf.UnifiedBuffer((1000,), np.float32, device=device)
+        other.copy_from(np.ones(1000, np.float32))
+        other.sync_to_device()
+        if faults:
+            third = lazybuf.UnifiedBuffer((1000,), np.float32, device=device)
+            third.copy_from(np.ones(1000, np.float32))
+            device.fail_copy_in(1)  # its first upload, after its device block was taken
+            with pytest.raises(RuntimeError, match="injected fault"):
+                third.sync_to_device()
+            device.disarm()
+            third.release()
+            lazybuf.set_checking(True)  # its reads of device copies are recorded
+            other.mark_host_dirty()
+            other.sync_to_device()
+        other.release()
+    lazybuf.set_checking(was_checking)
+    return rec.trace
+
+
+def _returned_by_a_worker(selector: str) -> "lazybuf.trace.Trace":
+    """A spawn worker's task: the trace of a workload it recorded."""
+    return _workload_trace(selector, faults=False)
+
+
+def _same_trace(a, b) -> None:
+    assert len(a) == len(b) and a.dropped == b.dropped
+    assert a.events() == b.events()
+    assert a.to_chrome_json() == b.to_chrome_json()
+    assert a.summary() == b.summary() and a.summary_rows() == b.summary_rows()
+
+
+@pytest.mark.parametrize("selector", one_selector_per_backend())
+@pytest.mark.parametrize("faults", [False, True], ids=["plain", "faults"])
+def test_a_trace_pickles_as_its_events(selector, faults):
+    """`Trace` did not pickle, so a worker could not return the trace it recorded ("cannot
+    pickle 'Trace' object"). It pickles as its events' values: the unpickled trace has the
+    same events, the same Chrome JSON and the same summary, stacks included."""
+    trace = _workload_trace(selector, faults)
+    kinds = {e["kind"] for e in trace.events()}
+    assert {"pool", "allocate", "free", "state"} <= kinds, kinds
+    if selector != "host":
+        assert "transfer" in kinds
+    if faults and "transfer" in kinds:
+        assert "rollback" in kinds
+    for back in (pickle.loads(pickle.dumps(trace)), copy.deepcopy(trace)):
+        _same_trace(trace, back)
+    with lazybuf.trace.record(python_stack=True) as rec:
+        buf = lazybuf.UnifiedBuffer((10,), np.float32, device=selector)
+        buf.copy_from(np.zeros(10, np.float32))
+    stacked = pickle.loads(pickle.dumps(rec.trace))
+    _same_trace(rec.trace, stacked)
+    assert any(e["stack"] for e in stacked.events()), stacked.events()
+
+
+def test_a_spawn_worker_returns_its_trace():
+    selector = one_selector_per_backend()[-1]
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as workers:
+        trace = workers.submit(_returned_by_a_worker, selector).result(timeout=300)
+    assert isinstance(trace, lazybuf.trace.Trace) and len(trace) > 0
+    assert {"pool", "allocate", "free", "state"} <= {e["kind"] for e in trace.events()}
+
+
+def _state_of(trace):
+    return pickle.loads(pickle.dumps(trace)).__reduce__()[1]
+
+
+@pytest.mark.parametrize(
+    "mutate,error,match",
+    [
+        (lambda v, ev, d: (2, ev, d), ValueError, "cannot unpickle format 2"),
+        (lambda v, ev, d: (v, list(ev), d), TypeError, "events must be a tuple"),
+        (lambda v, ev, d: (v, ev, -1), OverflowError, "negative"),
+        (lambda v, ev, d: (v, ev[:1] + ((0, 0, 0, None, "state"),), d), TypeError, "event 1: an event must be a tuple of 6"),
+        (lambda v, ev, d: (v, ((0, 0, 0, None, "bogus", ()),), d), ValueError, "event 0: kind must be one of"),
+        (lambda v, ev, d: (v, ((0, -1, 0, None, "pool", (True, "host", 1)),), d), TypeError, "event 0: time_ns must be"),
+        (lambda v, ev, d: (v, ((0, 0, 0, 5, "pool", (True, "host", 1)),), d), TypeError, "event 0: stack must be"),
+        (lambda v, ev, d: (v, ((0, 0, 0, None, "pool", (True, "host")),), d), TypeError, "pool lookup's fields must be a tuple of 3"),
+        (lambda v, ev, d: (v, ((0, 0, 0, None, "state", (1, "host_only", "sideways", "x")),), d), ValueError, "event 0: to must be one of"),
+        (lambda v, ev, d: (v, ((0, 0, 0, None, "allocate", (1, "d", "gpu", 4, "cache")),), d), ValueError, "memory must be one of"),
+        (lambda v, ev, d: (v, ((0, 0, 0, None, "allocate", (1, "d", "host", 4, "attic")),), d), ValueError, "source must be one of"),
+        (lambda v, ev, d: (v, ((0, 0, 0, None, "free", ("x", "d", "host", 4)),), d), TypeError, "event 0: buffer must be"),
+        (
+            lambda v, ev, d: (v, ((0, 0, 0, None, "transfer", (1, "up", 4, "host", "d", "c", "sync", 0, None, 0)),), d),
+            ValueError,
+            "direction must be one of",
+        ),
+        (
+            lambda v, ev, d: (v, ((0, 0, 0, None, "transfer", (1, "h2d", 4, "host", "d", "c", "whim", 0, None, 0)),), d),
+            ValueError,
+            "reason must be one of",
+        ),
+        (
+            lambda v, ev, d: (v, ((0, 0, 0, None, "checker_read", (1, "d", 4, 2**100)),), d),
+            ValueError,
+            "duration_ns is too large",
+        ),
+        (lambda v, ev, d: (v, ((0, 0, 0, None, "rollback", (1, 2, 3, None)),), d), TypeError, "event 0: call must be"),
+    ],
+)
+def test_a_bad_pickled_trace_is_refused_naming_the_event_and_field(mutate, error, match):
+    """An unpickled stream from elsewhere is checked field by field: each bad value raises an
+    error naming the event, the field and what was expected, and makes nothing."""
+    with lazybuf.trace.record() as rec:
+        buf = lazybuf.UnifiedBuffer((10,), np.float32, device="host")
+        buf.copy_from(np.zeros(10, np.float32))
+    version, events, dropped = _state_of(rec.trace)
+    with pytest.raises(error, match=match):
+        lazybuf._lazybuf._rebuild_trace(*mutate(version, events, dropped))
+
+
+def test_call_names_read_back_are_interned_once():
+    """A trace read back many times names its calls with the same interned strings (no new
+    memory per load), and a hand-made event's new name is kept too."""
+    event = (0, 5, 1, None, "state", (7, "uninitialized", "host_only", "a_call_name_from_elsewhere"))
+    for _ in range(100):
+        trace = lazybuf._lazybuf._rebuild_trace(1, (event,), 0)
+    assert trace.events()[0]["call"] == "a_call_name_from_elsewhere"
+    assert trace.events()[0]["time_us"] == pytest.approx(0.005)
+
+
+@pytest.mark.parametrize("selector", one_selector_per_backend())
+def test_every_event_of_a_call_carries_the_python_stack_on_request(selector):
+    """`copy_from`, `fill` and `release` (a buffer's own, and a pool's) recorded their
+    allocations, frees and state changes without the Python stack that
+    `record(python_stack=True)` asks for on every event: they make no copy between memories,
+    so they did not run as observed calls. Each event of the buffers now carries the stack of
+    the line that caused it."""
+    pool = lazybuf.MemoryPool(selector)
+    with lazybuf.trace.record(python_stack=True) as rec:
+        buf = lazybuf.UnifiedBuffer((1000,), np.float32, device=selector)
+        buf.copy_from(np.arange(1000, dtype=np.float32))
+        buf.fill(3.0)
+        ids = {buf.buffer_id}
+        buf.release()
+        pooled = pool.acquire((1000,), np.float32)
+        pooled.copy_from(np.ones(1000, np.float32))
+        ids.add(pooled.buffer_id)
+        pool.release(pooled)
+    events = [e for e in rec.trace.events() if e.get("buffer") in ids]
+    assert {"allocate", "free", "state"} <= {e["kind"] for e in events}, events
+    here = "test_every_event_of_a_call_carries_the_python_stack_on_request"
+    assert [e for e in events if here not in (e["stack"] or "")] == []

@@ -63,7 +63,7 @@ use crate::interop::{
     release_buffer,
 };
 use crate::lock;
-use crate::observe::observed;
+use crate::observe::{observed, with_python_stack};
 use crate::streams;
 use crate::transfer::{self, PyTransfer};
 use crate::views::Exposure;
@@ -1015,7 +1015,7 @@ impl UnifiedBuffer {
             (this.storage()?, this.descr(py).clone())
         };
         let scalar = dtype::fill_scalar(value, &descr)?;
-        storage.fill_from_scalar(&scalar)?;
+        with_python_stack(py, || storage.fill_from_scalar(&scalar))?;
         Ok(slf.clone())
     }
 
@@ -1064,7 +1064,7 @@ impl UnifiedBuffer {
             kwargs.set_item("dtype", descr)?;
             np.call_method("ascontiguousarray", (array,), Some(&kwargs))?.cast_into::<PyUntypedArray>()?
         };
-        storage.copy_from_array(&array)
+        with_python_stack(py, || storage.copy_from_array(&array))
     }
 
     /// A copy of the data as a new NumPy array, or in `out` (a writable C-contiguous NumPy
@@ -1123,7 +1123,7 @@ impl UnifiedBuffer {
     fn release(slf: &Bound<'_, Self>) -> PyResult<()> {
         match &slf.get().pool {
             Some(pool) => pool.bind(slf.py()).call_method1("release", (slf,)).map(drop),
-            None => slf.get().take()?.finish(slf.py()),
+            None => with_python_stack(slf.py(), || slf.get().take()?.finish(slf.py())),
         }
     }
 

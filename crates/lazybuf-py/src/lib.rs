@@ -54,6 +54,7 @@ mod state;
 mod streams;
 #[cfg(feature = "testing")]
 mod testing;
+mod trace_pickle;
 mod transfer;
 mod views;
 mod wire;

@@ -23,7 +23,7 @@ use lazybuf::observe::guard::{self, GuardLevel, GuardLevels};
 use lazybuf::observe::trace::{self, EventKind, TraceOptions};
 use lazybuf::observe::{self as core, Cause, Direction};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyModule};
+use pyo3::types::{PyDict, PyList, PyModule, PyTuple};
 
 use crate::errors::OrPyErr;
 
@@ -56,6 +56,19 @@ pub fn observed<R>(py: Python<'_>, cause: Cause, f: impl FnOnce() -> R) -> R {
     };
     hand_logged_to_python(py);
     done
+}
+
+/// Runs `f`, the body of a method that makes no copy between memories (nothing for the guard
+/// to judge, nothing to name: its events carry the engine's names) but allocates, frees or
+/// changes state (`copy_from`, `fill`, `release`), with the Python stack attached to its
+/// events when the recorder was asked for stacks (`python_stack=True`); two loads otherwise.
+/// (Without it, such a method's events had no stack: the fifteenth session.)
+#[inline]
+pub fn with_python_stack<R>(py: Python<'_>, f: impl FnOnce() -> R) -> R {
+    if !(core::recording() && PYTHON_STACK.load(Ordering::Relaxed)) {
+        return f();
+    }
+    trace::call_with_stack(python_stack(py), f)
 }
 
 /// Logged lines waiting for the GIL (at most [`LOGGED_MAX`]; [`LOGGED_DROPPED`] counts the
@@ -499,11 +512,39 @@ impl PyTrace {
     fn __repr__(&self) -> String {
         format!("Trace(events={}, dropped={})", self.trace.events.len(), self.trace.dropped)
     }
+
+    /// Pickles as its events' values ([`crate::trace_pickle`]): a worker process returns the
+    /// trace it recorded as it is.
+    fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
+        let rebuild = py.import("lazybuf._lazybuf")?.getattr("_rebuild_trace")?;
+        Ok((rebuild, crate::trace_pickle::encode(py, &self.trace)?))
+    }
+
+    /// The trace itself: a `Trace` is never changed once made.
+    fn __copy__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    /// The trace itself (see `__copy__`).
+    fn __deepcopy__<'py>(slf: Bound<'py, Self>, _memo: &Bound<'py, PyAny>) -> Bound<'py, Self> {
+        slf
+    }
+}
+
+/// Unpickles a `Trace` (`Trace.__reduce__`): checked field by field ([`crate::trace_pickle`]).
+#[pyfunction]
+pub fn _rebuild_trace(
+    version: &Bound<'_, PyAny>,
+    events: &Bound<'_, PyAny>,
+    dropped: u64,
+) -> PyResult<PyTrace> {
+    Ok(PyTrace { trace: crate::trace_pickle::decode(version, events, dropped)? })
 }
 
 /// Adds this module's functions and classes to the extension module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyTrace>()?;
+    m.add_function(wrap_pyfunction!(_rebuild_trace, m)?)?;
     m.add_class::<GuardScope>()?;
     m.add_class::<TraceRecord>()?;
     m.add_function(wrap_pyfunction!(_transfer_guard_set_thread, m)?)?;

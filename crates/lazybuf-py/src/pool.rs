@@ -153,7 +153,7 @@ impl PyMemoryPool {
             )));
         }
         // A concurrent release may have won meanwhile: then this one raises "released".
-        this.take()?.finish(buffer.py())
+        crate::observe::with_python_stack(buffer.py(), || this.take()?.finish(buffer.py()))
     }
 
     /// The pool's counters now.
