@@ -63,7 +63,7 @@ use crate::interop::{
     release_buffer,
 };
 use crate::lock;
-use crate::observe::{observed, with_python_stack};
+use crate::observe::{observed, observed_own, with_python_stack};
 use crate::streams;
 use crate::transfer::{self, PyTransfer};
 use crate::views::Exposure;
@@ -432,7 +432,7 @@ impl UnifiedBuffer {
     /// data), then every other copy is stale. In place when that copy is current and the
     /// storage's lock is free (bookkeeping only, as the `_nogil` accesses do), else with the
     /// GIL released.
-    fn mark_written(&self, py: Python<'_>, device: Option<&Device>) -> PyResult<()> {
+    fn mark_written(&self, py: Python<'_>, device: Option<&Device>, call: Cause) -> PyResult<()> {
         let storage = self.storage()?;
         // In place, with the interpreter held, when the mark waits for nothing: also right
         // after `.device` on CUDA, whose upload the mark leaves in flight.
@@ -441,9 +441,55 @@ impl UnifiedBuffer {
                 || device.is_some_and(|d| raw.mark_is_immediate(d)))
         {
             storage.spill().touch();
-            return raw.mark_written(device).or_py();
+            return raw.as_call(call).mark_written(device).or_py();
         }
-        lock::detach(py, |d| storage.lock_detached(d)?.mark_written(device).or_py())
+        lock::detach(py, |d| storage.lock_detached(d)?.as_call(call).mark_written(device).or_py())
+    }
+
+    /// [`Self::copy_from`]'s work, its events named `call` (the buffer's own call), or by the
+    /// call running on the thread when `None` (unpickling writes the bytes this way).
+    fn copy_from_as(slf: &Bound<'_, Self>, data: &Bound<'_, PyAny>, call: Option<Cause>) -> PyResult<()> {
+        let py = slf.py();
+        let this = slf.get();
+        // Borrowed from the frozen object: no copy of the shape per call.
+        let (storage, descr, shape) = (this.storage()?, this.descr(py), this.shape.as_slice());
+        let np = numpy_module(py)?;
+        // Arrays keep their dtype (and must cast under same_kind); other data (lists, scalars)
+        // are values, converted to the buffer's dtype as `array[...] = data` would.
+        let array = match data.cast::<PyUntypedArray>() {
+            Ok(array) => array.clone(),
+            Err(_) => args::copy_source(data, descr, shape)?,
+        };
+        if array.shape() != shape {
+            let hint = if array.ndim() == 0 { " (use fill() to set every element to a scalar)" } else { "" };
+            return Err(PyValueError::new_err(format!(
+                "copy_from: expected data of shape {}, got shape {}{hint}",
+                shape_repr(shape),
+                shape_repr(array.shape())
+            )));
+        }
+        let from = array.dtype();
+        if !from.is_equiv_to(descr) {
+            let kwargs = PyDict::new(py);
+            kwargs.set_item("casting", "same_kind")?;
+            if !np.call_method("can_cast", (&from, descr), Some(&kwargs))?.is_truthy()? {
+                return Err(PyTypeError::new_err(format!(
+                    "copy_from: cannot cast {} to {} under the same_kind rule; expected data of \
+                     dtype {} or one that casts to it safely",
+                    from.str()?,
+                    descr.str()?,
+                    descr.str()?
+                )));
+            }
+        }
+        let array = if from.is_equiv_to(descr) && array.is_c_contiguous() {
+            array
+        } else {
+            let kwargs = PyDict::new(py);
+            kwargs.set_item("dtype", descr)?;
+            np.call_method("ascontiguousarray", (array,), Some(&kwargs))?.cast_into::<PyUntypedArray>()?
+        };
+        with_python_stack(py, || storage.copy_from_array(&array, call))
     }
 
     /// Makes the host current for `access` (the GIL released meanwhile).
@@ -546,14 +592,14 @@ impl UnifiedBuffer {
 
     /// Copies the data into `target`, a writable C-contiguous array of the buffer's shape and
     /// dtype (checked by the caller): one copy ([`Storage::read_into_address`]).
-    fn read_into_array(&self, target: &Bound<'_, PyUntypedArray>) -> PyResult<()> {
+    fn read_into_array(&self, target: &Bound<'_, PyUntypedArray>, call: Cause) -> PyResult<()> {
         let n = target.len() * target.dtype().itemsize();
         // SAFETY: target is a live NumPy array (the caller holds it); its fields are valid.
         let data =
             unsafe { (*numpy::npyffi::_PyArray_GET_ITEM_DATA(target.as_array_ptr())).data }.cast::<u8>();
         // SAFETY: a writable C-contiguous array of n bytes, held by the caller until this
         // returns: its data cannot move or be freed while it is referenced.
-        unsafe { self.storage()?.read_into_address(target.py(), data, n) }
+        unsafe { self.storage()?.read_into_address(target.py(), data, n, call) }
     }
 
     /// The host view cached in `slot` (see [`Views`]).
@@ -652,6 +698,9 @@ fn numpy_module(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
 /// [`reclaim_kept_views`].
 static KEPT: KeptList = KeptList(Mutex::new(Vec::new()));
 
+/// `to_numpy()`'s cause: an explicit transfer (JAX's `device_get`), with or without `out=`.
+const TO_NUMPY: Cause = Cause::sync("to_numpy");
+
 struct KeptList(Mutex<Vec<Weak<Mutex<Views>>>>);
 
 impl KeptList {
@@ -736,7 +785,11 @@ fn host_readonly_view<'py>(slf: &Bound<'py, UnifiedBuffer>) -> PyResult<Bound<'p
 }
 
 /// Shared by `.device` and `.device_writable`.
-fn device_access<'py>(slf: &Bound<'py, UnifiedBuffer>, access: Access) -> PyResult<Bound<'py, PyAny>> {
+fn device_access<'py>(
+    slf: &Bound<'py, UnifiedBuffer>,
+    access: Access,
+    call: Cause,
+) -> PyResult<Bound<'py, PyAny>> {
     let py = slf.py();
     let this = slf.get();
     let storage = this.storage_if(UnifiedBuffer::stale(Location::Device(this.home.id())))?;
@@ -744,7 +797,7 @@ fn device_access<'py>(slf: &Bound<'py, UnifiedBuffer>, access: Access) -> PyResu
         // The host device's copy is the host memory itself: writes through this array change
         // every copy at once, so it is writable whatever the access (the seeds: `.device`
         // "returns the same NumPy array as host").
-        let (address, exposure) = storage.host_device_address(py, &this.home, access)?;
+        let (address, exposure) = storage.host_device_address(py, &this.home, access, call)?;
         if access != Access::Read {
             this.freeze_if_host_stale(py)?;
         }
@@ -762,9 +815,9 @@ fn device_access<'py>(slf: &Bound<'py, UnifiedBuffer>, access: Access) -> PyResu
     // A read is in the order of the copy's stream: an upload is enqueued, not waited for, and
     // the object returned is ordered after it (`ready`; device_view.rs).
     let (handle, exposure, ready) = if access == Access::Read {
-        storage.device_handle_ordered_nogil(py, &this.home)?
+        storage.device_handle_ordered_nogil(py, &this.home, call)?
     } else {
-        let (handle, exposure) = storage.device_handle_nogil(py, &this.home, access)?;
+        let (handle, exposure) = storage.device_handle_nogil(py, &this.home, access, call)?;
         (handle, exposure, Ticket::done())
     };
     if access != Access::Read {
@@ -844,14 +897,16 @@ impl UnifiedBuffer {
     /// kernel writes the array, call `mark_device_dirty()`, or take `device_writable` instead.
     #[getter]
     fn device<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
-        observed(slf.py(), Cause::access(".device"), || device_access(slf, Access::Read))
+        const CALL: Cause = Cause::access(".device");
+        observed_own(slf.py(), CALL, || device_access(slf, Access::Read, CALL))
     }
 
     /// As `.device`, counted as a device write: the host copy becomes stale, so the next host
     /// access copies the kernel's results back without `mark_device_dirty()`.
     #[getter]
     fn device_writable<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
-        observed(slf.py(), Cause::access(".device_writable"), || device_access(slf, Access::Write))
+        const CALL: Cause = Cause::access(".device_writable");
+        observed_own(slf.py(), CALL, || device_access(slf, Access::Write, CALL))
     }
 
     /// The buffer on a Metal device (a wgpu device on Metal: this buffer's own device, else
@@ -865,9 +920,10 @@ impl UnifiedBuffer {
         let storage = this.storage()?;
         let metal = metal_device(&this.home)?;
         if metal == this.home {
-            return device_access(slf, Access::Read);
+            return device_access(slf, Access::Read, Cause::access(".metal"));
         }
-        let (handle, exposure) = storage.device_handle_nogil(py, &metal, Access::Read)?;
+        let (handle, exposure) =
+            storage.device_handle_nogil(py, &metal, Access::Read, Cause::access(".metal"))?;
         device_object(
             py,
             &storage,
@@ -983,14 +1039,16 @@ impl UnifiedBuffer {
 
     /// Declares a host write: the host is made current, then the device copy is stale.
     fn mark_host_dirty(&self, py: Python<'_>) -> PyResult<()> {
-        observed(py, Cause::access("mark_host_dirty"), || self.mark_written(py, None))
+        const CALL: Cause = Cause::access("mark_host_dirty");
+        observed_own(py, CALL, || self.mark_written(py, None, CALL))
     }
 
     /// Declares a device write (by a kernel): the device is made current, then the host copy
     /// is stale (and the writable host views handed out become read-only).
     fn mark_device_dirty(&self, py: Python<'_>) -> PyResult<()> {
-        observed(py, Cause::access("mark_device_dirty"), || {
-            self.mark_written(py, Some(&self.home))?;
+        const CALL: Cause = Cause::access("mark_device_dirty");
+        observed_own(py, CALL, || {
+            self.mark_written(py, Some(&self.home), CALL)?;
             self.freeze_if_host_stale(py)
         })
     }
@@ -1002,7 +1060,7 @@ impl UnifiedBuffer {
         // A released buffer says so first, wherever Metal is.
         self.storage_unordered()?;
         let metal = metal_device(&self.home)?;
-        self.mark_written(py, Some(&metal))?;
+        self.mark_written(py, Some(&metal), Cause::access("mark_metal_dirty"))?;
         self.freeze_if_host_stale(py)
     }
 
@@ -1024,47 +1082,7 @@ impl UnifiedBuffer {
     /// `same_kind` rule, or values (a list, a buffer-protocol object) converted as
     /// `array[...] = data` converts them.
     fn copy_from(slf: &Bound<'_, Self>, data: &Bound<'_, PyAny>) -> PyResult<()> {
-        let py = slf.py();
-        let this = slf.get();
-        // Borrowed from the frozen object: no copy of the shape per call.
-        let (storage, descr, shape) = (this.storage()?, this.descr(py), this.shape.as_slice());
-        let np = numpy_module(py)?;
-        // Arrays keep their dtype (and must cast under same_kind); other data (lists, scalars)
-        // are values, converted to the buffer's dtype as `array[...] = data` would.
-        let array = match data.cast::<PyUntypedArray>() {
-            Ok(array) => array.clone(),
-            Err(_) => args::copy_source(data, descr, shape)?,
-        };
-        if array.shape() != shape {
-            let hint = if array.ndim() == 0 { " (use fill() to set every element to a scalar)" } else { "" };
-            return Err(PyValueError::new_err(format!(
-                "copy_from: expected data of shape {}, got shape {}{hint}",
-                shape_repr(shape),
-                shape_repr(array.shape())
-            )));
-        }
-        let from = array.dtype();
-        if !from.is_equiv_to(descr) {
-            let kwargs = PyDict::new(py);
-            kwargs.set_item("casting", "same_kind")?;
-            if !np.call_method("can_cast", (&from, descr), Some(&kwargs))?.is_truthy()? {
-                return Err(PyTypeError::new_err(format!(
-                    "copy_from: cannot cast {} to {} under the same_kind rule; expected data of \
-                     dtype {} or one that casts to it safely",
-                    from.str()?,
-                    descr.str()?,
-                    descr.str()?
-                )));
-            }
-        }
-        let array = if from.is_equiv_to(descr) && array.is_c_contiguous() {
-            array
-        } else {
-            let kwargs = PyDict::new(py);
-            kwargs.set_item("dtype", descr)?;
-            np.call_method("ascontiguousarray", (array,), Some(&kwargs))?.cast_into::<PyUntypedArray>()?
-        };
-        with_python_stack(py, || storage.copy_from_array(&array))
+        Self::copy_from_as(slf, data, Some(Cause::access("copy_from")))
     }
 
     /// A copy of the data as a new NumPy array, or in `out` (a writable C-contiguous NumPy
@@ -1074,8 +1092,8 @@ impl UnifiedBuffer {
     #[pyo3(signature = (*, out=None))]
     fn to_numpy<'py>(&self, py: Python<'py>, out: Option<&Bound<'py, PyAny>>) -> PyResult<Bound<'py, PyAny>> {
         let Some(out) = out else {
-            return observed(py, Cause::sync("to_numpy"), || {
-                self.storage()?.to_array(py, &self.shape, self.descr(py))
+            return observed_own(py, TO_NUMPY, || {
+                self.storage()?.to_array(py, &self.shape, self.descr(py), TO_NUMPY)
             });
         };
         let target = self.check_out("to_numpy", out)?;
@@ -1093,7 +1111,7 @@ impl UnifiedBuffer {
                 target.strides()
             )));
         }
-        observed(py, Cause::sync("to_numpy"), || self.read_into_array(&target))?;
+        observed_own(py, TO_NUMPY, || self.read_into_array(&target, TO_NUMPY))?;
         Ok(out.clone())
     }
 
@@ -1261,7 +1279,8 @@ impl UnifiedBuffer {
         let to = target.dtype();
         if to.is_equiv_to(this.descr(py)) && target.is_c_contiguous() {
             // The bytes as they are: one copy, straight from the device when it is newer.
-            return observed(py, Cause::sync("copy_to"), || this.read_into_array(&target));
+            const CALL: Cause = Cause::sync("copy_to");
+            return observed(py, CALL, || this.read_into_array(&target, CALL));
         }
         let np = numpy_module(py)?;
         let kwargs = PyDict::new(py);
@@ -1452,7 +1471,7 @@ impl UnifiedBuffer {
         let base = observed(py, Cause::access("__array__"), || {
             let this = slf.get();
             if copy == Some(true) {
-                this.storage()?.to_array(py, &this.shape, this.descr(py))
+                this.storage()?.to_array(py, &this.shape, this.descr(py), Cause::access("__array__"))
             } else {
                 host_readonly_view(slf)
             }
@@ -1513,9 +1532,9 @@ impl UnifiedBuffer {
             )));
         }
         let storage = self.storage()?;
-        let (handle, exposure) = observed(py, Cause::access("__cuda_array_interface__"), || {
-            storage.device_handle_nogil(py, &self.home, Access::Write)
-        })?;
+        const CALL: Cause = Cause::access("__cuda_array_interface__");
+        let (handle, exposure) =
+            observed(py, CALL, || storage.device_handle_nogil(py, &self.home, Access::Write, CALL))?;
         let address = handle.as_int();
         self.keep_export(exposure);
         self.freeze_if_host_stale(py)?;
@@ -1533,17 +1552,18 @@ impl UnifiedBuffer {
         copy: Option<bool>,
     ) -> PyResult<Py<PyAny>> {
         let storage = self.storage()?;
+        // A copy the consumer asked for (`copy=True`) is explicit; an export's sync is implicit.
+        let cause = if copy == Some(true) { Cause::sync("__dlpack__") } else { Cause::access("__dlpack__") };
         let source = Source {
             storage: &storage,
             home: &self.home,
             shape: &self.shape,
             dtype: self.elem.dtype,
             descr: self.descr(py),
+            call: cause,
         };
         let stream = stream.filter(|s| !s.is_none());
         let call = DlpackArgs::new(stream, max_version, dl_device, copy)?;
-        // A copy the consumer asked for (`copy=True`) is explicit; an export's sync is implicit.
-        let cause = if copy == Some(true) { Cause::sync("__dlpack__") } else { Cause::access("__dlpack__") };
         let capsule = observed(py, cause, || interop::dlpack_of_buffer(py, source, call))?;
         // A device export is a device write: the host copy may be stale now.
         self.freeze_if_host_stale(py)?;
@@ -1567,8 +1587,13 @@ impl UnifiedBuffer {
         slf: &Bound<'py, Self>,
         protocol: i64,
     ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
-        observed(slf.py(), Cause::access("__reduce_ex__"), || {
-            if protocol >= 5 { wire::reduce_out_of_band(slf) } else { slf.get().reduce_in_band(slf.py()) }
+        const CALL: Cause = Cause::access("__reduce_ex__");
+        observed(slf.py(), CALL, || {
+            if protocol >= 5 {
+                wire::reduce_out_of_band(slf)
+            } else {
+                slf.get().reduce_in_band(slf.py(), CALL)
+            }
         })
     }
 
@@ -1577,7 +1602,8 @@ impl UnifiedBuffer {
     /// device (pinned dropped where that device cannot pin). An implicit transfer, as
     /// `__reduce_ex__`'s.
     fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
-        observed(py, Cause::access("__reduce__"), || self.reduce_in_band(py))
+        const CALL: Cause = Cause::access("__reduce__");
+        observed(py, CALL, || self.reduce_in_band(py, CALL))
     }
 }
 
@@ -1588,10 +1614,15 @@ impl UnifiedBuffer {
     }
 
     /// [`Self::__reduce__`]'s work (the data as an array read straight from its current copy).
-    fn reduce_in_band<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
+    fn reduce_in_band<'py>(
+        &self,
+        py: Python<'py>,
+        call: Cause,
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
         let storage = self.storage()?;
         let initialized = storage.lock(py)?.state() != lazybuf::BufferState::Uninitialized;
-        let data = if initialized { Some(storage.to_array(py, &self.shape, self.descr(py))?) } else { None };
+        let data =
+            if initialized { Some(storage.to_array(py, &self.shape, self.descr(py), call)?) } else { None };
         let rebuild = py.import("lazybuf._lazybuf")?.getattr("_rebuild_buffer")?;
         let origin = wire::origin_of(&self.home);
         let args = (PyTuple::new(py, &self.shape)?, self.descr(py).clone(), self.pinned, data, origin);
@@ -1650,7 +1681,7 @@ pub(crate) fn _rebuild_buffer<'py>(
     let buffer = wire::new_buffer(py, shape, dtype, pinned, None, origin)?;
     if let Some(data) = data {
         // Named `unpickle`, as protocol 5's and the memory objects' unpickling are.
-        observed(py, Cause::access("unpickle"), || UnifiedBuffer::copy_from(&buffer, data))?;
+        observed(py, Cause::access("unpickle"), || UnifiedBuffer::copy_from_as(&buffer, data, None))?;
     }
     Ok(buffer)
 }

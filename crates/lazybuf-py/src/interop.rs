@@ -251,6 +251,8 @@ pub(crate) struct Source<'a, 'py> {
     pub(crate) dtype: DType,
     /// The NumPy dtype (for the `copy=True` path).
     pub(crate) descr: &'a Bound<'py, PyArrayDescr>,
+    /// The call exporting it (`__dlpack__`, explicit or implicit): names its copies.
+    pub(crate) call: lazybuf::observe::Cause,
 }
 
 /// Serves `UnifiedBuffer.__dlpack__`.
@@ -265,7 +267,7 @@ pub(crate) fn dlpack_of_buffer<'py>(
     args.check_stream_for(wanted)?;
     if wanted.device_type == DLDeviceType::CPU {
         if args.copy == Some(true) {
-            let copy = source.storage.to_array(py, source.shape, source.descr)?;
+            let copy = source.storage.to_array(py, source.shape, source.descr, source.call)?;
             return export_copy(py, copy, data_type(source.dtype), &request);
         }
         let (address, exposure) = source.storage.host_address_nogil(py, Access::Write)?;
@@ -288,7 +290,8 @@ pub(crate) fn dlpack_of_buffer<'py>(
         return Err(copy_elsewhere(wanted, request.device().is_some()));
     }
     // The home device's DLPack device is not the CPU here: its memory is a device pointer.
-    let (handle, exposure) = source.storage.device_handle_nogil(py, source.home, Access::Write)?;
+    let (handle, exposure) =
+        source.storage.device_handle_nogil(py, source.home, Access::Write, source.call)?;
     let exporter = Exporter::of_buffer(handle.as_int() as *mut c_void, home_device, &source, exposure);
     dlpark_export(&exporter, py, request)
 }

@@ -71,6 +71,21 @@ pub fn with_python_stack<R>(py: Python<'_>, f: impl FnOnce() -> R) -> R {
     trace::call_with_stack(python_stack(py), f)
 }
 
+/// [`observed`] for a method whose copies and changes are all of its own buffer and that runs
+/// no user code while it makes them (`.device`, `mark_device_dirty()`, `to_numpy()`): its body
+/// names the buffer's call itself ([`lazybuf::RawBuffer::as_call`], under the buffer's lock),
+/// so while no guard level is set and no stack is asked for (the recorder alone, or nothing)
+/// it sets nothing on the thread: two loads, no thread-local (in this shared library each
+/// thread-local access is a call; the recorder's cost on the seeds' batch, docs/BENCHMARKS.md).
+#[inline]
+pub fn observed_own<R>(py: Python<'_>, cause: Cause, f: impl FnOnce() -> R) -> R {
+    let on_thread = core::guarding() || (core::recording() && PYTHON_STACK.load(Ordering::Relaxed));
+    if !on_thread {
+        return f();
+    }
+    observed(py, cause, f)
+}
+
 /// Logged lines waiting for the GIL (at most [`LOGGED_MAX`]; [`LOGGED_DROPPED`] counts the
 /// rest), and whether there are any (the one load a call pays when there are none).
 /// Fork-aware: lines are queued by whichever thread copies, also without the GIL, so a fork

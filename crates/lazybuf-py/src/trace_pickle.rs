@@ -16,13 +16,13 @@
 //! What does not live here: recording and the other views of a trace (`observe.rs`).
 
 use std::collections::HashSet;
-use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use lazybuf::BufferState;
+use lazybuf::backend::fork::ForkAwareMutex;
 use lazybuf::observe::trace::{Event, EventKind, MemoryKind, Source, Trace};
 use lazybuf::observe::{Cause, Direction, Reason, TransferInfo};
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyTuple, PyTupleMethods};
 
@@ -269,8 +269,15 @@ fn decode_event(event: &Bound<'_, PyAny>) -> PyResult<Event> {
 /// `name` as a `&'static str`: the one interned for the same text, else a new one (leaked
 /// once; at most [`MAX_NAMES`] in a process, then `ValueError`).
 fn static_name(name: &str) -> PyResult<&'static str> {
-    static NAMES: Mutex<Option<HashSet<&'static str>>> = Mutex::new(None);
-    let mut names = NAMES.lock().unwrap_or_else(PoisonError::into_inner);
+    // Fork-aware: a thread of a parent process may have held it at the fork (reading a trace
+    // back), and a child must not wait for it.
+    static NAMES: ForkAwareMutex<Option<HashSet<&'static str>>> = ForkAwareMutex::unwatched(None);
+    let Some(mut names) = NAMES.lock() else {
+        return Err(PyRuntimeError::new_err(format!(
+            "call {name:?}: cannot read call names back in this forked child (a thread of the parent \
+             was reading a trace back when it forked)"
+        )));
+    };
     let names = names.get_or_insert_with(HashSet::new);
     if let Some(&known) = names.get(name) {
         return Ok(known);

@@ -41,6 +41,7 @@ use lazybuf::backend::RawMemory;
 use lazybuf::backend::fork::ForkAwareMutex;
 use lazybuf::coherence::{Access, Location, Residency};
 use lazybuf::host_memory::{ForeignHostMemory, HostMemory, copy_bytes, fill_pattern};
+use lazybuf::observe::Cause;
 use lazybuf::resource::{MemoryResource, default_resource};
 use lazybuf::{Device, RawBuffer, Ticket};
 
@@ -285,7 +286,13 @@ fn host_address_in(raw: &mut RawBuffer, access: Access) -> PyResult<*mut u8> {
 }
 
 /// Makes `raw`'s copy on `device` current for `access` and returns the runtime's handle to it.
-fn device_handle_in(raw: &mut RawBuffer, device: &Device, access: Access) -> PyResult<RawMemory> {
+fn device_handle_in(
+    raw: &mut RawBuffer,
+    device: &Device,
+    access: Access,
+    call: Cause,
+) -> PyResult<RawMemory> {
+    let mut raw = raw.as_call(call);
     let memory = raw.device_access(device, access).or_py()?;
     // SAFETY: the handle is only passed to Python together with an owner of this storage (a
     // MemoryOwner or a clone of the Arc), so it stays valid as long as it is reachable; writes
@@ -437,11 +444,12 @@ impl Storage {
         py: Python<'_>,
         device: &Device,
         access: Access,
+        call: Cause,
     ) -> PyResult<(RawMemory, Exposure)> {
         if let Some(mut raw) = self.immediate(Some(device), access) {
             // The handle leaves the lock: counted before it does, while the lock is held.
             let exposure = Exposure::new(self, Exposed::Device);
-            return Ok((device_handle_in(&mut raw, device, access)?, exposure));
+            return Ok((device_handle_in(&mut raw, device, access, call)?, exposure));
         }
         /// A handle crossing the detached closure's boundary.
         struct Handle(RawMemory);
@@ -449,7 +457,7 @@ impl Storage {
         // moved out of the closure, on the same thread; nothing dereferences it on the way.
         unsafe impl Send for Handle {}
         let (handle, exposure) =
-            lock::detach(py, |d| self.device_handle(d, device, access).map(|(h, e)| (Handle(h), e)))?;
+            lock::detach(py, |d| self.device_handle(d, device, access, call).map(|(h, e)| (Handle(h), e)))?;
         Ok((handle.0, exposure))
     }
 
@@ -481,10 +489,11 @@ impl Storage {
         self: &Arc<Self>,
         py: Python<'_>,
         device: &Device,
+        call: Cause,
     ) -> PyResult<(RawMemory, Exposure, Ticket)> {
         if let Some(mut raw) = self.immediate(Some(device), Access::Read) {
             let exposure = Exposure::new(self, Exposed::Device);
-            return Ok((device_handle_in(&mut raw, device, Access::Read)?, exposure, Ticket::done()));
+            return Ok((device_handle_in(&mut raw, device, Access::Read, call)?, exposure, Ticket::done()));
         }
         /// A handle and a ticket crossing the detached closure's boundary.
         struct Handle(RawMemory, Ticket);
@@ -494,6 +503,7 @@ impl Storage {
         unsafe impl Send for Handle {}
         let (handle, exposure) = lock::detach(py, |d| {
             let mut raw = self.lock_detached(d)?;
+            let mut raw = raw.as_call(call);
             let exposure = Exposure::new(self, Exposed::Device);
             let (memory, ticket) = raw.device_access_ordered(device).or_py()?;
             // SAFETY: as in device_handle_in: the handle reaches Python only with an owner of
@@ -510,11 +520,12 @@ impl Storage {
         detached: &Detached,
         device: &Device,
         access: Access,
+        call: Cause,
     ) -> PyResult<(RawMemory, Exposure)> {
         let mut raw = self.lock_detached(detached)?;
         // The handle leaves the lock: counted before it does, while the lock is held.
         let exposure = Exposure::new(self, Exposed::Device);
-        Ok((device_handle_in(&mut raw, device, access)?, exposure))
+        Ok((device_handle_in(&mut raw, device, access, call)?, exposure))
     }
 
     /// A NumPy view of the host copy, made current for `access`. `cached` is returned when it
@@ -543,8 +554,9 @@ impl Storage {
         py: Python<'_>,
         device: &Device,
         access: Access,
+        call: Cause,
     ) -> PyResult<(*mut u8, Exposure)> {
-        let (handle, exposure) = self.device_handle_nogil(py, device, access)?;
+        let (handle, exposure) = self.device_handle_nogil(py, device, access, call)?;
         match handle.host_ptr() {
             Some(address) if !address.is_null() => Ok((address, exposure)),
             Some(_) => Ok((empty_address(), exposure)),
@@ -653,21 +665,31 @@ impl Storage {
     /// no other lock than the cache's, which is held only for bookkeeping and never while
     /// waiting or running Python code; it waits for no device work, so no other thread (a
     /// Python one that would need the GIL to let the device go on, say) has to run first.
-    pub(crate) fn copy_from_array(&self, src: &Bound<'_, PyUntypedArray>) -> PyResult<()> {
+    ///
+    /// `call` names its events when it is the buffer's own call (`copy_from()`); `None` leaves
+    /// them to the call running on the thread (a deserialization that writes the bytes).
+    pub(crate) fn copy_from_array(
+        &self,
+        src: &Bound<'_, PyUntypedArray>,
+        call: Option<Cause>,
+    ) -> PyResult<()> {
         let itemsize = src.dtype().itemsize();
         let nbytes = src.len() * itemsize;
         let contiguous = src.is_c_contiguous();
         // SAFETY: src is a live NumPy array (borrowed for this call); its fields are valid.
         let source = unsafe { (*npyffi::_PyArray_GET_ITEM_DATA(src.as_array_ptr())).data } as usize;
         if nbytes <= IN_PLACE_COPY_MAX
-            && let Some(mut raw) = self.raw.try_lock()
             && contiguous
+            && let Some(mut raw) = self.raw.try_lock()
             && nbytes == raw.nbytes()
-            && let Some(host) = raw.host_overwrite_now()
         {
-            self.spill.touch();
-            // SAFETY: `src` is held by the caller for this call: its n bytes stay where they are.
-            return unsafe { overwrite_host(host.or_py()?, source as *const u8) };
+            let mut raw = raw.as_call(call);
+            if let Some(host) = raw.host_overwrite_now() {
+                self.spill.touch();
+                // SAFETY: `src` is held by the caller for this call: its n bytes stay where
+                // they are.
+                return unsafe { overwrite_host(host.or_py()?, source as *const u8) };
+            }
         }
         // The copy runs without the GIL; `src` stays alive (the caller holds it) and cannot be
         // resized while referenced, so its bytes stay where they are.
@@ -679,6 +701,7 @@ impl Storage {
                     raw.nbytes()
                 )));
             }
+            let mut raw = raw.as_call(call);
             let destination = raw.host_access(Access::Overwrite).or_py()?;
             // SAFETY: as above, `src` is held by the caller until this returns.
             unsafe { overwrite_host(destination, source as *const u8) }
@@ -747,6 +770,7 @@ impl Storage {
         py: Python<'py>,
         shape: &[usize],
         descr: &Bound<'py, PyArrayDescr>,
+        call: Cause,
     ) -> PyResult<Bound<'py, PyAny>> {
         // The buffer's own shape and dtype: its size, without taking the lock for it (the
         // read below checks it against the buffer's).
@@ -757,7 +781,8 @@ impl Storage {
             let mut block = py.detach(|| resource.allocate_host(&device, n, false)).or_py()?;
             // The block is not shared yet: read into it (the GIL released), then wrap it. On a
             // failure it goes back to the resource it came from (its accounting included).
-            let read = lock::detach(py, |d| self.lock_detached(d)?.read_into(&mut block).or_py());
+            let read =
+                lock::detach(py, |d| self.lock_detached(d)?.as_call(call).read_into(&mut block).or_py());
             if let Err(err) = read {
                 resource.deallocate_host(&device, block, Ticket::done());
                 return Err(err);
@@ -774,7 +799,7 @@ impl Storage {
         let data = unsafe { (*npyffi::_PyArray_GET_ITEM_DATA(array.as_ptr().cast())).data }.cast::<u8>();
         // SAFETY: the new array's data holds prod(shape) * itemsize = n bytes, and nothing
         // else references them until it is returned.
-        unsafe { self.read_into_address(py, data, n) }?;
+        unsafe { self.read_into_address(py, data, n, call) }?;
         Ok(array)
     }
 
@@ -785,7 +810,13 @@ impl Storage {
     /// `address` is valid for writes of `len` bytes until this returns, and no other thread
     /// reads or writes them meanwhile (the caller holds the array they belong to, whose data
     /// cannot move or be freed while it is referenced).
-    pub unsafe fn read_into_address(&self, py: Python<'_>, address: *mut u8, len: usize) -> PyResult<()> {
+    pub unsafe fn read_into_address(
+        &self,
+        py: Python<'_>,
+        address: *mut u8,
+        len: usize,
+        call: Cause,
+    ) -> PyResult<()> {
         /// The lender of a block [`HostMemory::adopt`] wraps for one read: owns nothing.
         struct Lent;
         impl ForeignHostMemory for Lent {}
@@ -805,7 +836,7 @@ impl Storage {
             // else uses them until this returns, which drops the block first. They are only
             // written through it (read_into downloads or copies into them).
             let mut block = unsafe { HostMemory::adopt(start, len, Box::new(Lent)) };
-            raw.read_into(&mut block).or_py()
+            raw.as_call(call).read_into(&mut block).or_py()
         })
     }
 

@@ -159,7 +159,7 @@ fn copy_raw_bytes(buf: &Bound<'_, UnifiedBuffer>, flat: &Bound<'_, PyAny>) -> Py
     let kwargs = PyDict::new(py);
     kwargs.set_item("dtype", numpy::dtype::<u8>(py))?;
     let array = py.import("numpy")?.call_method("frombuffer", (flat,), Some(&kwargs))?;
-    buf.get().storage()?.copy_from_array(array.cast::<PyUntypedArray>()?)
+    buf.get().storage()?.copy_from_array(array.cast::<PyUntypedArray>()?, None)
 }
 
 /// Received frames of this many bytes and more are adopted as the host copy (see
@@ -390,7 +390,7 @@ pub(crate) fn _device_frame(buf: &Bound<'_, UnifiedBuffer>) -> PyResult<Option<D
     // Named after what the user called, as the host frame's `dask serialize` is.
     let cause = lazybuf::observe::Cause::access("cuda serialize");
     let (handle, exposure) =
-        crate::observe::observed(py, cause, || storage.device_handle_nogil(py, home, Access::Read))?;
+        crate::observe::observed(py, cause, || storage.device_handle_nogil(py, home, Access::Read, cause))?;
     let ptr = handle.as_int() as u64;
     // The frame holds the exposure: the copy is not evicted while the frame lives.
     let owner = Py::new(py, MemoryOwner::new(exposure))?;

@@ -59,7 +59,7 @@ pub mod testing;
 
 pub use backend::{DeviceInfo, DlpackDevice, MemoryInfo, MemoryKind, MemorySource, Ticket};
 pub use buffer::{
-    BufferOptions, DeviceView, DeviceViewMut, RawBuffer, Transfer, TransferStats, UnifiedBuffer,
+    AsCall, BufferOptions, DeviceView, DeviceViewMut, RawBuffer, Transfer, TransferStats, UnifiedBuffer,
 };
 pub use checking::{checking, set_checking};
 pub use coherence::{BufferState, DeviceId, Location, Residency};

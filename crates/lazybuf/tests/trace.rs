@@ -936,3 +936,72 @@ fn a_pinned_host_copy_is_recorded_as_pinned_memory() {
     }
     assert!(pinned_somewhere, "no device gave a pinned buffer page-locked memory");
 }
+
+/// The state transitions recorded of one buffer: (from, to, call).
+fn transitions_of(recorded: &trace::Trace, id: u64) -> Vec<(BufferState, BufferState, &'static str)> {
+    recorded
+        .events
+        .iter()
+        .filter_map(|e| match e.kind {
+            EventKind::State { buffer, from, to, call } if buffer == id => Some((from, to, call)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A buffer running as a call (`RawBuffer::as_call`, how the Python binding names `.device`,
+/// `mark_device_dirty()` and `to_numpy()` without the thread's recorder state) names its
+/// copies and transitions, also inside another call on the thread (the call is the buffer's
+/// own: user code that the outer call ran made it); the guard judges its copies by it
+/// (explicit or implicit); the call it ran as before is back when the scope ends, also when
+/// it ends by a panic; spilling's write-backs keep their own name.
+#[test]
+fn a_buffer_running_as_a_call_names_its_copies_and_transitions() {
+    let _l = lock();
+    for device in common::devices() {
+        let copies = !device.is_zero_copy(256 * 4);
+        let mut buf = UnifiedBuffer::<u32>::on(&[256], &device).unwrap();
+        buf.host_mut().unwrap().fill(3);
+        let id = buf.raw().id();
+        trace::start(TraceOptions::default()).unwrap();
+        observe::call(observe::Cause::access("outer"), || {
+            let mut raw = buf.raw_mut().as_call(observe::Cause::sync("own"));
+            raw.sync(Some(&device)).unwrap();
+            // Nested scopes: the inner one names, then the outer one is back.
+            raw.as_call(observe::Cause::access("inner")).mark_written(Some(&device)).unwrap();
+            raw.sync(None).unwrap();
+        });
+        // Outside the scope: the engine's own names again.
+        buf.raw_mut().mark_written(None).unwrap();
+        let recorded = trace::stop().unwrap();
+        let calls: Vec<&str> = transitions_of(&recorded, id).iter().map(|&(_, _, call)| call).collect();
+        assert_eq!(calls, ["own", "inner", "own", "host"], "{device}");
+        let transfers: Vec<&str> = transfers_of(&recorded, id).iter().map(|&(_, _, call)| call).collect();
+        assert_eq!(transfers, if copies { vec!["own", "own"] } else { vec![] }, "{device}");
+        // The guard: an explicit call's upload passes `disallow` for implicit copies, an
+        // implicit one's is refused, naming the buffer's call.
+        if copies {
+            use observe::guard::{GuardLevel, GuardLevels};
+            let _scope = observe::guard::scope(GuardLevels::all(GuardLevel::Disallow));
+            buf.raw_mut().as_call(observe::Cause::sync("explicit")).sync(Some(&device)).unwrap();
+            buf.mark_host_dirty().unwrap();
+            let refused = buf.raw_mut().as_call(observe::Cause::access("implicit")).sync(Some(&device));
+            assert!(
+                matches!(refused, Err(lazybuf::Error::TransferGuard { call: "implicit", .. })),
+                "{refused:?}"
+            );
+        }
+        // A panic inside the scope puts the previous call back.
+        let raw = buf.raw_mut();
+        let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _named = raw.as_call(observe::Cause::access("panics"));
+            panic!("inside the scope");
+        }));
+        assert!(unwound.is_err());
+        trace::start(TraceOptions::default()).unwrap();
+        buf.raw_mut().mark_written(Some(&device)).unwrap();
+        let recorded = trace::stop().unwrap();
+        let calls: Vec<&str> = transitions_of(&recorded, id).iter().map(|&(_, _, call)| call).collect();
+        assert!(calls.iter().all(|&c| c != "panics"), "{device}: {calls:?}");
+    }
+}

@@ -45,7 +45,7 @@ pub(super) fn set_item(
     let key = &indexed_once(slf.py(), key)?;
     // The memory is taken once the values are converted (`whole_assignment` says why).
     match whole_assignment(slf.get(), slf.py(), key, value)? {
-        Some(Whole::Array(array)) => return slf.get().storage()?.copy_from_array(&array),
+        Some(Whole::Array(array)) => return slf.get().storage()?.copy_from_array(&array, None),
         Some(Whole::Element(element)) => {
             return slf.get().storage()?.overwrite_with(slf.py(), &element);
         }

@@ -54,7 +54,7 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-pub use raw::RawBuffer;
+pub use raw::{AsCall, RawBuffer};
 pub use stats::{Traffic, TransferStats};
 pub use view::{DeviceView, DeviceViewMut};
 

@@ -71,9 +71,11 @@ pub fn recording() -> bool {
 }
 
 /// Whether the guard may refuse or log (a level other than `allow` is set somewhere, or
-/// `LAZYBUF_TRANSFER_GUARD` is not read yet or malformed).
+/// `LAZYBUF_TRANSFER_GUARD` is not read yet or malformed). While it may not, a call that uses
+/// only one buffer can be named by that buffer ([`crate::RawBuffer::as_call`]) instead of
+/// [`call`]: nothing else asks for the running call.
 #[inline(always)]
-pub(crate) fn guarding() -> bool {
+pub fn guarding() -> bool {
     ACTIVE.load(Ordering::Relaxed) & (GUARD_BIT | ENV_BIT) != 0
 }
 

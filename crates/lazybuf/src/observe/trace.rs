@@ -314,6 +314,9 @@ pub(crate) enum Call {
     Of(Cause),
     /// This one.
     Named(&'static str),
+    /// This cause, whatever call runs on the thread: a buffer's own call
+    /// ([`crate::RawBuffer::as_call`]), or a copy's reporter's ([`super::transfer`]).
+    Own(Cause),
 }
 
 impl Call {
@@ -323,6 +326,7 @@ impl Call {
             Call::Of(default) if default.yields_to_call() => local.cause.get().unwrap_or(default),
             Call::Of(default) => default,
             Call::Named(call) => Cause::access(call),
+            Call::Own(cause) => cause,
         }
     }
 }
@@ -344,7 +348,7 @@ pub(crate) struct CopyEvent<'a> {
     pub(crate) bytes: usize,
     pub(crate) from: Option<&'a Device>,
     pub(crate) to: Option<&'a Device>,
-    pub(crate) cause: Cause,
+    pub(crate) cause: Call,
     pub(crate) stream: usize,
     /// When it started ([`now`]).
     pub(crate) start: u64,
@@ -358,7 +362,7 @@ pub(crate) fn record_copy(copy: CopyEvent<'_>) -> u64 {
     let mut number = 0;
     emit_ended(|local| {
         let dev = |d: Option<&Device>| d.map_or(HOST, |d| local.dev(d));
-        let cause = Call::Of(copy.cause).resolve(local);
+        let cause = copy.cause.resolve(local);
         number = match copy.op {
             Op::None => 0,
             Op::Plan(0) => local.next_op(),
@@ -390,10 +394,9 @@ pub(crate) struct OutsideCopy {
     bytes: u64,
     from: Dev,
     to: Dev,
-    cause: Cause,
-    /// Whether `cause` is the engine's, which a running [`super::call`] replaces when the copy
-    /// is recorded (a buffer's own copy), or the one its reporter gave ([`super::transfer`]).
-    engines: bool,
+    /// The engine's (`Call::Of`: a running [`super::call`] replaces it when the copy is
+    /// recorded), the buffer's own call's or its reporter's ([`super::transfer`]).
+    cause: Call,
 }
 
 /// Begins recording a copy of `buffer` outside its plans, from `from` to `to` (`None`: the
@@ -407,7 +410,7 @@ pub(crate) fn start_outside_copy(
     bytes: usize,
     from: Option<&Device>,
     to: Option<&Device>,
-    cause: Cause,
+    cause: Call,
 ) -> Option<super::Started> {
     if record::in_forked_child() {
         return None;
@@ -415,7 +418,7 @@ pub(crate) fn start_outside_copy(
     record::with_local(|local| {
         let dev = |d: Option<&Device>| d.map_or(HOST, |d| local.dev(d));
         let (from, to) = (dev(from), dev(to));
-        let copy = OutsideCopy { buffer, direction, bytes: bytes as u64, from, to, cause, engines: true };
+        let copy = OutsideCopy { buffer, direction, bytes: bytes as u64, from, to, cause };
         super::Started { copy, start: local.fresh_time() }
     })
 }
@@ -428,14 +431,14 @@ pub(crate) fn start_described_copy(info: &TransferInfo) -> Option<super::Started
     }
     let (from, to) = (record::named_device(&info.from), record::named_device(&info.to));
     let (buffer, direction, bytes, cause) = (info.buffer, info.direction, info.bytes as u64, info.cause);
-    let copy = OutsideCopy { buffer, direction, bytes, from, to, cause, engines: false };
+    let copy = OutsideCopy { buffer, direction, bytes, from, to, cause: Call::Own(cause) };
     Some(super::Started { copy, start: now() })
 }
 
 /// Records the end of a copy [`start_outside_copy`] or [`start_described_copy`] began.
 pub(crate) fn record_outside_copy(copy: OutsideCopy, stream: usize, start: u64, waited: bool) {
     emit_ended(|local| {
-        let cause = if copy.engines { Call::Of(copy.cause).resolve(local) } else { copy.cause };
+        let cause = copy.cause.resolve(local);
         Raw::Transfer {
             buffer: copy.buffer,
             op: 0,

@@ -93,6 +93,35 @@ pub struct RawBuffer {
     /// Writes through the host copy made outside the buffer's lock that are open
     /// ([`Self::begin_outside_host_write`]): the coherence checker does not compare meanwhile.
     outside_host_writes: u32,
+    /// The call running on this buffer ([`Self::as_call`]): names its copies and transitions
+    /// where no [`observe::call`] on the thread names them.
+    call: Option<Cause>,
+}
+
+/// A buffer running as a call ([`RawBuffer::as_call`]): derefs to the buffer; the call it
+/// ran as before is put back when this is dropped (also when a panic unwinds it).
+pub struct AsCall<'a> {
+    buffer: &'a mut RawBuffer,
+    previous: Option<Cause>,
+}
+
+impl std::ops::Deref for AsCall<'_> {
+    type Target = RawBuffer;
+    fn deref(&self) -> &RawBuffer {
+        self.buffer
+    }
+}
+
+impl std::ops::DerefMut for AsCall<'_> {
+    fn deref_mut(&mut self) -> &mut RawBuffer {
+        self.buffer
+    }
+}
+
+impl Drop for AsCall<'_> {
+    fn drop(&mut self) {
+        self.buffer.call = self.previous;
+    }
 }
 
 impl RawBuffer {
@@ -130,6 +159,7 @@ impl RawBuffer {
             planned: None,
             state_events: observed::StateEvents::default(),
             outside_host_writes: 0,
+            call: None,
         }
     }
 
@@ -1066,6 +1096,23 @@ impl RawBuffer {
         let plan = self.plan(at, device, access);
         let (reads, writes) = self.touched(&plan, at, device, access);
         self.settle(|op| op.conflicts(&reads, &writes))
+    }
+
+    /// This buffer, its copies and state transitions caused by `cause` until the returned
+    /// guard drops: as [`observe::call`] names them, for a call that uses only this buffer,
+    /// without the thread's recorder state (in a shared library, such as the Python
+    /// extension, each access to a thread-local is a call: the binding's accesses name
+    /// themselves this way while only the recorder runs). A call named on the thread by
+    /// [`observe::call`] still names what it makes; spilling's copies keep their own cause.
+    ///
+    /// `None` changes nothing (the scope runs as whatever call names the buffer already): for
+    /// a caller whose own call is optional.
+    pub fn as_call(&mut self, cause: impl Into<Option<Cause>>) -> AsCall<'_> {
+        let previous = self.call;
+        if let Some(cause) = cause.into() {
+            self.call = Some(cause);
+        }
+        AsCall { buffer: self, previous }
     }
 
     /// Makes `at` current for `access`; `cause`: what the transfer guard and the recorder

@@ -41,10 +41,11 @@ pub(super) const EVICT: Cause = Cause { call: "evict", reason: observe::Reason::
 /// copies inside this one's, and a thread-local costs a call in a shared library).
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Planned {
-    /// The engine's cause, for when no [`observe::call`] names another: resolved when an event
-    /// is recorded, in the one look at the thread's recorder state that recording takes (the
-    /// running call cannot change between a plan and its commit).
-    default: Cause,
+    /// What names its copies and transition: the buffer's own call ([`RawBuffer::as_call`]),
+    /// else the engine's cause for when no [`observe::call`] names another, resolved when an
+    /// event is recorded, in the one look at the thread's recorder state that recording takes
+    /// (the running call cannot change between a plan and its commit).
+    call: trace::Call,
     /// The buffer's state before it.
     before: BufferState,
     /// Whether events were wanted when it was planned.
@@ -104,6 +105,27 @@ impl Default for StateEvents {
 }
 
 impl RawBuffer {
+    /// What names a copy or change whose engine's cause is `default`: the buffer's own call
+    /// ([`Self::as_call`]), whatever call runs on the thread; else `default`, which a running
+    /// [`observe::call`] replaces. Spilling's causes (see [`Cause::yields_to_call`]) are
+    /// never replaced.
+    #[inline]
+    fn call_for(&self, default: &Cause) -> trace::Call {
+        match self.call {
+            Some(own) if default.yields_to_call() => trace::Call::Own(own),
+            _ => trace::Call::Of(*default),
+        }
+    }
+
+    /// The cause the guard judges a copy of this buffer by ([`Self::call_for`]): the
+    /// buffer's own call, else the thread's ([`observe::cause_or`]), else `default`.
+    fn guard_cause(&self, default: &Cause) -> Cause {
+        match self.call {
+            Some(own) if default.yields_to_call() => own,
+            _ => observe::cause_or(*default),
+        }
+    }
+
     /// An access while something observes: its plan's copies shown to the guard first (a
     /// refusal returns before anything changes), then the access, then its state transition.
     #[inline(never)]
@@ -153,7 +175,7 @@ impl RawBuffer {
             None => BufferState::Uninitialized,
         };
         self.planned = Some(Planned {
-            default: *default,
+            call: self.call_for(default),
             before,
             emitting: epoch.is_some(),
             op: 0,
@@ -321,7 +343,7 @@ impl RawBuffer {
     #[cold]
     #[inline(never)]
     fn guard_plan(&self, plan: &Plan, device: Option<&Device>, default: Cause) -> Result<()> {
-        let cause = observe::cause_or(default);
+        let cause = self.guard_cause(&default);
         let copies: Vec<TransferInfo> = plan
             .steps()
             .iter()
@@ -340,7 +362,7 @@ impl RawBuffer {
     #[cold]
     #[inline(never)]
     pub(super) fn guard_refusal(&self, copies: &[(Location, Location)], device: &Device) -> Result<()> {
-        let cause = observe::cause_or(SYNC_TO_DEVICE);
+        let cause = self.guard_cause(&SYNC_TO_DEVICE);
         for &(from, to) in copies {
             if let Some(copy) = self.transfer_info(from, to, Some(device), cause, true) {
                 observe::guard::check_refusal(&copy)?;
@@ -357,7 +379,7 @@ impl RawBuffer {
         let planned = self.planned.take();
         match (planned, observe::emit_epoch()) {
             (Some(p), Some(epoch)) if p.emitting => {
-                self.record_transition(p.before, p.events, trace::Call::Of(p.default), epoch);
+                self.record_transition(p.before, p.events, p.call, epoch);
                 p.op
             }
             _ => {
@@ -374,7 +396,7 @@ impl RawBuffer {
     pub(super) fn observe_abort(&mut self) {
         self.record_allocation();
         if let Some(p) = self.planned.take().filter(|p| (p.op != 0 || p.undone != 0) && observe::emitting()) {
-            trace::record_rollback(self.id, p.op, p.undone, trace::Call::Of(p.default));
+            trace::record_rollback(self.id, p.op, p.undone, p.call);
         }
     }
 
@@ -468,8 +490,8 @@ impl RawBuffer {
         }
         // The plan's copies share its number, given with the first (outside a plan: none).
         let (cause, op) = match self.planned {
-            Some(p) => (p.default, trace::Op::Plan(p.op)),
-            None => (Cause::access("access"), trace::Op::None),
+            Some(p) => (p.call, trace::Op::Plan(p.op)),
+            None => (self.call_for(&Cause::access("access")), trace::Op::None),
         };
         let on = if direction == Direction::DeviceToHost { source } else { target };
         let op = trace::record_copy(trace::CopyEvent {
@@ -553,7 +575,7 @@ impl RawBuffer {
         // Described by name for the guard (its errors and log lines); the recorder takes the
         // devices by number.
         if observe::guarding()
-            && let Some(info) = self.transfer_info(from, to, None, observe::cause_or(default), false)
+            && let Some(info) = self.transfer_info(from, to, None, self.guard_cause(&default), false)
         {
             observe::guard::check(std::slice::from_ref(&info))?;
         }
@@ -569,14 +591,21 @@ impl RawBuffer {
         else {
             return Ok(None); // no copy between two memories this buffer holds
         };
-        Ok(trace::start_outside_copy(self.id, direction, self.nbytes, source, target, default))
+        Ok(trace::start_outside_copy(
+            self.id,
+            direction,
+            self.nbytes,
+            source,
+            target,
+            self.call_for(&default),
+        ))
     }
 
     /// [`Self::observe_state`] for a change an engine call makes (named by the running
     /// [`observe::call`], else `cause`).
     #[inline]
     pub(super) fn observe_state_as<R>(&mut self, cause: Cause, change: impl FnOnce(&mut Self) -> R) -> R {
-        self.observe_change(trace::Call::Of(cause), change)
+        self.observe_change(self.call_for(&cause), change)
     }
 
     /// Runs `change`, a state change outside the plans (a release, an invalidation, a fill on a
