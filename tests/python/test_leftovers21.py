@@ -314,3 +314,16 @@ def test_every_event_of_a_call_carries_the_python_stack_on_request(selector):
     assert {"allocate", "free", "state"} <= {e["kind"] for e in events}, events
     here = "test_every_event_of_a_call_carries_the_python_stack_on_request"
     assert [e for e in events if here not in (e["stack"] or "")] == []
+
+
+def test_a_trace_read_back_with_huge_counts_sums_them_without_overflow():
+    """A trace read back from elsewhere may hold any byte counts: its summary's totals hold at
+    2**64 - 1 (a hostile stream's two copies of 2**64 - 1 bytes made the summary panic in a
+    build with overflow checks, and wrap in one without)."""
+    huge = 2**64 - 1
+    copy = ("transfer", (1, "h2d", huge, "host", "d", "sync_to_device", "sync", 0, None, 7))
+    events = tuple((i, i, 1, None, *copy) for i in range(2))
+    trace = lazybuf._lazybuf._rebuild_trace(1, events, 0)
+    assert trace.summary_rows() == [(1, "h2d", "sync", 2, huge)]
+    assert str(huge) in trace.summary()
+    assert '"bytes":18446744073709551615' in trace.to_chrome_json()

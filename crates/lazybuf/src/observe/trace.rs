@@ -580,6 +580,15 @@ pub struct Tally {
     pub bytes: u64,
 }
 
+impl Tally {
+    /// Adds `other`'s counts, each held at `u64::MAX` (a trace read back from elsewhere may
+    /// hold any byte counts: their sum is then "at least", never a panic or a wrapped total).
+    fn add(&mut self, other: Tally) {
+        self.copies = self.copies.saturating_add(other.copies);
+        self.bytes = self.bytes.saturating_add(other.bytes);
+    }
+}
+
 /// Copies and bytes per buffer, direction and reason.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Summary {
@@ -595,8 +604,7 @@ impl Summary {
         let mut out = BTreeMap::<Direction, Tally>::new();
         for ((_, direction, _), tally) in &self.rows {
             let t = out.entry(*direction).or_default();
-            t.copies += tally.copies;
-            t.bytes += tally.bytes;
+            t.add(*tally);
         }
         out
     }
@@ -660,8 +668,7 @@ impl Trace {
                     continue;
                 }
                 let t = summary.rows.entry((info.buffer, info.direction, info.cause.reason)).or_default();
-                t.copies += 1;
-                t.bytes += info.bytes as u64;
+                t.add(Tally { copies: 1, bytes: info.bytes as u64 });
             }
         }
         summary
