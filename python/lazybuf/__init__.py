@@ -168,6 +168,7 @@ import typing as _typing
 
 if _typing.TYPE_CHECKING:
     from multiprocessing.util import Finalize as _Finalize
+    from types import FrameType as _FrameType
 
 from ._lazybuf import _remove_spill_files, _remove_spill_files_at_finalization
 
@@ -185,7 +186,7 @@ def _remove_spill_files_at_child_exit() -> None:
     neither: they remove the files here."""
     spawn = _sys.modules.get("multiprocessing.spawn")
     spawn_main = getattr(getattr(spawn, "spawn_main", None), "__code__", None)
-    frame = _sys._getframe(1)
+    frame: "_FrameType | None" = _sys._getframe(1)
     while spawn_main is not None and frame is not None:
         if frame.f_code is spawn_main:
             return
