@@ -48,7 +48,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use pyo3::exceptions::{PyIndexError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyString;
+use pyo3::types::{PyString, PyTuple};
 
 use lazybuf::resource::{FailureCallback, default_pool, default_resource};
 use lazybuf::{
@@ -394,12 +394,9 @@ impl PyStatistics {
     }
 
     /// Pickles as the class and its values, in the constructor's order.
-    #[allow(clippy::type_complexity)]
-    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> (Bound<'py, PyAny>, (i64, i64, i64, i64, i64, i64)) {
-        let s = &slf.get().stats;
-        let values =
-            (s.current_bytes, s.current_count, s.peak_bytes, s.peak_count, s.total_bytes, s.total_count);
-        (slf.get_type().into_any(), values)
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
+        let values = slf.get().fields().map(|(_, value)| value);
+        Ok((slf.get_type().into_any(), PyTuple::new(slf.py(), values)?))
     }
 
     /// Bytes outstanding (negative in a level that freed older memory).
@@ -434,11 +431,24 @@ impl PyStatistics {
     }
 
     fn __repr__(&self) -> String {
+        let fields: Vec<String> =
+            self.fields().iter().map(|(name, value)| format!("{name}={value}")).collect();
+        format!("Statistics({})", fields.join(", "))
+    }
+}
+
+impl PyStatistics {
+    /// The counters with their names, in the constructor's order.
+    fn fields(&self) -> [(&'static str, i64); 6] {
         let s = &self.stats;
-        format!(
-            "Statistics(current_bytes={}, current_count={}, peak_bytes={}, peak_count={}, total_bytes={}, total_count={})",
-            s.current_bytes, s.current_count, s.peak_bytes, s.peak_count, s.total_bytes, s.total_count
-        )
+        [
+            ("current_bytes", s.current_bytes),
+            ("current_count", s.current_count),
+            ("peak_bytes", s.peak_bytes),
+            ("peak_count", s.peak_count),
+            ("total_bytes", s.total_bytes),
+            ("total_count", s.total_count),
+        ]
     }
 }
 

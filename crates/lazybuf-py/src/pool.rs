@@ -22,7 +22,7 @@ use std::sync::{Mutex, PoisonError};
 use crate::gil_cell::GilOnceCell;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict};
+use pyo3::types::{PyBool, PyDict, PyTuple};
 
 use lazybuf::{Device, MemoryKind, MemoryPool, PoolConfig, PoolStats, PoolUsage};
 
@@ -338,19 +338,9 @@ impl PyPoolStats {
     }
 
     /// Pickles as the class and its values, in the constructor's order.
-    #[allow(clippy::type_complexity)]
-    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> (Bound<'py, PyAny>, (u64, u64, u64, u64, u64, u64, u64)) {
-        let s = &slf.get().stats;
-        let values = (
-            s.hits,
-            s.misses,
-            s.allocations,
-            s.bytes_in_use,
-            s.bytes_cached,
-            s.peak_bytes_in_use,
-            s.oom_retries,
-        );
-        (slf.get_type().into_any(), values)
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
+        let values = slf.get().fields().map(|(_, value)| value);
+        Ok((slf.get_type().into_any(), PyTuple::new(slf.py(), values)?))
     }
 
     /// Requests served from the cache.
@@ -396,18 +386,25 @@ impl PyPoolStats {
     }
 
     fn __repr__(&self) -> String {
+        let fields: Vec<String> =
+            self.fields().iter().map(|(name, value)| format!("{name}={value}")).collect();
+        format!("PoolStats({})", fields.join(", "))
+    }
+}
+
+impl PyPoolStats {
+    /// The counters with their names, in the constructor's order.
+    fn fields(&self) -> [(&'static str, u64); 7] {
         let s = &self.stats;
-        format!(
-            "PoolStats(hits={}, misses={}, allocations={}, bytes_in_use={}, bytes_cached={}, \
-             peak_bytes_in_use={}, oom_retries={})",
-            s.hits,
-            s.misses,
-            s.allocations,
-            s.bytes_in_use,
-            s.bytes_cached,
-            s.peak_bytes_in_use,
-            s.oom_retries
-        )
+        [
+            ("hits", s.hits),
+            ("misses", s.misses),
+            ("allocations", s.allocations),
+            ("bytes_in_use", s.bytes_in_use),
+            ("bytes_cached", s.bytes_cached),
+            ("peak_bytes_in_use", s.peak_bytes_in_use),
+            ("oom_retries", s.oom_retries),
+        ]
     }
 }
 
