@@ -1,5 +1,5 @@
 //! A recorded `Trace` as plain values and back: what pickling one sends (`Trace.__reduce__`)
-//! and what [`_rebuild_trace`] makes of it, so that a worker process returns the trace it
+//! and what [`crate::observe::_rebuild_trace`] makes of it, so that a worker process returns the trace it
 //! recorded as it is.
 //!
 //! Each event is a tuple `(seq, time_ns, thread, stack, kind, fields)`, `fields` a tuple in the
