@@ -345,8 +345,9 @@ class UnifiedBuffer:
     def __len__(self) -> int:
         """The first dimension. The buffer protocol (``memoryview(buf)``, ``np.asarray(buf)``)
         exports the host copy: writable (a host write) when the consumer asks for
-        PyBUF_WRITABLE, else read-only (a host read); not for bfloat16. A plain-bytes request
-        (no PyBUF_ND: ``hashlib``, ``readinto``) gets a 1-d byte view. ``ctypes``'
+        PyBUF_WRITABLE, else read-only (a host read); a request for items is refused for
+        bfloat16 (no format). A plain-bytes request (no PyBUF_ND: ``hashlib``, ``readinto``, a
+        file's ``write``) gets a 1-d byte view, for every dtype. ``ctypes``'
         ``from_buffer`` asks through a memoryview, which is read-only: pass ``buf.host``."""
 
     def __sizeof__(self) -> int:

@@ -327,3 +327,31 @@ def test_a_trace_read_back_with_huge_counts_sums_them_without_overflow():
     assert trace.summary_rows() == [(1, "h2d", "sync", 2, huge)]
     assert str(huge) in trace.summary()
     assert '"bytes":18446744073709551615' in trace.to_chrome_json()
+
+
+@pytest.mark.parametrize("selector", one_selector_per_backend())
+def test_a_bfloat16_buffer_serves_plain_bytes_requests(selector, tmp_path):
+    """A bfloat16 buffer refused every buffer-protocol request, plain-bytes ones (`hashlib`, a
+    file's `write`) too, although those need no format of the elements (NumPy serves them for
+    its bfloat16 arrays). They get the bytes now; a request for items (`memoryview`, `bytes()`,
+    which ask for the format) is still refused, changing nothing."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    import hashlib
+
+    data = np.array([1.0, -2.5, 3.25, 0.0, 7.0], dtype=ml_dtypes.bfloat16)
+    buf = lazybuf.UnifiedBuffer((5,), "bfloat16", device=selector)
+    buf.copy_from(data)
+    assert hashlib.sha256(buf).hexdigest() == hashlib.sha256(data).hexdigest()
+    path = tmp_path / "bf16.bin"
+    with open(path, "wb") as f:
+        assert f.write(buf) == data.nbytes
+    assert path.read_bytes() == data.tobytes()
+    back = lazybuf.UnifiedBuffer((5,), "bfloat16", device=selector)
+    with open(path, "rb") as f:
+        assert f.readinto(back) == data.nbytes  # a writable plain-bytes request: a host write
+    np.testing.assert_array_equal(back.to_numpy(), data)
+    state = buf.state
+    for items in (memoryview, bytes):
+        with pytest.raises(BufferError, match="bfloat16 has no buffer-protocol format"):
+            items(buf)
+    assert buf.state == state

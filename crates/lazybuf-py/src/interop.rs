@@ -635,7 +635,13 @@ pub(crate) unsafe fn export_buffer(
     }
     // SAFETY: view is valid (checked non-null; CPython's contract); obj must be NULL on error.
     unsafe { (*view).obj = ptr::null_mut() };
-    let format = format?;
+    // Without PyBUF_ND the consumer asked for plain bytes (PyBUF_SIMPLE, or PyBUF_WRITABLE
+    // alone): CPython's rule (PyBuffer_FillInfo) is a 1-d view of unsigned bytes, with no
+    // shape or strides, itemsize 1, and format "B" if the consumer asked for one. Such a view
+    // needs no format of the elements: served for every dtype (a bfloat16 buffer's bytes to
+    // `hashlib` or a file's `write` were refused until the fifteenth session).
+    let nd = flags & ffi::PyBUF_ND == ffi::PyBUF_ND;
+    let format = if nd { format? } else { c"B" };
     let fortran = flags & ffi::PyBUF_F_CONTIGUOUS == ffi::PyBUF_F_CONTIGUOUS;
     // C order is also Fortran order when at most one extent exceeds 1, or when there is no
     // element at all (CPython's rule, `PyBuffer_IsContiguous`: an empty (0, 3, 4) buffer was
@@ -644,10 +650,6 @@ pub(crate) unsafe fn export_buffer(
     if fortran && !empty && shape.iter().filter(|&&d| d > 1).count() > 1 {
         return Err(PyBufferError::new_err("the buffer is C-contiguous, not Fortran-contiguous"));
     }
-    // Without PyBUF_ND the consumer asked for plain bytes (PyBUF_SIMPLE, or PyBUF_WRITABLE
-    // alone): CPython's rule (PyBuffer_FillInfo) is a 1-d view of unsigned bytes, with no
-    // shape or strides, itemsize 1, and format "B" if the consumer asked for one.
-    let nd = flags & ffi::PyBUF_ND == ffi::PyBUF_ND;
     let ExportedHost { address, writable, owner } =
         memory(flags & ffi::PyBUF_WRITABLE == ffi::PyBUF_WRITABLE)?;
     let itemsize = itemsize as isize;
@@ -676,7 +678,7 @@ pub(crate) unsafe fn export_buffer(
             (*view).strides = if strided { export.strides.as_mut_ptr() } else { ptr::null_mut() };
         } else {
             (*view).itemsize = 1;
-            (*view).format = if with_format { c"B".as_ptr().cast_mut() } else { ptr::null_mut() };
+            (*view).format = if with_format { format.as_ptr().cast_mut() } else { ptr::null_mut() };
             (*view).ndim = 1;
             (*view).shape = ptr::null_mut();
             (*view).strides = ptr::null_mut();
