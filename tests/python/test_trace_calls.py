@@ -23,9 +23,9 @@ def _not_recording():
         lazybuf.trace.stop()
 
 
-def _seed_batch(pool: lazybuf.MemoryPool, data: np.ndarray) -> tuple[int, np.ndarray]:
+def _seed_batch(pool: lazybuf.MemoryPool, data: np.ndarray) -> tuple[int, np.ndarray, dict]:
     """The seeds' batch: acquire, host write, the device copy used and declared written,
-    read back, release. Returns the buffer's id and what was read."""
+    read back, release. Returns the buffer's id, what was read and its transfer counters."""
     buf = pool.acquire((N,), np.float32)
     buf_id = buf.buffer_id
     try:
@@ -36,9 +36,10 @@ def _seed_batch(pool: lazybuf.MemoryPool, data: np.ndarray) -> tuple[int, np.nda
         buf.mark_device_dirty()
         out = buf.to_numpy()
         buf.to_numpy(out=np.empty(N, np.float32))
+        stats = buf.transfer_stats()
     finally:
         pool.release(buf)
-    return buf_id, out
+    return buf_id, out, stats
 
 
 def _named(trace, buffer_id):
@@ -53,23 +54,29 @@ def test_a_call_named_on_its_buffer_records_what_a_call_named_on_the_thread_reco
     data = np.arange(N, dtype=np.float32)
     _seed_batch(pool, data)  # the pool's block cached: both runs hit it
     with lazybuf.trace.record() as on_buffer:
-        first, out = _seed_batch(pool, data)
+        first, out, stats = _seed_batch(pool, data)
     np.testing.assert_array_equal(out, data)
     # A guard level set anywhere names every call on the thread ("log" logs, refuses nothing).
     with caplog.at_level(logging.CRITICAL, logger="lazybuf.transfer_guard"):
         with lazybuf.transfer_guard("log"), lazybuf.trace.record() as on_thread:
-            second, out = _seed_batch(pool, data)
+            second, out, _ = _seed_batch(pool, data)
     np.testing.assert_array_equal(out, data)
     with lazybuf.trace.record(python_stack=True) as with_stacks:
-        third, _ = _seed_batch(pool, data)
+        third, _, _ = _seed_batch(pool, data)
     named = _named(on_buffer.trace, first)
     assert named == _named(on_thread.trace, second) == _named(with_stacks.trace, third)
     calls = [e[1] for e in named if e[0] == "state"]
     assert calls[:2] == ["copy_from", ".device"] and calls[-1] == "release_memory", named
     assert {"mark_device_dirty", "mark_host_dirty"} <= set(calls), named  # (to_numpy changes no state)
-    transfers = [(e[1], e[2], e[3]) for e in named if e[0] == "transfer"]
-    if not lazybuf.get_accelerator().select_device(selector).backend == "host":
-        assert (".device", "access", "h2d") in transfers and ("to_numpy", "sync", "d2h") in transfers, transfers
+    # The copies the counters count, each named by its call (none where the copies are one
+    # memory).
+    transfers = sorted((e[1], e[2], e[3]) for e in named if e[0] == "transfer")
+    h2d = [t for t in transfers if t[2] == "h2d"]
+    d2h = [t for t in transfers if t[2] == "d2h"]
+    assert (len(h2d), len(d2h)) == (stats["host_to_device_copies"], stats["device_to_host_copies"]), stats
+    if transfers:
+        assert h2d == [(".device", "access", "h2d"), ("mark_device_dirty", "access", "h2d")], h2d
+        assert d2h == [("mark_host_dirty", "access", "d2h")] + [("to_numpy", "sync", "d2h")] * 2, d2h
 
 
 @pytest.mark.parametrize("selector", one_selector_per_backend())

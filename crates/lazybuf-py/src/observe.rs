@@ -59,9 +59,10 @@ pub fn observed<R>(py: Python<'_>, cause: Cause, f: impl FnOnce() -> R) -> R {
 }
 
 /// Runs `f`, the body of a method that makes no copy between memories (nothing for the guard
-/// to judge, nothing to name: its events carry the engine's names) but allocates, frees or
-/// changes state (`copy_from`, `fill`, `release`), with the Python stack attached to its
-/// events when the recorder was asked for stacks (`python_stack=True`); two loads otherwise.
+/// to judge; its events carry its buffer's own call, `copy_from`, or the engine's names) but
+/// allocates, frees or changes state (`copy_from`, `fill`, `release`), with the Python stack
+/// attached to its events when the recorder was asked for stacks (`python_stack=True`); two
+/// loads otherwise.
 /// (Without it, such a method's events had no stack: the fifteenth session.)
 #[inline]
 pub fn with_python_stack<R>(py: Python<'_>, f: impl FnOnce() -> R) -> R {
