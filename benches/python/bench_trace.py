@@ -29,13 +29,14 @@ def main() -> None:
     parser.add_argument("--sizes", default="4KiB,4MiB")
     parser.add_argument("--workflow", default="batch, new buffer", choices=["batch, new buffer", "batch, pool"])
     args = parser.parse_args()
-    print(f"lazybuf {lazybuf.__version__} on {args.device}; {args.reps} repetitions, median per batch\n")
+    device = lazybuf.get_accelerator().select_device(args.device)
+    print(f"lazybuf {lazybuf.__version__} on {device.selector}; {args.reps} repetitions, median per batch\n")
     print("| workflow | size | recorder off | recorder on | on / off |")
     print("|---|---|---:|---:|---:|")
     for size in args.sizes.split(","):
         n = SIZES[size] // 4
         x = np.arange(n, dtype=np.float32)
-        batch = lazybuf_cases(args.device, n, x)[args.workflow]
+        batch = lazybuf_cases(device, n, x)[args.workflow]
         timer = timeit.Timer(batch)
         number = calibrate(timer, 2e-3)
         off, on = [], []
