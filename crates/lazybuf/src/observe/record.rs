@@ -49,7 +49,8 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::event::{MemoryKind, Source};
@@ -702,93 +703,34 @@ pub(super) fn collect(global: &Global) -> (Vec<Entry>, u64) {
 /// [`Local::fast`] while a thread's events take the slow path (or it joined no session).
 const NO_FAST_PATH: u64 = u64::MAX;
 
-/// Slots of the process's table of call numbers ([`call_number`]), a power of two: far more
-/// than the names a process uses (lazybuf's own and its bindings' are about a hundred), so
-/// that a name's first probe finds it.
-const CALL_SLOTS: usize = 1024;
+/// Sets and ways of a thread's cache of call numbers ([`Local::call`]).
+const CALL_SETS: usize = 16;
+const CALL_WAYS: usize = 4;
 
-/// One slot of the table: a call name's key ([`call_key`]; 0: free) and its number plus one
-/// (0: being filled in).
-struct CallSlot {
-    key: AtomicU64,
-    number: AtomicU32,
-}
+/// A thread's numbers of the call names it used, by the name's address and length.
+type CallNumbers = HashMap<(usize, usize), Call, BuildHasherDefault<NameHasher>>;
 
-/// The process's numbers of the call names it recorded, by the name's address and length: one
-/// table for every thread, written once per name (under the names' lock, [`intern_call`])
-/// and read without a lock. (Until the fifteenth session each thread had a four-way cache in
-/// front of a map of its own: about as many instructions a lookup, about 27, but a map and a
-/// cache per thread, and a map lookup whenever names shared a set.)
-static CALL_TABLE: [CallSlot; CALL_SLOTS] =
-    [const { CallSlot { key: AtomicU64::new(0), number: AtomicU32::new(0) } }; CALL_SLOTS];
+/// The hash of a call name's address and length: one multiply-and-rotate step per word (the
+/// addresses of literals differ in their low bits, which the multiplication spreads over the
+/// bits the table looks at).
+#[derive(Default)]
+struct NameHasher(u64);
 
-/// `call`'s key in [`CALL_TABLE`]: its address above its length, in one word; 0 (no key: the
-/// name is numbered through the names' table each time) when either does not fit (an address
-/// of more than 48 bits, a name of 64 KiB or more).
-#[inline]
-fn call_key(call: &'static str) -> u64 {
-    let (address, len) = (call.as_ptr() as u64, call.len() as u64);
-    if address >> 48 != 0 || len >> 16 != 0 { 0 } else { address << 16 | len }
-}
+impl Hasher for NameHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
 
-/// The slot a key's probe starts at (a Fibonacci hash's high bits: the addresses of literals
-/// differ in their low bits).
-#[inline]
-fn call_slot(key: u64) -> usize {
-    (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 54) as usize % CALL_SLOTS
-}
-
-/// `call`'s number in events: its slot in [`CALL_TABLE`], read without a lock; a name new to
-/// the process is numbered (interned) once.
-#[inline]
-pub(super) fn call_number(call: &'static str) -> Call {
-    let key = call_key(call);
-    if let Some(slot) = CALL_TABLE.get(call_slot(key))
-        && slot.key.load(Ordering::Acquire) == key
-        && key != 0
-    {
-        let number = slot.number.load(Ordering::Acquire);
-        if number != 0 {
-            return number - 1;
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.write_usize(usize::from(byte));
         }
     }
-    call_number_slow(call, key)
-}
 
-/// [`call_number`] past the first probe: the rest of the probe, else the name interned and
-/// its slot filled in (a table with no slot left numbers it through the names' table).
-#[cold]
-#[inline(never)]
-fn call_number_slow(call: &'static str, key: u64) -> Call {
-    if key == 0 {
-        return intern_call(call);
+    #[inline]
+    fn write_usize(&mut self, word: usize) {
+        self.0 = (self.0.rotate_left(5) ^ word as u64).wrapping_mul(0x517c_c1b7_2722_0a95);
     }
-    let start = call_slot(key);
-    for i in 0..CALL_SLOTS {
-        let Some(slot) = CALL_TABLE.get((start + i) % CALL_SLOTS) else { break };
-        let mut seen = slot.key.load(Ordering::Acquire);
-        if seen == 0 {
-            // Claim the free slot; another thread may have claimed it first, for this name
-            // or another.
-            seen = match slot.key.compare_exchange(0, key, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => {
-                    let number = intern_call(call);
-                    if number != UNNAMED_CALL {
-                        slot.number.store(number + 1, Ordering::Release);
-                    }
-                    return number;
-                }
-                Err(other) => other,
-            };
-        }
-        if seen == key {
-            return match slot.number.load(Ordering::Acquire) {
-                0 => intern_call(call), // being filled in by another thread
-                number => number - 1,
-            };
-        }
-    }
-    intern_call(call)
 }
 
 /// This thread's recorder state, and the cause of the call it runs ([`super::call`]): one
@@ -819,9 +761,12 @@ pub(super) struct Local {
     slow: Cell<bool>,
     /// The session attaches the Rust backtrace.
     backtrace: Cell<bool>,
-    /// Recently seen devices, known to be registered.
+    /// Recently seen devices and calls, known to be registered.
     devices: [Cell<u64>; 4],
     next_device: Cell<usize>,
+    recent_calls: [Cell<(usize, usize, Call)>; CALL_SETS * CALL_WAYS],
+    /// Every call name this thread met, with its number.
+    calls: RefCell<CallNumbers>,
     /// The last pool lookup's outcome, for the allocation that follows.
     pub(super) pool_hit: Cell<Option<bool>>,
     next_op: Cell<u64>,
@@ -843,6 +788,8 @@ impl Local {
             backtrace: Cell::new(false),
             devices: [const { Cell::new(0) }; 4],
             next_device: Cell::new(0),
+            recent_calls: [const { Cell::new((0, 0, 0)) }; CALL_SETS * CALL_WAYS],
+            calls: RefCell::new(HashMap::with_hasher(BuildHasherDefault::new())),
             pool_hit: Cell::new(None),
             next_op: Cell::new(0),
         }
@@ -953,10 +900,45 @@ impl Local {
         id
     }
 
-    /// `call`'s number in events ([`call_number`]).
+    /// `call`'s number in events. First a four-way cache: the set of [`CALL_WAYS`] slots the
+    /// pointer hashes to, most recent first (the set from the high bits of a Fibonacci hash:
+    /// the literals' addresses differ in their low bits only). Behind it this thread's map of
+    /// every name it met: a workload whose names share a set costs a map lookup per miss, not
+    /// more. (With two ways, three names of one batch that shared a pair missed on every
+    /// event, as the binary's layout happened to place them: each miss a map lookup, once a
+    /// global lock and a SipHash.) Names new to the thread are interned.
     #[inline]
     pub(super) fn call(&self, call: &'static str) -> Call {
-        call_number(call)
+        let (ptr, len) = (call.as_ptr() as usize, call.len());
+        let hash = ((ptr ^ len) as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let set = (hash >> 60) as usize % CALL_SETS * CALL_WAYS;
+        let Some(ways) = self.recent_calls.get(set..set + CALL_WAYS) else { return self.call_slow(call) };
+        for slot in ways {
+            let (p, l, id) = slot.get();
+            if p == ptr && l == len {
+                return id;
+            }
+        }
+        let id = self.call_slow(call);
+        for i in (1..ways.len()).rev() {
+            ways[i].set(ways[i - 1].get());
+        }
+        ways[0].set((ptr, len, id));
+        id
+    }
+
+    /// [`Self::call`] past its cache: the thread's map, else the interned number.
+    #[cold]
+    fn call_slow(&self, call: &'static str) -> Call {
+        let key = (call.as_ptr() as usize, call.len());
+        if let Some(&id) = self.calls.try_borrow().ok().as_ref().and_then(|calls| calls.get(&key)) {
+            return id;
+        }
+        let id = intern_call(call);
+        if let Ok(mut calls) = self.calls.try_borrow_mut() {
+            calls.insert(key, id);
+        }
+        id
     }
 
     /// A new plan execution's number (unique in the process).
@@ -1231,45 +1213,27 @@ impl Names {
 mod tests {
     use super::*;
 
-    /// Every name keeps its number, whichever thread asks and however many names share a
-    /// first probe; names at one address with different lengths are different names; each
-    /// number names its call when exported.
+    /// Names that share a slot pair of the thread's cache (any number of them) keep their
+    /// numbers, and each number names its call when exported.
     #[test]
-    fn call_numbers_hold_on_every_thread_and_however_many_names_share_a_slot() {
+    fn call_numbers_hold_however_many_names_share_a_cache_pair() {
         const NAMES: [&str; 40] = [
             "c00", "c01", "c02", "c03", "c04", "c05", "c06", "c07", "c08", "c09", "c10", "c11", "c12", "c13",
             "c14", "c15", "c16", "c17", "c18", "c19", "c20", "c21", "c22", "c23", "c24", "c25", "c26", "c27",
             "c28", "c29", "c30", "c31", "c32", "c33", "c34", "c35", "c36", "c37", "c38", "c39",
         ];
-        static LONG: &str = "a_call_name_and_a_prefix_of_it";
-        let prefix: &'static str = &LONG[..6];
-        // Names whose first probe is the same slot as the first name's.
-        let crowded: Vec<&'static str> = (0..200_000)
-            .map(|i| &*String::leak(format!("crowd{i}")))
-            .filter(|name| call_slot(call_key(name)) == call_slot(call_key(NAMES[0])))
-            .take(5)
-            .collect();
-        assert_eq!(crowded.len(), 5);
-        let all: Vec<&'static str> = NAMES.iter().copied().chain([LONG, prefix]).chain(crowded).collect();
-        let numbers =
-            |names: &[&'static str]| -> Vec<Call> { names.iter().map(|name| call_number(name)).collect() };
-        let threads: Vec<_> = (0..4)
-            .map(|_| {
-                let all = all.clone();
-                std::thread::spawn(move || numbers(&all))
-            })
-            .collect();
-        let first = numbers(&all);
-        for thread in threads {
-            assert_eq!(thread.join().unwrap(), first);
-        }
-        let again: Vec<Call> = all.iter().rev().map(|name| call_number(name)).collect();
-        assert!(again.iter().rev().eq(first.iter()));
-        let names = names().unwrap();
-        for (name, id) in all.iter().zip(&first) {
-            assert_eq!(names.calls[*id as usize], *name);
-        }
-        assert_ne!(call_number(LONG), call_number(prefix));
+        with_local(|local| {
+            let first: Vec<Call> = NAMES.iter().map(|name| local.call(name)).collect();
+            for _ in 0..3 {
+                let again: Vec<Call> = NAMES.iter().rev().map(|name| local.call(name)).collect();
+                assert!(again.iter().rev().eq(first.iter()));
+            }
+            let names = names().unwrap();
+            for (name, id) in NAMES.iter().zip(&first) {
+                assert_eq!(names.calls[*id as usize], *name);
+            }
+        })
+        .unwrap();
     }
 
     #[test]
