@@ -234,6 +234,21 @@ pub(crate) fn int64(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<i64> {
     })
 }
 
+/// A value class's repr as the constructor call that makes it: `Class(a=1, b=2)` (`PoolStats`,
+/// `lazybuf.mr.Statistics`).
+pub(crate) fn fields_repr<T: std::fmt::Display>(class: &str, fields: &[(&str, T)]) -> String {
+    let fields: Vec<String> = fields.iter().map(|(name, value)| format!("{name}={value}")).collect();
+    format!("{class}({})", fields.join(", "))
+}
+
+/// A value class's pickle (`__reduce__`): its class and `values`, in its constructor's order.
+pub(crate) fn reduce_to_class<'py, T: IntoPyObject<'py>, const N: usize>(
+    obj: &Bound<'py, PyAny>,
+    values: [T; N],
+) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
+    Ok((obj.get_type().into_any(), PyTuple::new(obj.py(), values)?))
+}
+
 /// As [`uint64`], or `None` for Python's `None`.
 pub(crate) fn optional_uint64(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Option<u64>> {
     if obj.is_none() { Ok(None) } else { uint64(obj, what).map(Some) }

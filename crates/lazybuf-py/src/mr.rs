@@ -395,8 +395,7 @@ impl PyStatistics {
 
     /// Pickles as the class and its values, in the constructor's order.
     fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
-        let values = slf.get().fields().map(|(_, value)| value);
-        Ok((slf.get_type().into_any(), PyTuple::new(slf.py(), values)?))
+        crate::args::reduce_to_class(slf.as_any(), slf.get().fields().map(|(_, value)| value))
     }
 
     /// Bytes outstanding (negative in a level that freed older memory).
@@ -431,9 +430,7 @@ impl PyStatistics {
     }
 
     fn __repr__(&self) -> String {
-        let fields: Vec<String> =
-            self.fields().iter().map(|(name, value)| format!("{name}={value}")).collect();
-        format!("Statistics({})", fields.join(", "))
+        crate::args::fields_repr("Statistics", &self.fields())
     }
 }
 

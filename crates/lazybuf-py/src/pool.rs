@@ -339,8 +339,7 @@ impl PyPoolStats {
 
     /// Pickles as the class and its values, in the constructor's order.
     fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
-        let values = slf.get().fields().map(|(_, value)| value);
-        Ok((slf.get_type().into_any(), PyTuple::new(slf.py(), values)?))
+        crate::args::reduce_to_class(slf.as_any(), slf.get().fields().map(|(_, value)| value))
     }
 
     /// Requests served from the cache.
@@ -386,9 +385,7 @@ impl PyPoolStats {
     }
 
     fn __repr__(&self) -> String {
-        let fields: Vec<String> =
-            self.fields().iter().map(|(name, value)| format!("{name}={value}")).collect();
-        format!("PoolStats({})", fields.join(", "))
+        crate::args::fields_repr("PoolStats", &self.fields())
     }
 }
 
