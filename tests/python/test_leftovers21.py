@@ -246,7 +246,9 @@ def _state_of(trace):
     [
         (lambda v, ev, d: (2, ev, d), ValueError, "cannot unpickle format 2"),
         (lambda v, ev, d: (v, list(ev), d), TypeError, "events must be a tuple"),
-        (lambda v, ev, d: (v, ev, -1), OverflowError, "negative"),
+        (lambda v, ev, d: (v, ev, -1), ValueError, "Trace: dropped must not be negative"),
+        (lambda v, ev, d: (v, ev, 2**70), ValueError, "Trace: dropped is too large"),
+        (lambda v, ev, d: (v, ev, "3"), TypeError, "Trace: dropped must be an int"),
         (lambda v, ev, d: (v, ev[:1] + ((0, 0, 0, None, "state"),), d), TypeError, "event 1: an event must be a tuple of 6"),
         (lambda v, ev, d: (v, ((0, 0, 0, None, "bogus", ()),), d), ValueError, "event 0: kind must be one of"),
         (lambda v, ev, d: (v, ((0, -1, 0, None, "pool", (True, "host", 1)),), d), TypeError, "event 0: time_ns must be"),

@@ -552,8 +552,9 @@ impl PyTrace {
 pub fn _rebuild_trace(
     version: &Bound<'_, PyAny>,
     events: &Bound<'_, PyAny>,
-    dropped: u64,
+    dropped: &Bound<'_, PyAny>,
 ) -> PyResult<PyTrace> {
+    let dropped = crate::args::uint64(dropped, "Trace: dropped")?;
     Ok(PyTrace { trace: crate::trace_pickle::decode(version, events, dropped)? })
 }
 
