@@ -83,6 +83,50 @@ fn a_failed_call_after_a_read_back_leaves_the_host_copy_on_disk() {
     }
 }
 
+/// The same for an asynchronous sync whose copy fails once under way (through its ticket,
+/// when settled): the read-back stood (the file was removed when the transfer started), so the
+/// failed sync left the host copy in memory, counted and recorded as an allocation. The file
+/// is kept until the transfer settles now (twenty-second pass).
+#[test]
+fn an_async_sync_that_fails_under_way_leaves_the_host_copy_on_disk() {
+    let _serial = serial();
+    for device in devices() {
+        if device.is_zero_copy(LEN * 4) {
+            continue; // no upload to fail
+        }
+        let (faulty, faults) = FaultyDevice::wrap(&device);
+        let mut buf = UnifiedBuffer::<u32>::on(&[LEN], &faulty).unwrap();
+        buf.copy_from(&pattern(4, LEN)).unwrap();
+        assert_eq!(buf.raw_mut().spill_host_to_disk().unwrap(), Some(LEN * 4), "{device}");
+        let id = buf.raw().id();
+        let (stats, from_disk) = (buf.transfer_stats(), spill::spill_stats(&faulty).bytes_from_disk);
+        trace::start(TraceOptions::default()).unwrap();
+        faults.defer_copy_faults(true);
+        faults.fail_copy_in(1);
+        let started = buf.sync_to_device_async().map(drop);
+        // Under way: the host copy is in memory, the file still there.
+        assert!(started.is_ok(), "{device}: {started:?}");
+        assert!(!buf.raw().is_on_disk(), "{device}");
+        let failed = buf.raw_mut().finish();
+        faults.disarm();
+        faults.defer_copy_faults(false);
+        let recorded = trace::stop().unwrap();
+        assert!(failed.is_err(), "{device}: the upload was to fail");
+        assert!(buf.raw().is_on_disk(), "{device}: the block read back was kept");
+        assert_eq!(buf.state(), BufferState::HostOnly, "{device}");
+        assert_eq!(buf.transfer_stats(), stats, "{device}");
+        assert_eq!(spill::spill_stats(&faulty).bytes_from_disk, from_disk, "{device}");
+        assert_eq!(recorded_allocations(&recorded, id), 0, "{device}: {recorded:?}");
+        // It works, reading the file back; and a sync that succeeds removes the file.
+        buf.sync_to_device_async().unwrap().wait().unwrap();
+        buf.raw_mut().finish().unwrap();
+        assert!(!buf.raw().is_on_disk(), "{device}");
+        assert_eq!(buf.state(), BufferState::Synchronized, "{device}");
+        assert_eq!(spill::spill_stats(&faulty).bytes_from_disk, from_disk + NBYTES, "{device}");
+        assert_eq!(buf.host().unwrap(), pattern(4, LEN), "{device}");
+    }
+}
+
 fn shared(device: &Device, seed: u32) -> SharedBuffer<u32> {
     let options = BufferOptions { device: Some(device.clone()), ..BufferOptions::default() };
     let mut buf = UnifiedBuffer::<u32>::with_options(&[LEN], options).unwrap();

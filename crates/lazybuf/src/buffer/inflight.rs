@@ -114,6 +114,11 @@ pub(super) struct InFlight {
     /// Its failure was returned once without settling it
     /// ([`super::RawBuffer::unreported_failure_for_host`]).
     pub(super) reported: bool,
+    /// The spill file of the host copy read back for it ([`super::RawBuffer::sync_async`] of a
+    /// buffer spilled to disk), kept until it settles: removed when it succeeds; when it
+    /// fails, the file holds the host copy again and the block read back is given back, as a
+    /// blocking call that fails leaves it.
+    pub(super) read_back: Option<crate::spill::disk::SpillFile>,
 }
 
 impl InFlight {

@@ -754,6 +754,7 @@ impl RawBuffer {
             upload_to,
             revalidate: Locations::default(),
             reported: false,
+            read_back,
         });
         Ok(Transfer::new(ticket, named))
     }
@@ -1043,6 +1044,9 @@ impl RawBuffer {
                 // The ticket was just waited for (and its error is returned): nothing uses
                 // what the transfer allocated any more.
                 self.rollback(op.undo, Ticket::done());
+                if let Some(file) = op.read_back {
+                    self.return_to_disk(file, "rollback");
+                }
                 first.get_or_insert(err);
             }
         }
