@@ -989,7 +989,9 @@ impl Local {
     #[inline(never)]
     fn push_slow(&self, at: u64, raw: Raw) {
         let generation = GENERATION.load(Ordering::Acquire);
-        if generation == 0 {
+        // A forked child of the recording process records nothing: the session is its
+        // parent's, whose locks a parent's thread may have held at the fork.
+        if generation == 0 || in_forked_child() {
             return;
         }
         if generation != self.generation.get() && !self.join(generation) {

@@ -275,18 +275,18 @@ fn emit_ended(build: impl FnOnce(&Local) -> Raw) {
 
 #[inline]
 fn emit_at(time: fn(&Local) -> u64, build: impl FnOnce(&Local) -> Raw) {
-    // A forked child of the recording process records nothing (no lock of the recorder is
-    // taken there: a parent's thread may have held one at the fork).
-    if record::in_forked_child() {
-        return;
-    }
+    // A forked child of the recording process records nothing and takes no lock of the
+    // recorder (a parent's thread may have held one at the fork): checked where a lock would
+    // be taken, on the slow path ([`Local::push`]) and before the names' lock here. (A thread
+    // that forked keeps its chunk of the parent's session in the child: it may stage events
+    // there, which nobody reads.)
     record::with_local(|local| {
         // The time first: the event is built next to its staging, each field a constant or a
         // register (a call between them left the event in memory, its kind looked up again).
         let at = time(local);
         let raw = build(local);
         #[cfg(feature = "tracing")]
-        if super::tracing_events() {
+        if super::tracing_events() && !record::in_forked_child() {
             let (first, second) = raw.expand();
             for raw in std::iter::once(first).chain(second) {
                 // Resolved first: the names' lock is not held while the subscriber runs (one

@@ -275,7 +275,12 @@ impl RawBuffer {
             count = count.wrapping_add(1);
         }
         record(self, before, after);
-        self.state_events = StateEvents { count, last: after, epoch: Some(epoch), ..StateEvents::default() };
+        // The held allocation is recorded by now (each caller took it, or recorded it first):
+        // the rest of `StateEvents` stays as it is.
+        debug_assert_eq!(self.state_events.allocated, 0, "buffer {}: an allocation left held", self.id);
+        self.state_events.count = count;
+        self.state_events.last = after;
+        self.state_events.epoch = Some(epoch);
     }
 
     /// A host block of `bytes` this buffer just allocated while events are wanted. Within an
