@@ -11,7 +11,8 @@ copy is the seed's ``process_on_gpu``, here ``d *= 3`` on ``buf.device`` (NumPy'
 multiply on the host device, a PyOpenCL elementwise kernel on PoCL) followed by
 ``mark_device_dirty()``; ``off`` leaves only ``buf.device`` and ``mark_device_dirty()`` (the
 lazybuf calls alone, as ``batch_steps.py`` counts them). With TRACE=on in the environment the
-recorder runs (started after the three warm-up batches, no stacks). The run's "Collected"
+recorder runs (started after the three warm-up batches, no stacks). ELEMENTS in the environment
+(default 1024: 4 KiB) sets the batch's float32 elements. The run's "Collected"
 divided by BATCHES, less a run of 0 batches, is one batch; ``trace_workflow.sh`` does that.
 Every thread's instructions are counted (a runtime's worker threads too).
 """
@@ -24,7 +25,7 @@ import numpy as np
 import lazybuf
 from batch_steps import toggle_function
 
-N = 1024
+N = int(os.environ.get("ELEMENTS", "1024"))
 DATA = np.arange(N, dtype=np.float32)
 
 

@@ -6,7 +6,8 @@
 #
 # Usage: bash benches/python/trace_workflow.sh DEVICE [PYTHONPATH]
 #   DEVICE: host or opencl; PYTHONPATH: where the lazybuf to count is installed
-#   PYTHON (default .venv/bin/python), BATCHES (default 200), KERNEL (on, off or both: default both)
+#   PYTHON (default .venv/bin/python), BATCHES (default 200), KERNEL (on, off or both: default both),
+#   ELEMENTS (float32 elements per batch, default 1024: 4 KiB)
 set -euo pipefail
 cd "$(dirname "$0")"
 device="$1"
