@@ -269,7 +269,8 @@ class UnifiedBuffer:
 
     @property
     def is_allocated(self) -> bool:
-        """Whether the buffer holds memory (host or device) now."""
+        """Whether the buffer holds memory (host or device) now, or its host copy is spilled
+        to disk: false for a new buffer and after ``free()``."""
 
     def zeros(self) -> UnifiedBuffer:
         """``fill(0)``; returns the buffer."""
@@ -663,7 +664,10 @@ def get_memory_pool(device: _DeviceLike = None) -> MemoryPool:
 class Transfer:
     """An asynchronous sync in flight. While it runs the buffer reports the state it will
     have; a call that needs the memory in flight waits for it; a failed transfer puts the
-    buffer back as it was and raises from ``wait()``/``await``."""
+    buffer back as it was and raises from ``wait()``/``await``. The buffer's ``state`` and
+    ``transfer_stats()`` leave a failed copy out at once; its memory is given back when the
+    buffer's next call settles the failure (and raises it): until then a host copy read back
+    from disk for it stays in memory and counted, its spill file kept."""
 
     def wait(self) -> None:
         """Blocks until the copies are done (other threads run meanwhile)."""

@@ -1252,8 +1252,9 @@ impl UnifiedBuffer {
         this.replace_storage(fresh)?.finish(slf.py())
     }
 
-    /// Whether the buffer holds memory (host or device) now: false for a new buffer and after
-    /// `free()`, true from its first use or `allocate()`.
+    /// Whether the buffer holds memory (host or device) now, or its host copy is spilled to
+    /// disk: false for a new buffer and after `free()`, true from its first use or
+    /// `allocate()`.
     #[getter]
     fn is_allocated(&self, py: Python<'_>) -> PyResult<bool> {
         let storage = self.storage()?;

@@ -37,7 +37,8 @@ pub(crate) fn start(py: Python<'_>, storage: &Storage, device: Option<&Device>) 
 #[pymethods]
 impl PyTransfer {
     /// Blocks until the copies are done (other Python threads run meanwhile); raises the
-    /// transfer's error if it failed, after which the buffer is as it was before.
+    /// transfer's error if it failed, after which the buffer's state and counters are as they
+    /// were before (its memory once the buffer's next call settles the failure: the class doc).
     fn wait(&self, py: Python<'_>) -> PyResult<()> {
         py.detach(|| self.transfer.wait()).or_py()
     }
