@@ -1,12 +1,15 @@
-"""The sixteenth session's fixes (docs/RELIABILITY.md "The twenty-second pass"), each a test
-that failed before its fix. Each means the same on every device."""
+"""The twenty-second hostile pass (docs/RELIABILITY.md "The twenty-second pass"): each test
+failed before its fix. Each means the same on every device."""
 
+import pickle
+import threading
+import time
 
 import numpy as np
 import pytest
 
 import lazybuf
-from conftest import collect, one_selector_per_backend
+from conftest import collect, events_of, one_selector_per_backend, run_python
 
 N = 16 * 1024
 
@@ -66,3 +69,136 @@ def test_an_async_sync_that_fails_under_way_leaves_the_host_copy_on_disk(selecto
     assert lazybuf.spill_stats(faulty)["bytes_from_disk"] == from_disk + N * 4
     assert buf.state == lazybuf.BufferState.SYNCHRONIZED
     np.testing.assert_array_equal(buf.to_numpy(), np.arange(N, dtype=np.float32))
+
+
+def test_a_refused_trace_stream_interns_no_call_name():
+    """Call names read back were interned as each event was decoded, also for a stream refused
+    later, and their length was not bounded: a process that refused enough hostile streams
+    (4,096 names) could no longer read back a trace lazybuf itself had pickled, and each
+    refused name's text stayed in memory. Names are interned only once the whole stream is
+    accepted now, at most 1,024 bytes each. (In a fresh interpreter: the names are
+    process-wide.)"""
+    done = run_python(
+        """
+        import pickle
+        import numpy as np
+        import lazybuf
+        from lazybuf._lazybuf import _rebuild_trace
+
+        with lazybuf.trace.record() as rec:
+            buf = lazybuf.UnifiedBuffer((10,), np.float32)
+            buf.copy_from(np.zeros(10, np.float32))
+            buf.sync_to_device()
+        genuine = pickle.dumps(rec.trace)
+
+        def state(i, name):
+            return (i, 0, 1, None, "state", (1, "host_only", "synchronized", name))
+
+        # 5,000 distinct names, refused at their last event: none is interned.
+        names = tuple(state(i, f"hostile{i}") for i in range(5000))
+        try:
+            _rebuild_trace(1, names + ((0, 0, 1, None, "bogus", ()),), 0)
+        except ValueError as err:
+            assert "event 5000: kind must be one of" in str(err), err
+        # 5,000 distinct names in a stream otherwise good: refused whole, none interned.
+        try:
+            _rebuild_trace(1, names, 0)
+        except ValueError as err:
+            assert "more than 4096 distinct call names" in str(err), err
+        else:
+            raise AssertionError("5,000 names were taken")
+        # A name longer than 1,024 bytes is refused, saying so.
+        try:
+            _rebuild_trace(1, (state(0, "x" * 1025),), 0)
+        except ValueError as err:
+            assert "call must be a name of at most 1024 bytes" in str(err), err
+        else:
+            raise AssertionError("a long name was taken")
+        back = pickle.loads(genuine)
+        assert [e.get("call") for e in back.events()] == [e.get("call") for e in rec.trace.events()]
+        # 4,000 new names in accepted streams still fit beside lazybuf's own.
+        for start in range(0, 4000, 1000):
+            _rebuild_trace(1, tuple(state(i, f"name{i}") for i in range(start, start + 1000)), 0)
+        pickle.loads(genuine)
+        print("ok")
+        """
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+@pytest.mark.parametrize("selector", one_selector_per_backend())
+def test_a_buffers_state_events_chain_while_another_thread_assigns_into_it(selector):
+    """`buf[key] = value` settles its write with a second transition after NumPy's assignment,
+    made outside the buffer's lock; when another thread synced the buffer in between, that
+    transition carried the call's first clock reading, and the merged trace put it before the
+    other thread's: the buffer's state events did not chain (each one's `from` the previous
+    one's `to`). The settle reads the clock anew now."""
+    buf = lazybuf.UnifiedBuffer((256,), np.float32, device=selector)
+    buf.copy_from(np.ones(256, np.float32))
+    stop = time.monotonic() + 1.5
+
+    def writer():
+        while time.monotonic() < stop:
+            buf[3] = 1.0
+
+    def syncer():
+        while time.monotonic() < stop:
+            buf.sync_to_device()
+
+    with lazybuf.trace.record(capacity=5_000_000) as rec:
+        threads = [threading.Thread(target=writer), threading.Thread(target=syncer)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert rec.trace.dropped == 0
+    states = [e for e in events_of(rec.trace, buf.buffer_id) if e["kind"] == "state"]
+    assert len(states) > 10
+    breaks = [(a, b) for a, b in zip(states, states[1:]) if a["to"] != b["from"]]
+    assert breaks == [], breaks[:3]
+
+
+def test_a_stack_through_a_file_whose_name_cannot_be_encoded_is_kept():
+    """`python_stack=True` kept no stack for an event whose stack passed through code whose
+    file name holds a lone surrogate the file system's encoding cannot take (`\\ud800`, unlike
+    the `\\udcff` of `surrogateescape`): `traceback.format_stack()` raised looking up the source
+    line. The stack is kept now, without source lines, the name's bad character replaced."""
+    buf = lazybuf.UnifiedBuffer((10,), np.float32)
+    for name in ("plain_file.py", "\udcff_file.py", "\ud800_file.py"):
+        namespace = {}
+        exec(compile("def go(buf):\n    buf.host[:] = 1\n    buf.sync_to_device()\n", name, "exec"), namespace)
+        with lazybuf.trace.record(python_stack=True) as rec:
+            namespace["go"](buf)
+        stacks = [e["stack"] for e in rec.trace.events()]
+        assert stacks and all(s is not None for s in stacks), (ascii(name), rec.trace.events())
+        assert all("_file.py" in s and "test_a_stack_through" in s for s in stacks), stacks
+
+
+def test_small_things_of_the_pass():
+    """A decoded trace refuses a bool as a count (as `PoolStats` does) and keeps an
+    `__index__`'s own error as the cause; an error quotes at most 200 characters of a value (a
+    huge tuple was quoted whole); `transfer_guard`'s repr is Python (it showed Rust's
+    `Some("log")`)."""
+    from lazybuf._lazybuf import _rebuild_trace
+
+    def transfer(bytes_):
+        return ((0, 0, 1, None, "transfer", (1, "h2d", bytes_, "host", "d", "c", "sync", 5, None, 1)),)
+
+    with pytest.raises(TypeError, match="bytes must be an int"):
+        _rebuild_trace(1, transfer(True), 0)
+
+    class Raises:
+        def __index__(self):
+            raise ZeroDivisionError("from __index__")
+
+    with pytest.raises(TypeError, match="bytes must be an int") as refused:
+        _rebuild_trace(1, transfer(Raises()), 0)
+    cause = refused.value.__cause__
+    while cause is not None and not isinstance(cause, ZeroDivisionError):
+        cause = cause.__cause__
+    assert isinstance(cause, ZeroDivisionError)
+    with pytest.raises(TypeError) as huge:
+        _rebuild_trace(1, transfer(tuple(range(1_000_000))), 0)
+    assert len(str(huge.value)) < 400
+    assert repr(lazybuf.transfer_guard(h2d="log")) == "lazybuf.transfer_guard(h2d='log', d2h=None, d2d=None)"
+    assert pickle.loads(pickle.dumps(_rebuild_trace(1, transfer(7), 0))).events()[0]["bytes"] == 7

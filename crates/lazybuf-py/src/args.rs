@@ -329,5 +329,15 @@ pub(crate) fn shape_repr(shape: &[usize]) -> String {
 
 /// `repr(obj)`, or a placeholder when that fails.
 pub(crate) fn repr(obj: &Bound<'_, PyAny>) -> String {
-    obj.repr().map(|r| r.to_string()).unwrap_or_else(|_| "<unprintable>".into())
+    let mut text = obj.repr().map(|r| r.to_string()).unwrap_or_else(|_| "<unprintable>".into());
+    // At most REPR_CHARS characters: an error about a huge value (a tuple of millions) quoted
+    // all of it (a message of 44 MB: the twenty-second hostile pass).
+    if let Some((cut, _)) = text.char_indices().nth(REPR_CHARS) {
+        text.truncate(cut);
+        text.push_str("...");
+    }
+    text
 }
+
+/// The most characters of a value an error message quotes ([`repr`]).
+const REPR_CHARS: usize = 200;

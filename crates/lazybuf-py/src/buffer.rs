@@ -1366,7 +1366,7 @@ impl UnifiedBuffer {
     /// `buf[...] = x`, of an array or a number) reads none of the old bytes: when the host copy
     /// is stale it is overwritten, not synced from the device first ([`assign`]).
     fn __setitem__(slf: &Bound<'_, Self>, key: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>) -> PyResult<()> {
-        observed(slf.py(), Cause::access("__setitem__"), || assign::set_item(slf, key, value))
+        observed(slf.py(), assign::SETITEM, || assign::set_item(slf, key, value))
     }
 
     // --- garbage collector ------------------------------------------------------------

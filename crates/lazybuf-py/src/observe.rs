@@ -180,6 +180,11 @@ pub fn _transfer_guard_flush_log(py: Python<'_>) {
 }
 
 fn python_stack(py: Python<'_>) -> Option<Arc<str>> {
+    formatted_stack(py).or_else(|| stack_without_source(py))
+}
+
+/// `traceback.format_stack()`'s text (with each frame's source line).
+fn formatted_stack(py: Python<'_>) -> Option<Arc<str>> {
     let frames = py.import("traceback").ok()?.call_method0("format_stack").ok()?;
     // Lossily: a frame of a file whose name is not UTF-8 (a lone surrogate in the str) lost
     // the event its whole stack (the twentieth hostile pass).
@@ -188,6 +193,28 @@ fn python_stack(py: Python<'_>) -> Option<Arc<str>> {
         stack.push_str(&frame.ok()?.cast::<pyo3::types::PyString>().ok()?.to_string_lossy());
     }
     Some(stack.into())
+}
+
+/// The stack as `traceback.format_stack()` writes it, without the source lines, from the
+/// frames themselves: where that function raises (looking up the source of a file whose name
+/// the file system's encoding cannot take, a lone `\ud800`), the event kept no stack at all
+/// (the twenty-second hostile pass). Names are converted lossily.
+fn stack_without_source(py: Python<'_>) -> Option<Arc<str>> {
+    let lossy = |value: Bound<'_, PyAny>| -> Option<String> {
+        Some(value.cast::<pyo3::types::PyString>().ok()?.to_string_lossy().into_owned())
+    };
+    let mut frames = Vec::new();
+    let mut frame = py.import("sys").ok()?.call_method1("_getframe", (0,)).ok();
+    while let Some(f) = frame.filter(|f| !f.is_none()) {
+        let code = f.getattr("f_code").ok()?;
+        let file = lossy(code.getattr("co_filename").ok()?)?;
+        let name = lossy(code.getattr("co_name").ok()?)?;
+        let line = f.getattr("f_lineno").ok()?;
+        frames.push(format!("  File \"{file}\", line {line}, in {name}\n"));
+        frame = f.getattr("f_back").ok();
+    }
+    frames.reverse();
+    Some(frames.concat().into())
 }
 
 fn level(name: Option<&str>, what: &'static str) -> PyResult<Option<GuardLevel>> {
@@ -305,8 +332,11 @@ impl GuardScope {
     }
 
     fn __repr__(&self) -> String {
+        // As Python writes the call: `None`, or the level's name quoted (`Some("log")` was
+        // Rust's spelling: the twenty-second hostile pass).
         let (h2d, d2h, d2d) = names(self.levels);
-        format!("lazybuf.transfer_guard(h2d={h2d:?}, d2h={d2h:?}, d2d={d2d:?})")
+        let py = |level: Option<&str>| level.map_or_else(|| "None".to_owned(), |l| format!("'{l}'"));
+        format!("lazybuf.transfer_guard(h2d={}, d2h={}, d2d={})", py(h2d), py(d2h), py(d2d))
     }
 }
 

@@ -9,9 +9,12 @@
 //! what was expected, and nothing is made.
 //!
 //! Call names are `&'static str` in the core's events (the recorder never copies them); names
-//! read back are interned here, each distinct text leaked once, at most [`MAX_NAMES`] of them
-//! (a trace names a few dozen calls; more is refused, so a hostile stream cannot grow the
-//! process without end).
+//! read back are interned here, each distinct text leaked once, at most [`MAX_NAMES`] of them,
+//! each at most [`MAX_NAME_BYTES`] long (a trace names a few dozen calls; more is refused, so a
+//! hostile stream cannot grow the process without end). They are interned only once the whole
+//! stream is accepted: a refused stream adds none (one did, and a process that refused enough
+//! of them could no longer read back a trace lazybuf itself had pickled: the twenty-second
+//! hostile pass).
 //!
 //! What does not live here: recording and the other views of a trace (`observe.rs`).
 
@@ -29,8 +32,10 @@ use pyo3::types::{PyTuple, PyTupleMethods};
 /// The format's version, the first value of the pickled state.
 const VERSION: u32 = 1;
 
-/// The most distinct call names read back in a process ([`static_name`]).
+/// The most distinct call names read back in a process ([`intern_calls`]).
 const MAX_NAMES: usize = 4096;
+/// The longest call name read back, in bytes (lazybuf's own are at most a few dozen).
+const MAX_NAME_BYTES: usize = 1024;
 
 const KINDS: [MemoryKind; 4] = [MemoryKind::Host, MemoryKind::Device, MemoryKind::Pinned, MemoryKind::Shared];
 const REASONS: [Reason; 3] = [Reason::Access, Reason::Sync, Reason::Eviction];
@@ -99,8 +104,18 @@ pub(crate) fn decode(version: &Bound<'_, PyAny>, events: &Bound<'_, PyAny>, drop
         PyTypeError::new_err(format!("Trace: events must be a tuple, got {}", crate::args::repr(events)))
     })?;
     let mut out = Vec::with_capacity(events.len());
+    let mut calls = Vec::new();
     for (i, event) in events.iter().enumerate() {
-        out.push(decode_event(&event).map_err(|e| in_event(events.py(), e, i))?);
+        let (event, call) = decode_event(&event).map_err(|e| in_event(events.py(), e, i))?;
+        if let Some(call) = call {
+            calls.push((i, call));
+        }
+        out.push(event);
+    }
+    // The whole stream is accepted: now its call names (the events hold a placeholder).
+    let interned = intern_calls(calls.iter().map(|(_, call)| call.as_str()))?;
+    for ((i, _), call) in calls.iter().zip(interned) {
+        set_call(&mut out[*i], call);
     }
     Ok(Trace { events: out, dropped })
 }
@@ -108,11 +123,14 @@ pub(crate) fn decode(version: &Bound<'_, PyAny>, events: &Bound<'_, PyAny>, drop
 /// `err` with the event's position in front of its message.
 fn in_event(py: Python<'_>, err: PyErr, index: usize) -> PyErr {
     let message = format!("Trace: event {index}: {}", err.value(py));
-    if err.is_instance_of::<PyTypeError>(py) {
+    let placed = if err.is_instance_of::<PyTypeError>(py) {
         PyTypeError::new_err(message)
     } else {
         PyValueError::new_err(message)
-    }
+    };
+    // Its cause stays (a value's own error, an `__index__` that raised).
+    placed.set_cause(py, err.cause(py));
+    placed
 }
 
 /// A tuple of exactly `len` values, described as `what`.
@@ -133,8 +151,19 @@ fn field<'py, T: FromPyObjectOwned<'py>>(
     name: &str,
 ) -> PyResult<T> {
     let value = fields.get_item(index)?;
-    value.extract::<T>().map_err(|_| {
+    let refused = || {
         PyTypeError::new_err(format!("{name} must be {}, got {}", expected::<T>(), crate::args::repr(&value)))
+    };
+    // A bool is an int to Python, not a count (refused as elsewhere: `PoolStats`, a
+    // recording's capacity).
+    if value.is_instance_of::<pyo3::types::PyBool>() && expected::<T>() != expected::<bool>() {
+        return Err(refused());
+    }
+    value.extract::<T>().map_err(|err| {
+        // The value's own failure (an `__index__` that raised) stays the cause.
+        let refused = refused();
+        refused.set_cause(fields.py(), Some(err.into()));
+        refused
     })
 }
 
@@ -143,8 +172,8 @@ fn expected<T>() -> &'static str {
     match std::any::type_name::<T>() {
         "u32" | "u64" | "u128" | "usize" => "an int >= 0 in range",
         "bool" => "a bool",
-        "alloc::string::String" => "a str",
-        "core::option::Option<alloc::string::String>" => "a str or None",
+        "alloc::string::String" => "a str of text UTF-8 can encode",
+        "core::option::Option<alloc::string::String>" => "a str of text UTF-8 can encode, or None",
         "core::option::Option<u64>" => "an int >= 0 or None",
         _ => "a value of another type",
     }
@@ -172,11 +201,32 @@ fn nanos(fields: &Bound<'_, PyTuple>, index: usize, name: &str) -> PyResult<Dura
     Ok(Duration::new(secs, (ns % 1_000_000_000) as u32))
 }
 
-fn call_name(fields: &Bound<'_, PyTuple>, index: usize) -> PyResult<&'static str> {
-    static_name(&field::<String>(fields, index, "call")?)
+/// Field `index`, a call name (checked, not interned yet: [`decode`] interns the stream's names
+/// once it is accepted).
+fn call_name(fields: &Bound<'_, PyTuple>, index: usize, call: &mut Option<String>) -> PyResult<&'static str> {
+    let name: String = field(fields, index, "call")?;
+    if name.len() > MAX_NAME_BYTES {
+        return Err(PyValueError::new_err(format!(
+            "call must be a name of at most {MAX_NAME_BYTES} bytes, got one of {} bytes",
+            name.len()
+        )));
+    }
+    *call = Some(name);
+    Ok("")
 }
 
-fn decode_event(event: &Bound<'_, PyAny>) -> PyResult<Event> {
+/// `event`'s call name: `call` ([`decode`]'s placeholder replaced).
+fn set_call(event: &mut Event, call: &'static str) {
+    match &mut event.kind {
+        EventKind::Transfer { info, .. } => info.cause.call = call,
+        EventKind::State { call: name, .. } | EventKind::Rollback { call: name, .. } => *name = call,
+        _ => {}
+    }
+}
+
+/// An event and its call name, if its kind has one (its `call` field a placeholder until
+/// [`decode`] interns the name).
+fn decode_event(event: &Bound<'_, PyAny>) -> PyResult<(Event, Option<String>)> {
     let event = tuple_of(event, 6, "an event")?;
     let seq: u64 = field(&event, 0, "seq")?;
     let time = nanos(&event, 1, "time_ns")?;
@@ -184,6 +234,7 @@ fn decode_event(event: &Bound<'_, PyAny>) -> PyResult<Event> {
     let stack: Option<String> = field(&event, 3, "stack")?;
     let kind: String = field(&event, 4, "kind")?;
     let fields = event.get_item(5)?;
+    let mut call = None;
     let kind = match kind.as_str() {
         "transfer" => {
             let f = tuple_of(&fields, 10, "a transfer's fields")?;
@@ -194,7 +245,7 @@ fn decode_event(event: &Bound<'_, PyAny>) -> PyResult<Event> {
                 from: field(&f, 3, "from")?,
                 to: field(&f, 4, "to")?,
                 cause: Cause {
-                    call: call_name(&f, 5)?,
+                    call: call_name(&f, 5, &mut call)?,
                     reason: named(&f, 6, "reason", &REASONS, Reason::name)?,
                 },
             };
@@ -236,7 +287,7 @@ fn decode_event(event: &Bound<'_, PyAny>) -> PyResult<Event> {
                 buffer: field(&f, 0, "buffer")?,
                 from: named(&f, 1, "from", &BufferState::ALL, BufferState::name)?,
                 to: named(&f, 2, "to", &BufferState::ALL, BufferState::name)?,
-                call: call_name(&f, 3)?,
+                call: call_name(&f, 3, &mut call)?,
             }
         }
         "rollback" => {
@@ -245,7 +296,7 @@ fn decode_event(event: &Bound<'_, PyAny>) -> PyResult<Event> {
                 buffer: field(&f, 0, "buffer")?,
                 op: field(&f, 1, "op")?,
                 allocations: field(&f, 2, "allocations")?,
-                call: call_name(&f, 3)?,
+                call: call_name(&f, 3, &mut call)?,
             }
         }
         "checker_read" => {
@@ -263,31 +314,38 @@ fn decode_event(event: &Bound<'_, PyAny>) -> PyResult<Event> {
             )));
         }
     };
-    Ok(Event { seq, time, thread, kind, stack: stack.map(Into::into) })
+    Ok((Event { seq, time, thread, kind, stack: stack.map(Into::into) }, call))
 }
 
-/// `name` as a `&'static str`: the one interned for the same text, else a new one (leaked
-/// once; at most [`MAX_NAMES`] in a process, then `ValueError`).
-fn static_name(name: &str) -> PyResult<&'static str> {
+/// `names` as `&'static str`s, in order: each the one interned for the same text, else a new
+/// one (leaked once). At most [`MAX_NAMES`] distinct names in a process: when `names` would
+/// take more, `ValueError` and none is interned.
+fn intern_calls<'a>(names: impl Iterator<Item = &'a str> + Clone) -> PyResult<Vec<&'static str>> {
     // Fork-aware: a thread of a parent process may have held it at the fork (reading a trace
     // back), and a child must not wait for it.
     static NAMES: ForkAwareMutex<Option<HashSet<&'static str>>> = ForkAwareMutex::unwatched(None);
-    let Some(mut names) = NAMES.lock() else {
-        return Err(PyRuntimeError::new_err(format!(
-            "call {name:?}: cannot read call names back in this forked child (a thread of the parent \
-             was reading a trace back when it forked)"
-        )));
+    let Some(mut known) = NAMES.lock() else {
+        return Err(PyRuntimeError::new_err(
+            "Trace: cannot read call names back in this forked child (a thread of the parent was \
+             reading a trace back when it forked)",
+        ));
     };
-    let names = names.get_or_insert_with(HashSet::new);
-    if let Some(&known) = names.get(name) {
-        return Ok(known);
-    }
-    if names.len() >= MAX_NAMES {
+    let known = known.get_or_insert_with(HashSet::new);
+    let new: HashSet<&str> = names.clone().filter(|name| !known.contains(name)).collect();
+    if known.len() + new.len() > MAX_NAMES {
+        let first = new.iter().next().copied().unwrap_or_default();
         return Err(PyValueError::new_err(format!(
-            "call {name:?}: more than {MAX_NAMES} distinct call names read back in this process"
+            "Trace: call {first:?}: more than {MAX_NAMES} distinct call names read back in this process"
         )));
     }
-    let leaked: &'static str = String::leak(name.to_owned());
-    names.insert(leaked);
-    Ok(leaked)
+    Ok(names
+        .map(|name| match known.get(name) {
+            Some(&interned) => interned,
+            None => {
+                let leaked: &'static str = String::leak(name.to_owned());
+                known.insert(leaked);
+                leaked
+            }
+        })
+        .collect())
 }

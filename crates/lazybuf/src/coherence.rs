@@ -46,8 +46,8 @@ impl Location {
     }
 }
 
-/// By [`Location::word`], which orders as the derived `Ord` does (the host first, then
-/// devices by id), so the two agree.
+/// By the location's one word (the host 0, a device its id), which orders as the derived
+/// `Ord` does (the host first, then devices by id), so the two agree.
 impl PartialEq for Location {
     #[inline(always)]
     fn eq(&self, other: &Location) -> bool {
@@ -55,7 +55,7 @@ impl PartialEq for Location {
     }
 }
 
-/// By [`Location::word`], as [`PartialEq`].
+/// By the location's one word, as [`PartialEq`].
 impl std::hash::Hash for Location {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
         self.word().hash(state);

@@ -15,6 +15,7 @@
 
 use std::sync::Arc;
 
+use lazybuf::observe::Cause;
 use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::PyValueError;
 use pyo3::ffi;
@@ -25,6 +26,9 @@ use crate::gil_cell::interned;
 use crate::views::Storage;
 
 use super::{UnifiedBuffer, host_view_of, numpy_module};
+
+/// The call `buf[key] = value` is, in the guard's and the recorder's words.
+pub(super) const SETITEM: Cause = Cause::access("__setitem__");
 
 /// What a [`whole_assignment`] writes over the host copy.
 enum Whole<'py> {
@@ -75,7 +79,14 @@ pub(super) fn set_item(
     // (SYNCHRONIZED copies that differed: the fifteenth hostile pass).
     let written = host.set_item(key, value);
     let kept = kept_memory(slf.get(), &storage).map(drop);
-    let settled = storage.settle_host_write(slf.py(), kept.is_ok(), written.is_ok());
+    // The buffer's lock was let go since `.host`'s access: another thread may have changed
+    // the buffer and recorded it meanwhile. The settle's events read the clock anew (as a
+    // call of its own, named as this one), not this call's first reading, or the merged
+    // trace put them before the other thread's and a buffer's state events did not chain
+    // (the twenty-second hostile pass).
+    let settled = lazybuf::observe::call_anew(SETITEM, || {
+        storage.settle_host_write(slf.py(), kept.is_ok(), written.is_ok())
+    });
     // What happened to the buffer meanwhile explains a failed write first: a view made
     // read-only by another copy made current (or by `free()`) refused it with NumPy's
     // "assignment destination is read-only", which named no cause (the twentieth hostile
