@@ -37,8 +37,9 @@ pub(crate) fn start(py: Python<'_>, storage: &Storage, device: Option<&Device>) 
 #[pymethods]
 impl PyTransfer {
     /// Blocks until the copies are done (other Python threads run meanwhile); raises the
-    /// transfer's error if it failed, after which the buffer's state and counters are as they
-    /// were before (its memory once the buffer's next call settles the failure: the class doc).
+    /// transfer's error if it failed, after which the buffer's state is as it was before (the
+    /// memory the transfer took once the buffer's next call settles the failure: the class
+    /// doc).
     fn wait(&self, py: Python<'_>) -> PyResult<()> {
         py.detach(|| self.transfer.wait()).or_py()
     }
