@@ -81,7 +81,10 @@ def _parse_header(header: Any, frames: Sequence[Any]) -> tuple[tuple[int, ...], 
             raise TypeError(f"shape must be a list of ints, got {type(raw_shape).__name__}")
         if not isinstance(pinned, bool) or not isinstance(initialized, bool):
             raise TypeError("pinned and initialized must be bools")
-        shape = tuple(int(d) for d in raw_shape)
+        # Ints only: int() took 1.5 as 1 and True as 1 (the twenty-second hostile pass).
+        if not all(isinstance(d, int) and not isinstance(d, bool) for d in raw_shape):
+            raise TypeError(f"shape must be a list of ints, got {list(raw_shape)!r}")
+        shape = tuple(raw_shape)
         dtype = str(header["dtype"])
     except (KeyError, TypeError, ValueError) as err:
         raise ValueError(
@@ -171,9 +174,13 @@ def _device_extent(interface: dict[str, Any]) -> tuple[int, int]:
 
 def cuda_loads(header: dict[str, Any], frames: Sequence[Any]) -> UnifiedBuffer:
     """A new buffer on this process's CUDA device holding a device-to-device copy of the
-    frame (DEVICE_ONLY). A frame that arrived as host bytes is copied to the host copy."""
+    frame (DEVICE_ONLY); on the frame's own device when it is a ``DeviceFrame`` of this
+    process. A frame that arrived as host bytes is copied to the host copy."""
     shape, dtype, pinned, frame = _parse_header(header, frames)
-    device = _cuda_home()
+    # A frame lazybuf made in this process (distributed's in-process transfers pass it as it
+    # is) is memory of its own device: the buffer goes there, where the copy can borrow it
+    # (on another device the borrow refused the pointer: the twenty-second hostile pass).
+    device = frame.device if isinstance(frame, _lazybuf.DeviceFrame) else _cuda_home()
     if frame is None or not hasattr(frame, "__cuda_array_interface__"):
         return _lazybuf._rebuild_buffer_from_bytes(shape, dtype, pinned, frame, device, family="cuda")
     interface = frame.__cuda_array_interface__

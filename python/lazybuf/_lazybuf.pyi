@@ -1040,6 +1040,10 @@ class DeviceFrame:
     @property
     def nbytes(self) -> int: ...
     @property
+    def device(self) -> Device:
+        """The CUDA device whose memory it is."""
+
+    @property
     def owner(self) -> MemoryOwner: ...
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:

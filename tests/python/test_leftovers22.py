@@ -202,3 +202,204 @@ def test_small_things_of_the_pass():
     assert len(str(huge.value)) < 400
     assert repr(lazybuf.transfer_guard(h2d="log")) == "lazybuf.transfer_guard(h2d='log', d2h=None, d2d=None)"
     assert pickle.loads(pickle.dumps(_rebuild_trace(1, transfer(7), 0))).events()[0]["bytes"] == 7
+
+
+@pytest.mark.parametrize("selector", [s for s in one_selector_per_backend() if s != "host"])
+def test_a_failed_reload_of_an_evicted_copy_is_not_counted(selector):
+    """`spill_stats()["bytes_read_back"]` counted the upload that reloads an evicted device copy
+    when it was enqueued, also one that then failed under way (an asynchronous sync whose copy
+    fails when waited for), and the upload that succeeded later was not counted: the counter
+    told of a reload that never happened. A failed reload is uncounted now, and the one that
+    succeeds is counted, once."""
+    testing = pytest.importorskip("lazybuf.testing")
+    faulty = testing.FaultyDevice(selector)
+    n = 16 * 1024
+    lazybuf.reset_spill_stats(faulty)
+    lazybuf.set_memory_limit(faulty, n * 4)  # room for one device copy
+    try:
+        a = lazybuf.UnifiedBuffer(n, np.float32, device=faulty)
+        a.copy_from(np.arange(n, dtype=np.float32))
+        a.sync_to_device()
+        b = lazybuf.UnifiedBuffer(n, np.float32, device=faulty)
+        b.copy_from(np.ones(n, np.float32))
+        b.sync_to_device()  # evicts a's copy
+        if lazybuf.spill_stats(faulty)["evictions"] != 1:
+            pytest.skip(f"{selector}: no device copy to evict (it shares the host block)")
+        b.release()
+        collect()
+        faulty.defer_copy_faults(True)
+        faulty.fail_copy_in(1)
+        try:
+            with pytest.raises(RuntimeError, match="injected fault"):
+                a.sync_to_device_async().wait()
+        finally:
+            faulty.disarm()
+            faulty.defer_copy_faults(False)
+        with pytest.raises(RuntimeError, match="injected fault"):
+            a.sync_to_device()  # settles the failed transfer, reporting it
+        assert lazybuf.spill_stats(faulty)["bytes_read_back"] == 0
+        a.sync_to_device()
+        assert lazybuf.spill_stats(faulty)["bytes_read_back"] == n * 4
+        assert a.state == lazybuf.BufferState.SYNCHRONIZED
+        np.testing.assert_array_equal(a.to_numpy(), np.arange(n, dtype=np.float32))
+    finally:
+        lazybuf.set_memory_limit(faulty, None)
+
+
+@pytest.mark.parametrize("selector", one_selector_per_backend())
+def test_a_copying_constructor_whose_source_is_resized_meanwhile_makes_nothing(selector):
+    """`MemoryDevice(src, copy=True)` learnt the source's size, let its lock go to allocate,
+    then copied the source's size at that moment: a source resized meanwhile (here by the
+    allocation's own failure callback, as another thread can) gave a copy of its first bytes
+    followed by uninitialized memory, and no error. The constructor refuses now, making
+    nothing."""
+    import gc
+
+    import lazybuf.mr as mr
+
+    limited = mr.LimitingResourceAdaptor(mr.DirectMemoryResource(), 1 << 20)
+    state = {"calls": 0}
+
+    def on_oom(nbytes):
+        state["calls"] += 1
+        if state["calls"] > 1:
+            return False
+        src.resize(16)
+        src.shrink_to_fit()
+        state.pop("hog")
+        gc.collect()
+        return True
+
+    mr.set_current_device_resource(mr.FailureCallbackResourceAdaptor(limited, on_oom), selector)
+    try:
+        src = lazybuf.DeviceBuffer.to_device(bytes(range(256)) * 16, device=selector)
+        state["hog"] = lazybuf.DeviceBuffer(size=(1 << 20) - limited.get_allocated_bytes() - 1000, device=selector)
+        with pytest.raises(RuntimeError, match="the source was resized while it was being copied"):
+            lazybuf.MemoryDevice(src, copy=True)
+        assert state["calls"] >= 1
+        assert src.tobytes() == bytes(range(16))
+    finally:
+        mr.set_current_device_resource(None, selector)
+
+
+@pytest.mark.parametrize("selector", one_selector_per_backend())
+def test_fill_and_copy_from_whose_conversion_frees_the_buffer_write_its_new_memory(selector):
+    """`fill(x)` whose `x.__float__` calls `free()`, and `copy_from(obj)` whose `obj.__array__`
+    does, wrote into the memory `free()` gave up and returned normally: the buffer read zeros
+    (`buf[:] = obj` got this right since the fourteenth pass). The memory the buffer has after
+    the conversion gets the values now; a conversion that releases the buffer makes the call
+    raise, as `copy_from` and `buf[:] =` did."""
+    buf = lazybuf.UnifiedBuffer((4,), np.float32, device=selector)
+    buf.fill(1)
+
+    class FreeingFloat:
+        def __float__(self):
+            buf.free()
+            return 2.0
+
+    class FreeingArray:
+        def __array__(self, *args, **kwargs):
+            buf.free()
+            return np.full(4, 3, np.float32)
+
+    buf.fill(FreeingFloat())
+    np.testing.assert_array_equal(buf.to_numpy(), np.full(4, 2, np.float32))
+    buf.copy_from(FreeingArray())
+    np.testing.assert_array_equal(buf.to_numpy(), np.full(4, 3, np.float32))
+
+    class ReleasingFloat:
+        def __float__(self):
+            buf.release()
+            return 2.0
+
+    with pytest.raises(ValueError, match="released"):
+        buf.fill(ReleasingFloat())
+    pool = lazybuf.MemoryPool(selector)
+    pooled = pool.acquire((4,), np.float32)
+    pooled.fill(1)
+
+    class PoolReleasingArray:
+        def __array__(self, *args, **kwargs):
+            pool.release(pooled)
+            return np.full(4, 3, np.float32)
+
+    with pytest.raises(ValueError, match="released"):
+        pooled.copy_from(PoolReleasingArray())
+
+
+def test_a_memory_resource_refuses_a_bool_as_a_size():
+    """`lazybuf.mr`'s `allocate(True)` allocated 1 byte and `deallocate(h, True)` took `True`
+    as 1, where every other size argument refuses a bool. Every size refuses one now (the
+    check is in the one size parser)."""
+    import lazybuf.mr as mr
+
+    direct = mr.DirectMemoryResource()
+    with pytest.raises(TypeError, match="a bool is not a size"):
+        direct.allocate(True, device="host")
+    handle = direct.allocate(1, device="host")
+    with pytest.raises(TypeError, match="a bool is not a size"):
+        direct.deallocate(handle, True)
+    direct.deallocate(handle, 1)
+
+
+def test_the_cuda_family_receives_a_frame_of_another_cuda_device_in_process():
+    """A buffer on a second CUDA device, sent through distributed's `cuda` family and received
+    in the same process (as distributed's in-process transfers do), went to the first CUDA
+    device, whose borrow refused the frame's pointer ("not memory of ... CUDA device 0"). A
+    `DeviceFrame` of this process now says its device, and the buffer is received there."""
+    pytest.importorskip("distributed")
+    from distributed.protocol import deserialize, serialize
+
+    cuda = [d for d in lazybuf.get_accelerator().devices if d.backend == "cuda"]
+    if len(cuda) < 2:
+        pytest.skip("fewer than two CUDA devices")
+    buf = lazybuf.UnifiedBuffer((7,), np.float32, device=cuda[1])
+    buf.copy_from(np.arange(7, dtype=np.float32))
+    buf.mark_device_dirty()
+    header, frames = serialize(buf, serializers=["cuda", "dask"], on_error="raise")
+    assert header["serializer"] == "cuda" and frames[0].device == cuda[1]
+    clone = deserialize(header, frames)
+    assert clone.device_handle == cuda[1]
+    assert clone.state == lazybuf.BufferState.DEVICE_ONLY
+    np.testing.assert_array_equal(clone.to_numpy(), np.arange(7, dtype=np.float32))
+
+
+def test_a_dask_header_whose_shape_holds_no_ints_is_refused():
+    """A tampered header's shape `[1.5]` became `(1,)` and `[True, 2]` `(1, 2)` (`int(d)`):
+    refused now, as the docs promise for a bad header."""
+    pytest.importorskip("distributed")
+    import lazybuf._dask
+
+    buf = lazybuf.UnifiedBuffer((2,), np.float32)
+    buf.copy_from(np.ones(2, np.float32))
+    header, frames = lazybuf._dask.dask_dumps(buf)
+    for shape in ([1.5], [True, 2], ["2"]):
+        with pytest.raises(ValueError, match="not the header of a serialized lazybuf.UnifiedBuffer"):
+            lazybuf._dask.dask_loads({**header, "shape": shape}, frames)
+    np.testing.assert_array_equal(lazybuf._dask.dask_loads(header, frames).to_numpy(), np.ones(2, np.float32))
+
+
+def test_the_cli_reads_a_file_whose_name_is_not_utf8(tmp_path):
+    """`python -m lazybuf trace summary FILE` with a file name that is not UTF-8 (as the
+    operating system gives it) ended in a `UnicodeEncodeError` traceback: the arguments were
+    passed on as `str`. They go as the system's bytes now, as the executable takes them."""
+    import os
+    import subprocess
+    import sys
+
+    with lazybuf.trace.record() as rec:
+        buf = lazybuf.UnifiedBuffer((10,), np.float32)
+        buf.copy_from(np.zeros(10, np.float32))
+    name = os.fsencode(str(tmp_path)) + b"/\xff\xfe.json"
+    try:
+        lazybuf.trace.dump(name, rec.trace)
+    except (OSError, UnicodeError):
+        pytest.skip("the file system takes no name that is not UTF-8")
+    done = subprocess.run(
+        [sys.executable, "-m", "lazybuf", "trace", "summary", name],
+        capture_output=True,
+        timeout=120,
+        env={**os.environ, "LAZYBUF_DEVICE": "host"},
+    )
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    assert b"Traceback" not in done.stderr

@@ -263,6 +263,16 @@ pub(crate) fn max_cached_bytes(obj: &Bound<'_, PyAny>) -> PyResult<Option<u64>> 
 /// `isize::MAX`. Not an int: `TypeError`; an array: `TypeError` (arrays are data, not sizes);
 /// negative or too large: `ValueError`; what the object's own `__index__` raises propagates.
 pub(crate) fn size(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<usize> {
+    // An int to Python, but never meant as a number of bytes: refused here, for every size
+    // (`DeviceBuffer(size=True)` made a buffer of 1 byte, later `mr`'s `allocate(True)` one
+    // of 1 byte, while the memory objects refused `True`: hostile passes).
+    if obj.is_instance_of::<pyo3::types::PyBool>() {
+        return Err(PyTypeError::new_err(format!(
+            "{what} must be an int (a Python int or a NumPy integer scalar), got the bool {}: a bool is \
+             not a size",
+            repr(obj)
+        )));
+    }
     let value = int_value(obj, what)?;
     if value.lt(0)? {
         return Err(PyValueError::new_err(format!("{what} must not be negative, got {value}")));

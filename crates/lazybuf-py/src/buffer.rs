@@ -456,9 +456,15 @@ impl UnifiedBuffer {
         let np = numpy_module(py)?;
         // Arrays keep their dtype (and must cast under same_kind); other data (lists, scalars)
         // are values, converted to the buffer's dtype as `array[...] = data` would.
+        // Whether converting `data` ran code of the user's (`__array__`, `__float__`, an array
+        // subclass's `__array_finalize__`), which may have freed or released the buffer.
+        let mut converted = false;
         let array = match data.cast::<PyUntypedArray>() {
             Ok(array) => array.clone(),
-            Err(_) => args::copy_source(data, descr, shape)?,
+            Err(_) => {
+                converted = true;
+                args::copy_source(data, descr, shape)?
+            }
         };
         if array.shape() != shape {
             let hint = if array.ndim() == 0 { " (use fill() to set every element to a scalar)" } else { "" };
@@ -485,10 +491,14 @@ impl UnifiedBuffer {
         let array = if from.is_equiv_to(descr) && array.is_c_contiguous() {
             array
         } else {
+            converted = true;
             let kwargs = PyDict::new(py);
             kwargs.set_item("dtype", descr)?;
             np.call_method("ascontiguousarray", (array,), Some(&kwargs))?.cast_into::<PyUntypedArray>()?
         };
+        // After such code, the memory the buffer has now gets the data (it went to the memory
+        // `free()` gave up: the twenty-second hostile pass), and a released buffer says so.
+        let storage = if converted { this.storage()? } else { storage };
         with_python_stack(py, || storage.copy_from_array(&array, call))
     }
 
@@ -1073,6 +1083,11 @@ impl UnifiedBuffer {
             (this.storage()?, this.descr(py).clone())
         };
         let scalar = dtype::fill_scalar(value, &descr)?;
+        // The conversion may have run the user's code (`__float__`), which may have freed or
+        // released the buffer: the memory it has now gets the values (the write went to the
+        // memory given up: the twenty-second hostile pass), and a released buffer says so.
+        drop(storage);
+        let storage = slf.get().storage()?;
         with_python_stack(py, || storage.fill_from_scalar(&scalar))?;
         Ok(slf.clone())
     }

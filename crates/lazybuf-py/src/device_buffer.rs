@@ -37,9 +37,9 @@
 
 use std::sync::Arc;
 
-use pyo3::exceptions::{PyAttributeError, PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyAttributeError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyDict, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyTuple};
 
 use lazybuf::observe::Cause;
 use lazybuf::{AllocationOptions, Device, DeviceBuffer, MemoryKind};
@@ -273,7 +273,7 @@ impl PyDeviceBuffer {
         mr: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let size = match size {
-            Some(size) => byte_size(size, "size")?,
+            Some(size) => args::size(size, "size")?,
             None => 0,
         };
         let device = crate::accelerator::device_arg(device)?;
@@ -336,7 +336,7 @@ impl PyDeviceBuffer {
     /// Grows the capacity to exactly `new_capacity` bytes if it is larger (keeping the size and
     /// the contents); never shrinks.
     fn reserve(&self, py: Python<'_>, new_capacity: &Bound<'_, PyAny>) -> PyResult<()> {
-        let n = byte_size(new_capacity, "new_capacity")?;
+        let n = args::size(new_capacity, "new_capacity")?;
         observed(py, Cause::access("reserve"), || self.with(py, |b| b.reserve(n))?.or_py())
     }
 
@@ -344,7 +344,7 @@ impl PyDeviceBuffer {
     /// the capacity nothing is allocated or moved, beyond it the buffer moves to an allocation
     /// of exactly `new_size` bytes. New bytes are uninitialized.
     fn resize(&self, py: Python<'_>, new_size: &Bound<'_, PyAny>) -> PyResult<()> {
-        let n = byte_size(new_size, "new_size")?;
+        let n = args::size(new_size, "new_size")?;
         observed(py, Cause::access("resize"), || self.with(py, |b| b.resize(n))?.or_py())
     }
 
@@ -490,20 +490,6 @@ impl PyDeviceBuffer {
             Err(_) => format!("<lazybuf.DeviceBuffer in use on {}>", selector(&self.device)),
         }
     }
-}
-
-/// A size argument named `what`, as [`args::size`] takes it, a bool refused: an int to Python,
-/// but never meant as a number of bytes (`DeviceBuffer(size=True)` made a buffer of 1 byte,
-/// while the memory objects refused `True`; a hostile pass).
-fn byte_size(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<usize> {
-    if obj.is_instance_of::<PyBool>() {
-        return Err(PyTypeError::new_err(format!(
-            "{what} must be an int (a Python int or a NumPy integer scalar), got the bool {}: a bool is \
-             not a size",
-            args::repr(obj)
-        )));
-    }
-    args::size(obj, what)
 }
 
 /// `to_device(b, device=None)`: see `DeviceBuffer.to_device`.

@@ -125,9 +125,12 @@ fn _lazybuf(m: &Bound<'_, PyModule>) -> PyResult<()> {
 
 /// Runs the `lazybuf` command-line tool (`python -m lazybuf`) with `argv` (the program name
 /// first) and returns its exit status. The GIL is released while it runs; Ctrl-C is Python's
-/// (checked between refreshes and measurements), so the interpreter's own handler stays.
+/// (checked between refreshes and measurements), so the interpreter's own handler stays. The
+/// arguments are taken as the operating system gave them (`os.fsencode`'s bytes): a file name
+/// that is not UTF-8 is a file name, as for the executable (a `str` with the surrogates
+/// `surrogateescape` made raised `UnicodeEncodeError`: the twenty-second hostile pass).
 #[pyfunction]
-fn _cli_main(py: Python<'_>, argv: Vec<String>) -> i32 {
+fn _cli_main(py: Python<'_>, argv: Vec<std::ffi::OsString>) -> i32 {
     let context = lazybuf_cli::Context::new(|| Python::attach(|py| py.check_signals().is_err()));
     py.detach(|| lazybuf_cli::run(argv, &context))
 }

@@ -45,7 +45,7 @@
 use std::ffi::c_int;
 use std::sync::Arc;
 
-use pyo3::exceptions::{PyAttributeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyAttributeError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyTuple};
@@ -266,13 +266,16 @@ impl PyMemory {
                 let (memory, bytes) =
                     Memory::for_copy_from_after(&device, kind, extent.nbytes, options, None, cause, read)
                         .or_py()??;
+                if bytes.len() != extent.nbytes {
+                    return Err(resized_meanwhile(kind, extent.nbytes, bytes.len()));
+                }
                 let memory = Self::from_memory(memory, None);
                 memory.with(py, |m| m.copy_from_host(&bytes))?.or_py()?;
                 return Ok(memory);
             }
             let from = extent.reads.as_ref().map(|(device, kind)| (device, *kind));
             let memory = Self::allocate_for_copy(py, kind, extent.nbytes, alignment, device, from)?;
-            memory.copy_from(py, source)?;
+            memory.copy_from(py, source, Some(extent.nbytes))?;
             Ok(memory)
         })
     }
@@ -296,20 +299,25 @@ impl PyMemory {
     }
 
     /// Copies a resolved source into the first bytes, locking the two in address order.
-    fn copy_from(&self, py: Python<'_>, source: &Source) -> PyResult<()> {
+    fn copy_from(&self, py: Python<'_>, source: &Source, exact: Option<usize>) -> PyResult<()> {
         if source.is_memory(&self.cell) {
             return Ok(()); // the memory onto itself: every byte stays
         }
+        // A copying constructor's source must still have the size its copy was allocated for
+        // (`exact`): another thread (or a failure callback of the allocation) may have resized
+        // it since, and the copy held the first bytes and uninitialized memory after them (the
+        // twenty-second hostile pass).
+        let sized = |dst: &Memory, n: usize| match exact {
+            Some(want) if n != want => Err(resized_meanwhile(self.kind, want, n)),
+            _ if n > dst.len() => Err(too_large(n, dst.len())),
+            _ => Ok(()),
+        };
         let copy = |dst: &mut Memory, src: &Memory, n: usize| {
-            if n > dst.len() {
-                return Err(too_large(n, dst.len()));
-            }
+            sized(dst, n)?;
             crate::hostbuf::copy_between(dst, src, n).or_py()
         };
         let check = |dst: &mut Memory, n: usize| {
-            if n > dst.len() {
-                return Err(too_large(n, dst.len()));
-            }
+            sized(dst, n)?;
             dst.check_copy_from(None, n, Cause::sync("copy_from_device")).or_py()
         };
         let mine = Arc::as_ptr(&self.cell) as usize;
@@ -472,7 +480,7 @@ impl PyMemory {
     /// the first bytes: on the device, peer to peer between devices, else through the host.
     fn copy_from_device(&self, py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<()> {
         let (source, keep) = Source::resolve(obj, "copy_from_device")?;
-        let result = observed(py, Cause::sync("copy_from_device"), || self.copy_from(py, &source));
+        let result = observed(py, Cause::sync("copy_from_device"), || self.copy_from(py, &source, None));
         drop(keep);
         result
     }
@@ -683,6 +691,15 @@ impl PyMemoryShared {
 }
 
 /// `copy_from_device`'s error for a source larger than the memory.
+/// A copying constructor's error when its source was resized while it was being copied.
+fn resized_meanwhile(kind: MemoryKind, want: usize, now: usize) -> PyErr {
+    PyRuntimeError::new_err(format!(
+        "{}: the source was resized while it was being copied ({want} bytes, then {now}); nothing \
+         was made",
+        class_name(kind)
+    ))
+}
+
 fn too_large(n: usize, len: usize) -> PyErr {
     PyValueError::new_err(format!(
         "copy_from_device: the source is too large to be accommodated: {n} bytes into {len}"

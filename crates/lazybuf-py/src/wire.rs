@@ -338,6 +338,13 @@ impl DeviceFrame {
         self.nbytes
     }
 
+    /// The CUDA device whose memory it is: a receiver in this process copies from it there
+    /// (its pointer is that device's memory, which another device's borrow refuses).
+    #[getter]
+    fn device(&self) -> crate::accelerator::PyDevice {
+        crate::accelerator::PyDevice::new(self.device.clone())
+    }
+
     /// The object that keeps the memory alive.
     #[getter]
     fn owner(&self, py: Python<'_>) -> Py<MemoryOwner> {

@@ -89,6 +89,9 @@ pub(super) struct Undo {
     pub(super) host_block: bool,
     /// The device copy on this device was allocated by it.
     pub(super) device: Option<DeviceId>,
+    /// It counted an upload of these bytes to this device as the reload of an evicted copy
+    /// ([`crate::spill::SpillStats::bytes_read_back`]): uncounted if it fails.
+    pub(super) reload: Option<(DeviceId, usize)>,
 }
 
 /// One asynchronous transfer not yet settled.

@@ -20,7 +20,7 @@ pub struct SpillStats {
     /// Bytes downloaded because an evicted copy held the only current data.
     pub bytes_written_back: u64,
     /// Bytes uploaded again to this device for buffers evicted from it (counted when the
-    /// upload is enqueued).
+    /// upload is enqueued; one that fails is taken back when its failure is settled).
     pub bytes_read_back: u64,
     /// Bytes of this device's buffers' host copies written to spill files (the disk tier).
     pub bytes_to_disk: u64,

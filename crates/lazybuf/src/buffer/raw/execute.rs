@@ -63,6 +63,7 @@ impl RawBuffer {
                 // While observed, the same copy, timed and recorded (observed.rs).
                 Step::Copy { from, to } if crate::observe::emitting() => {
                     self.copy_observed(from, to, stats, pending.as_deref_mut())?;
+                    self.count_reload_of(from, to, undo);
                 }
                 Step::Copy { from, to } => {
                     let after = pending.as_deref().and_then(|tickets| tickets.last().cloned());
@@ -71,10 +72,24 @@ impl RawBuffer {
                         Some(tickets) => tickets.push(ticket),
                         None => ticket.wait()?,
                     }
+                    self.count_reload_of(from, to, undo);
                 }
             }
         }
         Ok(())
+    }
+
+    /// Counts a copy from the host to a device whose copy was evicted as its reload, once it
+    /// ran (or, asynchronous, was enqueued), and notes it in `undo`: a plan that fails after
+    /// it, or an asynchronous transfer that fails when settled, uncounts it (a failed upload
+    /// was counted: the twenty-second hostile pass).
+    #[inline(always)]
+    fn count_reload_of(&mut self, from: Location, to: Location, undo: &mut Undo) {
+        if let (Location::Host, Location::Device(id)) = (from, to)
+            && self.count_reload(id, self.nbytes)
+        {
+            undo.reload = Some((id, self.nbytes));
+        }
     }
 
     fn allocate_host(&mut self, undo: &mut Undo, stats: &mut TransferStats) -> Result<()> {
@@ -169,7 +184,6 @@ impl RawBuffer {
                 let ticket = unsafe { copy.stream.upload(HostSpan::of(host, n), &mut copy.memory)? };
                 copy.written();
                 stats.record(Direction::HostToDevice, copy.memory.is_host_alias(), n);
-                self.count_reload(id, n);
                 Ok(ticket)
             }
             (Location::Device(id), Location::Host) => {
@@ -212,6 +226,9 @@ impl RawBuffer {
 
     /// Frees what one execution allocated; `ready` completes when the work that used it has.
     pub(super) fn rollback(&mut self, undo: Undo, ready: Ticket) {
+        if let Some((id, bytes)) = undo.reload {
+            self.uncount_reload(id, bytes);
+        }
         // What it frees was allocated first.
         self.record_allocation();
         if let Some(id) = undo.device

@@ -137,23 +137,39 @@ impl RawBuffer {
     }
 
     /// Counts an upload of `bytes` to device `id` as a reload when that device's copy was
-    /// evicted before ([`crate::spill::SpillStats::bytes_read_back`]).
+    /// evicted before ([`crate::spill::SpillStats::bytes_read_back`]); returns whether it did.
     #[inline(always)]
-    pub(super) fn count_reload(&mut self, id: DeviceId, bytes: usize) {
-        if !self.evicted_from.is_empty() {
-            self.count_reload_of_evicted(id, bytes);
-        }
+    pub(super) fn count_reload(&mut self, id: DeviceId, bytes: usize) -> bool {
+        !self.evicted_from.is_empty() && self.count_reload_of_evicted(id, bytes)
     }
 
     #[cold]
     #[inline(never)]
-    fn count_reload_of_evicted(&mut self, id: DeviceId, bytes: usize) {
-        if let Some(i) = self.evicted_from.iter().position(|&d| d == id) {
-            self.evicted_from.swap_remove(i);
-            let device = self.copies.iter().find(|c| c.device.id() == id).map(|c| c.device.clone());
-            if let Some(device) = device {
-                crate::spill::stats::update(&device, |s| s.bytes_read_back += bytes as u64);
-            }
+    fn count_reload_of_evicted(&mut self, id: DeviceId, bytes: usize) -> bool {
+        let Some(i) = self.evicted_from.iter().position(|&d| d == id) else {
+            return false;
+        };
+        self.evicted_from.swap_remove(i);
+        let device = self.copies.iter().find(|c| c.device.id() == id).map(|c| c.device.clone());
+        if let Some(device) = device {
+            crate::spill::stats::update(&device, |s| s.bytes_read_back += bytes as u64);
+        }
+        true
+    }
+
+    /// Takes back a reload [`Self::count_reload`] counted, whose upload failed: the copy on
+    /// `id` counts as evicted again, so the upload that succeeds is the one counted.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn uncount_reload(&mut self, id: DeviceId, bytes: usize) {
+        let device = self.copies.iter().find(|c| c.device.id() == id).map(|c| c.device.clone());
+        if let Some(device) = device {
+            crate::spill::stats::update(&device, |s| {
+                s.bytes_read_back = s.bytes_read_back.saturating_sub(bytes as u64)
+            });
+        }
+        if !self.evicted_from.contains(&id) {
+            self.evicted_from.push(id);
         }
     }
 
