@@ -94,7 +94,13 @@ def watch(device: str | None = None, *, interval: str | float = "1s", count: int
     if isinstance(interval, (int, float)) and not isinstance(interval, bool):
         if not math.isfinite(interval * 1000) or interval <= 0:
             raise ValueError(f"watch: interval must be a positive, finite number of seconds, got {interval!r}")
-        args += ["--interval", f"{round(interval * 1000)}ms"]
+        # Seconds to the nanosecond (the tool's resolution): rounded to whole milliseconds, an
+        # interval under 0.5 ms became "0ms", which the tool refused as if the user had
+        # written it (the twenty-second hostile pass).
+        text = f"{interval:.9f}".rstrip("0").rstrip(".")
+        if float(text) == 0:
+            raise ValueError(f"watch: interval must be at least 1 ns, got {interval!r}")
+        args += ["--interval", f"{text}s"]
     else:
         args += ["--interval", str(interval)]
     if count is not None:

@@ -403,3 +403,13 @@ def test_the_cli_reads_a_file_whose_name_is_not_utf8(tmp_path):
     )
     assert done.returncode == 0, done.stderr.decode(errors="replace")
     assert b"Traceback" not in done.stderr
+
+
+def test_watch_takes_an_interval_under_a_millisecond(capfd):
+    """`lazybuf.watch(interval=1e-4)` rounded the interval to whole milliseconds, "0ms", which
+    the tool refused naming a value the user never typed. It goes to the nanosecond now, and
+    one under a nanosecond is refused in the user's own words."""
+    assert lazybuf.watch("host", interval=1e-4, count=2) == 0
+    assert "0ms" not in capfd.readouterr().err
+    with pytest.raises(ValueError, match="interval must be at least 1 ns, got 1e-12"):
+        lazybuf.watch("host", interval=1e-12, count=1)

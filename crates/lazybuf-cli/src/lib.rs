@@ -100,9 +100,18 @@ where
     let cli = match cli::Cli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(err) => {
-            // --help and --version are "errors" that print to stdout and exit 0.
-            let _ = err.print();
-            return err.exit_code();
+            // --help and --version are "errors" that print to stdout and exit 0: a stdout that
+            // takes nothing (`lazybuf --help > /dev/full`) is an error of the run then, as for
+            // every subcommand's output (it exited 0: the twenty-second hostile pass), except
+            // a reader that went away.
+            let printed = err.print().and_then(|()| std::io::stdout().flush());
+            return match printed {
+                Err(io) if !err.use_stderr() && io.kind() != std::io::ErrorKind::BrokenPipe => {
+                    let _ = writeln!(std::io::stderr(), "lazybuf: error: cannot write to stdout: {io}");
+                    1
+                }
+                _ => err.exit_code(),
+            };
         }
     };
     // A closed stdout (`lazybuf devices >&-`): refuse before anything opens a file that could

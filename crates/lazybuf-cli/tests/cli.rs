@@ -689,6 +689,20 @@ fn a_closed_stdout_is_never_a_panic_or_another_files_output_for_every_command() 
     }
 }
 
+/// `--help` and `--version` whose output a full stdout refuses (`/dev/full`) exited 0 with
+/// nothing written, where every subcommand's refused output is an error line and status 1 (the
+/// twenty-second hostile pass).
+#[cfg(target_os = "linux")]
+#[test]
+fn help_and_version_to_a_full_stdout_are_an_error() {
+    for args in ["--help", "--version", "bandwidth --help", "help devices"] {
+        let (code, _, err) = lazybuf_sh("", args, "> /dev/full");
+        assert_eq!(code, Some(1), "{args}: {err}");
+        assert!(err.starts_with("lazybuf: error: cannot write to stdout: "), "{args}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args}: {err}");
+    }
+}
+
 #[test]
 fn a_watch_interval_beyond_the_clock_waits_until_ctrl_c_without_a_panic() {
     let mut child = Command::new(env!("CARGO_BIN_EXE_lazybuf"))
