@@ -126,7 +126,7 @@ where
         cli::Command::Bandwidth(args) => bandwidth::run(&args, context),
         cli::Command::Watch(args) => watch::run(&args, context),
         cli::Command::Check(args) => check::run(&args, context),
-        cli::Command::Trace(args) => trace::run(&args),
+        cli::Command::Trace(args) => trace::run(&args, context),
     });
     let status = status.and_then(|code| std::io::stdout().flush().map(|()| code).map_err(CliError::from));
     match status {

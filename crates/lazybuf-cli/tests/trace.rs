@@ -497,3 +497,55 @@ fn the_summary_escapes_control_characters_from_the_file() {
     let out = lazybuf(&["trace", "plot", path.to_str().unwrap(), "-o", png.to_str().unwrap()]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// Ctrl-C during `trace summary` or `trace plot` went unheeded until the end (the plot was
+/// written and the status was 0; the twenty-second hostile pass): it stops the run between its
+/// stages now, status 130, one `interrupted` line and no plot written. The signal arrives while
+/// the tool reads a large trace: the tool is stopped (SIGSTOP) once its handler is in place
+/// (`/proc/PID/status`), signalled, then continued.
+#[cfg(target_os = "linux")]
+#[test]
+fn ctrl_c_stops_a_trace_command_and_writes_nothing() {
+    let events = (0..200_000).map(|i| copy_event(f64::from(i), "h2d", 4096, "access")).collect();
+    let trace = write_trace("interrupted.json", events);
+    for (command, output) in [("summary", None), ("plot", Some(temp("interrupted.svg")))] {
+        if let Some(plot) = &output {
+            let _ = std::fs::remove_file(plot);
+        }
+        let mut args = vec!["trace".to_string(), command.to_string(), trace.display().to_string()];
+        if let Some(plot) = &output {
+            args.extend(["-o".to_string(), plot.display().to_string()]);
+        }
+        let mut child = Command::new(env!("CARGO_BIN_EXE_lazybuf"))
+            .args(&args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = child.id().to_string();
+        let status = format!("/proc/{pid}/status");
+        loop {
+            assert!(child.try_wait().unwrap().is_none(), "{command}: it ended before it could be signalled");
+            let caught = std::fs::read_to_string(&status)
+                .ok()
+                .and_then(|s| s.lines().find_map(|l| l.strip_prefix("SigCgt:").map(|m| m.trim().to_string())))
+                .and_then(|mask| u64::from_str_radix(&mask, 16).ok())
+                .unwrap_or(0);
+            if caught & (1 << 1) != 0 {
+                break; // SIGINT (2) is caught: the handler is in place
+            }
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
+        for signal in ["-STOP", "-INT", "-CONT"] {
+            assert!(Command::new("kill").args([signal, &pid]).status().unwrap().success());
+        }
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(130), "{command}: {err}");
+        assert_eq!(err.trim(), "lazybuf: error: interrupted", "{command}");
+        assert!(out.stdout.is_empty(), "{command}: {}", String::from_utf8_lossy(&out.stdout));
+        if let Some(plot) = &output {
+            assert!(!plot.exists(), "{command}: the plot was written");
+        }
+    }
+}

@@ -16,10 +16,10 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::Result;
 use crate::cli::{TraceArgs, TraceCommand};
 use crate::error::CliError;
 use crate::output::{format_bytes, printable};
+use crate::{Context, Result};
 use lazybuf::observe::Direction;
 
 /// One copy between memories.
@@ -292,11 +292,17 @@ pub fn summary(file: &TraceFile) -> String {
     out
 }
 
-/// Runs `lazybuf trace ...`.
-pub fn run(args: &TraceArgs) -> Result<i32> {
+/// Runs `lazybuf trace ...`. Ctrl-C stops it between its stages (read, summed or drawn,
+/// written): status 130 and nothing written (a large trace's run went on to the end, the
+/// plot written: the twenty-second hostile pass).
+pub fn run(args: &TraceArgs, context: &Context) -> Result<i32> {
+    let stop_if_interrupted = || if context.interrupted() { Err(CliError::interrupted()) } else { Ok(()) };
     match &args.command {
         TraceCommand::Summary { file } => {
-            let text = summary(&load(file)?);
+            let file = load(file)?;
+            stop_if_interrupted()?;
+            let text = summary(&file);
+            stop_if_interrupted()?;
             outln!("{}", text.trim_end());
         }
         TraceCommand::Plot { file, output, size } => {
@@ -309,7 +315,9 @@ pub fn run(args: &TraceArgs) -> Result<i32> {
                     file.display()
                 )));
             }
-            plot::write(&load(file)?, output, *size)?;
+            let file = load(file)?;
+            stop_if_interrupted()?;
+            plot::write(&file, output, *size, &stop_if_interrupted)?;
         }
     }
     Ok(0)

@@ -40,11 +40,18 @@ pub fn memory_colour(index: usize) -> RGBColor {
 
 /// Draws `file` into `path`, `size` pixels; the file is drawn in memory and written whole or
 /// not at all ([`crate::output::write_file`]).
-pub fn write(file: &TraceFile, path: &Path, size: (u32, u32)) -> Result<crate::output::Written> {
+pub fn write(
+    file: &TraceFile,
+    path: &Path,
+    size: (u32, u32),
+    stop_if_interrupted: &dyn Fn() -> Result<()>,
+) -> Result<crate::output::Written> {
     let format = format_of(path, "-o")?;
     let text = text_or_note();
     let bytes = render(format, size, |root| draw(root, file, text), |root| draw(root, file, text))
         .map_err(|e| CliError::new(e).context(format!("drawing {}", path.display())))?;
+    // Drawn: Ctrl-C meanwhile leaves the file as it was.
+    stop_if_interrupted()?;
     crate::output::write_file(path, &bytes)
 }
 
