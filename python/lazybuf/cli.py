@@ -11,6 +11,7 @@ status 0); only ``python -m lazybuf`` refuses a closed stdout (status 1).
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import sys
 from collections.abc import Sequence
@@ -91,9 +92,15 @@ def watch(device: str | None = None, *, interval: str | float = "1s", count: int
     args = ["watch"]
     if device is not None:
         args += ["--device", str(device)]
-    if isinstance(interval, (int, float)) and not isinstance(interval, bool):
-        if not math.isfinite(interval * 1000) or interval <= 0:
+    if isinstance(interval, bool):
+        raise ValueError(f"watch: interval must be a number of seconds or a duration such as '250ms', got {interval!r}")
+    if isinstance(interval, numbers.Real):
+        # Any real number (a NumPy float, a Fraction), as a float: its str() ("1e-04",
+        # "1/10000") was passed on and refused by the tool (the twenty-second hostile pass).
+        seconds = float(interval)
+        if not math.isfinite(seconds) or seconds <= 0:
             raise ValueError(f"watch: interval must be a positive, finite number of seconds, got {interval!r}")
+        interval = seconds
         # Seconds to the nanosecond (the tool's resolution): rounded to whole milliseconds, an
         # interval under 0.5 ms became "0ms", which the tool refused as if the user had
         # written it (the twenty-second hostile pass).

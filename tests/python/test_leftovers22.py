@@ -413,3 +413,40 @@ def test_watch_takes_an_interval_under_a_millisecond(capfd):
     assert "0ms" not in capfd.readouterr().err
     with pytest.raises(ValueError, match="interval must be at least 1 ns, got 1e-12"):
         lazybuf.watch("host", interval=1e-12, count=1)
+
+
+def test_errors_about_huge_values_are_short_and_clean(capfd):
+    """From the pass over this pass's fixes: a size with more digits than Python prints
+    (`10**5000`) printed an "Exception ignored" traceback before its error (the message
+    formatted the int with `str()`, which raised); a limit of `2**200` was refused as "not an
+    int"; a pickled trace's version took `True` as 1; a bad name in a pickled trace was quoted
+    whole (a megabyte)."""
+    from lazybuf._lazybuf import _rebuild_trace
+
+    with pytest.raises(ValueError, match="size is too large"):
+        lazybuf.DeviceBuffer(size=10**5000)
+    assert "Exception ignored" not in capfd.readouterr().err
+    with pytest.raises(ValueError, match="below 2\\*\\*64 - 1"):
+        lazybuf.set_memory_limit("host", 2**200)
+    event = (0, 1, 1, None, "state", (1, "uninitialized", "host_only", "c"))
+    assert len(_rebuild_trace(1, (event,), 0)) == 1
+    with pytest.raises(ValueError, match="cannot unpickle format True"):
+        _rebuild_trace(True, (event,), 0)
+    huge = "x" * 1_000_000
+    for bad in ((0, 1, 1, None, huge, ()), (0, 1, 1, None, "state", (1, "uninitialized", huge, "c"))):
+        with pytest.raises(ValueError) as refused:
+            _rebuild_trace(1, (bad,), 0)
+        assert len(str(refused.value)) < 500
+
+
+def test_watch_takes_any_real_number_of_seconds():
+    """`watch(interval=np.float32(1e-4))` and `Fraction(1, 10000)` passed their `str()` on
+    ("1e-04", "1/10000"), which the tool refused; `True` went on as "True"; 1.7e308 was called
+    not finite (the check overflowed). Any real number of seconds is taken now, a bool
+    refused."""
+    from fractions import Fraction
+
+    for interval in (np.float32(1e-4), Fraction(1, 10000), 1.7e308):
+        assert lazybuf.watch("host", interval=interval, count=1) == 0, interval
+    with pytest.raises(ValueError, match="interval must be a number of seconds"):
+        lazybuf.watch("host", interval=True, count=1)

@@ -201,7 +201,8 @@ pub(crate) fn alignment(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
     }
     value.extract::<usize>().map_err(|_| {
         PyValueError::new_err(format!(
-            "alignment is too large: {value}; expected 0 (the kind's own) or a power of two below 2**{}",
+            "alignment is too large: {}; expected 0 (the kind's own) or a power of two below 2**{}",
+            repr(&value),
             usize::BITS
         ))
     })
@@ -215,10 +216,10 @@ pub(crate) fn uint64(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
     }
     let value = int_value(obj, what)?;
     if value.lt(0)? {
-        return Err(PyValueError::new_err(format!("{what} must not be negative, got {value}")));
+        return Err(PyValueError::new_err(format!("{what} must not be negative, got {}", repr(&value))));
     }
     value.extract::<u64>().map_err(|_| {
-        PyValueError::new_err(format!("{what} is too large: {value}; expected at most 2**64 - 1"))
+        PyValueError::new_err(format!("{what} is too large: {}; expected at most 2**64 - 1", repr(&value)))
     })
 }
 
@@ -230,7 +231,10 @@ pub(crate) fn int64(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<i64> {
     }
     let value = int_value(obj, what)?;
     value.extract::<i64>().map_err(|_| {
-        PyValueError::new_err(format!("{what} is out of range: {value}; expected -2**63 to 2**63 - 1"))
+        PyValueError::new_err(format!(
+            "{what} is out of range: {}; expected -2**63 to 2**63 - 1",
+            repr(&value)
+        ))
     })
 }
 
@@ -275,10 +279,14 @@ pub(crate) fn size(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<usize> {
     }
     let value = int_value(obj, what)?;
     if value.lt(0)? {
-        return Err(PyValueError::new_err(format!("{what} must not be negative, got {value}")));
+        return Err(PyValueError::new_err(format!("{what} must not be negative, got {}", repr(&value))));
     }
     value.extract::<usize>().ok().filter(|&n| n <= isize::MAX as usize).ok_or_else(|| {
-        PyValueError::new_err(format!("{what} is too large: {value} bytes; expected at most {}", isize::MAX))
+        PyValueError::new_err(format!(
+            "{what} is too large: {} bytes; expected at most {}",
+            repr(&value),
+            isize::MAX
+        ))
     })
 }
 
@@ -337,7 +345,9 @@ pub(crate) fn shape_repr(shape: &[usize]) -> String {
     }
 }
 
-/// `repr(obj)`, or a placeholder when that fails.
+/// `repr(obj)`, or a placeholder when that fails (never `Display` of a `Bound` in an error
+/// message: when `str()` fails, as for an int beyond Python's digit limit, pyo3 prints an
+/// "Exception ignored" traceback: the twenty-second hostile pass).
 pub(crate) fn repr(obj: &Bound<'_, PyAny>) -> String {
     let mut text = obj.repr().map(|r| r.to_string()).unwrap_or_else(|_| "<unprintable>".into());
     // At most REPR_CHARS characters: an error about a huge value (a tuple of millions) quoted
@@ -349,5 +359,13 @@ pub(crate) fn repr(obj: &Bound<'_, PyAny>) -> String {
     text
 }
 
-/// The most characters of a value an error message quotes ([`repr`]).
+/// The most characters of a value an error message quotes ([`repr`], [`quoted`]).
 const REPR_CHARS: usize = 200;
+
+/// `text` quoted for an error message (Rust's `{:?}`), at most [`REPR_CHARS`] characters of it.
+pub(crate) fn quoted(text: &str) -> String {
+    match text.char_indices().nth(REPR_CHARS) {
+        Some((cut, _)) => format!("{:?}...", &text[..cut]),
+        None => format!("{text:?}"),
+    }
+}

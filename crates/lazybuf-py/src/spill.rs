@@ -80,16 +80,20 @@ fn byte_count(nbytes: &Bound<'_, PyAny>) -> PyResult<u64> {
             "nbytes must be an int, a size string such as \"512MiB\", or None; got a bool",
         ));
     }
-    let value: i128 = nbytes.extract().map_err(|_| {
-        PyTypeError::new_err(format!(
+    if !nbytes.is_instance_of::<pyo3::types::PyInt>() && nbytes.extract::<i128>().is_err() {
+        return Err(PyTypeError::new_err(format!(
             "nbytes must be an int, a size string such as \"512MiB\", or None; got {}",
             nbytes.get_type().name().map_or_else(|_| "an object".into(), |n| n.to_string())
-        ))
-    })?;
-    // 2**64 - 1 itself is the core's "no limit": refused rather than read back as None.
-    u64::try_from(value).ok().filter(|&bytes| bytes != u64::MAX).ok_or_else(|| {
+        )));
+    }
+    // An int of any size (2**200 is an int too: it was refused as not one, the twenty-second
+    // hostile pass); 2**64 - 1 itself is the core's "no limit", refused rather than read back
+    // as None.
+    let bytes = nbytes.extract::<u64>().ok().filter(|&bytes| bytes != u64::MAX);
+    bytes.ok_or_else(|| {
         PyValueError::new_err(format!(
-            "nbytes must be a non-negative number of bytes below 2**64 - 1 (None for no limit), got {value}"
+            "nbytes must be a non-negative number of bytes below 2**64 - 1 (None for no limit), got {}",
+            crate::args::repr(nbytes)
         ))
     })
 }

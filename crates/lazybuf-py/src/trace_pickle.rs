@@ -94,7 +94,8 @@ pub(crate) fn encode<'py>(py: Python<'py>, trace: &Trace) -> PyResult<Bound<'py,
 
 /// Unpickles a `Trace` (`Trace.__reduce__`): the trace `events` describe ([`encode`]).
 pub(crate) fn decode(version: &Bound<'_, PyAny>, events: &Bound<'_, PyAny>, dropped: u64) -> PyResult<Trace> {
-    if version.extract::<u32>().ok() != Some(VERSION) {
+    // (A bool is not a version, as it is no count in the stream.)
+    if version.is_instance_of::<pyo3::types::PyBool>() || version.extract::<u32>().ok() != Some(VERSION) {
         return Err(PyValueError::new_err(format!(
             "Trace: cannot unpickle format {}; expected {VERSION} (pickled by another lazybuf version?)",
             crate::args::repr(version)
@@ -190,7 +191,7 @@ fn named<T: Copy>(
     let text: String = field(fields, index, name)?;
     options.iter().copied().find(|o| name_of(*o) == text).ok_or_else(|| {
         let known: Vec<&str> = options.iter().map(|o| name_of(*o)).collect();
-        PyValueError::new_err(format!("{name} must be one of {known:?}, got {text:?}"))
+        PyValueError::new_err(format!("{name} must be one of {known:?}, got {}", crate::args::quoted(&text)))
     })
 }
 
@@ -310,7 +311,8 @@ fn decode_event(event: &Bound<'_, PyAny>) -> PyResult<(Event, Option<String>)> {
         }
         other => {
             return Err(PyValueError::new_err(format!(
-                "kind must be one of transfer, allocate, free, pool, state, rollback, checker_read; got {other:?}"
+                "kind must be one of transfer, allocate, free, pool, state, rollback, checker_read; got {}",
+                crate::args::quoted(other)
             )));
         }
     };
