@@ -690,7 +690,6 @@ impl PyMemoryShared {
     }
 }
 
-/// `copy_from_device`'s error for a source larger than the memory.
 /// A copying constructor's error when its source was resized while it was being copied.
 fn resized_meanwhile(kind: MemoryKind, want: usize, now: usize) -> PyErr {
     PyRuntimeError::new_err(format!(
@@ -700,6 +699,7 @@ fn resized_meanwhile(kind: MemoryKind, want: usize, now: usize) -> PyErr {
     ))
 }
 
+/// `copy_from_device`'s error for a source larger than the memory.
 fn too_large(n: usize, len: usize) -> PyErr {
     PyValueError::new_err(format!(
         "copy_from_device: the source is too large to be accommodated: {n} bytes into {len}"
